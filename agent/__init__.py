@@ -1,0 +1,1 @@
+"""agent — see DESIGN.md."""

@@ -1,0 +1,1 @@
+"""AHC: the command line, configuration and the tiny model builder."""

@@ -1,0 +1,131 @@
+"""The `ahc` command line. Exit codes: 0 success, 2 bad usage (typer/click), 1 failure with one line
+on stderr naming what was wrong."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="AHC: a local inference server for long-running LLM agents.")
+
+
+def fail(message: str) -> None:
+    """End the command with exit 1 and one line on stderr."""
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    typer.echo(f"error: {one_line}", err=True)
+    raise typer.Exit(1)
+
+
+def clean_errors(fn: Callable) -> Callable:
+    """Turn expected failures (bad values, missing files) into exit 1 with one stderr line."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            fail(str(exc) or type(exc).__name__)
+
+    return wrapper
+
+
+@app.command("tiny-model")
+@clean_errors
+def tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = 2,
+    hidden: Annotated[int, typer.Option(help="Hidden size (heads × 64 keeps vLLM's CPU attention happy).")] = 128,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 2,
+    kv_heads: Annotated[int, typer.Option(help="Key/value heads.")] = 1,
+    intermediate: Annotated[int, typer.Option(help="MLP width.")] = 256,
+    vocab_size: Annotated[int, typer.Option(help="Upper bound on the trained BPE vocabulary.")] = 2048,
+    max_position: Annotated[int, typer.Option(help="Maximum positions.")] = 4096,
+) -> None:
+    """Write a tiny random-weight Llama with its own tokenizer and chat template."""
+    from ahc.tiny_model import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(seed=seed, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                         intermediate=intermediate, vocab_size=vocab_size, max_position=max_position)
+    path = build_tiny_model(out_dir, spec)
+    typer.echo(str(path))
+
+
+@app.command()
+@clean_errors
+def serve(
+    config: Annotated[Path, typer.Option(help="YAML config, e.g. configs/cpu-tiny.yaml.")],
+    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model directory or name.")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Name clients use for the model.")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
+    data_dir: Annotated[Optional[str], typer.Option(help="Where XDB keeps its files.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Context window in tokens.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory for vLLM.")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="Most sequences in one batch.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Weights and activations dtype.")] = None,
+    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Engine seed.")] = None,
+) -> None:
+    """Serve the OpenAI API with AHC's orchestrator, XDB and metrics on vLLM's engine."""
+    import uvloop
+
+    from ahc.config import load_config
+    from server.launcher import serve as run_server
+
+    cfg = load_config(config).with_overrides(
+        host=host, port=port, model=model, served_model_name=served_model_name, api_key=api_key,
+        data_dir=data_dir, **{
+            "engine.max_model_len": max_model_len,
+            "engine.gpu_memory_utilization": gpu_memory_utilization,
+            "engine.max_num_seqs": max_num_seqs,
+            "engine.dtype": dtype,
+            "engine.enforce_eager": enforce_eager,
+            "engine.seed": seed,
+        })
+    try:
+        uvloop.run(run_server(cfg))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+@app.command()
+@clean_errors
+def bench(
+    name: Annotated[str, typer.Argument(help="A benchmark name, or 'all' to run every one into bench/results/.")],
+    json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")] = False,
+) -> None:
+    """Measure our path and its reference side by side in one run and report the ratio."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from bench.registry import available, runner
+    from ahc.config import REPO_ROOT
+
+    names = available() if name == "all" else [name]
+    results = [runner(n)() for n in names]
+    if name == "all":
+        for result in results:
+            result.save(REPO_ROOT / "bench" / "results")
+    table = Table("bench", "figure", "value")
+    for result in results:
+        for key, value in {**result.figures, **{f"ratio {k}": v for k, v in result.ratios.items()}}.items():
+            table.add_row(result.bench, key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console(stderr=json_out).print(table)
+    if json_out:
+        for result in results:
+            typer.echo(result.to_json())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

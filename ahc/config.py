@@ -1,0 +1,97 @@
+"""The one typed configuration object, loaded from `configs/*.yaml`.
+
+Command-line flags override it; their names follow vLLM's (`--max-model-len`, `--api-key`, ...).
+Unknown keys are errors, so a typo in a YAML file is caught at start-up, not ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class EngineConfig(_Strict):
+    """What vLLM's engine gets; each field maps to the vLLM flag of the same name."""
+
+    max_model_len: int = Field(2048, gt=0)
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_seqs: int = Field(64, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    block_size: int | None = Field(None, gt=0)
+    seed: int = 0
+    tensor_parallel_size: int = Field(1, gt=0)
+    tool_call_parser: str | None = "hermes"
+    # vLLM's CPU build sizes its KV cache from this (GiB); ignored on a GPU.
+    cpu_kvcache_space_gib: int = Field(1, gt=0)
+    # Seconds SIGTERM waits for in-flight requests before aborting them.
+    shutdown_timeout: int = Field(10, ge=0)
+    # Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"]).
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class AHCConfig(_Strict):
+    model: str = ".cache/models/tiny"
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+    data_dir: str = ".cache/xdb"
+    log_level: str = "info"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def with_overrides(self, **overrides: Any) -> "AHCConfig":
+        """A copy with the non-None overrides applied; dotted keys reach into sections."""
+        data = self.model_dump()
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            target = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                target = target[part]
+            target[leaf] = value
+        return AHCConfig.model_validate(data)
+
+
+def load_config(path: str | Path) -> AHCConfig:
+    """Load a YAML config; raises ValueError naming the file and the bad field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path} must be a mapping at the top level")
+    try:
+        return AHCConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"config {path}: {where}: {first['msg']}") from exc
+
+
+def resolve_path(path: str) -> str:
+    """Relative model and data paths are taken from the working directory, then the checkout."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or candidate.exists():
+        return str(candidate)
+    in_repo = REPO_ROOT / candidate
+    return str(in_repo) if in_repo.exists() else str(candidate)

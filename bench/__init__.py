@@ -1,0 +1,1 @@
+"""Benchmarks: each measures our path and its reference side by side in one run."""

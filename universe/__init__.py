@@ -1,0 +1,1 @@
+"""universe — see DESIGN.md."""

@@ -1,0 +1,1 @@
+"""xdb — see DESIGN.md."""
