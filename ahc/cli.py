@@ -14,6 +14,15 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="AHC: a local inference server for long-running LLM agents.")
 
 
+def _add_subcommands() -> None:
+    # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
+    from universe.cli import app as universe_app
+    from xdb.cli import app as xdb_app
+
+    app.add_typer(universe_app, name="universe")
+    app.add_typer(xdb_app, name="xdb")
+
+
 def fail(message: str) -> None:
     """End the command with exit 1 and one line on stderr."""
     one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
@@ -121,6 +130,9 @@ def bench(
     if json_out:
         for result in results:
             typer.echo(result.to_json())
+
+
+_add_subcommands()
 
 
 def main() -> None:
