@@ -5,9 +5,11 @@ from __future__ import annotations
 from argparse import Namespace
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
 from ahc.config import AHCConfig
 from server.auth import ApiKeyMiddleware
+from server.error_shape import ErrorShapeMiddleware
 from server.metrics import AHCMetrics
 
 
@@ -19,7 +21,14 @@ def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_
     app.state.ahc_config = config
     app.state.ahc_metrics = metrics
     metrics.attach(get_prometheus_registry())
+    add_middleware(app, Middleware(ErrorShapeMiddleware))
     if config.api_key:
         # Added last, so it runs first: nothing under /v1 is reached unauthenticated.
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+        add_middleware(app, Middleware(ApiKeyMiddleware, api_key=config.api_key))
     return app
+
+
+def add_middleware(app: FastAPI, middleware: Middleware) -> None:
+    """Add an outermost middleware even though vLLM's app has already built its stack once."""
+    app.user_middleware.insert(0, middleware)
+    app.middleware_stack = None  # rebuilt on the first request, with ours in it

@@ -6,6 +6,7 @@ Going through vLLM's own parser keeps every default and validation vLLM has, and
 
 from __future__ import annotations
 
+import argparse
 import os
 from argparse import Namespace
 
@@ -53,7 +54,9 @@ def build_vllm_namespace(config: AHCConfig) -> Namespace:
     parser = make_arg_parser(FlexibleArgumentParser(prog="ahc serve", exit_on_error=False))
     try:
         namespace = parser.parse_args(vllm_cli_args(config))
-    except SystemExit as exc:  # argparse exits on errors even with exit_on_error=False
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"invalid engine argument: {exc}") from exc
+    except SystemExit as exc:  # some argparse errors still exit even with exit_on_error=False
         raise ValueError(f"invalid engine arguments: {' '.join(config.engine.extra_args)}") from exc
     validate_parsed_serve_args(namespace)
     return namespace

@@ -1,0 +1,55 @@
+"""The `ahc` command line: exit 0 on success, 2 on bad usage, 1 with one stderr line on failure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AHC = str(Path(sys.executable).with_name("ahc"))
+
+
+def ahc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([AHC, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["tiny-model"], ["bench"]])
+def test_help_on_every_subcommand(command: list[str]) -> None:
+    result = ahc(*command, "--help")
+    assert result.returncode == 0
+    assert "Usage" in result.stdout
+
+
+def test_bad_usage_exits_2() -> None:
+    assert ahc("no-such-command").returncode == 2
+    assert ahc("serve").returncode == 2  # --config is required
+    assert ahc("tiny-model", "x", "--layers", "many").returncode == 2
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_missing_config_exits_1_with_one_line(tmp_path: Path) -> None:
+    assert "no-such.yaml" in one_error_line(ahc("serve", "--config", str(tmp_path / "no-such.yaml")))
+
+
+def test_invalid_config_exits_1_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("model: x\nengine:\n  max_model_len: -5\n  warp_drive: true\n")
+    line = one_error_line(ahc("serve", "--config", str(config)))
+    assert "max_model_len" in line or "warp_drive" in line
+
+
+def test_bad_tiny_model_spec_exits_1(tmp_path: Path) -> None:
+    assert "multiple of heads" in one_error_line(ahc("tiny-model", str(tmp_path / "m"), "--hidden", "100",
+                                                      "--heads", "3"))
+
+
+def test_unknown_bench_exits_1() -> None:
+    assert "unknown benchmark" in one_error_line(ahc("bench", "warp"))

@@ -1,0 +1,50 @@
+"""/metrics: vLLM's own series plus AHC's, consistent with what the responses reported."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.engine
+
+PREFIX = " ".join(f"Observation {i}: the left neighbour decides the next symbol." for i in range(40))
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    text = httpx.get(f"{base_url}/metrics").text
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels or sample.name.startswith("ahc_"):
+                samples[sample.name] = sample.value
+    return samples
+
+
+def test_metrics_present_and_consistent(server, client: openai.OpenAI, model_name: str) -> None:
+    before = scrape(server.base_url)
+    usages = []
+    for question in ("one", "two", "three"):
+        reply = client.chat.completions.create(
+            model=model_name, max_tokens=2, temperature=0,
+            messages=[{"role": "system", "content": PREFIX}, {"role": "user", "content": question}])
+        usages.append(reply.usage)
+    after = scrape(server.base_url)
+
+    for name in ("ahc_prompt_tokens_total", "ahc_cached_prompt_tokens_total", "ahc_prefix_cache_hit_ratio",
+                 "ahc_kv_cache_usage_ratio", "ahc_vram_used_bytes", "ahc_vram_total_bytes",
+                 "ahc_compactions_total", "ahc_xdb_rows_written_total", "ahc_xdb_queue_depth"):
+        assert name in after, f"{name} missing from /metrics"
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert "vllm:prefix_cache_queries" in text and "vllm:kv_cache_usage_perc" in text
+
+    prompt, cached = after["ahc_prompt_tokens_total"], after["ahc_cached_prompt_tokens_total"]
+    assert prompt - before.get("ahc_prompt_tokens_total", 0) == sum(u.prompt_tokens for u in usages)
+    assert cached - before.get("ahc_cached_prompt_tokens_total", 0) == sum(
+        u.prompt_tokens_details.cached_tokens for u in usages)
+    assert 0 < cached <= prompt
+    assert after["ahc_prefix_cache_hit_ratio"] == pytest.approx(cached / prompt)
+    assert 0 <= after["ahc_kv_cache_usage_ratio"] <= 1
+    assert 0 <= after["ahc_vram_used_bytes"] <= after["ahc_vram_total_bytes"]
+    assert after["ahc_vram_total_bytes"] > 0

@@ -1,0 +1,95 @@
+"""Every client mistake gets a 4xx in OpenAI's error shape, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from server.error_shape import normalise
+
+pytestmark = pytest.mark.engine
+
+
+def assert_openai_error(response: httpx.Response, status: int, type_: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == type_
+    assert isinstance(error["message"], str) and error["message"]
+    assert "code" in error
+    return error
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 404
+    assert info.value.body["type"] == "not_found_error"
+
+
+def test_malformed_json_is_400(server) -> None:
+    with server.http() as http:
+        response = http.post("/v1/chat/completions", content=b"{not json",
+                             headers={"content-type": "application/json"})
+    assert_openai_error(response, 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"},
+    {"model": "tiny"},
+    {"messages": "not a list"},
+    {"messages": [{"role": "user", "content": "hi"}], "temperature": -3},
+])
+def test_malformed_body_is_400(server, model_name: str, body: dict) -> None:
+    with server.http() as http:
+        response = http.post("/v1/chat/completions", json={"model": model_name, **body})
+    assert_openai_error(response, 400, "invalid_request_error")
+
+
+def test_prompt_over_the_window_is_400(client: openai.OpenAI, model_name: str) -> None:
+    long_prompt = "cells collide " * 3000
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt=long_prompt, max_tokens=4)
+    assert info.value.status_code == 400
+    assert info.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model_name, max_tokens=4,
+                                       messages=[{"role": "user", "content": long_prompt}])
+
+
+def test_unknown_route_is_404_in_openai_shape(server) -> None:
+    with server.http() as http:
+        assert_openai_error(http.get("/v1/no-such-route"), 404, "not_found_error")
+        assert_openai_error(http.get("/v1/chat/completions"), 405, "invalid_request_error")
+
+
+def test_api_key_guards_v1_and_leaves_health_and_metrics_open(server) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key"}):
+        response = httpx.get(f"{server.base_url}/v1/models", headers=headers)
+        assert_openai_error(response, 401, "authentication_error")
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+    wrong = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def test_server_keeps_serving_after_bad_requests(server, client: openai.OpenAI, model_name: str) -> None:
+    with server.http() as http:
+        for _ in range(3):
+            http.post("/v1/chat/completions", content=b"]]")
+            http.post("/v1/completions", json={"model": model_name, "prompt": "x", "max_tokens": 10**6})
+    reply = client.chat.completions.create(model=model_name, max_tokens=4,
+                                           messages=[{"role": "user", "content": "still there?"}])
+    assert reply.usage.completion_tokens > 0
+
+
+def test_normalise_rewrites_foreign_error_bodies() -> None:
+    import json
+
+    detail = json.loads(normalise(404, b'{"detail": "Not Found"}'))["error"]
+    assert detail == {"message": "Not Found", "type": "not_found_error", "param": None, "code": 404}
+    vllm = json.loads(normalise(400, b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}'))
+    assert vllm["error"]["type"] == "invalid_request_error" and vllm["error"]["param"] == "n"
+    text = json.loads(normalise(502, b"upstream <html>"))["error"]
+    assert text["type"] == "server_error" and text["message"] == "upstream <html>"
