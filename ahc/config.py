@@ -41,6 +41,28 @@ class EngineConfig(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class OrchestratorConfig(_Strict):
+    """How prompts are assembled and governed (SPEC §4.1)."""
+
+    # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window.
+    cag_threshold: float = Field(0.7, gt=0, le=1)
+    formatter: str = "default"
+    rag_top_k: int = Field(4, gt=0, le=32)
+    rag_max_documents: int = Field(1000, gt=0)
+    rag_max_document_chars: int = Field(2_000_000, gt=0)
+    rag_max_total_chars: int = Field(20_000_000, gt=0)
+    # CTC governor: caps on the assembled prompt; None leaves that cap off.
+    max_chars: int | None = Field(None, gt=0)
+    max_turns: int | None = Field(None, gt=0)
+    # Past this many State tokens the oldest turns are summarised by the served model.
+    compaction_threshold_tokens: int = Field(1024, gt=0)
+    compaction_keep_turns: int = Field(4, ge=0)
+    compaction_max_tokens: int = Field(128, gt=0)
+    # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
+    vram_queue_timeout_s: float = Field(2.0, ge=0)
+    retry_after_s: int = Field(2, gt=0)
+
+
 class AHCConfig(_Strict):
     model: str = ".cache/models/tiny"
     served_model_name: str | None = None
@@ -50,6 +72,7 @@ class AHCConfig(_Strict):
     data_dir: str = ".cache/xdb"
     log_level: str = "info"
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
 
     @property
     def model_name(self) -> str:
