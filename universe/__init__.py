@@ -1,1 +1,13 @@
-"""universe — see DESIGN.md."""
+"""universe — the discovery agent's world (SPEC §3): a ring of cells over `_ABK`, a radius-1 rule with
+`period` coordinate classes, simulators (numpy reference, numba CPU, Triton GPU), the law language
+and the harness tools the agent experiments through."""
+
+from universe.instruments import coordinate_class, neighbor_config, transition_indicator, windows
+from universe.rule import DEFAULT_RULE, Rule, bundled_rules, load_rule, random_rule
+from universe.simulate import BACKENDS, simulate
+from universe.symbols import SYMBOLS, decode, encode
+
+__all__ = [
+    "SYMBOLS", "encode", "decode", "Rule", "load_rule", "bundled_rules", "random_rule", "DEFAULT_RULE",
+    "simulate", "BACKENDS", "neighbor_config", "coordinate_class", "transition_indicator", "windows",
+]
