@@ -46,6 +46,7 @@ class AHCMetrics:
         self._cached_total = 0
         self._kv_usage = 0.0
         self._geometry: KVGeometry | None = None
+        self.kv_stats = None  # orchestrator.vram_governor.KVStats, set by the server
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
         self.vram_used_bytes.set_function(lambda: self._device_memory().used_bytes)
         self.vram_total_bytes.set_function(lambda: self._device_memory().total_bytes)
@@ -61,6 +62,19 @@ class AHCMetrics:
     def record_kv_usage(self, usage: float, geometry: KVGeometry) -> None:
         self._kv_usage, self._geometry = usage, geometry
         self.kv_cache_usage_ratio.set(usage)
+        if self.kv_stats is not None:  # the VRAM governor reads the same numbers
+            self.kv_stats.usage = usage
+            self.kv_stats.total_blocks = geometry.num_blocks
+            self.kv_stats.block_size = geometry.block_size
+
+    def record_context(self, mode: str, blocks: list[dict], actions: list[str]) -> None:
+        self.context_mode.labels(mode=mode).inc()
+        for block in blocks:
+            self.context_block_tokens.labels(block=block["name"]).set(block["tokens"])
+        for action in actions:
+            self.governor_actions.labels(action=action.split(":", 1)[0]).inc()
+            if action == "compaction" or action == "vram_compact":
+                self.compactions.inc()
 
     def _device_memory(self) -> DeviceMemory:
         if self._geometry is None:

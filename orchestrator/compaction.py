@@ -1,0 +1,52 @@
+"""Compaction: past a State token threshold, the oldest turns are condensed by the served model.
+
+The summary joins the Karma block (after the karma entries), the condensed turns leave the State, and
+the most recent `compaction_keep_turns` turns stay verbatim. The caller stores the snapshot in XDB.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Sequence
+
+from ahc.config import OrchestratorConfig
+from orchestrator.ctc_governor import turn_groups
+from orchestrator.session import Session
+from orchestrator.token_counter import TokenCounter
+from orchestrator.turn import Turn
+
+SUMMARY_INSTRUCTION = (
+    "Condense the conversation below into a short list of the facts, decisions and open questions it "
+    "established. Keep numbers, names and results exactly. Reply with the list only.")
+
+
+def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
+    return sum(counter.count(t.content) + sum(counter.count(a) for _, _, a in t.tool_calls) for t in turns)
+
+
+def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any]]:
+    transcript = "\n".join(f"{t.role}: {t.content}" + "".join(f" [called {n}({a})]" for _, n, a in t.tool_calls)
+                           for t in old)
+    earlier = f"Summary so far: {session.summary}\n\n" if session.summary else ""
+    return [{"role": "system", "content": SUMMARY_INSTRUCTION},
+            {"role": "user", "content": f"{earlier}{transcript}"}]
+
+
+async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig,
+                  counter: TokenCounter, summarize: Callable[[list[dict[str, Any]]], Awaitable[str]],
+                  force: bool = False) -> bool:
+    """Condense the session's oldest turns when State is over the threshold (or when forced by the
+    VRAM governor); True if it did."""
+    if not force and state_tokens([*session.turns, *incoming], counter) <= config.compaction_threshold_tokens:
+        return False
+    groups = turn_groups(tuple(session.turns))
+    keep = config.compaction_keep_turns
+    old_groups = groups[:-keep] if keep else groups
+    if not old_groups:
+        return False
+    old = [t for group in old_groups for t in group]
+    summary = (await summarize(summary_request(session, old))).strip()
+    session.summary = summary or session.summary
+    session.turns = session.turns[len(old):]
+    session.compactions += 1
+    session.compacted_turns += len(old_groups)
+    return True

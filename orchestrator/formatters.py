@@ -1,0 +1,115 @@
+"""Formatters: how each block's content becomes prompt text.
+
+A registry of named formatters, extensible by Python entry points in the group `ahc.formatters`
+(each entry point names a zero-argument factory returning a `Formatter`). Formatters must be pure:
+same inputs, same text — the prefix cache depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Callable, Protocol, Sequence
+
+from orchestrator.context_spec import CodexDoc, KarmaEntry
+
+ENTRY_POINT_GROUP = "ahc.formatters"
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """A retrieved Codex chunk placed in the Query block (RAG)."""
+
+    doc_id: str
+    chunk_index: int
+    text: str
+
+
+class Formatter(Protocol):
+    name: str
+
+    def identity(self, text: str) -> str: ...
+    def codex(self, docs: Sequence[CodexDoc]) -> str: ...
+    def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str: ...
+    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str: ...
+
+
+class MarkdownFormatter:
+    """The default: Markdown headings, one section per block."""
+
+    name = "default"
+
+    def identity(self, text: str) -> str:
+        return text.strip()
+
+    def codex(self, docs: Sequence[CodexDoc]) -> str:
+        if not docs:
+            return ""
+        return "# Codex\n\n" + "\n\n".join(f"## {doc.id}\n{doc.text.strip()}" for doc in docs)
+
+    def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str:
+        lines = [f"- [{e.id}] {e.text.strip()}" for e in entries]
+        if summary:
+            lines.append(f"- [summary of earlier turns] {summary.strip()}")
+        return "# Karma\n\n" + "\n".join(lines) if lines else ""
+
+    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str:
+        if not excerpts:
+            return text
+        found = "\n\n".join(f"[{e.doc_id}#{e.chunk_index}]\n{e.text.strip()}" for e in excerpts)
+        return f"Archive excerpts relevant to the question:\n\n{found}\n\nQuestion: {text}"
+
+
+class XmlFormatter:
+    """Each document and fact as a tagged artifact, for models trained on XML-style context."""
+
+    name = "xml"
+
+    def identity(self, text: str) -> str:
+        return f"<identity>\n{text.strip()}\n</identity>" if text.strip() else ""
+
+    def codex(self, docs: Sequence[CodexDoc]) -> str:
+        if not docs:
+            return ""
+        body = "\n".join(f'<document id="{_attr(d.id)}">\n{d.text.strip()}\n</document>' for d in docs)
+        return f"<codex>\n{body}\n</codex>"
+
+    def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str:
+        facts = [f'<fact id="{_attr(e.id)}" verbatim="{str(e.verbatim).lower()}">{e.text.strip()}</fact>'
+                 for e in entries]
+        if summary:
+            facts.append(f"<summary>{summary.strip()}</summary>")
+        return "<karma>\n" + "\n".join(facts) + "\n</karma>" if facts else ""
+
+    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str:
+        if not excerpts:
+            return text
+        found = "\n".join(f'<excerpt doc="{_attr(e.doc_id)}" chunk="{e.chunk_index}">\n{e.text.strip()}\n</excerpt>'
+                          for e in excerpts)
+        return f"<excerpts>\n{found}\n</excerpts>\n<question>{text}</question>"
+
+
+def _attr(value: str) -> str:
+    return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+
+
+class FormatterRegistry:
+    def __init__(self) -> None:
+        self._factories: dict[str, Callable[[], Formatter]] = {"default": MarkdownFormatter, "xml": XmlFormatter}
+        self._instances: dict[str, Formatter] = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            self._factories.setdefault(ep.name, ep.load)
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def register(self, name: str, factory: Callable[[], Formatter]) -> None:
+        self._factories[name] = factory
+        self._instances.pop(name, None)
+
+    def get(self, name: str) -> Formatter:
+        if name not in self._factories:
+            raise ValueError(f"context.formatter: unknown formatter {name!r}; known: {', '.join(self.names())}")
+        if name not in self._instances:
+            self._instances[name] = self._factories[name]()
+        return self._instances[name]

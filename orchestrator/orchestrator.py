@@ -1,0 +1,174 @@
+"""The orchestrator on one chat request: blocks from the request (and session), compaction, the
+CAG/RAG decision, the CTC governor, assembly, and the cache report (SPEC §4.1)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+from ahc.config import OrchestratorConfig
+from orchestrator.assembler import AssembledPrompt, AssemblyInput, assemble
+from orchestrator.blocks import first_changed
+from orchestrator.compaction import compact
+from orchestrator.context_spec import CodexDoc, ContextSpec
+from orchestrator.ctc_governor import CTCLimits, govern
+from orchestrator.formatters import Excerpt, FormatterRegistry
+from orchestrator.session import Session, SessionStore
+from orchestrator.token_counter import TokenCounter
+from orchestrator.turn import Turn
+
+Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
+
+
+class Retriever(Protocol):
+    async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int) -> list[Excerpt]: ...
+    def tool(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Prepared:
+    """What the server sends to vLLM, and what it reports and records afterwards."""
+
+    messages: list[dict[str, Any]]
+    report: dict[str, Any]
+    session_id: str
+    session: Session | None
+    new_turns: list[Turn]
+    extra_tools: list[dict[str, Any]] = field(default_factory=list)
+    prompt: AssembledPrompt | None = None
+    query: str | None = None
+    prior_turns: int = 0
+    spec: ContextSpec | None = None
+    raw_messages: list[dict[str, Any]] = field(default_factory=list)
+    on_complete: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def actions(self) -> list[str]:
+        return self.report["governor"]
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig, max_model_len: int, counter: TokenCounter,
+                 sessions: SessionStore, retriever: Retriever | None = None,
+                 summarize: Summarize | None = None) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.counter = counter
+        self.sessions = sessions
+        self.retriever = retriever
+        self.summarize = summarize
+        self.formatters = FormatterRegistry()
+
+    async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
+                      force_compaction: bool = False) -> Prepared:
+        if spec is None:
+            return self._passthrough(messages)
+        identity, new_turns, query = split_messages(messages)
+        formatter = self.formatters.get(spec.formatter or self.config.formatter)
+        session = self.sessions.get(spec.session_id) if spec.session_id else None
+        actions: list[str] = []
+        if session is not None and self.summarize is not None:
+            if await compact(session, new_turns, self.config, self.counter, self.summarize, force_compaction):
+                actions.append("compaction")
+        state = tuple(session.turns if session else ()) + tuple(new_turns)
+        inp = AssemblyInput(identity=spec.identity if spec.identity is not None else identity,
+                            codex=tuple(spec.codex), karma=tuple(spec.karma),
+                            summary=session.summary if session else None, state=state, query=query)
+        mode = self._mode(spec, inp, formatter)
+        extra_tools: list[dict[str, Any]] = []
+        if mode == "rag":
+            inp = replace(inp, include_codex=False)
+            if self.retriever is not None and spec.codex:
+                excerpts = await self.retriever.retrieve(spec.codex, query or "", self.config.rag_top_k)
+                inp = replace(inp, excerpts=tuple(excerpts))
+                extra_tools.append(self.retriever.tool())
+        limits = CTCLimits(self.config.max_chars, self.config.max_turns)
+        inp, ctc_actions = govern(inp, limits, lambda i: assemble(i, formatter, self.counter).chars)
+        actions += ctc_actions
+        prompt = assemble(inp, formatter, self.counter)
+        report = {
+            "mode": mode,
+            "blocks": [block.report() for block in prompt.blocks],
+            "prefix_sha256": prompt.prefix_sha256,
+            "first_changed_block": first_changed(prompt.blocks, session.last_hashes if session else None),
+            "governor": actions,
+        }
+        prior = len(session.turns) if session else 0
+        if session is not None:
+            session.turns.extend(new_turns)
+            session.last_hashes = prompt.hashes()
+        session_id = spec.session_id or new_session_id()
+        return Prepared(prompt.messages, report, session_id, session, list(new_turns), extra_tools, prompt,
+                        query=query, prior_turns=prior, spec=spec, raw_messages=messages)
+
+    async def shrink(self, prepared: Prepared) -> Prepared | None:
+        """The same request with its session's State compacted now (the VRAM governor's second resort);
+        None when there is nothing to compact."""
+        session = prepared.session
+        if session is None or self.summarize is None:
+            return None
+        del session.turns[prepared.prior_turns:]
+        before = len(session.turns)
+        again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True)
+        if "compaction" not in again.actions and len(session.turns) >= before:
+            return None
+        return again
+
+    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter) -> str:
+        if spec.mode != "auto":
+            return spec.mode
+        tokens = assemble(inp, formatter, self.counter).tokens
+        return "cag" if tokens < self.config.cag_threshold * self.max_model_len else "rag"
+
+    def _passthrough(self, messages: list[dict[str, Any]]) -> Prepared:
+        """No `context`: the request goes to vLLM as sent; only the report is added."""
+        identity, turns, query = split_messages(messages, strict=False)
+        inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
+        prompt = assemble(inp, self.formatters.get("default"), self.counter)
+        report = {"mode": "passthrough", "blocks": [b.report() for b in prompt.blocks],
+                  "prefix_sha256": prompt.prefix_sha256, "first_changed_block": None, "governor": []}
+        return Prepared(messages, report, new_session_id(), None, list(turns), prompt=prompt)
+
+    def complete(self, prepared: Prepared, reply: dict[str, Any] | None) -> None:
+        """After the response: the query and the reply join the session's State, which is persisted.
+        A failed request (no reply) leaves the State as it was before it."""
+        for callback in prepared.on_complete:
+            callback()
+        prepared.on_complete.clear()
+        session = prepared.session
+        if session is None:
+            return
+        if reply is None:
+            del session.turns[prepared.prior_turns:]
+            session.last_hashes = None
+            return
+        if prepared.query is not None:
+            session.turns.append(Turn(role="user", content=prepared.query))
+        session.turns.append(Turn.from_message(reply))
+        self.sessions.save(session)
+
+
+def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Turn], str | None]:
+    """(identity from the system messages, the turns before the query, the query or None)."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError("messages: must be a list of message objects")
+    system = [m for m in messages if m.get("role") in ("system", "developer")]
+    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    identity = "\n\n".join(str(m.get("content") or "") for m in system)
+    query = None
+    if rest and rest[-1].get("role") == "user":
+        last = Turn.from_message(rest[-1])
+        query, rest = last.content, rest[:-1]
+    turns = []
+    for message in rest:
+        try:
+            turns.append(Turn.from_message(message))
+        except (ValueError, KeyError, TypeError):
+            if strict:
+                raise ValueError(f"messages: cannot use a {message.get('role')!r} message as State") from None
+    return identity, turns, query
+
+
+def new_session_id() -> str:
+    return f"sess-{uuid.uuid4().hex[:16]}"

@@ -1,0 +1,92 @@
+"""The VRAM governor: admit a request only when the KV cache has room for what it will add.
+
+It knows the engine's block size and block count, and reads the cache's usage from the engine's
+stats each step. A request needs `ceil((prompt - cached + max_new) / block_size)` fresh blocks; the
+cached part comes from the orchestrator (the blocks above the first changed one are in the cache).
+Short of blocks it waits (up to a timeout), then asks for the State to be compacted, then answers
+429 with Retry-After, so our own traffic never drives vLLM into preemption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+
+class GovernorRejected(Exception):
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class KVStats:
+    """Fed by the server's engine stat logger."""
+
+    total_blocks: int = 0
+    block_size: int = 16
+    usage: float = 0.0
+
+    @property
+    def used_blocks(self) -> int:
+        return math.ceil(self.usage * self.total_blocks)
+
+
+@dataclass
+class Reservation:
+    blocks: int
+    _governor: "VramGovernor | None" = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._governor is not None:
+            self._governor._reserved -= self.blocks
+            self._governor = None
+
+
+class VramGovernor:
+    def __init__(self, stats: KVStats, queue_timeout_s: float, retry_after_s: int, poll_s: float = 0.02) -> None:
+        self.stats = stats
+        self.queue_timeout_s = queue_timeout_s
+        self.retry_after_s = retry_after_s
+        self.poll_s = poll_s
+        self._reserved = 0  # admitted requests whose blocks the usage figure may not show yet
+
+    def blocks_needed(self, prompt_tokens: int, cached_tokens: int, max_new_tokens: int) -> int:
+        fresh = max(prompt_tokens - cached_tokens, 0) + max_new_tokens
+        return math.ceil(fresh / self.stats.block_size)
+
+    def free_blocks(self) -> int:
+        if self.stats.total_blocks == 0:  # the engine has not reported yet: nothing to govern against
+            return 1 << 62
+        return self.stats.total_blocks - max(self.stats.used_blocks, self._reserved)
+
+    async def admit(self, needed: int, shrink: Callable[[], Awaitable[int | None]] | None = None,
+                    actions: list[str] | None = None) -> Reservation:
+        """Wait for `needed` blocks; `shrink` (compaction) may lower the need once before rejecting."""
+        actions = actions if actions is not None else []
+        if self.stats.total_blocks and needed > self.stats.total_blocks:
+            if shrink is not None and (smaller := await shrink()) is not None:
+                actions.append("vram_compact")
+                needed = smaller
+            if needed > self.stats.total_blocks:
+                raise GovernorRejected(
+                    f"the request needs {needed} KV blocks but the cache holds {self.stats.total_blocks}; "
+                    "shorten the prompt or max_tokens", self.retry_after_s)
+        if needed > self.free_blocks():
+            actions.append("vram_queue")
+            deadline = time.monotonic() + self.queue_timeout_s
+            while needed > self.free_blocks() and time.monotonic() < deadline:
+                await asyncio.sleep(self.poll_s)
+        if needed > self.free_blocks() and shrink is not None and "vram_compact" not in actions:
+            if (smaller := await shrink()) is not None:
+                actions.append("vram_compact")
+                needed = smaller
+        if needed > self.free_blocks():
+            raise GovernorRejected(
+                f"KV cache full: {needed} blocks needed, {max(self.free_blocks(), 0)} free; retry later",
+                self.retry_after_s)
+        self._reserved += needed
+        return Reservation(needed, self)

@@ -1,0 +1,211 @@
+"""The orchestrator as a library: deterministic blocks, prefix-stable prompts, governors, compaction."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ahc.config import OrchestratorConfig
+from orchestrator.assembler import AssemblyInput, assemble
+from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
+from orchestrator.ctc_governor import CTCLimits, govern
+from orchestrator.formatters import FormatterRegistry
+from orchestrator.orchestrator import Orchestrator
+from orchestrator.session import SessionStore
+from orchestrator.token_counter import TokenCounter
+from orchestrator.turn import Turn
+from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
+from tests.conftest import TINY_MODEL
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
+@pytest.fixture
+def counter(tokenizer) -> TokenCounter:
+    return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
+def make(counter: TokenCounter, summarize=None, store: SessionStore | None = None, **config) -> Orchestrator:
+    return Orchestrator(OrchestratorConfig(**config), 2048, counter, store or SessionStore(), None, summarize)
+
+
+CONTEXT = {"identity": "You are a careful physicist.", "codex": [{"id": "rules", "text": "A moves right."}],
+           "karma": [{"id": "k1", "text": "B moves left.", "verbatim": True}], "mode": "cag"}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_same_inputs_give_byte_identical_prompts_and_token_ids(counter, tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "what moves?"}]
+    a = run(make(counter).prepare(parse_context(CONTEXT), messages))
+    b = run(make(counter).prepare(parse_context(dict(reversed(list(CONTEXT.items())))), [dict(m) for m in messages]))
+    assert a.messages == b.messages
+    assert a.report["prefix_sha256"] == b.report["prefix_sha256"]
+    ids_a = tokenizer.apply_chat_template(a.messages, add_generation_prompt=True, tokenize=True)
+    ids_b = tokenizer.apply_chat_template(b.messages, add_generation_prompt=True, tokenize=True)
+    assert ids_a == ids_b
+    assert [blk["name"] for blk in a.report["blocks"]] == ["identity", "codex", "karma", "state", "query"]
+    assert a.messages[0]["content"].index("careful physicist") < a.messages[0]["content"].index("A moves right") \
+        < a.messages[0]["content"].index("B moves left")
+
+
+def test_a_growing_session_keeps_the_rendered_prompt_a_prefix(counter, tokenizer) -> None:
+    orch = make(counter)
+    spec = parse_context({**CONTEXT, "session_id": "s1"})
+    rendered = []
+    for turn in range(4):
+        prepared = run(orch.prepare(spec, [{"role": "user", "content": f"question {turn}"}]))
+        rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=False))
+        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+        if turn:
+            assert prepared.report["first_changed_block"] == "state"
+    for before, after in zip(rendered, rendered[1:]):
+        assert after.startswith(before)
+
+
+def test_first_changed_block_names_where_the_cache_broke(counter) -> None:
+    orch = make(counter)
+    spec = parse_context({**CONTEXT, "session_id": "s2"})
+    first = run(orch.prepare(spec, [{"role": "user", "content": "q"}]))
+    assert first.report["first_changed_block"] is None
+    orch.complete(first, {"role": "assistant", "content": "a"})
+    more_karma = {**CONTEXT, "session_id": "s2", "karma": CONTEXT["karma"] + [{"id": "k2", "text": "K splits."}]}
+    second = run(orch.prepare(parse_context(more_karma), [{"role": "user", "content": "q2"}]))
+    assert second.report["first_changed_block"] == "karma"
+
+
+def test_passthrough_keeps_messages_and_reports(counter) -> None:
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    prepared = run(make(counter).prepare(None, messages))
+    assert prepared.messages is messages
+    assert prepared.report["mode"] == "passthrough"
+
+
+def test_auto_mode_switches_on_the_threshold(counter) -> None:
+    small = run(make(counter).prepare(parse_context({**CONTEXT, "mode": "auto"}), [{"role": "user", "content": "q"}]))
+    assert small.report["mode"] == "cag"
+    big_codex = [{"id": f"d{i}", "text": "particles collide and split " * 40} for i in range(20)]
+    big = run(make(counter).prepare(parse_context({"codex": big_codex}), [{"role": "user", "content": "q"}]))
+    assert big.report["mode"] == "rag"
+    assert "particles collide" not in big.messages[0]["content"] if big.messages[0]["role"] == "system" else True
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"mode": "sideways"}, "context.mode"),
+    ({"codex": [{"id": "x"}]}, "context.codex.0.text"),
+    ({"karma": "not a list"}, "context.karma"),
+    ({"warp": 1}, "context.warp"),
+    ({"codex": [{"id": "a", "text": "1"}, {"id": "a", "text": "2"}]}, "context.codex"),
+])
+def test_malformed_context_names_the_field(bad: dict, field: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_context(bad)
+    assert str(info.value).startswith(field + ":")
+
+
+def test_ctc_governor_prunes_filler_first_and_never_verbatim_karma(counter) -> None:
+    formatter = FormatterRegistry().get("default")
+    state = tuple(Turn.from_message(m) for m in [
+        {"role": "user", "content": "measure the ring " * 20}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "thanks"}, {"role": "assistant", "content": "the ring has 12 A " * 20}])
+    karma = (KarmaEntry(id="v", text="never forget " * 10, verbatim=True), KarmaEntry(id="n", text="minor " * 30))
+    inp = AssemblyInput(identity="id", codex=(), karma=karma, summary=None, state=state, query="next?")
+    chars = lambda i: assemble(i, formatter, counter).chars  # noqa: E731
+    total = chars(inp)
+    governed, actions = govern(inp, CTCLimits(max_chars=total - 1), chars)
+    assert actions == ["ctc_prune_filler:1"]
+    assert [t.content for t in governed.state if t.is_filler] == ["thanks"] and len(governed.state) == 3
+    tight, actions = govern(inp, CTCLimits(max_chars=200), chars)
+    assert [k.id for k in tight.karma] == ["v"]
+    assert actions[0].startswith("ctc_prune_filler") and any(a.startswith("ctc_prune_karma") for a in actions)
+    depth, actions = govern(inp, CTCLimits(max_turns=1), chars)
+    assert [t.content for t in depth.state] == ["thanks", "the ring has 12 A " * 20] and actions == ["ctc_depth:1"]
+
+
+def test_compaction_condenses_old_turns_into_karma(counter) -> None:
+    calls = []
+
+    async def summarize(messages):
+        calls.append(messages)
+        return "SUMMARY: A moves right."
+
+    orch = make(counter, summarize, compaction_threshold_tokens=60, compaction_keep_turns=1)
+    spec = parse_context({**CONTEXT, "session_id": "s3"})
+    compacted = None
+    for turn in range(6):
+        prepared = run(orch.prepare(spec, [{"role": "user", "content": f"long question {turn} " * 5}]))
+        if "compaction" in prepared.actions:
+            compacted = prepared
+        orch.complete(prepared, {"role": "assistant", "content": f"long answer {turn} " * 5})
+    assert compacted is not None and calls
+    assert "SUMMARY: A moves right." in compacted.messages[0]["content"]
+    assert "long question 0" not in str(compacted.messages)
+    assert orch.sessions.get("s3").compactions >= 1
+
+
+def test_sessions_persist_and_resume(counter) -> None:
+    saved: dict[str, str] = {}
+    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__))
+    spec = parse_context({**CONTEXT, "session_id": "s4"})
+    first = run(orch.prepare(spec, [{"role": "user", "content": "one"}]))
+    orch.complete(first, {"role": "assistant", "content": "uno"})
+    resumed = make(counter, store=SessionStore(saved.get, saved.__setitem__))
+    second = run(resumed.prepare(spec, [{"role": "user", "content": "two"}]))
+    assert [m["content"] for m in second.messages[1:]] == ["one", "uno", "two"]
+    assert second.report["first_changed_block"] == "state"
+
+
+def test_a_failed_request_leaves_the_session_unchanged(counter) -> None:
+    orch = make(counter)
+    spec = parse_context({**CONTEXT, "session_id": "s5"})
+    prepared = run(orch.prepare(spec, [{"role": "tool", "tool_call_id": "c", "content": "r"},
+                                       {"role": "user", "content": "q"}]))
+    assert len(orch.sessions.get("s5").turns) == 1
+    orch.complete(prepared, None)
+    assert orch.sessions.get("s5").turns == []
+
+
+def test_token_counts_are_cached_by_text(counter) -> None:
+    text = "the same block " * 50
+    counter.count(text)
+    misses = counter.misses
+    assert counter.count(text) == counter.count(str(text))
+    assert counter.misses == misses
+
+
+def test_vram_governor_queues_then_rejects_with_retry_after() -> None:
+    stats = KVStats(total_blocks=10, block_size=16, usage=0.5)
+    governor = VramGovernor(stats, queue_timeout_s=0.05, retry_after_s=3)
+    assert governor.blocks_needed(100, 32, 20) == 6
+    actions: list[str] = []
+    reservation = run(governor.admit(4, actions=actions))
+    assert actions == [] and governor.free_blocks() == 5
+    with pytest.raises(GovernorRejected) as info:
+        run(governor.admit(6, actions=actions))
+    assert info.value.retry_after_s == 3 and actions == ["vram_queue"]
+    reservation.release()
+
+    async def shrink():
+        return 2
+
+    actions = []
+    run(governor.admit(6, shrink, actions))
+    assert actions == ["vram_queue", "vram_compact"]
+
+
+def test_formatters_registry_has_default_and_xml() -> None:
+    registry = FormatterRegistry()
+    assert {"default", "xml"} <= set(registry.names())
+    xml = registry.get("xml")
+    assert xml.codex([CodexDoc(id="d", text="t")]).startswith("<codex>")
+    with pytest.raises(ValueError, match="unknown formatter"):
+        registry.get("nope")
