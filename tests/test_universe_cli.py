@@ -1,0 +1,79 @@
+"""`ahc universe simulate|bench` and `ahc bench universe`: output, exit codes, and the speed claim."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AHC = str(Path(sys.executable).with_name("ahc"))
+
+
+def ahc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([AHC, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", [["universe"], ["universe", "simulate"], ["universe", "bench"]])
+def test_help(command: list[str]) -> None:
+    result = ahc(*command, "--help")
+    assert result.returncode == 0 and "Usage" in result.stdout
+
+
+def test_simulate_prints_the_trajectory() -> None:
+    result = ahc("universe", "simulate", "--rule", "kinetic", "--state", "A__B", "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["A__B", "_AB_", "_BA_", "B__A"]
+    numpy = ahc("universe", "simulate", "--rule", "mirror2", "--state", "A_B_K__A", "--steps", "5",
+                "--backend", "numpy")
+    numba = ahc("universe", "simulate", "--rule", "mirror2", "--state", "A_B_K__A", "--steps", "5",
+                "--backend", "numba")
+    assert numpy.returncode == numba.returncode == 0 and numpy.stdout == numba.stdout
+    assert len(numpy.stdout.splitlines()) == 6
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--state", "A_X"], "'X' at cell 2"),
+    (["--state", "A_B", "--steps", "-1"], "steps must be >= 0"),
+    (["--state", "A_B", "--rule", "no-such"], "no-such"),
+    (["--state", ""], "empty grid"),
+])
+def test_simulate_failures_exit_1_with_one_line(args: list[str], words: str) -> None:
+    result = ahc("universe", "simulate", *args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
+
+
+def test_simulate_bad_usage_exits_2() -> None:
+    assert ahc("universe", "simulate").returncode == 2  # --state is required
+    assert ahc("universe", "simulate", "--state", "A", "--backend", "gpu").returncode == 2
+
+
+def test_bench_numba_is_ten_times_numpy_in_the_same_run() -> None:
+    # Machines are noisy (a neighbour on one of two cores halves numba, not numpy): best of 3 runs.
+    ratios = []
+    for _ in range(3):
+        result = ahc("universe", "bench", "--backend", "numba")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["bench"] == "universe"
+        assert report["figures"]["numpy_cells_per_s"] > 0 and report["figures"]["numba_cells_per_s"] > 0
+        ratios.append(report["ratios"]["numba_over_numpy"])
+        if ratios[-1] >= 10:
+            break
+    assert max(ratios) >= 10, ratios
+
+
+def test_ahc_bench_universe_json_has_every_backend() -> None:
+    result = ahc("bench", "universe", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["bench"] == "universe"
+    figures = report["figures"]
+    assert {"numpy_cells_per_s", "numba_cells_per_s"} <= set(figures)
+    assert "triton_cells_per_s" in figures or "triton_interpret_cells_per_s" in figures
+    assert report["ratios"]["numba_over_numpy"] == pytest.approx(
+        figures["numba_cells_per_s"] / figures["numpy_cells_per_s"])
