@@ -49,6 +49,10 @@ def run(backends: list[str] | None = None) -> BenchResult:
     for backend in ("numpy", "numba"):
         if backend in wanted:
             figures[f"{backend}_cells_per_s"] = cells_per_second(backend, states, STEPS, 3 if backend == "numpy" else 5)
+    if "numba" in wanted:
+        import numba
+
+        figures["numba_threads"] = numba.get_num_threads()  # numpy's reference runs on one
     if "triton" in wanted:
         if gpu_available():
             big = random_states(rng, GPU_GRIDS, GPU_LENGTH)

@@ -28,8 +28,9 @@ def _universe_steps(src_ptr, out_ptr, lut_ptr, length, period, wrap, n_steps, ro
                     BLOCK: tl.constexpr, HALO: tl.constexpr):
     """src: the trajectory row to start from, `[B, L]`; out: the same row, whose next `n_steps` rows
     (`row_stride = B*L` bytes apart) this launch fills; lut: `[period, 64]` uint8."""
-    tile = tl.program_id(0)
-    grid = tl.program_id(1).to(tl.int64)
+    # Rings on axis 0 (up to 2**31 - 1 programs), tiles on axis 1 (CUDA caps it at 65535).
+    grid = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
     lane = tl.arange(0, BLOCK)
     start = tile * (BLOCK - 2 * HALO)
     # `wrap` is a multiple of L that keeps the position non-negative before the modulo.

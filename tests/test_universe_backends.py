@@ -71,7 +71,7 @@ def test_triton_under_the_interpret_env_var() -> None:
         expected = simulate(states, rule, 5, "numpy")
         out = torch.empty((6, 3, 11), dtype=torch.uint8)
         out[0] = torch.from_numpy(states)
-        universe_steps[(1, 3)](out[0], out[0], torch.from_numpy(rule.lut.copy()), 11, 2, 11, 5, 33,
+        universe_steps[(3, 1)](out[0], out[0], torch.from_numpy(rule.lut.copy()), 11, 2, 11, 5, 33,
                                BLOCK=64, HALO=5)
         assert np.array_equal(out.numpy(), expected)
         print("ok")

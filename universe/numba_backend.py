@@ -153,7 +153,7 @@ def _run(trajectory, rows64, length, leaf, spread, chunk):
 
 def simulate(states: np.ndarray, lut: np.ndarray, steps: int) -> np.ndarray:
     """`states [B, L]` → `[steps+1, B, L]`. Rows are padded to 8 cells for the 8-byte stores; for
-    lengths not a multiple of 8 the result is a (non-contiguous) view of the padded buffer."""
+    lengths not a multiple of 8 the padding is cut off with one copy."""
     grids, length = states.shape
     padded = -(-length // 8) * 8
     trajectory = np.empty((steps + 1, grids, padded), dtype=np.uint8)
@@ -162,4 +162,4 @@ def simulate(states: np.ndarray, lut: np.ndarray, steps: int) -> np.ndarray:
     # Enough tasks to keep every thread busy, each as wide as possible for the vector loop.
     chunk = min(MAX_CHUNK, -(-grids // nb.get_num_threads()))
     _run(trajectory, trajectory.view(U64), length, leaves(lut), _spread_table(), chunk)
-    return trajectory if padded == length else trajectory[:, :, :length]
+    return trajectory if padded == length else np.ascontiguousarray(trajectory[:, :, :length])

@@ -38,6 +38,6 @@ def simulate(states: np.ndarray, lut: np.ndarray, steps: int) -> np.ndarray:
     wrap = length * -(-halo // length)
     for t0 in range(0, steps, halo):
         n_steps = min(halo, steps - t0)
-        kernel[(tiles, grids)](trajectory[t0], trajectory[t0], table, length, lut.shape[0], wrap,
+        kernel[(grids, tiles)](trajectory[t0], trajectory[t0], table, length, lut.shape[0], wrap,
                                n_steps, grids * length, BLOCK=block, HALO=halo)
     return trajectory.cpu().numpy()
