@@ -24,6 +24,7 @@ _SEPARATORS: tuple[re.Pattern[str], ...] = (
     re.compile(r"(?:(?<=[.!?;])|(?<=[.!?;][\"')\]]))\s+"),
     re.compile(r"\s+"),  # word
 )
+_WORD = 3  # pieces reaching this level are sentences (or lines): the smallest natural units
 _CHARACTER = len(_SEPARATORS)  # boundary strength of a cut inside a word
 
 
@@ -74,15 +75,26 @@ def chunk_document(doc_id: str, text: str, max_tokens: int = 200, overlap: int =
 
 def _split(text: str, start: int, end: int, level: int, boundary: int, max_tokens: int,
            count_tokens: CountTokens) -> list[_Unit]:
-    """The units of text[start:end], whitespace trimmed, split at `level` or finer as needed."""
+    """The units of text[start:end], whitespace trimmed: its sentences (or lines), each split finer
+    (words, then characters) only when it alone exceeds max_tokens."""
     start, end = _trim(text, start, end)
     if start >= end:
         return []
+    if level < _WORD:
+        # Always down to sentences, fitting or not: units that small let chunks end on the best
+        # boundary and let the overlap carry the last sentences instead of a whole paragraph.
+        return _split_at(text, start, end, level, boundary, max_tokens, count_tokens)
     tokens = count_tokens(text[start:end])
     if tokens <= max_tokens:
         return [_Unit(start, end, tokens, boundary)]
     if level == _CHARACTER:
         return _split_characters(text, start, end, boundary, max_tokens, count_tokens)
+    return _split_at(text, start, end, level, boundary, max_tokens, count_tokens)
+
+
+def _split_at(text: str, start: int, end: int, level: int, boundary: int, max_tokens: int,
+              count_tokens: CountTokens) -> list[_Unit]:
+    """Split at this level's separators and hand each piece to the next level."""
     units: list[_Unit] = []
     piece_start = start
     pieces = [(m.start(), m.end()) for m in _SEPARATORS[level].finditer(text, start, end)]
