@@ -1,1 +1,49 @@
-"""xdb — see DESIGN.md."""
+"""XDB, the experience database: every timestep an agent lives through, in embedded DuckDB.
+
+The interface the server uses:
+
+    from xdb import XDB, TimestepRow, RecallFilters
+
+    xdb = XDB.open(data_dir, quota_bytes=None, summarize=None, on_commit=None)
+        # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
+        # file raises ValueError and is never reset. read_only=True opens for reading only.
+    ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
+    xdb.writer.submit(rows: list[TimestepRow])       # non-blocking; blocks when full, raises WriterBackpressure
+    await xdb.writer.asubmit(rows)                   # never blocks the event loop
+    xdb.writer.try_submit(rows) -> bool              # False instead of waiting
+    xdb.writer.flush(timeout=None)                   # everything submitted so far committed (audit + experience)
+    xdb.writer.queue_depth() -> int; xdb.writer.rows_written; xdb.writer.on_commit = fn(n_rows)
+    xdb.close()                                      # flushes, then closes both files
+
+    xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # SPEC §5 fields + role, token_id, request_id
+    xdb.tag(tag, timestep_id= | session_id=+tick= | event_id= | session_id=+tick_range=, ...)
+    xdb.comment(content, <same target>) ; xdb.comments(session_id)
+    xdb.concepts_list(query) ; xdb.buds(status) ; xdb.set_bud_status(tag, status) ; xdb.create_tag(name, type)
+    xdb.documents(doc_type, query) ; xdb.document(doc_id | path=, version=) ; xdb.document_versions(doc_id)
+    xdb.add_document(name, content, doc_type=, path=, tags=, source=, summary=) ; xdb.update_document(doc_id, content)
+    xdb.pin(session_id, tick_from, tick_to, reason) ; xdb.unpin(window_id) ; xdb.windows(session_id)
+    xdb.submit_evidence(bud, submission_id) ; xdb.resolve_submission(submission_id, accepted)
+    xdb.compact(session_id=None, up_to_tick=, summary=, trigger=, compress_released=) ; xdb.cold_records()
+    xdb.state() -> dict
+    xdb.save_session_state(session_id, state_json) -> version ; xdb.load_session_state(session_id) -> str | None
+    xdb.log_interaction(run_id, journal_entry=, tool_call_json=, tool_result_json=, token_count=) -> turn_id
+    xdb.interactions(run_id, pattern=, after_turn=, last=) ; xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
+    xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
+
+Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
+(ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped.
+Every read runs on its own cursor of the writer's connection, so any thread may call them.
+"""
+
+from xdb.audit import AuditReport, verify_audit
+from xdb.documents import DocumentTooLarge, DocumentType
+from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
+from xdb.recall import RecallFilterError, RecallFilters
+from xdb.rows import TimestepRow
+from xdb.store import XDB
+from xdb.tags import BudStatus, NotFound, TagType
+from xdb.writer import WriterBackpressure, WriterStopped
+
+__all__ = ["XDB", "TimestepRow", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit", "NotFound",
+           "DocumentTooLarge", "DocumentType", "QuotaExceeded", "Fidelity", "CompressionLevel", "BudStatus",
+           "TagType", "WriterBackpressure", "WriterStopped"]

@@ -1,0 +1,232 @@
+"""The storage manager: over the byte quota, compress the oldest released records at the finest
+level available (token rows → REPLY → SESSION → DAY → WEEK → MONTH → QUARTER → YEAR), never touching
+HOT, WARM or SUBMITTED rows. A compressed record keeps the top-k activations (summed), the most
+frequent tags and a summary: the served model's (a `summarize` callable) or, with no model attached,
+a deterministic extractive one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any, Callable
+
+import duckdb
+
+from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
+from xdb.recall import TAG_MATCH
+from xdb.schema import TOP_K
+from xdb.tags import NotFound
+
+Summarize = Callable[[str], str]
+SUMMARY_CHARS = 280
+# The calendar bucket each coarse level groups its source records by.
+BUCKETS = {CompressionLevel.DAY: "day", CompressionLevel.WEEK: "week", CompressionLevel.MONTH: "month",
+           CompressionLevel.QUARTER: "quarter", CompressionLevel.YEAR: "year"}
+
+
+def extractive_summary(text: str, max_chars: int = SUMMARY_CHARS) -> str:
+    """The sentences carrying the most frequent words, in their original order, within max_chars."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+    if not sentences:
+        return ""
+    freq = Counter(w for w in re.findall(r"\w+", text.lower()) if len(w) > 3)
+    score = {i: sum(freq[w] for w in re.findall(r"\w+", s.lower()) if len(w) > 3) / (1 + len(s) ** 0.5)
+             for i, s in enumerate(sentences)}
+    chosen, used = [], 0
+    for i in sorted(score, key=lambda i: (-score[i], i)):
+        if used + len(sentences[i]) + 1 <= max_chars:
+            chosen.append(i)
+            used += len(sentences[i]) + 1
+    if not chosen:
+        return sentences[0][: max_chars - 1] + "…"
+    return " ".join(sentences[i] for i in sorted(chosen))
+
+
+def summarize_with(summarize: Summarize | None, text: str) -> str:
+    if summarize is not None:
+        try:
+            return summarize(text)
+        except Exception:  # the model is optional; memory management must not fail with it
+            pass
+    return extractive_summary(text)
+
+
+def usage_bytes(cur: duckdb.DuckDBPyConnection) -> int:
+    """Logical bytes held: what the quota counts (DuckDB files do not shrink when rows are deleted)."""
+    return cur.execute(f"""SELECT
+        (SELECT count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0) FROM timesteps)
+      + (SELECT coalesce(sum(strlen(summary) + strlen(top_k_activations) + 64), 0) FROM compressed_records)"""
+                       ).fetchone()[0]
+
+
+def top_k(scores: Counter, k: int = TOP_K) -> dict[str, float]:
+    return {name: round(float(v), 6) for name, v in scores.most_common(k)}
+
+
+def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
+                      max_groups: int) -> list[int]:
+    """Released token rows → one REPLY record per (session, request), oldest first."""
+    groups = cur.execute(f"""
+        WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS}),
+        g AS (SELECT t.session_id, t.request_id, min(t.id) lo, max(t.id) hi, min(t.tick) t0, max(t.tick) t1,
+                     min(t.created_at) c0, max(t.created_at) c1, count(*) n,
+                     count(*) FILTER (WHERE t.event_type = 'output') tokens,
+                     bool_or(t.tick > h.released_through AND h.last_at > ?) hot
+              FROM timesteps t JOIN h USING (session_id) GROUP BY t.session_id, t.request_id)
+        SELECT session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens FROM g
+        WHERE NOT hot AND NOT EXISTS (SELECT 1 FROM w WHERE w.session_id = g.session_id
+                                      AND w.start_tick <= g.t1 AND w.end_tick >= g.t0)
+        ORDER BY lo LIMIT ?""", [hot_cutoff(hot_seconds), max_groups]).fetchall()
+    made = []
+    for session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens in groups:
+        where = "t.session_id = ? AND t.request_id IS NOT DISTINCT FROM ? AND t.id BETWEEN ? AND ?"
+        args = [session_id, request_id, lo, hi]
+        text = cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
+                           f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t WHERE {where}",
+                           args).fetchone()[0] or ""
+        acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid, unnest(t.concept_values) v
+                               FROM timesteps t WHERE {where}) u JOIN concepts c ON c.id = u.cid
+                               WHERE u.cid IS NOT NULL GROUP BY c.name""", args).fetchall()
+        tags = cur.execute(f"""SELECT g.name, count(*) FROM timesteps t JOIN tag_applications a ON {TAG_MATCH}
+                               JOIN tags g ON g.id = a.tag_id WHERE {where} GROUP BY g.name""", args).fetchall()
+        record = dict(level=CompressionLevel.REPLY, session_id=session_id, start_time=c0, end_time=c1,
+                      start_tick=t0, end_tick=t1, summary=summarize_with(summarize, text.strip()),
+                      activations=top_k(Counter(dict(acts))),
+                      tags=[name for name, _ in Counter(dict(tags)).most_common(TOP_K)],
+                      sources=[f"timesteps:{lo}-{hi}" + (f" request:{request_id}" if request_id else "")],
+                      token_count=tokens, record_count=n)
+        cur.execute("BEGIN")
+        try:
+            made.append(_insert_record(cur, record))
+            cur.execute(f"DELETE FROM timesteps t WHERE {where}", args)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+    return made
+
+
+def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
+    return cur.execute(
+        "INSERT INTO compressed_records (compression_level, session_id, start_time, end_time, start_tick, end_tick, "
+        "summary, top_k_activations, significant_tags, source_record_ids, token_count, record_count, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
+        [int(r["level"]), r["session_id"], r["start_time"], r["end_time"], r["start_tick"], r["end_tick"],
+         r["summary"], json.dumps(r["activations"], sort_keys=True), r["tags"], r["sources"], r["token_count"],
+         r["record_count"]]).fetchone()[0]
+
+
+def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
+                 summarize: Summarize | None) -> list[int]:
+    """The oldest group of records at `source` → one record a level coarser (seed §4.2)."""
+    target = CompressionLevel(source + 1)
+    key = "session_id" if target == CompressionLevel.SESSION else f"date_trunc('{BUCKETS[target]}', start_time)"
+    oldest = cur.execute(f"SELECT {key} FROM compressed_records WHERE compression_level = ? "
+                         "ORDER BY start_time, id LIMIT 1", [int(source)]).fetchone()
+    if oldest is None:
+        return []
+    rows = cur.execute(f"SELECT id, session_id, start_time, end_time, start_tick, end_tick, summary, top_k_activations, "
+                       f"significant_tags, token_count, record_count FROM compressed_records "
+                       f"WHERE compression_level = ? AND {key} = ? ORDER BY start_time, id",
+                       [int(source), oldest[0]]).fetchall()
+    acts, tags = Counter(), Counter()
+    for r in rows:
+        acts.update(json.loads(r[7]))
+        tags.update(r[8])
+    same_session = target == CompressionLevel.SESSION
+    record = dict(level=target, session_id=rows[0][1] if same_session else None,
+                  start_time=min(r[2] for r in rows), end_time=max(r[3] for r in rows),
+                  start_tick=min(r[4] for r in rows) if same_session else None,
+                  end_tick=max(r[5] for r in rows) if same_session else None,
+                  summary=summarize_with(summarize, "\n".join(r[6] for r in rows if r[6])),
+                  activations=top_k(acts), tags=[t for t, _ in tags.most_common(TOP_K)],
+                  sources=[f"compressed:{r[0]}" for r in rows], token_count=sum(r[9] for r in rows),
+                  record_count=sum(r[10] for r in rows))
+    cur.execute("BEGIN")
+    try:
+        new_id = _insert_record(cur, record)
+        cur.execute("DELETE FROM compressed_records WHERE id IN (SELECT unnest(?))", [[r[0] for r in rows]])
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    return [new_id]
+
+
+def compress_step(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
+                  max_groups: int = 100) -> list[int]:
+    """One step at the finest level that has anything to compress; [] when nothing can be."""
+    made = _compress_replies(cur, summarize, hot_seconds, max_groups)
+    if made:
+        return made
+    for level in list(CompressionLevel)[1:-1]:
+        made = _merge_level(cur, level, summarize)
+        if made:
+            return made
+    return []
+
+
+def enforce_quota(cur: duckdb.DuckDBPyConnection, quota_bytes: int, summarize: Summarize | None,
+                  hot_seconds: float, max_steps: int = 1000) -> list[int]:
+    """Compress until usage is within the quota or nothing more may be compressed."""
+    made: list[int] = []
+    for _ in range(max_steps):
+        if usage_bytes(cur) <= quota_bytes:
+            break
+        step = compress_step(cur, summarize, hot_seconds)
+        if not step:
+            break
+        made += step
+    return made
+
+
+def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tick: int | None,
+                      summary: str | None, summarize: Summarize | None, trigger: str,
+                      tokens_after: int | None) -> dict[str, Any]:
+    """Record a context compaction of a session up to a tick: its rows leave HOT."""
+    start = cur.execute("SELECT coalesce(max(range_end), -1) + 1 FROM compaction_records WHERE session_id = ?",
+                        [session_id]).fetchone()[0]
+    last = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
+    if last is None:
+        raise NotFound(f"session {session_id!r} not found")
+    end = last[0] if up_to_tick is None else up_to_tick
+    if end < start:
+        raise ValueError(f"ticks up to {end} are already compacted (next is {start})")
+    where = "session_id = ? AND tick BETWEEN ? AND ?"
+    args = [session_id, start, end]
+    n, tokens, text = cur.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE event_type = 'output'), string_agg(CASE WHEN event_type = 'output' "
+        f"THEN content ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps WHERE {where}",
+        args).fetchone()
+    acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(concept_ids) cid, unnest(concept_values) v
+                           FROM timesteps WHERE {where}) u JOIN concepts c ON c.id = u.cid GROUP BY c.name""",
+                       args).fetchall()
+    summary = summary if summary is not None else summarize_with(summarize, (text or "").strip())
+    activations = top_k(Counter(dict(acts)))
+    after = tokens_after if tokens_after is not None else len(summary.split())
+    rid = cur.execute(
+        "INSERT INTO compaction_records (session_id, created_at, range_start, range_end, timesteps_compacted, "
+        "tokens_before, tokens_after, summary, summary_concept_tags, top_k_activations, trigger, result_level) "
+        "VALUES (?, now(), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        [session_id, start, end, n, tokens, after, summary, list(activations), json.dumps(activations, sort_keys=True),
+         trigger, int(CompressionLevel.REPLY)]).fetchone()[0]
+    return {"id": rid, "session_id": session_id, "range_start": start, "range_end": end, "timesteps_compacted": n,
+            "tokens_before": tokens, "tokens_after": after, "summary": summary, "top_k_activations": activations,
+            "trigger": trigger}
+
+
+def cold_records(cur: duckdb.DuckDBPyConnection, session_id: str | None = None, limit: int = 100) -> list[dict]:
+    cols = ("id", "compression_level", "session_id", "start_time", "end_time", "start_tick", "end_tick", "summary",
+            "top_k_activations", "significant_tags", "source_record_ids", "token_count", "record_count")
+    rows = cur.execute(f"SELECT {', '.join(cols)} FROM compressed_records WHERE ? IS NULL OR session_id = ? "
+                       "ORDER BY start_time, id LIMIT ?", [session_id, session_id, limit]).fetchall()
+    out = []
+    for r in rows:
+        rec = dict(zip(cols, r))
+        rec["level"] = CompressionLevel(rec.pop("compression_level")).name.lower()
+        rec["top_k_activations"] = json.loads(rec["top_k_activations"])
+        rec["start_time"], rec["end_time"] = rec["start_time"].isoformat() + "Z", rec["end_time"].isoformat() + "Z"
+        out.append(rec)
+    return out

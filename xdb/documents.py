@@ -1,0 +1,107 @@
+"""The document repository: reference documents, every update a new version with its SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from enum import Enum
+from typing import Any
+
+import duckdb
+
+from xdb.tags import NotFound
+
+DEFAULT_MAX_DOCUMENT_BYTES = 1 << 20
+
+
+class DocumentType(str, Enum):
+    SYSTEM_INSTRUCTION = "system_instruction"
+    TOOL_DOCUMENTATION = "tool_documentation"
+    TRIBAL_POLICY = "tribal_policy"
+    SPECIFICATION = "specification"
+    REFERENCE = "reference"
+
+
+class DocumentTooLarge(ValueError):
+    """A document over the size limit (HTTP 413)."""
+
+
+COLUMNS = ("id", "version", "doc_type", "name", "path", "content", "content_hash", "created_at", "updated_at",
+           "source", "summary", "tags")
+
+
+def _doc(row: tuple, with_content: bool = True) -> dict[str, Any]:
+    rec = dict(zip(COLUMNS, row))
+    for key in ("created_at", "updated_at"):
+        rec[key] = rec[key].isoformat() + "Z"
+    rec["bytes"] = len(rec["content"].encode())
+    if not with_content:
+        del rec["content"]
+    return rec
+
+
+def _check(content: str, max_bytes: int) -> str:
+    if not isinstance(content, str):
+        raise ValueError("document content must be a string")
+    size = len(content.encode())
+    if size > max_bytes:
+        raise DocumentTooLarge(f"document is {size} bytes, over the {max_bytes}-byte limit")
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
+                 path: str | None = None, tags: list[str] | None = None, source: str | None = None,
+                 summary: str | None = None, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    if not name or not name.strip():
+        raise ValueError("document name must not be empty")
+    kind = DocumentType(doc_type).value
+    digest = _check(content, max_bytes)
+    doc_id = f"doc-{uuid.uuid4().hex[:12]}"
+    cur.execute("INSERT INTO documents VALUES (?, 1, ?, ?, ?, ?, ?, now(), now(), ?, ?, ?)",
+                [doc_id, kind, name, path, content, digest, source, summary, list(tags or [])])
+    return get_document(cur, doc_id)
+
+
+def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *, summary: str | None = None,
+                    tags: list[str] | None = None, name: str | None = None,
+                    max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    """A new version with the new content; metadata not given is carried over."""
+    digest = _check(content, max_bytes)
+    current = get_document(cur, doc_id)
+    cur.execute("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMP, now(), ?, ?, ?)",
+                [doc_id, current["version"] + 1, current["doc_type"], name or current["name"], current["path"],
+                 content, digest, current["created_at"].rstrip("Z"), current["source"],
+                 summary if summary is not None else current["summary"],
+                 list(tags) if tags is not None else current["tags"]])
+    return get_document(cur, doc_id)
+
+
+def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, path: str | None = None,
+                 version: int | None = None) -> dict[str, Any]:
+    if (doc_id is None) == (path is None):
+        raise ValueError("give exactly one of doc_id or path")
+    key, value = ("id", doc_id) if doc_id is not None else ("path", path)
+    row = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE {key} = ? AND (? IS NULL OR version = ?) "
+                      "ORDER BY version DESC LIMIT 1", [value, version, version]).fetchone()
+    if row is None:
+        raise NotFound(f"document {value!r}" + (f" version {version}" if version else "") + " not found")
+    return _doc(row)
+
+
+def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[str, Any]]:
+    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE id = ? ORDER BY version", [doc_id]).fetchall()
+    if not rows:
+        raise NotFound(f"document {doc_id!r} not found")
+    return [_doc(r, with_content=False) for r in rows]
+
+
+def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
+                   query: str | None = None) -> list[dict[str, Any]]:
+    """The latest version of each document, without content; `query` searches name, path and text."""
+    if doc_type is not None:
+        doc_type = DocumentType(doc_type).value
+    rows = cur.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM documents QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
+        "AND (? IS NULL OR doc_type = ?) AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' "
+        "OR content ILIKE '%' || ? || '%') ORDER BY name, id", [doc_type, doc_type] + [query] * 4).fetchall()
+    return [_doc(r, with_content=False) for r in rows]

@@ -1,0 +1,32 @@
+"""The orchestrator's per-session State (its blocks as JSON), versioned: every save is a new version,
+so a restart resumes from the last one and an earlier one can be recovered."""
+
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+
+
+def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str) -> int:
+    """Store a new version unless it equals the latest; returns the version holding it."""
+    if not session_id:
+        raise ValueError("session_id must not be empty")
+    digest = hashlib.sha256(state_json.encode()).hexdigest()
+    latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? ORDER BY version DESC LIMIT 1",
+                         [session_id]).fetchone()
+    if latest is not None and latest[1] == digest:
+        return latest[0]
+    version = 1 if latest is None else latest[0] + 1
+    cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
+    return version
+
+
+def load_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, version: int | None = None) -> str | None:
+    row = cur.execute("SELECT state_json FROM session_states WHERE session_id = ? AND (? IS NULL OR version = ?) "
+                      "ORDER BY version DESC LIMIT 1", [session_id, version, version]).fetchone()
+    return None if row is None else row[0]
+
+
+def session_ids(cur: duckdb.DuckDBPyConnection) -> list[str]:
+    return [s for (s,) in cur.execute("SELECT DISTINCT session_id FROM session_states ORDER BY 1").fetchall()]

@@ -1,0 +1,290 @@
+"""XDB, the facade: opens both files, owns the writer, and serves every read and small write.
+
+DuckDB allows one process per file, so the server's XDB is the only way in while it runs. Within the
+process, the writer's thread owns the experience connection; every other call runs on a fresh cursor
+of it (a cursor is its own DuckDB connection on the same database, safe to use from any thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import duckdb
+
+from xdb import compression, documents, fidelity, interactions, session_state, tags
+from xdb.audit import AuditLog, AuditReport
+from xdb.concepts import ConceptIndex
+from xdb.recall import RecallFilters, recall
+from xdb.schema import TOP_K, open_experience
+from xdb.writer import Writer, last_timestep_id, replay_from_audit
+
+EXPERIENCE_FILE = "experience.duckdb"
+AUDIT_FILE = Path("audit") / "audit.duckdb"
+
+
+class XDB:
+    def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
+                 concepts: ConceptIndex, writer: Writer | None, *, quota_bytes: int | None,
+                 warm_quota_bytes: int | None, summarize: Callable[[str], str] | None, hot_seconds: float,
+                 max_document_bytes: int) -> None:
+        self.data_dir, self.conn, self.audit, self.concepts, self.writer = data_dir, conn, audit, concepts, writer
+        self.quota_bytes, self.warm_quota_bytes = quota_bytes, warm_quota_bytes
+        self.summarize, self.hot_seconds, self.max_document_bytes = summarize, hot_seconds, max_document_bytes
+        self._ticks: dict[str, int] = dict(conn.execute("SELECT session_id, last_tick FROM session_ticks").fetchall())
+        self._tick_lock = threading.Lock()
+        self._compress_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, data_dir: Path | str, *, quota_bytes: int | None = None,
+             summarize: Callable[[str], str] | None = None, read_only: bool = False,
+             on_commit: Callable[[int], None] | None = None, warm_quota_bytes: int | None = None,
+             hot_seconds: float = 3600.0, max_document_bytes: int = documents.DEFAULT_MAX_DOCUMENT_BYTES,
+             batch_rows: int = 50_000, max_latency_s: float = 0.25, max_queue_rows: int = 1_000_000,
+             submit_timeout_s: float = 30.0) -> "XDB":
+        """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb.
+        A corrupt or foreign file raises ValueError and is left untouched. `read_only` opens the
+        experience file alone, for reading (`ahc xdb recall`), with no writer."""
+        data_dir = Path(data_dir)
+        if not read_only:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        conn = open_experience(data_dir / EXPERIENCE_FILE, read_only=read_only)
+        audit = writer = None
+        try:
+            if not read_only:
+                audit = AuditLog.open(data_dir / AUDIT_FILE)
+                replay_from_audit(conn, audit)
+            concepts = ConceptIndex(conn.execute("SELECT id, name FROM concepts").fetchall())
+            if not read_only:
+                next_id = max(last_timestep_id(conn), audit.last_timestep_id()) + 1
+                writer = Writer(conn, audit, concepts, next_id=next_id, batch_rows=batch_rows,
+                                max_latency_s=max_latency_s, max_queue_rows=max_queue_rows,
+                                submit_timeout_s=submit_timeout_s, on_commit=on_commit, k=TOP_K)
+        except BaseException:
+            if audit is not None:
+                audit.close()
+            conn.close()
+            raise
+        if warm_quota_bytes is None and quota_bytes is not None:
+            warm_quota_bytes = quota_bytes // 2
+        return cls(data_dir, conn, audit, concepts, writer, quota_bytes=quota_bytes,
+                   warm_quota_bytes=warm_quota_bytes, summarize=summarize, hot_seconds=hot_seconds,
+                   max_document_bytes=max_document_bytes)
+
+    def close(self) -> None:
+        """Flush and commit everything queued, then close both files."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            if self.audit is not None:
+                self.audit.close()
+            self.conn.close()
+
+    def __enter__(self) -> "XDB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cur = self.conn.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    # -- recording -----------------------------------------------------------------------------
+    def next_ticks(self, session_id: str, n: int = 1) -> range:
+        """Reserve n consecutive ticks for a session, with no DB round trip; resumes after the largest
+        tick stored for it (across restarts and compression)."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        with self._tick_lock:
+            first = self._ticks.get(session_id, -1) + 1
+            self._ticks[session_id] = first + n - 1
+        return range(first, first + n)
+
+    # -- reading -------------------------------------------------------------------------------
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+        """Timesteps matching the SPEC §5 filters, oldest first; a bad filter raises RecallFilterError
+        (a ValueError) naming it."""
+        f = RecallFilters.parse(filters, **kwargs)
+        with self.cursor() as cur:
+            return recall(cur, f, self.concepts)
+
+    def concepts_list(self, query: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return tags.list_concepts(cur, query)
+
+    def buds(self, status: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return tags.list_buds(cur, status)
+
+    def comments(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return tags.list_comments(cur, session_id)
+
+    # -- tags and comments ---------------------------------------------------------------------
+    def _target(self, cur: duckdb.DuckDBPyConnection, **where: Any) -> tags.Target:
+        target = tags.make_target(**where)
+        try:
+            return tags.resolve_target(cur, target)
+        except tags.NotFound:
+            # The row may still be on the writer's queue: commit it and look again.
+            if self.writer is None or self.writer.queue_depth() == 0:
+                raise
+            self.writer.flush(timeout=10)
+            return tags.resolve_target(cur, target)
+
+    def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
+            tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
+            tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
+            created_by: str = "be", description: str | None = None) -> dict[str, Any]:
+        """Apply a tag (by name or id; a new name creates it) to a timestep, an event or a tick range.
+        Raises tags.NotFound for a missing target."""
+        with self.cursor() as cur:
+            target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
+                                  event_id=event_id, tick_range=tick_range)
+            found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
+                                           description=description)
+            return tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
+
+    def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
+                tick: int | None = None, event_id: str | None = None,
+                tick_range: tuple[int, int] | None = None) -> dict[str, Any]:
+        with self.cursor() as cur:
+            target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
+                                  event_id=event_id, tick_range=tick_range)
+            return tags.add_comment(cur, content, target)
+
+    def create_tag(self, name: str, tag_type: str = "custom", **fields: Any) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return tags.get_or_create_tag(cur, name, tag_type=tag_type, **fields)
+
+    def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return tags.set_bud_status(cur, tag, status)
+
+    # -- documents -----------------------------------------------------------------------------
+    def documents(self, doc_type: str | None = None, query: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return documents.list_documents(cur, doc_type, query)
+
+    def document(self, doc_id: str | None = None, *, path: str | None = None,
+                 version: int | None = None) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return documents.get_document(cur, doc_id, path=path, version=version)
+
+    def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return documents.document_versions(cur, doc_id)
+
+    def add_document(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return documents.add_document(cur, name, content, max_bytes=self.max_document_bytes, **fields)
+
+    def update_document(self, doc_id: str, content: str, **fields: Any) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return documents.update_document(cur, doc_id, content, max_bytes=self.max_document_bytes, **fields)
+
+    # -- fidelity and compression ----------------------------------------------------------------
+    def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None = None) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
+
+    def unpin(self, window_id: int) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return fidelity.unpin(cur, window_id)
+
+    def windows(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return fidelity.list_windows(cur, session_id)
+
+    def submit_evidence(self, bud: str | int, submission_id: str) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return fidelity.submit_evidence(cur, bud, submission_id)
+
+    def resolve_submission(self, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return fidelity.resolve_submission(cur, submission_id, accepted)
+
+    def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
+                trigger: str = "manual", tokens_after: int | None = None,
+                compress_released: bool = False) -> dict[str, Any]:
+        """Record a context compaction of `session_id` (its rows up to `up_to_tick` leave HOT), then
+        bring storage within the quota; `compress_released` compresses every released row even
+        under the quota."""
+        with self._compress_lock, self.cursor() as cur:
+            record = None
+            if session_id is not None:
+                record = compression.compaction_record(cur, session_id, up_to_tick, summary, self.summarize,
+                                                       trigger, tokens_after)
+            made: list[int] = []
+            if compress_released:
+                while step := compression._compress_replies(cur, self.summarize, self.hot_seconds, 100):
+                    made += step
+            if self.quota_bytes is not None:
+                made += compression.enforce_quota(cur, self.quota_bytes, self.summarize, self.hot_seconds)
+            return {"compaction": record, "compressed_record_ids": made,
+                    "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
+
+    def cold_records(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return compression.cold_records(cur, session_id, limit)
+
+    def state(self) -> dict[str, Any]:
+        with self.cursor() as cur:
+            counts = cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
+                (SELECT count(*) FROM tags), (SELECT count(*) FROM tags WHERE tag_type = 'bud'),
+                (SELECT count(DISTINCT id) FROM documents), (SELECT count(*) FROM comments),
+                (SELECT count(*) FROM compaction_records), (SELECT count(*) FROM concepts)""").fetchone()
+            return {
+                "timesteps": counts[0], "sessions": counts[1], "tags": counts[2], "buds": counts[3],
+                "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
+                "fidelity": fidelity.fidelity_counts(cur, self.hot_seconds),
+                "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes,
+                "warm_quota_bytes": self.warm_quota_bytes, "pinned_bytes": fidelity.pinned_bytes(cur),
+                "writer": None if self.writer is None else {
+                    "queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written},
+            }
+
+    # -- the orchestrator's and the discovery agent's tables --------------------------------------
+    def save_session_state(self, session_id: str, state_json: str) -> int:
+        with self.cursor() as cur:
+            return session_state.save_session_state(cur, session_id, state_json)
+
+    def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
+        with self.cursor() as cur:
+            return session_state.load_session_state(cur, session_id, version)
+
+    def log_interaction(self, run_id: str, **fields: Any) -> int:
+        with self.cursor() as cur:
+            return interactions.log_interaction(cur, run_id, **fields)
+
+    def interactions(self, run_id: str | None = None, **filters: Any) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return interactions.interactions(cur, run_id, **filters)
+
+    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
+        with self.cursor() as cur:
+            return interactions.save_meta_knowledge(cur, run_id, **fields)
+
+    def meta_knowledge(self, run_id: str | None = None, latest: bool = True) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return interactions.meta_knowledge(cur, run_id, latest=latest)
+
+    # -- the audit (never exposed over HTTP) ------------------------------------------------------
+    def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
+        if self.audit is None:
+            raise ValueError("this XDB was opened read-only; use xdb.audit.verify_audit(data_dir)")
+        if self.writer is not None:
+            self.writer.flush()
+        return self.audit.verify(seq_from, seq_to)

@@ -1,0 +1,206 @@
+"""The folksonomy: tags (created on first use, by name or id), their applications, comments, buds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import duckdb
+
+
+class NotFound(LookupError):
+    """A timestep, event, session, tag or document that is not there (HTTP 404)."""
+
+
+class TagType(str, Enum):
+    CONCEPT = "concept"
+    ENTITY = "entity"
+    BUD = "bud"
+    CUSTOM = "custom"
+
+
+class BudStatus(str, Enum):
+    COLLECTING = "collecting"
+    READY = "ready"
+    TRAINING = "training"
+    PROMOTED = "promoted"
+    ABANDONED = "abandoned"
+
+
+TAG_SOURCES = ("auto", "manual", "inherited")
+TAG_COLUMNS = ("id", "name", "tag_type", "concept_id", "entity_type", "bud_status", "created_at", "created_by",
+               "description")
+
+
+@dataclass
+class Target:
+    """What a tag or comment points at: one timestep, one event (a reply: its request_id) or a tick
+    range of a session. Exactly one of timestep_id / event_id / tick range is set."""
+
+    session_id: str | None = None
+    timestep_id: int | None = None
+    event_id: str | None = None
+    range_start: int | None = None
+    range_end: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "timestep" if self.timestep_id is not None else "event" if self.event_id is not None else "range"
+
+
+def make_target(*, timestep_id: int | None = None, session_id: str | None = None, tick: int | None = None,
+                event_id: str | None = None, tick_range: tuple[int, int] | None = None) -> Target:
+    """Validate the loose ways of naming a target (a tick of a session is a timestep)."""
+    if tick is not None:
+        if tick_range is not None:
+            raise ValueError("give either tick or tick_range, not both")
+        tick_range = None
+    chosen = [timestep_id is not None, event_id is not None, tick_range is not None, tick is not None]
+    if sum(chosen) != 1:
+        raise ValueError("give exactly one target: timestep_id, event_id, session_id+tick or session_id+tick_range")
+    if (tick is not None or tick_range is not None) and not session_id:
+        raise ValueError("session_id is required with tick or tick_range")
+    if tick_range is not None:
+        start, end = tick_range
+        if start < 0 or end < start:
+            raise ValueError(f"bad tick_range {tick_range}: need 0 <= start <= end")
+        return Target(session_id=session_id, range_start=start, range_end=end)
+    if tick is not None:
+        return Target(session_id=session_id, range_start=tick, range_end=tick)
+    return Target(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
+
+
+def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
+    """Check the target exists; a single tick becomes its timestep id. Raises NotFound."""
+    if target.timestep_id is not None:
+        row = cur.execute("SELECT session_id FROM timesteps WHERE id = ?", [target.timestep_id]).fetchone()
+        if row is None:
+            raise NotFound(f"timestep {target.timestep_id} not found")
+        target.session_id = row[0]
+    elif target.event_id is not None:
+        row = cur.execute("SELECT session_id FROM timesteps WHERE request_id = ? LIMIT 1", [target.event_id]).fetchone()
+        if row is None:
+            raise NotFound(f"event (request) {target.event_id!r} not found")
+        target.session_id = row[0]
+    elif target.range_start == target.range_end:
+        row = cur.execute("SELECT id FROM timesteps WHERE session_id = ? AND tick = ? LIMIT 1",
+                          [target.session_id, target.range_start]).fetchone()
+        if row is None:
+            raise NotFound(f"timestep at session {target.session_id!r} tick {target.range_start} not found")
+        return Target(session_id=target.session_id, timestep_id=row[0])
+    else:
+        row = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ?", [target.session_id]).fetchone()
+        if row is None:
+            raise NotFound(f"session {target.session_id!r} not found")
+    return target
+
+
+def tag_dict(row: tuple) -> dict[str, Any]:
+    rec = dict(zip(TAG_COLUMNS, row))
+    rec["created_at"] = rec["created_at"].isoformat() + "Z"
+    return rec
+
+
+def find_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str, Any] | None:
+    cols = ", ".join(TAG_COLUMNS)
+    if isinstance(name_or_id, int) or str(name_or_id).isdigit():
+        row = cur.execute(f"SELECT {cols} FROM tags WHERE id = ?", [int(name_or_id)]).fetchone()
+        if row is not None or isinstance(name_or_id, int):
+            return tag_dict(row) if row else None
+    row = cur.execute(f"SELECT {cols} FROM tags WHERE name = ?", [str(name_or_id)]).fetchone()
+    return tag_dict(row) if row else None
+
+
+def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, tag_type: str = "custom",
+                      created_by: str = "be", description: str | None = None,
+                      concept_id: str | None = None, entity_type: str | None = None) -> dict[str, Any]:
+    found = find_tag(cur, name_or_id)
+    if found is not None:
+        return found
+    if isinstance(name_or_id, int):
+        raise NotFound(f"tag id {name_or_id} not found")
+    name = str(name_or_id).strip()
+    if not name:
+        raise ValueError("tag name must not be empty")
+    kind = TagType(tag_type).value
+    status = BudStatus.COLLECTING.value if kind == "bud" else None
+    try:
+        cur.execute("INSERT INTO tags (name, tag_type, concept_id, entity_type, bud_status, created_at, created_by, "
+                    "description) VALUES (?, ?, ?, ?, ?, now(), ?, ?)",
+                    [name, kind, concept_id, entity_type, status, created_by, description])
+    except duckdb.ConstraintException:
+        pass  # another thread created it first
+    return find_tag(cur, name)
+
+
+def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Target, *, confidence: float = 1.0,
+              source: str = "manual", note: str | None = None) -> dict[str, Any]:
+    if not 0.0 <= confidence <= 1.0:
+        raise ValueError("confidence must be within [0, 1]")
+    if source not in TAG_SOURCES:
+        raise ValueError(f"source must be one of {', '.join(TAG_SOURCES)}")
+    row = cur.execute(
+        "INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, event_id, range_start, "
+        "range_end, confidence, source, created_at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?) RETURNING id",
+        [tag["id"], target.session_id, target.kind, target.timestep_id, target.event_id, target.range_start,
+         target.range_end, confidence, source, note]).fetchone()
+    return {"id": row[0], "tag": tag, "target_type": target.kind, "session_id": target.session_id,
+            "timestep_id": target.timestep_id, "event_id": target.event_id, "range_start": target.range_start,
+            "range_end": target.range_end, "confidence": confidence, "source": source, "note": note}
+
+
+def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: Target) -> dict[str, Any]:
+    if not content or not content.strip():
+        raise ValueError("comment content must not be empty")
+    row = cur.execute(
+        "INSERT INTO comments (session_id, target_type, timestep_id, event_id, range_start, range_end, content, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
+        [target.session_id, target.kind, target.timestep_id, target.event_id, target.range_start,
+         target.range_end, content]).fetchone()
+    return {"id": row[0], "content": content, "target_type": target.kind, "session_id": target.session_id,
+            "timestep_id": target.timestep_id, "event_id": target.event_id, "range_start": target.range_start,
+            "range_end": target.range_end}
+
+
+def list_comments(cur: duckdb.DuckDBPyConnection, session_id: str | None = None) -> list[dict[str, Any]]:
+    cols = ("id", "session_id", "target_type", "timestep_id", "event_id", "range_start", "range_end", "content")
+    sql = f"SELECT {', '.join(cols)} FROM comments"
+    rows = cur.execute(sql + (" WHERE session_id = ? ORDER BY id" if session_id else " ORDER BY id"),
+                       [session_id] if session_id else []).fetchall()
+    return [dict(zip(cols, r)) for r in rows]
+
+
+def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list[dict[str, Any]]:
+    if status is not None:
+        status = BudStatus(status).value
+    cols = ", ".join("g." + c for c in TAG_COLUMNS)
+    rows = cur.execute(
+        f"SELECT {cols}, count(a.id) FROM tags g LEFT JOIN tag_applications a ON a.tag_id = g.id "
+        f"WHERE g.tag_type = 'bud' AND (? IS NULL OR g.bud_status = ?) GROUP BY ALL ORDER BY g.id",
+        [status, status]).fetchall()
+    return [{**tag_dict(r[:-1]), "examples": r[-1]} for r in rows]
+
+
+def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status: str) -> dict[str, Any]:
+    """Promote a tag to a bud (status collecting) or move a bud along its statuses."""
+    status = BudStatus(status).value
+    tag = find_tag(cur, name_or_id)
+    if tag is None:
+        raise NotFound(f"tag {name_or_id!r} not found")
+    cur.execute("UPDATE tags SET tag_type = 'bud', bud_status = ? WHERE id = ?", [status, tag["id"]])
+    return find_tag(cur, tag["id"])
+
+
+def list_concepts(cur: duckdb.DuckDBPyConnection, query: str | None = None) -> list[dict[str, Any]]:
+    """Concepts seen in activations, with any concept tag that names them."""
+    rows = cur.execute(
+        "SELECT c.id, c.name, g.id FROM concepts c LEFT JOIN tags g ON g.tag_type = 'concept' "
+        "AND (g.concept_id = c.name OR g.name = c.name) WHERE (? IS NULL OR c.name ILIKE '%' || ? || '%') "
+        "ORDER BY c.name", [query, query]).fetchall()
+    seen = [{"id": cid, "name": name, "tag_id": tag_id} for cid, name, tag_id in rows]
+    names = {c["name"] for c in seen}
+    extra = cur.execute(
+        "SELECT id, coalesce(concept_id, name) FROM tags WHERE tag_type = 'concept' "
+        "AND (? IS NULL OR name ILIKE '%' || ? || '%') ORDER BY name", [query, query]).fetchall()
+    return seen + [{"id": None, "name": name, "tag_id": tid} for tid, name in extra if name not in names]

@@ -1,0 +1,257 @@
+"""The XDB writer: a bounded in-memory queue drained by background threads into DuckDB.
+
+Generation never waits on disk: `submit` only appends to a deque under a lock (it blocks only when the
+queue is full — back-pressure — and raises after a timeout). Two stages, each a thread, so Python's
+batch conversion overlaps DuckDB's inserts (which release the GIL):
+    audit stage:      rows → one Arrow table → audit chain, committed  (the audit is the write-ahead log)
+    experience stage: the same table → `timesteps`, committed           (the one experience connection)
+A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (250 ms),
+or when someone calls `flush()`. A batch the audit holds but the experience file lost to a crash is
+replayed from the audit at the next open (`replay_from_audit`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+
+from xdb.audit import AuditLog
+from xdb.concepts import ConceptIndex
+from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, check_rows, rows_to_arrow
+from xdb.schema import TOP_K
+
+log = logging.getLogger(__name__)
+
+
+class WriterBackpressure(TimeoutError):
+    """The queue stayed full for the whole submit timeout: the disk is not keeping up."""
+
+
+class WriterStopped(RuntimeError):
+    """The writer is closed, or a background stage failed (the message says why)."""
+
+
+def store_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
+    """Commit one batch to the experience file: rows, new concept names, per-session last ticks and
+    the last timestep id, all in one transaction."""
+    cols = ", ".join(TIMESTEP_COLUMNS)
+    conn.register("xdb_batch", table)
+    try:
+        conn.execute("BEGIN")
+        try:
+            if new_concepts:
+                conn.executemany("INSERT INTO concepts VALUES (?, ?)", new_concepts)
+            conn.execute(f"INSERT INTO timesteps ({cols}) SELECT {cols} FROM xdb_batch")
+            conn.execute("INSERT INTO session_ticks SELECT session_id, max(tick) FROM xdb_batch GROUP BY 1 "
+                         "ON CONFLICT (session_id) DO UPDATE "
+                         "SET last_tick = greatest(session_ticks.last_tick, excluded.last_tick)")
+            conn.execute("INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', "
+                         "(SELECT max(id)::VARCHAR FROM xdb_batch))")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.unregister("xdb_batch")
+
+
+def last_timestep_id(conn: duckdb.DuckDBPyConnection) -> int:
+    row = conn.execute("SELECT value FROM xdb_meta WHERE key = 'last_timestep_id'").fetchone()
+    return -1 if row is None else int(row[0])
+
+
+def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
+    """Copy rows the audit committed but the experience file did not (a crash between the two
+    commits) into the experience file; returns how many."""
+    table = audit.rows_after(last_timestep_id(conn))
+    if table.num_rows == 0:
+        return 0
+    known = {cid for (cid,) in conn.execute("SELECT id FROM concepts").fetchall()}
+    missing = [(cid, name) for cid, name in audit.concepts() if cid not in known]
+    store_batch(conn, table, missing)
+    return table.num_rows
+
+
+class Writer:
+    def __init__(self, conn: duckdb.DuckDBPyConnection, audit: AuditLog, concepts: ConceptIndex, *,
+                 next_id: int, batch_rows: int = 50_000, max_latency_s: float = 0.25,
+                 max_queue_rows: int = 1_000_000, submit_timeout_s: float = 30.0,
+                 on_commit: Callable[[int], None] | None = None, k: int = TOP_K) -> None:
+        self._conn, self._audit, self._concepts, self._k = conn, audit, concepts, k
+        self._next_id = next_id
+        self.batch_rows, self.max_latency_s = batch_rows, max_latency_s
+        self.max_queue_rows, self.submit_timeout_s = max_queue_rows, submit_timeout_s
+        self.on_commit = on_commit
+        self._cond = threading.Condition()
+        self._pending: deque[list[TimestepRow]] = deque()
+        self._queued = 0          # rows in _pending
+        self._oldest_at = 0.0     # monotonic time the oldest pending row arrived
+        self._submitted = 0       # rows accepted since open
+        self._taken = 0           # rows the audit stage has taken off the queue
+        self._flush_target = 0    # rows that a waiting flush() needs taken now, not at the deadline
+        self.rows_written = 0     # rows committed to the experience file since open
+        self._closing = False
+        self._error: BaseException | None = None
+        self._handoff: queue.Queue = queue.Queue(maxsize=2)
+        self._threads = [threading.Thread(target=self._run, args=(self._audit_stage,), name="xdb-audit", daemon=True),
+                         threading.Thread(target=self._run, args=(self._experience_stage,), name="xdb-writer",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- the caller's side -------------------------------------------------------------------
+    def submit(self, rows: list[TimestepRow], timeout: float | None = None) -> None:
+        """Queue rows; returns at once unless the queue is full, then waits (back-pressure) up to
+        `timeout` (default `submit_timeout_s`) and raises WriterBackpressure."""
+        if not self._offer(rows, block=True, timeout=self.submit_timeout_s if timeout is None else timeout):
+            raise WriterBackpressure(f"XDB writer queue full ({self._queued} rows) for {timeout} s")
+
+    def try_submit(self, rows: list[TimestepRow]) -> bool:
+        """Queue rows only if there is room now; False when the queue is full."""
+        return self._offer(rows, block=False, timeout=0.0)
+
+    async def asubmit(self, rows: list[TimestepRow], timeout: float | None = None) -> None:
+        """`submit` for the event loop: never blocks it; a full queue is waited out in a thread."""
+        if not self.try_submit(rows):
+            await asyncio.to_thread(self.submit, rows, timeout)
+
+    def _offer(self, rows: list[TimestepRow], *, block: bool, timeout: float) -> bool:
+        if not rows:
+            return True
+        rows = list(rows)
+        check_rows(rows, self._k)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._check_alive()
+            # An oversized submit is still accepted into an empty queue, so it can never wait forever.
+            while self._queued and self._queued + len(rows) > self.max_queue_rows:
+                remaining = deadline - time.monotonic()
+                if not block or remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+                self._check_alive()
+            if not self._pending:
+                self._oldest_at = time.monotonic()
+            self._pending.append(rows)
+            self._queued += len(rows)
+            self._submitted += len(rows)
+            if self._queued >= self.batch_rows:
+                self._cond.notify_all()
+        return True
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every row submitted before this call is committed (audit and experience)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._submitted
+            self._flush_target = max(self._flush_target, target)
+            self._cond.notify_all()
+            while self.rows_written < target:
+                self._check_alive()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"XDB flush: {target - self.rows_written} rows still uncommitted")
+                self._cond.wait(remaining)
+
+    def queue_depth(self) -> int:
+        """Rows accepted but not yet committed to the experience file."""
+        return self._submitted - self.rows_written
+
+    def close(self) -> None:
+        """Commit everything queued, then stop the stages."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
+        if self._error is not None:
+            raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
+        if self._closing:
+            raise WriterStopped("XDB writer is closed")
+
+    # -- the stages --------------------------------------------------------------------------
+    def _run(self, stage: Callable[[], None]) -> None:
+        try:
+            stage()
+        except BaseException as exc:  # a dead writer must be loud, not silent
+            log.exception("XDB writer stage failed")
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _take_batch(self) -> list[TimestepRow] | None:
+        """Block until a batch is due; None when closing with nothing left."""
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    return None
+                if self._pending:
+                    due = (self._queued >= self.batch_rows or self._closing
+                           or self._taken < self._flush_target
+                           or time.monotonic() - self._oldest_at >= self.max_latency_s)
+                    if due:
+                        break
+                    self._cond.wait(self.max_latency_s - (time.monotonic() - self._oldest_at))
+                elif self._closing:
+                    return None
+                else:
+                    self._cond.wait()
+            batch: list[TimestepRow] = []
+            while self._pending and len(batch) < self.batch_rows:
+                head = self._pending.popleft()
+                need = self.batch_rows - len(batch)
+                if len(head) > need:
+                    self._pending.appendleft(head[need:])
+                    head = head[:need]
+                batch.extend(head)
+            self._queued -= len(batch)
+            self._taken += len(batch)
+            self._oldest_at = time.monotonic()  # the rest waited too, but never blocks a flush
+            self._cond.notify_all()  # room for blocked submitters
+            return batch
+
+    def _audit_stage(self) -> None:
+        try:
+            while (rows := self._take_batch()) is not None:
+                table, added = rows_to_arrow(rows, self._next_id, self._concepts, self._k)
+                self._next_id += len(rows)
+                self._audit.append(table, added)
+                self._hand_over((table.drop_columns(["steering"]), added))
+        finally:
+            self._hand_over(None)
+
+    def _hand_over(self, item: tuple | None) -> None:
+        # A bounded hand-off, so a slow experience file slows the audit stage too (back-pressure);
+        # it gives up if the experience stage has died.
+        while True:
+            try:
+                self._handoff.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if self._error is not None:
+                    return
+
+    def _experience_stage(self) -> None:
+        while (item := self._handoff.get()) is not None:
+            table, added = item
+            store_batch(self._conn, table, added)
+            with self._cond:
+                self.rows_written += table.num_rows
+                self._cond.notify_all()
+            if self.on_commit is not None:
+                try:
+                    self.on_commit(table.num_rows)
+                except Exception:  # a metrics hook must not stop recording
+                    log.exception("XDB on_commit callback failed")
