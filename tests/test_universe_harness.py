@@ -69,6 +69,7 @@ def test_malformed_calls_return_an_error_instead_of_raising(harness: Harness, na
 
 def test_request_samples_contain_the_pattern_and_are_true_trajectories(harness: Harness) -> None:
     result = harness.call_tool("request_samples", {"pattern": "A.B", "count": 5, "steps": 3})
+    assert json.loads(json.dumps(result)) == result
     assert len(result["samples"]) == 5
     rule = load_rule("kinetic")
     for sample in result["samples"]:
@@ -90,6 +91,7 @@ def test_evaluate_laws_tool_judges_each_law_and_reports_errors_per_law(harness: 
         {"law": "holds", "expr": {"op": "count"}},
     ]
     result = harness.call_tool("evaluate_laws", {"laws": laws})
+    assert json.loads(json.dumps(result)) == result  # plain JSON, ready to go back to the model
     first, second, third = result["results"]
     assert first["status"] == "PASS" and first["name"] == "right-movers"
     assert second["status"] == "FAIL" and len(second["counterexample"]["trajectory"]) == 2
@@ -114,6 +116,7 @@ def test_termination_check_accepts_the_truth_and_rejects_a_single_wrong_entry(ru
     for _ in range(3):
         cls, window = int(rng.integers(rule.period)), int(rng.integers(64))
         rejected = harness.call_tool("submit_theory", {"table": one_entry_wrong(list(rule.table), cls, window)})
+        assert json.loads(json.dumps(rejected)) == rejected
         assert rejected["solved"] is False and rejected["complete"] is True and rejected["accuracy"] < 1.0
         miss = rejected["counterexample"]
         truth = decode(simulate(miss["state"], rule, 1, "numpy")[1, 0])

@@ -103,22 +103,32 @@ def _advance_word(m0, m1, left0, left1, mid0, mid1, right0, right1, out0, out1, 
 
 
 @nb.njit(inline="never", cache=True)
-def _unpack(plane0, plane1, rows, n, spread):
-    """Planes `[W, grid]` → `rows [grid, Lp/8]` as uint64 (8 cells a store)."""
+def _unpack(plane0, plane1, rows, n, low, high):
+    """Planes `[W, grid]` → `rows [grid, Lp/8]` as uint64, 8 cells a store: `low[byte]` spreads a
+    byte of plane 0 to bit 0 of 8 bytes, `high[byte]` a byte of plane 1 to bit 1."""
     words = plane0.shape[0]
     chunks = rows.shape[1]
+    full = min(words, chunks // 8)
     for g in range(n):
-        row = rows[g]
-        for w in range(words):
+        for w in range(full):
+            # Whole words: a fixed 8-store loop the compiler unrolls (2x faster than a bounded one).
             x0 = plane0[w, g]
             x1 = plane1[w, g]
-            for k in range(min(8, chunks - 8 * w)):
-                shift = U64(8 * k)
-                row[8 * w + k] = spread[(x0 >> shift) & U64(255)] | (spread[(x1 >> shift) & U64(255)] << U64(1))
+            for k in range(8):
+                rows[g, 8 * w + k] = low[x0 & U64(255)] | high[x1 & U64(255)]
+                x0 >>= U64(8)
+                x1 >>= U64(8)
+        for w in range(full, words):
+            x0 = plane0[w, g]
+            x1 = plane1[w, g]
+            for k in range(chunks - 8 * w):
+                rows[g, 8 * w + k] = low[x0 & U64(255)] | high[x1 & U64(255)]
+                x0 >>= U64(8)
+                x1 >>= U64(8)
 
 
 @nb.njit(parallel=True, cache=True)
-def _run(trajectory, rows64, length, leaf, spread, chunk):
+def _run(trajectory, rows64, length, leaf, low, high, chunk):
     steps = trajectory.shape[0] - 1
     grids = trajectory.shape[1]
     words = (length + 63) // 64
@@ -146,7 +156,7 @@ def _run(trajectory, rows64, length, leaf, spread, chunk):
                 rsh = last_bit if w == words - 1 else U64(63)
                 _advance_word(leaf[q, 0], leaf[q, 1], cur0[wl], cur1[wl], cur0[w], cur1[w],
                               cur0[wr], cur1[wr], nxt0[w], nxt1[w], n, lsh, rsh)
-            _unpack(nxt0, nxt1, rows64[t + 1, first:first + n], n, spread)
+            _unpack(nxt0, nxt1, rows64[t + 1, first:first + n], n, low, high)
             cur0, nxt0 = nxt0, cur0
             cur1, nxt1 = nxt1, cur1
 
@@ -161,5 +171,6 @@ def simulate(states: np.ndarray, lut: np.ndarray, steps: int) -> np.ndarray:
     trajectory[0, :, length:] = 0
     # Enough tasks to keep every thread busy, each as wide as possible for the vector loop.
     chunk = min(MAX_CHUNK, -(-grids // nb.get_num_threads()))
-    _run(trajectory, trajectory.view(U64), length, leaves(lut), _spread_table(), chunk)
+    low = _spread_table()
+    _run(trajectory, trajectory.view(U64), length, leaves(lut), low, low << U64(1), chunk)
     return trajectory if padded == length else np.ascontiguousarray(trajectory[:, :, :length])
