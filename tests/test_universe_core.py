@@ -42,6 +42,8 @@ def test_load_rule_from_a_file_and_round_trip(tmp_path: Path) -> None:
     path.write_text(json.dumps(rule.to_dict()))
     assert load_rule(str(path)) == rule
     assert load_rule(path).lut.shape == (3, 64)
+    assert load_rule(rule.to_dict()) == rule
+    assert np.array_equal(simulate("A_B_K", str(path), 2, "numpy"), simulate("A_B_K", rule, 2, "numpy"))
 
 
 @pytest.mark.parametrize("data, words", [

@@ -76,10 +76,14 @@ def bundled_rules() -> list[str]:
     return sorted(path.stem for path in BUNDLED_DIR.glob("*.json"))
 
 
-def load_rule(path_or_name: str | Path | Rule = DEFAULT_RULE) -> Rule:
-    """A rule file's path, or the name of a bundled rule (e.g. 'kinetic')."""
+def load_rule(path_or_name: str | Path | Rule | dict = DEFAULT_RULE) -> Rule:
+    """A rule file's path, the name of a bundled rule (e.g. 'kinetic'), or a rule's JSON as a dict."""
     if isinstance(path_or_name, Rule):
         return path_or_name
+    if isinstance(path_or_name, dict):
+        return Rule.from_dict(path_or_name)
+    if not isinstance(path_or_name, (str, Path)):
+        raise ValueError(f"a rule is a file path, a bundled name or a dict, got {type(path_or_name).__name__}")
     path = Path(path_or_name)
     if not path.is_file():
         bundled = BUNDLED_DIR / f"{path_or_name}.json"

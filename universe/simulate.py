@@ -35,7 +35,7 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def simulate(states: str | Sequence[str] | np.ndarray, rule: Rule | str, steps: int,
+def simulate(states: str | Sequence[str] | np.ndarray, rule: Rule | str | dict, steps: int,
              backend: str = "auto") -> np.ndarray:
     """Advance `states` (`uint8 [B, L]` or one string) `steps` times under `rule`.
 
@@ -44,7 +44,7 @@ def simulate(states: str | Sequence[str] | np.ndarray, rule: Rule | str, steps: 
         raise ValueError(f"steps must be an integer, got {steps!r}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    rule = load_rule(rule) if not isinstance(rule, Rule) else rule
+    rule = load_rule(rule)
     batch = as_batch(states)
     name = resolve_backend(backend)
     if name == "numpy":

@@ -315,7 +315,8 @@ def _quantity(kind: str, node: dict, path: str, name: str | None) -> Law:
     if kind == "monotone":
         direction = node.get("direction")
         if direction not in ("nondecreasing", "nonincreasing"):
-            raise _fail(path, node, f"field 'direction' must be 'nondecreasing' or 'nonincreasing', got {direction!r}")
+            raise _fail(path, node, "field 'direction' must be 'nondecreasing' or 'nonincreasing', "
+                        f"got {direction!r}")
     if expr.reach + 1 > MAX_REACH:
         raise _fail(path, node, f"looks {expr.reach + 1} steps ahead; at most {MAX_REACH}")
     return Law(kind, expr, expr.reach + 1, name, direction=direction, source=node)
