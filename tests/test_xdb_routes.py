@@ -1,0 +1,84 @@
+"""/v1/xdb/* on a real XDB through FastAPI's test client: results and OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from server.xdb_routes import xdb_router
+from xdb import XDB, TimestepRow
+
+
+@pytest.fixture
+def client(tmp_path: Path):
+    xdb = XDB.open(tmp_path / "xdb", max_document_bytes=1000)
+    ticks = xdb.next_ticks("s1", 3)
+    xdb.writer.submit([TimestepRow("s1", t, "output", "assistant", w, request_id="r1",
+                                   concept_activations={"joy": 0.5 + t / 10})
+                       for t, w in zip(ticks, ["Hel", "lo", "!"])])
+    xdb.writer.flush()
+    app = FastAPI()
+    app.include_router(xdb_router(xdb))
+    with TestClient(app) as c:
+        yield c
+    xdb.close()
+
+
+def error(resp, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    return resp.json()["error"]
+
+
+def test_recall_and_its_filters(client: TestClient) -> None:
+    data = client.get("/v1/xdb/recall", params={"session_id": "s1", "tick_from": 1}).json()["data"]
+    assert [r["content"] for r in data] == ["lo", "!"]
+    assert client.get("/v1/xdb/recall", params={"concept": "joy", "min_activation": 0.65}).json()["data"][0]["tick"] == 2
+    assert len(client.get("/v1/xdb/recall?event_types=output&event_types=input").json()["data"]) == 3
+
+
+@pytest.mark.parametrize("query, param", [("limit=-3", "limit"), ("tick_from=abc", "tick_from"),
+                                          ("tick_from=4&tick_to=1", "tick_from"), ("flavour=x", "flavour")])
+def test_bad_recall_filter_is_400_naming_it(client: TestClient, query: str, param: str) -> None:
+    err = error(client.get(f"/v1/xdb/recall?{query}"), 400)
+    assert err["param"] == param and param in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_tag_comment_and_missing_timestep(client: TestClient) -> None:
+    ok = client.post("/v1/xdb/tag", json={"tag": "greeting", "session_id": "s1", "tick": 0})
+    assert ok.status_code == 200 and ok.json()["tag"]["name"] == "greeting"
+    assert client.get("/v1/xdb/recall", params={"tags": "greeting"}).json()["data"][0]["tags"] == ["greeting"]
+    err = error(client.post("/v1/xdb/tag", json={"tag": "x", "timestep_id": 424242}), 404)
+    assert err["type"] == "not_found_error" and "424242" in err["message"]
+    assert error(client.post("/v1/xdb/tag", json={"tag": "x", "session_id": "s1", "tick": 77}), 404)
+    assert error(client.post("/v1/xdb/tag", json={"session_id": "s1"}), 400)["param"] == "tag"
+    assert client.post("/v1/xdb/comment", json={"content": "hm", "event_id": "r1"}).status_code == 200
+
+
+def test_documents_versions_and_413(client: TestClient) -> None:
+    doc = client.post("/v1/xdb/documents", json={"name": "tools", "content": "observe()",
+                                                 "doc_type": "tool_documentation"}).json()
+    assert doc["version"] == 1
+    assert client.post(f"/v1/xdb/documents/{doc['id']}", json={"content": "observe(n)"}).json()["version"] == 2
+    assert client.get(f"/v1/xdb/documents/{doc['id']}", params={"version": 1}).json()["content"] == "observe()"
+    assert [d["name"] for d in client.get("/v1/xdb/documents").json()["data"]] == ["tools"]
+    err = error(client.post("/v1/xdb/documents", json={"name": "big", "content": "x" * 5000}), 413)
+    assert "limit" in err["message"]
+    assert error(client.get("/v1/xdb/documents/doc-nope"), 404)["type"] == "not_found_error"
+
+
+def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
+    client.post("/v1/xdb/tag", json={"tag": "bud-a", "tag_type": "bud", "session_id": "s1", "tick_range": [0, 2]})
+    assert [b["name"] for b in client.get("/v1/xdb/buds").json()["data"]] == ["bud-a"]
+    assert client.post("/v1/xdb/buds", json={"tag": "bud-a", "status": "ready"}).json()["bud_status"] == "ready"
+    assert error(client.get("/v1/xdb/buds", params={"status": "ripe"}), 400)
+    assert [c["name"] for c in client.get("/v1/xdb/concepts").json()["data"]] == ["joy"]
+    assert client.post("/v1/xdb/pin", json={"session_id": "s1", "tick_from": 0, "tick_to": 1}).json()["fidelity"] == "warm"
+    out = client.post("/v1/xdb/compact", json={"session_id": "s1", "compress_released": True}).json()
+    assert out["compaction"]["range_end"] == 2
+    state = client.get("/v1/xdb/state").json()
+    # a reply is compressed whole or not at all: this one is partly pinned, so all of it stays
+    assert state["timesteps"] == 3 and state["fidelity"]["warm"] == 2
+    assert all("audit" not in route.path for route in client.app.routes)
