@@ -140,8 +140,15 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
     if tag_ids is not None:
         if not tag_ids:
             return None
-        where.append(f"EXISTS (SELECT 1 FROM tag_applications a WHERE a.tag_id IN (SELECT unnest(?)) AND {TAG_MATCH})")
-        params.append(tag_ids)
+        # Three semi-joins instead of one OR-correlated EXISTS: DuckDB plans each as a hash join.
+        where.append("""(t.id IN (SELECT timestep_id FROM tag_applications
+                                  WHERE target_type = 'timestep' AND tag_id IN (SELECT unnest(?)))
+            OR t.request_id IN (SELECT event_id FROM tag_applications
+                                WHERE target_type = 'event' AND tag_id IN (SELECT unnest(?)))
+            OR t.id IN (SELECT r.id FROM timesteps r JOIN tag_applications a ON a.session_id = r.session_id
+                        AND r.tick BETWEEN a.range_start AND a.range_end
+                        WHERE a.target_type = 'range' AND a.tag_id IN (SELECT unnest(?))))""")
+        params += [tag_ids, tag_ids, tag_ids]
     sql = f"SELECT {', '.join('t.' + c for c in COLUMNS)} FROM timesteps t"
     if where:
         sql += " WHERE " + " AND ".join(where)
