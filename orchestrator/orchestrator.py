@@ -14,6 +14,7 @@ from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import Excerpt, FormatterRegistry
+from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
@@ -59,11 +60,13 @@ class Orchestrator:
         self.retriever = retriever
         self.summarize = summarize
         self.formatters = FormatterRegistry()
+        self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
                       force_compaction: bool = False) -> Prepared:
         if spec is None:
             return self._passthrough(messages)
+        self.limits.check([(doc.id, doc.text) for doc in spec.codex])
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = self.sessions.get(spec.session_id) if spec.session_id else None

@@ -9,17 +9,25 @@ from starlette.middleware import Middleware
 
 from ahc.config import AHCConfig
 from server.auth import ApiKeyMiddleware
+from server.chat_route import install_chat_route
+from server.context_routes import context_router
 from server.error_shape import ErrorShapeMiddleware
 from server.metrics import AHCMetrics
+from server.services import Services
 
 
-def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_config, metrics: AHCMetrics) -> FastAPI:
+def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_config, metrics: AHCMetrics,
+              services: Services) -> FastAPI:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     app = build_vllm_app(args, supported_tasks, model_config)
     app.state.ahc_config = config
     app.state.ahc_metrics = metrics
+    app.state.ahc_services = services
+    install_chat_route(app, services.hooks())
+    if services.orchestrator.retriever is not None:
+        app.include_router(context_router(services.orchestrator.retriever))
     metrics.attach(get_prometheus_registry())
     add_middleware(app, Middleware(ErrorShapeMiddleware))
     if config.api_key:

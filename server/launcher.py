@@ -7,9 +7,14 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from ahc.config import AHCConfig
+from ahc.config import resolve_path
+from orchestrator.retrieval import CodexIndex, CodexRetriever
+from orchestrator.session import SessionStore
 from server.app import build_app
+from server.services import build_services
 from server.engine_args import build_vllm_namespace
 from server.metrics import AHCMetrics, stat_logger_factory
 
@@ -40,7 +45,9 @@ async def serve(config: AHCConfig) -> None:
     )
     try:
         supported_tasks = await engine.get_supported_tasks()
-        app = build_app(config, args, supported_tasks, engine.model_config, metrics)
+        retriever = CodexRetriever(CodexIndex(Path(resolve_path(config.data_dir)) / "rag.duckdb"))
+        services = build_services(config, engine, engine.get_tokenizer(), metrics, SessionStore(), retriever)
+        app = build_app(config, args, supported_tasks, engine.model_config, metrics, services)
         await init_app_state(engine, app.state, args, supported_tasks)
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,

@@ -1,0 +1,36 @@
+"""Calls the server makes to its own model, unseen by clients (compaction summaries).
+
+They go to the raw engine, not through the recording wrapper: they are bookkeeping, not the agent's
+experience; the compaction itself is recorded as a system event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class HiddenCaller:
+    engine: Any  # vllm AsyncLLM
+    tokenizer: Any  # transformers tokenizer with a chat template
+    max_model_len: int
+
+    async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
+            ids = list(ids["input_ids"])
+        budget = self.max_model_len - max_tokens - 1
+        if len(ids) > budget:  # keep the instruction's head and the transcript's most recent end
+            ids = ids[:64] + ids[len(ids) - (budget - 64):]
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for output in self.engine.generate({"prompt_token_ids": ids}, params,
+                                                 request_id=f"ahc-hidden-{uuid.uuid4().hex}"):
+            final = output
+        return final.outputs[0].text if final is not None else ""
