@@ -137,6 +137,16 @@ def test_rare_keyword_ranks_its_chunk_first_by_bm25(index: CodexIndex) -> None:
     assert all("QX-7731" in r.chunk.text for r in top if "bm25" in r.retrievers)
 
 
+def test_bm25_ranks_like_the_fts_macro(index: CodexIndex) -> None:
+    # Our one-pass BM25 query must rank as fts's own match_bm25 does.
+    for query in ["queen workers drones", "lava magma ash", "valve controller reset QX-7731", "the of"]:
+        ours = [(c.doc_id, c.chunk_index) for c in index._bm25_top(query, 50)]
+        macro = index._con.execute(
+            "SELECT doc_id, chunk_index FROM (SELECT *, fts_main_chunks.match_bm25(id, ?) AS s FROM chunks) "
+            "WHERE s IS NOT NULL ORDER BY s DESC, doc_id, chunk_index", [query]).fetchall()
+        assert ours == macro and (ours or query == "the of")
+
+
 def test_same_query_gives_identical_results(index: CodexIndex) -> None:
     query = "what happens to lava and ash in an eruption"
     first = json.dumps([r.to_dict() for r in index.search(query, k=6)])
@@ -146,6 +156,13 @@ def test_same_query_gives_identical_results(index: CodexIndex) -> None:
     ranked = json.loads(first)
     assert ranked[0]["doc_id"] == "volcano"
     assert [r["score"] for r in ranked] == sorted((r["score"] for r in ranked), reverse=True)
+
+
+def test_empty_index_finds_nothing(embedder: Embedder) -> None:
+    idx = CodexIndex(None, embedder=embedder)
+    assert idx.search("anything at all", k=3) == []
+    idx.sync([("a", "")])  # an empty document has no chunks
+    assert idx.chunk_count() == 0 and idx.search("anything", k=3) == []
 
 
 def test_search_rejects_empty_query_and_bad_k(index: CodexIndex) -> None:

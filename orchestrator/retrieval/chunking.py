@@ -30,6 +30,8 @@ _CHARACTER = len(_SEPARATORS)  # boundary strength of a cut inside a word
 
 @dataclass(frozen=True)
 class Chunk:
+    """`start_char`/`end_char` index the document as a Python str (code points, not bytes)."""
+
     doc_id: str
     chunk_index: int
     text: str

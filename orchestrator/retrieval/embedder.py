@@ -32,8 +32,12 @@ class Embedder:
     One lock serialises model calls: the server calls in from worker threads and torch's CPU kernels
     already use every core, so concurrent calls would only contend."""
 
-    def __init__(self, device: str = "cpu", batch_size: int = 32, path: Path | None = None) -> None:
+    def __init__(self, device: str = "cpu", batch_size: int = 32, path: Path | None = None,
+                 threads: int | None = None) -> None:
         self.device = device
+        # torch's intra-op thread count is process-wide, so it is only set when asked for: on a
+        # small, busy CPU one thread is steadier for single queries than threads waiting on each other.
+        self.threads = threads
         self.batch_size = batch_size
         self.path = path or model_path()
         self.texts_embedded = 0  # a counter the tests and metrics read: what sync really cost
@@ -104,6 +108,8 @@ class Embedder:
 
         hf_logging.disable_progress_bar()
         self._torch = torch
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         self._tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
         self._model = model.to(self.device).eval()

@@ -1,0 +1,113 @@
+"""Measure the RAG path: chunking, embedding throughput, sync, and search latency.
+
+    python -m orchestrator.retrieval.bench --chunks 2000 [--device cpu] [--db PATH] [--queries 200]
+
+The corpus is synthetic (seeded sentences over a fixed vocabulary), sized to about --chunks chunks at
+the default 200-token chunk size, so runs are comparable across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from orchestrator.retrieval.codex_index import CodexIndex, _fuse
+from orchestrator.retrieval.embedder import Embedder
+
+_WORDS = ("engine valve pressure rotor sensor bearing seal pump turbine filter controller manual "
+          "schedule operator shift supervisor fault reset logbook coolant gasket flange torque "
+          "calibration voltage relay breaker inverter battery cable conduit alarm threshold sample "
+          "river harbour market village forest mountain winter summer lantern signal bridge "
+          "chapter reader author letter archive library record ledger merchant voyage").split()
+
+
+def corpus(chunks: int, seed: int = 0) -> list[tuple[str, str]]:
+    """~`chunks` chunks: a paragraph is ~110 word pieces, so a 200-token chunk holds one paragraph
+    plus the overlap, and a 20-paragraph document gives ~20 chunks."""
+    rng = random.Random(seed)
+    docs = []
+    for d in range(max(1, chunks // 20)):
+        paragraphs = []
+        for p in range(20):
+            sentences = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 18))).capitalize()
+                         + f" (ref {d}-{p}-{s})." for s in range(5)]
+            paragraphs.append(" ".join(sentences))
+        docs.append((f"doc{d:05d}", "\n\n".join(paragraphs)))
+    return docs
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chunks", type=int, default=2000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--db", type=Path, default=None, help="database file (default: a temp file)")
+    args = parser.parse_args()
+
+    docs = corpus(args.chunks)
+    embedder = Embedder(device=args.device, threads=args.threads)
+    started = time.perf_counter()
+    embedder.embed(["warm-up"])
+    load_s = time.perf_counter() - started
+
+    db = args.db or Path(tempfile.mkdtemp()) / "rag.duckdb"
+    index = CodexIndex(db, embedder=embedder)
+    started = time.perf_counter()
+    chunked = [c for doc_id, text in docs for c in index._chunk(doc_id, text)]
+    chunk_s = time.perf_counter() - started
+    before = embedder.texts_embedded
+    stats = index.sync(docs)  # chunk + embed every chunk + insert + build the fts and HNSW indexes
+    embedded = embedder.texts_embedded - before
+    resync = index.sync(docs)
+    # Pure model throughput on a sample, apart from the database work.
+    sample = [c.text for c in chunked[:256]]
+    started = time.perf_counter()
+    embedder.embed(sample)
+    embed_s = time.perf_counter() - started
+
+    rng = random.Random(1)
+    queries = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 8))) for _ in range(args.queries)]
+    # search = query embedding + HNSW top-n + BM25 top-n + fusion; the embedding is also timed alone.
+    search_ms, embed_ms, db_ms = [], [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        vector = embedder.embed([q])[0]
+        t1 = time.perf_counter()
+        index.search(q, k=4)
+        t2 = time.perf_counter()
+        with index._db:  # the database half alone: HNSW top-n, BM25 top-n, fusion
+            _fuse(index._vector_top(vector, index.candidates), index._bm25_top(q, index.candidates))
+        t3 = time.perf_counter()
+        embed_ms.append((t1 - t0) * 1e3)
+        search_ms.append((t2 - t1) * 1e3)
+        db_ms.append((t3 - t2) * 1e3)
+    print(json.dumps({
+        "device": args.device, "documents": len(docs), "chunks": stats.chunks,
+        "chars": sum(len(t) for _, t in docs), "model_load_s": round(load_s, 2),
+        "chunking_s": round(chunk_s, 2), "sync_s": round(stats.seconds, 2), "sync_embedded": embedded,
+        "sync_chunks_per_s": round(embedded / stats.seconds, 1),
+        "embed_chunks_per_s": round(len(sample) / embed_s, 1),
+        "resync_unchanged_s": round(resync.seconds, 3), "queries": len(queries),
+        "search_p50_ms": round(statistics.median(search_ms), 2),
+        "search_p95_ms": round(percentile(search_ms, 0.95), 2),
+        "query_embed_p50_ms": round(statistics.median(embed_ms), 2),
+        "db_and_fusion_p50_ms": round(statistics.median(db_ms), 2),
+        "db_and_fusion_p95_ms": round(percentile(db_ms, 0.95), 2), "threads": args.threads,
+        "hnsw_used": index.vector_plan_uses_hnsw(), "db_bytes": db.stat().st_size,
+    }, indent=1))
+    index.close()
+
+
+if __name__ == "__main__":
+    main()
