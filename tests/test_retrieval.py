@@ -206,6 +206,18 @@ def test_edited_doc_reembeds_only_what_changed_and_drops_old_chunks(embedder: Em
     assert idx.chunks("violin") == [] and idx.chunks("violin-copy")
 
 
+def test_searches_run_while_another_thread_syncs(embedder: Embedder) -> None:
+    idx = CodexIndex(None, embedder=embedder)
+    idx.sync(CORPUS[:4])
+    with ThreadPoolExecutor(3) as pool:
+        syncing = pool.submit(idx.sync, CORPUS)
+        found = list(pool.map(lambda q: idx.search(q, k=2)[0].chunk.doc_id,
+                              ["honeybee dance", "liquid oxygen", "sourdough starter"] * 3))
+        assert syncing.result().docs_added == len(CORPUS) - 4
+    assert found == ["bees", "rockets", "sourdough"] * 3
+    assert idx.search("horsehair rosin bow", k=1)[0].chunk.doc_id == "violin"
+
+
 def test_persistent_file_reopens_with_its_indexes(tmp_path: Path, embedder: Embedder) -> None:
     path = tmp_path / "rag.duckdb"
     with CodexIndex(path, embedder=embedder) as idx:

@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch and DuckDB threads")
     parser.add_argument("--db", type=Path, default=None, help="database file (default: a temp file)")
     args = parser.parse_args()
 
@@ -62,7 +62,7 @@ def main() -> None:
     load_s = time.perf_counter() - started
 
     db = args.db or Path(tempfile.mkdtemp()) / "rag.duckdb"
-    index = CodexIndex(db, embedder=embedder)
+    index = CodexIndex(db, embedder=embedder, threads=args.threads)
     started = time.perf_counter()
     chunked = [c for doc_id, text in docs for c in index._chunk(doc_id, text)]
     chunk_s = time.perf_counter() - started

@@ -105,7 +105,7 @@ class CodexIndex:
 
     def __init__(self, db_path: Path | str | None = None, *, embedder: Embedder | None = None,
                  limits: RagLimits = RagLimits(), max_tokens: int = 200, overlap: int = 40,
-                 candidates: int = 20) -> None:
+                 candidates: int = 20, threads: int | None = None) -> None:
         self.db_path = Path(db_path) if db_path is not None else None
         self.embedder = embedder or Embedder()
         self.limits = limits
@@ -118,6 +118,10 @@ class CodexIndex:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(str(self.db_path) if self.db_path else ":memory:")
         load_extensions(self._con)
+        if threads is not None:
+            # Searches are small queries: on a small, busy CPU one DuckDB thread is steadier (measured
+            # at 2k chunks on 2 loaded cores: BM25 p50 16 ms with 1 thread, 25 ms with 2).
+            self._con.execute(f"SET threads = {int(threads)}")
         # HNSW in a database file is "experimental" because its WAL replay is fragile; every sync
         # ends in a CHECKPOINT so the WAL never holds index changes across a restart.
         self._con.execute("SET hnsw_enable_experimental_persistence = true")
