@@ -133,9 +133,10 @@ class CodexIndex:
     # --- public API -------------------------------------------------------------------------------
 
     def sync(self, docs: Sequence[tuple[str, str]]) -> IndexStats:
-        """Make the index hold exactly `docs` ([(doc_id, text)]). Raises CodexTooLarge over the limits,
-        ValueError for empty or duplicate ids."""
+        """Make the index hold exactly `docs` ([(doc_id, text)]); idempotent, and a repeat of the same
+        docs writes nothing. Raises CodexTooLarge over the limits, ValueError for bad or duplicate ids."""
         started = time.perf_counter()
+        docs = list(docs)
         _validate(docs)
         self.limits.check(docs)
         with self._sync:
