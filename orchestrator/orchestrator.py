@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from ahc.config import OrchestratorConfig
-from orchestrator.assembler import AssembledPrompt, AssemblyInput, assemble
+from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble
 from orchestrator.blocks import first_changed
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
@@ -60,6 +60,7 @@ class Orchestrator:
         self.retriever = retriever
         self.summarize = summarize
         self.formatters = FormatterRegistry()
+        self.render_cache = RenderCache()
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
@@ -87,9 +88,9 @@ class Orchestrator:
                 inp = replace(inp, excerpts=tuple(excerpts))
                 extra_tools.append(self.retriever.tool())
         limits = CTCLimits(self.config.max_chars, self.config.max_turns)
-        inp, ctc_actions = govern(inp, limits, lambda i: assemble(i, formatter, self.counter).chars)
+        inp, ctc_actions = govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
         actions += ctc_actions
-        prompt = assemble(inp, formatter, self.counter)
+        prompt = assemble(inp, formatter, self.counter, self.render_cache)
         report = {
             "mode": mode,
             "blocks": [block.report() for block in prompt.blocks],
@@ -121,19 +122,19 @@ class Orchestrator:
     def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter) -> str:
         if spec.mode != "auto":
             return spec.mode
-        tokens = assemble(inp, formatter, self.counter).tokens
+        tokens = assemble(inp, formatter, self.counter, self.render_cache).tokens
         return "cag" if tokens < self.config.cag_threshold * self.max_model_len else "rag"
 
     def _passthrough(self, messages: list[dict[str, Any]]) -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added."""
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
-        prompt = assemble(inp, self.formatters.get("default"), self.counter)
+        prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = {"mode": "passthrough", "blocks": [b.report() for b in prompt.blocks],
                   "prefix_sha256": prompt.prefix_sha256, "first_changed_block": None, "governor": []}
         return Prepared(messages, report, new_session_id(), None, list(turns), prompt=prompt)
 
-    def complete(self, prepared: Prepared, reply: dict[str, Any] | None) -> None:
+    def complete(self, prepared: Prepared, reply: dict[str, Any] | None) -> Any:
         """After the response: the query and the reply join the session's State, which is persisted.
         A failed request (no reply) leaves the State as it was before it."""
         for callback in prepared.on_complete:
@@ -149,7 +150,7 @@ class Orchestrator:
         if prepared.query is not None:
             session.turns.append(Turn(role="user", content=prepared.query))
         session.turns.append(Turn.from_message(reply))
-        self.sessions.save(session)
+        return self.sessions.save(session)  # the store's receipt (a future when saved in the background)
 
 
 def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Turn], str | None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from orchestrator.turn import Turn
 
@@ -56,6 +56,6 @@ class SessionStore:
             self._sessions[session_id] = session
         return session
 
-    def save(self, session: Session) -> None:
-        if self._save:
-            self._save(session.session_id, session.to_json())
+    def save(self, session: Session) -> Any:
+        """Persist; returns what the save callable returns (the server's is a Future to await)."""
+        return self._save(session.session_id, session.to_json()) if self._save else None

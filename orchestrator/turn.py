@@ -45,6 +45,11 @@ class Turn:
         return message
 
     @cached_property
+    def message(self) -> dict[str, Any]:
+        """The message, built once; callers must not mutate it."""
+        return self.to_message()
+
+    @cached_property
     def canonical(self) -> str:
         return canonical_json(self.to_message())
 

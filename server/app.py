@@ -11,13 +11,14 @@ from ahc.config import AHCConfig
 from server.auth import ApiKeyMiddleware
 from server.chat_route import install_chat_route
 from server.context_routes import context_router
+from server.xdb_routes import xdb_router
 from server.error_shape import ErrorShapeMiddleware
 from server.metrics import AHCMetrics
 from server.services import Services
 
 
 def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_config, metrics: AHCMetrics,
-              services: Services) -> FastAPI:
+              services: Services, xdb=None) -> FastAPI:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
@@ -26,6 +27,8 @@ def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_
     app.state.ahc_metrics = metrics
     app.state.ahc_services = services
     install_chat_route(app, services.hooks())
+    if xdb is not None:
+        app.include_router(xdb_router(xdb))
     if services.orchestrator.retriever is not None:
         app.include_router(context_router(services.orchestrator.retriever))
     metrics.attach(get_prometheus_registry())

@@ -8,6 +8,8 @@ or the first streamed chunk.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -115,7 +117,7 @@ async def run_chat(raw_request: Request, body: dict[str, Any], spec, hooks: Chat
         raise
     if isinstance(response, StreamingResponse):
         return response, prepared
-    return finish_json(response, prepared, hooks)
+    return await finish_json(response, prepared, hooks)
 
 
 def add_tools(body: dict[str, Any], extra: list[dict[str, Any]]) -> None:
@@ -131,7 +133,13 @@ def report_of(prepared: Prepared) -> dict[str, Any]:
     return {**prepared.report, "session_id": prepared.session_id}
 
 
-def finish_json(response: Response | None, prepared: Prepared, hooks: ChatHooks) -> Response:
+async def settle(receipt: Any) -> None:
+    """Wait for a session save handed to a worker thread: a completed reply's State is durable."""
+    if isinstance(receipt, concurrent.futures.Future):
+        await asyncio.wrap_future(receipt)
+
+
+async def finish_json(response: Response | None, prepared: Prepared, hooks: ChatHooks) -> Response:
     if response is None:  # the client went away; vLLM aborted the request
         hooks.orchestrator.complete(prepared, None)
         return error_response(499, "client closed the request")
@@ -141,25 +149,30 @@ def finish_json(response: Response | None, prepared: Prepared, hooks: ChatHooks)
     data = json.loads(response.body)
     data["context"] = report_of(prepared)
     reply = data["choices"][0]["message"] if data.get("choices") else None
-    hooks.orchestrator.complete(prepared, reply)
     hooks.on_reply(prepared, reply)
+    await settle(hooks.orchestrator.complete(prepared, reply))
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
     return JSONResponse(data, status_code=200, headers=headers)
 
 
 async def stream_with_report(chunks: AsyncIterator[str | bytes], prepared: Prepared, hooks: ChatHooks,
                              lock) -> AsyncIterator[str]:
-    """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply."""
+    """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply;
+    the session is settled before the final `[DONE]` goes out."""
     accumulator = ReplyAccumulator()
-    first = True
-    completed = False
+    first, settled = True, False
     try:
         async for chunk in chunks:
             text = chunk.decode() if isinstance(chunk, bytes) else chunk
             events = []
             for event in text.split("\n\n"):
                 payload = event.removeprefix("data: ") if event.startswith("data: ") else None
-                if payload and payload != "[DONE]":
+                if payload == "[DONE]" and not settled:
+                    settled = True
+                    reply = accumulator.message() if accumulator.finished else None
+                    hooks.on_reply(prepared, reply)
+                    await settle(hooks.orchestrator.complete(prepared, reply))
+                elif payload:
                     data = json.loads(payload)
                     accumulator.add(data)
                     if first and "choices" in data:
@@ -168,10 +181,8 @@ async def stream_with_report(chunks: AsyncIterator[str | bytes], prepared: Prepa
                     event = "data: " + json.dumps(data, ensure_ascii=False)
                 events.append(event)
             yield "\n\n".join(events)
-        completed = accumulator.finished
     finally:
-        reply = accumulator.message() if completed else None
-        hooks.orchestrator.complete(prepared, reply)
-        hooks.on_reply(prepared, reply)
+        if not settled:  # cut off (client gone, error): the State stays as it was
+            hooks.orchestrator.complete(prepared, None)
         if lock is not None:
             lock.release()

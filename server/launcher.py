@@ -7,12 +7,16 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 from __future__ import annotations
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ahc.config import AHCConfig
 from ahc.config import resolve_path
 from orchestrator.retrieval import CodexIndex, CodexRetriever
 from orchestrator.session import SessionStore
+from server.recorder import Recorder
+from server.recording_engine import RecordingEngine
+from xdb import XDB
 from server.app import build_app
 from server.services import build_services
 from server.engine_args import build_vllm_namespace
@@ -34,28 +38,41 @@ async def serve(config: AHCConfig) -> None:
     args = build_vllm_namespace(config)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics()
-    usage = UsageContext.OPENAI_API_SERVER
-    vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
-    engine = AsyncLLM.from_vllm_config(
-        vllm_config=vllm_config,
-        usage_context=usage,
-        enable_log_requests=args.enable_log_requests,
-        disable_log_stats=args.disable_log_stats,
-        stat_loggers=[stat_logger_factory(metrics)],
-    )
+    data_dir = Path(resolve_path(config.data_dir))
+    # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
+    xdb = XDB.open(data_dir, on_commit=metrics.xdb_rows_written.inc)
+    metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
+    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
+    engine = None
     try:
+        usage = UsageContext.OPENAI_API_SERVER
+        vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
+        engine = AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=usage,
+            enable_log_requests=args.enable_log_requests,
+            disable_log_stats=args.disable_log_stats,
+            stat_loggers=[stat_logger_factory(metrics)],
+        )
         supported_tasks = await engine.get_supported_tasks()
-        retriever = CodexRetriever(CodexIndex(Path(resolve_path(config.data_dir)) / "rag.duckdb"))
-        services = build_services(config, engine, engine.get_tokenizer(), metrics, SessionStore(), retriever)
-        app = build_app(config, args, supported_tasks, engine.model_config, metrics, services)
-        await init_app_state(engine, app.state, args, supported_tasks)
+        tokenizer = engine.get_tokenizer()
+        retriever = CodexRetriever(CodexIndex(data_dir / "rag.duckdb"))
+        sessions = SessionStore(xdb.load_session_state,
+                                lambda sid, state: background.submit(xdb.save_session_state, sid, state))
+        services = build_services(config, engine, tokenizer, metrics, sessions, retriever)
+        services.recorder = Recorder(xdb, tokenizer, background)
+        app = build_app(config, args, supported_tasks, engine.model_config, metrics, services, xdb)
+        await init_app_state(RecordingEngine(engine, services.recorder), app.state, args, supported_tasks)
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
             access_log=False, timeout_keep_alive=5,
         )
-    finally:
-        engine.shutdown(timeout=vllm_config.shutdown_timeout)
-    try:
+        engine.shutdown(timeout=config.engine.shutdown_timeout)  # in-flight requests have drained
+        engine = None
         await shutdown
     finally:
+        if engine is not None:
+            engine.shutdown(timeout=config.engine.shutdown_timeout)
+        background.shutdown(wait=True)
+        xdb.close()  # flushes every queued row
         sock.close()

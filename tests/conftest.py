@@ -110,3 +110,14 @@ def client(server: Server) -> openai.OpenAI:
 @pytest.fixture(scope="session")
 def model_name(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="session")
+def no_whitespace_bias() -> dict[str, int]:
+    """logit_bias banning whitespace-only tokens. A random model pads tool-call JSON with every space
+    the grammar allows (vLLM's tool structural tags allow any); the tests check plumbing, not style."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    return {str(i): -100 for i in range(len(tokenizer))
+            if (text := tokenizer.decode([i])) and not text.strip()}

@@ -67,10 +67,12 @@ WEATHER_TOOL = {
 }
 
 
-def test_tool_call_round_trip_through_the_chat_template(client: openai.OpenAI, model_name: str) -> None:
+def test_tool_call_round_trip_through_the_chat_template(client: openai.OpenAI, model_name: str,
+                                                        no_whitespace_bias: dict) -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(model=model_name, messages=messages, tools=[WEATHER_TOOL],
-                                           tool_choice="required", max_tokens=200, temperature=0)
+                                           tool_choice="required", max_tokens=64, temperature=0,
+                                           logit_bias=no_whitespace_bias, parallel_tool_calls=False)
     calls = first.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     assert json.loads(calls[0].function.arguments)["city"] in {"Paris", "Oslo"}

@@ -1,0 +1,73 @@
+"""Start and stop a real `ahc serve` process for a benchmark (the same server a user runs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ahc.config import REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def ensure_model(path: Path, *size_flags: str) -> Path:
+    """Build a random model with `ahc tiny-model` once (cached under .cache/models)."""
+    if not (path / "config.json").exists():
+        ahc = str(Path(sys.executable).with_name("ahc"))
+        subprocess.run([ahc, "tiny-model", str(path), *size_flags], check=True, capture_output=True)
+    return path
+
+
+def start(model: Path, data_dir: Path, *extra: str, timeout: float = 600) -> ServerProcess:
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "server.log"
+    cmd = [str(Path(sys.executable).with_name("ahc")), "serve", "--config", str(REPO_ROOT / "configs" / "cpu-tiny.yaml"),
+           "--port", str(port), "--model", str(model), "--data-dir", str(data_dir), *extra]
+    with log.open("w") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=dict(os.environ))
+    server = ServerProcess(process, port, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"ahc serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"ahc serve not ready after {timeout} s:\n{log.read_text()[-3000:]}")

@@ -1,0 +1,105 @@
+"""What the server writes to XDB: a request's new input messages, every generated token, the reply's
+tool calls and system events, as timestep rows on the writer's queue (never waiting on disk)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import Executor
+from typing import Any
+
+from orchestrator.orchestrator import Prepared
+from orchestrator.turn import Turn
+from server.token_text import TokenTexts
+from xdb.rows import TimestepRow
+
+EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
+
+
+class Recorder:
+    def __init__(self, xdb: Any, tokenizer: Any, background: Executor | None = None) -> None:
+        self.xdb = xdb
+        self.tokenizer = tokenizer
+        self.background = background  # one ordered worker for small synchronous XDB writes
+        self._pending: set[asyncio.Task] = set()
+
+    def submit(self, rows: list[TimestepRow]) -> None:
+        """Hand rows to the writer; if its queue is full, a background task waits for room instead
+        of the generation."""
+        if not rows or self.xdb.writer.try_submit(rows):
+            return
+        task = asyncio.get_running_loop().create_task(self.xdb.writer.asubmit(rows))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def aflush(self, timeout: float = 10.0) -> None:
+        """Wait, off the event loop, until every row queued so far is committed."""
+        while self._pending:  # rows waiting for queue room go first
+            await asyncio.gather(*list(self._pending))
+        await asyncio.to_thread(self.xdb.writer.flush, timeout)
+
+    def rows(self, session_id: str, events: list[tuple[str, str | None, str, dict[str, Any] | None]],
+             request_id: str | None = None) -> list[TimestepRow]:
+        if not events:
+            return []
+        ticks = self.xdb.next_ticks(session_id, len(events))
+        return [TimestepRow(session_id=session_id, tick=tick, event_type=event, role=role, content=content,
+                            request_id=request_id, metadata=meta)
+                for tick, (event, role, content, meta) in zip(ticks, events)]
+
+    def record_inputs(self, prepared: Prepared) -> None:
+        turns = new_input_turns(prepared)
+        events = [(EVENT_OF_ROLE[t.role], t.role, t.content, {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
+                  for t in turns]
+        if prepared.query is not None:
+            events.append(("input", "user", prepared.query, None))
+        for action in prepared.report["governor"]:
+            events.append(("system", None, f"governor action {action}", {"action": action}))
+        self.submit(self.rows(prepared.session_id, events))
+        if "compaction" in prepared.actions and prepared.session is not None and self.background is not None:
+            session = prepared.session
+            self.background.submit(self.xdb.save_meta_knowledge, session.session_id,
+                                   negative_knowledge=session.summary,
+                                   last_compacted_turn=session.compacted_turns)
+
+    def record_reply(self, prepared: Prepared, reply: dict[str, Any] | None) -> None:
+        if reply is None:
+            return
+        events = [("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call.get("id")})
+                  for call in reply.get("tool_calls") or []]
+        self.submit(self.rows(prepared.session_id, events))
+
+    def record_system(self, session_id: str, content: str, metadata: dict[str, Any] | None = None) -> None:
+        self.submit(self.rows(session_id, [("system", None, content, metadata)]))
+
+    def token_stream(self, session_id: str, request_id: str) -> "TokenStream":
+        return TokenStream(self, session_id, request_id)
+
+
+class TokenStream:
+    """One completion's generated tokens, turned into `output` rows as they arrive."""
+
+    def __init__(self, recorder: Recorder, session_id: str, request_id: str) -> None:
+        self.recorder = recorder
+        self.session_id = session_id
+        self.request_id = request_id
+        self.texts = TokenTexts(recorder.tokenizer)
+
+    def add(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            return
+        ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
+        self.recorder.submit([
+            TimestepRow(session_id=self.session_id, tick=tick, event_type="output", role="assistant",
+                        content=self.texts.step(token_id), token_id=token_id, request_id=self.request_id)
+            for tick, token_id in zip(ticks, token_ids)])
+
+
+def new_input_turns(prepared: Prepared) -> list[Turn]:
+    """The turns this request adds: with a session, all of them; without one, the client resent the
+    history, so only what follows the model's last message is new."""
+    if prepared.session is not None:
+        return prepared.new_turns
+    turns = prepared.new_turns
+    last_assistant = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
+    return turns[last_assistant + 1:]

@@ -1,0 +1,130 @@
+"""What the server records in XDB, read back over `/v1/xdb/*`, and its durability across kill -9."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, start_server, stop_server
+
+pytestmark = pytest.mark.engine
+
+
+def recall(server, **params) -> list[dict]:
+    with server.http() as http:
+        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def recall_until(server, count: int, timeout: float = 1.0, **params) -> list[dict]:
+    """Rows must be queryable within 1 s of the response (SPEC §5)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = recall(server, **params)
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def test_every_generated_token_is_a_row_and_they_concatenate_to_the_reply(server, client, model_name) -> None:
+    reply = client.chat.completions.create(
+        model=model_name, max_tokens=12, temperature=0, messages=[{"role": "user", "content": "record me"}],
+        extra_body={"context": {"session_id": "xdb-s1", "identity": "You record."}})
+    n = reply.usage.completion_tokens
+    tokens = recall_until(server, n, session_id="xdb-s1", event_types="output")
+    assert len(tokens) == n
+    assert "".join(t["content"] for t in tokens) == reply.choices[0].message.content
+    ticks = [t["tick"] for t in tokens]
+    assert ticks == sorted(ticks) and len(set(ticks)) == n
+    assert all(isinstance(t["token_id"], int) for t in tokens)
+    assert all(t["concept_activations"] == {} for t in tokens)  # no lens attached: nothing invented
+    inputs = recall(server, session_id="xdb-s1", event_types="input")
+    assert [i["content"] for i in inputs] == ["record me"]
+    assert inputs[0]["tick"] < ticks[0]
+
+
+def test_a_request_without_session_gets_one_and_streams_are_recorded(server, client, model_name) -> None:
+    chunks = list(client.chat.completions.create(
+        model=model_name, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "stream and record"}]))
+    session = chunks[0].to_dict()["context"]["session_id"]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    tokens = recall_until(server, chunks[-1].usage.completion_tokens, session_id=session, event_types="output")
+    assert "".join(t["content"] for t in tokens) == text
+
+
+def test_tool_calls_and_results_are_recorded(server, client, model_name, no_whitespace_bias) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "description": "Weather.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                           "required": ["city"], "additionalProperties": False}}}
+    context = {"context": {"session_id": "xdb-tools"}}
+    first = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                                           tools=[tool], tool_choice="required", max_tokens=64, temperature=0,
+                                           logit_bias=no_whitespace_bias, parallel_tool_calls=False,
+                                           extra_body=context)
+    calls = first.choices[0].message.tool_calls
+    assert calls
+    recorded = recall_until(server, len(calls), session_id="xdb-tools", event_types="tool_call")
+    assert [r["content"] for r in recorded][0].count("get_weather") == 1
+    client.chat.completions.create(model=model_name, max_tokens=2, extra_body=context,
+                                   messages=[{"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"}])
+    results = recall_until(server, 1, session_id="xdb-tools", event_types="tool_result")
+    assert [r["content"] for r in results] == ["sunny"]
+
+
+def test_tags_comments_and_bad_filters(server, client, model_name) -> None:
+    client.chat.completions.create(model=model_name, max_tokens=3, messages=[{"role": "user", "content": "tag me"}],
+                                   extra_body={"context": {"session_id": "xdb-tags"}})
+    row = recall_until(server, 1, session_id="xdb-tags", event_types="input")[0]
+    with server.http() as http:
+        assert http.post("/v1/xdb/tag", json={"tag": "important", "timestep_id": row["id"]}).status_code == 200
+        assert http.post("/v1/xdb/comment", json={"content": "why", "timestep_id": row["id"]}).status_code == 200
+        missing = http.post("/v1/xdb/tag", json={"tag": "x", "timestep_id": 10**12})
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+        bad = http.get("/v1/xdb/recall", params={"tick_from": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tick_from"
+        assert http.get("/v1/xdb/state").status_code == 200
+    tagged = recall(server, tags="important")
+    assert [t["id"] for t in tagged] == [row["id"]] and "important" in tagged[0]["tags"]
+
+
+def test_audit_log_is_not_reachable_over_http(server) -> None:
+    with server.http() as http:
+        for path in ("/v1/xdb/audit", "/audit/audit.duckdb", "/v1/xdb/verify-audit"):
+            assert http.get(path).status_code == 404
+
+
+@pytest.mark.slow
+def test_kill_9_keeps_completed_replies_and_sessions_resume(tmp_path: Path) -> None:
+    data = tmp_path / "xdb"
+    port = free_port()
+    first = start_server(data, port=port, api_key=None)
+    client = first.client()
+    model = client.models.list().data[0].id
+    context = {"context": {"session_id": "durable", "identity": "You persist."}}
+    replies = [client.chat.completions.create(model=model, max_tokens=6, temperature=0, extra_body=context,
+                                              messages=[{"role": "user", "content": f"turn {i}"}]) for i in range(3)]
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(30)
+    time.sleep(2)  # the engine's children notice their parent is gone
+
+    second = start_server(data, port=port, api_key=None)
+    try:
+        tokens = recall(second, session_id="durable", event_types="output")
+        assert len(tokens) == sum(r.usage.completion_tokens for r in replies)
+        resumed = second.client().chat.completions.create(
+            model=model, max_tokens=2, extra_body=context, messages=[{"role": "user", "content": "turn 3"}])
+        report = resumed.to_dict()["context"]
+        assert report["first_changed_block"] == "state"  # the session's history came back from XDB
+        assert resumed.usage.prompt_tokens > replies[-1].usage.prompt_tokens
+    finally:
+        assert stop_server(second) == 0
+    ahc = str(Path(sys.executable).with_name("ahc"))
+    verify = subprocess.run([ahc, "xdb", "verify-audit", "--data-dir", str(data)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
