@@ -110,3 +110,14 @@ def test_tool_calls_and_results_join_the_session_state(client, model_name) -> No
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10
     third = chat(client, model_name, "ctx-tools", "and now?")
     assert third.usage.prompt_tokens > second.usage.prompt_tokens
+
+
+def test_context_metrics_count_modes_and_block_tokens(server, client, model_name) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    chat(client, model_name, "ctx-metrics", "count me")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(httpx.get(f"{server.base_url}/metrics").text) for s in f.samples}
+    assert samples[("ahc_context_mode_total", (("mode", "cag"),))] >= 1
+    assert samples[("ahc_context_block_tokens", (("block", "codex"),))] > 0
