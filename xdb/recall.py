@@ -1,8 +1,9 @@
-"""Recall: the SPEC §5 filters, validated, turned into one DuckDB query over `timesteps`."""
+"""Recall: the SPEC §5 filters, validated, turned into DuckDB queries over `timesteps`."""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import duckdb
@@ -92,35 +93,99 @@ TAG_MATCH = """(
     OR (a.target_type = 'event' AND a.event_id = t.request_id)
     OR (a.target_type = 'range' AND a.session_id = t.session_id AND t.tick BETWEEN a.range_start AND a.range_end))"""
 
+# The same three ways, each as a join DuckDB can hash (an OR of them is a nested loop, and an OR
+# across columns is never pushed into a scan): (columns of tag_applications, join condition).
+TAG_JOINS = {
+    "timestep": ("timestep_id", "t.id = a.timestep_id"),
+    "event": ("event_id", "t.request_id = a.event_id"),
+    "range": ("session_id, range_start, range_end",
+              "t.session_id = a.session_id AND t.tick BETWEEN a.range_start AND a.range_end"),
+}
 
-def resolve_tag_ids(cur: duckdb.DuckDBPyConnection, names_or_ids: list[str]) -> list[int]:
-    """Tag ids for names or numeric ids; unknown tags are skipped (they match nothing)."""
-    numeric = [int(x) for x in names_or_ids if x.isdigit()]
-    rows = cur.execute("SELECT id FROM tags WHERE name IN (SELECT unnest(?)) OR id IN (SELECT unnest(?))",
-                       [names_or_ids, numeric]).fetchall()
-    return [tid for (tid,) in rows]
+# DuckDB's Python client binds each parameter in ~0.2 ms and a list parameter at ~0.1 ms an element,
+# which would dwarf the queries themselves. So numbers are written into the SQL (formatted here from
+# validated ints and floats), a single string is one parameter, and a list of strings travels as one
+# JSON parameter.
+
+
+def _ints(values: list[int]) -> str:
+    return ", ".join(str(int(v)) for v in values) or "NULL"
+
+
+def _double(value: float) -> str:
+    return f"CAST('{float(value)!r}' AS DOUBLE)"
+
+
+def _strings(values: list[str], params: list[Any]) -> str:
+    """An IN-list operand for strings, as one JSON parameter appended to `params`."""
+    params.append(json.dumps(list(values)))
+    return """SELECT unnest(from_json(?, '["VARCHAR"]'))"""
+
+
+class TagCache:
+    """Tag names and the target types each tag's applications use, in memory: every recall needs
+    them and a DuckDB round trip costs milliseconds. Tags change only through this process's XDB
+    (DuckDB lets one process write), which calls `invalidate()` after each change; the next reader
+    reloads them in one query. Applications themselves stay in DuckDB."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version = 0
+        self._loaded = -1
+        self._by_name: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._kinds: dict[int, frozenset[str]] = {}
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._version += 1
+
+    def _get(self, cur: duckdb.DuckDBPyConnection) -> tuple[dict[str, int], dict[int, str],
+                                                             dict[int, frozenset[str]]]:
+        with self._lock:
+            version = self._version
+            if self._loaded == version:
+                return self._by_name, self._names, self._kinds
+        rows = cur.execute("""
+            SELECT g.id, g.name, list(DISTINCT a.target_type) FILTER (WHERE a.target_type IS NOT NULL)
+            FROM tags g LEFT JOIN tag_applications a ON a.tag_id = g.id GROUP BY g.id, g.name""").fetchall()
+        by_name = {name: tid for tid, name, _ in rows}
+        names = {tid: name for tid, name, _ in rows}
+        kinds = {tid: frozenset(found or ()) for tid, _, found in rows}
+        with self._lock:
+            if self._version == version:  # a change made meanwhile leaves it stale: reload next time
+                self._by_name, self._names, self._kinds, self._loaded = by_name, names, kinds, version
+        return by_name, names, kinds
+
+    def resolve(self, cur: duckdb.DuckDBPyConnection, names_or_ids: list[str]) -> tuple[list[int], list[str]]:
+        """Tag ids for names or numeric ids (unknown tags are skipped: they match nothing), and the
+        target types their applications use."""
+        by_name, names, kinds = self._get(cur)
+        ids = {by_name[x] for x in names_or_ids if x in by_name}
+        ids.update(int(x) for x in names_or_ids if x.isdecimal() and int(x) in names)
+        return sorted(ids), sorted({kind for tid in ids for kind in kinds[tid]})
+
+    def names(self, cur: duckdb.DuckDBPyConnection) -> dict[int, str]:
+        return self._get(cur)[1]
 
 
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None) -> tuple[str, list] | None:
-    """SQL and parameters for the filters; None when they can match nothing (unknown concept/tags)."""
+def conditions(f: RecallFilters, concepts: ConceptIndex) -> tuple[list[str], list[Any]] | None:
+    """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing."""
     where: list[str] = []
     params: list[Any] = []
     if f.session_id is not None:
         where.append("t.session_id = ?")
         params.append(f.session_id)
     if f.event_types:
-        where.append("t.event_type IN (SELECT unnest(?))")
-        params.append(f.event_types)
+        where.append(f"t.event_type IN ({_strings(f.event_types, params)})")
     if f.tick_from is not None:
-        where.append("t.tick >= ?")
-        params.append(f.tick_from)
+        where.append(f"t.tick >= {int(f.tick_from)}")
     if f.tick_to is not None:
-        where.append("t.tick <= ?")
-        params.append(f.tick_to)
+        where.append(f"t.tick <= {int(f.tick_to)}")
     if f.text is not None:
         where.append("t.content ILIKE ? ESCAPE '\\'")
         params.append(f"%{_escape_like(f.text)}%")
@@ -128,46 +193,83 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
         cid = concepts.id_of(f.concept)
         if cid is None:
             return None
-        if f.min_activation is None:
-            where.append("list_contains(t.concept_ids, ?)")
-            params.append(cid)
-        else:
-            where.append("t.concept_values[list_position(t.concept_ids, ?)] >= ?")
-            params += [cid, f.min_activation]
+        # array_contains is the cheap test (~2x faster than finding the value's slot), so DuckDB
+        # looks for the value only in the few rows that hold the concept.
+        where.append(f"array_contains(t.concept_ids, {int(cid)})")
+        if f.min_activation is not None:
+            where.append(f"array_extract(t.concept_values, array_position(t.concept_ids, {int(cid)})) >= "
+                         f"{_double(f.min_activation)}")
     elif f.min_activation is not None:
-        where.append("list_max(t.concept_values) >= ?")
-        params.append(f.min_activation)
-    if tag_ids is not None:
-        if not tag_ids:
-            return None
-        # Three semi-joins instead of one OR-correlated EXISTS: DuckDB plans each as a hash join.
-        where.append("""(t.id IN (SELECT timestep_id FROM tag_applications
-                                  WHERE target_type = 'timestep' AND tag_id IN (SELECT unnest(?)))
-            OR t.request_id IN (SELECT event_id FROM tag_applications
-                                WHERE target_type = 'event' AND tag_id IN (SELECT unnest(?)))
-            OR t.id IN (SELECT r.id FROM timesteps r JOIN tag_applications a ON a.session_id = r.session_id
-                        AND r.tick BETWEEN a.range_start AND a.range_end
-                        WHERE a.target_type = 'range' AND a.tag_id IN (SELECT unnest(?))))""")
-        params += [tag_ids, tag_ids, tag_ids]
-    sql = f"SELECT {', '.join('t.' + c for c in COLUMNS)} FROM timesteps t"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY t.id LIMIT ?"
-    params.append(f.limit)
-    return sql, params
+        where.append(f"list_max(t.concept_values) >= {_double(f.min_activation)}")
+    return where, params
 
 
-def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple]) -> dict[int, list[str]]:
-    """Tag names per recalled timestep id."""
+def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
+                tag_kinds: list[str] | None = None) -> tuple[str, list] | None:
+    """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
+    filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
+    read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
+    matches are skipped by their zone maps before any heavy column is touched."""
+    found = conditions(f, concepts)
+    if found is None:
+        return None
+    where, params = found
+    sql_where = (" WHERE " + " AND ".join(where)) if where else ""
+    if tag_ids is None:
+        return f"SELECT t.id FROM timesteps t{sql_where} ORDER BY t.id LIMIT {f.limit}", params
+    kinds = [k for k in TAG_JOINS if tag_kinds is None or k in tag_kinds]
+    if not tag_ids or not kinds:
+        return None
+    # One semi-join per way the tags reach timesteps, each with its own top-N, then merged.
+    branches = [f"""SELECT * FROM (SELECT t.id FROM timesteps t SEMI JOIN (
+                        SELECT {TAG_JOINS[k][0]} FROM tag_applications
+                        WHERE target_type = '{k}' AND tag_id IN ({_ints(tag_ids)})) a ON {TAG_JOINS[k][1]}
+                    {sql_where} ORDER BY t.id LIMIT {f.limit})""" for k in kinds]
+    sql = f"SELECT DISTINCT id FROM ({' UNION ALL '.join(branches)}) ORDER BY id LIMIT {f.limit}"
+    return sql, params * len(kinds)
+
+
+def fetch_query(ids: list[int]) -> str:
+    """The recalled rows, oldest first; the id range lets zone maps skip every other row group."""
+    return (f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id BETWEEN {min(ids)} AND {max(ids)} "
+            f"AND id IN ({_ints(ids)}) ORDER BY id")
+
+
+def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int, str]) -> dict[int, list[str]]:
+    """Tag names (sorted) per recalled row. An application carries the session of the timesteps it
+    reaches (tags.resolve_target sets it), so only the recalled sessions' applications are read
+    (and any without a session), and they are matched to the rows here."""
     if not rows:
         return {}
-    ids, sessions, ticks, requests = ([r[i] for r in rows] for i in (0, 1, 2, 7))
-    found = cur.execute(f"""
-        SELECT t.id, list(DISTINCT g.name ORDER BY g.name)
-        FROM (SELECT unnest(?) AS id, unnest(?) AS session_id, unnest(?) AS tick, unnest(?) AS request_id) t
-        JOIN tag_applications a ON {TAG_MATCH}
-        JOIN tags g ON g.id = a.tag_id GROUP BY t.id""", [ids, sessions, ticks, requests]).fetchall()
-    return dict(found)
+    sessions = sorted({r[1] for r in rows})
+    params: list[Any] = []
+    where = "session_id = ?" if len(sessions) == 1 else f"session_id IN ({_strings(sessions, params)})"
+    if len(sessions) == 1:
+        params.append(sessions[0])
+    apps = cur.execute("SELECT target_type, timestep_id, event_id, session_id, range_start, range_end, tag_id "
+                       f"FROM tag_applications WHERE {where} OR session_id IS NULL", params).fetchall()
+    if not apps:
+        return {}
+    by_id: dict[int, set[str]] = {}
+    by_request: dict[str, set[str]] = {}
+    by_session: dict[str, list[tuple[int, int, str]]] = {}
+    for kind, timestep_id, event_id, session_id, start, end, tag_id in apps:
+        name = names.get(tag_id)
+        if name is None:
+            continue
+        if kind == "timestep":
+            by_id.setdefault(timestep_id, set()).add(name)
+        elif kind == "event":
+            by_request.setdefault(event_id, set()).add(name)
+        else:
+            by_session.setdefault(session_id, []).append((start, end, name))
+    out: dict[int, list[str]] = {}
+    for tid, session_id, tick, *_, request_id in (r[:8] for r in rows):
+        found = by_id.get(tid, set()) | by_request.get(request_id, set())
+        found.update(name for start, end, name in by_session.get(session_id, ()) if start <= tick <= end)
+        if found:
+            out[tid] = sorted(found)
+    return out
 
 
 def to_record(row: tuple, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
@@ -180,11 +282,17 @@ def to_record(row: tuple, concepts: ConceptIndex, tags: list[str]) -> dict[str, 
     return rec
 
 
-def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex) -> list[dict[str, Any]]:
-    tag_ids = resolve_tag_ids(cur, filters.tags) if filters.tags else None
-    query = build_query(filters, concepts, tag_ids)
+def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
+           tag_cache: TagCache | None = None) -> list[dict[str, Any]]:
+    """The matches' ids first (light columns only), then those rows, then their tags."""
+    tag_cache = tag_cache or TagCache()
+    tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
+    query = build_query(filters, concepts, tag_ids, kinds)
     if query is None:
         return []
-    rows = cur.execute(*query).fetchall()
-    tags = tags_for(cur, rows)
+    ids = [i for (i,) in cur.execute(*query).fetchall()]
+    if not ids:
+        return []
+    rows = cur.execute(fetch_query(ids)).fetchall()
+    tags = tags_for(cur, rows, tag_cache.names(cur))
     return [to_record(r, concepts, tags.get(r[0], [])) for r in rows]

@@ -17,7 +17,7 @@ import duckdb
 from xdb import compression, documents, fidelity, interactions, session_state, tags
 from xdb.audit import AuditLog, AuditReport
 from xdb.concepts import ConceptIndex
-from xdb.recall import RecallFilters, recall
+from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
@@ -36,6 +36,7 @@ class XDB:
         self._ticks: dict[str, int] = dict(conn.execute("SELECT session_id, last_tick FROM session_ticks").fetchall())
         self._tick_lock = threading.Lock()
         self._compress_lock = threading.Lock()
+        self.tag_cache = TagCache()
         self._closed = False
 
     @classmethod
@@ -118,7 +119,7 @@ class XDB:
         (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            return recall(cur, f, self.concepts)
+            return recall(cur, f, self.concepts, self.tag_cache)
 
     def concepts_list(self, query: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -153,9 +154,12 @@ class XDB:
         with self.cursor() as cur:
             target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
-            found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
-                                           description=description)
-            return tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
+            try:
+                found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
+                                               description=description)
+                return tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
+            finally:
+                self.tag_cache.invalidate()
 
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
                 tick: int | None = None, event_id: str | None = None,
@@ -167,7 +171,10 @@ class XDB:
 
     def create_tag(self, name: str, tag_type: str = "custom", **fields: Any) -> dict[str, Any]:
         with self.cursor() as cur:
-            return tags.get_or_create_tag(cur, name, tag_type=tag_type, **fields)
+            try:
+                return tags.get_or_create_tag(cur, name, tag_type=tag_type, **fields)
+            finally:
+                self.tag_cache.invalidate()
 
     def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
         with self.cursor() as cur:
