@@ -8,9 +8,12 @@ The interface the server uses:
         # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
         # file raises ValueError and is never reset. read_only=True opens for reading only.
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
-    xdb.writer.submit(rows: list[TimestepRow])       # non-blocking; blocks when full, raises WriterBackpressure
+    xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; blocks when full, raises WriterBackpressure
     await xdb.writer.asubmit(rows)                   # never blocks the event loop
     xdb.writer.try_submit(rows) -> bool              # False instead of waiting
+        # TokenBatch(session_id, ticks, contents, token_ids=, request_id=, concept_names=,
+        #            concept_index=[n,k'] (-1 = empty), concept_values=[n,k'], ...): a reply's tokens
+        #            column-wise, the fast path (no Python object a token); see xdb/rows.py
     xdb.writer.flush(timeout=None)                   # everything submitted so far committed (audit + experience)
     xdb.writer.queue_depth() -> int; xdb.writer.rows_written; xdb.writer.on_commit = fn(n_rows)
     xdb.close()                                      # flushes, then closes both files
@@ -39,11 +42,11 @@ from xdb.audit import AuditReport, verify_audit
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters
-from xdb.rows import TimestepRow
+from xdb.rows import TimestepRow, TokenBatch
 from xdb.store import XDB
 from xdb.tags import BudStatus, NotFound, TagType
 from xdb.writer import WriterBackpressure, WriterStopped
 
-__all__ = ["XDB", "TimestepRow", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit", "NotFound",
+__all__ = ["XDB", "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit", "NotFound",
            "DocumentTooLarge", "DocumentType", "QuotaExceeded", "Fidelity", "CompressionLevel", "BudStatus",
            "TagType", "WriterBackpressure", "WriterStopped"]

@@ -1,13 +1,16 @@
 """The XDB writer: a bounded in-memory queue drained by background threads into DuckDB.
 
 Generation never waits on disk: `submit` only appends to a deque under a lock (it blocks only when the
-queue is full — back-pressure — and raises after a timeout). Two stages, each a thread, so Python's
-batch conversion overlaps DuckDB's inserts (which release the GIL):
-    audit stage:      rows → one Arrow table → audit chain, committed  (the audit is the write-ahead log)
-    experience stage: the same table → `timesteps`, committed           (the one experience connection)
+queue is full — back-pressure — and raises after a timeout). It takes TimestepRow lists or, for a
+reply's tokens, a column-wise TokenBatch. Two stages, each a thread, so Python's work overlaps
+DuckDB's inserts (which release the GIL), and the two files' inserts overlap each other:
+    audit stage:      parts → one Arrow table, handed on at once → audit chain hashed and committed
+    experience stage: the same table → `timesteps`, inserted while the audit works, and committed
+                      only once the audit has committed that batch (the audit is the write-ahead log)
 A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (250 ms),
 or when someone calls `flush()`. A batch the audit holds but the experience file lost to a crash is
-replayed from the audit at the next open (`replay_from_audit`).
+replayed from the audit at the next open (`replay_from_audit`); a batch the audit lost never reaches
+the experience file, whose transaction is rolled back.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pyarrow as pa
 
 from xdb.audit import AuditLog
 from xdb.concepts import ConceptIndex
-from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, check_rows, rows_to_arrow
+from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow
 from xdb.schema import TOP_K
 
 log = logging.getLogger(__name__)
@@ -39,28 +42,69 @@ class WriterStopped(RuntimeError):
     """The writer is closed, or a background stage failed (the message says why)."""
 
 
-def store_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
-    """Commit one batch to the experience file: rows, new concept names, per-session last ticks and
-    the last timestep id, all in one transaction."""
+Part = list[TimestepRow] | TokenBatch
+
+
+def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
+    """Open a transaction on the experience file and insert one batch into it — rows, new concept
+    names, per-session last ticks and the last timestep id — without committing: the caller
+    commits (or rolls back) once the audit has the batch. Rolls back itself if an insert fails."""
     cols = ", ".join(TIMESTEP_COLUMNS)
     conn.register("xdb_batch", table)
+    if new_concepts:
+        ids, names = zip(*new_concepts)
+        conn.register("xdb_new_concepts", pa.table({"id": pa.array(ids, pa.int32()),
+                                                    "name": pa.array(names, pa.string())}))
     try:
         conn.execute("BEGIN")
         try:
             if new_concepts:
-                conn.executemany("INSERT INTO concepts VALUES (?, ?)", new_concepts)
+                conn.execute("INSERT INTO concepts SELECT id, name FROM xdb_new_concepts")
             conn.execute(f"INSERT INTO timesteps ({cols}) SELECT {cols} FROM xdb_batch")
             conn.execute("INSERT INTO session_ticks SELECT session_id, max(tick) FROM xdb_batch GROUP BY 1 "
                          "ON CONFLICT (session_id) DO UPDATE "
                          "SET last_tick = greatest(session_ticks.last_tick, excluded.last_tick)")
             conn.execute("INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', "
                          "(SELECT max(id)::VARCHAR FROM xdb_batch))")
-            conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
     finally:
         conn.unregister("xdb_batch")
+        if new_concepts:
+            conn.unregister("xdb_new_concepts")
+
+
+def store_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
+    """Commit one batch to the experience file in one transaction."""
+    insert_batch(conn, table, new_concepts)
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+class _Audited:
+    """Set by the audit stage once a batch is committed to the audit (ok) or has failed there."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.ok = False
+
+    def set(self, ok: bool) -> None:
+        self.ok = ok
+        self._event.set()
+
+    def wait(self) -> bool:
+        self._event.wait()
+        return self.ok
+
+
+def _split(part: Part, n: int) -> tuple[Part, Part]:
+    if isinstance(part, TokenBatch):
+        return part.slice(0, n), part.slice(n, len(part))
+    return part[:n], part[n:]
 
 
 def last_timestep_id(conn: duckdb.DuckDBPyConnection) -> int:
@@ -91,7 +135,7 @@ class Writer:
         self.max_queue_rows, self.submit_timeout_s = max_queue_rows, submit_timeout_s
         self.on_commit = on_commit
         self._cond = threading.Condition()
-        self._pending: deque[list[TimestepRow]] = deque()
+        self._pending: deque[Part] = deque()
         self._queued = 0          # rows in _pending
         self._oldest_at = 0.0     # monotonic time the oldest pending row arrived
         self._submitted = 0       # rows accepted since open
@@ -108,44 +152,48 @@ class Writer:
             t.start()
 
     # -- the caller's side -------------------------------------------------------------------
-    def submit(self, rows: list[TimestepRow], timeout: float | None = None) -> None:
-        """Queue rows; returns at once unless the queue is full, then waits (back-pressure) up to
-        `timeout` (default `submit_timeout_s`) and raises WriterBackpressure."""
-        if not self._offer(rows, block=True, timeout=self.submit_timeout_s if timeout is None else timeout):
+    def submit(self, rows: Part, timeout: float | None = None) -> None:
+        """Queue rows (a TimestepRow list or a TokenBatch); returns at once unless the queue is full,
+        then waits (back-pressure) up to `timeout` (default `submit_timeout_s`) and raises
+        WriterBackpressure. The writer keeps a TokenBatch's arrays: do not change them afterwards."""
+        timeout = self.submit_timeout_s if timeout is None else timeout
+        if not self._offer(rows, block=True, timeout=timeout):
             raise WriterBackpressure(f"XDB writer queue full ({self._queued} rows) for {timeout} s")
 
-    def try_submit(self, rows: list[TimestepRow]) -> bool:
+    def try_submit(self, rows: Part) -> bool:
         """Queue rows only if there is room now; False when the queue is full."""
         return self._offer(rows, block=False, timeout=0.0)
 
-    async def asubmit(self, rows: list[TimestepRow], timeout: float | None = None) -> None:
+    async def asubmit(self, rows: Part, timeout: float | None = None) -> None:
         """`submit` for the event loop: never blocks it; a full queue is waited out in a thread."""
         if not self.try_submit(rows):
             await asyncio.to_thread(self.submit, rows, timeout)
 
-    def _offer(self, rows: list[TimestepRow], *, block: bool, timeout: float) -> bool:
-        if not rows:
+    def _offer(self, rows: Part, *, block: bool, timeout: float) -> bool:
+        if isinstance(rows, TokenBatch):
+            rows.check(self._k)
+        else:
+            rows = list(rows)
+            check_rows(rows, self._k)
+        n = len(rows)
+        if not n:
             return True
-        rows = list(rows)
-        check_rows(rows, self._k)
         deadline = time.monotonic() + timeout
         with self._cond:
             self._check_alive()
             # An oversized submit is still accepted into an empty queue, so it can never wait forever.
-            while self._queued and self._queued + len(rows) > self.max_queue_rows:
+            while self._queued and self._queued + n > self.max_queue_rows:
                 remaining = deadline - time.monotonic()
                 if not block or remaining <= 0:
                     return False
                 self._cond.wait(remaining)
                 self._check_alive()
-            was_empty = not self._pending
-            if was_empty:
+            if not self._pending:
                 self._oldest_at = time.monotonic()
             self._pending.append(rows)
-            self._queued += len(rows)
-            self._submitted += len(rows)
-            # The first row after idle starts the latency clock: the writer sleeps without a timeout.
-            if was_empty or self._queued >= self.batch_rows:
+            self._queued += n
+            self._submitted += n
+            if self._queued >= self.batch_rows:
                 self._cond.notify_all()
         return True
 
@@ -190,10 +238,11 @@ class Writer:
         except BaseException as exc:  # a dead writer must be loud, not silent
             log.exception("XDB writer stage failed")
             with self._cond:
-                self._error = exc
+                if self._error is None:  # the first failure is the cause; the other stage follows it
+                    self._error = exc
                 self._cond.notify_all()
 
-    def _take_batch(self) -> list[TimestepRow] | None:
+    def _take_batch(self) -> list[Part] | None:
         """Block until a batch is due; None when closing with nothing left."""
         with self._cond:
             while True:
@@ -210,45 +259,63 @@ class Writer:
                     return None
                 else:
                     self._cond.wait()
-            batch: list[TimestepRow] = []
-            while self._pending and len(batch) < self.batch_rows:
+            batch: list[Part] = []
+            size = 0
+            while self._pending and size < self.batch_rows:
                 head = self._pending.popleft()
-                need = self.batch_rows - len(batch)
+                need = self.batch_rows - size
                 if len(head) > need:
-                    self._pending.appendleft(head[need:])
-                    head = head[:need]
-                batch.extend(head)
-            self._queued -= len(batch)
-            self._taken += len(batch)
+                    head, rest = _split(head, need)
+                    self._pending.appendleft(rest)
+                batch.append(head)
+                size += len(head)
+            self._queued -= size
+            self._taken += size
             self._oldest_at = time.monotonic()  # the rest waited too, but never blocks a flush
             self._cond.notify_all()  # room for blocked submitters
             return batch
 
     def _audit_stage(self) -> None:
         try:
-            while (rows := self._take_batch()) is not None:
-                table, added = rows_to_arrow(rows, self._next_id, self._concepts, self._k)
-                self._next_id += len(rows)
-                self._audit.append(table, added)
-                self._hand_over((table.drop_columns(["steering"]), added))
+            while (parts := self._take_batch()) is not None:
+                table, added = to_arrow(parts, self._next_id, self._concepts, self._k)
+                self._next_id += table.num_rows
+                audited = _Audited()
+                # Handed on before hashing: the experience insert runs while the audit works.
+                if not self._hand_over((table.drop_columns(["steering"]), added, audited)):
+                    return
+                try:
+                    self._audit.append(table, added)
+                except BaseException:
+                    audited.set(False)
+                    raise
+                audited.set(True)
         finally:
             self._hand_over(None)
 
-    def _hand_over(self, item: tuple | None) -> None:
+    def _hand_over(self, item: tuple | None) -> bool:
         # A bounded hand-off, so a slow experience file slows the audit stage too (back-pressure);
         # it gives up if the experience stage has died.
         while True:
             try:
                 self._handoff.put(item, timeout=0.1)
-                return
+                return True
             except queue.Full:
-                if self._error is not None:
-                    return
+                if self._error is not None or not self._threads[1].is_alive():
+                    return False
 
     def _experience_stage(self) -> None:
         while (item := self._handoff.get()) is not None:
-            table, added = item
-            store_batch(self._conn, table, added)
+            table, added, audited = item
+            insert_batch(self._conn, table, added)
+            if not audited.wait():  # the audit stage failed on it (and reports why): never commit
+                self._conn.execute("ROLLBACK")
+                return
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
             with self._cond:
                 self.rows_written += table.num_rows
                 self._cond.notify_all()
