@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,12 @@ import httpx
 import openai
 import pytest
 
+from bench.server_process import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 AHC = str(Path(sys.executable).with_name("ahc"))
 TINY_MODEL = REPO / ".cache" / "models" / "tiny"
 API_KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
