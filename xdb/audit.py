@@ -80,6 +80,7 @@ class PreparedBatch:
     seq_start: int
     seq_end: int
     head: bytes
+    prev_checkpoint: bytes
     checkpoint: bytes
     concept_count: int
     concepts_head: bytes
@@ -93,7 +94,10 @@ class AuditReport:
 
 
 class AuditLog:
-    """Owned by the XDB writer: `append` runs on the writer thread, `verify` on any thread."""
+    """Owned by the XDB writer: `prepare` (hashing, Python) and `commit` (DuckDB) may run on two
+    threads, batches in the same order; `verify` runs on any thread. `prepare` moves the chain's
+    tip on at once, so the next batch can be hashed while this one is written; `committed_seq` is
+    where the file itself is."""
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, path: Path) -> None:
         self.conn = conn
@@ -107,6 +111,7 @@ class AuditLog:
             self.next_seq = head[0] + 1
             self.head, self.checkpoint_head = bytes(head[1]), bytes(head[2])
             self.concept_count, self.concepts_head = head[3], bytes(head[4])
+        self.committed_seq = self.next_seq
 
     @classmethod
     def open(cls, path: Path, *, read_only: bool = False) -> "AuditLog":
@@ -136,7 +141,7 @@ class AuditLog:
         self.commit(self.prepare(batch, new_concepts))
 
     def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> "PreparedBatch":
-        """Hash a batch onto the current chain head (Python work, nothing written yet)."""
+        """Hash a batch onto the chain's tip (Python work, nothing written yet) and move the tip on."""
         n = batch.num_rows
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
@@ -152,13 +157,17 @@ class AuditLog:
         concept_count = self.concept_count + len(new_concepts)
         ckpt = checkpoint_hash(self.checkpoint_head, self.next_seq, self.next_seq + n - 1, hashes[-1],
                                concept_count, concepts_head)
-        return PreparedBatch(records, concept_rows, self.next_seq, self.next_seq + n - 1, hashes[-1], ckpt,
-                             concept_count, concepts_head)
+        prepared = PreparedBatch(records, concept_rows, self.next_seq, self.next_seq + n - 1, hashes[-1],
+                                 self.checkpoint_head, ckpt, concept_count, concepts_head)
+        self.next_seq += n
+        self.head, self.checkpoint_head = hashes[-1], ckpt
+        self.concept_count, self.concepts_head = concept_count, concepts_head
+        return prepared
 
     def commit(self, p: "PreparedBatch") -> None:
         """Write a prepared batch, its concepts and its checkpoint in one transaction."""
-        if p.seq_start != self.next_seq:
-            raise RuntimeError(f"audit batch prepared for seq {p.seq_start}, the log is at {self.next_seq}")
+        if p.seq_start != self.committed_seq:
+            raise RuntimeError(f"audit batch prepared for seq {p.seq_start}, the file is at {self.committed_seq}")
         con = self.conn
         cols = ", ".join(RECORD_COLUMNS + ("prev_hash", "record_hash"))
         con.register("audit_batch", p.records)
@@ -175,7 +184,7 @@ class AuditLog:
                 con.execute(f"INSERT INTO audit_records ({cols}) SELECT {cols} FROM audit_batch")
                 con.execute("INSERT INTO audit_checkpoints VALUES (?, ?, ?, ?, ?, now(), ?, ?)",
                             [p.seq_start, p.seq_end, p.head, p.concept_count, p.concepts_head,
-                             self.checkpoint_head, p.checkpoint])
+                             p.prev_checkpoint, p.checkpoint])
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -184,9 +193,7 @@ class AuditLog:
             con.unregister("audit_batch")
             if p.concept_rows:
                 con.unregister("audit_new_concepts")
-        self.next_seq = p.seq_end + 1
-        self.head, self.checkpoint_head = p.head, p.checkpoint
-        self.concept_count, self.concepts_head = p.concept_count, p.concepts_head
+        self.committed_seq = p.seq_end + 1
 
     def last_timestep_id(self) -> int:
         row = self.conn.execute("SELECT max(timestep_id) FROM audit_records").fetchone()

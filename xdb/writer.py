@@ -2,9 +2,11 @@
 
 Generation never waits on disk: `submit` only appends to a deque under a lock (it blocks only when the
 queue is full — back-pressure — and raises after a timeout). It takes TimestepRow lists or, for a
-reply's tokens, a column-wise TokenBatch. Two stages, each a thread, so Python's work overlaps
+reply's tokens, a column-wise TokenBatch. Three stages, each a thread, so Python's work overlaps
 DuckDB's inserts (which release the GIL), and the two files' inserts overlap each other:
-    audit stage:      parts → one Arrow table, handed on at once → audit chain hashed and committed
+    prepare stage:    parts → one Arrow table, handed to the experience stage at once → audit chain
+                      hashed (the next batch is hashed while this one is written)
+    audit stage:      the hashed batch → audit file, committed
     experience stage: the same table → `timesteps`, inserted while the audit works, and committed
                       only once the audit has committed that batch (the audit is the write-ahead log)
 A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (250 ms),
@@ -96,8 +98,12 @@ class _Audited:
         self.ok = ok
         self._event.set()
 
-    def wait(self) -> bool:
-        self._event.wait()
+    def wait(self, failed: Callable[[], bool]) -> bool:
+        """True once the audit committed the batch; False if it failed, or `failed()` says a stage
+        died (so nothing would ever set it)."""
+        while not self._event.wait(0.1):
+            if failed():
+                return self._event.is_set() and self.ok
         return self.ok
 
 
@@ -139,15 +145,18 @@ class Writer:
         self._queued = 0          # rows in _pending
         self._oldest_at = 0.0     # monotonic time the oldest pending row arrived
         self._submitted = 0       # rows accepted since open
-        self._taken = 0           # rows the audit stage has taken off the queue
+        self._taken = 0           # rows the prepare stage has taken off the queue
         self._flush_target = 0    # rows that a waiting flush() needs taken now, not at the deadline
         self.rows_written = 0     # rows committed to the experience file since open
         self._closing = False
         self._error: BaseException | None = None
-        self._handoff: queue.Queue = queue.Queue(maxsize=2)
-        self._threads = [threading.Thread(target=self._run, args=(self._audit_stage,), name="xdb-audit", daemon=True),
-                         threading.Thread(target=self._run, args=(self._experience_stage,), name="xdb-writer",
-                                          daemon=True)]
+        # Bounded hand-offs, so a slow file slows the stages before it too (back-pressure).
+        self._to_audit: queue.Queue = queue.Queue(maxsize=2)
+        self._to_experience: queue.Queue = queue.Queue(maxsize=2)
+        stages = {"xdb-prepare": self._prepare_stage, "xdb-audit": self._audit_stage,
+                  "xdb-writer": self._experience_stage}
+        self._threads = [threading.Thread(target=self._run, args=(stage,), name=name, daemon=True)
+                         for name, stage in stages.items()]
         for t in self._threads:
             t.start()
 
@@ -275,40 +284,54 @@ class Writer:
             self._cond.notify_all()  # room for blocked submitters
             return batch
 
-    def _audit_stage(self) -> None:
+    def _prepare_stage(self) -> None:
         try:
             while (parts := self._take_batch()) is not None:
                 table, added = to_arrow(parts, self._next_id, self._concepts, self._k)
                 self._next_id += table.num_rows
                 audited = _Audited()
                 # Handed on before hashing: the experience insert runs while the audit works.
-                if not self._hand_over((table.drop_columns(["steering"]), added, audited)):
+                if not self._hand_over(self._to_experience, (table.drop_columns(["steering"]), added, audited)):
                     return
                 try:
-                    self._audit.append(table, added)
+                    prepared = self._audit.prepare(table, added)
                 except BaseException:
                     audited.set(False)
                     raise
-                audited.set(True)
+                if not self._hand_over(self._to_audit, (prepared, audited)):
+                    audited.set(False)
+                    return
         finally:
-            self._hand_over(None)
+            self._hand_over(self._to_audit, None)
+            self._hand_over(self._to_experience, None)
 
-    def _hand_over(self, item: tuple | None) -> bool:
-        # A bounded hand-off, so a slow experience file slows the audit stage too (back-pressure);
-        # it gives up if the experience stage has died.
+    def _audit_stage(self) -> None:
+        while (item := self._to_audit.get()) is not None:
+            prepared, audited = item
+            try:
+                self._audit.commit(prepared)
+            except BaseException:
+                audited.set(False)
+                raise
+            audited.set(True)
+
+    def _hand_over(self, to: queue.Queue, item: tuple | None) -> bool:
+        """Put on a hand-off queue, waiting while it is full; False (item dropped) once a stage has
+        failed, since then nobody may be taking."""
         while True:
             try:
-                self._handoff.put(item, timeout=0.1)
+                to.put(item, timeout=0.1)
                 return True
             except queue.Full:
-                if self._error is not None or not self._threads[1].is_alive():
+                if self._error is not None or not all(t.is_alive() for t in self._threads):
                     return False
 
     def _experience_stage(self) -> None:
-        while (item := self._handoff.get()) is not None:
+        while (item := self._to_experience.get()) is not None:
             table, added, audited = item
             insert_batch(self._conn, table, added)
-            if not audited.wait():  # the audit stage failed on it (and reports why): never commit
+            if not audited.wait(lambda: self._error is not None):
+                # The audit never got this batch (its stage says why): it must not exist here either.
                 self._conn.execute("ROLLBACK")
                 return
             try:
