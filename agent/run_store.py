@@ -1,0 +1,150 @@
+"""Where a run's history lives: `interaction_log` and `meta_knowledge` in XDB (seed 000's two tables).
+
+DuckDB allows one writing process per file and the server owns its XDB, so there are two ways in
+behind one small interface: `LocalRunStore` opens an XDB of its own under the run's data directory
+(the baseline policy, or any run without an AHC server), `HttpRunStore` goes through the server's
+`/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/agent_routes.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+Row = dict[str, Any]
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot be reached (server down, route missing); the message says which."""
+
+
+class RunStore(Protocol):
+    kind: str  # "local" or "http", for the report
+
+    def log_interaction(self, run_id: str, *, journal_entry: str | None, tool_call_json: str | None,
+                        tool_result_json: str | None, token_count: int | None) -> int: ...
+
+    def interactions(self, run_id: str, *, pattern: str | None = None, last: int | None = None) -> list[Row]: ...
+
+    def save_meta_knowledge(self, run_id: str, *, theorems_json: str | None, negative_knowledge: str | None,
+                            last_compacted_turn: int | None) -> int: ...
+
+    def meta_knowledge(self, run_id: str) -> Row | None: ...
+
+    def purge(self, run_id: str) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+def purge_run(xdb: Any, run_id: str) -> dict[str, int]:
+    """Delete a run's rows from both tables ("You know nothing": a fresh run starts from an empty
+    history). XDB has no delete for these tables, so this is the one place that issues it."""
+    deleted = {}
+    with xdb.cursor() as cur:
+        for table in ("interaction_log", "meta_knowledge"):
+            count = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+            cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            deleted[table] = int(count)
+    return deleted
+
+
+class LocalRunStore:
+    """An XDB of the run's own (a DuckDB file under --data-dir)."""
+
+    kind = "local"
+
+    def __init__(self, data_dir: Path | str) -> None:
+        from xdb import XDB
+
+        self.xdb = XDB.open(data_dir)
+
+    def log_interaction(self, run_id: str, **fields: Any) -> int:
+        return self.xdb.log_interaction(run_id, **fields)
+
+    def interactions(self, run_id: str, *, pattern: str | None = None, last: int | None = None) -> list[Row]:
+        return self.xdb.interactions(run_id, pattern=pattern, last=last)
+
+    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
+        return self.xdb.save_meta_knowledge(run_id, **fields)
+
+    def meta_knowledge(self, run_id: str) -> Row | None:
+        rows = self.xdb.meta_knowledge(run_id)
+        return rows[0] if rows else None
+
+    def purge(self, run_id: str) -> dict[str, int]:
+        return purge_run(self.xdb, run_id)
+
+    def close(self) -> None:
+        self.xdb.close()
+
+
+class HttpRunStore:
+    """The server's XDB through its agent routes."""
+
+    kind = "http"
+
+    def __init__(self, server_root: str, api_key: str | None = None, timeout: float = 30.0,
+                 client: httpx.Client | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # `client` lets tests pass an in-process one (Starlette's TestClient is an httpx.Client).
+        self.http = client or httpx.Client(base_url=server_root.rstrip("/"), headers=headers, timeout=timeout)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise StoreUnavailable(f"XDB route {path} unreachable: {exc}") from None
+        if response.status_code == 404:  # our routes never answer 404: the route itself is missing
+            raise StoreUnavailable(f"the server has no {path} route (not an AHC server with agent routes)")
+        if response.status_code >= 400:
+            error = _json_or_empty(response).get("error", {})
+            raise StoreUnavailable(f"{method} {path}: {response.status_code} {error.get('message', response.text[:200])}")
+        return response.json()
+
+    def probe(self, run_id: str) -> None:
+        """Raise StoreUnavailable unless the routes answer."""
+        self._call("GET", "/v1/xdb/interactions", params={"run_id": run_id, "last": 1})
+
+    def log_interaction(self, run_id: str, **fields: Any) -> int:
+        return self._call("POST", "/v1/xdb/interactions", json={"run_id": run_id, **fields})["turn_id"]
+
+    def interactions(self, run_id: str, *, pattern: str | None = None, last: int | None = None) -> list[Row]:
+        params = {k: v for k, v in (("run_id", run_id), ("pattern", pattern), ("last", last)) if v is not None}
+        return self._call("GET", "/v1/xdb/interactions", params=params)["data"]
+
+    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
+        return self._call("POST", "/v1/xdb/meta_knowledge", json={"run_id": run_id, **fields})["version_id"]
+
+    def meta_knowledge(self, run_id: str) -> Row | None:
+        rows = self._call("GET", "/v1/xdb/meta_knowledge", params={"run_id": run_id})["data"]
+        return rows[0] if rows else None
+
+    def purge(self, run_id: str) -> dict[str, int]:
+        return self._call("DELETE", f"/v1/xdb/runs/{run_id}")["deleted"]
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _json_or_empty(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def store_for(server_root: str | None, api_key: str | None, data_dir: Path, run_id: str) -> RunStore:
+    """The server's XDB when it has the agent routes, else a local XDB under `data_dir / "xdb"` (a
+    plain vLLM server, or an AHC server without them). A server that is down is the caller's error
+    to report; this only decides where the rows go."""
+    if server_root:
+        remote = HttpRunStore(server_root, api_key)
+        try:
+            remote.probe(run_id)
+            return remote
+        except StoreUnavailable:
+            remote.close()
+    return LocalRunStore(Path(data_dir) / "xdb")
