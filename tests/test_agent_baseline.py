@@ -1,0 +1,127 @@
+"""The baseline experimenter and the loop around it, without a model: experiment design, the bundled
+rules solved in at most two experiments, the report, and `ahc discover`'s command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.evidence import Evidence
+from agent.loop import DiscoveryRun, RunConfig
+from agent.policies.baseline import BaselinePolicy, table_laws
+from agent.rings import coverage_ring, pair_counts
+from agent.run_store import LocalRunStore
+from universe import Harness, bundled_rules, load_rule
+from universe.rule import random_rule
+
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = ["rule", "policy", "solved", "accuracy", "predictions_checked", "experiments", "cells_observed",
+                "turns", "compactions", "theory"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    store = LocalRunStore(tmp_path_factory.mktemp("runs") / "xdb")
+    yield store
+    store.close()
+
+
+def run_baseline(rule, data_dir: Path, store, **config) -> tuple[dict, DiscoveryRun]:
+    run = DiscoveryRun(RunConfig(data_dir, **config), rule, BaselinePolicy(), store)
+    return run.run(), run
+
+
+@pytest.mark.parametrize("modulus", [1, 2, 3, 6, 64])
+def test_coverage_ring_holds_every_window_at_every_phase_once(modulus: int) -> None:
+    ring = coverage_ring(modulus)
+    assert len(ring) == 64 * modulus
+    assert (pair_counts(ring, modulus) == 1).all()
+
+
+def test_one_128_cell_ring_learns_a_period_2_table() -> None:
+    rule = load_rule("mirror2")
+    ring = coverage_ring(2)
+    result = Harness(rule).run_prediction(ring, "_" * len(ring))
+    evidence = Evidence()
+    evidence.add_result("run_prediction", {"state_t0": ring, "predicted_t1": "_" * 128}, result)
+    assert not evidence.view(1).consistent  # the two classes differ: period 1 is ruled out
+    view = evidence.view(2)
+    assert view.complete and view.consistent and view.table() == list(rule.table)
+
+
+@pytest.mark.parametrize("name", bundled_rules())
+def test_baseline_solves_every_bundled_rule_in_two_experiments(name: str, tmp_path: Path, store) -> None:
+    rule = load_rule(name)
+    summary, run = run_baseline(rule, tmp_path, store)
+    assert list(summary) == SUMMARY_KEYS
+    assert summary["solved"] and summary["accuracy"] == 1.0
+    assert summary["experiments"] <= 2
+    assert summary["theory"] == {"period": rule.period, "table": list(rule.table)}
+    # Formalised on the way: the verified table is a stored theorem, snapshotted in meta_knowledge.
+    latest = store.meta_knowledge(run.run_id)
+    assert json.loads(latest["theorems_json"])[0]["name"] == f"transition table, period {rule.period}"
+    assert (run.run_dir / "report.md").read_text().count("solved") >= 1
+    assert (run.run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_baseline_finds_a_period_it_was_not_designed_for(tmp_path: Path, store) -> None:
+    rule = random_rule(5, np.random.default_rng(5))
+    summary, _ = run_baseline(rule, tmp_path, store, max_turns=12)
+    assert summary["solved"] and summary["theory"]["period"] == 5
+
+
+def test_a_wrong_table_fails_its_verification_laws() -> None:
+    rule = load_rule("turnstile3")
+    table = list(rule.table)
+    table[1] = table[2][:5] + ("K" if table[1][5] != "K" else "A") + table[2][6:]
+    verdicts = Harness(rule).evaluate_laws(table_laws(table))["results"]
+    assert [v["status"] for v in verdicts] == ["PASS", "FAIL", "PASS"]
+
+
+def test_turn_budget_ends_an_unsolved_run(tmp_path: Path, store) -> None:
+    summary, run = run_baseline(load_rule("turnstile3"), tmp_path, store, max_turns=1)
+    assert summary["turns"] == 1 and not summary["solved"] and summary["accuracy"] == 0.0
+    assert summary["theory"]["period"] == 3  # its best guess so far, though never submitted
+    # Resuming with a bigger budget continues from turn 2 and solves it.
+    summary, run = run_baseline(load_rule("turnstile3"), tmp_path, store, max_turns=6)
+    assert summary["solved"] and summary["turns"] == 3 and run.ckpt.turn_attempts == [1, 2, 2]
+
+
+def test_compaction_moves_the_journal_into_negative_knowledge(tmp_path: Path, store) -> None:
+    rule = random_rule(4, np.random.default_rng(4))
+    summary, run = run_baseline(rule, tmp_path, store, compaction_tokens=50, max_turns=12)
+    assert summary["solved"] and summary["compactions"] >= 1
+    latest = store.meta_knowledge(run.run_id)
+    assert latest["last_compacted_turn"] >= 1 and "Periods ruled out: 1" in latest["negative_knowledge"]
+
+
+def discover(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def test_discover_json_ends_with_the_summary(tmp_path: Path) -> None:
+    done = discover("--rule", "kinetic", "--policy", "baseline", "--data-dir", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(summary) == SUMMARY_KEYS and summary["solved"] and summary["experiments"] == 2
+    assert (tmp_path / "kinetic-baseline-seed0" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--rule", "no-such-rule"], 1, "no rule file or bundled rule named 'no-such-rule'"),
+    (["--policy", "llm", "--base-url", "http://127.0.0.1:9/v1"], 1, "no model server at http://127.0.0.1:9/v1"),
+    (["--policy", "oracle"], 2, "oracle"),
+    (["--max-turns", "0"], 2, "max-turns"),
+])
+def test_discover_usage_and_failures(args: list[str], code: int, message: str, tmp_path: Path) -> None:
+    done = discover(*args, "--data-dir", str(tmp_path))
+    assert done.returncode == code
+    assert message in done.stderr
+    if code == 1:
+        assert len(done.stderr.strip().splitlines()) == 1
