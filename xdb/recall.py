@@ -229,10 +229,10 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
     return sql, params * len(kinds)
 
 
-def fetch_query(ids: list[int]) -> str:
-    """The recalled rows, oldest first; the id range lets zone maps skip every other row group."""
-    return (f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id BETWEEN {min(ids)} AND {max(ids)} "
-            f"AND id IN ({_ints(ids)}) ORDER BY id")
+def rows_query(ids_sql: str) -> str:
+    """The matched rows themselves, oldest first. The semi-join pushes the matched ids' min and max
+    into the scan, so zone maps skip every row group outside them."""
+    return f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id IN ({ids_sql}) ORDER BY id"
 
 
 def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int, str]) -> dict[int, list[str]]:
@@ -284,15 +284,13 @@ def to_record(row: tuple, concepts: ConceptIndex, tags: list[str]) -> dict[str, 
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
            tag_cache: TagCache | None = None) -> list[dict[str, Any]]:
-    """The matches' ids first (light columns only), then those rows, then their tags."""
+    """The matches' ids (light columns only), then those rows, in one query; then their tags."""
     tag_cache = tag_cache or TagCache()
     tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
     query = build_query(filters, concepts, tag_ids, kinds)
     if query is None:
         return []
-    ids = [i for (i,) in cur.execute(*query).fetchall()]
-    if not ids:
-        return []
-    rows = cur.execute(fetch_query(ids)).fetchall()
+    ids_sql, params = query
+    rows = cur.execute(rows_query(ids_sql), params).fetchall()
     tags = tags_for(cur, rows, tag_cache.names(cur))
     return [to_record(r, concepts, tags.get(r[0], [])) for r in rows]
