@@ -252,7 +252,15 @@ def to_arrow(parts: list[list[TimestepRow] | TokenBatch], first_id: int, concept
              k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
     """One Arrow table for a writer batch made of TimestepRow lists and TokenBatches, ids in order."""
     tables, added = [], []
-    for part in parts:
+    runs: list[list[TimestepRow] | TokenBatch] = []
+    for part in parts:  # consecutive row lists convert as one
+        if isinstance(part, TokenBatch):
+            runs.append(part)
+        elif runs and not isinstance(runs[-1], TokenBatch):
+            runs[-1].extend(part)
+        else:
+            runs.append(list(part))
+    for part in runs:
         convert = batch_to_arrow if isinstance(part, TokenBatch) else rows_to_arrow
         table, new = convert(part, first_id, concepts, k)
         first_id += table.num_rows
