@@ -37,6 +37,7 @@ class ChatHooks:
     admit: Callable[[Prepared, dict[str, Any]], Any]  # async VRAM admission -> Prepared; raises GovernorRejected
     on_prepared: Callable[[Prepared], None]  # metrics and input recording
     on_reply: Callable[[Prepared, dict[str, Any] | None], None]  # tool-call recording
+    flush: Callable[[], Any]  # async: everything recorded so far is committed
 
 
 def install_chat_route(app: FastAPI, hooks: ChatHooks) -> None:
@@ -150,6 +151,8 @@ async def finish_json(response: Response | None, prepared: Prepared, hooks: Chat
     data["context"] = report_of(prepared)
     reply = data["choices"][0]["message"] if data.get("choices") else None
     hooks.on_reply(prepared, reply)
+    if reply and reply.get("tool_calls"):
+        await hooks.flush()  # like the tokens, the calls are durable before the response
     await settle(hooks.orchestrator.complete(prepared, reply))
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
     return JSONResponse(data, status_code=200, headers=headers)
@@ -171,6 +174,8 @@ async def stream_with_report(chunks: AsyncIterator[str | bytes], prepared: Prepa
                     settled = True
                     reply = accumulator.message() if accumulator.finished else None
                     hooks.on_reply(prepared, reply)
+                    if reply and reply.get("tool_calls"):
+                        await hooks.flush()
                     await settle(hooks.orchestrator.complete(prepared, reply))
                 elif payload:
                     data = json.loads(payload)

@@ -26,7 +26,11 @@ class Services:
 
     def hooks(self) -> ChatHooks:
         return ChatHooks(orchestrator=self.orchestrator, admit=self.admit, on_prepared=self.on_prepared,
-                         on_reply=self.on_reply)
+                         on_reply=self.on_reply, flush=self.flush)
+
+    async def flush(self) -> None:
+        if self.recorder is not None:
+            await self.recorder.aflush()
 
     async def admit(self, prepared: Prepared, body: dict[str, Any]) -> Prepared:
         """VRAM admission; may replace the prepared request by a compacted one."""
