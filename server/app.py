@@ -11,6 +11,7 @@ from ahc.config import AHCConfig
 from server.auth import ApiKeyMiddleware
 from server.chat_route import install_chat_route
 from server.context_routes import context_router
+from server.agent_routes import agent_router
 from server.xdb_routes import xdb_router
 from server.error_shape import ErrorShapeMiddleware
 from server.metrics import AHCMetrics
@@ -29,6 +30,7 @@ def build_app(config: AHCConfig, args: Namespace, supported_tasks: tuple, model_
     install_chat_route(app, services.hooks())
     if xdb is not None:
         app.include_router(xdb_router(xdb))
+        app.include_router(agent_router(xdb))
     if services.orchestrator.retriever is not None:
         app.include_router(context_router(services.orchestrator.retriever))
     metrics.attach(get_prometheus_registry())
