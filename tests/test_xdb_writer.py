@@ -170,3 +170,28 @@ def test_recall_tag_paths_combine_with_filters_and_dedupe(tmp_path: Path) -> Non
         assert tags == {"a0": [], "a1": ["hot"], "a2": ["hot"], "a3": [], "b0": ["hot"], "b1": ["hot"],
                         "b2": ["cold", "hot"]}
         assert [r["content"] for r in xdb.recall(tags=["hot"], event_types=["input"])] == []
+
+
+def test_a_batch_the_experience_file_refuses_is_replayed_from_the_audit(tmp_path: Path, monkeypatch) -> None:
+    import xdb.writer as writer
+
+    with XDB.open(tmp_path / "x") as xdb:
+        xdb.writer.submit(token_batch(xdb, "s", ["kept"], "r0"))
+        xdb.writer.flush()
+        real = writer.insert_batch
+
+        def refuse(conn, table, added):
+            raise OSError("experience disk full")
+
+        monkeypatch.setattr(writer, "insert_batch", refuse)
+        xdb.writer.submit(token_batch(xdb, "s", ["late", "too"], "r1", index=[[0], [1]], values=[[0.5], [0.25]]))
+        with pytest.raises(WriterStopped, match="experience disk full"):
+            xdb.writer.flush(timeout=10)
+        monkeypatch.setattr(writer, "insert_batch", real)
+        with pytest.raises(WriterStopped):
+            xdb.close()
+    with XDB.open(tmp_path / "x") as xdb:  # the audit committed it: the open replays it
+        rows = xdb.recall(session_id="s")
+        assert [r["content"] for r in rows] == ["kept", "late", "too"]
+        assert rows[1]["concept_activations"] == {"joy": 0.5} and rows[2]["concept_activations"] == {"fear": 0.25}
+        assert xdb.verify_audit().ok

@@ -247,7 +247,7 @@ class Writer:
         except BaseException as exc:  # a dead writer must be loud, not silent
             log.exception("XDB writer stage failed")
             with self._cond:
-                if self._error is None:  # the first failure is the cause; the other stage follows it
+                if self._error is None:  # the first failure is the cause; the other stages follow it
                     self._error = exc
                 self._cond.notify_all()
 
