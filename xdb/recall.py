@@ -238,7 +238,7 @@ def rows_query(ids_sql: str) -> str:
 def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int, str]) -> dict[int, list[str]]:
     """Tag names (sorted) per recalled row. An application carries the session of the timesteps it
     reaches (tags.resolve_target sets it), so only the recalled sessions' applications are read
-    (and any without a session), and they are matched to the rows here."""
+    (and any without a session), bounded by the rows' ids and ticks, and matched to the rows here."""
     if not rows:
         return {}
     sessions = sorted({r[1] for r in rows})
@@ -246,8 +246,12 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int,
     where = "session_id = ?" if len(sessions) == 1 else f"session_id IN ({_strings(sessions, params)})"
     if len(sessions) == 1:
         params.append(sessions[0])
-    apps = cur.execute("SELECT target_type, timestep_id, event_id, session_id, range_start, range_end, tag_id "
-                       f"FROM tag_applications WHERE {where} OR session_id IS NULL", params).fetchall()
+    ids, ticks = [r[0] for r in rows], [r[2] for r in rows]
+    apps = cur.execute(f"""
+        SELECT target_type, timestep_id, event_id, session_id, range_start, range_end, tag_id
+        FROM tag_applications WHERE ({where} OR session_id IS NULL)
+        AND (target_type = 'event' OR timestep_id BETWEEN {min(ids)} AND {max(ids)}
+             OR (range_end >= {min(ticks)} AND range_start <= {max(ticks)}))""", params).fetchall()
     if not apps:
         return {}
     by_id: dict[int, set[str]] = {}
