@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.checkpoint import Checkpoint
@@ -27,12 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 TURNS = 6
 
 
-def has_agent_routes(server) -> bool:
-    """Whether this server mounts server/agent_routes.py (then the run's rows live in its XDB)."""
-    with server.http() as http:
-        return http.get("/v1/xdb/interactions", params={"run_id": "probe"}).status_code == 200
-
-
 def test_llm_policy_runs_turns_end_to_end(server, tmp_path: Path, no_whitespace_bias: dict) -> None:
     config = LLMConfig(base_url=f"{server.base_url}/v1", api_key=server.api_key, tool_choice="required",
                        logit_bias=no_whitespace_bias, seed=7)
@@ -41,7 +34,7 @@ def test_llm_policy_runs_turns_end_to_end(server, tmp_path: Path, no_whitespace_
     assert policy.prompt_size == "minimal" and policy.context_window == 2048
     run_id = run_id_for("kinetic", "llm", 0)
     store = store_for(server.base_url, server.api_key, tmp_path, run_id)
-    assert store.kind == ("http" if has_agent_routes(server) else "local")
+    assert store.kind == "http"  # the server's agent routes: its XDB holds the run's rows
     try:
         run = DiscoveryRun(RunConfig(tmp_path, max_turns=TURNS, compaction_tokens=150), load_rule("kinetic"),
                            policy, store)
@@ -111,7 +104,9 @@ def test_a_killed_run_resumes_from_its_last_completed_turn(server, tmp_path: Pat
     assert ckpt.attempt == 2 and ckpt.turn_attempts == [1] * killed_at + [2, 2]
     # The resumed turns were logged, and the run's valid rows name each turn once or more, none twice
     # from different attempts.
-    rows = _rows(server, tmp_path, ckpt)
+    assert ckpt.store == "http"
+    with server.http() as http:
+        rows = http.get("/v1/xdb/interactions", params={"run_id": ckpt.run_id}).json()["data"]
     valid = [json.loads(r["tool_call_json"]) for r in rows if ckpt.valid_row(r)]
     assert sorted({c["turn"] for c in valid}) == list(range(1, killed_at + 3))
     assert all(c["attempt"] == ckpt.turn_attempts[c["turn"] - 1] for c in valid)
@@ -122,16 +117,3 @@ def _try_load(run_dir: Path) -> Checkpoint | None:
         return Checkpoint.load(run_dir)
     except ValueError:
         return None
-
-
-def _rows(server, data_dir: Path, ckpt: Checkpoint) -> list[dict]:
-    if ckpt.store == "http":
-        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"}) as http:
-            return http.get("/v1/xdb/interactions", params={"run_id": ckpt.run_id}).json()["data"]
-    from agent.run_store import LocalRunStore
-
-    store = LocalRunStore(data_dir / "xdb")
-    try:
-        return store.interactions(ckpt.run_id)
-    finally:
-        store.close()
