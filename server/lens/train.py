@@ -1,0 +1,204 @@
+"""Build a lens pack from labelled example texts.
+
+Examples file (JSON):
+
+    {"concepts": [{"id": "motion", "name": "Motion"},
+                  {"id": "motion-right", "name": "Moving right", "parent": "motion",
+                   "examples": ["the block moves right", ...]}, ...]}
+
+A concept without examples of its own (a parent) takes the union of its descendants' examples.
+Each text's feature is the mean over its tokens of the hidden state at `layer` (transformers'
+`output_hidden_states` index) from a CPU float32 forward.
+
+`means`: w = d / |d|², d = mean(concept texts) − mean(all other texts), b = −w·(midpoint), so a
+text at the concept mean scores +0.5 and one at the others' mean −0.5.
+`logistic`: a one-vs-rest L2-regularised logistic probe per concept (torch L-BFGS on standardised
+features, folded back into raw hidden-state space); the activation is the probe's logit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from server.lens.pack import LensPack, model_fingerprint
+
+METHODS = ("means", "logistic")
+
+
+@dataclass
+class ConceptExamples:
+    id: str
+    name: str
+    parent: Optional[str]
+    examples: list[str]
+
+
+def load_examples(path: str | Path) -> list[ConceptExamples]:
+    """Read and check an examples file; ValueError names the bad field."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"examples file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{p}: not JSON ({exc})") from None
+    concepts = data.get("concepts") if isinstance(data, dict) else None
+    if not isinstance(concepts, list) or not concepts:
+        raise ValueError(f"{p}: concepts: must be a non-empty list")
+    out: list[ConceptExamples] = []
+    for i, c in enumerate(concepts):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), str):
+            raise ValueError(f"{p}: concepts[{i}].id: must be a string")
+        examples = c.get("examples", [])
+        if not isinstance(examples, list) or not all(isinstance(t, str) and t.strip() for t in examples):
+            raise ValueError(f"{p}: concepts[{i}].examples: must be a list of non-empty strings")
+        parent = c.get("parent")
+        if parent is not None and not isinstance(parent, str):
+            raise ValueError(f"{p}: concepts[{i}].parent: must be a concept id or null")
+        out.append(ConceptExamples(c["id"], str(c.get("name") or c["id"]), parent, list(examples)))
+    return out
+
+
+def concept_members(concepts: Sequence[ConceptExamples]) -> tuple[list[str], list[list[int]]]:
+    """All distinct texts, and per concept the indices of its texts (own plus descendants')."""
+    texts: list[str] = []
+    index: dict[str, int] = {}
+    own: dict[str, set[int]] = {}
+    for c in concepts:
+        own[c.id] = set()
+        for t in c.examples:
+            if t not in index:
+                index[t] = len(texts)
+                texts.append(t)
+            own[c.id].add(index[t])
+    children: dict[str, list[str]] = {}
+    for c in concepts:
+        if c.parent is not None:
+            children.setdefault(c.parent, []).append(c.id)
+
+    def collect(cid: str, seen: frozenset) -> set[int]:
+        if cid in seen:
+            raise ValueError(f"parents: cycle through {cid!r}")
+        result = set(own.get(cid, ()))
+        for child in children.get(cid, []):
+            result |= collect(child, seen | {cid})
+        return result
+
+    members = [sorted(collect(c.id, frozenset())) for c in concepts]
+    for c, m in zip(concepts, members):
+        if not m:
+            raise ValueError(f"examples: concept {c.id!r} has no examples (nor children with any)")
+    for c, m in zip(concepts, members):
+        if len(m) == len(texts):
+            raise ValueError(f"examples: concept {c.id!r} covers every text; nothing to contrast with")
+    return texts, members
+
+
+def text_features(model_dir: str | Path, texts: Sequence[str], layer: int,
+                  batch_size: int = 16) -> np.ndarray:
+    """[len(texts), hidden] float32: per text, the mean over its tokens of hidden_states[layer]."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    n_layers = model.config.get_text_config().num_hidden_layers
+    if not 0 <= layer <= n_layers:
+        raise ValueError(f"layer: must be in 0..{n_layers} for this model, got {layer}")
+    feats = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(list(texts[start:start + batch_size]), return_tensors="pt", padding=True)
+            out = model(**batch, output_hidden_states=True, use_cache=False)
+            h = out.hidden_states[layer].to(torch.float32)
+            mask = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
+            feats.append((h * mask).sum(1) / mask.sum(1).clamp(min=1))
+    return torch.cat(feats).numpy().astype(np.float32)
+
+
+def fit_means(features: np.ndarray, members: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Difference of class means, scaled so the concept mean scores +0.5 and the rest's −0.5."""
+    x = np.asarray(features, dtype=np.float64)
+    directions, biases = [], []
+    for m in members:
+        inside = np.zeros(len(x), dtype=bool)
+        inside[list(m)] = True
+        mu_in, mu_out = x[inside].mean(0), x[~inside].mean(0)
+        d = mu_in - mu_out
+        norm2 = float(d @ d)
+        w = d / norm2 if norm2 > 0 else d
+        directions.append(w)
+        biases.append(-float(w @ (mu_in + mu_out) / 2))
+    return np.asarray(directions, dtype=np.float32), np.asarray(biases, dtype=np.float32)
+
+
+def fit_logistic(features: np.ndarray, members: Sequence[Sequence[int]], l2: float = 1e-2,
+                 iterations: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """One-vs-rest logistic probes (class-balanced, L2 on the standardised weights)."""
+    import torch
+
+    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
+    mean, std = x.mean(0), x.std(0, unbiased=False).clamp(min=1e-8)
+    z = (x - mean) / std
+    directions, biases = [], []
+    for m in members:
+        y = torch.zeros(len(x), dtype=torch.float64)
+        y[list(m)] = 1.0
+        pos = float(y.sum())
+        weight = torch.where(y > 0, 0.5 / pos, 0.5 / (len(y) - pos))
+        w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
+        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], max_iter=iterations, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            logits = z @ w + b
+            loss = (weight * torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, y, reduction="none")).sum() + l2 * (w @ w)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            raw_w = w / std
+            directions.append(raw_w.numpy())
+            biases.append(float(b - raw_w @ mean))
+    return np.asarray(directions, dtype=np.float32), np.asarray(biases, dtype=np.float32)
+
+
+def fit(features: np.ndarray, members: Sequence[Sequence[int]], method: str = "means"):
+    if method == "means":
+        return fit_means(features, members)
+    if method == "logistic":
+        return fit_logistic(features, members)
+    raise ValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExamples], layer: int,
+               method: str = "means") -> LensPack:
+    """Compute features on the CPU with transformers and fit one direction per concept."""
+    if method not in METHODS:
+        raise ValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+    concepts = load_examples(examples) if isinstance(examples, (str, Path)) else list(examples)
+    fingerprint = model_fingerprint(model_dir)
+    if not 0 <= layer <= fingerprint["num_layers"]:
+        raise ValueError(f"layer: must be in 0..{fingerprint['num_layers']} for this model, got {layer}")
+    texts, members = concept_members(concepts)
+    features = text_features(model_dir, texts, layer)
+    directions, biases = fit(features, members, method)
+    parents = [c.parent for c in concepts]
+    extra: dict[str, Any] = {"examples": {c.id: len(m) for c, m in zip(concepts, members)},
+                             "features": "mean over tokens"}
+    return LensPack(concept_ids=[c.id for c in concepts], names=[c.name for c in concepts], layer=layer,
+                    directions=directions, biases=biases, model=fingerprint,
+                    parents=parents if any(p is not None for p in parents) else None,
+                    method=method, extra=extra)
