@@ -7,11 +7,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ahc-$(EXTRAS)-installed
 TINY := .cache/models/tiny/model.safetensors
+TINY_LENS := .cache/lenses/tiny-demo/lens.json
 CONFIG ?= configs/cpu-tiny.yaml
 
 .PHONY: setup run test bench clean
 
-setup: $(STAMP) $(TINY)
+setup: $(STAMP) $(TINY) $(TINY_LENS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,10 @@ endif
 
 $(TINY): | $(STAMP)
 	$(BIN)/ahc tiny-model .cache/models/tiny
+
+$(TINY_LENS): $(TINY)
+	$(BIN)/ahc lens train --model .cache/models/tiny --examples configs/lenses/tiny-demo/examples.json \
+		--layer 1 --out .cache/lenses/tiny-demo
 
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
