@@ -63,6 +63,15 @@ class OrchestratorConfig(_Strict):
     retry_after_s: int = Field(2, gt=0)
 
 
+class XDBConfig(_Strict):
+    """The experience database's storage manager (SPEC §5)."""
+
+    # Over this many bytes the oldest cold records are compressed (None: keep everything verbatim).
+    quota_bytes: int | None = Field(None, gt=0)
+    quota_check_s: float = Field(60.0, gt=0)
+    summary_max_tokens: int = Field(96, gt=0)
+
+
 class AHCConfig(_Strict):
     model: str = ".cache/models/tiny"
     served_model_name: str | None = None
@@ -73,6 +82,7 @@ class AHCConfig(_Strict):
     log_level: str = "info"
     engine: EngineConfig = Field(default_factory=EngineConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    xdb: XDBConfig = Field(default_factory=XDBConfig)
 
     @property
     def model_name(self) -> str:

@@ -6,6 +6,7 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +15,9 @@ from ahc.config import AHCConfig
 from ahc.config import resolve_path
 from orchestrator.retrieval import CodexIndex, CodexRetriever
 from orchestrator.session import SessionStore
+from server.hidden_calls import HiddenCaller
 from server.recorder import Recorder
+from server.storage_manager import enforce_quota_forever, model_summarizer
 from server.recording_engine import RecordingEngine
 from xdb import XDB
 from server.app import build_app
@@ -40,10 +43,11 @@ async def serve(config: AHCConfig) -> None:
     metrics = AHCMetrics()
     data_dir = Path(resolve_path(config.data_dir))
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
-    xdb = XDB.open(data_dir, on_commit=metrics.xdb_rows_written.inc)
+    xdb = XDB.open(data_dir, on_commit=metrics.xdb_rows_written.inc, quota_bytes=config.xdb.quota_bytes)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
     engine = None
+    quota_task: asyncio.Task | None = None
     try:
         usage = UsageContext.OPENAI_API_SERVER
         vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
@@ -61,16 +65,24 @@ async def serve(config: AHCConfig) -> None:
                                 lambda sid, state: background.submit(xdb.save_session_state, sid, state))
         services = build_services(config, engine, tokenizer, metrics, sessions, retriever)
         services.recorder = Recorder(xdb, tokenizer, background)
+        hidden = HiddenCaller(engine, tokenizer, config.engine.max_model_len)
+        xdb.summarize = model_summarizer(hidden, asyncio.get_running_loop(), config.xdb.summary_max_tokens)
+        if config.xdb.quota_bytes is not None:
+            quota_task = asyncio.create_task(enforce_quota_forever(xdb, config.xdb.quota_check_s))
         app = build_app(config, args, supported_tasks, engine.model_config, metrics, services, xdb)
         await init_app_state(RecordingEngine(engine, services.recorder), app.state, args, supported_tasks)
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
             access_log=False, timeout_keep_alive=5,
         )
+        if quota_task is not None:
+            quota_task.cancel()
         engine.shutdown(timeout=config.engine.shutdown_timeout)  # in-flight requests have drained
         engine = None
         await shutdown
     finally:
+        if quota_task is not None:
+            quota_task.cancel()
         if engine is not None:
             engine.shutdown(timeout=config.engine.shutdown_timeout)
         background.shutdown(wait=True)

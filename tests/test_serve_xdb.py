@@ -128,3 +128,13 @@ def test_kill_9_keeps_completed_replies_and_sessions_resume(tmp_path: Path) -> N
     ahc = str(Path(sys.executable).with_name("ahc"))
     verify = subprocess.run([ahc, "xdb", "verify-audit", "--data-dir", str(data)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
+
+
+def test_compaction_through_the_api_summarises_with_the_served_model(server, client, model_name) -> None:
+    client.chat.completions.create(model=model_name, max_tokens=6, messages=[{"role": "user", "content": "compact me"}],
+                                   extra_body={"context": {"session_id": "xdb-compact"}})
+    with server.http() as http:
+        response = http.post("/v1/xdb/compact", json={"session_id": "xdb-compact"}, timeout=300)
+    assert response.status_code == 200, response.text
+    record = response.json()["compaction"]
+    assert record is not None and record["summary"].strip()

@@ -1,0 +1,38 @@
+"""The XDB storage manager in the server: over the byte quota, compress the oldest cold records.
+
+It runs in a worker thread every `quota_check_s`; compression summaries come from the served model
+through a hidden call (the worker thread hands the coroutine to the server's event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from server.hidden_calls import HiddenCaller
+
+log = logging.getLogger("ahc.xdb.storage")
+
+SUMMARY_INSTRUCTION = "Summarise these recorded agent events in a few factual sentences. Keep numbers and names."
+
+
+def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_tokens: int) -> Callable[[str], str]:
+    def summarize(text: str) -> str:
+        messages = [{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": text}]
+        future = asyncio.run_coroutine_threadsafe(hidden.summarize(messages, max_tokens), loop)
+        return future.result(timeout=300)
+
+    return summarize
+
+
+async def enforce_quota_forever(xdb: Any, every_s: float) -> None:
+    """Until cancelled (at shutdown): bring XDB within its quota, then sleep."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            report = await asyncio.to_thread(xdb.compact)
+        except Exception:  # a failed pass must not stop the next; it is logged loudly
+            log.exception("XDB storage manager pass failed")
+            continue
+        log.debug("XDB storage manager pass: %s", report)
