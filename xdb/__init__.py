@@ -7,6 +7,7 @@ The interface the server uses:
     xdb = XDB.open(data_dir, quota_bytes=None, summarize=None, on_commit=None)
         # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
         # file raises ValueError and is never reset. read_only=True opens for reading only.
+        # threads= DuckDB threads for the experience file (default: a quarter of the cores, >= 1).
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
     xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; blocks when full, raises WriterBackpressure
     await xdb.writer.asubmit(rows)                   # never blocks the event loop

@@ -7,6 +7,7 @@ of it (a cursor is its own DuckDB connection on the same database, safe to use f
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,15 @@ from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 EXPERIENCE_FILE = "experience.duckdb"
 AUDIT_FILE = Path("audit") / "audit.duckdb"
+
+
+def default_threads() -> int:
+    """DuckDB threads for the experience file: a quarter of the cores, at least one. The writer
+    already overlaps its own three stages, and the process serves a model besides; DuckDB's
+    parallelism on top of that costs more CPU than it saves (on 2 cores, one DuckDB thread inserts
+    at half the CPU of two and answers the benchmark's recalls faster), while a big machine keeps
+    several for the scans no zone map can prune."""
+    return max(1, (os.cpu_count() or 1) // 4)
 
 
 class XDB:
@@ -45,16 +55,18 @@ class XDB:
              on_commit: Callable[[int], None] | None = None, warm_quota_bytes: int | None = None,
              hot_seconds: float = 3600.0, max_document_bytes: int = documents.DEFAULT_MAX_DOCUMENT_BYTES,
              batch_rows: int = 50_000, max_latency_s: float = 0.25, max_queue_rows: int = 1_000_000,
-             submit_timeout_s: float = 30.0) -> "XDB":
+             submit_timeout_s: float = 30.0, threads: int | None = None) -> "XDB":
         """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb.
         A corrupt or foreign file raises ValueError and is left untouched. `read_only` opens the
-        experience file alone, for reading (`ahc xdb recall`), with no writer."""
+        experience file alone, for reading (`ahc xdb recall`), with no writer. `threads`: DuckDB's
+        threads for the experience file (default `default_threads()`)."""
         data_dir = Path(data_dir)
         if not read_only:
             data_dir.mkdir(parents=True, exist_ok=True)
         conn = open_experience(data_dir / EXPERIENCE_FILE, read_only=read_only)
         audit = writer = None
         try:
+            conn.execute(f"SET threads = {int(threads or default_threads())}")
             if not read_only:
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)
