@@ -195,3 +195,19 @@ def test_a_batch_the_experience_file_refuses_is_replayed_from_the_audit(tmp_path
         assert [r["content"] for r in rows] == ["kept", "late", "too"]
         assert rows[1]["concept_activations"] == {"joy": 0.5} and rows[2]["concept_activations"] == {"fear": 0.25}
         assert xdb.verify_audit().ok
+
+
+def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> None:
+    import datetime
+    import time
+
+    with XDB.open(tmp_path / "x", max_latency_s=30) as xdb:
+        before = time.time()
+        batch = token_batch(xdb, "s", ["a", "b"], "r")
+        xdb.writer.submit(batch)
+        assert batch.created_at is None  # the caller's batch is left as it was
+        time.sleep(0.3)
+        xdb.writer.flush()
+        stamps = [datetime.datetime.fromisoformat(r["created_at"].rstrip("Z")).replace(
+            tzinfo=datetime.timezone.utc).timestamp() for r in xdb.recall(session_id="s")]
+        assert all(before - 1 <= t <= before + 0.25 for t in stamps), (before, stamps)

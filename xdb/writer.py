@@ -18,6 +18,7 @@ the experience file, whose transaction is rolled back.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -181,6 +182,8 @@ class Writer:
     def _offer(self, rows: Part, *, block: bool, timeout: float) -> bool:
         if isinstance(rows, TokenBatch):
             rows.check(self._k)
+            if rows.created_at is None:  # stamped when it arrives, as a TimestepRow is when made
+                rows = dataclasses.replace(rows, created_at=time.time())
         else:
             rows = list(rows)
             check_rows(rows, self._k)
