@@ -211,3 +211,15 @@ def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> 
         stamps = [datetime.datetime.fromisoformat(r["created_at"].rstrip("Z")).replace(
             tzinfo=datetime.timezone.utc).timestamp() for r in xdb.recall(session_id="s")]
         assert all(before - 1 <= t <= before + 0.25 for t in stamps), (before, stamps)
+
+
+def test_rows_into_an_idle_writer_commit_within_the_latency_bound(tmp_path: Path) -> None:
+    import time
+
+    with XDB.open(tmp_path / "x", max_latency_s=0.25) as xdb:
+        time.sleep(0.3)  # the writer is idle, asleep without a timeout
+        xdb.writer.submit(token_batch(xdb, "s", ["a"], "r"))
+        deadline = time.monotonic() + 2.0
+        while xdb.writer.rows_written < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert xdb.writer.rows_written == 1  # no flush: the 250 ms bound alone committed it

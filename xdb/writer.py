@@ -200,12 +200,14 @@ class Writer:
                     return False
                 self._cond.wait(remaining)
                 self._check_alive()
-            if not self._pending:
+            was_empty = not self._pending
+            if was_empty:
                 self._oldest_at = time.monotonic()
             self._pending.append(rows)
             self._queued += n
             self._submitted += n
-            if self._queued >= self.batch_rows:
+            # The first row after idle starts the latency clock: the writer sleeps without a timeout.
+            if was_empty or self._queued >= self.batch_rows:
                 self._cond.notify_all()
         return True
 
