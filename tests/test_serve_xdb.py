@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import free_port, start_server, stop_server
@@ -110,9 +111,14 @@ def test_kill_9_keeps_completed_replies_and_sessions_resume(tmp_path: Path) -> N
     context = {"context": {"session_id": "durable", "identity": "You persist."}}
     replies = [client.chat.completions.create(model=model, max_tokens=6, temperature=0, extra_body=context,
                                               messages=[{"role": "user", "content": f"turn {i}"}]) for i in range(3)]
+    engine_processes = psutil.Process(first.process.pid).children(recursive=True)
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(30)
-    time.sleep(2)  # the engine's children notice their parent is gone
+    # A crash takes the whole server down; vLLM's engine processes would outlive a lone SIGKILL of
+    # the API process (they hold the KV cache), so the test kills them as the crash would.
+    for process in engine_processes:
+        process.kill()
+    psutil.wait_procs(engine_processes, timeout=30)
 
     second = start_server(data, port=port, api_key=None)
     try:
