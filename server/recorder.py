@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.orchestrator import Prepared
 from orchestrator.turn import Turn
 from server.token_text import TokenTexts
-from xdb.rows import TimestepRow
+from xdb.rows import TimestepRow, TokenBatch
 
 EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
 
@@ -23,7 +23,7 @@ class Recorder:
         self.background = background  # one ordered worker for small synchronous XDB writes
         self._pending: set[asyncio.Task] = set()
 
-    def submit(self, rows: list[TimestepRow]) -> None:
+    def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
         """Hand rows to the writer; if its queue is full, a background task waits for room instead
         of the generation."""
         if not rows or self.xdb.writer.try_submit(rows):
@@ -89,10 +89,9 @@ class TokenStream:
         if not token_ids:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
-        self.recorder.submit([
-            TimestepRow(session_id=self.session_id, tick=tick, event_type="output", role="assistant",
-                        content=self.texts.step(token_id), token_id=token_id, request_id=self.request_id)
-            for tick, token_id in zip(ticks, token_ids)])
+        # Column-wise: no row object per token on the event loop.
+        self.recorder.submit(TokenBatch(self.session_id, ticks, [self.texts.step(t) for t in token_ids],
+                                        token_ids=token_ids, request_id=self.request_id))
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:
