@@ -47,6 +47,9 @@ class OrchestratorConfig(_Strict):
     # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window.
     cag_threshold: float = Field(0.7, gt=0, le=1)
     formatter: str = "default"
+    # A karma entry added mid-session rides in State (append-only) until the next compaction instead
+    # of rewriting the Karma block, which would re-prefill the whole State behind it (orchestrator/karma.py).
+    karma_staging: bool = True
     rag_top_k: int = Field(4, gt=0, le=32)
     rag_max_documents: int = Field(1000, gt=0)
     rag_max_document_chars: int = Field(2_000_000, gt=0)

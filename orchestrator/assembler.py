@@ -1,8 +1,9 @@
 """Assembly: blocks in, prompt out, as a pure function.
 
 Identity, Codex and Karma become the one system message (in that order); State is the turn history;
-Query is the last user message, with retrieved excerpts in RAG mode. Identical inputs give identical
-messages, hence identical prompt text and token ids through the (prefix-stable) chat template.
+Query is the last user message, with the karma entries it stages and, in RAG mode, retrieved excerpts.
+Identical inputs give identical messages, hence identical prompt text and token ids through the
+(prefix-stable) chat template.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class AssemblyInput:
     query: str | None
     excerpts: tuple[Excerpt, ...] = ()
     include_codex: bool = True
+    staged_karma: tuple[KarmaEntry, ...] = ()  # delivered in the Query block (orchestrator/karma.py)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def assemble(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter,
     ]
     texts = {block.name: block.text for block in blocks}
     blocks.append(cache.state_block(inp.state, counter))
-    query = formatter.query(inp.query, inp.excerpts) if inp.query is not None else ""
+    query = formatter.query(inp.query, inp.excerpts, inp.staged_karma) if inp.query is not None else ""
     blocks.append(_text_block("query", query, counter))
 
     system = "\n\n".join(text for text in texts.values() if text)

@@ -1,7 +1,8 @@
 """Compaction: past a State token threshold, the oldest turns are condensed by the served model.
 
 The summary joins the Karma block (after the karma entries), the condensed turns leave the State, and
-the most recent `compaction_keep_turns` turns stay verbatim. The caller stores the snapshot in XDB.
+the most recent `compaction_keep_turns` turns stay verbatim. Karma entries staged in State turns are
+promoted to the Karma block first, so no entry is ever condensed. The caller stores the snapshot in XDB.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from ahc.config import OrchestratorConfig
 from orchestrator.ctc_governor import turn_groups
+from orchestrator.karma import promote
 from orchestrator.session import Session
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
@@ -47,6 +49,7 @@ async def compact(session: Session, incoming: Sequence[Turn], config: Orchestrat
     summary = (await summarize(summary_request(session, old))).strip()
     session.summary = summary or session.summary
     session.turns = session.turns[len(old):]
+    promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block
     session.compactions += 1
     session.compacted_turns += len(old_groups)
     return True

@@ -31,7 +31,8 @@ class Formatter(Protocol):
     def identity(self, text: str) -> str: ...
     def codex(self, docs: Sequence[CodexDoc]) -> str: ...
     def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str: ...
-    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str: ...
+    # `karma`: entries staged by this request (orchestrator/karma.py); they stay in State with the turn.
+    def query(self, text: str, excerpts: Sequence[Excerpt], karma: Sequence[KarmaEntry] = ()) -> str: ...
 
 
 class MarkdownFormatter:
@@ -48,16 +49,23 @@ class MarkdownFormatter:
         return "# Codex\n\n" + "\n\n".join(f"## {doc.id}\n{doc.text.strip()}" for doc in docs)
 
     def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str:
-        lines = [f"- [{e.id}] {e.text.strip()}" for e in entries]
+        lines = [self._fact(e) for e in entries]
         if summary:
             lines.append(f"- [summary of earlier turns] {summary.strip()}")
         return "# Karma\n\n" + "\n".join(lines) if lines else ""
 
-    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str:
-        if not excerpts:
-            return text
-        found = "\n\n".join(f"[{e.doc_id}#{e.chunk_index}]\n{e.text.strip()}" for e in excerpts)
-        return f"Archive excerpts relevant to the question:\n\n{found}\n\nQuestion: {text}"
+    def query(self, text: str, excerpts: Sequence[Excerpt], karma: Sequence[KarmaEntry] = ()) -> str:
+        parts = []
+        if karma:
+            parts.append("New karma:\n" + "\n".join(self._fact(e) for e in karma))
+        if excerpts:
+            found = "\n\n".join(f"[{e.doc_id}#{e.chunk_index}]\n{e.text.strip()}" for e in excerpts)
+            parts.append(f"Archive excerpts relevant to the question:\n\n{found}")
+        return "\n\n".join([*parts, f"Question: {text}"]) if parts else text
+
+    @staticmethod
+    def _fact(entry: KarmaEntry) -> str:
+        return f"- [{entry.id}] {entry.text.strip()}"
 
 
 class XmlFormatter:
@@ -75,18 +83,24 @@ class XmlFormatter:
         return f"<codex>\n{body}\n</codex>"
 
     def karma(self, entries: Sequence[KarmaEntry], summary: str | None) -> str:
-        facts = [f'<fact id="{_attr(e.id)}" verbatim="{str(e.verbatim).lower()}">{e.text.strip()}</fact>'
-                 for e in entries]
+        facts = [self._fact(e) for e in entries]
         if summary:
             facts.append(f"<summary>{summary.strip()}</summary>")
         return "<karma>\n" + "\n".join(facts) + "\n</karma>" if facts else ""
 
-    def query(self, text: str, excerpts: Sequence[Excerpt]) -> str:
-        if not excerpts:
-            return text
-        found = "\n".join(f'<excerpt doc="{_attr(e.doc_id)}" chunk="{e.chunk_index}">\n{e.text.strip()}\n</excerpt>'
-                          for e in excerpts)
-        return f"<excerpts>\n{found}\n</excerpts>\n<question>{text}</question>"
+    def query(self, text: str, excerpts: Sequence[Excerpt], karma: Sequence[KarmaEntry] = ()) -> str:
+        parts = []
+        if karma:
+            parts.append("<new_karma>\n" + "\n".join(self._fact(e) for e in karma) + "\n</new_karma>")
+        if excerpts:
+            found = "\n".join(f'<excerpt doc="{_attr(e.doc_id)}" chunk="{e.chunk_index}">\n{e.text.strip()}\n</excerpt>'
+                              for e in excerpts)
+            parts.append(f"<excerpts>\n{found}\n</excerpts>")
+        return "\n".join([*parts, f"<question>{text}</question>"]) if parts else text
+
+    @staticmethod
+    def _fact(entry: KarmaEntry) -> str:
+        return f'<fact id="{_attr(entry.id)}" verbatim="{str(entry.verbatim).lower()}">{entry.text.strip()}</fact>'
 
 
 def _attr(value: str) -> str:

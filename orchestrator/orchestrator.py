@@ -13,11 +13,14 @@ from orchestrator.blocks import first_changed
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import CTCLimits, govern
-from orchestrator.formatters import Excerpt, FormatterRegistry
+from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
+from orchestrator.karma import KarmaPlan, commit as commit_karma, plan_karma
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
+
+TURN_DROPS = ("ctc_depth", "ctc_prune_turns")  # governor actions that drop State turns
 
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
@@ -43,6 +46,8 @@ class Prepared:
     spec: ContextSpec | None = None
     raw_messages: list[dict[str, Any]] = field(default_factory=list)
     on_complete: list[Callable[[], None]] = field(default_factory=list)
+    karma: KarmaPlan | None = None
+    stored_query: str | None = None  # the user turn as it joins the State (with the karma it staged)
 
     @property
     def actions(self) -> list[str]:
@@ -75,9 +80,12 @@ class Orchestrator:
         if session is not None and self.summarize is not None:
             if await compact(session, new_turns, self.config, self.counter, self.summarize, force_compaction):
                 actions.append("compaction")
+        karma = plan_karma(spec.karma, session, self.config.karma_staging)
+        if karma.fresh and query is None:  # no Query block to carry them this time
+            karma = karma.all_in_block()
         state = tuple(session.turns if session else ()) + tuple(new_turns)
         inp = AssemblyInput(identity=spec.identity if spec.identity is not None else identity,
-                            codex=tuple(spec.codex), karma=tuple(spec.karma),
+                            codex=tuple(spec.codex), karma=karma.block, staged_karma=karma.fresh,
                             summary=session.summary if session else None, state=state, query=query)
         mode = self._mode(spec, inp, formatter)
         extra_tools: list[dict[str, Any]] = []
@@ -87,8 +95,12 @@ class Orchestrator:
                 excerpts = await self.retriever.retrieve(spec.codex, query or "", self.config.rag_top_k)
                 inp = replace(inp, excerpts=tuple(excerpts))
                 extra_tools.append(self.retriever.tool())
-        limits = CTCLimits(self.config.max_chars, self.config.max_turns)
-        inp, ctc_actions = govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
+        governed, ctc_actions = self._govern(inp, formatter)
+        if karma.block != karma.entries and any(a.startswith(TURN_DROPS) for a in ctc_actions):
+            # The dropped turns may carry staged karma: every entry goes back in the Karma block.
+            karma = karma.all_in_block()
+            governed, ctc_actions = self._govern(replace(inp, karma=karma.block, staged_karma=()), formatter)
+        inp = governed
         actions += ctc_actions
         prompt = assemble(inp, formatter, self.counter, self.render_cache)
         report = {
@@ -103,8 +115,10 @@ class Orchestrator:
             session.turns.extend(new_turns)
             session.last_hashes = prompt.hashes()
         session_id = spec.session_id or new_session_id()
+        stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
         return Prepared(prompt.messages, report, session_id, session, list(new_turns), extra_tools, prompt,
-                        query=query, prior_turns=prior, spec=spec, raw_messages=messages)
+                        query=query, prior_turns=prior, spec=spec, raw_messages=messages, karma=karma,
+                        stored_query=stored_query)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
@@ -118,6 +132,10 @@ class Orchestrator:
         if "compaction" not in again.actions and len(session.turns) >= before:
             return None
         return again
+
+    def _govern(self, inp: AssemblyInput, formatter: Formatter) -> tuple[AssemblyInput, list[str]]:
+        limits = CTCLimits(self.config.max_chars, self.config.max_turns)
+        return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
     def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter) -> str:
         if spec.mode != "auto":
@@ -147,9 +165,11 @@ class Orchestrator:
             del session.turns[prepared.prior_turns:]
             session.last_hashes = None
             return
-        if prepared.query is not None:
-            session.turns.append(Turn(role="user", content=prepared.query))
+        if prepared.stored_query is not None:
+            session.turns.append(Turn(role="user", content=prepared.stored_query))
         session.turns.append(Turn.from_message(reply))
+        if prepared.karma is not None:
+            commit_karma(session, prepared.karma)
         return self.sessions.save(session)  # the store's receipt (a future when saved in the background)
 
 

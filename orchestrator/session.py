@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn import Turn
 
 
@@ -22,12 +23,16 @@ class Session:
     last_hashes: dict[str, str] | None = None
     compactions: int = 0
     compacted_turns: int = 0
+    karma: list[KarmaEntry] = field(default_factory=list)         # in the Karma block
+    staged_karma: list[KarmaEntry] = field(default_factory=list)  # in State turns (orchestrator/karma.py)
 
     def to_json(self) -> str:
         return json.dumps({
             "session_id": self.session_id, "turns": [t.to_message() for t in self.turns],
             "summary": self.summary, "last_hashes": self.last_hashes,
             "compactions": self.compactions, "compacted_turns": self.compacted_turns,
+            "karma": [k.model_dump() for k in self.karma],
+            "staged_karma": [k.model_dump() for k in self.staged_karma],
         }, sort_keys=True)
 
     @classmethod
@@ -35,7 +40,9 @@ class Session:
         data = json.loads(text)
         return cls(session_id=data["session_id"], turns=[Turn.from_message(m) for m in data["turns"]],
                    summary=data.get("summary"), last_hashes=data.get("last_hashes"),
-                   compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0))
+                   compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0),
+                   karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],
+                   staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])])
 
 
 class SessionStore:

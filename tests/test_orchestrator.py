@@ -78,9 +78,81 @@ def test_first_changed_block_names_where_the_cache_broke(counter) -> None:
     first = run(orch.prepare(spec, [{"role": "user", "content": "q"}]))
     assert first.report["first_changed_block"] is None
     orch.complete(first, {"role": "assistant", "content": "a"})
-    more_karma = {**CONTEXT, "session_id": "s2", "karma": CONTEXT["karma"] + [{"id": "k2", "text": "K splits."}]}
-    second = run(orch.prepare(parse_context(more_karma), [{"role": "user", "content": "q2"}]))
+    edited = {**CONTEXT, "session_id": "s2", "karma": [{"id": "k1", "text": "B moves right.", "verbatim": True}]}
+    second = run(orch.prepare(parse_context(edited), [{"role": "user", "content": "q2"}]))
     assert second.report["first_changed_block"] == "karma"
+    assert "B moves right." in second.messages[0]["content"] and "B moves left." not in second.messages[0]["content"]
+
+
+def with_karma(session: str, *entries: tuple[str, str]) -> dict:
+    return {**CONTEXT, "session_id": session,
+            "karma": CONTEXT["karma"] + [{"id": i, "text": t, "verbatim": True} for i, t in entries]}
+
+
+def test_karma_added_mid_session_is_staged_in_state_and_keeps_the_prefix(counter, tokenizer) -> None:
+    orch = make(counter)
+    karma_hashes, rendered, queries = [], [], []
+    for turn, extra in enumerate([(), (), (("k2", "K splits into A and B."),), (("k2", "K splits into A and B."),)]):
+        prepared = run(orch.prepare(parse_context(with_karma("stage", *extra)),
+                                    [{"role": "user", "content": f"question {turn}"}]))
+        karma_hashes.append(next(b["sha256"] for b in prepared.report["blocks"] if b["name"] == "karma"))
+        rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=True))
+        queries.append(prepared.messages[-1]["content"])
+        if turn:
+            assert prepared.report["first_changed_block"] == "state"
+        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+    assert len(set(karma_hashes)) == 1  # the Karma block never changed
+    assert "K splits into A and B." in queries[2] and "question 2" in queries[2]
+    assert "K splits" not in queries[3]  # delivered once; from then on it is part of the State
+    for before, after in zip(rendered, rendered[1:]):
+        assert after[:len(before) - 3] == before[:-3]  # token ids extend (less the generation prompt)
+    session = orch.sessions.get("stage")
+    assert [k.id for k in session.karma] == ["k1"] and [k.id for k in session.staged_karma] == ["k2"]
+
+
+def test_karma_staging_off_rewrites_the_karma_block(counter) -> None:
+    orch = make(counter, karma_staging=False)
+    first = run(orch.prepare(parse_context(with_karma("nostage")), [{"role": "user", "content": "q"}]))
+    orch.complete(first, {"role": "assistant", "content": "a"})
+    second = run(orch.prepare(parse_context(with_karma("nostage", ("k2", "K splits."))),
+                              [{"role": "user", "content": "q2"}]))
+    assert second.report["first_changed_block"] == "karma" and "K splits." in second.messages[0]["content"]
+
+
+def test_compaction_promotes_staged_karma_verbatim(counter) -> None:
+    async def summarize(messages):
+        return "SUMMARY"
+
+    orch = make(counter, summarize, compaction_threshold_tokens=40, compaction_keep_turns=1)
+    entries: list[tuple[str, str]] = []
+    compacted = None
+    for turn in range(5):
+        if turn == 1:
+            entries.append(("k2", "K splits into A and B."))
+        prepared = run(orch.prepare(parse_context(with_karma("promote", *entries)),
+                                    [{"role": "user", "content": f"question {turn} " * 4}]))
+        if "compaction" in prepared.actions:
+            compacted = compacted or prepared
+        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn} " * 4})
+    assert compacted is not None
+    system = compacted.messages[0]["content"]
+    assert "- [k2] K splits into A and B." in system and system.index("[k2]") < system.index("SUMMARY")
+    session = orch.sessions.get("promote")
+    assert [k.id for k in session.karma] == ["k1", "k2"] and session.staged_karma == []
+
+
+def test_a_depth_cap_puts_staged_karma_back_in_the_block(counter) -> None:
+    orch = make(counter, max_turns=1)
+    entries: list[tuple[str, str]] = []
+    for turn in range(3):
+        if turn == 1:
+            entries.append(("k2", "K splits into A and B."))
+        prepared = run(orch.prepare(parse_context(with_karma("depth", *entries)),
+                                    [{"role": "user", "content": f"question {turn}"}]))
+        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+    # Turn 1 carried k2 in its Query; turn 2's depth cap dropped turn 1, so k2 is in the Karma block.
+    assert "K splits into A and B." in prepared.messages[0]["content"]
+    assert any(a.startswith("ctc_depth") for a in prepared.actions)
 
 
 def test_passthrough_keeps_messages_and_reports(counter) -> None:
@@ -162,6 +234,12 @@ def test_sessions_persist_and_resume(counter) -> None:
     second = run(resumed.prepare(spec, [{"role": "user", "content": "two"}]))
     assert [m["content"] for m in second.messages[1:]] == ["one", "uno", "two"]
     assert second.report["first_changed_block"] == "state"
+    staged = parse_context(with_karma("s4", ("k2", "K splits.")))
+    resumed.complete(run(resumed.prepare(staged, [{"role": "user", "content": "three"}])),
+                     {"role": "assistant", "content": "tres"})
+    again = make(counter, store=SessionStore(saved.get, saved.__setitem__))
+    fourth = run(again.prepare(staged, [{"role": "user", "content": "four"}]))
+    assert fourth.report["first_changed_block"] == "state" and fourth.messages[-1]["content"] == "four"
 
 
 def test_a_failed_request_leaves_the_session_unchanged(counter) -> None:

@@ -25,7 +25,7 @@ def report(reply) -> dict:
 
 def test_a_session_reuses_its_prefix_and_reports_what_changed(client, model_name) -> None:
     first = chat(client, model_name, "ctx-s1", "What moves?")
-    second = chat(client, model_name, "ctx-s1", "And then?")
+    second = chat(client, model_name, "ctx-s1", "And then? " * 16)
     r1, r2 = report(first), report(second)
     assert r1["session_id"] == "ctx-s1" and r1["mode"] == "cag"
     assert [b["name"] for b in r1["blocks"]] == ["identity", "codex", "karma", "state", "query"]
@@ -33,8 +33,14 @@ def test_a_session_reuses_its_prefix_and_reports_what_changed(client, model_name
     assert r1["blocks"][0]["sha256"] == r2["blocks"][0]["sha256"]
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the first turn is now State
     assert second.usage.prompt_tokens_details.cached_tokens >= 256
+    # A new karma entry rides in State (staged), so the cached prefix survives it...
     third = chat(client, model_name, "ctx-s1", "Why?", karma=[{"id": "k1", "text": "B moves left."}])
-    assert report(third)["first_changed_block"] == "karma"
+    assert report(third)["first_changed_block"] == "state"
+    # (A rewritten Karma block would have left the whole ~64-token second question uncached.)
+    assert third.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens - 32
+    # ...while editing an entry rewrites the Karma block, and the report says so.
+    fourth = chat(client, model_name, "ctx-s1", "Sure?", karma=[{"id": "k1", "text": "B moves right."}])
+    assert report(fourth)["first_changed_block"] == "karma"
 
 
 def test_without_context_the_request_passes_through_with_a_report(client, model_name) -> None:
