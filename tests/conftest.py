@@ -47,10 +47,10 @@ class Server:
 
 
 def start_server(data_dir: Path, port: int | None = None, api_key: str | None = API_KEY,
-                 extra: list[str] | None = None, timeout: float = 300) -> Server:
+                 extra: list[str] | None = None, timeout: float = 300, config: Path | None = None) -> Server:
     port = port or free_port()
     log = data_dir.parent / f"server-{port}.log"
-    cmd = [AHC, "serve", "--config", str(REPO / "configs" / "cpu-tiny.yaml"), "--port", str(port),
+    cmd = [AHC, "serve", "--config", str(config or REPO / "configs" / "cpu-tiny.yaml"), "--port", str(port),
            "--model", str(TINY_MODEL), "--data-dir", str(data_dir), *(extra or [])]
     if api_key:
         cmd += ["--api-key", api_key]
