@@ -85,6 +85,7 @@ def serve(
     dtype: Annotated[Optional[str], typer.Option(help="Weights and activations dtype.")] = None,
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Engine seed.")] = None,
+    lens: Annotated[Optional[str], typer.Option(help="Lens pack directory for concept activations; 'off' disables them.")] = None,
 ) -> None:
     """Serve the OpenAI API with AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
@@ -101,6 +102,7 @@ def serve(
             "engine.dtype": dtype,
             "engine.enforce_eager": enforce_eager,
             "engine.seed": seed,
+            **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),
         })
     try:
         uvloop.run(run_server(cfg))

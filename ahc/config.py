@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +75,26 @@ class XDBConfig(_Strict):
     summary_max_tokens: int = Field(96, gt=0)
 
 
+class LensConfig(_Strict):
+    """In-engine concept activations (issue 6): a lens pack applied to every generated token's hidden
+    state inside vLLM's worker; the top-k go to XDB with the token."""
+
+    enabled: bool = False
+    # Lens pack directory (`ahc lens train`); its model fingerprint must match the served model.
+    pack: str | None = None
+    # Concepts kept per token; XDB stores at most 10 (xdb.schema.TOP_K).
+    k: int = Field(10, ge=1, le=10)
+    # At a reply's end, how long to wait for activations still in flight before writing the
+    # tokens without them.
+    finish_wait_s: float = Field(1.0, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _pack_when_enabled(self) -> "LensConfig":
+        if self.enabled and not self.pack:
+            raise ValueError("lens.enabled needs lens.pack (a lens pack directory)")
+        return self
+
+
 class AHCConfig(_Strict):
     model: str = ".cache/models/tiny"
     served_model_name: str | None = None
@@ -86,6 +106,7 @@ class AHCConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     xdb: XDBConfig = Field(default_factory=XDBConfig)
+    lens: LensConfig = Field(default_factory=LensConfig)
 
     @property
     def model_name(self) -> str:

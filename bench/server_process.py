@@ -50,12 +50,13 @@ def ensure_model(path: Path, *size_flags: str) -> Path:
     return path
 
 
-def start(model: Path, data_dir: Path, *extra: str, timeout: float = 600) -> ServerProcess:
+def start(model: Path, data_dir: Path, *extra: str, timeout: float = 600, lens: str = "off") -> ServerProcess:
+    """`lens`: a lens pack directory for `model`, or "off" (cpu-tiny.yaml's pack is the tiny model's)."""
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "server.log"
     cmd = [str(Path(sys.executable).with_name("ahc")), "serve", "--config", str(REPO_ROOT / "configs" / "cpu-tiny.yaml"),
-           "--port", str(port), "--model", str(model), "--data-dir", str(data_dir), *extra]
+           "--port", str(port), "--model", str(model), "--data-dir", str(data_dir), "--lens", lens, *extra]
     with log.open("w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=dict(os.environ))
     server = ServerProcess(process, port, log)

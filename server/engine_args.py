@@ -13,7 +13,8 @@ from argparse import Namespace
 from ahc.config import AHCConfig, resolve_path
 
 
-def vllm_cli_args(config: AHCConfig) -> list[str]:
+def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:
+    """`capture_flags`: the lens capture's --worker-cls and --additional-config (server/lens)."""
     engine = config.engine
     args = [
         "--model", resolve_path(config.model),
@@ -41,10 +42,10 @@ def vllm_cli_args(config: AHCConfig) -> list[str]:
         args += ["--block-size", str(engine.block_size)]
     if engine.tool_call_parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
-    return args + list(engine.extra_args)
+    return args + list(capture_flags or []) + list(engine.extra_args)
 
 
-def build_vllm_namespace(config: AHCConfig) -> Namespace:
+def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = None) -> Namespace:
     """Parse our config with vLLM's own serve parser; raises ValueError on a bad vLLM flag."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -53,7 +54,7 @@ def build_vllm_namespace(config: AHCConfig) -> Namespace:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kvcache_space_gib))
     parser = make_arg_parser(FlexibleArgumentParser(prog="ahc serve", exit_on_error=False))
     try:
-        namespace = parser.parse_args(vllm_cli_args(config))
+        namespace = parser.parse_args(vllm_cli_args(config, capture_flags))
     except argparse.ArgumentError as exc:
         raise ValueError(f"invalid engine argument: {exc}") from exc
     except SystemExit as exc:  # some argparse errors still exit even with exit_on_error=False

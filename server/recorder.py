@@ -10,6 +10,9 @@ from typing import Any
 
 from orchestrator.orchestrator import Prepared
 from orchestrator.turn import Turn
+from server.lens.activation_join import ActivationJoin, Run
+from server.lens.capture_setup import CaptureSetup
+from server.lens.side_channel import completion_key
 from server.token_text import TokenTexts
 from xdb.rows import TimestepRow, TokenBatch
 
@@ -17,10 +20,12 @@ EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "
 
 
 class Recorder:
-    def __init__(self, xdb: Any, tokenizer: Any, background: Executor | None = None) -> None:
+    def __init__(self, xdb: Any, tokenizer: Any, background: Executor | None = None,
+                 capture: CaptureSetup | None = None) -> None:
         self.xdb = xdb
         self.tokenizer = tokenizer
         self.background = background  # one ordered worker for small synchronous XDB writes
+        self.capture = capture  # activations from the engine's lens, when on
         self._pending: set[asyncio.Task] = set()
 
     def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
@@ -72,26 +77,57 @@ class Recorder:
     def record_system(self, session_id: str, content: str, metadata: dict[str, Any] | None = None) -> None:
         self.submit(self.rows(session_id, [("system", None, content, metadata)]))
 
-    def token_stream(self, session_id: str, request_id: str) -> "TokenStream":
-        return TokenStream(self, session_id, request_id)
+    def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> "TokenStream":
+        join = None
+        if self.capture is not None:
+            join = ActivationJoin(self.capture.inbox, completion_key(request_id, n, index))
+        return TokenStream(self, session_id, request_id, join)
 
 
 class TokenStream:
-    """One completion's generated tokens, turned into `output` rows as they arrive."""
+    """One completion's generated tokens, turned into `output` rows as they arrive (with capture on,
+    as their activations arrive)."""
 
-    def __init__(self, recorder: Recorder, session_id: str, request_id: str) -> None:
+    def __init__(self, recorder: Recorder, session_id: str, request_id: str,
+                 activations: ActivationJoin | None = None) -> None:
         self.recorder = recorder
         self.session_id = session_id
         self.request_id = request_id
         self.texts = TokenTexts(recorder.tokenizer)
+        self.activations = activations
 
     def add(self, token_ids: list[int]) -> None:
         if not token_ids:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
-        # Column-wise: no row object per token on the event loop.
-        self.recorder.submit(TokenBatch(self.session_id, ticks, [self.texts.step(t) for t in token_ids],
-                                        token_ids=token_ids, request_id=self.request_id))
+        texts = [self.texts.step(t) for t in token_ids]
+        if self.activations is None:
+            # Column-wise: no row object per token on the event loop.
+            self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
+                                            request_id=self.request_id))
+            return
+        self.activations.hold(list(ticks), texts, list(token_ids))
+        self._submit(self.activations.ready())
+
+    async def finish(self) -> None:
+        """The reply is complete: its held tokens go out, with the activations that arrive in time."""
+        if self.activations is not None:
+            self._submit(await self.activations.finish(self.recorder.capture.finish_wait_s))
+
+    def close(self) -> None:
+        """The reply ended early (client gone): what is held goes out now, without waiting."""
+        if self.activations is not None:
+            self._submit(self.activations.release_all())
+
+    def _submit(self, runs: list[Run]) -> None:
+        names = self.recorder.capture.pack.concept_ids if self.recorder.capture else ()
+        for run in runs:
+            measured = run.concept_index is not None
+            self.recorder.submit(TokenBatch(
+                self.session_id, run.ticks, run.texts, token_ids=run.token_ids, request_id=self.request_id,
+                concept_names=names if measured else (), concept_index=run.concept_index,
+                concept_values=run.concept_values,
+                activation_source=self.recorder.capture.inbox.source if measured else None))
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:

@@ -33,19 +33,30 @@ class RecordingEngine:
 
         _, sampling_params, request_id = args[:3]
         delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+        n = getattr(sampling_params, "n", 1) or 1
         streams: dict[int, TokenStream] = {}
         seen: dict[int, int] = {}
-        async for output in self._engine.generate(*args, **kwargs):
-            for completion in output.outputs:
-                stream = streams.get(completion.index)
-                if stream is None:
-                    stream = streams[completion.index] = self._recorder.token_stream(xdb_session, request_id)
-                ids = list(completion.token_ids)
-                new = ids if delta else ids[seen.get(completion.index, 0):]
-                seen[completion.index] = seen.get(completion.index, 0) + len(new)
-                stream.add(new)
-            if output.finished:
-                # A completed reply is durable before the client sees it complete (kill -9 safe);
-                # the tokens themselves were never held up by the disk.
-                await self._recorder.aflush()
-            yield output
+        finished = False
+        try:
+            async for output in self._engine.generate(*args, **kwargs):
+                for completion in output.outputs:
+                    stream = streams.get(completion.index)
+                    if stream is None:
+                        stream = streams[completion.index] = self._recorder.token_stream(
+                            xdb_session, request_id, n, completion.index)
+                    ids = list(completion.token_ids)
+                    new = ids if delta else ids[seen.get(completion.index, 0):]
+                    seen[completion.index] = seen.get(completion.index, 0) + len(new)
+                    stream.add(new)
+                if output.finished:
+                    finished = True
+                    for stream in streams.values():  # activations still in flight, bounded wait
+                        await stream.finish()
+                    # A completed reply is durable before the client sees it complete (kill -9 safe);
+                    # the tokens themselves were never held up by the disk.
+                    await self._recorder.aflush()
+                yield output
+        finally:
+            if not finished:  # aborted: tokens held for their activations are written anyway
+                for stream in streams.values():
+                    stream.close()

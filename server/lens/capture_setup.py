@@ -1,0 +1,84 @@
+"""The API-process half of activation capture: check the pack, open the side channel, tell vLLM.
+
+Started before the engine: the pack is checked against the model (a pack for another model fails in a
+second, not after the load), and the PULL socket is bound so the worker's first step already has
+somewhere to go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ahc.config import AHCConfig, resolve_path
+from server.lens.inbox import ActivationInbox
+from server.lens.pack import LensPack, load_pack
+from server.lens.side_channel import ActivationReceiver
+
+CPU_WORKER = "server.lens.cpu_capture_worker.CPUCaptureWorker"
+GPU_WORKER = "server.lens.gpu_capture_worker.GPUCaptureWorker"
+
+
+def check_pack(config: AHCConfig) -> LensPack:
+    """The configured pack, loaded and matched to the model; ValueError names what is wrong."""
+    pack_dir = resolve_path(config.lens.pack or "")
+    try:
+        pack = load_pack(pack_dir)
+    except FileNotFoundError as exc:
+        raise ValueError(f"lens.pack: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"lens.pack {pack_dir}: {exc}") from None
+    model_dir = resolve_path(config.model)
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ValueError(f"lens.pack: cannot check the pack against model {config.model!r}: "
+                         "no local config.json (give a model directory)")
+    try:
+        pack.check_model(model_dir)
+    except ValueError as exc:
+        raise ValueError(f"lens.pack {pack_dir} was not made for this model: {exc}") from None
+    return pack
+
+
+@dataclass
+class CaptureSetup:
+    pack: LensPack
+    pack_dir: str
+    k: int
+    finish_wait_s: float
+    inbox: ActivationInbox
+    receiver: ActivationReceiver
+    socket_dir: str
+
+    @property
+    def address(self) -> str:
+        return f"ipc://{self.socket_dir}/activations"
+
+    def vllm_flags(self) -> list[str]:
+        from vllm.platforms import current_platform
+
+        settings = {"pack": self.pack_dir, "k": self.k, "ipc": self.address}
+        return ["--worker-cls", CPU_WORKER if current_platform.is_cpu() else GPU_WORKER,
+                "--additional-config", json.dumps({"ahc_lens": settings})]
+
+    def close(self) -> None:
+        self.receiver.close()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def start_capture(config: AHCConfig) -> CaptureSetup | None:
+    """None when the config has capture off."""
+    if not config.lens.enabled:
+        return None
+    pack = check_pack(config)
+    # The capture hooks are the V1 model runner's; vLLM picks V2 by default where Triton runs (GPUs).
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    k = min(config.lens.k, pack.n_concepts)
+    inbox = ActivationInbox(k)
+    socket_dir = tempfile.mkdtemp(prefix="ahc-lens-")
+    receiver = ActivationReceiver(f"ipc://{socket_dir}/activations", inbox.put, inbox.evict_stale)
+    return CaptureSetup(pack, str(Path(resolve_path(config.lens.pack)).resolve()), k, config.lens.finish_wait_s,
+                        inbox, receiver, socket_dir)

@@ -1,0 +1,171 @@
+"""The side channel that carries activations from vLLM's worker process to the API process.
+
+vLLM's EngineCoreOutput has no per-token field we could ride on, so the worker PUSHes one message per
+engine step over a ZMQ `ipc://` socket and the API process PULLs them on a thread of its own. A message
+is three frames: a small JSON header (request keys, output positions, k, source) and the raw int32
+concept indices and float32 values, [rows, k] each, so nothing is pickled and no Python object is made
+a value.
+
+Request keys: vLLM's AsyncLLM makes the id the worker sees from the one the API process passed:
+`f"{id}-{random 8 hex}"` (InputProcessor.assign_request_id), and for n > 1 each child is
+`f"{index}_{id}-{random}"` (ParentRequest.get_child_info). The worker strips the random suffix; the
+API side rebuilds the same key from the request id, n and the completion's index.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+_RANDOM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+# A slow consumer must not make the worker block: past this many queued messages ZMQ drops.
+_HIGH_WATER_MARK = 10_000
+
+
+def engine_key(internal_request_id: str) -> str:
+    """The key of a request as the worker sees it (vLLM's internal id without its random suffix)."""
+    return _RANDOM_SUFFIX.sub("", internal_request_id)
+
+
+def completion_key(request_id: str, n: int, index: int) -> str:
+    """The same key from the API side: the request id given to generate, n and the completion index."""
+    return request_id if n <= 1 else f"{index}_{request_id}"
+
+
+@dataclass
+class StepActivations:
+    """One engine step's activations: row i is output token `positions[i]` of request `keys[i]`."""
+
+    keys: list[str]
+    positions: list[int]
+    concept_index: np.ndarray  # int32 [rows, k]
+    concept_values: np.ndarray  # float32 [rows, k]
+    source: str  # "hidden_state" | "logit_lens"
+
+    def frames(self) -> list[bytes]:
+        header = {"keys": self.keys, "positions": self.positions, "k": int(self.concept_index.shape[1]),
+                  "source": self.source}
+        return [json.dumps(header, separators=(",", ":")).encode(),
+                np.ascontiguousarray(self.concept_index, dtype=np.int32).tobytes(),
+                np.ascontiguousarray(self.concept_values, dtype=np.float32).tobytes()]
+
+    @classmethod
+    def from_frames(cls, frames: list[bytes]) -> "StepActivations":
+        if len(frames) != 3:
+            raise ValueError(f"activation message: expected 3 frames, got {len(frames)}")
+        header = json.loads(frames[0])
+        rows, k = len(header["keys"]), int(header["k"])
+        index = np.frombuffer(frames[1], dtype=np.int32).reshape(rows, k)
+        values = np.frombuffer(frames[2], dtype=np.float32).reshape(rows, k)
+        return cls(header["keys"], header["positions"], index, values, header["source"])
+
+
+class ActivationSender:
+    """Worker side: PUSH to the API process; never blocks the engine step (drops if nobody reads)."""
+
+    def __init__(self, address: str) -> None:
+        import zmq
+
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, _HIGH_WATER_MARK)
+        self._socket.setsockopt(zmq.LINGER, 1000)
+        self._socket.connect(address)
+        self._noblock = zmq.NOBLOCK
+        self._again = zmq.Again
+
+    def send(self, step: StepActivations) -> None:
+        try:
+            self._socket.send_multipart(step.frames(), flags=self._noblock, copy=False)
+        except self._again:
+            pass  # the API process is gone or far behind: its tokens get no activations, never wrong ones
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class DeviceSender:
+    """Worker side on an accelerator: copy the top-k to pinned host memory without synchronising the
+    step, and send from a thread once the copy's event has completed."""
+
+    def __init__(self, sender: ActivationSender) -> None:
+        self._sender = sender
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ahc-lens-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, keys: list[str], positions: list[int], rows: np.ndarray, index: Any, values: Any,
+             source: str) -> None:
+        import torch
+
+        host_index = torch.empty(index.shape, dtype=torch.int32, pin_memory=True)
+        host_values = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+        host_index.copy_(index, non_blocking=True)
+        host_values.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._queue.put((event, keys, positions, rows, host_index, host_values, source))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, keys, positions, rows, host_index, host_values, source = item
+            event.synchronize()
+            self._sender.send(StepActivations(keys, positions, host_index.numpy()[rows],
+                                              host_values.numpy()[rows], source))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        self._sender.close()
+
+
+class ActivationReceiver:
+    """API side: a thread that PULLs step messages and hands each to `deliver`."""
+
+    def __init__(self, address: str, deliver: Callable[[StepActivations], None],
+                 on_idle: Callable[[], None] = lambda: None) -> None:
+        import zmq
+
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.RCVHWM, _HIGH_WATER_MARK)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)  # bound before the engine starts, so no early step is lost
+        self._deliver, self._on_idle = deliver, on_idle
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ahc-lens-receiver", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(500):
+                self._on_idle()
+                continue
+            while True:
+                try:
+                    frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    self._deliver(StepActivations.from_frames(frames))
+                except (ValueError, KeyError) as exc:  # a malformed message loses its rows, not the thread
+                    print(f"ahc lens: dropped a bad activation message: {exc}", flush=True)
+            self._on_idle()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._socket.close()

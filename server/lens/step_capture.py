@@ -1,0 +1,163 @@
+"""Inside vLLM's worker: after each forward, the top-k concepts of the rows that produce a token.
+
+Which state is read (decided once, at model load, before any warm-up or compilation):
+- `aux`: the residual stream after decoder layer L, from vLLM's EAGLE-3 plumbing
+  (`set_aux_hidden_state_layers((L,))` + `use_aux_hidden_state_outputs`): the model returns
+  `(hidden, [h_L])`, h_L = hidden_states + residual = transformers' `hidden_states[L]`. It is traced
+  into torch.compile and CUDA graphs like EAGLE-3's, so neither has to be turned off.
+- `final`: L == num_layers: transformers' last entry is the normed output, which is exactly the
+  `sample_hidden_states` vLLM already gathers for the LM head.
+- `logit_lens`: the model has no aux-hidden-state interface: a concept is a set of token ids (the
+  pack's `extra.token_sets`) and its activation is log P(next token in the set) from the row's logits.
+
+Rows: the last scheduled token of each request (`query_start_loc[1:] - 1`, the logits rows of a
+non-speculative step), kept only where vLLM will keep the sampled token (`discard_request_mask` is
+False). The produced token's position is `num_computed + num_scheduled` (`optimistic_seq_lens_cpu`),
+its output index that minus the prompt length. Prompt tokens served from the prefix cache are never
+computed, so nothing is measured for them; partial prefill chunks are discarded rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from server.lens.pack import LensPack, load_pack
+from server.lens.side_channel import ActivationSender, DeviceSender, StepActivations, engine_key
+
+MODES = ("aux", "final", "logit_lens")
+
+
+@dataclass(frozen=True)
+class LensSettings:
+    """What the API process tells the worker, in `--additional-config '{"ahc_lens": {...}}'`."""
+
+    pack: str
+    k: int
+    ipc: str
+    source: str = "auto"  # "auto" | "hidden_state" | "logit_lens"
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "LensSettings | None":
+        raw = (getattr(vllm_config, "additional_config", None) or {}).get("ahc_lens")
+        return None if raw is None else cls(**raw)
+
+
+def choose_mode(model: Any, pack: LensPack, num_layers: int, source: str) -> str:
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    has_token_sets = bool(pack.extra.get("token_sets"))
+    if source == "logit_lens" or (source == "auto" and pack.layer < num_layers and not supports_eagle3(model)):
+        if not has_token_sets:
+            raise ValueError(f"lens: {type(model).__name__} exposes no hidden states at layer {pack.layer} "
+                             "and the pack has no extra.token_sets for a logit lens")
+        return "logit_lens"
+    if pack.layer == num_layers:
+        return "final"
+    if not supports_eagle3(model):
+        raise ValueError(f"lens: {type(model).__name__} does not expose hidden states (no EAGLE-3 "
+                         "aux-hidden-state interface); use a pack with token_sets (logit lens)")
+    return "aux"
+
+
+class StepCapture:
+    def __init__(self, pack: LensPack, mode: str, k: int, device: Any, sender: ActivationSender | DeviceSender,
+                 vocab_size: int) -> None:
+        import torch
+
+        self.mode, self.sender = mode, sender
+        self.k = min(k, pack.n_concepts)
+        self.source = "logit_lens" if mode == "logit_lens" else "hidden_state"
+        self.on_host = torch.device(device).type == "cpu"
+        self.directions = torch.from_numpy(pack.directions).to(device)
+        self.biases = torch.from_numpy(pack.biases).to(device)
+        if mode == "logit_lens":
+            self.token_sets, self.token_mask, self.concepts = token_set_tensors(pack, device, vocab_size)
+            self.k = min(k, len(self.concepts))
+
+    @classmethod
+    def attach(cls, runner: Any, settings: LensSettings, ship: bool) -> "StepCapture | None":
+        """Load the pack and switch the model to expose the lens layer. Must run after the model is
+        loaded and before warm-up: compiled graphs keep whatever the model returned when traced."""
+        if runner.speculative_config is not None:
+            raise ValueError("lens capture does not support speculative decoding")
+        pack = load_pack(settings.pack)
+        model = runner.get_model()
+        hf_config = runner.model_config.hf_text_config
+        mode = choose_mode(model, pack, hf_config.num_hidden_layers, settings.source)
+        if mode == "aux":
+            model.set_aux_hidden_state_layers((pack.layer,))
+            runner.use_aux_hidden_state_outputs = True
+        if not ship:  # every rank must run the same graph; one ships
+            return None
+        sender = ActivationSender(settings.ipc)
+        on_host = runner.device.type == "cpu"
+        return cls(pack, mode, settings.k, runner.device, sender if on_host else DeviceSender(sender),
+                   runner.model_config.get_vocab_size())
+
+    def after_forward(self, runner: Any) -> None:
+        """Called between execute_model (forward done, state stashed) and sample_tokens."""
+        import torch
+
+        state = runner.execute_model_state
+        if state is None:
+            return
+        n = runner.input_batch.num_reqs
+        keep = ~runner.discard_request_mask.np[:n]
+        if not keep.any():
+            return
+        prompt = runner.input_batch.num_prompt_tokens[:n]
+        positions = runner.optimistic_seq_lens_cpu[:n].numpy() - prompt
+        keep &= positions >= 0
+        rows = np.flatnonzero(keep)
+        if len(rows) == 0:
+            return
+        with torch.inference_mode():
+            scores = self.scores(runner, state, n)
+            values, index = scores.topk(self.k, dim=-1)
+            if self.mode == "logit_lens":
+                index = self.concepts[index]
+        req_ids = runner.input_batch.req_ids
+        keys = [engine_key(req_ids[i]) for i in rows]
+        outs = [int(positions[i]) for i in rows]
+        if self.on_host:
+            self.sender.send(StepActivations(keys, outs, index.numpy()[rows].astype(np.int32),
+                                             values.numpy()[rows], self.source))
+        else:
+            self.sender.send(keys, outs, rows, index, values, self.source)
+
+    def scores(self, runner: Any, state: Any, n: int) -> Any:
+        import torch
+
+        if self.mode == "final":
+            h = state.sample_hidden_states[:n]
+        elif self.mode == "aux":
+            h = state.aux_hidden_states[0][runner.query_start_loc.gpu[1:n + 1] - 1]
+        else:
+            logits = state.logits[:n].float()
+            chosen = logits[:, self.token_sets].masked_fill(~self.token_mask, float("-inf"))
+            return torch.logsumexp(chosen, dim=-1) - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return h.float() @ self.directions.T + self.biases
+
+    def close(self) -> None:
+        self.sender.close()
+
+
+def token_set_tensors(pack: LensPack, device: Any, vocab_size: int) -> tuple[Any, Any, Any]:
+    """Padded token-id sets [C', m], their mask and the pack index of each of the C' concepts."""
+    import torch
+
+    sets = pack.extra.get("token_sets") or {}
+    concepts = [i for i, cid in enumerate(pack.concept_ids) if sets.get(cid)]
+    width = max(len(sets[pack.concept_ids[i]]) for i in concepts)
+    ids = np.zeros((len(concepts), width), dtype=np.int64)
+    mask = np.zeros((len(concepts), width), dtype=bool)
+    for row, i in enumerate(concepts):
+        tokens = [int(t) for t in sets[pack.concept_ids[i]]]
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise ValueError(f"lens: token_sets[{pack.concept_ids[i]!r}] has a token id outside the vocabulary")
+        ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, True
+    return (torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+            torch.tensor(concepts, dtype=torch.int64, device=device))

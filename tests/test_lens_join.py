@@ -1,0 +1,97 @@
+"""The API side of activation capture without an engine: the side channel's messages and keys, the
+inbox, and the join of tokens with activations that arrive before, after or never."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from server.lens.activation_join import ActivationJoin
+from server.lens.inbox import ActivationInbox
+from server.lens.side_channel import (ActivationReceiver, ActivationSender, StepActivations, completion_key,
+                                      engine_key)
+
+
+def step(key: str, positions: list[int], k: int = 3) -> StepActivations:
+    rows = len(positions)
+    index = np.tile(np.arange(k, dtype=np.int32), (rows, 1))
+    values = np.array([[p + 0.5 - c for c in range(k)] for p in positions], dtype=np.float32)
+    return StepActivations([key] * rows, positions, index, values, "hidden_state")
+
+
+def test_keys_match_between_the_worker_and_the_api_side() -> None:
+    # vLLM adds "-" and 8 random hex digits; for n > 1 each child is "{index}_{id}".
+    assert engine_key("chatcmpl-abc-0123abcd") == completion_key("chatcmpl-abc", 1, 0) == "chatcmpl-abc"
+    assert engine_key("2_cmpl-9-deadbeef") == completion_key("cmpl-9", 3, 2)
+
+
+def test_a_message_survives_its_frames() -> None:
+    sent = step("r", [4, 5])
+    got = StepActivations.from_frames(sent.frames())
+    assert got.keys == ["r", "r"] and got.positions == [4, 5] and got.source == "hidden_state"
+    np.testing.assert_array_equal(got.concept_values, sent.concept_values)
+
+
+def test_tokens_wait_for_their_activations_and_go_out_in_order() -> None:
+    inbox = ActivationInbox(k=3)
+    join = ActivationJoin(inbox, "r")
+    inbox.put(step("r", [1]))  # token 1's activations come before token 0's
+    join.hold([10, 11], ["a", "b"], [5, 6])
+    assert join.ready() == []  # token 0 has none yet: nothing may overtake it
+    inbox.put(step("r", [0]))
+    runs = join.ready()
+    assert len(runs) == 1 and runs[0].ticks == [10, 11]
+    assert runs[0].concept_values[:, 0].tolist() == [0.5, 1.5]
+
+
+def test_at_the_end_missing_activations_are_null_after_a_bounded_wait() -> None:
+    inbox = ActivationInbox(k=3)
+    join = ActivationJoin(inbox, "r")
+    join.hold([0, 1, 2], ["a", "b", "c"], [1, 2, 3])
+    inbox.put(step("r", [0, 2]))
+    start = time.monotonic()
+    runs = asyncio.run(join.finish(0.2))
+    assert 0.15 < time.monotonic() - start < 1.0
+    assert [(r.ticks, r.concept_index is not None) for r in runs] == [([0], True), ([1], False), ([2], True)]
+    assert len(inbox) == 0  # the request is forgotten
+
+
+def test_activations_that_arrive_during_the_wait_are_used() -> None:
+    inbox = ActivationInbox(k=3)
+    join = ActivationJoin(inbox, "r")
+    join.hold([0], ["a"], [1])
+
+    async def late_then_finish():
+        asyncio.get_running_loop().call_later(0.05, inbox.put, step("r", [0]))
+        return await join.finish(1.0)
+
+    start = time.monotonic()
+    runs = asyncio.run(late_then_finish())
+    assert time.monotonic() - start < 0.5
+    assert runs[0].concept_index is not None
+
+
+def test_the_side_channel_delivers_over_ipc(tmp_path) -> None:
+    inbox = ActivationInbox(k=3)
+    address = f"ipc://{tmp_path}/a"
+    receiver = ActivationReceiver(address, inbox.put, inbox.evict_stale)
+    sender = ActivationSender(address)
+    try:
+        sender.send(step("r", [0, 1]))
+        deadline = time.monotonic() + 5
+        while not inbox.has("r", 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert inbox.take("r", range(2)).found.tolist() == [True, True]
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_unclaimed_requests_are_evicted() -> None:
+    inbox = ActivationInbox(k=3, ttl_s=0.01)
+    inbox.put(step("hidden-call", [0]))
+    time.sleep(0.05)
+    inbox.evict_stale()
+    assert len(inbox) == 0
