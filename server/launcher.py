@@ -23,10 +23,20 @@ from xdb import XDB
 from server.app import build_app
 from server.services import build_services
 from server.engine_args import build_vllm_namespace
+from server.lens.capture_setup import CaptureSetup, start_capture
 from server.metrics import AHCMetrics, stat_logger_factory
 
 
 async def serve(config: AHCConfig) -> None:
+    capture = start_capture(config)  # checks the lens pack against the model before anything starts
+    try:
+        await serve_with(config, capture)
+    finally:
+        if capture is not None:
+            capture.close()
+
+
+async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
@@ -38,7 +48,7 @@ async def serve(config: AHCConfig) -> None:
 
     # uvicorn's handler replaces this once serving; until then SIGTERM must still stop us.
     signal.signal(signal.SIGTERM, interrupt_init)
-    args = build_vllm_namespace(config)
+    args = build_vllm_namespace(config, capture.vllm_flags() if capture else None)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics()
     data_dir = Path(resolve_path(config.data_dir))
@@ -64,7 +74,9 @@ async def serve(config: AHCConfig) -> None:
         sessions = SessionStore(xdb.load_session_state,
                                 lambda sid, state: background.submit(xdb.save_session_state, sid, state))
         services = build_services(config, engine, tokenizer, metrics, sessions, retriever)
-        services.recorder = Recorder(xdb, tokenizer, background)
+        services.recorder = Recorder(xdb, tokenizer, background, capture)
+        if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
+            background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
         hidden = HiddenCaller(engine, tokenizer, config.engine.max_model_len)
         xdb.summarize = model_summarizer(hidden, asyncio.get_running_loop(), config.xdb.summary_max_tokens)
         if config.xdb.quota_bytes is not None:

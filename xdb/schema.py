@@ -90,6 +90,13 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             session_id VARCHAR NOT NULL, version INTEGER NOT NULL, state_json VARCHAR NOT NULL,
             sha256 VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL, PRIMARY KEY (session_id, version))""",
     ]),
+    (2, [
+        # A lens pack's concepts: display names and the hierarchy /v1/xdb/concepts browses. Keyed by
+        # the concept name timesteps use (concepts.name), known before any token has activated them.
+        """CREATE TABLE concept_hierarchy (
+            concept VARCHAR PRIMARY KEY, display_name VARCHAR NOT NULL, parent VARCHAR,
+            source VARCHAR NOT NULL, updated_at TIMESTAMP NOT NULL)""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -137,6 +137,11 @@ class XDB:
         with self.cursor() as cur:
             return tags.list_concepts(cur, query)
 
+    def register_concepts(self, concepts: list[dict[str, Any]], source: str = "lens") -> None:
+        """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
+        with self.cursor() as cur:
+            tags.register_concepts(cur, concepts, source)
+
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return tags.list_buds(cur, status)

@@ -192,8 +192,20 @@ def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status
     return find_tag(cur, tag["id"])
 
 
+def register_concepts(cur: duckdb.DuckDBPyConnection, concepts: list[dict[str, Any]], source: str) -> None:
+    """A lens pack's concepts ({"id", "name", "parent"}): one concept tag each (named by the id, the
+    display name as its description) and their place in the hierarchy. Idempotent; a newer pack's
+    names and parents replace an older one's."""
+    for concept in concepts:
+        get_or_create_tag(cur, concept["id"], tag_type="concept", created_by=source,
+                          description=concept["name"], concept_id=concept["id"])
+        cur.execute("INSERT OR REPLACE INTO concept_hierarchy VALUES (?, ?, ?, ?, now())",
+                    [concept["id"], concept["name"], concept.get("parent"), source])
+
+
 def list_concepts(cur: duckdb.DuckDBPyConnection, query: str | None = None) -> list[dict[str, Any]]:
-    """Concepts seen in activations, with any concept tag that names them."""
+    """Concepts seen in activations, with any concept tag that names them, then concept tags not yet
+    seen; each with its display name, parent and children where a lens pack registered them."""
     rows = cur.execute(
         "SELECT c.id, c.name, g.id FROM concepts c LEFT JOIN tags g ON g.tag_type = 'concept' "
         "AND (g.concept_id = c.name OR g.name = c.name) WHERE (? IS NULL OR c.name ILIKE '%' || ? || '%') "
@@ -203,4 +215,14 @@ def list_concepts(cur: duckdb.DuckDBPyConnection, query: str | None = None) -> l
     extra = cur.execute(
         "SELECT id, coalesce(concept_id, name) FROM tags WHERE tag_type = 'concept' "
         "AND (? IS NULL OR name ILIKE '%' || ? || '%') ORDER BY name", [query, query]).fetchall()
-    return seen + [{"id": None, "name": name, "tag_id": tid} for tid, name in extra if name not in names]
+    found = seen + [{"id": None, "name": name, "tag_id": tid} for tid, name in extra if name not in names]
+    hierarchy = {concept: (display, parent) for concept, display, parent in
+                 cur.execute("SELECT concept, display_name, parent FROM concept_hierarchy").fetchall()}
+    children: dict[str, list[str]] = {}
+    for concept, (_, parent) in sorted(hierarchy.items()):
+        if parent is not None:
+            children.setdefault(parent, []).append(concept)
+    for c in found:
+        display, parent = hierarchy.get(c["name"], (None, None))
+        c.update(display_name=display, parent=parent, children=children.get(c["name"], []))
+    return found

@@ -184,6 +184,12 @@ class LensPack:
         indices, values = np.asarray(_numpy(indices))[0], np.asarray(_numpy(values))[0]
         return {self.concept_ids[int(i)]: float(v) for i, v in zip(indices, values)}
 
+    def concept_hierarchy(self) -> list[dict[str, Any]]:
+        """[{"id", "name", "parent"}] in pack order (parent None for a root or a flat pack)."""
+        parents = self.parents or [None] * self.n_concepts
+        return [{"id": cid, "name": name, "parent": parent}
+                for cid, name, parent in zip(self.concept_ids, self.names, parents)]
+
     def metadata(self) -> dict[str, Any]:
         meta = {"format": FORMAT, "layer": self.layer, "method": self.method, "model": self.model,
                 "concepts": [{"id": cid, "name": name} | ({"parent": self.parents[i]} if self.parents else {})
