@@ -1,0 +1,153 @@
+"""Concept activations captured inside the engine (issue 6): equal to a transformers forward, recorded
+in XDB with the tokens, prefix cache kept, recallable by concept over HTTP and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import AHC, REPO, TINY_MODEL
+
+pytestmark = pytest.mark.engine
+
+PACK = REPO / ".cache" / "lenses" / "tiny-demo"
+# Long enough that the prompt fills whole KV blocks (32 tokens) the second request can read.
+IDENTITY = ("You watch a ring of cells. Particles A move right, particles B move left, and when they meet "
+            "they collide into K. Count the collisions and say whether the rule is negated. ") * 3
+
+
+def recall(server, **params) -> list[dict]:
+    with server.http() as http:
+        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def recall_until(server, count: int, timeout: float = 1.0, **params) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = recall(server, **params)
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def greedy_reply(client, model_name: str, session_id: str) -> dict:
+    return client.chat.completions.create(
+        model=model_name, max_tokens=16, temperature=0,
+        messages=[{"role": "user", "content": "Which particle moves right?"}],
+        extra_body={"return_token_ids": True,
+                    "context": {"session_id": session_id, "identity": IDENTITY}}).to_dict()
+
+
+def expected_activations(prompt_ids: list[int], output_ids: list[int]) -> list[dict[str, float]]:
+    """The pack over transformers' hidden_states[layer] at the position that emitted each output token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from server.lens import load_pack
+
+    pack = load_pack(PACK)
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval()
+    with torch.no_grad():
+        states = model(torch.tensor([prompt_ids + output_ids]), output_hidden_states=True).hidden_states
+    hidden = states[pack.layer][0].numpy()
+    first = len(prompt_ids) - 1
+    return [pack.top_concepts(hidden[first + j], k=10) for j in range(len(output_ids))]
+
+
+def max_abs_diff(rows: list[dict], expected: list[dict[str, float]]) -> float:
+    worst = 0.0
+    for row, want in zip(rows, expected, strict=True):
+        assert row["activation_source"] == "hidden_state"
+        assert set(row["concept_activations"]) == set(want)
+        worst = max(worst, *(abs(row["concept_activations"][c] - v) for c, v in want.items()))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def replies(server, client, model_name) -> tuple[dict, dict]:
+    first = greedy_reply(client, model_name, "act-first")
+    second = greedy_reply(client, model_name, "act-second")  # identical prompt: served from the cache
+    return first, second
+
+
+def test_recorded_activations_equal_a_transformers_forward(server, replies) -> None:
+    first, second = replies
+    prompt_ids, output_ids = first["prompt_token_ids"], first["choices"][0]["token_ids"]
+    rows = recall_until(server, len(output_ids), session_id="act-first", event_types="output")
+    assert [r["token_id"] for r in rows] == output_ids
+    diff = max_abs_diff(rows, expected_activations(prompt_ids, output_ids))
+    print(f"activations: max abs diff vs transformers {diff:.3g} over {len(rows)} tokens")
+    assert diff <= 1e-4
+
+
+def test_the_prefix_cache_still_serves_and_its_reply_is_measured_too(server, replies) -> None:
+    first, second = replies
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"activations: repeat request read {cached} of {second['usage']['prompt_tokens']} prompt tokens "
+          "from the cache")
+    assert cached > 0
+    assert second["prompt_token_ids"] == first["prompt_token_ids"]
+    output_ids = second["choices"][0]["token_ids"]
+    rows = recall_until(server, len(output_ids), session_id="act-second", event_types="output")
+    assert max_abs_diff(rows, expected_activations(second["prompt_token_ids"], output_ids)) <= 1e-4
+
+
+def pick_threshold(rows: list[dict]) -> tuple[str, float, list[int]]:
+    """A concept and a value that some, but not all, of the rows reach; the ticks that reach it."""
+    concept = next(iter(rows[0]["concept_activations"]))
+    values = sorted(r["concept_activations"][concept] for r in rows)
+    threshold = values[len(values) // 2]
+    return concept, threshold, [r["tick"] for r in rows if r["concept_activations"][concept] >= threshold]
+
+
+def test_recall_by_concept_over_http_and_the_cli(server, replies, tmp_path: Path) -> None:
+    rows = recall_until(server, len(replies[0]["choices"][0]["token_ids"]), session_id="act-first",
+                        event_types="output")
+    concept, threshold, ticks = pick_threshold(rows)
+    assert 0 < len(ticks) < len(rows) or len(set(r["concept_activations"][concept] for r in rows)) == 1
+    found = recall(server, session_id="act-first", concept=concept, min_activation=threshold)
+    assert [r["tick"] for r in found] == ticks
+    assert all(r["concept_activations"][concept] >= threshold for r in found)
+    # The server holds the experience file open for writing; the CLI reads a copy of it.
+    copy = tmp_path / "xdb"
+    copy.mkdir()
+    for name in ("experience.duckdb", "experience.duckdb.wal"):
+        if (server.data_dir / name).exists():
+            shutil.copy(server.data_dir / name, copy / name)
+    out = subprocess.run([AHC, "xdb", "recall", "--data-dir", str(copy), "--session-id", "act-first",
+                          "--concept", concept, "--min-activation", repr(threshold)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    printed = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["tick"] for r in printed] == ticks
+
+
+def test_concepts_show_the_packs_hierarchy(server, replies) -> None:
+    with server.http() as http:
+        concepts = {c["name"]: c for c in http.get("/v1/xdb/concepts").json()["data"]}
+    assert {"motion", "motion-right", "motion-left", "collision", "counting", "negation"} <= set(concepts)
+    assert concepts["motion"]["children"] == ["motion-left", "motion-right"]
+    assert concepts["motion-right"]["parent"] == "motion"
+    assert concepts["motion-right"]["display_name"] == "Moving right"
+    assert concepts["collision"]["parent"] is None and concepts["collision"]["tag_id"] is not None
+
+
+def test_a_pack_for_another_model_stops_start_up(tmp_path: Path) -> None:
+    other = tmp_path / "other-model"
+    other.mkdir()
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5  # same sizes, another model: the config hash differs
+    (other / "config.json").write_text(json.dumps(config))
+    out = subprocess.run([AHC, "serve", "--config", str(REPO / "configs" / "cpu-tiny.yaml"), "--model", str(other),
+                          "--data-dir", str(tmp_path / "xdb"), "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "lens.pack" in out.stderr and "config_sha256" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
