@@ -57,13 +57,20 @@ class OrchestratorConfig(_Strict):
     # CTC governor: caps on the assembled prompt; None leaves that cap off.
     max_chars: int | None = Field(None, gt=0)
     max_turns: int | None = Field(None, gt=0)
-    # Past this many State tokens the oldest turns are summarised by the served model.
-    compaction_threshold_tokens: int = Field(1024, gt=0)
+    # Past this share of max_model_len in State tokens, the oldest turns are summarised by the served
+    # model (the threshold follows the window: 1,024 tokens at 2,048, 16k at 32k);
+    # compaction_threshold_tokens sets it in tokens instead.
+    compaction_threshold: float = Field(0.5, gt=0, le=1)
+    compaction_threshold_tokens: int | None = Field(None, gt=0)
     compaction_keep_turns: int = Field(4, ge=0)
     compaction_max_tokens: int = Field(128, gt=0)
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
+
+    def compaction_tokens(self, max_model_len: int) -> int:
+        """State tokens past which a session is compacted."""
+        return self.compaction_threshold_tokens or max(int(self.compaction_threshold * max_model_len), 1)
 
 
 class XDBConfig(_Strict):

@@ -33,12 +33,12 @@ def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any
             {"role": "user", "content": f"{earlier}{transcript}"}]
 
 
-async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig,
+async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Callable[[list[dict[str, Any]]], Awaitable[str]],
                   force: bool = False) -> bool:
-    """Condense the session's oldest turns when State is over the threshold (or when forced by the
+    """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced by the
     VRAM governor); True if it did."""
-    if not force and state_tokens([*session.turns, *incoming], counter) <= config.compaction_threshold_tokens:
+    if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
         return False
     groups = turn_groups(tuple(session.turns))
     keep = config.compaction_keep_turns

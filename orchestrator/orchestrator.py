@@ -78,7 +78,8 @@ class Orchestrator:
         session = self.sessions.get(spec.session_id) if spec.session_id else None
         actions: list[str] = []
         if session is not None and self.summarize is not None:
-            if await compact(session, new_turns, self.config, self.counter, self.summarize, force_compaction):
+            if await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
+                             self.counter, self.summarize, force_compaction):
                 actions.append("compaction")
         karma = plan_karma(spec.karma, session, self.config.karma_staging)
         if karma.fresh and query is None:  # no Query block to carry them this time

@@ -287,3 +287,10 @@ def test_formatters_registry_has_default_and_xml() -> None:
     assert xml.codex([CodexDoc(id="d", text="t")]).startswith("<codex>")
     with pytest.raises(ValueError, match="unknown formatter"):
         registry.get("nope")
+
+
+def test_the_compaction_threshold_follows_the_window() -> None:
+    assert OrchestratorConfig().compaction_tokens(2048) == 1024
+    assert OrchestratorConfig().compaction_tokens(32768) == 16384
+    assert OrchestratorConfig(compaction_threshold=0.25).compaction_tokens(8192) == 2048
+    assert OrchestratorConfig(compaction_threshold_tokens=300).compaction_tokens(32768) == 300
