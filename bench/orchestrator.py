@@ -12,16 +12,19 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
 
-from ahc.config import REPO_ROOT, OrchestratorConfig
+from ahc.config import REPO_ROOT, OrchestratorConfig, load_config
 from bench.result import BenchResult
 from bench.server_process import ensure_model, start
 
-TURNS = 24
+TURNS = 30
+REPLY_TOKENS = 16
 MODEL_FLAGS = ("--layers", "6", "--hidden", "512", "--heads", "8", "--kv-heads", "2", "--intermediate", "1024",
                "--max-position", "8192")
 WORDS = ("particle collision ring cell symbol left right moves splits merges period class window "
@@ -34,14 +37,45 @@ def text_of(n_words: int, seed: int) -> str:
 
 
 def session_content() -> tuple[str, list[dict], list[str], dict[int, dict]]:
-    identity = "You are a careful scientist. " + text_of(280, 1)
-    codex = [{"id": f"doc{i}", "text": text_of(500, 10 + i)} for i in range(4)]  # ~2k tokens
+    # ~2 tokens a word with the model's tokenizer: identity ~300 tokens, codex ~2k, a turn's input ~60.
+    identity = "You are a careful scientist. " + text_of(140, 1)
+    codex = [{"id": f"doc{i}", "text": text_of(250, 10 + i)} for i in range(4)]
     questions = [f"Turn {t}: " + text_of(25, 100 + t) for t in range(TURNS)]
     karma_at = {t: {"id": f"k{t}", "text": f"Fact {t}: " + text_of(12, 200 + t)} for t in range(3, TURNS, 5)}
     return identity, codex, questions, karma_at
 
 
-def stream_ttft(client: openai.OpenAI, **kwargs) -> tuple[float, str, int, int]:
+@dataclass
+class Session:
+    """Per turn: time to first token, prompt tokens, cached prompt tokens, completion tokens."""
+
+    ttft: list[float] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    completion: list[int] = field(default_factory=list)
+
+    def add(self, ttft: float, usage) -> None:
+        self.ttft.append(ttft)
+        self.prompt.append(usage.prompt_tokens)
+        self.cached.append(usage.prompt_tokens_details.cached_tokens)
+        self.completion.append(usage.completion_tokens)
+
+    def hit_ratio(self, first: int = 0) -> float:
+        return sum(self.cached[first:]) / sum(self.prompt[first:])
+
+    def ceiling(self, block_size: int) -> float:
+        """The hit ratio an ideal prefix cache could reach on this session: each request reusing all of
+        the previous request's prompt and reply that fills whole KV blocks (the first request, each
+        turn's new input and the last partial block can never be served from a cache)."""
+        reusable = [min(p, (prev + out - 1) // block_size * block_size)
+                    for p, prev, out in zip(self.prompt[1:], self.prompt, self.completion)]
+        return sum(reusable) / sum(self.prompt)
+
+    def per_turn(self) -> str:
+        return " ".join(f"{c}/{p}" for c, p in zip(self.cached, self.prompt))
+
+
+def stream_ttft(client: openai.OpenAI, **kwargs) -> tuple[float, str, Any]:
     start = time.perf_counter()
     ttft, text, usage = None, [], None
     for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
@@ -51,28 +85,25 @@ def stream_ttft(client: openai.OpenAI, **kwargs) -> tuple[float, str, int, int]:
             text.append(chunk.choices[0].delta.content or "")
         if chunk.usage is not None:
             usage = chunk.usage
-    return (ttft if ttft is not None else time.perf_counter() - start), "".join(text), \
-        usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+    return (ttft if ttft is not None else time.perf_counter() - start), "".join(text), usage
 
 
-def run_ours(client: openai.OpenAI, model: str) -> tuple[list[float], list[int], list[int]]:
+def run_ours(client: openai.OpenAI, model: str) -> Session:
     identity, codex, questions, karma_at = session_content()
-    karma, ttfts, prompt, cached = [], [], [], []
+    karma, session = [], Session()
     for turn, question in enumerate(questions):
         if turn in karma_at:
             karma.append(karma_at[turn])
         context = {"session_id": "bench-ours", "identity": identity, "codex": codex, "karma": karma, "mode": "cag"}
-        ttft, _, p, c = stream_ttft(client, model=model, max_tokens=16, temperature=0,
-                                    messages=[{"role": "user", "content": question}], extra_body={"context": context})
-        ttfts.append(ttft)
-        prompt.append(p)
-        cached.append(c)
-    return ttfts, prompt, cached
+        ttft, _, usage = stream_ttft(client, model=model, max_tokens=REPLY_TOKENS, temperature=0,
+                                     messages=[{"role": "user", "content": question}], extra_body={"context": context})
+        session.add(ttft, usage)
+    return session
 
 
-def run_naive(client: openai.OpenAI, model: str) -> tuple[list[float], list[int], list[int]]:
+def run_naive(client: openai.OpenAI, model: str) -> Session:
     identity, codex, questions, karma_at = session_content()
-    karma, history, ttfts, prompt, cached = [], [], [], [], []
+    karma, history, session = [], [], Session()
     for turn, question in enumerate(questions):
         if turn in karma_at:
             karma.append(karma_at[turn])
@@ -80,13 +111,11 @@ def run_naive(client: openai.OpenAI, model: str) -> tuple[list[float], list[int]
                   + "\n\n".join(f"## {d['id']}\n{d['text']}" for d in codex)
                   + "\n\n" + "\n".join(f"- {k['text']}" for k in karma))
         history.append({"role": "user", "content": question})
-        ttft, reply, p, c = stream_ttft(client, model=model, max_tokens=16, temperature=0,
-                                        messages=[{"role": "system", "content": system}, *history])
+        ttft, reply, usage = stream_ttft(client, model=model, max_tokens=REPLY_TOKENS, temperature=0,
+                                         messages=[{"role": "system", "content": system}, *history])
         history.append({"role": "assistant", "content": reply})
-        ttfts.append(ttft)
-        prompt.append(p)
-        cached.append(c)
-    return ttfts, prompt, cached
+        session.add(ttft, usage)
+    return session
 
 
 def assembly_p99_ms(model_dir: Path) -> float:
@@ -133,26 +162,30 @@ def assembly_p99_ms(model_dir: Path) -> float:
 
 def run() -> BenchResult:
     model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
+    block_size = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").engine.block_size
     with tempfile.TemporaryDirectory() as tmp:
         server = start(model_dir, Path(tmp) / "xdb", "--max-model-len", "8192")
         try:
             client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=600)
             model = client.models.list().data[0].id
-            naive_ttft, naive_prompt, naive_cached = run_naive(client, model)
-            ttft, prompt, cached = run_ours(client, model)
+            naive = run_naive(client, model)
+            ours = run_ours(client, model)
         finally:
             server.stop()
     # Turn 0 of each run has nothing cached by construction; the steady state is what agents live in.
-    ours_p50 = statistics.median(ttft[1:]) * 1000
-    naive_p50 = statistics.median(naive_ttft[1:]) * 1000
+    ours_p50 = statistics.median(ours.ttft[1:]) * 1000
+    naive_p50 = statistics.median(naive.ttft[1:]) * 1000
     figures = {
-        "hit_ratio": sum(cached) / sum(prompt), "naive_hit_ratio": sum(naive_cached) / sum(naive_prompt),
+        "hit_ratio": ours.hit_ratio(), "naive_hit_ratio": naive.hit_ratio(),
         # Without the first request, which nothing can have cached: the steady state of a long run.
-        "hit_ratio_warm": sum(cached[1:]) / sum(prompt[1:]),
-        "naive_hit_ratio_warm": sum(naive_cached[1:]) / sum(naive_prompt[1:]),
+        "hit_ratio_warm": ours.hit_ratio(1), "naive_hit_ratio_warm": naive.hit_ratio(1),
+        "hit_ratio_ceiling": ours.ceiling(block_size),
         "ttft_p50_ms": ours_p50, "naive_ttft_p50_ms": naive_p50,
         "assembly_p99_ms": assembly_p99_ms(model_dir), "turns": TURNS,
-        "prompt_tokens": sum(prompt), "naive_prompt_tokens": sum(naive_prompt),
+        "prompt_tokens": sum(ours.prompt), "naive_prompt_tokens": sum(naive.prompt),
     }
-    return BenchResult("orchestrator", figures, {"ttft_naive_over_ours": naive_p50 / ours_p50},
-                       {"model": "random Llama 6x512 (ahc tiny-model)", "device": "cpu"})
+    notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": "cpu",
+             "session": f"{TURNS} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from turn 3, "
+                        f"~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
+             "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn()}
+    return BenchResult("orchestrator", figures, {"ttft_naive_over_ours": naive_p50 / ours_p50}, notes)
