@@ -2,7 +2,8 @@
 
 Tokens are released as the longest prefix whose activations have all arrived, so rows keep the
 order of their ticks. At the reply's end the rest wait a bounded time (off the event loop: an
-asyncio sleep) and are then released without activations: NULL, never invented.
+asyncio sleep) and are then released without activations: NULL, never invented. This runs on the
+event loop for every token, so it works on plain lists and builds arrays only per released run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 
 from server.lens.inbox import ActivationInbox
 
+Row = tuple[np.ndarray, np.ndarray]  # (concept index [k'], values [k'])
+
 
 @dataclass
 class Run:
@@ -23,8 +26,8 @@ class Run:
     ticks: list[int]
     texts: list[str]
     token_ids: list[int]
-    concept_index: np.ndarray | None
-    concept_values: np.ndarray | None
+    concept_index: np.ndarray | None  # int32 [n, k]; -1 in slots past a row's k'
+    concept_values: np.ndarray | None  # float32 [n, k]
 
 
 class ActivationJoin:
@@ -34,37 +37,26 @@ class ActivationJoin:
         self.ticks: list[int] = []
         self.texts: list[str] = []
         self.ids: list[int] = []
-        self.found = np.zeros(0, dtype=bool)
-        self.index = np.zeros((0, inbox.k), dtype=np.int32)
-        self.values = np.zeros((0, inbox.k), dtype=np.float32)
+        self.rows: list[Row | None] = []
 
     def hold(self, ticks: list[int], texts: list[str], token_ids: list[int]) -> None:
-        n = len(token_ids)
         self.ticks += ticks
         self.texts += texts
         self.ids += token_ids
-        self.found = np.concatenate([self.found, np.zeros(n, dtype=bool)])
-        self.index = np.concatenate([self.index, np.full((n, self.inbox.k), -1, dtype=np.int32)])
-        self.values = np.concatenate([self.values, np.zeros((n, self.inbox.k), dtype=np.float32)])
+        self.rows += [None] * len(token_ids)
 
     def _collect(self) -> None:
-        missing = np.flatnonzero(~self.found)
-        if len(missing) == 0:
-            return
-        start = self.first + int(missing[0])
-        taken = self.inbox.take(self.key, range(start, self.first + len(self.ids)))
-        rows = np.arange(int(missing[0]), len(self.ids))[taken.found]
-        self.found[rows] = True
-        self.index[rows] = taken.concept_index[taken.found]
-        self.values[rows] = taken.concept_values[taken.found]
+        missing = [i for i, row in enumerate(self.rows) if row is None]
+        if missing:
+            for i, row in zip(missing, self.inbox.take(self.key, [self.first + i for i in missing])):
+                self.rows[i] = row
 
     def ready(self) -> list[Run]:
         """The held tokens whose activations (and all earlier ones') have arrived."""
         if not self.ids:
             return []
         self._collect()
-        missing = np.flatnonzero(~self.found)
-        upto = int(missing[0]) if len(missing) else len(self.ids)
+        upto = next((i for i, row in enumerate(self.rows) if row is None), len(self.rows))
         return self._release(upto)
 
     async def finish(self, wait_s: float) -> list[Run]:
@@ -88,14 +80,23 @@ class ActivationJoin:
         runs: list[Run] = []
         start = 0
         while start < upto:
-            has = bool(self.found[start])
+            has = self.rows[start] is not None
             stop = start + 1
-            while stop < upto and bool(self.found[stop]) == has:
+            while stop < upto and (self.rows[stop] is not None) == has:
                 stop += 1
-            runs.append(Run(self.ticks[start:stop], self.texts[start:stop], self.ids[start:stop],
-                            self.index[start:stop] if has else None, self.values[start:stop] if has else None))
+            index, values = self._arrays(self.rows[start:stop]) if has else (None, None)
+            runs.append(Run(self.ticks[start:stop], self.texts[start:stop], self.ids[start:stop], index, values))
             start = stop
         self.first += upto
-        del self.ticks[:upto], self.texts[:upto], self.ids[:upto]
-        self.found, self.index, self.values = self.found[upto:], self.index[upto:], self.values[upto:]
+        del self.ticks[:upto], self.texts[:upto], self.ids[:upto], self.rows[:upto]
         return runs
+
+    def _arrays(self, rows: list[Row]) -> tuple[np.ndarray, np.ndarray]:
+        k = self.inbox.k
+        if all(len(r[0]) == k for r in rows):  # the usual case: every row has k concepts
+            return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+        index = np.full((len(rows), k), -1, dtype=np.int32)
+        values = np.zeros((len(rows), k), dtype=np.float32)
+        for i, (idx, val) in enumerate(rows):
+            index[i, :len(idx)], values[i, :len(val)] = idx[:k], val[:k]
+        return index, values

@@ -23,15 +23,6 @@ class _Request:
     touched: float = 0.0
 
 
-@dataclass
-class Taken:
-    """What `take` found for a run of positions: `found[i]` says whether position i had activations."""
-
-    found: np.ndarray  # bool [n]
-    concept_index: np.ndarray  # int32 [n, k]; -1 where not found
-    concept_values: np.ndarray  # float32 [n, k]; 0 where not found
-
-
 class ActivationInbox:
     def __init__(self, k: int, ttl_s: float = 120.0) -> None:
         self.k = k
@@ -52,22 +43,14 @@ class ActivationInbox:
                 request.rows[position] = (step.concept_index[i], step.concept_values[i])
                 request.touched = now
 
-    def take(self, key: str, positions: range) -> Taken:
-        """Remove and return the activations of `positions` of one request (those that have arrived)."""
-        n = len(positions)
-        found = np.zeros(n, dtype=bool)
-        index = np.full((n, self.k), -1, dtype=np.int32)
-        values = np.zeros((n, self.k), dtype=np.float32)
+    def take(self, key: str, positions: list[int]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Remove and return the (concept index, values) rows of `positions` of one request; None
+        where they have not arrived."""
         with self._lock:
             request = self._requests.get(key)
-            if request is not None:
-                for i, position in enumerate(positions):
-                    row = request.rows.pop(position, None)
-                    if row is not None:
-                        width = min(len(row[0]), self.k)
-                        index[i, :width], values[i, :width] = row[0][:width], row[1][:width]
-                        found[i] = True
-        return Taken(found, index, values)
+            if request is None:
+                return [None] * len(positions)
+            return [request.rows.pop(p, None) for p in positions]
 
     def has(self, key: str, position: int) -> bool:
         with self._lock:
