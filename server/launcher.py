@@ -25,6 +25,7 @@ from server.services import build_services
 from server.engine_args import build_vllm_namespace
 from server.lens.capture_setup import CaptureSetup, start_capture
 from server.metrics import AHCMetrics, stat_logger_factory
+from server.parent_death import mark_server
 
 
 async def serve(config: AHCConfig) -> None:
@@ -58,6 +59,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
     engine = None
     quota_task: asyncio.Task | None = None
+    mark_server()  # the engine process vLLM starts next dies with this one (server/parent_death.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
         vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)

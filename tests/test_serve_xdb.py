@@ -114,13 +114,12 @@ def test_kill_9_keeps_completed_replies_and_sessions_resume(tmp_path: Path) -> N
     replies = [client.chat.completions.create(model=model, max_tokens=6, temperature=0, extra_body=context,
                                               messages=[{"role": "user", "content": f"turn {i}"}]) for i in range(3)]
     engine_processes = psutil.Process(first.process.pid).children(recursive=True)
+    assert engine_processes, "vLLM's engine runs in processes of its own"
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(30)
-    # A crash takes the whole server down; vLLM's engine processes would outlive a lone SIGKILL of
-    # the API process (they hold the KV cache), so the test kills them as the crash would.
-    for process in engine_processes:
-        process.kill()
-    psutil.wait_procs(engine_processes, timeout=30)
+    # vLLM's engine processes hold the model and its KV cache: they must not outlive the server.
+    _, alive = psutil.wait_procs(engine_processes, timeout=30)
+    assert not alive, f"engine processes outlived a SIGKILL of ahc serve: {[p.pid for p in alive]}"
 
     second = start_server(data, port=port, api_key=None)
     try:
