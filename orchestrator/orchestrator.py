@@ -26,7 +26,7 @@ Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 
 class Retriever(Protocol):
-    async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int) -> list[Excerpt]: ...
+    async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int, scope: str | None) -> list[Excerpt]: ...
     def tool(self) -> dict[str, Any]: ...
 
 
@@ -93,7 +93,8 @@ class Orchestrator:
         if mode == "rag":
             inp = replace(inp, include_codex=False)
             if self.retriever is not None and spec.codex:
-                excerpts = await self.retriever.retrieve(spec.codex, query or "", self.config.rag_top_k)
+                excerpts = await self.retriever.retrieve(spec.codex, query or "", self.config.rag_top_k,
+                                                         spec.session_id)
                 inp = replace(inp, excerpts=tuple(excerpts))
                 extra_tools.append(self.retriever.tool())
         governed, ctc_actions = self._govern(inp, formatter)

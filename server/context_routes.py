@@ -25,7 +25,12 @@ def context_router(retriever) -> APIRouter:
             arguments = json.loads(await raw_request.body())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return error_response(400, f"The request body is not valid JSON: {exc}")
-        result = await retriever.run_tool(arguments)
+        # Whose Codex to search: the session's (each session has its own index); without one, the
+        # Codex of the most recent RAG request.
+        scope = arguments.pop("session_id", None) if isinstance(arguments, dict) else None
+        if scope is not None and (not isinstance(scope, str) or not scope):
+            return error_response(400, "session_id: must be a non-empty string", param="session_id")
+        result = await retriever.run_tool(arguments, scope)
         if "error" in result:
             return error_response(400, result["error"]["message"])
         return JSONResponse(result)

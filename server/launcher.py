@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ahc.config import AHCConfig
 from ahc.config import resolve_path
-from orchestrator.retrieval import CodexIndex, CodexRetriever
+from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
 from server.hidden_calls import HiddenCaller
 from server.recorder import Recorder
@@ -59,6 +59,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
     engine = None
     quota_task: asyncio.Task | None = None
+    rag_indexes = ScopedIndexes(data_dir / "rag")  # one per session's Codex, opened on first use
     mark_server()  # the engine process vLLM starts next dies with this one (server/parent_death.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
@@ -72,7 +73,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
         )
         supported_tasks = await engine.get_supported_tasks()
         tokenizer = engine.get_tokenizer()
-        retriever = CodexRetriever(CodexIndex(data_dir / "rag.duckdb"))
+        retriever = CodexRetriever(rag_indexes)
         sessions = SessionStore(xdb.load_session_state,
                                 lambda sid, state: background.submit(xdb.save_session_state, sid, state))
         services = build_services(config, engine, tokenizer, metrics, sessions, retriever)
@@ -100,5 +101,6 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
         if engine is not None:
             engine.shutdown(timeout=config.engine.shutdown_timeout)
         background.shutdown(wait=True)
+        rag_indexes.close()
         xdb.close()  # flushes every queued row
         sock.close()

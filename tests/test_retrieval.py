@@ -18,6 +18,7 @@ from orchestrator.retrieval import (
     CodexTooLarge,
     Embedder,
     RagLimits,
+    ScopedIndexes,
     chunk_document,
     query_archive,
 )
@@ -290,7 +291,7 @@ class Doc:
 
 
 def test_codex_retriever_syncs_and_returns_excerpts(embedder: Embedder) -> None:
-    retriever = CodexRetriever(CodexIndex(None, embedder=embedder))
+    retriever = CodexRetriever(ScopedIndexes(None, embedder))
     docs = [Doc(d, t) for d, t in CORPUS]
     excerpts = asyncio.run(retriever.retrieve(docs, "shield volcanoes in Hawaii", 2))
     assert len(excerpts) == 2 and excerpts[0].doc_id == "volcano"
@@ -298,5 +299,29 @@ def test_codex_retriever_syncs_and_returns_excerpts(embedder: Embedder) -> None:
     assert retriever.tool() is QUERY_ARCHIVE_TOOL
     assert asyncio.run(retriever.run_tool({"query": "bishop", "k": 1}))["results"][0]["doc_id"] == "chess"
     with pytest.raises(CodexTooLarge):
-        asyncio.run(CodexRetriever(CodexIndex(None, embedder=embedder, limits=RagLimits(max_documents=1)))
+        asyncio.run(CodexRetriever(ScopedIndexes(None, embedder, limits=RagLimits(max_documents=1)))
                     .retrieve(docs, "x", 1))
+
+
+def test_sessions_with_different_codexes_keep_their_own_index(embedder: Embedder, tmp_path: Path) -> None:
+    indexes = ScopedIndexes(tmp_path / "rag", embedder, max_open=1)
+    retriever = CodexRetriever(indexes)
+    science = [Doc(d, t) for d, t in CORPUS if d in ("bees", "volcano", "tides")]
+    games = [Doc(d, t) for d, t in CORPUS if d in ("chess", "violin")]
+    asyncio.run(retriever.retrieve(science, "x", 1, "s-science"))
+    asyncio.run(retriever.retrieve(games, "x", 1, "s-games"))
+    embedded = embedder.texts_embedded
+    for _ in range(3):  # alternating sessions re-embed nothing, even with one index open at a time
+        assert asyncio.run(retriever.retrieve(science, "lava", 1, "s-science"))[0].doc_id == "volcano"
+        assert asyncio.run(retriever.retrieve(games, "bishop", 1, "s-games"))[0].doc_id == "chess"
+    assert embedder.texts_embedded == embedded + 6  # the six queries, no chunk
+    assert len(indexes.open_scopes()) == 1 and len(list((tmp_path / "rag").glob("*.duckdb"))) == 2
+    # query_archive searches the session's own Codex; without a session, the last RAG request's.
+    found = asyncio.run(retriever.run_tool({"query": "hive", "k": 5}, "s-games"))["results"]
+    assert {r["doc_id"] for r in found} <= {"chess", "violin"}
+    assert asyncio.run(retriever.run_tool({"query": "hive", "k": 1}, "s-science"))["results"][0]["doc_id"] == "bees"
+    assert asyncio.run(retriever.run_tool({"query": "bishop", "k": 1}))["results"][0]["doc_id"] == "chess"
+    unknown = asyncio.run(retriever.run_tool({"query": "hive"}, "s-never"))
+    assert "s-never" in unknown["error"]["message"] and not (tmp_path / "rag" / "s-never").exists()
+    assert len(list((tmp_path / "rag").glob("*.duckdb"))) == 2
+    indexes.close()

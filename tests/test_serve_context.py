@@ -75,6 +75,10 @@ def test_rag_mode_retrieves_instead_of_injecting(client, model_name, server) -> 
         assert [r["doc_id"] for r in found.json()["results"]] == ["rules", "rules"]
         bad = http.post("/v1/context/query_archive", json={"k": 2})
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+        mine = http.post("/v1/context/query_archive", json={"query": "particle", "k": 1, "session_id": "ctx-rag-b"})
+        assert mine.status_code == 200 and mine.json()["results"][0]["doc_id"] == "rules"
+        never = http.post("/v1/context/query_archive", json={"query": "particle", "session_id": "ctx-rag-none"})
+        assert never.status_code == 400 and "ctx-rag-none" in never.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("context, field", [

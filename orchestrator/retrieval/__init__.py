@@ -6,10 +6,11 @@ from orchestrator.retrieval.codex_index import CodexIndex, IndexStats, Retrieved
 from orchestrator.retrieval.embedder import DIMENSION, Embedder
 from orchestrator.retrieval.limits import CodexTooLarge, RagLimits
 from orchestrator.retrieval.retriever import CodexRetriever
+from orchestrator.retrieval.scoped_indexes import ScopedIndexes
 from orchestrator.retrieval.tool import QUERY_ARCHIVE_TOOL, query_archive
 
 __all__ = [
     "DIMENSION", "QUERY_ARCHIVE_TOOL", "Chunk", "CodexIndex", "CodexRetriever", "CodexTooLarge",
-    "Embedder", "IndexStats", "RagLimits", "RetrievedChunk", "approx_token_count", "chunk_document",
+    "Embedder", "IndexStats", "RagLimits", "RetrievedChunk", "ScopedIndexes", "approx_token_count", "chunk_document",
     "query_archive",
 ]

@@ -1,16 +1,17 @@
-"""`CodexRetriever`: the Orchestrator's `Retriever` protocol over one CodexIndex.
+"""`CodexRetriever`: the Orchestrator's `Retriever` protocol over one CodexIndex per session.
 
-The index is synced to the request's Codex before each search; an unchanged Codex costs one sha256
-per document and no database writes. DuckDB and torch block, so both run in a worker thread.
+A session's index is synced to the request's Codex before each search; an unchanged Codex costs one
+sha256 per document and no database writes. DuckDB and torch block, so both run in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Protocol, Sequence
 
 from orchestrator.formatters import Excerpt
-from orchestrator.retrieval.codex_index import CodexIndex
+from orchestrator.retrieval.scoped_indexes import ScopedIndexes
 from orchestrator.retrieval.tool import QUERY_ARCHIVE_TOOL, query_archive
 
 
@@ -20,21 +21,38 @@ class _Doc(Protocol):  # orchestrator.context_spec.CodexDoc
 
 
 class CodexRetriever:
-    def __init__(self, index: CodexIndex) -> None:
-        self.index = index
+    def __init__(self, indexes: ScopedIndexes) -> None:
+        self.indexes = indexes
+        self._last_scope: str | None = None  # whose Codex a call without a session searches
+        self._lock = threading.Lock()
 
-    async def retrieve(self, docs: Sequence[_Doc], query: str, k: int) -> list[Excerpt]:
-        return await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k)
+    async def retrieve(self, docs: Sequence[_Doc], query: str, k: int, scope: str | None = None) -> list[Excerpt]:
+        """The k best excerpts of `docs` (the Codex of session `scope`) for `query`."""
+        return await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k, scope)
 
     def tool(self) -> dict[str, Any]:
         return QUERY_ARCHIVE_TOOL
 
-    async def run_tool(self, arguments: dict[str, Any] | str) -> dict[str, Any]:
-        """Execute a `query_archive` call against the Codex last synced."""
-        return await asyncio.to_thread(query_archive, self.index, arguments)
+    async def run_tool(self, arguments: dict[str, Any] | str, scope: str | None = None) -> dict[str, Any]:
+        """Execute a `query_archive` call against session `scope`'s Codex (without one: the Codex of
+        the most recent RAG request)."""
+        with self._lock:
+            scope = scope if scope is not None else self._last_scope
+        return await asyncio.to_thread(self._run_tool, arguments, scope)
 
-    def _retrieve(self, docs: list[tuple[str, str]], query: str, k: int) -> list[Excerpt]:
-        self.index.sync(docs)  # CodexTooLarge propagates: the server answers 413
-        if not query.strip():
-            return []
-        return [Excerpt(r.chunk.doc_id, r.chunk.chunk_index, r.chunk.text) for r in self.index.search(query, k)]
+    def _retrieve(self, docs: list[tuple[str, str]], query: str, k: int, scope: str | None) -> list[Excerpt]:
+        with self.indexes.using(scope) as index:
+            index.sync(docs)  # CodexTooLarge propagates: the server answers 413
+            with self._lock:
+                self._last_scope = scope
+            if not query.strip():
+                return []
+            return [Excerpt(r.chunk.doc_id, r.chunk.chunk_index, r.chunk.text) for r in index.search(query, k)]
+
+    def _run_tool(self, arguments: dict[str, Any] | str, scope: str | None) -> dict[str, Any]:
+        if not self.indexes.exists(scope):
+            message = ("no request has used RAG mode yet: there is no Codex to search" if scope is None
+                       else f"session {scope!r} has no Codex in RAG mode yet: nothing to search")
+            return {"error": {"type": "invalid_arguments", "message": message}}
+        with self.indexes.using(scope) as index:
+            return query_archive(index, arguments)
