@@ -7,6 +7,7 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from ahc.config import AHCConfig
 from ahc.config import resolve_path
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
+from orchestrator.template_check import check_chat_template
 from orchestrator.session import SessionStore
 from server.hidden_calls import HiddenCaller
 from server.recorder import Recorder
@@ -73,6 +75,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
         )
         supported_tasks = await engine.get_supported_tasks()
         tokenizer = engine.get_tokenizer()
+        report_template(tokenizer, metrics, args.chat_template)
         retriever = CodexRetriever(rag_indexes)
         sessions = SessionStore(xdb.load_session_state,
                                 lambda sid, state: background.submit(xdb.save_session_state, sid, state))
@@ -104,3 +107,17 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
         rag_indexes.close()
         xdb.close()  # flushes every queued row
         sock.close()
+
+
+def report_template(tokenizer, metrics: AHCMetrics, chat_template: str | None) -> None:
+    """Warn when the chat template vLLM will use (`--chat-template`, else the model's) would break
+    the prefix cache on every turn."""
+    if chat_template is not None and Path(chat_template).is_file():
+        chat_template = Path(chat_template).read_text()
+    check = check_chat_template(lambda messages, tools: tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True, chat_template=chat_template))
+    metrics.chat_template_prefix_stable.set(-1 if check.stable is None else int(check.stable))
+    if not check.stable:
+        logging.getLogger("ahc.serve").warning(
+            "the chat template is not prefix-stable, so the prefix cache cannot carry over between turns "
+            "(give vLLM a stable one with engine.extra_args: [--chat-template, FILE]): %s", check.detail)

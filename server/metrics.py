@@ -42,6 +42,11 @@ class AHCMetrics:
             "ahc_governor_actions", "Governor actions by kind", ["action"], registry=r)
         self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", registry=r)
         self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", registry=r)
+        self.chat_template_prefix_stable = Gauge(
+            "ahc_chat_template_prefix_stable",
+            "1 if the chat template renders each prompt as a prefix of the next (checked at start-up), "
+            "0 if it re-renders earlier turns (the prefix cache then breaks every turn), -1 if it cannot render "
+            "the probe conversation", registry=r)
         self._prompt_total = 0
         self._cached_total = 0
         self._kv_usage = 0.0

@@ -48,3 +48,4 @@ def test_metrics_present_and_consistent(server, client: openai.OpenAI, model_nam
     assert 0 <= after["ahc_kv_cache_usage_ratio"] <= 1
     assert 0 <= after["ahc_vram_used_bytes"] <= after["ahc_vram_total_bytes"]
     assert after["ahc_vram_total_bytes"] > 0
+    assert after["ahc_chat_template_prefix_stable"] == 1  # the tiny model's template, checked at start-up
