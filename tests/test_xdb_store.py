@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
+from xdb.session_state import KEEP_VERSIONS
 
 
 def reply(xdb: XDB, session: str, words: list[str], request: str, acts: dict | None = None) -> list[TimestepRow]:
@@ -212,6 +213,12 @@ def test_session_state_and_agent_tables(xdb: XDB) -> None:
     assert xdb.save_session_state("s", '{"blocks": 1}') == 1  # unchanged: no new version
     assert xdb.save_session_state("s", '{"blocks": 2}') == 2
     assert xdb.load_session_state("s") == '{"blocks": 2}' and xdb.load_session_state("s", 1) == '{"blocks": 1}'
+    for n in range(3, 3 + KEEP_VERSIONS):  # an hours-long session keeps only its recent snapshots
+        xdb.save_session_state("s", f'{{"blocks": {n}}}')
+    last = 2 + KEEP_VERSIONS
+    assert xdb.load_session_state("s") == f'{{"blocks": {last}}}'
+    assert xdb.load_session_state("s", last - KEEP_VERSIONS + 1) is not None
+    assert xdb.load_session_state("s", last - KEEP_VERSIONS) is None and xdb.load_session_state("s", 1) is None
     first = xdb.log_interaction("run", journal_entry="saw AA_BB", token_count=5)
     xdb.log_interaction("run", tool_call_json='{"tool": "observe"}')
     assert [t["turn_id"] for t in xdb.interactions("run", pattern="AA_BB")] == [first]

@@ -1,5 +1,11 @@
 """The orchestrator's per-session State (its blocks as JSON), versioned: every save is a new version,
-so a restart resumes from the last one and an earlier one can be recovered."""
+so a restart resumes from the last one and a recent earlier one can be recovered.
+
+Only the last KEEP_VERSIONS versions of a session are kept: a snapshot holds the whole State (up to
+the compaction threshold, tens of KB on a large window), so keeping one per turn of an hours-long
+session would grow the file by that much every turn. Every input and output is in `timesteps`
+anyway; the snapshots are only the orchestrator's working copy.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,13 @@ import hashlib
 import duckdb
 
 
-def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str) -> int:
-    """Store a new version unless it equals the latest; returns the version holding it."""
+KEEP_VERSIONS = 16
+
+
+def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str,
+                       keep: int = KEEP_VERSIONS) -> int:
+    """Store a new version unless it equals the latest, and drop those older than the last `keep`;
+    returns the version holding it."""
     if not session_id:
         raise ValueError("session_id must not be empty")
     digest = hashlib.sha256(state_json.encode()).hexdigest()
@@ -19,6 +30,7 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
         return latest[0]
     version = 1 if latest is None else latest[0] + 1
     cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
+    cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?", [session_id, version - keep])
     return version
 
 
