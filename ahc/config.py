@@ -7,7 +7,7 @@ Unknown keys are errors, so a typo in a YAML file is caught at start-up, not ign
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -94,6 +94,9 @@ class LensConfig(_Strict):
     # At a reply's end, how long to wait for activations still in flight before writing the
     # tokens without them.
     finish_wait_s: float = Field(1.0, ge=0, le=10)
+    # What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token
+    # sets; `auto` takes the hidden state where the model exposes it, else falls back to the logit lens.
+    source: Literal["auto", "hidden_state", "logit_lens"] = "auto"
 
     @model_validator(mode="after")
     def _pack_when_enabled(self) -> "LensConfig":

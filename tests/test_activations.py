@@ -151,3 +151,54 @@ def test_a_pack_for_another_model_stops_start_up(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "lens.pack" in out.stderr and "config_sha256" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def logit_lens_server(tmp_path_factory):
+    """A server whose lens reads token sets from the logits (the fallback where hidden states cannot be
+    reached), with a pack trained here (`ahc lens train` writes the token sets)."""
+    import yaml
+
+    from tests.conftest import start_server, stop_server
+
+    root = tmp_path_factory.mktemp("logit-lens")
+    pack = root / "pack"
+    train = subprocess.run([AHC, "lens", "train", "--model", str(TINY_MODEL), "--examples",
+                            str(REPO / "configs" / "lenses" / "tiny-demo" / "examples.json"), "--layer", "1",
+                            "--out", str(pack)], capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stderr
+    config = yaml.safe_load((REPO / "configs" / "cpu-tiny.yaml").read_text())
+    config["lens"] = {"enabled": True, "pack": str(pack), "source": "logit_lens"}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    server = start_server(root / "xdb", api_key=None, config=root / "config.yaml")
+    yield server, pack
+    stop_server(server)
+
+
+def test_the_logit_lens_fallback_equals_transformers_logprobs(logit_lens_server) -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from server.lens import load_pack
+
+    server, pack_dir = logit_lens_server
+    reply = greedy_reply(server.client(), server.client().models.list().data[0].id, "logit-lens")
+    prompt_ids, output_ids = reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
+    rows = recall_until(server, len(output_ids), session_id="logit-lens", event_types="output")
+    assert [r["token_id"] for r in rows] == output_ids
+    pack = load_pack(pack_dir)
+    sets = pack.extra["token_sets"]
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0].double()
+    logprobs = torch.log_softmax(logits, dim=-1).numpy()
+    worst = 0.0
+    for j, row in enumerate(rows):
+        step = logprobs[len(prompt_ids) - 1 + j]
+        want = {c: float(np.logaddexp.reduce(step[ids])) for c, ids in sets.items()}
+        assert row["activation_source"] == "logit_lens"
+        assert set(row["concept_activations"]) == set(want)
+        worst = max(worst, *(abs(row["concept_activations"][c] - v) for c, v in want.items()))
+    print(f"logit lens: max abs diff vs transformers {worst:.3g} over {len(rows)} tokens")
+    assert worst <= 1e-4

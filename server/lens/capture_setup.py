@@ -48,6 +48,7 @@ class CaptureSetup:
     pack: LensPack
     pack_dir: str
     k: int
+    source: str
     finish_wait_s: float
     inbox: ActivationInbox
     receiver: ActivationReceiver
@@ -60,7 +61,7 @@ class CaptureSetup:
     def vllm_flags(self) -> list[str]:
         from vllm.platforms import current_platform
 
-        settings = {"pack": self.pack_dir, "k": self.k, "ipc": self.address}
+        settings = {"pack": self.pack_dir, "k": self.k, "ipc": self.address, "source": self.source}
         return ["--worker-cls", CPU_WORKER if current_platform.is_cpu() else GPU_WORKER,
                 "--additional-config", json.dumps({"ahc_lens": settings})]
 
@@ -80,5 +81,8 @@ def start_capture(config: AHCConfig) -> CaptureSetup | None:
     inbox = ActivationInbox(k)
     socket_dir = tempfile.mkdtemp(prefix="ahc-lens-")
     receiver = ActivationReceiver(f"ipc://{socket_dir}/activations", inbox.put, inbox.evict_stale)
-    return CaptureSetup(pack, str(Path(resolve_path(config.lens.pack)).resolve()), k, config.lens.finish_wait_s,
-                        inbox, receiver, socket_dir)
+    if config.lens.source == "logit_lens" and not pack.extra.get("token_sets"):
+        raise ValueError(f"lens.source: logit_lens needs a pack with token sets ({config.lens.pack} has none; "
+                         "retrain it with `ahc lens train`)")
+    return CaptureSetup(pack, str(Path(resolve_path(config.lens.pack)).resolve()), k, config.lens.source,
+                        config.lens.finish_wait_s, inbox, receiver, socket_dir)

@@ -117,6 +117,19 @@ class LensPack:
             raise ValueError("method: must be a non-empty string")
         if self.parents is not None:
             self._validate_parents()
+        self._validate_token_sets()
+
+    def _validate_token_sets(self) -> None:
+        """`extra.token_sets` (optional): concept id -> token ids, the concept for the logit lens."""
+        sets = self.extra.get("token_sets") if isinstance(self.extra, dict) else None
+        if sets is None:
+            return
+        ok = isinstance(sets, dict) and all(
+            cid in self.concept_ids and isinstance(ids, list)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+            for cid, ids in sets.items())
+        if not ok:
+            raise ValueError("extra.token_sets: must map concept ids to lists of token ids (integers >= 0)")
 
     def _validate_parents(self) -> None:
         ids, parents = self.concept_ids, self.parents

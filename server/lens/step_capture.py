@@ -51,8 +51,8 @@ def choose_mode(model: Any, pack: LensPack, num_layers: int, source: str) -> str
     has_token_sets = bool(pack.extra.get("token_sets"))
     if source == "logit_lens" or (source == "auto" and pack.layer < num_layers and not supports_eagle3(model)):
         if not has_token_sets:
-            raise ValueError(f"lens: {type(model).__name__} exposes no hidden states at layer {pack.layer} "
-                             "and the pack has no extra.token_sets for a logit lens")
+            why = "" if source == "logit_lens" else f"{type(model).__name__} exposes no hidden states and "
+            raise ValueError(f"lens: {why}the pack has no extra.token_sets for a logit lens")
         return "logit_lens"
     if pack.layer == num_layers:
         return "final"

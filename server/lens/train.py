@@ -14,6 +14,9 @@ Each text's feature is the mean over its tokens of the hidden state at `layer` (
 text at the concept mean scores +0.5 and one at the others' mean −0.5.
 `logistic`: a one-vs-rest L2-regularised logistic probe per concept (torch L-BFGS on standardised
 features, folded back into raw hidden-state space); the activation is the probe's logit.
+
+Either way the pack also gets `extra.token_sets`: per concept, the tokens relatively more frequent in
+its texts than in the others, for the logit-lens fallback where hidden states cannot be reached.
 """
 
 from __future__ import annotations
@@ -175,6 +178,28 @@ def fit_logistic(features: np.ndarray, members: Sequence[Sequence[int]], l2: flo
     return np.asarray(directions, dtype=np.float32), np.asarray(biases, dtype=np.float32)
 
 
+def token_sets(model_dir: str | Path, texts: Sequence[str], members: Sequence[Sequence[int]],
+               size: int = 32) -> list[list[int]]:
+    """Per concept, the tokens of its texts that are relatively more frequent there than in the other
+    texts (at most `size`, most frequent first): the concept as a set of tokens, for the logit lens
+    where a model's hidden states cannot be reached."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    counts = [Counter(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    sets = []
+    for m in members:
+        inside, outside = Counter(), Counter()
+        for i, c in enumerate(counts):
+            (inside if i in set(m) else outside).update(c)
+        n_in, n_out = max(sum(inside.values()), 1), max(sum(outside.values()), 1)
+        distinctive = [t for t, n in inside.most_common() if n / n_in > outside[t] / n_out]
+        sets.append(distinctive[:size])
+    return sets
+
+
 def fit(features: np.ndarray, members: Sequence[Sequence[int]], method: str = "means"):
     if method == "means":
         return fit_means(features, members)
@@ -197,7 +222,9 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
     directions, biases = fit(features, members, method)
     parents = [c.parent for c in concepts]
     extra: dict[str, Any] = {"examples": {c.id: len(m) for c, m in zip(concepts, members)},
-                             "features": "mean over tokens"}
+                             "features": "mean over tokens",
+                             "token_sets": {c.id: ids for c, ids in zip(concepts, token_sets(model_dir, texts, members))
+                                            if ids}}
     return LensPack(concept_ids=[c.id for c in concepts], names=[c.name for c in concepts], layer=layer,
                     directions=directions, biases=biases, model=fingerprint,
                     parents=parents if any(p is not None for p in parents) else None,
