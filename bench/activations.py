@@ -1,0 +1,112 @@
+"""`ahc bench activations`: decode tokens/s with in-engine concept capture on vs off, in one run.
+
+Two servers, same random model (the 6x512 Llama the orchestrator bench uses, so the forward is not all
+overhead as with the tiny one), same load: BATCH concurrent streaming greedy completions of MAX_TOKENS
+tokens each (`ignore_eos`), short prompts so prefill is negligible. Decode tokens/s is counted in the
+window where every stream is decoding (the last first-token to the first last-token).
+
+Both servers are up together and measured in alternating rounds (plain, capture, capture, plain, ...):
+this machine's background load drifts by more than the effect measured, and alternating puts the
+drift on both sides alike (the idle server sits on the other side of every round too). A warm-up
+round each, then ROUNDS measured rounds each; the median round is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+
+from ahc.config import REPO_ROOT
+from bench.orchestrator import MODEL_FLAGS
+from bench.result import BenchResult
+from bench.server_process import ensure_model, start
+
+BATCH = 8
+MAX_TOKENS = 192
+ROUNDS = 10
+LENS_LAYER = 3
+EXAMPLES = REPO_ROOT / "configs" / "lenses" / "tiny-demo" / "examples.json"
+
+
+def ensure_pack(model_dir: Path, out: Path) -> Path:
+    """A lens pack for the bench model (the tiny-demo concepts at layer 3), built once."""
+    if not (out / "lens.json").exists():
+        ahc = str(Path(sys.executable).with_name("ahc"))
+        subprocess.run([ahc, "lens", "train", "--model", str(model_dir), "--examples", str(EXAMPLES),
+                        "--layer", str(LENS_LAYER), "--out", str(out)], check=True, capture_output=True)
+    return out
+
+
+def stream_times(client: openai.OpenAI, model: str, seed: int) -> list[float]:
+    """Arrival time of every token of one streaming completion."""
+    times: list[float] = []
+    for chunk in client.completions.create(model=model, prompt=f"Cell {seed}: particles move and collide",
+                                           max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True}):
+        if chunk.choices and chunk.choices[0].text is not None:
+            times.append(time.perf_counter())
+    return times
+
+
+def decode_round(client: openai.OpenAI, model: str) -> float:
+    with ThreadPoolExecutor(BATCH) as pool:
+        streams = list(pool.map(lambda i: stream_times(client, model, i), range(BATCH)))
+    start = max(s[0] for s in streams)
+    end = min(s[-1] for s in streams)
+    tokens = sum(1 for s in streams for t in s if start < t <= end)
+    return tokens / (end - start)
+
+
+def has_activations(base_url: str) -> bool:
+    rows = httpx.get(f"{base_url}/v1/xdb/recall", params={"event_types": "output", "limit": 1}, timeout=60).json()
+    return bool(rows["data"] and rows["data"][0]["concept_activations"])
+
+
+def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool]:
+    """Rounds of plain and capture decode tokens/s, and whether capture (only) recorded activations."""
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = []
+        try:
+            for name, lens in (("plain", "off"), ("capture", str(pack))):
+                servers.append(start(model_dir, Path(tmp) / name, "--max-num-seqs", str(BATCH), lens=lens))
+            clients = [openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="none", max_retries=0, timeout=600)
+                       for s in servers]
+            model = clients[0].models.list().data[0].id
+            for client in clients:
+                decode_round(client, model)  # warm-up
+            rounds: list[list[float]] = [[], []]
+            for r in range(ROUNDS):
+                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    rounds[side].append(decode_round(clients[side], model))
+            right = not has_activations(servers[0].base_url) and has_activations(servers[1].base_url)
+        finally:
+            for server in servers:
+                server.stop()
+    return rounds[0], rounds[1], right
+
+
+def run() -> BenchResult:
+    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
+    pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / "bench-6x512")
+    plain_rounds, capture_rounds, right = measure(model_dir, pack)
+    if not right:
+        raise RuntimeError("activations bench: the capture server recorded no activations, or the plain one did")
+    plain, capture = statistics.median(plain_rounds), statistics.median(capture_rounds)
+    # Each capture round against the plain round next to it: the drift-robust view of the same ratio.
+    paired = statistics.median(c / p for c, p in zip(capture_rounds, plain_rounds))
+    figures = {"decode_tok_per_s_capture": capture, "decode_tok_per_s_plain": plain,
+               "batch": BATCH, "max_tokens": MAX_TOKENS, "rounds": ROUNDS}
+    return BenchResult("activations", figures, {"capture_over_plain": capture / plain},
+                       {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": "cpu",
+                        "lens": f"tiny-demo concepts at layer {LENS_LAYER}, k=10",
+                        "paired_capture_over_plain": f"{paired:.3f}",
+                        "rounds_plain": ", ".join(f"{r:.1f}" for r in plain_rounds),
+                        "rounds_capture": ", ".join(f"{r:.1f}" for r in capture_rounds)})
