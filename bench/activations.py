@@ -27,7 +27,7 @@ import openai
 from ahc.config import REPO_ROOT
 from bench.orchestrator import MODEL_FLAGS
 from bench.result import BenchResult
-from bench.server_process import ensure_model, start
+from bench.server_process import alternating_rounds, ensure_model, start
 
 BATCH = 8
 MAX_TOKENS = 192
@@ -80,12 +80,7 @@ def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool
             clients = [openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="none", max_retries=0, timeout=600)
                        for s in servers]
             model = clients[0].models.list().data[0].id
-            for client in clients:
-                decode_round(client, model)  # warm-up
-            rounds: list[list[float]] = [[], []]
-            for r in range(ROUNDS):
-                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    rounds[side].append(decode_round(clients[side], model))
+            rounds = alternating_rounds([lambda c=c: decode_round(c, model) for c in clients], ROUNDS)
             right = not has_activations(servers[0].base_url) and has_activations(servers[1].base_url)
         finally:
             for server in servers:

@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -59,11 +60,15 @@ def start(model: Path, data_dir: Path, *extra: str, timeout: float = 600, lens: 
            "--port", str(port), "--model", str(model), "--data-dir", str(data_dir), "--lens", lens, *extra]
     with log.open("w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=dict(os.environ))
-    server = ServerProcess(process, port, log)
+    return wait_healthy(ServerProcess(process, port, log), timeout)
+
+
+def wait_healthy(server: ServerProcess, timeout: float) -> ServerProcess:
+    """Wait for GET /health to answer 200; a server that exits or never gets there is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ahc serve exited:\n{log.read_text()[-3000:]}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited:\n{server.log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
                 return server
@@ -71,4 +76,18 @@ def start(model: Path, data_dir: Path, *extra: str, timeout: float = 600, lens: 
             pass
         time.sleep(0.5)
     server.stop()
-    raise RuntimeError(f"ahc serve not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"server not ready after {timeout} s:\n{server.log.read_text()[-3000:]}")
+
+
+def alternating_rounds(measure_on: list[Callable[[], float]], rounds: int) -> list[list[float]]:
+    """A warm-up on each server, then `rounds` measured rounds of each, the order alternating round by
+    round: servers measured in one run share the machine's drift, which is larger here than the
+    effects measured."""
+    for measure in measure_on:
+        measure()
+    results: list[list[float]] = [[] for _ in measure_on]
+    order = list(range(len(measure_on)))
+    for r in range(rounds):
+        for side in (order if r % 2 == 0 else order[::-1]):
+            results[side].append(measure_on[side]())
+    return results
