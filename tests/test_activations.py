@@ -156,7 +156,8 @@ def test_a_pack_for_another_model_stops_start_up(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def logit_lens_server(tmp_path_factory):
     """A server whose lens reads token sets from the logits (the fallback where hidden states cannot be
-    reached), with a pack trained here (`ahc lens train` writes the token sets)."""
+    reached), with a pack trained here (`ahc lens train` writes the token sets). Its prompts are
+    prefilled in 64-token chunks, so the rows of chunks that produce no token must be dropped."""
     import yaml
 
     from tests.conftest import start_server, stop_server
@@ -169,6 +170,7 @@ def logit_lens_server(tmp_path_factory):
     assert train.returncode == 0, train.stderr
     config = yaml.safe_load((REPO / "configs" / "cpu-tiny.yaml").read_text())
     config["lens"] = {"enabled": True, "pack": str(pack), "source": "logit_lens"}
+    config["engine"]["max_num_batched_tokens"] = 64
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     server = start_server(root / "xdb", api_key=None, config=root / "config.yaml")
     yield server, pack
@@ -185,6 +187,7 @@ def test_the_logit_lens_fallback_equals_transformers_logprobs(logit_lens_server)
     server, pack_dir = logit_lens_server
     reply = greedy_reply(server.client(), server.client().models.list().data[0].id, "logit-lens")
     prompt_ids, output_ids = reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
+    assert len(prompt_ids) > 2 * 64  # three prefill chunks, the first two produce no token
     rows = recall_until(server, len(output_ids), session_id="logit-lens", event_types="output")
     assert [r["token_id"] for r in rows] == output_ids
     pack = load_pack(pack_dir)
