@@ -99,6 +99,25 @@ def test_the_prefix_cache_still_serves_and_its_reply_is_measured_too(server, rep
     assert max_abs_diff(rows, expected_activations(second["prompt_token_ids"], output_ids)) <= 1e-4
 
 
+def test_a_reply_cut_short_still_records_its_tokens_and_invents_nothing(server, client, model_name) -> None:
+    stream = client.chat.completions.create(
+        model=model_name, max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True,
+        "context": {"session_id": "act-abort", "identity": "You go on and on."}},
+        messages=[{"role": "user", "content": "Talk until I hang up."}])
+    received = 0
+    for chunk in stream:
+        received += 1
+        if received == 5:
+            break
+    stream.close()  # the client hangs up: vLLM aborts the request
+    rows = recall_until(server, 4, timeout=5.0, session_id="act-abort", event_types="output")
+    assert len(rows) >= 4
+    for row in rows:
+        measured = row["activation_source"] == "hidden_state"
+        assert measured == bool(row["concept_activations"]), row
+        assert row["activation_source"] in ("hidden_state", None)
+
+
 def pick_threshold(rows: list[dict]) -> tuple[str, float, list[int]]:
     """A concept and a value that some, but not all, of the rows reach; the ticks that reach it."""
     concept = next(iter(rows[0]["concept_activations"]))
