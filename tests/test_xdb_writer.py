@@ -14,7 +14,7 @@ from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit import AuditLog
 from xdb.canonical import canonical_records
 from xdb.concepts import ConceptIndex
-from xdb.rows import batch_to_arrow, rows_to_arrow
+from xdb.rows import batch_to_arrow, rows_to_arrow, to_arrow
 
 NAMES = ["joy", "fear", "calm"]
 
@@ -223,3 +223,27 @@ def test_rows_into_an_idle_writer_commit_within_the_latency_bound(tmp_path: Path
         while xdb.writer.rows_written < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert xdb.writer.rows_written == 1  # no flush: the 250 ms bound alone committed it
+
+
+def test_interleaved_streams_convert_per_stream_in_order_and_never_across_a_row_list() -> None:
+    names = ["a", "b", "c"]
+
+    def token(stream: str, tick: int, acts: bool) -> TokenBatch:
+        index = np.array([[tick % 3, (tick + 1) % 3]], dtype=np.int32) if acts else None
+        values = np.array([[tick + 0.5, -tick]], dtype=np.float32) if acts else None
+        return TokenBatch(stream, [tick], [f"{stream}{tick}"], token_ids=[tick], request_id=f"r-{stream}",
+                          concept_names=names if acts else (), concept_index=index, concept_values=values,
+                          activation_source="hidden_state" if acts else None, created_at=1000.0 + tick)
+
+    parts = [token("s", 0, True), token("t", 0, False), token("s", 1, True), token("t", 1, False),
+             [TimestepRow(session_id="s", tick=2, event_type="tool_call", role="assistant", content="call")],
+             token("s", 3, True), token("t", 2, False), token("s", 4, True)]
+    table, _ = to_arrow(parts, 1, ConceptIndex([]))
+    rows = table.to_pylist()
+    assert [r["id"] for r in rows] == list(range(1, 9))
+    assert [(r["session_id"], r["tick"]) for r in rows] == [
+        ("s", 0), ("s", 1), ("t", 0), ("t", 1), ("s", 2), ("s", 3), ("s", 4), ("t", 2)]
+    by_tick = {(r["session_id"], r["tick"]): r for r in rows}
+    assert by_tick[("s", 3)]["concept_values"][:2] == [3.5, -3.0] and by_tick[("s", 3)]["token_id"] == 3
+    assert by_tick[("t", 1)]["concept_ids"] is None and by_tick[("t", 1)]["content"] == "t1"
+    assert [r["event_type"] for r in rows].index("tool_call") == 4  # nothing crossed the row list
