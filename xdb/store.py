@@ -54,7 +54,7 @@ class XDB:
              summarize: Callable[[str], str] | None = None, read_only: bool = False,
              on_commit: Callable[[int], None] | None = None, warm_quota_bytes: int | None = None,
              hot_seconds: float = 3600.0, max_document_bytes: int = documents.DEFAULT_MAX_DOCUMENT_BYTES,
-             batch_rows: int = 50_000, max_latency_s: float = 0.25, max_queue_rows: int = 1_000_000,
+             batch_rows: int = 50_000, max_latency_s: float = 1.0, max_queue_rows: int = 1_000_000,
              submit_timeout_s: float = 30.0, threads: int | None = None) -> "XDB":
         """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb.
         A corrupt or foreign file raises ValueError and is left untouched. `read_only` opens the

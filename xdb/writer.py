@@ -9,8 +9,9 @@ DuckDB's inserts (which release the GIL), and the two files' inserts overlap eac
     audit stage:      the hashed batch → audit file, committed
     experience stage: the same table → `timesteps`, inserted while the audit works, and committed
                       only once the audit has committed that batch (the audit is the write-ahead log)
-A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (250 ms),
-or when someone calls `flush()`. A batch the audit holds but the experience file lost to a crash is
+A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (1 s),
+or when someone calls `flush()` (the server does at the end of every reply). Each commit costs ~10 ms of
+CPU per file whatever its size, so the latency bound sets the writer's CPU while tokens stream. A batch the audit holds but the experience file lost to a crash is
 replayed from the audit at the next open (`replay_from_audit`); a batch the audit lost never reaches
 the experience file, whose transaction is rolled back.
 """
@@ -28,6 +29,7 @@ from typing import Callable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from xdb.audit import AuditLog
 from xdb.concepts import ConceptIndex
@@ -67,8 +69,9 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             conn.execute("INSERT INTO session_ticks SELECT session_id, max(tick) FROM xdb_batch GROUP BY 1 "
                          "ON CONFLICT (session_id) DO UPDATE "
                          "SET last_tick = greatest(session_ticks.last_tick, excluded.last_tick)")
-            conn.execute("INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', "
-                         "(SELECT max(id)::VARCHAR FROM xdb_batch))")
+            # A literal, not a scan of the batch: each statement over the registered table costs ms.
+            last_id = int(pc.max(table.column("id")).as_py())
+            conn.execute(f"INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', '{last_id}')")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -133,7 +136,7 @@ def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
 
 class Writer:
     def __init__(self, conn: duckdb.DuckDBPyConnection, audit: AuditLog, concepts: ConceptIndex, *,
-                 next_id: int, batch_rows: int = 50_000, max_latency_s: float = 0.25,
+                 next_id: int, batch_rows: int = 50_000, max_latency_s: float = 1.0,
                  max_queue_rows: int = 1_000_000, submit_timeout_s: float = 30.0,
                  on_commit: Callable[[int], None] | None = None, k: int = TOP_K) -> None:
         self._conn, self._audit, self._concepts, self._k = conn, audit, concepts, k
