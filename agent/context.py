@@ -3,10 +3,11 @@
 Tier 1, the permanent core (persona, grammar of symbols and instruments, the law language, how to
 work) is Identity: byte-identical every turn, so it is always a prefix-cache hit. The tool schemas
 travel in the request's `tools`, which the chat template renders ahead of it, equally fixed. Tier 2,
-the evolving theory (stored theorems, the negative-knowledge summary, laws awaiting promotion) is
-Karma: it changes only when the theory does, and the cache report then names `karma` as the first
-changed block. Tier 3, the rolling journal, is the server session's State: append-only, so each turn
-extends the cached prefix; a compaction moves it into Karma and starts a fresh session.
+the evolving theory (the negative-knowledge summary, laws awaiting promotion, stored theorems) is
+Karma: a newly stored theorem is appended, so the server stages it in the State and the cache holds;
+an edited or retracted one rewrites the block, and the cache report then names `karma`. Tier 3, the
+rolling journal, is the server session's State: append-only, so each turn extends the cached prefix; a
+compaction moves it into Karma and starts a fresh session.
 """
 
 from __future__ import annotations
@@ -63,8 +64,16 @@ def identity_text(prompt_size: str = "full") -> str:
 
 
 def karma_entries(knowledge: Knowledge, max_chars: int = 600) -> list[dict[str, Any]]:
-    """Tier 2 as Karma entries: theorems verbatim (never pruned), then the summaries."""
+    """Tier 2 as Karma entries: the summaries (fixed between compactions), then the theorems verbatim
+    (never pruned) in the order they were stored, so a new theorem is appended: the server stages it
+    in the State instead of rewriting the Karma block (orchestrator/karma.py)."""
     entries = []
+    if knowledge.negative_knowledge:
+        entries.append({"id": "negative-knowledge", "verbatim": False,
+                        "text": "Falsified so far: " + clip(knowledge.negative_knowledge, max_chars)})
+    if knowledge.candidates_note:  # a snapshot taken at the last compaction, so Karma stays put between
+        entries.append({"id": "candidate-laws", "verbatim": False,
+                        "text": "Passed repeatedly, not yet theorems: " + clip(knowledge.candidates_note, max_chars)})
     for t in knowledge.theorems:
         if t.status == "retracted":
             continue
@@ -72,12 +81,6 @@ def karma_entries(knowledge: Knowledge, max_chars: int = 600) -> list[dict[str, 
         entries.append({"id": f"theorem-{t.theorem_id}", "verbatim": True,
                         "text": f"Theorem {t.theorem_id} '{t.name}' ({t.status}, laws {', '.join(t.law_ids)}): "
                                 f"{clip(t.description, max_chars)} {laws}"})
-    if knowledge.negative_knowledge:
-        entries.append({"id": "negative-knowledge", "verbatim": False,
-                        "text": "Falsified so far: " + clip(knowledge.negative_knowledge, max_chars)})
-    if knowledge.candidates_note:  # a snapshot taken at the last compaction, so Karma stays put between
-        entries.append({"id": "candidate-laws", "verbatim": False,
-                        "text": "Passed repeatedly, not yet theorems: " + clip(knowledge.candidates_note, max_chars)})
     return entries
 
 
