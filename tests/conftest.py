@@ -88,6 +88,23 @@ def stop_server(server: Server, timeout: float = 60) -> int:
     return server.process.returncode
 
 
+def recall(server, **params) -> list[dict]:
+    with server.http() as http:
+        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def recall_until(server, count: int, timeout: float = 1.0, **params) -> list[dict]:
+    """Rows must be queryable within 1 s of the response (SPEC §5)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = recall(server, **params)
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory):
     if not (TINY_MODEL / "config.json").exists():

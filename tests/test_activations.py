@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import AHC, REPO, TINY_MODEL
+from tests.conftest import AHC, REPO, TINY_MODEL, recall, recall_until
 
 pytestmark = pytest.mark.engine
 
@@ -19,22 +18,6 @@ PACK = REPO / ".cache" / "lenses" / "tiny-demo"
 # Long enough that the prompt fills whole KV blocks (32 tokens) the second request can read.
 IDENTITY = ("You watch a ring of cells. Particles A move right, particles B move left, and when they meet "
             "they collide into K. Count the collisions and say whether the rule is negated. ") * 3
-
-
-def recall(server, **params) -> list[dict]:
-    with server.http() as http:
-        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
-    assert response.status_code == 200, response.text
-    return response.json()["data"]
-
-
-def recall_until(server, count: int, timeout: float = 1.0, **params) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = recall(server, **params)
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.05)
 
 
 def greedy_reply(client, model_name: str, session_id: str) -> dict:

@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from agent.journal import JournalEntry, ToolCall
+from agent.journal import ToolCall
 from agent.knowledge import Knowledge
 from agent.loop import DiscoveryRun, RunConfig
 from agent.policies.base import Reply, TurnInput

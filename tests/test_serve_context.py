@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 pytestmark = pytest.mark.engine

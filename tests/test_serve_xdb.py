@@ -5,32 +5,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import free_port, start_server, stop_server
+from tests.conftest import free_port, recall, recall_until, start_server, stop_server
 
 pytestmark = pytest.mark.engine
-
-
-def recall(server, **params) -> list[dict]:
-    with server.http() as http:
-        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
-    assert response.status_code == 200, response.text
-    return response.json()["data"]
-
-
-def recall_until(server, count: int, timeout: float = 1.0, **params) -> list[dict]:
-    """Rows must be queryable within 1 s of the response (SPEC §5)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = recall(server, **params)
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.05)
 
 
 def test_every_generated_token_is_a_row_and_they_concatenate_to_the_reply(server, client, model_name) -> None:
