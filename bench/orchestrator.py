@@ -46,7 +46,7 @@ def session_content() -> tuple[str, list[dict], list[str], dict[int, dict]]:
 
 
 @dataclass
-class Session:
+class TurnLog:
     """Per turn: time to first token, prompt tokens, cached prompt tokens, completion tokens."""
 
     ttft: list[float] = field(default_factory=list)
@@ -88,22 +88,22 @@ def stream_ttft(client: openai.OpenAI, **kwargs) -> tuple[float, str, Any]:
     return (ttft if ttft is not None else time.perf_counter() - start), "".join(text), usage
 
 
-def run_ours(client: openai.OpenAI, model: str) -> Session:
+def run_ours(client: openai.OpenAI, model: str) -> TurnLog:
     identity, codex, questions, karma_at = session_content()
-    karma, session = [], Session()
+    karma, log = [], TurnLog()
     for turn, question in enumerate(questions):
         if turn in karma_at:
             karma.append(karma_at[turn])
         context = {"session_id": "bench-ours", "identity": identity, "codex": codex, "karma": karma, "mode": "cag"}
         ttft, _, usage = stream_ttft(client, model=model, max_tokens=REPLY_TOKENS, temperature=0,
                                      messages=[{"role": "user", "content": question}], extra_body={"context": context})
-        session.add(ttft, usage)
-    return session
+        log.add(ttft, usage)
+    return log
 
 
-def run_naive(client: openai.OpenAI, model: str) -> Session:
+def run_naive(client: openai.OpenAI, model: str) -> TurnLog:
     identity, codex, questions, karma_at = session_content()
-    karma, history, session = [], [], Session()
+    karma, history, log = [], [], TurnLog()
     for turn, question in enumerate(questions):
         if turn in karma_at:
             karma.append(karma_at[turn])
@@ -114,8 +114,8 @@ def run_naive(client: openai.OpenAI, model: str) -> Session:
         ttft, reply, usage = stream_ttft(client, model=model, max_tokens=REPLY_TOKENS, temperature=0,
                                          messages=[{"role": "system", "content": system}, *history])
         history.append({"role": "assistant", "content": reply})
-        session.add(ttft, usage)
-    return session
+        log.add(ttft, usage)
+    return log
 
 
 def assembly_p99_ms(model_dir: Path) -> float:

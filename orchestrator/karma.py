@@ -21,7 +21,7 @@ from orchestrator.session import Session
 class KarmaPlan:
     block: tuple[KarmaEntry, ...]   # rendered in the Karma block
     fresh: tuple[KarmaEntry, ...]   # staged by this request: rendered in its Query block
-    entries: tuple[KarmaEntry, ...] = ()  # the request's whole list, in order
+    entries: tuple[KarmaEntry, ...]  # the request's whole list, in order
 
     def all_in_block(self) -> "KarmaPlan":
         """Every entry in the Karma block: for a prompt whose State lost the turns that carried some."""
