@@ -1,11 +1,13 @@
-"""The `context` field a chat request may carry (SPEC §4.1), validated so a bad one is a 400 naming
+"""The `context` field a chat request may carry, validated so a bad one is a 400 naming
 the field rather than a silently different prompt."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ahc.errors import InvalidRequest
 
 
 class _Strict(BaseModel):
@@ -32,24 +34,22 @@ class ContextSpec(_Strict):
     mode: Literal["auto", "cag", "rag"] = "auto"
     formatter: str | None = None
 
+    @field_validator("codex", "karma")
+    @classmethod
+    def _unique_ids(cls, items: list[CodexDoc] | list[KarmaEntry]) -> list[CodexDoc] | list[KarmaEntry]:
+        ids = [item.id for item in items]
+        if len(ids) != len(set(ids)):
+            raise ValueError("ids must be unique")
+        return items
+
 
 def parse_context(raw: Any) -> ContextSpec:
-    """Validate a request's `context`; raises ValueError whose first word is the bad field's path."""
-    if not isinstance(raw, dict):
-        raise ValueError("context: must be a JSON object")
+    """Validate a `context` from Python; raises InvalidRequest naming the bad field (`context.codex.0.id`).
+    Over HTTP the chat request's typed body validates it instead."""
     try:
-        spec = ContextSpec.model_validate(raw)
+        return ContextSpec.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         path = ".".join(["context", *(str(part) for part in first["loc"])])
-        raise ValueError(f"{path}: {first['msg']}") from None
-    for field, items in (("codex", spec.codex), ("karma", spec.karma)):
-        ids = [item.id for item in items]
-        if len(ids) != len(set(ids)):
-            raise ValueError(f"context.{field}: ids must be unique")
-    return spec
-
-
-def field_of(error: ValueError) -> str:
-    """The field path a `parse_context` error names (its text before the first colon)."""
-    return str(error).split(":", 1)[0]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise InvalidRequest(f"{path}: {message}", param=path) from None

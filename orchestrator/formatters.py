@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Callable, Protocol, Sequence
 
+from ahc.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, KarmaEntry
 
 ENTRY_POINT_GROUP = "ahc.formatters"
@@ -123,7 +124,8 @@ class FormatterRegistry:
 
     def get(self, name: str) -> Formatter:
         if name not in self._factories:
-            raise ValueError(f"context.formatter: unknown formatter {name!r}; known: {', '.join(self.names())}")
+            raise InvalidRequest(f"context.formatter: unknown formatter {name!r}; known: {', '.join(self.names())}",
+                                 param="context.formatter")
         if name not in self._instances:
             self._instances[name] = self._factories[name]()
         return self._instances[name]

@@ -1,5 +1,9 @@
 """The orchestrator on one chat request: blocks from the request (and session), compaction, the
-CAG/RAG decision, the CTC governor, assembly, and the cache report (SPEC §4.1)."""
+CAG/RAG decision, the CTC governor, assembly, and the cache report.
+
+`prepare` decides; it never adds to the session's State. `commit` (with the reply) and `rollback`
+settle it. The server drives them through a `ChatTurn` (`Orchestrator.turn`), which guarantees one
+of the two happens, exactly once, whatever becomes of the request."""
 
 from __future__ import annotations
 
@@ -8,8 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from ahc.config import OrchestratorConfig
+from ahc.errors import InvalidRequest
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble
 from orchestrator.blocks import first_changed
+from orchestrator.cache_report import PASSTHROUGH, CacheReport
+from orchestrator.chat_turn import ChatTurn
+from orchestrator.prepared import Prepared
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import CTCLimits, govern
@@ -28,30 +36,6 @@ Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 class Retriever(Protocol):
     async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int, scope: str | None) -> list[Excerpt]: ...
     def tool(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class Prepared:
-    """What the server sends to vLLM, and what it reports and records afterwards."""
-
-    messages: list[dict[str, Any]]
-    report: dict[str, Any]
-    session_id: str
-    session: Session | None
-    new_turns: list[Turn]
-    extra_tools: list[dict[str, Any]] = field(default_factory=list)
-    prompt: AssembledPrompt | None = None
-    query: str | None = None
-    prior_turns: int = 0
-    spec: ContextSpec | None = None
-    raw_messages: list[dict[str, Any]] = field(default_factory=list)
-    on_complete: list[Callable[[], None]] = field(default_factory=list)
-    karma: KarmaPlan | None = None
-    stored_query: str | None = None  # the user turn as it joins the State (with the karma it staged)
-
-    @property
-    def actions(self) -> list[str]:
-        return self.report["governor"]
 
 
 class Orchestrator:
@@ -105,34 +89,31 @@ class Orchestrator:
         inp = governed
         actions += ctc_actions
         prompt = assemble(inp, formatter, self.counter, self.render_cache)
-        report = {
-            "mode": mode,
-            "blocks": [block.report() for block in prompt.blocks],
-            "prefix_sha256": prompt.prefix_sha256,
-            "first_changed_block": first_changed(prompt.blocks, session.last_hashes if session else None),
-            "governor": actions,
-        }
-        prior = len(session.turns) if session else 0
-        if session is not None:
-            session.turns.extend(new_turns)
-            session.last_hashes = prompt.hashes()
+        report = CacheReport(mode, tuple(prompt.blocks), prompt.prefix_sha256,
+                             first_changed(prompt.blocks, session.last_hashes if session else None), actions)
         session_id = spec.session_id or new_session_id()
         stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
-        return Prepared(prompt.messages, report, session_id, session, list(new_turns), extra_tools, prompt,
-                        query=query, prior_turns=prior, spec=spec, raw_messages=messages, karma=karma,
-                        stored_query=stored_query)
+        return Prepared(prompt.messages, report, session_id, session, list(new_turns), prompt, extra_tools,
+                        query=query, spec=spec, raw_messages=messages, karma=karma, stored_query=stored_query)
+
+    def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]]) -> ChatTurn:
+        """One request's life: `async with orchestrator.turn(spec, messages) as turn: ...`, then
+        `await turn.commit(reply)`; anything else rolls the session back."""
+        lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
+        return ChatTurn(self, spec, messages, lock)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
-        None when there is nothing to compact."""
+        None when there is nothing to compact. The new report keeps the actions already taken."""
         session = prepared.session
         if session is None or self.summarize is None:
             return None
-        del session.turns[prepared.prior_turns:]
         before = len(session.turns)
         again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True)
         if "compaction" not in again.actions and len(session.turns) >= before:
             return None
+        taken = prepared.actions
+        again.report.governor = taken + [a for a in again.actions if a not in taken]
         return again
 
     def _govern(self, inp: AssemblyInput, formatter: Formatter) -> tuple[AssemblyInput, list[str]]:
@@ -150,35 +131,35 @@ class Orchestrator:
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
-        report = {"mode": "passthrough", "blocks": [b.report() for b in prompt.blocks],
-                  "prefix_sha256": prompt.prefix_sha256, "first_changed_block": None, "governor": []}
-        return Prepared(messages, report, new_session_id(), None, list(turns), prompt=prompt)
+        report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256, None)
+        return Prepared(messages, report, new_session_id(), None, list(turns), prompt)
 
-    def complete(self, prepared: Prepared, reply: dict[str, Any] | None) -> Any:
-        """After the response: the query and the reply join the session's State, which is persisted.
-        A failed request (no reply) leaves the State as it was before it."""
-        for callback in prepared.on_complete:
-            callback()
-        prepared.on_complete.clear()
+    def rollback(self, prepared: Prepared) -> None:
+        """The request failed or was cut off: the State stays as it was before it (a compaction it
+        triggered stays: that is a State of its own). What the cache holds is no longer known."""
+        if prepared.session is not None:
+            prepared.session.last_hashes = None
+
+    def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any:
+        """After the response: the request's turns, the query and the reply join the session's State,
+        which is persisted; returns the store's receipt (a future when it saves in the background)."""
         session = prepared.session
         if session is None:
-            return
-        if reply is None:
-            del session.turns[prepared.prior_turns:]
-            session.last_hashes = None
-            return
+            return None
+        session.turns.extend(prepared.new_turns)
+        session.last_hashes = prepared.prompt.hashes()
         if prepared.stored_query is not None:
             session.turns.append(Turn(role="user", content=prepared.stored_query))
         session.turns.append(Turn.from_message(reply))
         if prepared.karma is not None:
             commit_karma(session, prepared.karma)
-        return self.sessions.save(session)  # the store's receipt (a future when saved in the background)
+        return self.sessions.save(session)
 
 
 def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Turn], str | None]:
     """(identity from the system messages, the turns before the query, the query or None)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValueError("messages: must be a list of message objects")
+        raise InvalidRequest("messages: must be a list of message objects", param="messages")
     system = [m for m in messages if m.get("role") in ("system", "developer")]
     rest = [m for m in messages if m.get("role") not in ("system", "developer")]
     identity = "\n\n".join(str(m.get("content") or "") for m in system)
@@ -190,9 +171,10 @@ def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple
     for message in rest:
         try:
             turns.append(Turn.from_message(message))
-        except (ValueError, KeyError, TypeError):
+        except (InvalidRequest, KeyError, TypeError):
             if strict:
-                raise ValueError(f"messages: cannot use a {message.get('role')!r} message as State") from None
+                raise InvalidRequest(f"messages: cannot use a {message.get('role')!r} message as State",
+                                     param="messages") from None
     return identity, turns, query
 
 

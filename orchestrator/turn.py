@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from ahc.errors import InvalidRequest
 from orchestrator.blocks import canonical_json, sha256_hex
 
 ROLES = ("user", "assistant", "tool")
@@ -27,7 +28,8 @@ class Turn:
     def from_message(cls, message: dict[str, Any]) -> "Turn":
         role = message.get("role")
         if role not in ROLES:
-            raise ValueError(f"messages: role {role!r} cannot be part of the State (use {', '.join(ROLES)})")
+            raise InvalidRequest(f"messages: role {role!r} cannot be part of the State (use {', '.join(ROLES)})",
+                                 param="messages")
         calls = tuple((str(c.get("id", "")), str(c["function"]["name"]), _arguments(c["function"].get("arguments")))
                       for c in message.get("tool_calls") or [])
         return cls(role=role, content=_text(message.get("content")), tool_calls=calls,
@@ -75,7 +77,7 @@ def _text(content: Any) -> str:
         return content
     if isinstance(content, list):  # OpenAI content parts: keep the text parts, in order
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    raise ValueError("messages: content must be a string or a list of content parts")
+    raise InvalidRequest("messages: content must be a string or a list of content parts", param="messages")
 
 
 def _arguments(arguments: Any) -> str:

@@ -15,11 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from ahc.errors import RateLimited
 
-class GovernorRejected(Exception):
+
+class GovernorRejected(RateLimited):
+    """The KV cache cannot take the request now (429 with Retry-After), rather than preempting others."""
+
     def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s, code="kv_cache_full")
 
 
 @dataclass

@@ -10,19 +10,19 @@ client). Routes, under `/v1/xdb`:
     GET    /meta_knowledge    ?run_id=&all=false  -> {object: list, data: [latest] or every version}
     DELETE /runs/{run_id}     -> {deleted: {interaction_log: n, meta_knowledge: n}}  (a fresh run's reset)
 
-Bad input is a 400 in OpenAI's error shape; an unknown run is an empty list, never a 404.
+Bodies and queries are typed: bad input is a 400 naming the parameter; an unknown run is an empty
+list, never a 404.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
 
-from agent.run_store import purge_run
-from server.errors import error_response
+from server.errors import AHCRoute
+from xdb import XDB
 
 RUN_ID = Field(min_length=1, max_length=256)
 
@@ -46,78 +46,32 @@ class KnowledgeBody(_Body):
     last_compacted_turn: int | None = Field(None, ge=0)
 
 
-def agent_router(xdb: Any | Callable[[], Any]) -> APIRouter:
-    """The routes over one XDB (or a zero-argument function returning it, for late binding)."""
-    from xdb import XDB
-
-    get = xdb if callable(xdb) and not isinstance(xdb, XDB) else (lambda: xdb)
-    router = APIRouter(prefix="/v1/xdb", tags=["agent"])
+def agent_router(xdb: XDB) -> APIRouter:
+    """The routes over one XDB. Plain `def` handlers run on FastAPI's thread pool, off the event loop."""
+    router = APIRouter(prefix="/v1/xdb", tags=["agent"], route_class=AHCRoute)
 
     @router.post("/interactions")
-    async def log_interaction(request: Request) -> Any:
-        body = await _parse(request, InteractionBody)
-        if not isinstance(body, InteractionBody):
-            return body
-        fields = body.model_dump(exclude={"run_id"})
-        return await _threaded(lambda: {"turn_id": get().log_interaction(body.run_id, **fields)})
+    def log_interaction(body: InteractionBody) -> Any:
+        return {"turn_id": xdb.log_interaction(body.run_id, **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/interactions")
-    def interactions(run_id: str | None = None, pattern: str | None = None, after_turn: str | None = None,
-                     last: str | None = None) -> Any:
-        if not run_id:
-            return error_response(400, "run_id: required", param="run_id")
-        numbers = {}
-        for name, raw in (("after_turn", after_turn), ("last", last)):
-            if raw is not None:
-                if not raw.isdigit() or (name == "last" and int(raw) < 1):
-                    return error_response(400, f"{name}: must be a {'positive' if name == 'last' else 'non-negative'} "
-                                          f"integer, got {raw!r}", param=name)
-                numbers[name] = int(raw)
-        return _errors(lambda: {"object": "list",
-                                "data": get().interactions(run_id, pattern=pattern or None, **numbers)})
+    def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)], pattern: str | None = None,
+                     after_turn: Annotated[int | None, Query(ge=0)] = None,
+                     last: Annotated[int | None, Query(ge=1)] = None) -> Any:
+        return {"object": "list",
+                "data": xdb.interactions(run_id, pattern=pattern or None, after_turn=after_turn, last=last)}
 
     @router.post("/meta_knowledge")
-    async def save_meta_knowledge(request: Request) -> Any:
-        body = await _parse(request, KnowledgeBody)
-        if not isinstance(body, KnowledgeBody):
-            return body
-        fields = body.model_dump(exclude={"run_id"})
-        return await _threaded(lambda: {"version_id": get().save_meta_knowledge(body.run_id, **fields)})
+    def save_meta_knowledge(body: KnowledgeBody) -> Any:
+        return {"version_id": xdb.save_meta_knowledge(body.run_id, **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/meta_knowledge")
-    def meta_knowledge(run_id: str | None = None, all: bool = False) -> Any:  # noqa: A002 (query name)
-        if not run_id:
-            return error_response(400, "run_id: required", param="run_id")
-        return _errors(lambda: {"object": "list", "data": get().meta_knowledge(run_id, latest=not all)})
+    def meta_knowledge(run_id: Annotated[str, Query(min_length=1, max_length=256)],
+                       all: bool = False) -> Any:  # noqa: A002 (the query parameter's name)
+        return {"object": "list", "data": xdb.meta_knowledge(run_id, latest=not all)}
 
     @router.delete("/runs/{run_id}")
     def purge(run_id: str) -> Any:
-        return _errors(lambda: {"run_id": run_id, "deleted": purge_run(get(), run_id)})
+        return {"run_id": run_id, "deleted": xdb.purge_run(run_id)}
 
     return router
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """The validated body, or the 400 response naming what was wrong."""
-    try:
-        data = await request.json()
-    except ValueError:
-        return error_response(400, "the body must be a JSON object", param="body")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or "body"
-        return error_response(400, f"{param}: {err['msg']}", param=param)
-
-
-def _errors(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except ValueError as exc:
-        return error_response(400, str(exc))
-
-
-async def _threaded(call: Callable[[], Any]) -> Any:
-    # DuckDB work runs on the thread pool, never on the event loop.
-    return await run_in_threadpool(_errors, call)

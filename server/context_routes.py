@@ -8,31 +8,35 @@ call and result appears in the client's own transcript and in XDB.
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
 
-from server.errors import error_response
+from ahc.errors import InvalidRequest
+from orchestrator.retrieval import CodexRetriever
+from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
+from server.errors import AHCRoute
 
 
-def context_router(retriever) -> APIRouter:
-    router = APIRouter()
+class QueryArchiveBody(BaseModel):
+    """The tool's arguments, plus whose Codex to search: the session's (each session has its own
+    index); without one, the Codex of the most recent RAG request."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+    k: int = Field(4, ge=1, le=MAX_K)
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+
+
+def context_router(retriever: CodexRetriever) -> APIRouter:
+    router = APIRouter(route_class=AHCRoute, tags=["context"])
 
     @router.post("/v1/context/query_archive")
-    async def query_archive(raw_request: Request) -> Response:
-        try:
-            arguments = json.loads(await raw_request.body())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(400, f"The request body is not valid JSON: {exc}")
-        # Whose Codex to search: the session's (each session has its own index); without one, the
-        # Codex of the most recent RAG request.
-        scope = arguments.pop("session_id", None) if isinstance(arguments, dict) else None
-        if scope is not None and (not isinstance(scope, str) or not scope):
-            return error_response(400, "session_id: must be a non-empty string", param="session_id")
-        result = await retriever.run_tool(arguments, scope)
+    async def query_archive(body: QueryArchiveBody) -> Any:
+        result = await retriever.run_tool(body.model_dump(exclude={"session_id"}), body.session_id)
         if "error" in result:
-            return error_response(400, result["error"]["message"])
-        return JSONResponse(result)
+            raise InvalidRequest(result["error"]["message"])
+        return result
 
     return router

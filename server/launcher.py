@@ -9,25 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ahc.config import AHCConfig
-from ahc.config import resolve_path
-from orchestrator.retrieval import CodexRetriever, ScopedIndexes
+from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
-from orchestrator.session import SessionStore
-from server.hidden_calls import HiddenCaller
-from server.recorder import Recorder
-from server.storage_manager import enforce_quota_forever, model_summarizer
-from server.recording_engine import RecordingEngine
-from xdb import XDB
+from orchestrator.vram_governor import KVStats
 from server.app import build_app
-from server.services import build_services
 from server.engine_args import build_vllm_namespace
 from server.lens.capture_setup import CaptureSetup, start_capture
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
+from server.quota_loop import enforce_quota_forever
+from server.runtime import Runtime, build_runtime
+from xdb import XDB
 
 
 async def serve(config: AHCConfig) -> None:
@@ -53,15 +47,14 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     signal.signal(signal.SIGTERM, interrupt_init)
     args = build_vllm_namespace(config, capture.vllm_flags() if capture else None)
     _, sock = setup_server(args, reuse_port=False)
-    metrics = AHCMetrics()
-    data_dir = Path(resolve_path(config.data_dir))
+    metrics = AHCMetrics(KVStats())
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
-    xdb = XDB.open(data_dir, on_commit=metrics.xdb_rows_written.inc, quota_bytes=config.xdb.quota_bytes)
+    xdb = XDB.open(Path(resolve_path(config.data_dir)), on_commit=metrics.xdb_rows_written.inc,
+                   quota_bytes=config.xdb.quota_bytes)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
-    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
     engine = None
-    quota_task: asyncio.Task | None = None
-    rag_indexes = ScopedIndexes(data_dir / "rag")  # one per session's Codex, opened on first use
+    runtime: Runtime | None = None
+    quota_task: asyncio.Task[None] | None = None
     mark_server()  # the engine process vLLM starts next dies with this one (server/parent_death.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
@@ -74,21 +67,15 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
             stat_loggers=[stat_logger_factory(metrics)],
         )
         supported_tasks = await engine.get_supported_tasks()
-        tokenizer = engine.get_tokenizer()
-        report_template(tokenizer, metrics, args.chat_template)
-        retriever = CodexRetriever(rag_indexes)
-        sessions = SessionStore(xdb.load_session_state,
-                                lambda sid, state: background.submit(xdb.save_session_state, sid, state))
-        services = build_services(config, engine, tokenizer, metrics, sessions, retriever)
-        services.recorder = Recorder(xdb, tokenizer, background, capture)
+        runtime = build_runtime(config, engine, xdb, metrics, capture)
+        report_template(runtime.tokenizer, metrics, args.chat_template)
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
-            background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
-        hidden = HiddenCaller(engine, tokenizer, config.engine.max_model_len)
-        xdb.summarize = model_summarizer(hidden, asyncio.get_running_loop(), config.xdb.summary_max_tokens)
+            runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
         if config.xdb.quota_bytes is not None:
-            quota_task = asyncio.create_task(enforce_quota_forever(xdb, config.xdb.quota_check_s))
-        app = build_app(config, args, supported_tasks, engine.model_config, metrics, services, xdb)
-        await init_app_state(RecordingEngine(engine, services.recorder), app.state, args, supported_tasks)
+            quota_task = asyncio.create_task(
+                enforce_quota_forever(xdb, config.xdb.quota_check_s, runtime.summarize_records))
+        app = build_app(runtime, args, supported_tasks, engine.model_config)
+        await init_app_state(runtime.engine, app.state, args, supported_tasks)
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
             access_log=False, timeout_keep_alive=5,
@@ -103,8 +90,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
             quota_task.cancel()
         if engine is not None:
             engine.shutdown(timeout=config.engine.shutdown_timeout)
-        background.shutdown(wait=True)
-        rag_indexes.close()
+        if runtime is not None:
+            runtime.close()
         xdb.close()  # flushes every queued row
         sock.close()
 

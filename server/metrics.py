@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from orchestrator.cache_report import CacheReport
+from orchestrator.vram_governor import KVStats
 from server.kv_geometry import DeviceMemory, KVGeometry, device_memory
 
 if TYPE_CHECKING:
@@ -21,7 +23,7 @@ class AHCMetrics:
     """Every `ahc_*` metric. Later capabilities feed theirs; a metric nobody feeds stays at zero
     (or, when labelled, reports no series) rather than an invented value."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv_stats: KVStats | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.prompt_tokens = Counter("ahc_prompt_tokens", "Prompt tokens of finished requests", registry=r)
@@ -51,7 +53,7 @@ class AHCMetrics:
         self._cached_total = 0
         self._kv_usage = 0.0
         self._geometry: KVGeometry | None = None
-        self.kv_stats = None  # orchestrator.vram_governor.KVStats, set by the server
+        self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
         self.vram_used_bytes.set_function(lambda: self._device_memory().used_bytes)
         self.vram_total_bytes.set_function(lambda: self._device_memory().total_bytes)
@@ -67,16 +69,15 @@ class AHCMetrics:
     def record_kv_usage(self, usage: float, geometry: KVGeometry) -> None:
         self._kv_usage, self._geometry = usage, geometry
         self.kv_cache_usage_ratio.set(usage)
-        if self.kv_stats is not None:  # the VRAM governor reads the same numbers
-            self.kv_stats.usage = usage
-            self.kv_stats.total_blocks = geometry.num_blocks
-            self.kv_stats.block_size = geometry.block_size
+        self.kv_stats.usage = usage
+        self.kv_stats.total_blocks = geometry.num_blocks
+        self.kv_stats.block_size = geometry.block_size
 
-    def record_context(self, mode: str, blocks: list[dict], actions: list[str]) -> None:
-        self.context_mode.labels(mode=mode).inc()
-        for block in blocks:
-            self.context_block_tokens.labels(block=block["name"]).set(block["tokens"])
-        for action in actions:
+    def record_context(self, report: CacheReport) -> None:
+        self.context_mode.labels(mode=report.mode).inc()
+        for block in report.blocks:
+            self.context_block_tokens.labels(block=block.name).set(block.tokens)
+        for action in report.governor:
             self.governor_actions.labels(action=action.split(":", 1)[0]).inc()
             if action == "compaction" or action == "vram_compact":
                 self.compactions.inc()

@@ -1,18 +1,25 @@
 """What the server writes to XDB: a request's new input messages, every generated token, the reply's
-tool calls and system events, as timestep rows on the writer's queue (never waiting on disk)."""
+tool calls and system events, as timestep rows on the writer's queue (never waiting on disk).
+
+`RecordingEngine` is the engine client vLLM's OpenAI layer talks to: AsyncLLM, with every generated
+token recorded. One interception point covers chat, completions, streaming and not: `generate`. The
+request's session comes from the chat route (`current_session`); requests without one get a session
+of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, AsyncGenerator
 
-from orchestrator.orchestrator import Prepared
+from orchestrator.orchestrator import new_session_id
+from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
 from server.lens.activation_join import ActivationJoin, Run
 from server.lens.capture_setup import CaptureSetup
 from server.lens.side_channel import completion_key
+from server.request_context import current_session
 from server.token_text import TokenTexts
 from xdb.rows import TimestepRow, TokenBatch
 
@@ -58,7 +65,7 @@ class Recorder:
                   for t in turns]
         if prepared.query is not None:
             events.append(("input", "user", prepared.query, None))
-        for action in prepared.report["governor"]:
+        for action in prepared.report.governor:
             events.append(("system", None, f"governor action {action}", {"action": action}))
         self.submit(self.rows(prepared.session_id, events))
         if "compaction" in prepared.actions and prepared.session is not None and self.background is not None:
@@ -73,9 +80,6 @@ class Recorder:
         events = [("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call.get("id")})
                   for call in reply.get("tool_calls") or []]
         self.submit(self.rows(prepared.session_id, events))
-
-    def record_system(self, session_id: str, content: str, metadata: dict[str, Any] | None = None) -> None:
-        self.submit(self.rows(session_id, [("system", None, content, metadata)]))
 
     def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> "TokenStream":
         join = None
@@ -138,3 +142,51 @@ def new_input_turns(prepared: Prepared) -> list[Turn]:
     turns = prepared.new_turns
     last_assistant = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
     return turns[last_assistant + 1:]
+
+
+class RecordingEngine:
+    def __init__(self, engine: Any, recorder: Recorder) -> None:
+        self._engine = engine
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
+                 **kwargs: Any) -> AsyncGenerator[Any, None]:
+        # Read the request's record now, in the caller's context, not when iteration starts.
+        xdb_session = current_session.get() or new_session_id()
+        return self._generate(xdb_session, (prompt, sampling_params, request_id, *args), kwargs)
+
+    async def _generate(self, xdb_session: str, args: tuple, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        from vllm.sampling_params import RequestOutputKind
+
+        _, sampling_params, request_id = args[:3]
+        delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+        n = getattr(sampling_params, "n", 1) or 1
+        streams: dict[int, TokenStream] = {}
+        seen: dict[int, int] = {}
+        finished = False
+        try:
+            async for output in self._engine.generate(*args, **kwargs):
+                for completion in output.outputs:
+                    stream = streams.get(completion.index)
+                    if stream is None:
+                        stream = streams[completion.index] = self._recorder.token_stream(
+                            xdb_session, request_id, n, completion.index)
+                    ids = list(completion.token_ids)
+                    new = ids if delta else ids[seen.get(completion.index, 0):]
+                    seen[completion.index] = seen.get(completion.index, 0) + len(new)
+                    stream.add(new)
+                if output.finished:
+                    finished = True
+                    for stream in streams.values():  # activations still in flight, bounded wait
+                        await stream.finish()
+                    # A completed reply is durable before the client sees it complete (kill -9 safe);
+                    # the tokens themselves were never held up by the disk.
+                    await self._recorder.aflush()
+                yield output
+        finally:
+            if not finished:  # aborted: tokens held for their activations are written anyway
+                for stream in streams.values():
+                    stream.close()

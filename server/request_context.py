@@ -1,6 +1,6 @@
-"""What the engine wrapper needs to know about the HTTP request that started a generation.
+"""The session of the HTTP request that started a generation, for the recording engine.
 
-Set by the chat route, read by the recording engine when vLLM's handler calls `generate`: the handler
+Set by the chat route, read by `RecordingEngine.generate` when vLLM's handler calls it: the handler
 runs in a task copied from the route's context, so the value travels without threading it through
 vLLM's code.
 """
@@ -8,14 +8,5 @@ vLLM's code.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
 
-
-@dataclass(frozen=True)
-class RequestRecord:
-    session_id: str
-    prepared: Any = None  # orchestrator.Prepared, when the chat route prepared the request
-
-
-current_record: ContextVar[RequestRecord | None] = ContextVar("ahc_current_record", default=None)
+current_session: ContextVar[str | None] = ContextVar("ahc_current_session", default=None)

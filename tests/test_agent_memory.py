@@ -17,6 +17,7 @@ from agent.policies.base import Reply, TurnInput
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore
 from agent.tools import Toolbox, tool_schemas
+from server.errors import install_error_handling
 from server.agent_routes import agent_router
 from universe import Harness, load_rule
 from xdb import XDB
@@ -32,6 +33,7 @@ def store(request, tmp_path: Path):
         return
     xdb = XDB.open(tmp_path / "server-xdb")
     app = FastAPI()
+    install_error_handling(app)
     app.include_router(agent_router(xdb))
     with TestClient(app) as client:
         store = HttpRunStore("", client=client)
@@ -63,7 +65,9 @@ def test_run_store_round_trip_and_purge(store) -> None:
 def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "xdb") as xdb:
         app = FastAPI()
-        app.include_router(agent_router(lambda: xdb))
+        install_error_handling(app)
+    install_error_handling(app)
+        app.include_router(agent_router(xdb))
         with TestClient(app) as client:
             for method, path, kwargs, param in [
                 ("GET", "/v1/xdb/interactions", {}, "run_id"),

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from ahc.config import OrchestratorConfig
+from ahc.errors import InvalidRequest
 from orchestrator.assembler import AssemblyInput, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern
@@ -49,11 +50,11 @@ def test_same_inputs_give_byte_identical_prompts_and_token_ids(counter, tokenize
     a = run(make(counter).prepare(parse_context(CONTEXT), messages))
     b = run(make(counter).prepare(parse_context(dict(reversed(list(CONTEXT.items())))), [dict(m) for m in messages]))
     assert a.messages == b.messages
-    assert a.report["prefix_sha256"] == b.report["prefix_sha256"]
+    assert a.report.prefix_sha256 == b.report.prefix_sha256
     ids_a = tokenizer.apply_chat_template(a.messages, add_generation_prompt=True, tokenize=True)
     ids_b = tokenizer.apply_chat_template(b.messages, add_generation_prompt=True, tokenize=True)
     assert ids_a == ids_b
-    assert [blk["name"] for blk in a.report["blocks"]] == ["identity", "codex", "karma", "state", "query"]
+    assert [blk.name for blk in a.report.blocks] == ["identity", "codex", "karma", "state", "query"]
     assert a.messages[0]["content"].index("careful physicist") < a.messages[0]["content"].index("A moves right") \
         < a.messages[0]["content"].index("B moves left")
 
@@ -65,9 +66,9 @@ def test_a_growing_session_keeps_the_rendered_prompt_a_prefix(counter, tokenizer
     for turn in range(4):
         prepared = run(orch.prepare(spec, [{"role": "user", "content": f"question {turn}"}]))
         rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=False))
-        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+        orch.commit(prepared, {"role": "assistant", "content": f"answer {turn}"})
         if turn:
-            assert prepared.report["first_changed_block"] == "state"
+            assert prepared.report.first_changed_block == "state"
     for before, after in zip(rendered, rendered[1:]):
         assert after.startswith(before)
 
@@ -76,11 +77,11 @@ def test_first_changed_block_names_where_the_cache_broke(counter) -> None:
     orch = make(counter)
     spec = parse_context({**CONTEXT, "session_id": "s2"})
     first = run(orch.prepare(spec, [{"role": "user", "content": "q"}]))
-    assert first.report["first_changed_block"] is None
-    orch.complete(first, {"role": "assistant", "content": "a"})
+    assert first.report.first_changed_block is None
+    orch.commit(first, {"role": "assistant", "content": "a"})
     edited = {**CONTEXT, "session_id": "s2", "karma": [{"id": "k1", "text": "B moves right.", "verbatim": True}]}
     second = run(orch.prepare(parse_context(edited), [{"role": "user", "content": "q2"}]))
-    assert second.report["first_changed_block"] == "karma"
+    assert second.report.first_changed_block == "karma"
     assert "B moves right." in second.messages[0]["content"] and "B moves left." not in second.messages[0]["content"]
 
 
@@ -95,12 +96,12 @@ def test_karma_added_mid_session_is_staged_in_state_and_keeps_the_prefix(counter
     for turn, extra in enumerate([(), (), (("k2", "K splits into A and B."),), (("k2", "K splits into A and B."),)]):
         prepared = run(orch.prepare(parse_context(with_karma("stage", *extra)),
                                     [{"role": "user", "content": f"question {turn}"}]))
-        karma_hashes.append(next(b["sha256"] for b in prepared.report["blocks"] if b["name"] == "karma"))
+        karma_hashes.append(next(b.sha256 for b in prepared.report.blocks if b.name == "karma"))
         rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=True))
         queries.append(prepared.messages[-1]["content"])
         if turn:
-            assert prepared.report["first_changed_block"] == "state"
-        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+            assert prepared.report.first_changed_block == "state"
+        orch.commit(prepared, {"role": "assistant", "content": f"answer {turn}"})
     assert len(set(karma_hashes)) == 1  # the Karma block never changed
     assert "K splits into A and B." in queries[2] and "question 2" in queries[2]
     assert "K splits" not in queries[3]  # delivered once; from then on it is part of the State
@@ -113,10 +114,10 @@ def test_karma_added_mid_session_is_staged_in_state_and_keeps_the_prefix(counter
 def test_karma_staging_off_rewrites_the_karma_block(counter) -> None:
     orch = make(counter, karma_staging=False)
     first = run(orch.prepare(parse_context(with_karma("nostage")), [{"role": "user", "content": "q"}]))
-    orch.complete(first, {"role": "assistant", "content": "a"})
+    orch.commit(first, {"role": "assistant", "content": "a"})
     second = run(orch.prepare(parse_context(with_karma("nostage", ("k2", "K splits."))),
                               [{"role": "user", "content": "q2"}]))
-    assert second.report["first_changed_block"] == "karma" and "K splits." in second.messages[0]["content"]
+    assert second.report.first_changed_block == "karma" and "K splits." in second.messages[0]["content"]
 
 
 def test_compaction_promotes_staged_karma_verbatim(counter) -> None:
@@ -133,7 +134,7 @@ def test_compaction_promotes_staged_karma_verbatim(counter) -> None:
                                     [{"role": "user", "content": f"question {turn} " * 4}]))
         if "compaction" in prepared.actions:
             compacted = compacted or prepared
-        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn} " * 4})
+        orch.commit(prepared, {"role": "assistant", "content": f"answer {turn} " * 4})
     assert compacted is not None
     system = compacted.messages[0]["content"]
     assert "- [k2] K splits into A and B." in system and system.index("[k2]") < system.index("SUMMARY")
@@ -149,7 +150,7 @@ def test_a_depth_cap_puts_staged_karma_back_in_the_block(counter) -> None:
             entries.append(("k2", "K splits into A and B."))
         prepared = run(orch.prepare(parse_context(with_karma("depth", *entries)),
                                     [{"role": "user", "content": f"question {turn}"}]))
-        orch.complete(prepared, {"role": "assistant", "content": f"answer {turn}"})
+        orch.commit(prepared, {"role": "assistant", "content": f"answer {turn}"})
     # Turn 1 carried k2 in its Query; turn 2's depth cap dropped turn 1, so k2 is in the Karma block.
     assert "K splits into A and B." in prepared.messages[0]["content"]
     assert any(a.startswith("ctc_depth") for a in prepared.actions)
@@ -159,15 +160,15 @@ def test_passthrough_keeps_messages_and_reports(counter) -> None:
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     prepared = run(make(counter).prepare(None, messages))
     assert prepared.messages is messages
-    assert prepared.report["mode"] == "passthrough"
+    assert prepared.report.mode == "passthrough"
 
 
 def test_auto_mode_switches_on_the_threshold(counter) -> None:
     small = run(make(counter).prepare(parse_context({**CONTEXT, "mode": "auto"}), [{"role": "user", "content": "q"}]))
-    assert small.report["mode"] == "cag"
+    assert small.report.mode == "cag"
     big_codex = [{"id": f"d{i}", "text": "particles collide and split " * 40} for i in range(20)]
     big = run(make(counter).prepare(parse_context({"codex": big_codex}), [{"role": "user", "content": "q"}]))
-    assert big.report["mode"] == "rag"
+    assert big.report.mode == "rag"
     assert "particles collide" not in big.messages[0]["content"] if big.messages[0]["role"] == "system" else True
 
 
@@ -217,7 +218,7 @@ def test_compaction_condenses_old_turns_into_karma(counter) -> None:
         prepared = run(orch.prepare(spec, [{"role": "user", "content": f"long question {turn} " * 5}]))
         if "compaction" in prepared.actions:
             compacted = prepared
-        orch.complete(prepared, {"role": "assistant", "content": f"long answer {turn} " * 5})
+        orch.commit(prepared, {"role": "assistant", "content": f"long answer {turn} " * 5})
     assert compacted is not None and calls
     assert "SUMMARY: A moves right." in compacted.messages[0]["content"]
     assert "long question 0" not in str(compacted.messages)
@@ -229,27 +230,73 @@ def test_sessions_persist_and_resume(counter) -> None:
     orch = make(counter, store=SessionStore(saved.get, saved.__setitem__))
     spec = parse_context({**CONTEXT, "session_id": "s4"})
     first = run(orch.prepare(spec, [{"role": "user", "content": "one"}]))
-    orch.complete(first, {"role": "assistant", "content": "uno"})
+    orch.commit(first, {"role": "assistant", "content": "uno"})
     resumed = make(counter, store=SessionStore(saved.get, saved.__setitem__))
     second = run(resumed.prepare(spec, [{"role": "user", "content": "two"}]))
     assert [m["content"] for m in second.messages[1:]] == ["one", "uno", "two"]
-    assert second.report["first_changed_block"] == "state"
+    assert second.report.first_changed_block == "state"
     staged = parse_context(with_karma("s4", ("k2", "K splits.")))
-    resumed.complete(run(resumed.prepare(staged, [{"role": "user", "content": "three"}])),
+    resumed.commit(run(resumed.prepare(staged, [{"role": "user", "content": "three"}])),
                      {"role": "assistant", "content": "tres"})
     again = make(counter, store=SessionStore(saved.get, saved.__setitem__))
     fourth = run(again.prepare(staged, [{"role": "user", "content": "four"}]))
-    assert fourth.report["first_changed_block"] == "state" and fourth.messages[-1]["content"] == "four"
+    assert fourth.report.first_changed_block == "state" and fourth.messages[-1]["content"] == "four"
 
 
-def test_a_failed_request_leaves_the_session_unchanged(counter) -> None:
+def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> None:
     orch = make(counter)
     spec = parse_context({**CONTEXT, "session_id": "s5"})
-    prepared = run(orch.prepare(spec, [{"role": "tool", "tool_call_id": "c", "content": "r"},
-                                       {"role": "user", "content": "q"}]))
-    assert len(orch.sessions.get("s5").turns) == 1
-    orch.complete(prepared, None)
-    assert orch.sessions.get("s5").turns == []
+    messages = [{"role": "tool", "tool_call_id": "c", "content": "r"}, {"role": "user", "content": "q"}]
+    released: list[str] = []
+
+    async def fail() -> None:
+        async with orch.turn(spec, messages) as turn:
+            turn.on_close(lambda: released.append("blocks"))
+            assert orch.sessions.lock("s5").locked()
+            raise RuntimeError("the engine failed")
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        run(fail())
+    assert orch.sessions.get("s5").turns == [] and released == ["blocks"]
+    assert not orch.sessions.lock("s5").locked()
+
+
+def test_a_committed_turn_joins_the_state_once(counter) -> None:
+    orch = make(counter)
+    spec = parse_context({**CONTEXT, "session_id": "s6"})
+
+    async def exchange() -> None:
+        async with orch.turn(spec, [{"role": "user", "content": "q"}]) as turn:
+            assert orch.sessions.get("s6").turns == []  # preparing never touches the State
+            await turn.commit({"role": "assistant", "content": "a"})
+            with pytest.raises(RuntimeError, match="at most once"):
+                await turn.commit({"role": "assistant", "content": "again"})
+
+    run(exchange())
+    assert [t.content for t in orch.sessions.get("s6").turns] == ["q", "a"]
+    assert not orch.sessions.lock("s6").locked()
+
+
+def test_a_handed_over_turn_stays_open_until_its_new_owner_closes_it(counter) -> None:
+    orch = make(counter)
+    spec = parse_context({**CONTEXT, "session_id": "s7"})
+
+    async def stream() -> None:
+        async with orch.turn(spec, [{"role": "user", "content": "q"}]) as turn:
+            streaming = turn.hand_over()
+        assert orch.sessions.lock("s7").locked()  # the stream still owns the session
+        streaming.close()  # cut off before the reply completed
+        assert not orch.sessions.lock("s7").locked()
+
+    run(stream())
+    assert orch.sessions.get("s7").turns == []
+
+
+def test_a_bad_message_is_an_invalid_request_naming_messages(counter) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        run(make(counter).prepare(parse_context(CONTEXT), [{"role": "wizard", "content": "x"},
+                                                           {"role": "user", "content": "q"}]))
+    assert info.value.param == "messages" and info.value.status == 400
 
 
 def test_token_counts_are_cached_by_text(counter) -> None:

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from server.error_shape import normalise
+from server.errors import normalise
 
 pytestmark = pytest.mark.engine
 

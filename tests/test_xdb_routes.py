@@ -8,6 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from server.errors import install_error_handling
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
@@ -21,6 +22,7 @@ def client(tmp_path: Path):
                        for t, w in zip(ticks, ["Hel", "lo", "!"])])
     xdb.writer.flush()
     app = FastAPI()
+    install_error_handling(app)
     app.include_router(xdb_router(xdb))
     with TestClient(app) as c:
         yield c

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import duckdb
 
+from ahc.errors import InvalidRequest
+
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
@@ -193,7 +195,7 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
         raise NotFound(f"session {session_id!r} not found")
     end = last[0] if up_to_tick is None else up_to_tick
     if end < start:
-        raise ValueError(f"ticks up to {end} are already compacted (next is {start})")
+        raise InvalidRequest(f"ticks up to {end} are already compacted (next is {start})")
     where = "session_id = ? AND tick BETWEEN ? AND ?"
     args = [session_id, start, end]
     n, tokens, text = cur.execute(

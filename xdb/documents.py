@@ -9,6 +9,8 @@ from typing import Any
 
 import duckdb
 
+from ahc.errors import InvalidRequest, PayloadTooLarge
+
 from xdb.tags import NotFound
 
 DEFAULT_MAX_DOCUMENT_BYTES = 1 << 20
@@ -22,8 +24,11 @@ class DocumentType(str, Enum):
     REFERENCE = "reference"
 
 
-class DocumentTooLarge(ValueError):
+class DocumentTooLarge(PayloadTooLarge):
     """A document over the size limit (HTTP 413)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="content")
 
 
 COLUMNS = ("id", "version", "doc_type", "name", "path", "content", "content_hash", "created_at", "updated_at",
@@ -42,7 +47,7 @@ def _doc(row: tuple, with_content: bool = True) -> dict[str, Any]:
 
 def _check(content: str, max_bytes: int) -> str:
     if not isinstance(content, str):
-        raise ValueError("document content must be a string")
+        raise InvalidRequest("document content must be a string")
     size = len(content.encode())
     if size > max_bytes:
         raise DocumentTooLarge(f"document is {size} bytes, over the {max_bytes}-byte limit")
@@ -53,7 +58,7 @@ def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
                  summary: str | None = None, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
     if not name or not name.strip():
-        raise ValueError("document name must not be empty")
+        raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
     digest = _check(content, max_bytes)
     doc_id = f"doc-{uuid.uuid4().hex[:12]}"
@@ -79,7 +84,7 @@ def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *
 def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, path: str | None = None,
                  version: int | None = None) -> dict[str, Any]:
     if (doc_id is None) == (path is None):
-        raise ValueError("give exactly one of doc_id or path")
+        raise InvalidRequest("give exactly one of doc_id or path")
     key, value = ("id", doc_id) if doc_id is not None else ("path", path)
     row = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE {key} = ? AND (? IS NULL OR version = ?) "
                       "ORDER BY version DESC LIMIT 1", [value, version, version]).fetchone()

@@ -13,6 +13,8 @@ from typing import Any
 
 import duckdb
 
+from ahc.errors import Conflict, InvalidRequest
+
 from xdb.schema import TOP_K
 from xdb.tags import NotFound, find_tag
 
@@ -38,7 +40,7 @@ class CompressionLevel(IntEnum):
     YEAR = 7
 
 
-class QuotaExceeded(ValueError):
+class QuotaExceeded(Conflict):
     """Pinning this window would exceed the warm quota."""
 
 
@@ -99,7 +101,7 @@ def pin(cur: duckdb.DuckDBPyConnection, session_id: str, tick_from: int, tick_to
         warm_quota_bytes: int | None) -> dict[str, Any]:
     """Keep a window at full detail (WARM) within the warm quota."""
     if tick_from < 0 or tick_to < tick_from:
-        raise ValueError(f"bad tick range {tick_from}..{tick_to}: need 0 <= tick_from <= tick_to")
+        raise InvalidRequest(f"bad tick range {tick_from}..{tick_to}: need 0 <= tick_from <= tick_to")
     _, size, _, _ = range_stats(cur, session_id, tick_from, tick_to)
     if warm_quota_bytes is not None and pinned_bytes(cur) + size > warm_quota_bytes:
         raise QuotaExceeded(f"pinning {size} bytes would exceed the warm quota of {warm_quota_bytes} bytes "

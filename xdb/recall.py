@@ -7,19 +7,20 @@ import threading
 from typing import Any
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ahc.errors import InvalidRequest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from xdb.concepts import ConceptIndex
 
 MAX_LIMIT = 10_000
 
 
-class RecallFilterError(ValueError):
-    """A bad recall filter; `param` names it (the HTTP route puts it in the error's `param`)."""
+class RecallFilterError(InvalidRequest):
+    """A bad recall filter, named by `param`."""
 
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"bad recall filter {param!r}: {message}")
-        self.param = param
+        super().__init__(f"bad recall filter {param!r}: {message}", param=param)
 
 
 class RecallFilters(BaseModel):
@@ -30,8 +31,8 @@ class RecallFilters(BaseModel):
     event_types: list[str] | None = None
     tags: list[str] | None = None
     text: str | None = None
+    tick_to: int | None = Field(None, ge=0)  # before tick_from: the range check runs on tick_from, and names it
     tick_from: int | None = Field(None, ge=0)
-    tick_to: int | None = Field(None, ge=0)
     concept: str | None = None
     min_activation: float | None = None
     limit: int = Field(100, ge=1, le=MAX_LIMIT)
@@ -62,11 +63,13 @@ class RecallFilters(BaseModel):
             raise ValueError("must be a number")
         return value
 
-    @model_validator(mode="after")
-    def _range(self) -> "RecallFilters":
-        if self.tick_from is not None and self.tick_to is not None and self.tick_from > self.tick_to:
+    @field_validator("tick_from")
+    @classmethod
+    def _range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        tick_to = info.data.get("tick_to")
+        if value is not None and tick_to is not None and value > tick_to:
             raise ValueError("tick_from must not exceed tick_to")
-        return self
+        return value
 
     @classmethod
     def parse(cls, values: dict[str, Any] | "RecallFilters" | None = None, **kwargs: Any) -> "RecallFilters":
@@ -79,8 +82,8 @@ class RecallFilters(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             err = exc.errors()[0]
-            param = str(err["loc"][0]) if err["loc"] else ("tick_from" if "tick_from" in err["msg"] else "filters")
-            raise RecallFilterError(param, err["msg"]) from None
+            param = str(err["loc"][0]) if err["loc"] else "filters"
+            raise RecallFilterError(param, str(err["msg"]).removeprefix("Value error, ")) from None
 
 
 COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",

@@ -13,6 +13,8 @@ import hashlib
 
 import duckdb
 
+from ahc.errors import InvalidRequest
+
 
 KEEP_VERSIONS = 16
 
@@ -22,7 +24,7 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     """Store a new version unless it equals the latest, and drop those older than the last `keep`;
     returns the version holding it."""
     if not session_id:
-        raise ValueError("session_id must not be empty")
+        raise InvalidRequest("session_id must not be empty")
     digest = hashlib.sha256(state_json.encode()).hexdigest()
     latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? ORDER BY version DESC LIMIT 1",
                          [session_id]).fetchone()

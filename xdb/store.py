@@ -242,21 +242,22 @@ class XDB:
 
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
                 trigger: str = "manual", tokens_after: int | None = None,
-                compress_released: bool = False) -> dict[str, Any]:
+                compress_released: bool = False, summarize: Callable[[str], str] | None = None) -> dict[str, Any]:
         """Record a context compaction of `session_id` (its rows up to `up_to_tick` leave HOT), then
         bring storage within the quota; `compress_released` compresses every released row even
-        under the quota."""
+        under the quota. `summarize` writes the summaries (default: the one given to `open`)."""
+        summarize = summarize or self.summarize
         with self._compress_lock, self.cursor() as cur:
             record = None
             if session_id is not None:
-                record = compression.compaction_record(cur, session_id, up_to_tick, summary, self.summarize,
+                record = compression.compaction_record(cur, session_id, up_to_tick, summary, summarize,
                                                        trigger, tokens_after)
             made: list[int] = []
             if compress_released:
-                while step := compression._compress_replies(cur, self.summarize, self.hot_seconds, 100):
+                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100):
                     made += step
             if self.quota_bytes is not None:
-                made += compression.enforce_quota(cur, self.quota_bytes, self.summarize, self.hot_seconds)
+                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds)
             return {"compaction": record, "compressed_record_ids": made,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 

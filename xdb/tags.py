@@ -8,9 +8,7 @@ from typing import Any
 
 import duckdb
 
-
-class NotFound(LookupError):
-    """A timestep, event, session, tag or document that is not there (HTTP 404)."""
+from ahc.errors import InvalidRequest, NotFound
 
 
 class TagType(str, Enum):
@@ -54,17 +52,17 @@ def make_target(*, timestep_id: int | None = None, session_id: str | None = None
     """Validate the loose ways of naming a target (a tick of a session is a timestep)."""
     if tick is not None:
         if tick_range is not None:
-            raise ValueError("give either tick or tick_range, not both")
+            raise InvalidRequest("give either tick or tick_range, not both")
         tick_range = None
     chosen = [timestep_id is not None, event_id is not None, tick_range is not None, tick is not None]
     if sum(chosen) != 1:
-        raise ValueError("give exactly one target: timestep_id, event_id, session_id+tick or session_id+tick_range")
+        raise InvalidRequest("give exactly one target: timestep_id, event_id, session_id+tick or session_id+tick_range")
     if (tick is not None or tick_range is not None) and not session_id:
-        raise ValueError("session_id is required with tick or tick_range")
+        raise InvalidRequest("session_id is required with tick or tick_range")
     if tick_range is not None:
         start, end = tick_range
         if start < 0 or end < start:
-            raise ValueError(f"bad tick_range {tick_range}: need 0 <= start <= end")
+            raise InvalidRequest(f"bad tick_range {tick_range}: need 0 <= start <= end")
         return Target(session_id=session_id, range_start=start, range_end=end)
     if tick is not None:
         return Target(session_id=session_id, range_start=tick, range_end=tick)
@@ -122,7 +120,7 @@ def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, 
         raise NotFound(f"tag id {name_or_id} not found")
     name = str(name_or_id).strip()
     if not name:
-        raise ValueError("tag name must not be empty")
+        raise InvalidRequest("tag name must not be empty")
     kind = TagType(tag_type).value
     status = BudStatus.COLLECTING.value if kind == "bud" else None
     try:
@@ -137,9 +135,9 @@ def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, 
 def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Target, *, confidence: float = 1.0,
               source: str = "manual", note: str | None = None) -> dict[str, Any]:
     if not 0.0 <= confidence <= 1.0:
-        raise ValueError("confidence must be within [0, 1]")
+        raise InvalidRequest("confidence must be within [0, 1]")
     if source not in TAG_SOURCES:
-        raise ValueError(f"source must be one of {', '.join(TAG_SOURCES)}")
+        raise InvalidRequest(f"source must be one of {', '.join(TAG_SOURCES)}")
     row = cur.execute(
         "INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, event_id, range_start, "
         "range_end, confidence, source, created_at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?) RETURNING id",
@@ -152,7 +150,7 @@ def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Targe
 
 def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: Target) -> dict[str, Any]:
     if not content or not content.strip():
-        raise ValueError("comment content must not be empty")
+        raise InvalidRequest("comment content must not be empty")
     row = cur.execute(
         "INSERT INTO comments (session_id, target_type, timestep_id, event_id, range_start, range_end, content, "
         "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",

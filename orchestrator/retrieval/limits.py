@@ -1,18 +1,20 @@
-"""Size limits on a Codex sent for RAG: the server maps `CodexTooLarge` to HTTP 413."""
+"""Size limits on a Codex sent for RAG: over one, the request is refused (HTTP 413) before any work."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
+from ahc.errors import PayloadTooLarge
 
-class CodexTooLarge(ValueError):
+
+class CodexTooLarge(PayloadTooLarge):
     """A Codex over one of the limits; `limit` names it, `value` is its setting, `actual` what came."""
 
     def __init__(self, limit: str, value: int, actual: int, detail: str = "") -> None:
         self.limit, self.value, self.actual = limit, value, actual
         where = f" ({detail})" if detail else ""
-        super().__init__(f"codex too large: {limit}={value:,} exceeded{where}: got {actual:,}")
+        super().__init__(f"codex too large: {limit}={value:,} exceeded{where}: got {actual:,}", param="context.codex")
 
 
 @dataclass(frozen=True)

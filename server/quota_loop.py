@@ -1,16 +1,17 @@
-"""The XDB storage manager in the server: over the byte quota, compress the oldest cold records.
+"""The XDB quota loop: every `quota_check_s`, over the byte quota, compress the oldest cold records.
 
-It runs in a worker thread every `quota_check_s`; compression summaries come from the served model
-through a hidden call (the worker thread hands the coroutine to the server's event loop).
+The pass runs in a worker thread; compression summaries come from the served model through a hidden
+call (the worker thread hands the coroutine to the server's event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 from server.hidden_calls import HiddenCaller
+from xdb import XDB
 
 log = logging.getLogger("ahc.xdb.storage")
 
@@ -26,12 +27,12 @@ def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_
     return summarize
 
 
-async def enforce_quota_forever(xdb: Any, every_s: float) -> None:
+async def enforce_quota_forever(xdb: XDB, every_s: float, summarize: Callable[[str], str]) -> None:
     """Until cancelled (at shutdown): bring XDB within its quota, then sleep."""
     while True:
         await asyncio.sleep(every_s)
         try:
-            report = await asyncio.to_thread(xdb.compact)
+            report = await asyncio.to_thread(xdb.compact, summarize=summarize)
         except Exception:  # a failed pass must not stop the next; it is logged loudly
             log.exception("XDB storage manager pass failed")
             continue

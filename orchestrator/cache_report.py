@@ -1,0 +1,39 @@
+"""The cache report a response carries as `context`: the prompt's blocks, where the prefix cache broke,
+and what the governors did to the request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.blocks import Block
+
+PASSTHROUGH = "passthrough"  # a request without `context`: sent as the client wrote it
+
+
+@dataclass
+class CacheReport:
+    mode: str  # cag | rag | passthrough
+    blocks: tuple[Block, ...]
+    prefix_sha256: str
+    first_changed_block: str | None  # the first block whose hash differs from the session's last request
+    governor: list[str] = field(default_factory=list)  # actions, in the order they were taken
+
+    def note(self, action: str) -> None:
+        self.governor.append(action)
+
+    def cached_estimate(self) -> int:
+        """Tokens of the blocks above the first changed one: what the prefix cache should still hold."""
+        if self.first_changed_block is None and self.mode == PASSTHROUGH:
+            return 0
+        cached = 0
+        for block in self.blocks:
+            if block.name == self.first_changed_block or block.name == "query":
+                break
+            cached += block.tokens
+        return cached
+
+    def to_json(self, session_id: str) -> dict[str, Any]:
+        return {"mode": self.mode, "blocks": [block.report() for block in self.blocks],
+                "prefix_sha256": self.prefix_sha256, "first_changed_block": self.first_changed_block,
+                "governor": list(self.governor), "session_id": session_id}

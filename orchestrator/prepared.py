@@ -1,0 +1,36 @@
+"""What the orchestrator decided for one chat request: the messages vLLM gets, the cache report, and
+what joins the session's State if the request completes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.assembler import AssembledPrompt
+from orchestrator.cache_report import CacheReport
+from orchestrator.context_spec import ContextSpec
+from orchestrator.karma import KarmaPlan
+from orchestrator.session import Session
+from orchestrator.turn import Turn
+
+
+@dataclass
+class Prepared:
+    """What the server sends to vLLM, and what it reports and records afterwards."""
+
+    messages: list[dict[str, Any]]
+    report: CacheReport
+    session_id: str
+    session: Session | None
+    new_turns: list[Turn]
+    prompt: AssembledPrompt
+    extra_tools: list[dict[str, Any]] = field(default_factory=list)
+    query: str | None = None
+    spec: ContextSpec | None = None
+    raw_messages: list[dict[str, Any]] = field(default_factory=list)
+    karma: KarmaPlan | None = None
+    stored_query: str | None = None  # the user turn as it joins the State (with the karma it staged)
+
+    @property
+    def actions(self) -> list[str]:
+        return self.report.governor

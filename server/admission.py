@@ -1,0 +1,42 @@
+"""VRAM admission of a chat turn: the KV blocks it will add must be free before the engine sees it.
+
+Short of blocks the governor waits, then asks the turn to compact its State, then refuses (429); the
+blocks stay reserved until the turn closes, so concurrent requests do not count the same room twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.chat_turn import ChatTurn
+from orchestrator.vram_governor import VramGovernor
+
+
+async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> None:
+    """Reserve the turn's blocks or raise GovernorRejected; what the governor did goes in the report."""
+
+    async def shrink() -> int | None:
+        return _blocks_needed(turn, governor, body, max_model_len) if await turn.shrink() else None
+
+    actions: list[str] = []
+    try:
+        reservation = await governor.admit(_blocks_needed(turn, governor, body, max_model_len),
+                                           shrink if turn.prepared.session is not None else None, actions)
+    finally:
+        for action in actions:
+            turn.report.note(action)
+    turn.on_close(reservation.release)
+
+
+def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int) -> int:
+    """The completion budget the request asks for; without one, what the window leaves."""
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        return asked
+    return max(max_model_len - prompt_tokens, 0)
+
+
+def _blocks_needed(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> int:
+    prompt_tokens = turn.prepared.prompt.tokens
+    return governor.blocks_needed(prompt_tokens, turn.report.cached_estimate(),
+                                  max_new_tokens(body, max_model_len, prompt_tokens))

@@ -1,0 +1,73 @@
+"""The composition root: every part of a running server, built once, in order, from the config, the
+engine and the experience database. The launcher starts, serves and stops; routes read the Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ahc.config import AHCConfig, resolve_path
+from orchestrator.orchestrator import Orchestrator
+from orchestrator.retrieval import CodexRetriever, ScopedIndexes
+from orchestrator.session import SessionStore
+from orchestrator.token_counter import TokenCounter
+from orchestrator.vram_governor import VramGovernor
+from server.lens.capture_setup import CaptureSetup
+from server.hidden_calls import HiddenCaller
+from server.metrics import AHCMetrics
+from server.quota_loop import model_summarizer
+from server.recorder import Recorder, RecordingEngine
+from xdb import XDB
+
+
+@dataclass(frozen=True)
+class Runtime:
+    config: AHCConfig
+    engine: RecordingEngine  # what vLLM's OpenAI layer and our routes talk to
+    tokenizer: Any
+    xdb: XDB
+    metrics: AHCMetrics
+    orchestrator: Orchestrator
+    retriever: CodexRetriever
+    governor: VramGovernor
+    recorder: Recorder
+    summarize_records: Callable[[str], str]  # XDB compression summaries, by the served model
+    capture: CaptureSetup | None
+    background: ThreadPoolExecutor  # one ordered worker for small synchronous XDB writes
+    rag_indexes: ScopedIndexes
+
+    def close(self) -> None:
+        """Stop what the runtime started (the engine and XDB belong to the launcher)."""
+        self.background.shutdown(wait=True)
+        self.rag_indexes.close()
+
+
+def build_runtime(config: AHCConfig, engine: Any, xdb: XDB, metrics: AHCMetrics,
+                  capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None) -> Runtime:
+    """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop."""
+    tokenizer = engine.get_tokenizer()
+    oc = config.orchestrator
+    max_model_len = config.engine.max_model_len
+    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
+    hidden = HiddenCaller(engine, tokenizer, max_model_len)
+    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag")  # one per session's Codex
+    retriever = CodexRetriever(rag_indexes)
+    sessions = SessionStore(xdb.load_session_state,
+                            lambda sid, state: background.submit(xdb.save_session_state, sid, state))
+
+    async def summarize_state(messages: list[dict[str, Any]]) -> str:
+        return await hidden.summarize(messages, oc.compaction_max_tokens)
+
+    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+    orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state)
+    governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
+    recorder = Recorder(xdb, tokenizer, background, capture)
+    summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
+    return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
+                   metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
+                   recorder=recorder, summarize_records=summarize_records, capture=capture,
+                   background=background, rag_indexes=rag_indexes)
