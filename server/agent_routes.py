@@ -21,7 +21,6 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from agent.run_store import purge_run
 from server.errors import error_response
 
 RUN_ID = Field(min_length=1, max_length=256)
@@ -92,7 +91,7 @@ def agent_router(xdb: Any | Callable[[], Any]) -> APIRouter:
 
     @router.delete("/runs/{run_id}")
     def purge(run_id: str) -> Any:
-        return _errors(lambda: {"run_id": run_id, "deleted": purge_run(get(), run_id)})
+        return _errors(lambda: {"run_id": run_id, "deleted": get().purge_run(run_id)})
 
     return router
 

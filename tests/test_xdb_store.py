@@ -226,3 +226,15 @@ def test_session_state_and_agent_tables(xdb: XDB) -> None:
     xdb.save_meta_knowledge("run", theorems_json="[]", last_compacted_turn=first)
     v2 = xdb.save_meta_knowledge("run", theorems_json='["A moves right"]')
     assert xdb.meta_knowledge("run")[0]["version_id"] == v2
+
+
+def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
+    xdb.log_interaction("gone", journal_entry="a")
+    xdb.log_interaction("gone", journal_entry="b")
+    xdb.save_meta_knowledge("gone", theorems_json="[]")
+    kept = xdb.log_interaction("kept", journal_entry="c")
+    xdb.save_meta_knowledge("kept", theorems_json="[]")
+    assert xdb.purge_run("gone") == {"interaction_log": 2, "meta_knowledge": 1}
+    assert xdb.interactions("gone") == [] and xdb.meta_knowledge("gone") == []
+    assert [t["turn_id"] for t in xdb.interactions("kept")] == [kept] and len(xdb.meta_knowledge("kept")) == 1
+    assert xdb.purge_run("gone") == {"interaction_log": 0, "meta_knowledge": 0}

@@ -32,6 +32,7 @@ The interface the server uses:
     xdb.save_session_state(session_id, state_json) -> version ; xdb.load_session_state(session_id) -> str | None
     xdb.log_interaction(run_id, journal_entry=, tool_call_json=, tool_result_json=, token_count=) -> turn_id
     xdb.interactions(run_id, pattern=, after_turn=, last=) ; xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
+    xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
 
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge

@@ -1,4 +1,4 @@
-"""Seed 000's discovery-agent tables: `interaction_log` (every turn) and `meta_knowledge` (the
+"""The discovery agent's tables: `interaction_log` (every turn) and `meta_knowledge` (the
 synthesised theory at each compaction), keyed by a run id so runs can share one store."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_js
                 "token_count")
 KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledge", "last_compacted_turn",
                      "created_at")
+RUN_TABLES = ("interaction_log", "meta_knowledge")
 
 
 def _rows(rows: list[tuple], cols: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -60,3 +61,13 @@ def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
     sql = f"SELECT {', '.join(KNOWLEDGE_COLUMNS)} FROM meta_knowledge WHERE (? IS NULL OR run_id = ?) ORDER BY version_id"
     rows = cur.execute(sql + (" DESC LIMIT 1" if latest else ""), [run_id, run_id]).fetchall()
     return _rows(rows, KNOWLEDGE_COLUMNS)
+
+
+def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:
+    """Delete a run's rows from both tables, so a fresh run under the same id starts from an empty
+    history; returns the rows deleted per table."""
+    deleted = {}
+    for table in RUN_TABLES:
+        # DuckDB answers a DELETE with the number of rows it removed.
+        deleted[table] = int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0])
+    return deleted

@@ -305,6 +305,11 @@ class XDB:
         with self.cursor() as cur:
             return interactions.meta_knowledge(cur, run_id, latest=latest)
 
+    def purge_run(self, run_id: str) -> dict[str, int]:
+        """Delete one run's `interaction_log` and `meta_knowledge` rows; returns the counts per table."""
+        with self.cursor() as cur:
+            return interactions.purge_run(cur, run_id)
+
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
         if self.audit is None:
