@@ -56,7 +56,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     metrics = AHCMetrics()
     data_dir = Path(resolve_path(config.data_dir))
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
-    xdb = XDB.open(data_dir, on_commit=metrics.xdb_rows_written.inc, quota_bytes=config.xdb.quota_bytes)
+    xdb = XDB.open(data_dir, config.xdb, on_commit=metrics.xdb_rows_written.inc)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")  # in order
     engine = None

@@ -4,10 +4,11 @@ The interface the server uses:
 
     from xdb import XDB, TimestepRow, RecallFilters
 
-    xdb = XDB.open(data_dir, quota_bytes=None, summarize=None, on_commit=None)
+    xdb = XDB.open(data_dir, config: XDBConfig | None = None, *, read_only=False, on_commit=None, summarize=None)
         # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
         # file raises ValueError and is never reset. read_only=True opens for reading only.
-        # threads= DuckDB threads for the experience file (default: a quarter of the cores, >= 1).
+        # ahc.config.XDBConfig holds the quotas, hot_seconds, max_document_bytes, the writer's
+        # batch_rows / max_latency_s / max_queue_rows / submit_timeout_s, and DuckDB's threads.
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
     xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; blocks when full, raises WriterBackpressure
     await xdb.writer.asubmit(rows)                   # never blocks the event loop

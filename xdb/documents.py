@@ -11,9 +11,6 @@ import duckdb
 
 from xdb.tags import NotFound
 
-DEFAULT_MAX_DOCUMENT_BYTES = 1 << 20
-
-
 class DocumentType(str, Enum):
     SYSTEM_INSTRUCTION = "system_instruction"
     TOOL_DOCUMENTATION = "tool_documentation"
@@ -51,7 +48,7 @@ def _check(content: str, max_bytes: int) -> str:
 
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
-                 summary: str | None = None, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+                 summary: str | None = None, max_bytes: int) -> dict[str, Any]:
     if not name or not name.strip():
         raise ValueError("document name must not be empty")
     kind = DocumentType(doc_type).value
@@ -64,7 +61,7 @@ def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc
 
 def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *, summary: str | None = None,
                     tags: list[str] | None = None, name: str | None = None,
-                    max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+                    max_bytes: int) -> dict[str, Any]:
     """A new version with the new content; metadata not given is carried over."""
     digest = _check(content, max_bytes)
     current = get_document(cur, doc_id)
