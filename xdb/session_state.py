@@ -38,7 +38,3 @@ def load_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, version:
     row = cur.execute("SELECT state_json FROM session_states WHERE session_id = ? AND (? IS NULL OR version = ?) "
                       "ORDER BY version DESC LIMIT 1", [session_id, version, version]).fetchone()
     return None if row is None else row[0]
-
-
-def session_ids(cur: duckdb.DuckDBPyConnection) -> list[str]:
-    return [s for (s,) in cur.execute("SELECT DISTINCT session_id FROM session_states ORDER BY 1").fetchall()]
