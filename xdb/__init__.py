@@ -20,7 +20,7 @@ The interface the server uses:
     xdb.writer.queue_depth() -> int; xdb.writer.rows_written; xdb.writer.on_commit = fn(n_rows)
     xdb.close()                                      # flushes, then closes both files
 
-    xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # SPEC §5 fields + role, token_id, request_id
+    xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # timestep fields + role, token_id, request_id
     xdb.tag(tag, timestep_id= | session_id=+tick= | event_id= | session_id=+tick_range=, ...)
     xdb.comment(content, <same target>) ; xdb.comments(session_id)
     xdb.concepts_list(query) ; xdb.buds(status) ; xdb.set_bud_status(tag, status) ; xdb.create_tag(name, type)

@@ -120,7 +120,8 @@ def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
 
 def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                  summarize: Summarize | None) -> list[int]:
-    """The oldest group of records at `source` → one record a level coarser (seed §4.2)."""
+    """The oldest group of records at `source` → one record a level coarser (reply →
+    session → day → week → month → quarter → year)."""
     target = CompressionLevel(source + 1)
     key = "session_id" if target == CompressionLevel.SESSION else f"date_trunc('{BUCKETS[target]}', start_time)"
     oldest = cur.execute(f"SELECT {key} FROM compressed_records WHERE compression_level = ? "

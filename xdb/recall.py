@@ -1,4 +1,5 @@
-"""Recall: the SPEC §5 filters, validated, turned into DuckDB queries over `timesteps`."""
+"""Recall: the timestep filters (session, event types, tags, text, ticks, concept), validated,
+turned into DuckDB queries over `timesteps`."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ class XDB:
 
     # -- reading -------------------------------------------------------------------------------
     def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        """Timesteps matching the SPEC §5 filters, oldest first; a bad filter raises RecallFilterError
+        """Timesteps matching the filters, oldest first; a bad filter raises RecallFilterError
         (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
