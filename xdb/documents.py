@@ -9,7 +9,9 @@ from typing import Any
 
 import duckdb
 
+from xdb.sql import Row
 from xdb.tags import NotFound
+
 
 class DocumentType(str, Enum):
     SYSTEM_INSTRUCTION = "system_instruction"
@@ -27,7 +29,7 @@ COLUMNS = ("id", "version", "doc_type", "name", "path", "content", "content_hash
            "source", "summary", "tags")
 
 
-def _doc(row: tuple, with_content: bool = True) -> dict[str, Any]:
+def _doc(row: Row, with_content: bool = True) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row))
     for key in ("created_at", "updated_at"):
         rec[key] = rec[key].isoformat() + "Z"

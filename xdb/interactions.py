@@ -7,6 +7,8 @@ from typing import Any
 
 import duckdb
 
+from xdb.sql import Row, one_int
+
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
                 "token_count")
 KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledge", "last_compacted_turn",
@@ -14,7 +16,7 @@ KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledg
 RUN_TABLES = ("interaction_log", "meta_knowledge")
 
 
-def _rows(rows: list[tuple], cols: tuple[str, ...]) -> list[dict[str, Any]]:
+def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         rec = dict(zip(cols, r))
@@ -28,10 +30,10 @@ def _rows(rows: list[tuple], cols: tuple[str, ...]) -> list[dict[str, Any]]:
 def log_interaction(cur: duckdb.DuckDBPyConnection, run_id: str, *, journal_entry: str | None = None,
                     tool_call_json: str | None = None, tool_result_json: str | None = None,
                     token_count: int | None = None) -> int:
-    return cur.execute(
+    return one_int(cur.execute(
         "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, token_count) "
         "VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",
-        [run_id, journal_entry, tool_call_json, tool_result_json, token_count]).fetchone()[0]
+        [run_id, journal_entry, tool_call_json, tool_result_json, token_count]))
 
 
 def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, pattern: str | None = None,
@@ -50,10 +52,10 @@ def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, p
 
 def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str, *, theorems_json: str | None = None,
                         negative_knowledge: str | None = None, last_compacted_turn: int | None = None) -> int:
-    return cur.execute(
+    return one_int(cur.execute(
         "INSERT INTO meta_knowledge (run_id, theorems_json, negative_knowledge, last_compacted_turn, created_at) "
         "VALUES (?, ?, ?, ?, now()) RETURNING version_id",
-        [run_id, theorems_json, negative_knowledge, last_compacted_turn]).fetchone()[0]
+        [run_id, theorems_json, negative_knowledge, last_compacted_turn]))
 
 
 def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
@@ -66,8 +68,8 @@ def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
 def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:
     """Delete a run's rows from both tables, so a fresh run under the same id starts from an empty
     history; returns the rows deleted per table."""
-    deleted = {}
+    deleted: dict[str, int] = {}
     for table in RUN_TABLES:
         # DuckDB answers a DELETE with the number of rows it removed.
-        deleted[table] = int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0])
+        deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]))
     return deleted

@@ -11,6 +11,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xdb.concepts import ConceptIndex
+from xdb.sql import Row
 
 MAX_LIMIT = 10_000
 
@@ -206,7 +207,7 @@ def conditions(f: RecallFilters, concepts: ConceptIndex) -> tuple[list[str], lis
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None) -> tuple[str, list] | None:
+                tag_kinds: list[str] | None = None) -> tuple[str, list[Any]] | None:
     """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
     filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
     read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
@@ -236,7 +237,7 @@ def rows_query(ids_sql: str) -> str:
     return f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id IN ({ids_sql}) ORDER BY id"
 
 
-def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int, str]) -> dict[int, list[str]]:
+def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, str]) -> dict[int, list[str]]:
     """Tag names (sorted) per recalled row. An application carries the session of the timesteps it
     reaches (tags.resolve_target sets it), so only the recalled sessions' applications are read
     (and any without a session), bounded by the rows' ids and ticks, and matched to the rows here."""
@@ -277,7 +278,7 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int,
     return out
 
 
-def to_record(row: tuple, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
+def to_record(row: Row, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row))
     ids, values = rec.pop("concept_ids"), rec.pop("concept_values")
     rec["concept_activations"] = {concepts.name_of(c): v for c, v in zip(ids or (), values or ()) if c is not None}

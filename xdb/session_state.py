@@ -27,8 +27,8 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? ORDER BY version DESC LIMIT 1",
                          [session_id]).fetchone()
     if latest is not None and latest[1] == digest:
-        return latest[0]
-    version = 1 if latest is None else latest[0] + 1
+        return int(latest[0])
+    version = 1 if latest is None else int(latest[0]) + 1
     cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
     cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?", [session_id, version - keep])
     return version

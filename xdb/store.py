@@ -21,6 +21,7 @@ from xdb.audit import AuditLog, AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
+from xdb.sql import one
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 EXPERIENCE_FILE = "experience.duckdb"
@@ -73,7 +74,7 @@ class XDB:
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)
             concepts = ConceptIndex(conn.execute("SELECT id, name FROM concepts").fetchall())
-            if not read_only:
+            if audit is not None:
                 next_id = max(last_timestep_id(conn), audit.last_timestep_id()) + 1
                 writer = Writer(conn, audit, concepts, next_id=next_id, batch_rows=config.batch_rows,
                                 max_latency_s=config.max_latency_s, max_queue_rows=config.max_queue_rows,
@@ -264,10 +265,10 @@ class XDB:
 
     def state(self) -> dict[str, Any]:
         with self.cursor() as cur:
-            counts = cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
+            counts = one(cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
                 (SELECT count(*) FROM tags), (SELECT count(*) FROM tags WHERE tag_type = 'bud'),
                 (SELECT count(DISTINCT id) FROM documents), (SELECT count(*) FROM comments),
-                (SELECT count(*) FROM compaction_records), (SELECT count(*) FROM concepts)""").fetchone()
+                (SELECT count(*) FROM compaction_records), (SELECT count(*) FROM concepts)"""))
             return {
                 "timesteps": counts[0], "sessions": counts[1], "tags": counts[2], "buds": counts[3],
                 "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
