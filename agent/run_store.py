@@ -38,18 +38,6 @@ class RunStore(Protocol):
     def close(self) -> None: ...
 
 
-def purge_run(xdb: Any, run_id: str) -> dict[str, int]:
-    """Delete a run's rows from both tables ("You know nothing": a fresh run starts from an empty
-    history). XDB has no delete for these tables, so this is the one place that issues it."""
-    deleted = {}
-    with xdb.cursor() as cur:
-        for table in ("interaction_log", "meta_knowledge"):
-            count = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
-            cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            deleted[table] = int(count)
-    return deleted
-
-
 class LocalRunStore:
     """An XDB of the run's own (a DuckDB file under --data-dir)."""
 
@@ -74,7 +62,7 @@ class LocalRunStore:
         return rows[0] if rows else None
 
     def purge(self, run_id: str) -> dict[str, int]:
-        return purge_run(self.xdb, run_id)
+        return self.xdb.purge_run(run_id)
 
     def close(self) -> None:
         self.xdb.close()

@@ -74,12 +74,28 @@ class OrchestratorConfig(_Strict):
 
 
 class XDBConfig(_Strict):
-    """The experience database's storage manager (SPEC §5)."""
+    """The experience database: its storage quotas and its writer's batching (xdb.XDB.open takes it)."""
+
+    # Defaults go by name (`default=`): mypy without pydantic's plugin reads a positional one as no
+    # default at all, and xdb/, which builds XDBConfig(), is type-checked.
 
     # Over this many bytes the oldest cold records are compressed (None: keep everything verbatim).
-    quota_bytes: int | None = Field(None, gt=0)
-    quota_check_s: float = Field(60.0, gt=0)
-    summary_max_tokens: int = Field(96, gt=0)
+    quota_bytes: int | None = Field(default=None, gt=0)
+    quota_check_s: float = Field(default=60.0, gt=0)
+    summary_max_tokens: int = Field(default=96, gt=0)
+    # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).
+    warm_quota_bytes: int | None = Field(default=None, gt=0)
+    # Rows younger than this stay HOT: never compressed, whatever the quota.
+    hot_seconds: float = Field(default=3600.0, ge=0)
+    max_document_bytes: int = Field(default=1 << 20, gt=0)
+    # The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived.
+    batch_rows: int = Field(default=50_000, gt=0)
+    max_latency_s: float = Field(default=1.0, gt=0)
+    # Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure.
+    max_queue_rows: int = Field(default=1_000_000, gt=0)
+    submit_timeout_s: float = Field(default=30.0, gt=0)
+    # DuckDB threads for the experience file; None: a quarter of the cores, at least one.
+    threads: int | None = Field(default=None, gt=0)
 
 
 class LensConfig(_Strict):

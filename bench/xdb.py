@@ -16,6 +16,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from ahc.config import XDBConfig
 from bench.result import BenchResult
 from xdb import XDB, TimestepRow
 from xdb.concepts import ConceptIndex
@@ -90,7 +91,7 @@ def raw_rows_per_s(batches: list[TokenBatch], work: Path, threads: int | None = 
 def writer_rows_per_s(parts: list, work: Path) -> float:
     """Ours: parts (TokenBatches, or lists of 1,000 TimestepRows) submitted like the server does, then
     flushed: conversion, the audit chain and both files' commits all inside the timing."""
-    xdb = XDB.open(work, batch_rows=BATCH)
+    xdb = XDB.open(work, XDBConfig(batch_rows=BATCH))
     start = time.perf_counter()
     for part in parts:
         xdb.writer.submit(part)
@@ -102,7 +103,7 @@ def writer_rows_per_s(parts: list, work: Path) -> float:
 
 
 def recall_latencies_ms(work: Path) -> dict[str, list[float]]:
-    xdb = XDB.open(work / "recall", batch_rows=100_000, max_queue_rows=2_000_000)
+    xdb = XDB.open(work / "recall", XDBConfig(batch_rows=100_000, max_queue_rows=2_000_000))
     for off in range(0, RECALL_ROWS, 100_000):
         for batch in token_batches(100_000, chunk=64, seed=off):
             batch.ticks = xdb.next_ticks(batch.session_id, len(batch))

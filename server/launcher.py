@@ -49,8 +49,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats())
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
-    xdb = XDB.open(Path(resolve_path(config.data_dir)), on_commit=metrics.xdb_rows_written.inc,
-                   quota_bytes=config.xdb.quota_bytes)
+    xdb = XDB.open(Path(resolve_path(config.data_dir)), config.xdb, on_commit=metrics.xdb_rows_written.inc)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
     engine = None
     runtime: Runtime | None = None

@@ -66,7 +66,6 @@ def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "xdb") as xdb:
         app = FastAPI()
         install_error_handling(app)
-    install_error_handling(app)
         app.include_router(agent_router(xdb))
         with TestClient(app) as client:
             for method, path, kwargs, param in [

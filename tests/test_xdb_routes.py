@@ -8,6 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from ahc.config import XDBConfig
 from server.errors import install_error_handling
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
@@ -15,7 +16,7 @@ from xdb import XDB, TimestepRow
 
 @pytest.fixture
 def client(tmp_path: Path):
-    xdb = XDB.open(tmp_path / "xdb", max_document_bytes=1000)
+    xdb = XDB.open(tmp_path / "xdb", XDBConfig(max_document_bytes=1000))
     ticks = xdb.next_ticks("s1", 3)
     xdb.writer.submit([TimestepRow("s1", t, "output", "assistant", w, request_id="r1",
                                    concept_activations={"joy": 0.5 + t / 10})

@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from ahc.config import XDBConfig
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
 from xdb.session_state import KEEP_VERSIONS
 
@@ -103,7 +104,7 @@ def test_buds_and_concepts(xdb: XDB) -> None:
 
 
 def test_documents_are_versioned_with_sha256_and_size_limited(tmp_path: Path) -> None:
-    with XDB.open(tmp_path / "d", max_document_bytes=100) as xdb:
+    with XDB.open(tmp_path / "d", XDBConfig(max_document_bytes=100)) as xdb:
         doc = xdb.add_document("policy", "be kind", doc_type="tribal_policy", path="policies/kind.md")
         assert doc["version"] == 1 and len(doc["content_hash"]) == 64
         new = xdb.update_document(doc["id"], "be kind, always")
@@ -130,7 +131,7 @@ def test_ticks_resume_after_reopen_and_asubmit(tmp_path: Path) -> None:
 
 
 def test_backpressure_blocks_then_raises(tmp_path: Path) -> None:
-    with XDB.open(tmp_path / "bp", max_queue_rows=10, max_latency_s=30, batch_rows=1000) as xdb:
+    with XDB.open(tmp_path / "bp", XDBConfig(max_queue_rows=10, max_latency_s=30, batch_rows=1000)) as xdb:
         xdb.writer.submit(reply(xdb, "s", ["w"] * 8, "r"))
         assert not xdb.writer.try_submit(reply(xdb, "s", ["w"] * 5, "r"))
         from xdb import WriterBackpressure
@@ -164,7 +165,7 @@ def test_foreign_and_corrupt_files_are_refused_untouched(tmp_path: Path) -> None
 
 
 def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
-    with XDB.open(tmp_path / "c", quota_bytes=10_000_000, warm_quota_bytes=2_000) as xdb:
+    with XDB.open(tmp_path / "c", XDBConfig(quota_bytes=10_000_000, warm_quota_bytes=2_000)) as xdb:
         for i in range(4):
             xdb.writer.submit(reply(xdb, "old", [f"Word{i} number {j}. " for j in range(10)], f"r{i}",
                                     {"joy": 0.5, f"c{i}": 0.2}))
@@ -226,3 +227,15 @@ def test_session_state_and_agent_tables(xdb: XDB) -> None:
     xdb.save_meta_knowledge("run", theorems_json="[]", last_compacted_turn=first)
     v2 = xdb.save_meta_knowledge("run", theorems_json='["A moves right"]')
     assert xdb.meta_knowledge("run")[0]["version_id"] == v2
+
+
+def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
+    xdb.log_interaction("gone", journal_entry="a")
+    xdb.log_interaction("gone", journal_entry="b")
+    xdb.save_meta_knowledge("gone", theorems_json="[]")
+    kept = xdb.log_interaction("kept", journal_entry="c")
+    xdb.save_meta_knowledge("kept", theorems_json="[]")
+    assert xdb.purge_run("gone") == {"interaction_log": 2, "meta_knowledge": 1}
+    assert xdb.interactions("gone") == [] and xdb.meta_knowledge("gone") == []
+    assert [t["turn_id"] for t in xdb.interactions("kept")] == [kept] and len(xdb.meta_knowledge("kept")) == 1
+    assert xdb.purge_run("gone") == {"interaction_log": 0, "meta_knowledge": 0}

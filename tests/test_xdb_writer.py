@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from ahc.config import XDBConfig
 from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit import AuditLog
 from xdb.canonical import canonical_records
@@ -87,7 +88,7 @@ def test_bad_token_batches_fail_at_submit(tmp_path: Path, change: dict, message:
 
 
 def test_batches_cut_across_mixed_submits_keep_order_and_chain(tmp_path: Path) -> None:
-    with XDB.open(tmp_path / "x", batch_rows=7, max_latency_s=30) as xdb:
+    with XDB.open(tmp_path / "x", XDBConfig(batch_rows=7, max_latency_s=30)) as xdb:
         expected = []
         for i in range(6):
             words = [f"w{i}.{j}" for j in range(5)]
@@ -201,7 +202,7 @@ def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> 
     import datetime
     import time
 
-    with XDB.open(tmp_path / "x", max_latency_s=30) as xdb:
+    with XDB.open(tmp_path / "x", XDBConfig(max_latency_s=30)) as xdb:
         before = time.time()
         batch = token_batch(xdb, "s", ["a", "b"], "r")
         xdb.writer.submit(batch)
@@ -216,7 +217,7 @@ def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> 
 def test_rows_into_an_idle_writer_commit_within_the_latency_bound(tmp_path: Path) -> None:
     import time
 
-    with XDB.open(tmp_path / "x", max_latency_s=0.25) as xdb:
+    with XDB.open(tmp_path / "x", XDBConfig(max_latency_s=0.25)) as xdb:
         time.sleep(0.3)  # the writer is idle, asleep without a timeout
         xdb.writer.submit(token_batch(xdb, "s", ["a"], "r"))
         deadline = time.monotonic() + 2.0

@@ -4,10 +4,11 @@ The interface the server uses:
 
     from xdb import XDB, TimestepRow, RecallFilters
 
-    xdb = XDB.open(data_dir, quota_bytes=None, summarize=None, on_commit=None)
+    xdb = XDB.open(data_dir, config: XDBConfig | None = None, *, read_only=False, on_commit=None, summarize=None)
         # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
         # file raises ValueError and is never reset. read_only=True opens for reading only.
-        # threads= DuckDB threads for the experience file (default: a quarter of the cores, >= 1).
+        # ahc.config.XDBConfig holds the quotas, hot_seconds, max_document_bytes, the writer's
+        # batch_rows / max_latency_s / max_queue_rows / submit_timeout_s, and DuckDB's threads.
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
     xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; blocks when full, raises WriterBackpressure
     await xdb.writer.asubmit(rows)                   # never blocks the event loop
@@ -19,7 +20,7 @@ The interface the server uses:
     xdb.writer.queue_depth() -> int; xdb.writer.rows_written; xdb.writer.on_commit = fn(n_rows)
     xdb.close()                                      # flushes, then closes both files
 
-    xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # SPEC §5 fields + role, token_id, request_id
+    xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # timestep fields + role, token_id, request_id
     xdb.tag(tag, timestep_id= | session_id=+tick= | event_id= | session_id=+tick_range=, ...)
     xdb.comment(content, <same target>) ; xdb.comments(session_id)
     xdb.concepts_list(query) ; xdb.buds(status) ; xdb.set_bud_status(tag, status) ; xdb.create_tag(name, type)
@@ -32,6 +33,7 @@ The interface the server uses:
     xdb.save_session_state(session_id, state_json) -> version ; xdb.load_session_state(session_id) -> str | None
     xdb.log_interaction(run_id, journal_entry=, tool_call_json=, tool_result_json=, token_count=) -> turn_id
     xdb.interactions(run_id, pattern=, after_turn=, last=) ; xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
+    xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
 
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from xdb.canonical import canonical_array
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
+from xdb.sql import Row, one
 
 APP = "ahc-xdb-audit"
 GENESIS = bytes(32)
@@ -196,8 +197,8 @@ class AuditLog:
         self.committed_seq = p.seq_end + 1
 
     def last_timestep_id(self) -> int:
-        row = self.conn.execute("SELECT max(timestep_id) FROM audit_records").fetchone()
-        return -1 if row[0] is None else row[0]
+        last = one(self.conn.execute("SELECT max(timestep_id) FROM audit_records"))[0]
+        return -1 if last is None else int(last)
 
     def rows_after(self, timestep_id: int) -> pa.Table:
         """Audited rows the experience file has not committed yet (replayed after a crash)."""
@@ -235,7 +236,7 @@ def _verify_concepts(cur: duckdb.DuckDBPyConnection) -> tuple[str | None, int, b
 
 
 def _verify_checkpoints(cur: duckdb.DuckDBPyConnection, concept_count: int, concepts_head: bytes
-                        ) -> tuple[str | None, list[tuple]]:
+                        ) -> tuple[str | None, list[Row]]:
     rows = cur.execute("SELECT seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, "
                        "checkpoint_hash FROM audit_checkpoints ORDER BY seq_end, seq_start").fetchall()
     prev, expected_start = GENESIS, 0
@@ -300,7 +301,7 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
             prev, checked = h, checked + 1
         if expected <= hi:
             return AuditReport(False, checked, f"audit record seq={expected}: missing (deleted)")
-    beyond = cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]).fetchone()[0]
+    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
     if seq_to is None and beyond is not None:
         return AuditReport(False, checked, f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
     return AuditReport(True, checked)

@@ -31,7 +31,8 @@ def _int_column(table: pa.Table, name: str, null: int) -> np.ndarray:
     col = table.column(name)
     if pa.types.is_timestamp(col.type):
         col = col.cast(pa.int64())
-    return pc.fill_null(col, null).to_numpy()
+    values: np.ndarray = pc.fill_null(col, null).to_numpy()  # pyarrow is untyped: name what it returns
+    return values
 
 
 def _slots(table: pa.Table, name: str, k: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:

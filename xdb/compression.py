@@ -19,6 +19,7 @@ from ahc.errors import InvalidRequest
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
+from xdb.sql import one, one_int
 from xdb.tags import NotFound
 
 Summarize = Callable[[str], str]
@@ -57,13 +58,12 @@ def summarize_with(summarize: Summarize | None, text: str) -> str:
 
 def usage_bytes(cur: duckdb.DuckDBPyConnection) -> int:
     """Logical bytes held: what the quota counts (DuckDB files do not shrink when rows are deleted)."""
-    return cur.execute(f"""SELECT
+    return one_int(cur.execute(f"""SELECT
         (SELECT count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0) FROM timesteps)
-      + (SELECT coalesce(sum(strlen(summary) + strlen(top_k_activations) + 64), 0) FROM compressed_records)"""
-                       ).fetchone()[0]
+      + (SELECT coalesce(sum(strlen(summary) + strlen(top_k_activations) + 64), 0) FROM compressed_records)"""))
 
 
-def top_k(scores: Counter, k: int = TOP_K) -> dict[str, float]:
+def top_k(scores: Counter[str], k: int = TOP_K) -> dict[str, float]:
     return {name: round(float(v), 6) for name, v in scores.most_common(k)}
 
 
@@ -85,9 +85,9 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
     for session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens in groups:
         where = "t.session_id = ? AND t.request_id IS NOT DISTINCT FROM ? AND t.id BETWEEN ? AND ?"
         args = [session_id, request_id, lo, hi]
-        text = cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
-                           f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t WHERE {where}",
-                           args).fetchone()[0] or ""
+        text = one(cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
+                               f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t "
+                               f"WHERE {where}", args))[0] or ""
         acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid, unnest(t.concept_values) v
                                FROM timesteps t WHERE {where}) u JOIN concepts c ON c.id = u.cid
                                WHERE u.cid IS NOT NULL GROUP BY c.name""", args).fetchall()
@@ -111,18 +111,19 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
 
 
 def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
-    return cur.execute(
+    return one_int(cur.execute(
         "INSERT INTO compressed_records (compression_level, session_id, start_time, end_time, start_tick, end_tick, "
         "summary, top_k_activations, significant_tags, source_record_ids, token_count, record_count, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
         [int(r["level"]), r["session_id"], r["start_time"], r["end_time"], r["start_tick"], r["end_tick"],
          r["summary"], json.dumps(r["activations"], sort_keys=True), r["tags"], r["sources"], r["token_count"],
-         r["record_count"]]).fetchone()[0]
+         r["record_count"]]))
 
 
 def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                  summarize: Summarize | None) -> list[int]:
-    """The oldest group of records at `source` → one record a level coarser (seed §4.2)."""
+    """The oldest group of records at `source` → one record a level coarser (reply →
+    session → day → week → month → quarter → year)."""
     target = CompressionLevel(source + 1)
     key = "session_id" if target == CompressionLevel.SESSION else f"date_trunc('{BUCKETS[target]}', start_time)"
     oldest = cur.execute(f"SELECT {key} FROM compressed_records WHERE compression_level = ? "
@@ -133,7 +134,8 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                        f"significant_tags, token_count, record_count FROM compressed_records "
                        f"WHERE compression_level = ? AND {key} = ? ORDER BY start_time, id",
                        [int(source), oldest[0]]).fetchall()
-    acts, tags = Counter(), Counter()
+    acts: Counter[str] = Counter()
+    tags: Counter[str] = Counter()
     for r in rows:
         acts.update(json.loads(r[7]))
         tags.update(r[8])
@@ -188,8 +190,8 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
                       summary: str | None, summarize: Summarize | None, trigger: str,
                       tokens_after: int | None) -> dict[str, Any]:
     """Record a context compaction of a session up to a tick: its rows leave HOT."""
-    start = cur.execute("SELECT coalesce(max(range_end), -1) + 1 FROM compaction_records WHERE session_id = ?",
-                        [session_id]).fetchone()[0]
+    start = one_int(cur.execute("SELECT coalesce(max(range_end), -1) + 1 FROM compaction_records "
+                                "WHERE session_id = ?", [session_id]))
     last = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
     if last is None:
         raise NotFound(f"session {session_id!r} not found")
@@ -198,28 +200,29 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
         raise InvalidRequest(f"ticks up to {end} are already compacted (next is {start})")
     where = "session_id = ? AND tick BETWEEN ? AND ?"
     args = [session_id, start, end]
-    n, tokens, text = cur.execute(
+    n, tokens, text = one(cur.execute(
         f"SELECT count(*), count(*) FILTER (WHERE event_type = 'output'), string_agg(CASE WHEN event_type = 'output' "
         f"THEN content ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps WHERE {where}",
-        args).fetchone()
+        args))
     acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(concept_ids) cid, unnest(concept_values) v
                            FROM timesteps WHERE {where}) u JOIN concepts c ON c.id = u.cid GROUP BY c.name""",
                        args).fetchall()
     summary = summary if summary is not None else summarize_with(summarize, (text or "").strip())
     activations = top_k(Counter(dict(acts)))
     after = tokens_after if tokens_after is not None else len(summary.split())
-    rid = cur.execute(
+    rid = one_int(cur.execute(
         "INSERT INTO compaction_records (session_id, created_at, range_start, range_end, timesteps_compacted, "
         "tokens_before, tokens_after, summary, summary_concept_tags, top_k_activations, trigger, result_level) "
         "VALUES (?, now(), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         [session_id, start, end, n, tokens, after, summary, list(activations), json.dumps(activations, sort_keys=True),
-         trigger, int(CompressionLevel.REPLY)]).fetchone()[0]
+         trigger, int(CompressionLevel.REPLY)]))
     return {"id": rid, "session_id": session_id, "range_start": start, "range_end": end, "timesteps_compacted": n,
             "tokens_before": tokens, "tokens_after": after, "summary": summary, "top_k_activations": activations,
             "trigger": trigger}
 
 
-def cold_records(cur: duckdb.DuckDBPyConnection, session_id: str | None = None, limit: int = 100) -> list[dict]:
+def cold_records(cur: duckdb.DuckDBPyConnection, session_id: str | None = None,
+                 limit: int = 100) -> list[dict[str, Any]]:
     cols = ("id", "compression_level", "session_id", "start_time", "end_time", "start_tick", "end_tick", "summary",
             "top_k_activations", "significant_tags", "source_record_ids", "token_count", "record_count")
     rows = cur.execute(f"SELECT {', '.join(cols)} FROM compressed_records WHERE ? IS NULL OR session_id = ? "

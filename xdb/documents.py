@@ -10,10 +10,8 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, PayloadTooLarge
-
+from xdb.sql import Row
 from xdb.tags import NotFound
-
-DEFAULT_MAX_DOCUMENT_BYTES = 1 << 20
 
 
 class DocumentType(str, Enum):
@@ -35,7 +33,7 @@ COLUMNS = ("id", "version", "doc_type", "name", "path", "content", "content_hash
            "source", "summary", "tags")
 
 
-def _doc(row: tuple, with_content: bool = True) -> dict[str, Any]:
+def _doc(row: Row, with_content: bool = True) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row))
     for key in ("created_at", "updated_at"):
         rec[key] = rec[key].isoformat() + "Z"
@@ -56,7 +54,7 @@ def _check(content: str, max_bytes: int) -> str:
 
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
-                 summary: str | None = None, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+                 summary: str | None = None, max_bytes: int) -> dict[str, Any]:
     if not name or not name.strip():
         raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
@@ -69,7 +67,7 @@ def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc
 
 def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *, summary: str | None = None,
                     tags: list[str] | None = None, name: str | None = None,
-                    max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+                    max_bytes: int) -> dict[str, Any]:
     """A new version with the new content; metadata not given is carried over."""
     digest = _check(content, max_bytes)
     current = get_document(cur, doc_id)

@@ -16,6 +16,7 @@ import duckdb
 from ahc.errors import Conflict, InvalidRequest
 
 from xdb.schema import TOP_K
+from xdb.sql import Row, one, one_int
 from xdb.tags import NotFound, find_tag
 
 # What a timestep costs in the usage estimate besides its text: ids, tick, times, k slots.
@@ -57,10 +58,11 @@ PROTECTED_WINDOWS = "SELECT session_id, start_tick, end_tick FROM time_windows "
                     "WHERE fidelity = 'submitted' OR (fidelity = 'warm' AND pinned)"
 
 
-def range_stats(cur: duckdb.DuckDBPyConnection, session_id: str, start: int, end: int) -> tuple:
-    return cur.execute(
+def range_stats(cur: duckdb.DuckDBPyConnection, session_id: str, start: int, end: int) -> Row:
+    """(count, bytes, first created_at, last created_at) of a session's ticks start..end."""
+    return one(cur.execute(
         f"SELECT count(*), count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0), min(created_at), max(created_at) "
-        "FROM timesteps WHERE session_id = ? AND tick BETWEEN ? AND ?", [session_id, start, end]).fetchone()
+        "FROM timesteps WHERE session_id = ? AND tick BETWEEN ? AND ?", [session_id, start, end]))
 
 
 def _insert_window(cur: duckdb.DuckDBPyConnection, session_id: str, start: int, end: int, fidelity: str,
@@ -68,11 +70,11 @@ def _insert_window(cur: duckdb.DuckDBPyConnection, session_id: str, start: int, 
     count, size, t0, t1 = range_stats(cur, session_id, start, end)
     if not count:
         raise NotFound(f"no timesteps in session {session_id!r} ticks {start}..{end}")
-    wid = cur.execute(
+    wid = one_int(cur.execute(
         "INSERT INTO time_windows (session_id, start_tick, end_tick, start_time, end_time, fidelity, "
         "compression_level, pinned, pinned_reason, submission_ids, token_count, bytes, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, now()) RETURNING id",
-        [session_id, start, end, t0, t1, fidelity, pinned, reason, submissions, count, size]).fetchone()[0]
+        [session_id, start, end, t0, t1, fidelity, pinned, reason, submissions, count, size]))
     return get_window(cur, wid)
 
 
@@ -94,7 +96,7 @@ def list_windows(cur: duckdb.DuckDBPyConnection, session_id: str | None = None) 
 
 
 def pinned_bytes(cur: duckdb.DuckDBPyConnection) -> int:
-    return cur.execute("SELECT coalesce(sum(bytes), 0) FROM time_windows WHERE fidelity = 'warm' AND pinned").fetchone()[0]
+    return one_int(cur.execute("SELECT coalesce(sum(bytes), 0) FROM time_windows WHERE fidelity = 'warm' AND pinned"))
 
 
 def pin(cur: duckdb.DuckDBPyConnection, session_id: str, tick_from: int, tick_to: int, reason: str | None,
@@ -150,9 +152,9 @@ def resolve_submission(cur: duckdb.DuckDBPyConnection, submission_id: str, accep
     return [get_window(cur, wid) for wid in ids]
 
 
-def fidelity_counts(cur: duckdb.DuckDBPyConnection, hot_seconds: float) -> dict[str, int]:
+def fidelity_counts(cur: duckdb.DuckDBPyConnection, hot_seconds: float) -> dict[str, int | dict[str, int]]:
     """Timesteps per tier, plus COLD records by level."""
-    row = cur.execute(f"""
+    row = one(cur.execute(f"""
         WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS})
         SELECT count(*) FILTER (WHERE tier = 'submitted'), count(*) FILTER (WHERE tier = 'warm'),
                count(*) FILTER (WHERE tier = 'hot'), count(*) FILTER (WHERE tier = 'released')
@@ -162,7 +164,7 @@ def fidelity_counts(cur: duckdb.DuckDBPyConnection, hot_seconds: float) -> dict[
             WHEN EXISTS (SELECT 1 FROM time_windows x WHERE x.fidelity = 'warm' AND x.pinned
                          AND x.session_id = t.session_id AND t.tick BETWEEN x.start_tick AND x.end_tick) THEN 'warm'
             WHEN t.tick > h.released_through AND h.last_at > ? THEN 'hot' ELSE 'released' END AS tier
-            FROM timesteps t JOIN h USING (session_id))""", [hot_cutoff(hot_seconds)]).fetchone()
+            FROM timesteps t JOIN h USING (session_id))""", [hot_cutoff(hot_seconds)]))
     levels = dict(cur.execute("SELECT compression_level, count(*) FROM compressed_records GROUP BY 1").fetchall())
     return {"submitted": row[0], "warm": row[1], "hot": row[2], "released": row[3],
             "cold": {CompressionLevel(lv).name.lower(): n for lv, n in sorted(levels.items())}}

@@ -1,4 +1,4 @@
-"""Seed 000's discovery-agent tables: `interaction_log` (every turn) and `meta_knowledge` (the
+"""The discovery agent's tables: `interaction_log` (every turn) and `meta_knowledge` (the
 synthesised theory at each compaction), keyed by a run id so runs can share one store."""
 
 from __future__ import annotations
@@ -7,13 +7,16 @@ from typing import Any
 
 import duckdb
 
+from xdb.sql import Row, one_int
+
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
                 "token_count")
 KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledge", "last_compacted_turn",
                      "created_at")
+RUN_TABLES = ("interaction_log", "meta_knowledge")
 
 
-def _rows(rows: list[tuple], cols: tuple[str, ...]) -> list[dict[str, Any]]:
+def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         rec = dict(zip(cols, r))
@@ -27,10 +30,10 @@ def _rows(rows: list[tuple], cols: tuple[str, ...]) -> list[dict[str, Any]]:
 def log_interaction(cur: duckdb.DuckDBPyConnection, run_id: str, *, journal_entry: str | None = None,
                     tool_call_json: str | None = None, tool_result_json: str | None = None,
                     token_count: int | None = None) -> int:
-    return cur.execute(
+    return one_int(cur.execute(
         "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, token_count) "
         "VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",
-        [run_id, journal_entry, tool_call_json, tool_result_json, token_count]).fetchone()[0]
+        [run_id, journal_entry, tool_call_json, tool_result_json, token_count]))
 
 
 def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, pattern: str | None = None,
@@ -49,10 +52,10 @@ def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, p
 
 def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str, *, theorems_json: str | None = None,
                         negative_knowledge: str | None = None, last_compacted_turn: int | None = None) -> int:
-    return cur.execute(
+    return one_int(cur.execute(
         "INSERT INTO meta_knowledge (run_id, theorems_json, negative_knowledge, last_compacted_turn, created_at) "
         "VALUES (?, ?, ?, ?, now()) RETURNING version_id",
-        [run_id, theorems_json, negative_knowledge, last_compacted_turn]).fetchone()[0]
+        [run_id, theorems_json, negative_knowledge, last_compacted_turn]))
 
 
 def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
@@ -60,3 +63,13 @@ def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
     sql = f"SELECT {', '.join(KNOWLEDGE_COLUMNS)} FROM meta_knowledge WHERE (? IS NULL OR run_id = ?) ORDER BY version_id"
     rows = cur.execute(sql + (" DESC LIMIT 1" if latest else ""), [run_id, run_id]).fetchall()
     return _rows(rows, KNOWLEDGE_COLUMNS)
+
+
+def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:
+    """Delete a run's rows from both tables, so a fresh run under the same id starts from an empty
+    history; returns the rows deleted per table."""
+    deleted: dict[str, int] = {}
+    for table in RUN_TABLES:
+        # DuckDB answers a DELETE with the number of rows it removed.
+        deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]))
+    return deleted

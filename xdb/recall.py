@@ -1,4 +1,5 @@
-"""Recall: the SPEC §5 filters, validated, turned into DuckDB queries over `timesteps`."""
+"""Recall: the timestep filters (session, event types, tags, text, ticks, concept), validated,
+turned into DuckDB queries over `timesteps`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ahc.errors import InvalidRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from xdb.concepts import ConceptIndex
+from xdb.sql import Row
 
 MAX_LIMIT = 10_000
 
@@ -208,7 +210,7 @@ def conditions(f: RecallFilters, concepts: ConceptIndex) -> tuple[list[str], lis
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None) -> tuple[str, list] | None:
+                tag_kinds: list[str] | None = None) -> tuple[str, list[Any]] | None:
     """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
     filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
     read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
@@ -238,7 +240,7 @@ def rows_query(ids_sql: str) -> str:
     return f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id IN ({ids_sql}) ORDER BY id"
 
 
-def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int, str]) -> dict[int, list[str]]:
+def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, str]) -> dict[int, list[str]]:
     """Tag names (sorted) per recalled row. An application carries the session of the timesteps it
     reaches (tags.resolve_target sets it), so only the recalled sessions' applications are read
     (and any without a session), bounded by the rows' ids and ticks, and matched to the rows here."""
@@ -279,7 +281,7 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[tuple], names: dict[int,
     return out
 
 
-def to_record(row: tuple, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
+def to_record(row: Row, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row))
     ids, values = rec.pop("concept_ids"), rec.pop("concept_values")
     rec["concept_activations"] = {concepts.name_of(c): v for c, v in zip(ids or (), values or ()) if c is not None}

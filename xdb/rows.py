@@ -252,7 +252,7 @@ def merge_batches(batches: list[TokenBatch]) -> list[TokenBatch]:
     """Consecutive TokenBatches as one per (session, request, shared fields), in order of first
     appearance. A streamed reply arrives a token or two at a time, interleaved with other streams;
     converting each alone costs ~200 us a row in Arrow set-up, one conversion per stream costs a few."""
-    groups: dict[tuple, list[TokenBatch]] = {}
+    groups: dict[tuple[Any, ...], list[TokenBatch]] = {}
     for batch in batches:
         key = (batch.session_id, batch.request_id, batch.event_type, batch.role, tuple(batch.concept_names),
                batch.concept_index is None, batch.activation_source, _json(batch.metadata), _json(batch.steering))
@@ -264,8 +264,9 @@ def _concat(group: list[TokenBatch]) -> TokenBatch:
     first = group[0]
     index = values = None
     if first.concept_index is not None:
-        width = max(np.shape(b.concept_index)[1] for b in group)
-        index = np.concatenate([_pad(np.asarray(b.concept_index), width, -1) for b in group])
+        indexes = [np.asarray(b.concept_index) for b in group]
+        width = max(i.shape[1] for i in indexes)
+        index = np.concatenate([_pad(i, width, -1) for i in indexes])
         values = np.concatenate([_pad(np.asarray(b.concept_values, dtype=np.float32), width, 0) for b in group])
     now = time.time()  # only for batches that were never stamped (the writer stamps on submit)
     created = np.concatenate([np.broadcast_to(np.asarray(now if b.created_at is None else b.created_at,
@@ -284,23 +285,39 @@ def _pad(array: np.ndarray, width: int, fill: float) -> np.ndarray:
     return np.concatenate([array, np.full((array.shape[0], width - array.shape[1]), fill, dtype=array.dtype)], axis=1)
 
 
+def _runs(parts: list[list[TimestepRow] | TokenBatch]) -> list[list[TimestepRow] | TokenBatch]:
+    """Consecutive row lists joined into one, consecutive TokenBatches merged per stream; an empty
+    row list separates nothing."""
+    out: list[list[TimestepRow] | TokenBatch] = []
+    rows: list[TimestepRow] = []
+    batches: list[TokenBatch] = []
+    for part in parts:  # at most one of rows / batches is non-empty: each flushes the other
+        if isinstance(part, TokenBatch):
+            if rows:
+                out.append(rows)
+                rows = []
+            batches.append(part)
+        elif part:
+            out += merge_batches(batches)
+            batches = []
+            rows = rows + part
+    out += merge_batches(batches)
+    if rows:
+        out.append(rows)
+    return out
+
+
 def to_arrow(parts: list[list[TimestepRow] | TokenBatch], first_id: int, concepts: ConceptIndex,
              k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
     """One Arrow table for a writer batch made of TimestepRow lists and TokenBatches. Ids follow the
     parts' order, except that a run of consecutive TokenBatches is grouped per stream (merge_batches):
     a stream's rows keep their order, and nothing moves across a row list."""
     tables, added = [], []
-    runs: list[list[TimestepRow] | list[TokenBatch]] = []
-    for part in parts:  # consecutive row lists convert as one, consecutive TokenBatches per stream
-        kind = TokenBatch if isinstance(part, TokenBatch) else TimestepRow
-        if runs and runs[-1][0].__class__ is kind:
-            runs[-1].extend([part] if kind is TokenBatch else part)
-        elif kind is TokenBatch or part:
-            runs.append([part] if kind is TokenBatch else list(part))
-    converted = [b for run in runs for b in (merge_batches(run) if isinstance(run[0], TokenBatch) else [run])]
-    for part in converted:
-        convert = batch_to_arrow if isinstance(part, TokenBatch) else rows_to_arrow
-        table, new = convert(part, first_id, concepts, k)
+    for part in _runs(parts):
+        if isinstance(part, TokenBatch):
+            table, new = batch_to_arrow(part, first_id, concepts, k)
+        else:
+            table, new = rows_to_arrow(part, first_id, concepts, k)
         first_id += table.num_rows
         tables.append(table)
         added += new

@@ -74,7 +74,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             path VARCHAR, content VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
             created_at TIMESTAMP NOT NULL, updated_at TIMESTAMP NOT NULL, source VARCHAR,
             summary VARCHAR, tags VARCHAR[] NOT NULL, PRIMARY KEY (id, version))""",
-        # Seed 000's discovery-agent tables, with a run_id so several runs can share one store.
+        # The discovery agent's tables, with a run_id so several runs can share one store.
         "CREATE SEQUENCE turn_ids START 1",
         """CREATE TABLE interaction_log (
             turn_id BIGINT PRIMARY KEY DEFAULT nextval('turn_ids'), run_id VARCHAR NOT NULL,

@@ -29,8 +29,8 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? ORDER BY version DESC LIMIT 1",
                          [session_id]).fetchone()
     if latest is not None and latest[1] == digest:
-        return latest[0]
-    version = 1 if latest is None else latest[0] + 1
+        return int(latest[0])
+    version = 1 if latest is None else int(latest[0]) + 1
     cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
     cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?", [session_id, version - keep])
     return version
@@ -40,7 +40,3 @@ def load_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, version:
     row = cur.execute("SELECT state_json FROM session_states WHERE session_id = ? AND (? IS NULL OR version = ?) "
                       "ORDER BY version DESC LIMIT 1", [session_id, version, version]).fetchone()
     return None if row is None else row[0]
-
-
-def session_ids(cur: duckdb.DuckDBPyConnection) -> list[str]:
-    return [s for (s,) in cur.execute("SELECT DISTINCT session_id FROM session_states ORDER BY 1").fetchall()]

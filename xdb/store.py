@@ -15,11 +15,13 @@ from typing import Any, Callable, Iterator
 
 import duckdb
 
+from ahc.config import XDBConfig
 from xdb import compression, documents, fidelity, interactions, session_state, tags
 from xdb.audit import AuditLog, AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
+from xdb.sql import one
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 EXPERIENCE_FILE = "experience.duckdb"
@@ -37,12 +39,15 @@ def default_threads() -> int:
 
 class XDB:
     def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
-                 concepts: ConceptIndex, writer: Writer | None, *, quota_bytes: int | None,
-                 warm_quota_bytes: int | None, summarize: Callable[[str], str] | None, hot_seconds: float,
-                 max_document_bytes: int) -> None:
+                 concepts: ConceptIndex, writer: Writer | None, config: XDBConfig,
+                 summarize: Callable[[str], str] | None) -> None:
         self.data_dir, self.conn, self.audit, self.concepts, self.writer = data_dir, conn, audit, concepts, writer
-        self.quota_bytes, self.warm_quota_bytes = quota_bytes, warm_quota_bytes
-        self.summarize, self.hot_seconds, self.max_document_bytes = summarize, hot_seconds, max_document_bytes
+        # Plain attributes, not reads through `config`: a caller may retune them on a live XDB.
+        self.quota_bytes = config.quota_bytes
+        self.warm_quota_bytes = config.warm_quota_bytes
+        if self.warm_quota_bytes is None and self.quota_bytes is not None:
+            self.warm_quota_bytes = self.quota_bytes // 2
+        self.summarize, self.hot_seconds, self.max_document_bytes = summarize, config.hot_seconds, config.max_document_bytes
         self._ticks: dict[str, int] = dict(conn.execute("SELECT session_id, last_tick FROM session_ticks").fetchall())
         self._tick_lock = threading.Lock()
         self._compress_lock = threading.Lock()
@@ -50,42 +55,36 @@ class XDB:
         self._closed = False
 
     @classmethod
-    def open(cls, data_dir: Path | str, *, quota_bytes: int | None = None,
-             summarize: Callable[[str], str] | None = None, read_only: bool = False,
-             on_commit: Callable[[int], None] | None = None, warm_quota_bytes: int | None = None,
-             hot_seconds: float = 3600.0, max_document_bytes: int = documents.DEFAULT_MAX_DOCUMENT_BYTES,
-             batch_rows: int = 50_000, max_latency_s: float = 1.0, max_queue_rows: int = 1_000_000,
-             submit_timeout_s: float = 30.0, threads: int | None = None) -> "XDB":
-        """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb.
-        A corrupt or foreign file raises ValueError and is left untouched. `read_only` opens the
-        experience file alone, for reading (`ahc xdb recall`), with no writer. `threads`: DuckDB's
-        threads for the experience file (default `default_threads()`)."""
+    def open(cls, data_dir: Path | str, config: XDBConfig | None = None, *, read_only: bool = False,
+             on_commit: Callable[[int], None] | None = None,
+             summarize: Callable[[str], str] | None = None) -> "XDB":
+        """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb,
+        tuned by `config` (default: XDBConfig()). A corrupt or foreign file raises ValueError and is
+        left untouched. `read_only` opens the experience file alone, for reading (`ahc xdb recall`),
+        with no writer."""
+        config = config or XDBConfig()
         data_dir = Path(data_dir)
         if not read_only:
             data_dir.mkdir(parents=True, exist_ok=True)
         conn = open_experience(data_dir / EXPERIENCE_FILE, read_only=read_only)
         audit = writer = None
         try:
-            conn.execute(f"SET threads = {int(threads or default_threads())}")
+            conn.execute(f"SET threads = {int(config.threads or default_threads())}")
             if not read_only:
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)
             concepts = ConceptIndex(conn.execute("SELECT id, name FROM concepts").fetchall())
-            if not read_only:
+            if audit is not None:
                 next_id = max(last_timestep_id(conn), audit.last_timestep_id()) + 1
-                writer = Writer(conn, audit, concepts, next_id=next_id, batch_rows=batch_rows,
-                                max_latency_s=max_latency_s, max_queue_rows=max_queue_rows,
-                                submit_timeout_s=submit_timeout_s, on_commit=on_commit, k=TOP_K)
+                writer = Writer(conn, audit, concepts, next_id=next_id, batch_rows=config.batch_rows,
+                                max_latency_s=config.max_latency_s, max_queue_rows=config.max_queue_rows,
+                                submit_timeout_s=config.submit_timeout_s, on_commit=on_commit, k=TOP_K)
         except BaseException:
             if audit is not None:
                 audit.close()
             conn.close()
             raise
-        if warm_quota_bytes is None and quota_bytes is not None:
-            warm_quota_bytes = quota_bytes // 2
-        return cls(data_dir, conn, audit, concepts, writer, quota_bytes=quota_bytes,
-                   warm_quota_bytes=warm_quota_bytes, summarize=summarize, hot_seconds=hot_seconds,
-                   max_document_bytes=max_document_bytes)
+        return cls(data_dir, conn, audit, concepts, writer, config, summarize)
 
     def close(self) -> None:
         """Flush and commit everything queued, then close both files."""
@@ -127,7 +126,7 @@ class XDB:
 
     # -- reading -------------------------------------------------------------------------------
     def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        """Timesteps matching the SPEC §5 filters, oldest first; a bad filter raises RecallFilterError
+        """Timesteps matching the filters, oldest first; a bad filter raises RecallFilterError
         (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
@@ -267,10 +266,10 @@ class XDB:
 
     def state(self) -> dict[str, Any]:
         with self.cursor() as cur:
-            counts = cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
+            counts = one(cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
                 (SELECT count(*) FROM tags), (SELECT count(*) FROM tags WHERE tag_type = 'bud'),
                 (SELECT count(DISTINCT id) FROM documents), (SELECT count(*) FROM comments),
-                (SELECT count(*) FROM compaction_records), (SELECT count(*) FROM concepts)""").fetchone()
+                (SELECT count(*) FROM compaction_records), (SELECT count(*) FROM concepts)"""))
             return {
                 "timesteps": counts[0], "sessions": counts[1], "tags": counts[2], "buds": counts[3],
                 "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
@@ -305,6 +304,11 @@ class XDB:
     def meta_knowledge(self, run_id: str | None = None, latest: bool = True) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return interactions.meta_knowledge(cur, run_id, latest=latest)
+
+    def purge_run(self, run_id: str) -> dict[str, int]:
+        """Delete one run's `interaction_log` and `meta_knowledge` rows; returns the counts per table."""
+        with self.cursor() as cur:
+            return interactions.purge_run(cur, run_id)
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:

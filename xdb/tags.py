@@ -9,6 +9,7 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
+from xdb.sql import Row, one
 
 
 class TagType(str, Enum):
@@ -94,7 +95,7 @@ def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
     return target
 
 
-def tag_dict(row: tuple) -> dict[str, Any]:
+def tag_dict(row: Row) -> dict[str, Any]:
     rec = dict(zip(TAG_COLUMNS, row))
     rec["created_at"] = rec["created_at"].isoformat() + "Z"
     return rec
@@ -108,6 +109,13 @@ def find_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str,
             return tag_dict(row) if row else None
     row = cur.execute(f"SELECT {cols} FROM tags WHERE name = ?", [str(name_or_id)]).fetchone()
     return tag_dict(row) if row else None
+
+
+def require_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str, Any]:
+    tag = find_tag(cur, name_or_id)
+    if tag is None:
+        raise NotFound(f"tag {name_or_id!r} not found")
+    return tag
 
 
 def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, tag_type: str = "custom",
@@ -129,7 +137,7 @@ def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, 
                     [name, kind, concept_id, entity_type, status, created_by, description])
     except duckdb.ConstraintException:
         pass  # another thread created it first
-    return find_tag(cur, name)
+    return require_tag(cur, name)
 
 
 def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Target, *, confidence: float = 1.0,
@@ -138,11 +146,11 @@ def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Targe
         raise InvalidRequest("confidence must be within [0, 1]")
     if source not in TAG_SOURCES:
         raise InvalidRequest(f"source must be one of {', '.join(TAG_SOURCES)}")
-    row = cur.execute(
+    row = one(cur.execute(
         "INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, event_id, range_start, "
         "range_end, confidence, source, created_at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?) RETURNING id",
         [tag["id"], target.session_id, target.kind, target.timestep_id, target.event_id, target.range_start,
-         target.range_end, confidence, source, note]).fetchone()
+         target.range_end, confidence, source, note]))
     return {"id": row[0], "tag": tag, "target_type": target.kind, "session_id": target.session_id,
             "timestep_id": target.timestep_id, "event_id": target.event_id, "range_start": target.range_start,
             "range_end": target.range_end, "confidence": confidence, "source": source, "note": note}
@@ -151,11 +159,11 @@ def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Targe
 def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: Target) -> dict[str, Any]:
     if not content or not content.strip():
         raise InvalidRequest("comment content must not be empty")
-    row = cur.execute(
+    row = one(cur.execute(
         "INSERT INTO comments (session_id, target_type, timestep_id, event_id, range_start, range_end, content, "
         "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
         [target.session_id, target.kind, target.timestep_id, target.event_id, target.range_start,
-         target.range_end, content]).fetchone()
+         target.range_end, content]))
     return {"id": row[0], "content": content, "target_type": target.kind, "session_id": target.session_id,
             "timestep_id": target.timestep_id, "event_id": target.event_id, "range_start": target.range_start,
             "range_end": target.range_end}
@@ -183,11 +191,9 @@ def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list
 def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status: str) -> dict[str, Any]:
     """Promote a tag to a bud (status collecting) or move a bud along its statuses."""
     status = BudStatus(status).value
-    tag = find_tag(cur, name_or_id)
-    if tag is None:
-        raise NotFound(f"tag {name_or_id!r} not found")
+    tag = require_tag(cur, name_or_id)
     cur.execute("UPDATE tags SET tag_type = 'bud', bud_status = ? WHERE id = ?", [status, tag["id"]])
-    return find_tag(cur, tag["id"])
+    return require_tag(cur, tag["id"])
 
 
 def register_concepts(cur: duckdb.DuckDBPyConnection, concepts: list[dict[str, Any]], source: str) -> None:

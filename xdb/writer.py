@@ -25,13 +25,13 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xdb.audit import AuditLog
+from xdb.audit import AuditLog, PreparedBatch
 from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow
 from xdb.schema import TOP_K
@@ -48,6 +48,10 @@ class WriterStopped(RuntimeError):
 
 
 Part = list[TimestepRow] | TokenBatch
+# What the prepare stage hands each file's stage (None: no more batches).
+ToAudit = tuple[PreparedBatch, "_Audited"]
+ToExperience = tuple[pa.Table, list[tuple[int, str]], "_Audited"]
+Item = TypeVar("Item")
 
 
 def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
@@ -131,7 +135,7 @@ def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
     known = {cid for (cid,) in conn.execute("SELECT id FROM concepts").fetchall()}
     missing = [(cid, name) for cid, name in audit.concepts() if cid not in known]
     store_batch(conn, table, missing)
-    return table.num_rows
+    return int(table.num_rows)
 
 
 class Writer:
@@ -155,8 +159,8 @@ class Writer:
         self._closing = False
         self._error: BaseException | None = None
         # Bounded hand-offs, so a slow file slows the stages before it too (back-pressure).
-        self._to_audit: queue.Queue = queue.Queue(maxsize=2)
-        self._to_experience: queue.Queue = queue.Queue(maxsize=2)
+        self._to_audit: queue.Queue[ToAudit | None] = queue.Queue(maxsize=2)
+        self._to_experience: queue.Queue[ToExperience | None] = queue.Queue(maxsize=2)
         stages = {"xdb-prepare": self._prepare_stage, "xdb-audit": self._audit_stage,
                   "xdb-writer": self._experience_stage}
         self._threads = [threading.Thread(target=self._run, args=(stage,), name=name, daemon=True)
@@ -323,7 +327,7 @@ class Writer:
                 raise
             audited.set(True)
 
-    def _hand_over(self, to: queue.Queue, item: tuple | None) -> bool:
+    def _hand_over(self, to: queue.Queue[Item | None], item: Item | None) -> bool:
         """Put on a hand-off queue, waiting while it is full; False (item dropped) once a stage has
         failed, since then nobody may be taking."""
         while True:

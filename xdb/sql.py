@@ -1,0 +1,23 @@
+"""Typed reads of DuckDB results: a row is a plain tuple, and some queries always yield exactly one
+(an aggregate, an INSERT ... RETURNING), so their callers need not handle None."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+Row = tuple[Any, ...]
+
+
+def one(result: duckdb.DuckDBPyConnection) -> Row:
+    """The first row of a query that always yields one."""
+    row = result.fetchone()
+    if row is None:  # only a broken query gets here: an aggregate or RETURNING always yields a row
+        raise LookupError("the query yielded no row")
+    return row
+
+
+def one_int(result: duckdb.DuckDBPyConnection) -> int:
+    """The first column of `one(result)`, which must be a non-NULL integer (an id, a count)."""
+    return int(one(result)[0])
