@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from vllm.engine.protocol import EngineClient
+    from vllm.tokenizers.protocol import TokenizerLike
+
 
 
 @dataclass
 class HiddenCaller:
-    engine: Any  # vllm AsyncLLM
-    tokenizer: Any  # transformers tokenizer with a chat template
+    engine: EngineClient  # vLLM's AsyncLLM, not the recording wrapper
+    tokenizer: TokenizerLike  # with a chat template
     max_model_len: int
 
     async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:

@@ -31,9 +31,6 @@ class KVGeometry:
     def total_bytes(self) -> int:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
     @staticmethod
     def from_vllm_config(config: "VllmConfig") -> "KVGeometry":
         import torch

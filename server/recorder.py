@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import Executor
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, TYPE_CHECKING
+
 
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
@@ -21,13 +22,18 @@ from server.lens.capture_setup import CaptureSetup
 from server.lens.side_channel import completion_key
 from server.request_context import current_session
 from server.token_text import TokenTexts
+from xdb import XDB
 from xdb.rows import TimestepRow, TokenBatch
+
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from vllm.engine.protocol import EngineClient
+    from vllm.tokenizers.protocol import TokenizerLike
 
 EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
 
 
 class Recorder:
-    def __init__(self, xdb: Any, tokenizer: Any, background: Executor | None = None,
+    def __init__(self, xdb: XDB, tokenizer: TokenizerLike, background: Executor | None = None,
                  capture: CaptureSetup | None = None) -> None:
         self.xdb = xdb
         self.tokenizer = tokenizer
@@ -145,7 +151,7 @@ def new_input_turns(prepared: Prepared) -> list[Turn]:
 
 
 class RecordingEngine:
-    def __init__(self, engine: Any, recorder: Recorder) -> None:
+    def __init__(self, engine: EngineClient, recorder: Recorder) -> None:
         self._engine = engine
         self._recorder = recorder
 

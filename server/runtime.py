@@ -8,7 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
 
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.orchestrator import Orchestrator
@@ -23,12 +24,16 @@ from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
 from xdb import XDB
 
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from vllm.engine.protocol import EngineClient
+    from vllm.tokenizers.protocol import TokenizerLike
+
 
 @dataclass(frozen=True)
 class Runtime:
     config: AHCConfig
     engine: RecordingEngine  # what vLLM's OpenAI layer and our routes talk to
-    tokenizer: Any
+    tokenizer: TokenizerLike
     xdb: XDB
     metrics: AHCMetrics
     orchestrator: Orchestrator
@@ -46,7 +51,7 @@ class Runtime:
         self.rag_indexes.close()
 
 
-def build_runtime(config: AHCConfig, engine: Any, xdb: XDB, metrics: AHCMetrics,
+def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop."""
     tokenizer = engine.get_tokenizer()

@@ -6,11 +6,15 @@ the partial bytes back and releases the character with the token that completes 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from vllm.tokenizers.protocol import TokenizerLike
+
 
 
 class TokenTexts:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TokenizerLike) -> None:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._tokenizer = tokenizer
         self._stream = None

@@ -48,10 +48,6 @@ class Embedder:
         self._torch: Any = None
 
     @property
-    def dimension(self) -> int:
-        return DIMENSION
-
-    @property
     def name(self) -> str:
         return MODEL_NAME
 
