@@ -1,4 +1,4 @@
-"""`ahc discover`: run the discovery agent (SPEC §2, §6).
+"""`ahc discover`: run the discovery agent and report how it did (the run summary).
 
 Exit 0 when the run ends (solved or not: the summary says which), 2 on bad usage, 1 with one stderr
 line when it cannot run (unknown rule, server unreachable, corrupt checkpoint). With `--json` the last

@@ -1,5 +1,5 @@
-"""The compaction event (seed 000 §2): when tier 3 passes its token threshold, its raw turns are
-condensed into tier 2 and leave the prompt.
+"""The compaction event: when tier 3 passes its token threshold, its raw turns are condensed into
+tier 2 and leave the prompt.
 
 1. Summarise: the policy's hidden call updates the negative knowledge from the journal's transcript;
    the laws that passed repeatedly but are no theorem yet are listed from the law registry.

@@ -1,4 +1,5 @@
-"""The three tiers of seed 000 as the orchestrator's blocks (SPEC §4.1's `context` field).
+"""The agent's three context tiers as the orchestrator's blocks, sent in the chat request's `context`
+field.
 
 Tier 1, the permanent core (persona, grammar of symbols and instruments, the law language, how to
 work) is Identity: byte-identical every turn, so it is always a prefix-cache hit. The tool schemas

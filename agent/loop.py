@@ -1,4 +1,4 @@
-"""The discovery loop (seed 001 §2): Think -> Act -> Observe -> Formalise, one turn at a time.
+"""The discovery loop: Think -> Act -> Observe -> Formalise, one turn at a time.
 
 Reset: a fresh run purges the run's rows ("You know nothing"). Each turn the policy writes its
 journal entry and makes one or more tool calls (Think, Act); the results are harvested as evidence,

@@ -1,6 +1,6 @@
 """The end-of-run report in the run's directory: `report.md` (the summary, the theory, the turns)
 with `report.png` (coverage and accuracy over turns, cache hit ratio per turn), and `summary.json`
-(SPEC §6's line)."""
+(the run summary, the same JSON as `ahc discover --json`'s last line)."""
 
 from __future__ import annotations
 

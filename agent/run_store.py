@@ -1,4 +1,5 @@
-"""Where a run's history lives: `interaction_log` and `meta_knowledge` in XDB (seed 000's two tables).
+"""Where a run's history lives: `interaction_log` (its turns) and `meta_knowledge` (its knowledge
+snapshots), the agent's two tables in XDB.
 
 DuckDB allows one writing process per file and the server owns its XDB, so there are two ways in
 behind one small interface: `LocalRunStore` opens an XDB of its own under the run's data directory

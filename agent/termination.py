@@ -1,6 +1,5 @@
-"""When a run ends (seed 001 §5, SPEC §6): the submitted theory reproduced 5,000 random states
-exactly and its table is complete; or the turn budget is spent; or the policy has nothing left to
-try."""
+"""When a run ends: the submitted theory reproduced 5,000 random states exactly and its table is
+complete; or the turn budget is spent; or the policy has nothing left to try."""
 
 from __future__ import annotations
 
@@ -28,9 +27,10 @@ def judge(turn: int, max_turns: int, submissions: list[dict[str, Any]], stuck: b
 
 def summary(rule: str, policy: str, verdict: Verdict, counters: dict[str, int], turns: int, compactions: int,
             submissions: list[dict[str, Any]], theory: list[str] | None) -> dict[str, Any]:
-    """SPEC §6's run summary, keys in its order. `accuracy` is the last submit_theory's exact-match
-    share of its 5,000 states (0.0 if nothing was submitted); `theory` is the last submitted table, or
-    the policy's current one if it never submitted."""
+    """The run summary (`ahc discover --json`'s last line); its keys and their order are fixed, since
+    scripts read it. `accuracy` is the last submit_theory's exact-match share of its 5,000 states (0.0
+    if nothing was submitted); `theory` is the last submitted table, or the policy's current one if it
+    never submitted."""
     last = submissions[-1] if submissions else None
     table = (last or {}).get("table") or theory or []
     return {"rule": rule, "policy": policy, "solved": bool(verdict.solved),

@@ -42,7 +42,7 @@ class EngineConfig(_Strict):
 
 
 class OrchestratorConfig(_Strict):
-    """How prompts are assembled and governed (SPEC §4.1)."""
+    """How the orchestrator assembles and governs the prompt of a request that carries `context`."""
 
     # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window.
     cag_threshold: float = Field(0.7, gt=0, le=1)
@@ -99,7 +99,7 @@ class XDBConfig(_Strict):
 
 
 class LensConfig(_Strict):
-    """In-engine concept activations (issue 6): a lens pack applied to every generated token's hidden
+    """In-engine concept activations: a lens pack applied to every generated token's hidden
     state inside vLLM's worker; the top-k go to XDB with the token."""
 
     enabled: bool = False

@@ -1,1 +1,2 @@
-"""orchestrator — see DESIGN.md."""
+"""The context orchestrator: prompts assembled from blocks, sessions, CAG/RAG, governors, compaction
+(see orchestrator/README.md)."""

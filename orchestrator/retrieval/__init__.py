@@ -1,5 +1,6 @@
 """RAG over the Codex: deterministic chunking, all-MiniLM-L6-v2 embeddings, and hybrid (HNSW + BM25)
-search in DuckDB, plus the `query_archive` tool (DESIGN.md, "CAG or RAG by tokens")."""
+search in DuckDB, plus the `query_archive` tool: what a Codex too large for the prompt (RAG mode) is
+searched with."""
 
 from orchestrator.retrieval.chunking import Chunk, approx_token_count, chunk_document
 from orchestrator.retrieval.codex_index import CodexIndex, IndexStats, RetrievedChunk
