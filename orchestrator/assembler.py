@@ -8,6 +8,7 @@ Identical inputs give identical messages, hence identical prompt text and token 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +62,12 @@ class RenderCache:
     """
 
     def __init__(self, capacity: int = 256) -> None:
-        self._texts: dict[tuple, Block] = {}
+        self._texts: dict[tuple[Hashable, ...], Block] = {}
         self._states: list[tuple[tuple[Turn, ...], str, int]] = []
         self._capacity = capacity
 
-    def text_block(self, key: tuple, render, counter: TokenCounter, name: str) -> Block:
+    def text_block(self, key: tuple[Hashable, ...], render: Callable[[], str], counter: TokenCounter,
+                   name: str) -> Block:
         block = self._texts.get(key)
         if block is None:
             if len(self._texts) >= self._capacity:

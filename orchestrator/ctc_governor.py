@@ -6,6 +6,7 @@ non-verbatim karma, oldest first. Verbatim karma, the Identity and the Query are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.assembler import AssemblyInput
@@ -29,7 +30,8 @@ def turn_groups(state: tuple[Turn, ...]) -> list[tuple[Turn, ...]]:
     return [tuple(group) for group in groups]
 
 
-def govern(inp: AssemblyInput, limits: CTCLimits, chars_of: "callable") -> tuple[AssemblyInput, list[str]]:
+def govern(inp: AssemblyInput, limits: CTCLimits,
+           chars_of: Callable[[AssemblyInput], int]) -> tuple[AssemblyInput, list[str]]:
     """Apply the caps; returns the governed input and the actions taken (for the report and metric)."""
     actions: list[str] = []
     if limits.max_turns is not None:

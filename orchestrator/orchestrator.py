@@ -120,7 +120,7 @@ class Orchestrator:
         limits = CTCLimits(self.config.max_chars, self.config.max_turns)
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
-    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter) -> str:
+    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter: Formatter) -> str:
         if spec.mode != "auto":
             return spec.mode
         tokens = assemble(inp, formatter, self.counter, self.render_cache).tokens

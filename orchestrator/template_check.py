@@ -14,9 +14,10 @@ from typing import Any, Callable
 
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
 
-TOOL = {"type": "function", "function": {"name": "probe", "description": "Measure the ring.",
-                                         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
-PLAIN = [
+TOOL: dict[str, Any] = {
+    "type": "function", "function": {"name": "probe", "description": "Measure the ring.",
+                                     "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+PLAIN: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a careful physicist."},
     {"role": "user", "content": "What moves right?"},
     {"role": "assistant", "content": "Particle A moves right by one cell each step."},
@@ -24,7 +25,7 @@ PLAIN = [
     {"role": "assistant", "content": "B moves left."},
     {"role": "user", "content": "Thanks."},
 ]
-WITH_TOOLS = [
+WITH_TOOLS: list[dict[str, Any]] = [
     *PLAIN[:4],
     {"role": "assistant", "content": "Let me measure.", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "probe", "arguments": '{"x": 1}'}}]},
@@ -54,7 +55,8 @@ def check_chat_template(render: Render) -> TemplateCheck:
     return TemplateCheck(False, found)
 
 
-def _first_divergence(render: Render, conversation: list[dict[str, Any]], tools: list | None) -> str | None:
+def _first_divergence(render: Render, conversation: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None) -> str | None:
     # A request ends where the model is asked to speak: after a user or a tool message.
     ends = [i + 1 for i, m in enumerate(conversation) if m["role"] in ("user", "tool")]
     prompts = [(n, render(conversation[:n], tools)) for n in ends]

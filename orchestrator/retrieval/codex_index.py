@@ -25,6 +25,7 @@ from orchestrator.retrieval.chunking import Chunk, chunk_document
 from orchestrator.retrieval.duckdb_ext import load_extensions
 from orchestrator.retrieval.embedder import DIMENSION, Embedder
 from orchestrator.retrieval.limits import RagLimits
+from orchestrator.retrieval.sql import one_int
 
 # Bump when chunk_document's output changes for the same input: stored documents then re-chunk.
 CHUNKER_VERSION = 1
@@ -167,7 +168,7 @@ class CodexIndex:
 
     def chunk_count(self) -> int:
         with self._db:
-            return self._con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+            return one_int(self._con.execute("SELECT count(*) FROM chunks"))
 
     def chunks(self, doc_id: str | None = None) -> list[Chunk]:
         """The stored chunks, in (doc_id, chunk_index) order."""
@@ -207,8 +208,8 @@ class CodexIndex:
             self._con.execute("INSERT OR REPLACE INTO meta VALUES ('model', ?)", [self.embedder.name])
 
     def _has_fts(self) -> bool:
-        return self._con.execute("SELECT count(*) FROM duckdb_schemas() "
-                                 "WHERE schema_name = 'fts_main_chunks'").fetchone()[0] > 0
+        return one_int(self._con.execute("SELECT count(*) FROM duckdb_schemas() "
+                                         "WHERE schema_name = 'fts_main_chunks'")) > 0
 
     def _stored_documents(self) -> dict[str, tuple[str, str]]:
         with self._db:
@@ -261,10 +262,10 @@ class CodexIndex:
             con.execute("BEGIN")
             try:
                 con.register("dropped", pa.table({"doc_id": drop_docs}))
-                deleted = con.execute("DELETE FROM chunks WHERE doc_id IN (SELECT doc_id FROM dropped)"
-                                      ).fetchone()[0]
+                deleted = one_int(con.execute(
+                    "DELETE FROM chunks WHERE doc_id IN (SELECT doc_id FROM dropped)"))
                 con.execute("DELETE FROM documents WHERE doc_id IN (SELECT doc_id FROM dropped)")
-                next_id = con.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
+                next_id = one_int(con.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks"))
                 con.register("new_chunks", _chunk_table(chunks, vectors, next_id))
                 con.execute("INSERT INTO chunks SELECT * FROM new_chunks")
                 con.executemany("INSERT INTO documents VALUES (?, ?, ?, ?)",

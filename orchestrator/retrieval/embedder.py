@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 DIMENSION = 384
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -42,7 +45,7 @@ class Embedder:
         self.path = path or model_path()
         self.texts_embedded = 0  # a counter the tests and metrics read: what sync really cost
         self._lock = threading.Lock()
-        self._fast: Any = None  # `tokenizers.Tokenizer`, for counting
+        self._fast: Tokenizer | None = None  # for counting
         self._tokenizer: Any = None
         self._model: Any = None
         self._torch: Any = None
@@ -79,9 +82,10 @@ class Embedder:
             hidden = self._model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().numpy()
+            vectors: np.ndarray = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().numpy()
+            return vectors
 
-    def _fast_tokenizer(self) -> Any:
+    def _fast_tokenizer(self) -> Tokenizer:
         # The `tokenizers` library alone: counting tokens must not pay for importing torch.
         if self._fast is None:
             from tokenizers import Tokenizer
@@ -102,7 +106,7 @@ class Embedder:
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
         self._torch = torch
         if self.threads is not None:
             torch.set_num_threads(self.threads)
