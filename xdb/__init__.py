@@ -42,12 +42,13 @@ Every read runs on its own cursor of the writer's connection, so any thread may 
 """
 
 from xdb.audit import AuditReport, verify_audit
+from ahc.errors import NotFound
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.store import XDB
-from xdb.tags import BudStatus, NotFound, TagType
+from xdb.tags import BudStatus, TagType
 from xdb.writer import WriterBackpressure, WriterStopped
 
 __all__ = ["XDB", "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit", "NotFound",

@@ -20,7 +20,7 @@ from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, Compression
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int
-from xdb.tags import NotFound
+from ahc.errors import NotFound
 
 Summarize = Callable[[str], str]
 SUMMARY_CHARS = 280

@@ -11,7 +11,7 @@ import duckdb
 
 from ahc.errors import InvalidRequest, PayloadTooLarge
 from xdb.sql import Row
-from xdb.tags import NotFound
+from ahc.errors import NotFound
 
 
 class DocumentType(str, Enum):

@@ -13,11 +13,11 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import Conflict, InvalidRequest
+from ahc.errors import Conflict, InvalidRequest, NotFound
 
 from xdb.schema import TOP_K
 from xdb.sql import Row, one, one_int
-from xdb.tags import NotFound, find_tag
+from xdb.tags import find_tag
 
 # What a timestep costs in the usage estimate besides its text: ids, tick, times, k slots.
 ROW_BYTES = 64 + 8 * TOP_K

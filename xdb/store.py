@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 
 from ahc.config import XDBConfig
+from ahc.errors import NotFound
 from xdb import compression, documents, fidelity, interactions, session_state, tags
 from xdb.audit import AuditLog, AuditReport
 from xdb.concepts import ConceptIndex
@@ -154,7 +155,7 @@ class XDB:
         target = tags.make_target(**where)
         try:
             return tags.resolve_target(cur, target)
-        except tags.NotFound:
+        except NotFound:
             # The row may still be on the writer's queue: commit it and look again.
             if self.writer is None or self.writer.queue_depth() == 0:
                 raise
@@ -166,7 +167,7 @@ class XDB:
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
             created_by: str = "be", description: str | None = None) -> dict[str, Any]:
         """Apply a tag (by name or id; a new name creates it) to a timestep, an event or a tick range.
-        Raises tags.NotFound for a missing target."""
+        Raises NotFound for a missing target."""
         with self.cursor() as cur:
             target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
