@@ -19,7 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 def _add_subcommands() -> None:
     # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
     from agent.cli import discover
-    from server.lens.cli import app as lens_app
+    from lens.cli import app as lens_app
     from universe.cli import app as universe_app
     from xdb.cli import app as xdb_app
 

@@ -25,7 +25,7 @@ from xdb import XDB
 from server.app import build_app
 from server.services import build_services
 from server.engine_args import build_vllm_namespace
-from server.lens.capture_setup import CaptureSetup, start_capture
+from server.capture.capture_setup import CaptureSetup, start_capture
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 

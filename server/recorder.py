@@ -10,9 +10,9 @@ from typing import Any
 
 from orchestrator.orchestrator import Prepared
 from orchestrator.turn import Turn
-from server.lens.activation_join import ActivationJoin, Run
-from server.lens.capture_setup import CaptureSetup
-from server.lens.side_channel import completion_key
+from server.capture.activation_join import ActivationJoin, Run
+from server.capture.capture_setup import CaptureSetup
+from server.capture.side_channel import completion_key
 from server.token_text import TokenTexts
 from xdb.rows import TimestepRow, TokenBatch
 
