@@ -10,6 +10,8 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
+from universe.cli import Backend
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="AHC: a local inference server for long-running LLM agents.")
 
@@ -17,10 +19,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 def _add_subcommands() -> None:
     # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
     from agent.cli import discover
-    from server.lens.cli import app as lens_app
+    from lens.cli import app as lens_app
     from universe.cli import app as universe_app
     from xdb.cli import app as xdb_app
 
+    # The simulators' benchmark lives in bench/, which universe must not import, so it is mounted here.
+    universe_app.command("bench")(universe_bench)
     app.add_typer(universe_app, name="universe")
     app.add_typer(xdb_app, name="xdb")
     app.command("discover")(discover)
@@ -136,6 +140,21 @@ def bench(
     if json_out:
         for result in results:
             typer.echo(result.to_json())
+
+
+def universe_bench(
+    backend: Annotated[Optional[list[Backend]], typer.Option(
+        help="Backend to measure (repeatable); default all. numpy is always measured as the reference "
+             "when numba is.")] = None,
+) -> None:
+    """Cell-updates/s of each backend, and numba's ratio over numpy measured in the same run (JSON)."""
+    from bench.universe import run as run_bench
+
+    try:
+        names = [b.value for b in backend] if backend else None
+        typer.echo(run_bench(names).to_json())
+    except (ValueError, OSError, ImportError) as exc:
+        fail(str(exc) or type(exc).__name__)
 
 
 _add_subcommands()

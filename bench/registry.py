@@ -13,6 +13,7 @@ BENCHES: dict[str, str] = {
     "orchestrator": "bench.orchestrator",
     "activations": "bench.activations",
     "serve": "bench.serve",
+    "retrieval": "bench.retrieval",
 }
 
 

@@ -37,7 +37,7 @@ def cells_per_second(backends: list[str], states: np.ndarray, steps: int, rounds
 
 
 def run(backends: list[str] | None = None) -> BenchResult:
-    from universe.simulate import gpu_available
+    from universe.device import gpu_available
     from universe.sampling import random_states
 
     wanted = list(backends or ALL)

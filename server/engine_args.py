@@ -14,7 +14,7 @@ from ahc.config import AHCConfig, resolve_path
 
 
 def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:
-    """`capture_flags`: the lens capture's --worker-cls and --additional-config (server/lens)."""
+    """`capture_flags`: the lens capture's --worker-cls and --additional-config (server/capture)."""
     engine = config.engine
     args = [
         "--model", resolve_path(config.model),

@@ -15,7 +15,7 @@ from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
 from orchestrator.vram_governor import KVStats
 from server.engine_args import build_vllm_namespace
-from server.lens.capture_setup import CaptureSetup, start_capture
+from server.capture.capture_setup import CaptureSetup, start_capture
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever

@@ -17,9 +17,9 @@ from typing import Any, AsyncGenerator, TYPE_CHECKING
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
-from server.lens.activation_join import ActivationJoin, Run
-from server.lens.capture_setup import CaptureSetup
-from server.lens.side_channel import completion_key
+from server.capture.activation_join import ActivationJoin, Run
+from server.capture.capture_setup import CaptureSetup
+from server.capture.side_channel import completion_key
 from server.request_context import current_session
 from server.token_text import TokenTexts
 from xdb import XDB

@@ -17,7 +17,7 @@ from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.vram_governor import VramGovernor
-from server.lens.capture_setup import CaptureSetup
+from server.capture.capture_setup import CaptureSetup
 from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer

@@ -33,7 +33,7 @@ def expected_activations(prompt_ids: list[int], output_ids: list[int]) -> list[d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.lens import load_pack
+    from lens import load_pack
 
     pack = load_pack(PACK)
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval()
@@ -184,7 +184,7 @@ def test_the_logit_lens_fallback_equals_transformers_logprobs(logit_lens_server)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.lens import load_pack
+    from lens import load_pack
 
     server, pack_dir = logit_lens_server
     reply = greedy_reply(server.client(), server.client().models.list().data[0].id, "logit-lens")

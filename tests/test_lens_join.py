@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 
-from server.lens.activation_join import ActivationJoin
-from server.lens.inbox import ActivationInbox
-from server.lens.side_channel import (ActivationReceiver, ActivationSender, StepActivations, completion_key,
+from server.capture.activation_join import ActivationJoin
+from server.capture.inbox import ActivationInbox
+from server.capture.side_channel import (ActivationReceiver, ActivationSender, StepActivations, completion_key,
                                       engine_key)
 
 

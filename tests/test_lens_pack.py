@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from server.lens import LensPack, load_pack, save_pack
+from lens import LensPack, load_pack, save_pack
 
 MODEL = {"hidden_size": 16, "num_layers": 2, "config_sha256": "a" * 64}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.lens import load_pack
-from server.lens.train import ConceptExamples, concept_members, fit, load_examples, text_features, train_pack
+from lens import load_pack
+from lens.train import ConceptExamples, concept_members, fit, load_examples, text_features, train_pack
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "configs" / "lenses" / "tiny-demo" / "examples.json"
@@ -112,7 +112,7 @@ def test_features_equal_a_manual_transformers_forward(tiny: Path) -> None:
 
 @pytest.mark.parametrize("method", ["means", "logistic"])
 def test_train_pack_on_the_tiny_model(tiny: Path, tmp_path: Path, method: str) -> None:
-    from server.lens import save_pack
+    from lens import save_pack
 
     pack = train_pack(tiny, EXAMPLES, layer=1, method=method)
     pack.check_model(tiny)
@@ -138,7 +138,7 @@ def test_train_rejects_a_layer_past_the_model(tiny: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    code = "import sys; from server.lens.cli import app; app(sys.argv[1:])"
+    code = "import sys; from lens.cli import app; app(sys.argv[1:])"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
 

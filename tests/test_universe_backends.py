@@ -13,7 +13,8 @@ import pytest
 
 import universe
 from universe import load_rule, random_rule, simulate
-from universe.simulate import gpu_available, resolve_backend
+from universe.device import gpu_available
+from universe.simulate import resolve_backend
 
 LENGTHS = (1, 2, 3, 4, 5, 7, 8, 9, 31, 63, 64, 65, 127, 128, 129, 200)
 

@@ -1,4 +1,5 @@
-"""`ahc universe` subcommands: simulate a rule, and measure the simulators."""
+"""`ahc universe` subcommands: simulate a rule. (`ahc universe bench`, which measures the simulators, is
+mounted on this app by ahc/cli.py: the measuring lives in bench/, which universe must not import.)"""
 
 from __future__ import annotations
 
@@ -40,19 +41,3 @@ def simulate(
         _fail(exc)
     for row in trajectory[:, 0]:
         typer.echo(decode(row))
-
-
-@app.command()
-def bench(
-    backend: Annotated[list[Backend] | None, typer.Option(
-        help="Backend to measure (repeatable); default all. numpy is always measured as the reference "
-             "when numba is.")] = None,
-) -> None:
-    """Cell-updates/s of each backend, and numba's ratio over numpy measured in the same run (JSON)."""
-    from bench.universe import run as run_bench
-
-    try:
-        names = [b.value for b in backend] if backend else None
-        typer.echo(run_bench(names).to_json())
-    except (ValueError, OSError, ImportError) as exc:
-        _fail(exc)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from universe import tools
 from universe.laws.ast import LawError, parse_law
 from universe.laws.evaluate import evaluate_laws
 from universe.rule import Rule
@@ -51,9 +52,7 @@ class Harness:
 
     def call_tool(self, name: str, arguments: str | dict[str, Any] | None) -> dict[str, Any]:
         """An OpenAI tool call → its result; malformed arguments give `{"error": ...}`, never raise."""
-        from universe.tools import call_tool
-
-        return call_tool(self, name, arguments)
+        return tools.call_tool(self, name, arguments)
 
     # ---- the tools ------------------------------------------------------------------------------
     def evaluate_laws(self, laws: list[Any]) -> dict[str, Any]:

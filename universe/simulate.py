@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
+from universe.device import gpu_available
 from universe.rule import Rule, load_rule
 from universe.symbols import as_batch
 
 BACKENDS = ("auto", "numpy", "numba", "triton")
-
-
-@functools.cache
-def gpu_available() -> bool:
-    """Whether torch sees a GPU. Without NVIDIA or ROCm device nodes the answer is no, and importing
-    torch (~1 s) is skipped, which keeps `ahc universe simulate` quick on a CPU machine."""
-    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def resolve_backend(backend: str) -> str:

@@ -1,14 +1,15 @@
-"""The harness tools as OpenAI function tools: their JSON-schema descriptions and a dispatcher."""
+"""The harness tools as OpenAI function tools: their JSON-schema descriptions and a dispatcher.
+
+The dispatcher calls the method named like the tool on whatever it is given (a Harness), so this module
+sits below harness.py and needs nothing from it."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from universe.laws.schema import law_defs
-
-if TYPE_CHECKING:
-    from universe.harness import Harness
 
 _WORLD = ("The universe is a ring of cells, each one of the symbols _ A B K; cell i's left neighbour is "
           "cell (i-1) mod L. Every step each cell's next symbol depends only on its (left, centre, right) "
@@ -58,9 +59,9 @@ TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
 _JSON_TYPES = {"string": str, "integer": int, "array": list, "object": dict}
 
 
-def call_tool(harness: Harness, name: str, arguments: str | dict[str, Any] | None) -> dict[str, Any]:
-    """Run one tool call. Anything wrong with it comes back as `{"error": message}`, so a model's
-    malformed call becomes feedback instead of an exception."""
+def call_tool(harness: object, name: str, arguments: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Run one tool call: `harness`'s method of that name. Anything wrong with it comes back as
+    `{"error": message}`, so a model's malformed call becomes feedback instead of an exception."""
     spec = next((tool["function"] for tool in TOOLS if tool["function"]["name"] == name), None)
     if spec is None:
         return {"error": f"unknown tool {name!r}; known: {', '.join(TOOL_NAMES)}"}
@@ -76,8 +77,9 @@ def call_tool(harness: Harness, name: str, arguments: str | dict[str, Any] | Non
     problem = _check_arguments(spec["parameters"], arguments)
     if problem:
         return {"error": f"{name}: {problem}"}
+    method: Callable[..., dict[str, Any]] = getattr(harness, name)
     try:
-        return getattr(harness, name)(**arguments)
+        return method(**arguments)
     except ValueError as exc:
         return {"error": f"{name}: {exc}"}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from universe.device import gpu_available
+
 HALO = 32  # steps per launch; also the halo width each side of a tile
 BLOCK = 1024  # cells per tile on a GPU: 8 bytes per thread at 4 warps
 
@@ -23,7 +25,6 @@ def simulate(states: np.ndarray, lut: np.ndarray, steps: int) -> np.ndarray:
     import torch
 
     from kernels import universe_step
-    from universe.simulate import gpu_available
 
     on_gpu = gpu_available()
     device = "cuda" if on_gpu else "cpu"

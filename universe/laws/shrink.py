@@ -1,6 +1,6 @@
 """Small counterexamples: a failing trajectory cut down to the fewest cells and steps that still fail.
 
-Steps: violations are local in time (evaluate.py), so the trajectory restarts at the state where the
+Steps: violations are local in time (violations.py), so the trajectory restarts at the state where the
 violation begins and runs only the law's reach. Cells: every cyclic window of that state, shortest
 first, is re-simulated as a ring of its own; the first that still breaks the law is kept. Whatever is
 returned is a genuine trajectory of the rule that breaks the law at t = 0.
@@ -14,8 +14,10 @@ import numpy as np
 
 from universe.instruments import neighbor_config
 from universe.laws.ast import Law
-from universe.laws.evaluate import cell_violations, evaluate, step_once, transform, violations
+from universe.laws.values import evaluate
+from universe.laws.violations import cell_violations, step_once, transform, violations
 from universe.rule import Rule
+from universe.simulate import simulate
 from universe.symbols import decode
 
 
@@ -62,7 +64,5 @@ def describe(law: Law, rows: np.ndarray, rule: Rule | None) -> dict[str, Any]:
 
 
 def _simulate(states: np.ndarray, rule: Rule, steps: int) -> np.ndarray:
-    from universe.simulate import simulate
-
     # The reference backend: these batches are tiny, and it needs no JIT warm-up.
     return simulate(states, rule, steps, backend="numpy")

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from server.lens.pack import LensPack, load_pack
-from server.lens.side_channel import ActivationSender, DeviceSender, StepActivations, engine_key
+from lens.pack import LensPack, load_pack
+from server.capture.side_channel import ActivationSender, DeviceSender, StepActivations, engine_key
 
 MODES = ("aux", "final", "logit_lens")
 

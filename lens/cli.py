@@ -26,13 +26,13 @@ def train(
     method: Annotated[str, typer.Option(help="means (difference of class means) or logistic.")] = "means",
 ) -> None:
     """Build a lens pack from labelled example texts (transformers forward on the CPU)."""
-    from server.lens.train import METHODS
+    from lens.train import METHODS
 
     if method not in METHODS:
         raise typer.BadParameter(f"must be one of {', '.join(METHODS)}", param_hint="--method")
     try:
-        from server.lens.pack import save_pack
-        from server.lens.train import train_pack
+        from lens.pack import save_pack
+        from lens.train import train_pack
 
         pack = train_pack(model, examples, layer, method)
         save_pack(pack, out)
@@ -45,7 +45,7 @@ def train(
 def show(pack_dir: Annotated[Path, typer.Argument(help="Lens pack directory.")]) -> None:
     """Print a pack's concepts, layer and model fingerprint."""
     try:
-        from server.lens.pack import load_pack
+        from lens.pack import load_pack
 
         pack = load_pack(pack_dir)
     except (ValueError, FileNotFoundError, OSError) as exc:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from server.lens.side_channel import StepActivations
+from server.capture.side_channel import StepActivations
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from server.lens.pack import LensPack, model_fingerprint
+from lens.pack import LensPack, model_fingerprint
 
 METHODS = ("means", "logistic")
 

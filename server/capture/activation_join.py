@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.lens.inbox import ActivationInbox
+from server.capture.inbox import ActivationInbox
 
 Row = tuple[np.ndarray, np.ndarray]  # (concept index [k'], values [k'])
 

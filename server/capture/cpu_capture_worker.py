@@ -2,7 +2,7 @@
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from server.lens.capture_worker import LensCaptureMixin
+from server.capture.capture_worker import LensCaptureMixin
 
 
 class CPUCaptureWorker(LensCaptureMixin, CPUWorker):

@@ -2,7 +2,7 @@
 
 from vllm.v1.worker.gpu_worker import Worker
 
-from server.lens.capture_worker import LensCaptureMixin
+from server.capture.capture_worker import LensCaptureMixin
 
 
 class GPUCaptureWorker(LensCaptureMixin, Worker):

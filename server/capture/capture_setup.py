@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ahc.config import AHCConfig, resolve_path
-from server.lens.inbox import ActivationInbox
-from server.lens.pack import LensPack, load_pack
-from server.lens.side_channel import ActivationReceiver
+from lens.pack import LensPack, load_pack
+from server.capture.inbox import ActivationInbox
+from server.capture.side_channel import ActivationReceiver
 
-CPU_WORKER = "server.lens.cpu_capture_worker.CPUCaptureWorker"
-GPU_WORKER = "server.lens.gpu_capture_worker.GPUCaptureWorker"
+CPU_WORKER = "server.capture.cpu_capture_worker.CPUCaptureWorker"
+GPU_WORKER = "server.capture.gpu_capture_worker.GPUCaptureWorker"
 
 
 def check_pack(config: AHCConfig) -> LensPack:

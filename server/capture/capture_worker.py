@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.lens.step_capture import LensSettings, StepCapture
+from server.capture.step_capture import LensSettings, StepCapture
 
 
 class LensCaptureMixin:

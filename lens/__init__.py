@@ -7,8 +7,11 @@ A concept's activation on a hidden state h is `directions[c] @ h + biases[c]`.
 `layer` counts like transformers' `output_hidden_states`: 0 is the embedding output, N is the
 residual stream after decoder layer N. (transformers applies the final norm to the last entry, so
 a pack at layer == num_layers reads the normed state.)
+
+This package is offline (numpy, safetensors, transformers for training; no vLLM and nothing of the
+server): the server's in-engine capture (server/capture) loads packs through it.
 """
 
-from server.lens.pack import LensPack, load_pack, model_fingerprint, save_pack
+from lens.pack import LensPack, load_pack, model_fingerprint, save_pack
 
 __all__ = ["LensPack", "load_pack", "model_fingerprint", "save_pack"]
