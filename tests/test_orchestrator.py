@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from ahc.config import OrchestratorConfig
+from ahc.server_process import TINY_MODEL
 from orchestrator.assembler import AssemblyInput, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern
@@ -16,7 +17,6 @@ from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
-from tests.conftest import TINY_MODEL
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ahc.server_process import TINY_MODEL
 from orchestrator.template_check import check_chat_template
-from tests.conftest import TINY_MODEL
 
 # Like Qwen3's: an earlier reply's reasoning is dropped once a later user turn exists.
 DROPS_OLD_REASONING = (
