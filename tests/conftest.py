@@ -49,3 +49,12 @@ def no_whitespace_bias() -> dict[str, int]:
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     return {str(i): -100 for i in range(len(tokenizer))
             if (text := tokenizer.decode([i])) and not text.strip()}
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The tiny model's tokenizer and chat template, trained in memory (milliseconds, no weights), so
+    the engine-free tests need no `make setup`. The same files `ahc tiny-model` writes."""
+    from ahc.tiny_model import build_tokenizer
+
+    return build_tokenizer()

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from ahc.config import OrchestratorConfig
-from ahc.server_process import TINY_MODEL
 from orchestrator.assembler import AssemblyInput, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern
@@ -17,13 +16,6 @@ from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
 
 
 @pytest.fixture
