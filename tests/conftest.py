@@ -4,6 +4,7 @@ Helpers that start servers live in ahc/server_process.py, shared with the benchm
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import openai
 import pytest
@@ -58,3 +59,13 @@ def tokenizer():
     from ahc.tiny_model import build_tokenizer
 
     return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model on disk: `make setup`'s copy, else one built for this session (seconds)."""
+    if (TINY_MODEL / "model.safetensors").is_file():
+        return TINY_MODEL
+    from ahc.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
