@@ -102,10 +102,10 @@ def _train_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def _save_tokenizer(tokenizer, out: Path, max_position: int) -> None:
+def _fast_tokenizer(tokenizer, max_position: int):
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
@@ -113,7 +113,13 @@ def _save_tokenizer(tokenizer, out: Path, max_position: int) -> None:
         model_max_length=max_position,
         chat_template=CHAT_TEMPLATE,
     )
-    fast.save_pretrained(out)
+
+
+def build_tokenizer(spec: TinyModelSpec | None = None):
+    """The tiny model's tokenizer and chat template, in memory: what `build_tiny_model` saves, without
+    the weights (training it takes milliseconds), for code that needs only a tokenizer."""
+    spec = spec or TinyModelSpec()
+    return _fast_tokenizer(_train_tokenizer(spec.vocab_size), spec.max_position)
 
 
 def _build_weights(spec: TinyModelSpec, vocab: int, bos: int, eos: int, pad: int, out: Path) -> None:
@@ -148,7 +154,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         raise ValueError(f"output path {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(spec.vocab_size)
-    _save_tokenizer(tokenizer, out, spec.max_position)
+    _fast_tokenizer(tokenizer, spec.max_position).save_pretrained(out)
     ids = {t: tokenizer.token_to_id(t) for t in ("<|bos|>", "<|eos|>", "<|pad|>")}
     _build_weights(spec, tokenizer.get_vocab_size(), ids["<|bos|>"], ids["<|eos|>"], ids["<|pad|>"], out)
     (out / "ahc_tiny_model.json").write_text(json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n")

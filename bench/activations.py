@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +24,10 @@ import httpx
 import openai
 
 from ahc.config import REPO_ROOT
+from ahc.server_process import AHC, child_env, ensure_model, start_server
 from bench.orchestrator import MODEL_FLAGS
 from bench.result import BenchResult
-from bench.server_process import alternating_rounds, ensure_model, start
+from bench.rounds import alternating_rounds
 
 BATCH = 8
 MAX_TOKENS = 192
@@ -39,9 +39,9 @@ EXAMPLES = REPO_ROOT / "configs" / "lenses" / "tiny-demo" / "examples.json"
 def ensure_pack(model_dir: Path, out: Path) -> Path:
     """A lens pack for the bench model (the tiny-demo concepts at layer 3), built once."""
     if not (out / "lens.json").exists():
-        ahc = str(Path(sys.executable).with_name("ahc"))
-        subprocess.run([ahc, "lens", "train", "--model", str(model_dir), "--examples", str(EXAMPLES),
-                        "--layer", str(LENS_LAYER), "--out", str(out)], check=True, capture_output=True)
+        subprocess.run([AHC, "lens", "train", "--model", str(model_dir), "--examples", str(EXAMPLES),
+                        "--layer", str(LENS_LAYER), "--out", str(out)], check=True, capture_output=True,
+                        env=child_env())
     return out
 
 
@@ -76,9 +76,9 @@ def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool
         servers = []
         try:
             for name, lens in (("plain", "off"), ("capture", str(pack))):
-                servers.append(start(model_dir, Path(tmp) / name, "--max-num-seqs", str(BATCH), lens=lens))
-            clients = [openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="none", max_retries=0, timeout=600)
-                       for s in servers]
+                servers.append(start_server(Path(tmp) / name, model=model_dir, lens=lens,
+                                            extra=["--max-num-seqs", str(BATCH)]))
+            clients = [s.client(timeout=600) for s in servers]
             model = clients[0].models.list().data[0].id
             rounds = alternating_rounds([lambda c=c: decode_round(c, model) for c in clients], ROUNDS)
             right = not has_activations(servers[0].base_url) and has_activations(servers[1].base_url)

@@ -20,8 +20,8 @@ import numpy as np
 import openai
 
 from ahc.config import REPO_ROOT, OrchestratorConfig, load_config
+from ahc.server_process import ensure_model, start_server
 from bench.result import BenchResult
-from bench.server_process import ensure_model, start
 
 TURNS = 30
 REPLY_TOKENS = 16
@@ -161,9 +161,9 @@ def run() -> BenchResult:
     model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
     block_size = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").engine.block_size
     with tempfile.TemporaryDirectory() as tmp:
-        server = start(model_dir, Path(tmp) / "xdb", "--max-model-len", "8192")
+        server = start_server(Path(tmp) / "xdb", model=model_dir, lens="off", extra=["--max-model-len", "8192"])
         try:
-            client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=600)
+            client = server.client(timeout=600)
             model = client.models.list().data[0].id
             naive = run_naive(client, model)
             ours = run_ours(client, model)

@@ -12,9 +12,7 @@ alike; the figure is completion tokens per second of wall time over a round, med
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,10 +22,11 @@ from pathlib import Path
 import openai
 
 from ahc.config import REPO_ROOT, load_config
+from ahc.server_process import ServerProcess, ensure_model, free_port, launch, start_server
 from bench.activations import ensure_pack, has_activations
 from bench.orchestrator import MODEL_FLAGS
 from bench.result import BenchResult
-from bench.server_process import ServerProcess, alternating_rounds, ensure_model, free_port, start, wait_healthy
+from bench.rounds import alternating_rounds
 
 BATCH = 8
 MAX_TOKENS = 128
@@ -43,14 +42,9 @@ def start_vllm(model_dir: Path, log_dir: Path) -> ServerProcess:
     port = free_port()
     config = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
         model=str(model_dir), port=port, **{"engine.max_model_len": MAX_MODEL_LEN})
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / "vllm.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                                    *vllm_cli_args(config)], stdout=out, stderr=subprocess.STDOUT,
-                                   cwd=REPO_ROOT, env=env)
-    return wait_healthy(ServerProcess(process, port, log), timeout=600)
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
+    return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config)], port,
+                  log_dir / "vllm.log", env=env, timeout=600)
 
 
 def one_client(client: openai.OpenAI, model: str, seed: int) -> int:
@@ -84,9 +78,9 @@ def run() -> BenchResult:
         servers: list[ServerProcess] = []
         try:
             servers.append(start_vllm(model_dir, Path(tmp) / "vllm"))
-            servers.append(start(model_dir, Path(tmp) / "ahc", "--max-model-len", str(MAX_MODEL_LEN), lens=str(pack)))
-            clients = [openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="none", max_retries=0, timeout=600)
-                       for s in servers]
+            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=str(pack),
+                                        extra=["--max-model-len", str(MAX_MODEL_LEN)]))
+            clients = [s.client(timeout=600) for s in servers]
             model = clients[0].models.list().data[0].id
             rounds = alternating_rounds([lambda c=c: load_round(c, model) for c in clients], ROUNDS)
             recorded = has_activations(servers[1].base_url)

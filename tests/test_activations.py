@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AHC, REPO, TINY_MODEL, recall, recall_until
+from ahc.server_process import AHC, REPO, TINY_MODEL, recall, recall_until, start_server
 
 pytestmark = pytest.mark.engine
 
@@ -162,8 +162,6 @@ def logit_lens_server(tmp_path_factory):
     prefilled in 64-token chunks, so the rows of chunks that produce no token must be dropped."""
     import yaml
 
-    from tests.conftest import start_server, stop_server
-
     root = tmp_path_factory.mktemp("logit-lens")
     pack = root / "pack"
     train = subprocess.run([AHC, "lens", "train", "--model", str(TINY_MODEL), "--examples",
@@ -176,7 +174,7 @@ def logit_lens_server(tmp_path_factory):
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     server = start_server(root / "xdb", api_key=None, config=root / "config.yaml")
     yield server, pack
-    stop_server(server)
+    server.stop()
 
 
 def test_the_logit_lens_fallback_equals_transformers_logprobs(logit_lens_server) -> None:

@@ -85,24 +85,14 @@ def test_demo_examples_file_is_valid() -> None:
     assert all(len(m) >= 10 for m in members)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    cached = REPO / ".cache" / "models" / "tiny"
-    if (cached / "model.safetensors").is_file():
-        return cached
-    from ahc.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
-
-
-def test_features_equal_a_manual_transformers_forward(tiny: Path) -> None:
+def test_features_equal_a_manual_transformers_forward(tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     texts = ["the block moves right", "A and B collide, twice", "no"]
-    feats = text_features(tiny, texts, layer=1)  # batched with padding
-    tok = AutoTokenizer.from_pretrained(str(tiny))
-    model = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    feats = text_features(tiny_model_dir, texts, layer=1)  # batched with padding
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     for i, text in enumerate(texts):
         ids = tok(text, return_tensors="pt")
         with torch.inference_mode():
@@ -111,11 +101,11 @@ def test_features_equal_a_manual_transformers_forward(tiny: Path) -> None:
 
 
 @pytest.mark.parametrize("method", ["means", "logistic"])
-def test_train_pack_on_the_tiny_model(tiny: Path, tmp_path: Path, method: str) -> None:
+def test_train_pack_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path, method: str) -> None:
     from lens import save_pack
 
-    pack = train_pack(tiny, EXAMPLES, layer=1, method=method)
-    pack.check_model(tiny)
+    pack = train_pack(tiny_model_dir, EXAMPLES, layer=1, method=method)
+    pack.check_model(tiny_model_dir)
     assert pack.concept_ids[:3] == ["motion", "motion-right", "motion-left"]
     assert pack.parents[1] == "motion" and pack.parents[0] is None
     assert pack.directions.shape == (pack.n_concepts, 128)
@@ -125,16 +115,16 @@ def test_train_pack_on_the_tiny_model(tiny: Path, tmp_path: Path, method: str) -
     # On the training texts each concept's own examples score above the rest on average.
     concepts = load_examples(EXAMPLES)
     texts, members = concept_members(concepts)
-    scores = pack.scores(text_features(tiny, texts, layer=1))
+    scores = pack.scores(text_features(tiny_model_dir, texts, layer=1))
     for c, m in enumerate(members):
         inside = np.zeros(len(texts), bool)
         inside[m] = True
         assert scores[inside, c].mean() > scores[~inside, c].mean()
 
 
-def test_train_rejects_a_layer_past_the_model(tiny: Path) -> None:
+def test_train_rejects_a_layer_past_the_model(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="^layer"):
-        train_pack(tiny, EXAMPLES, layer=3)
+        train_pack(tiny_model_dir, EXAMPLES, layer=3)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -143,22 +133,23 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_cli_exit_codes(tiny: Path, tmp_path: Path) -> None:
+def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "pack"
-    ok = run_cli("train", "--model", str(tiny), "--examples", str(EXAMPLES), "--layer", "1", "--out", str(out))
+    ok = run_cli("train", "--model", str(tiny_model_dir), "--examples", str(EXAMPLES), "--layer", "1",
+                 "--out", str(out))
     assert ok.returncode == 0, ok.stderr
     assert load_pack(out).n_concepts == len(load_examples(EXAMPLES))
     shown = run_cli("show", str(out))
     assert shown.returncode == 0 and "motion-right" in shown.stdout
 
-    usage = run_cli("train", "--model", str(tiny), "--examples", str(EXAMPLES), "--layer", "1",
+    usage = run_cli("train", "--model", str(tiny_model_dir), "--examples", str(EXAMPLES), "--layer", "1",
                     "--out", str(out), "--method", "pca")
     assert usage.returncode == 2
-    assert run_cli("train", "--model", str(tiny)).returncode == 2
+    assert run_cli("train", "--model", str(tiny_model_dir)).returncode == 2
 
     for args in (["--layer", "9", "--examples", str(EXAMPLES)],
                  ["--layer", "1", "--examples", str(tmp_path / "missing.json")]):
-        bad = run_cli("train", "--model", str(tiny), "--out", str(tmp_path / "x"), *args)
+        bad = run_cli("train", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"), *args)
         assert bad.returncode == 1
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), bad.stderr

@@ -17,14 +17,6 @@ from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
-from tests.conftest import TINY_MODEL
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import free_port, recall, recall_until, start_server, stop_server
+from ahc.server_process import free_port, recall, recall_until, start_server
 
 pytestmark = pytest.mark.engine
 
@@ -113,7 +113,7 @@ def test_kill_9_keeps_completed_replies_and_sessions_resume(tmp_path: Path) -> N
         assert report["first_changed_block"] == "state"  # the session's history came back from XDB
         assert resumed.usage.prompt_tokens > replies[-1].usage.prompt_tokens
     finally:
-        assert stop_server(second) == 0
+        assert second.stop() == 0
     ahc = str(Path(sys.executable).with_name("ahc"))
     verify = subprocess.run([ahc, "xdb", "verify-audit", "--data-dir", str(data)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import free_port, start_server, stop_server
+from ahc.server_process import free_port, start_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def test_sigterm_drains_and_a_second_server_takes_the_port(tmp_path) -> None:
     worker = threading.Thread(target=stream)
     worker.start()
     time.sleep(1.0)  # the request is in flight
-    assert stop_server(first) == 0, first.log_tail()
+    assert first.stop() == 0, first.log_tail()
     worker.join(60)
     assert "error" not in outcome, outcome
     assert outcome["finish"] == "length" and outcome["tokens"] == 300  # finished, not cut off
@@ -49,4 +49,4 @@ def test_sigterm_drains_and_a_second_server_takes_the_port(tmp_path) -> None:
                                                         messages=[{"role": "user", "content": "hi"}])
         assert reply.usage.completion_tokens > 0
     finally:
-        assert stop_server(second) == 0
+        assert second.stop() == 0

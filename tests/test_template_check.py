@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.template_check import check_chat_template
-from tests.conftest import TINY_MODEL
 
 # Like Qwen3's: an earlier reply's reasoning is dropped once a later user turn exists.
 DROPS_OLD_REASONING = (
@@ -16,13 +15,6 @@ DROPS_OLD_REASONING = (
 # Like templates that stamp the conversation length (or today's date) into the system prompt.
 STAMPS_LENGTH = ("{{ messages|length }} messages\n{%- for m in messages -%}<|{{ m.role }}|>{{ m.content }}\n"
                  "{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TINY_MODEL)
 
 
 def renderer(tokenizer, template: str | None = None):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, start_server, stop_server
+from ahc.server_process import REPO, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def small_cache_server(tmp_path_factory):
     path.write_text(yaml.safe_dump(config))
     server = start_server(root / "xdb", config=path)
     yield server
-    stop_server(server)
+    server.stop()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

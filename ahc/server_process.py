@@ -1,0 +1,149 @@
+"""Start and stop a real `ahc serve` process (the server a user runs), for the tests and the benchmarks.
+
+One launcher for both, so a test and a benchmark start the server the same way: a free port, the log
+in a file beside the data directory, GET /health polled until it answers 200.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from ahc.config import REPO_ROOT
+
+REPO = REPO_ROOT
+AHC = str(Path(sys.executable).with_name("ahc"))
+TINY_MODEL = REPO / ".cache" / "models" / "tiny"
+DEFAULT_CONFIG = REPO / "configs" / "cpu-tiny.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """A running server: its process, where it listens, where it logs."""
+
+    process: subprocess.Popen
+    port: int
+    log: Path
+    api_key: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout: float = 120, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "none",
+                             max_retries=0, timeout=timeout, **kwargs)
+
+    def http(self, timeout: float = 120) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM (the server drains), SIGKILL after `timeout`; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ plus `env`, with this checkout first on PYTHONPATH: the installed `ahc` may be an
+    editable install of another checkout (git worktrees sharing one virtualenv), and the server must run
+    the code under test."""
+    merged = {**os.environ, **(env or {})}
+    paths = [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    merged["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    return merged
+
+
+def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] | None = None,
+           api_key: str | None = None, timeout: float = 600) -> ServerProcess:
+    """Run any HTTP server command (ours, or vLLM's own for comparison) and wait until it is healthy."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=child_env(env))
+    return wait_healthy(ServerProcess(process, port, log, api_key), timeout)
+
+
+def start_server(data_dir: Path, *, model: Path = TINY_MODEL, config: Path = DEFAULT_CONFIG, port: int | None = None,
+                 api_key: str | None = None, lens: str | None = None, extra: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, timeout: float = 600) -> ServerProcess:
+    """`ahc serve` on `model` with `config`; `lens`: a lens pack directory for `model`, "off", or None
+    for the config's own. The log is `server-PORT.log` beside `data_dir`, so a restart on the same data
+    directory keeps it clean."""
+    port = port or free_port()
+    cmd = [AHC, "serve", "--config", str(config), "--port", str(port), "--model", str(model),
+           "--data-dir", str(data_dir), *extra]
+    if lens is not None:
+        cmd += ["--lens", lens]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return launch(cmd, port, data_dir.parent / f"server-{port}.log", env=env, api_key=api_key, timeout=timeout)
+
+
+def wait_healthy(server: ServerProcess, timeout: float) -> ServerProcess:
+    """Wait for GET /health to answer 200; a server that exits or never gets there is an error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"server not ready after {timeout} s:\n{server.log_tail()}")
+
+
+def ensure_model(path: Path, *size_flags: str) -> Path:
+    """Build a random model with `ahc tiny-model` once (cached under .cache/models)."""
+    if not (path / "config.json").exists():
+        subprocess.run([AHC, "tiny-model", str(path), *size_flags], check=True, capture_output=True,
+                       env=child_env())
+    return path
+
+
+def recall(server: ServerProcess, **params: Any) -> list[dict]:
+    """GET /v1/xdb/recall (up to 1000 rows)."""
+    with server.http() as http:
+        response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
+    if response.status_code != 200:
+        raise RuntimeError(f"recall answered {response.status_code}: {response.text}")
+    return response.json()["data"]
+
+
+def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **params: Any) -> list[dict]:
+    """Recall until `count` rows are there or `timeout` passes: rows become queryable within 1 s of
+    the response that produced them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = recall(server, **params)
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
