@@ -1,0 +1,149 @@
+"""AHC's whole app (routes, orchestrator, admission, recording, error handling) on the fake engine:
+the request paths a real server takes, through FastAPI's TestClient, in milliseconds each."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fake_engine import FakeEngine, engine_config
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from ahc.config import REPO_ROOT, AHCConfig, load_config
+from orchestrator.vram_governor import KVStats
+from server.app import build_app
+from server.engine_args import build_vllm_namespace
+from server.metrics import AHCMetrics
+from server.runtime import Runtime, build_runtime
+from xdb import XDB
+
+
+@pytest.fixture(scope="module")
+def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
+    data_dir = tmp_path_factory.mktemp("chat-route") / "xdb"
+    return load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
+        model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
+
+
+@pytest.fixture(scope="module")
+def vllm_config(config: AHCConfig):  # type: ignore[no-untyped-def]
+    return engine_config(build_vllm_namespace(config))  # seconds, once
+
+
+async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:
+    """What `ahc serve` builds around its engine, minus the socket."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    args = build_vllm_namespace(config)
+    runtime = build_runtime(config, engine, xdb, AHCMetrics(KVStats()))
+    tasks = await engine.get_supported_tasks()
+    app = build_app(runtime, args, tasks, engine.model_config)
+    await init_app_state(runtime.engine, app.state, args, tasks)
+    app.state.server = SimpleNamespace(should_exit=False)  # where serve_http puts uvicorn's server
+    return app, runtime
+
+
+@pytest.fixture
+def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
+    config = config.with_overrides(data_dir=str(tmp_path / "xdb"))
+    xdb = XDB.open(tmp_path / "xdb")
+    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
+    try:
+        with TestClient(app) as client:
+            yield client, runtime
+    finally:
+        runtime.close()
+        xdb.close()
+
+
+def chat(session: str | None = None, question: str = "What moves?", **extra: object) -> dict[str, object]:
+    body: dict[str, object] = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
+                               **extra}
+    if session is not None:
+        body["context"] = {"session_id": session, "identity": "You are a careful physicist.",
+                           "karma": [{"id": "k1", "text": "A moves right.", "verbatim": True}]}
+    return body
+
+
+def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    first = client.post("/v1/chat/completions", json=chat("s1"))
+    assert first.status_code == 200, first.text
+    report = first.json()["context"]
+    assert report["session_id"] == "s1" and report["first_changed_block"] is None
+    assert [b["name"] for b in report["blocks"]] == ["identity", "codex", "karma", "state", "query"]
+    state = runtime.orchestrator.sessions.get("s1")
+    assert [t.role for t in state.turns] == ["user", "assistant"]
+    assert state.turns[1].content == first.json()["choices"][0]["message"]["content"]
+
+    second = client.post("/v1/chat/completions", json=chat("s1", "And then?"))
+    assert second.json()["context"]["first_changed_block"] == "state"  # the prefix held up to the State
+    assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
+    runtime.xdb.writer.flush()
+    outputs = runtime.xdb.recall(session_id="s1", event_types=["output"])
+    assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
+
+
+def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
+        served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    with client.stream("POST", "/v1/chat/completions", json=chat("s2", stream=True)) as response:
+        assert response.status_code == 200
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert '"context"' in events[0] and '"session_id": "s2"' in events[0]
+    assert [t.role for t in runtime.orchestrator.sessions.get("s2").turns] == ["user", "assistant"]
+    assert not runtime.orchestrator.sessions.lock("s2").locked()
+
+
+def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    runtime.metrics.kv_stats.total_blocks, runtime.metrics.kv_stats.block_size = 4, 16  # 64 tokens in all
+    response = client.post("/v1/chat/completions", json=chat("s3", max_tokens=500))
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "kv_cache_full"
+    assert response.headers["retry-after"] == str(runtime.config.orchestrator.retry_after_s)
+    assert runtime.orchestrator.sessions.get("s3").turns == []
+    assert not runtime.orchestrator.sessions.lock("s3").locked()
+    assert runtime.governor.free_blocks() == 4  # nothing stays reserved
+
+
+@pytest.mark.parametrize("context, param", [({"mode": "sideways"}, "context.mode"),
+                                            ({"codex": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]},
+                                             "context.codex"),
+                                            ({"formatter": "nope"}, "context.formatter")])
+def test_a_bad_context_is_400_naming_the_field(served: tuple[TestClient, Runtime], context: dict[str, object],
+                                               param: str) -> None:
+    client, _ = served
+    response = client.post("/v1/chat/completions", json={**chat(), "context": context})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param and param in response.json()["error"]["message"]
+
+
+def test_a_bug_in_an_ahc_route_is_a_500_not_a_client_error(served: tuple[TestClient, Runtime],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+
+    def broken() -> None:
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(runtime.xdb, "state", broken)
+    response = TestClient(client.app, raise_server_exceptions=False).get("/v1/xdb/state")
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+
+
+def test_ahc_routes_are_typed_in_the_openapi_schema(served: tuple[TestClient, Runtime]) -> None:
+    client, _ = served
+    schema = client.get("/openapi.json").json()
+    for path in ("/v1/chat/completions", "/v1/xdb/recall", "/v1/xdb/tag", "/v1/context/query_archive",
+                 "/v1/xdb/interactions"):
+        assert path in schema["paths"], path
+    recall_params = {p["name"] for p in schema["paths"]["/v1/xdb/recall"]["get"]["parameters"]}
+    assert {"session_id", "tick_from", "concept", "limit"} <= recall_params
+    assert "context" in schema["components"]["schemas"]["ChatRequest"]["properties"]
