@@ -19,6 +19,7 @@ from agent.knowledge import THEOREM_STATUSES, Knowledge, Theorem, theorems_from_
 from agent.run_store import RunStore
 from universe.harness import Harness
 from universe.tools import TOOLS as HARNESS_TOOLS
+from universe.tools import check_arguments
 
 HARNESS_NAMES = tuple(t["function"]["name"] for t in HARNESS_TOOLS)
 QUERY_LOG_HITS = 5
@@ -194,6 +195,8 @@ class Toolbox:
 
     def _check_laws(self, law_ids: list[str]) -> str | None:
         for law_id in law_ids:
+            if not isinstance(law_id, str):
+                return "argument 'law_ids' must be a list of strings"
             record = self.knowledge.laws.get(law_id)
             if record is None:
                 return f"unknown law id {law_id!r}: ids come from evaluate_laws results"
@@ -241,23 +244,3 @@ def _as_object(arguments: Any) -> dict[str, Any] | None:
     except (json.JSONDecodeError, TypeError):
         return None
     return value if isinstance(value, dict) else None
-
-
-_JSON_TYPES = {"string": str, "integer": int, "array": list, "object": dict}
-
-
-def check_arguments(parameters: dict[str, Any], arguments: dict[str, Any]) -> str | None:
-    """Required, unknown and wrongly typed arguments, one level deep (the handlers check values)."""
-    properties = parameters["properties"]
-    for key in parameters["required"]:
-        if key not in arguments:
-            return f"missing argument {key!r}"
-    for key, value in arguments.items():
-        if key not in properties:
-            return f"unknown argument {key!r}; expected {', '.join(properties)}"
-        expected = _JSON_TYPES[properties[key]["type"]]
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            return f"argument {key!r} must be of JSON type {properties[key]['type']}"
-        if expected is list and not all(isinstance(item, str) for item in value):
-            return f"argument {key!r} must be a list of strings"
-    return None

@@ -74,7 +74,7 @@ def call_tool(harness: object, name: str, arguments: str | dict[str, Any] | None
             return {"error": f"{name}: arguments are not valid JSON: {exc}"}
     if not isinstance(arguments, dict):
         return {"error": f"{name}: arguments must be a JSON object"}
-    problem = _check_arguments(spec["parameters"], arguments)
+    problem = check_arguments(spec["parameters"], arguments)
     if problem:
         return {"error": f"{name}: {problem}"}
     method: Callable[..., dict[str, Any]] = getattr(harness, name)
@@ -84,7 +84,7 @@ def call_tool(harness: object, name: str, arguments: str | dict[str, Any] | None
         return {"error": f"{name}: {exc}"}
 
 
-def _check_arguments(parameters: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+def check_arguments(parameters: dict[str, Any], arguments: dict[str, Any]) -> str | None:
     """The top level of the schema: required, unknown and wrongly typed arguments (the tools check
     values themselves)."""
     properties = parameters["properties"]
