@@ -124,10 +124,10 @@ def bench(
     from rich.console import Console
     from rich.table import Table
 
-    from bench.registry import available, runner
     from ahc.config import REPO_ROOT
+    from bench.registry import BENCHES, runner
 
-    names = available() if name == "all" else [name]
+    names = list(BENCHES) if name == "all" else [name]
     results = [runner(n)() for n in names]
     if name == "all":
         for result in results:
