@@ -63,7 +63,7 @@ class Checkpoint:
         os.replace(tmp, run_dir / FILE)
 
     @classmethod
-    def load(cls, run_dir: Path) -> "Checkpoint | None":
+    def load(cls, run_dir: Path) -> Checkpoint | None:
         path = run_dir / FILE
         if not path.is_file():
             return None

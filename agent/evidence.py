@@ -90,7 +90,7 @@ class Evidence:
         return [[a, b] for a, b in self.pairs]
 
     @classmethod
-    def from_json(cls, data: list[list[str]]) -> "Evidence":
+    def from_json(cls, data: list[list[str]]) -> Evidence:
         evidence = cls()
         for before, after in data:
             evidence.add(before, after)

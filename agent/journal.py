@@ -92,7 +92,7 @@ class JournalEntry:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "JournalEntry":
+    def from_json(cls, data: dict[str, Any]) -> JournalEntry:
         return cls(**{**data, "calls": [ToolCall(**c) for c in data.get("calls", [])]})
 
 
@@ -134,7 +134,7 @@ class Journal:
         return [entry.to_json() for entry in self.entries]
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]], max_result_chars: int) -> "Journal":
+    def from_json(cls, data: list[dict[str, Any]], max_result_chars: int) -> Journal:
         return cls([JournalEntry.from_json(e) for e in data], max_result_chars)
 
 

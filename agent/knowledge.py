@@ -81,7 +81,7 @@ class Knowledge:
                 "last_compacted_turn": self.last_compacted_turn}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Knowledge":
+    def from_json(cls, data: dict[str, Any]) -> Knowledge:
         return cls(laws={r["law_id"]: LawRecord(**r) for r in data.get("laws", [])},
                    theorems=[Theorem(**t) for t in data.get("theorems", [])],
                    negative_knowledge=data.get("negative_knowledge", ""),

@@ -17,8 +17,8 @@ from math import lcm
 
 import numpy as np
 
-from universe.symbols import SYMBOLS, WINDOWS, decode
 from universe.instruments import windows
+from universe.symbols import SYMBOLS, WINDOWS, decode
 
 MAX_RING = 4096  # the harness's longest state (universe.harness.MAX_STATE)
 MAX_MODULUS = MAX_RING // WINDOWS

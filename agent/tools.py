@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from agent.journal import clip
 from agent.knowledge import THEOREM_STATUSES, Knowledge, Theorem, theorems_from_json

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
@@ -77,19 +78,19 @@ def tiny_model(
 @clean_errors
 def serve(
     config: Annotated[Path, typer.Option(help="YAML config, e.g. configs/cpu-tiny.yaml.")],
-    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model directory or name.")] = None,
-    served_model_name: Annotated[Optional[str], typer.Option(help="Name clients use for the model.")] = None,
-    api_key: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
-    data_dir: Annotated[Optional[str], typer.Option(help="Where XDB keeps its files.")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(help="Context window in tokens.")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory for vLLM.")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="Most sequences in one batch.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Weights and activations dtype.")] = None,
-    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Engine seed.")] = None,
-    lens: Annotated[Optional[str], typer.Option(help="Lens pack directory for concept activations; 'off' disables them.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model directory or name.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Name clients use for the model.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Where XDB keeps its files.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Context window in tokens.")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(help="Fraction of GPU memory for vLLM.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one batch.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Weights and activations dtype.")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Engine seed.")] = None,
+    lens: Annotated[str | None, typer.Option(help="Lens pack directory for concept activations; 'off' disables them.")] = None,
 ) -> None:
     """Serve the OpenAI API with AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
@@ -143,7 +144,7 @@ def bench(
 
 
 def universe_bench(
-    backend: Annotated[Optional[list[Backend]], typer.Option(
+    backend: Annotated[list[Backend] | None, typer.Option(
         help="Backend to measure (repeatable); default all. numpy is always measured as the reference "
              "when numba is.")] = None,
 ) -> None:

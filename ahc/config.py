@@ -115,7 +115,7 @@ class LensConfig(_Strict):
     source: Literal["auto", "hidden_state", "logit_lens"] = "auto"
 
     @model_validator(mode="after")
-    def _pack_when_enabled(self) -> "LensConfig":
+    def _pack_when_enabled(self) -> LensConfig:
         if self.enabled and not self.pack:
             raise ValueError("lens.enabled needs lens.pack (a lens pack directory)")
         return self
@@ -138,7 +138,7 @@ class AHCConfig(_Strict):
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
-    def with_overrides(self, **overrides: Any) -> "AHCConfig":
+    def with_overrides(self, **overrides: Any) -> AHCConfig:
         """A copy with the non-None overrides applied; dotted keys reach into sections."""
         data = self.model_dump()
         for key, value in overrides.items():

@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class LensPack:
     directions: np.ndarray  # float32 [n_concepts, hidden]
     biases: np.ndarray  # float32 [n_concepts]
     model: dict[str, Any]  # model_fingerprint(...)
-    parents: Optional[list[Optional[str]]] = None
+    parents: list[str | None] | None = None
     method: str = "means"
     extra: dict[str, Any] = field(default_factory=dict)
 

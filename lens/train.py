@@ -22,9 +22,10 @@ its texts than in the others, for the logit-lens fallback where hidden states ca
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ METHODS = ("means", "logistic")
 class ConceptExamples:
     id: str
     name: str
-    parent: Optional[str]
+    parent: str | None
     examples: list[str]
 
 

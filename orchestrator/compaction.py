@@ -7,7 +7,8 @@ promoted to the Karma block first, so no entry is ever condensed. The caller sto
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from ahc.config import OrchestratorConfig
 from orchestrator.ctc_governor import turn_groups

@@ -7,9 +7,10 @@ same inputs, same text — the prefix cache depends on it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from ahc.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, KarmaEntry

@@ -23,7 +23,7 @@ class KarmaPlan:
     fresh: tuple[KarmaEntry, ...]   # staged by this request: rendered in its Query block
     entries: tuple[KarmaEntry, ...]  # the request's whole list, in order
 
-    def all_in_block(self) -> "KarmaPlan":
+    def all_in_block(self) -> KarmaPlan:
         """Every entry in the Karma block: for a prompt whose State lost the turns that carried some."""
         return KarmaPlan(self.entries, (), self.entries)
 

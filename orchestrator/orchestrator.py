@@ -8,23 +8,25 @@ of the two happens, exactly once, whatever becomes of the request."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
-from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble
+from orchestrator.assembler import AssemblyInput, RenderCache, assemble
 from orchestrator.blocks import first_changed
 from orchestrator.cache_report import PASSTHROUGH, CacheReport
 from orchestrator.chat_turn import ChatTurn
-from orchestrator.prepared import Prepared
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
-from orchestrator.karma import KarmaPlan, commit as commit_karma, plan_karma
+from orchestrator.karma import commit as commit_karma
+from orchestrator.karma import plan_karma
+from orchestrator.prepared import Prepared
 from orchestrator.retrieval.limits import RagLimits
-from orchestrator.session import Session, SessionStore
+from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn import Turn
@@ -36,7 +37,7 @@ class Session:
         }, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Session":
+    def from_json(cls, text: str) -> Session:
         data = json.loads(text)
         return cls(session_id=data["session_id"], turns=[Turn.from_message(m) for m in data["turns"]],
                    summary=data.get("summary"), last_hashes=data.get("last_hashes"),

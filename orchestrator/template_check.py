@@ -9,8 +9,9 @@ turn at a time and checks each prompt is a prefix of the next, and says where it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
 

@@ -7,7 +7,7 @@ server holds across turns (a session's State, an unchanged Codex) is found witho
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from orchestrator.blocks import sha256_hex
 

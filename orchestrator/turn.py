@@ -25,7 +25,7 @@ class Turn:
     name: str | None = None
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> "Turn":
+    def from_message(cls, message: dict[str, Any]) -> Turn:
         role = message.get("role")
         if role not in ROLES:
             raise InvalidRequest(f"messages: role {role!r} cannot be part of the State (use {', '.join(ROLES)})",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from ahc.errors import RateLimited
 
@@ -41,7 +41,7 @@ class KVStats:
 @dataclass
 class Reservation:
     blocks: int
-    _governor: "VramGovernor | None" = field(default=None, repr=False)
+    _governor: VramGovernor | None = field(default=None, repr=False)
 
     def release(self) -> None:
         if self._governor is not None:

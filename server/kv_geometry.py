@@ -32,7 +32,7 @@ class KVGeometry:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
     @staticmethod
-    def from_vllm_config(config: "VllmConfig") -> "KVGeometry":
+    def from_vllm_config(config: VllmConfig) -> KVGeometry:
         import torch
         from vllm.platforms import current_platform
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
 from orchestrator.vram_governor import KVStats
-from server.engine_args import build_vllm_namespace
 from server.capture.capture_setup import CaptureSetup, start_capture
+from server.engine_args import build_vllm_namespace
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
@@ -34,12 +34,12 @@ async def serve(config: AHCConfig) -> None:
 
 async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from server.app import build_app  # imports vLLM's OpenAI layer: after the lens pack is checked
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from server.app import build_app  # imports vLLM's OpenAI layer: after the lens pack is checked
 
     def interrupt_init(*_: object) -> None:
         raise KeyboardInterrupt("terminated during start-up")

@@ -6,8 +6,9 @@ counted (streamed or not, ours or a hidden orchestrator call) from the engine's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -87,7 +88,7 @@ class AHCMetrics:
             return DeviceMemory(0.0, 0.0)
         return device_memory(self._kv_usage, self._geometry)
 
-    def attach(self, target: CollectorRegistry) -> "_Bridge":
+    def attach(self, target: CollectorRegistry) -> _Bridge:
         """Expose our registry through another (vLLM's), so one `/metrics` serves both."""
         bridge = _Bridge(self.registry)
         target.register(bridge)
@@ -105,12 +106,12 @@ class _Bridge:
         return []
 
 
-def stat_logger_factory(metrics: AHCMetrics) -> Callable[["VllmConfig", int], object]:
+def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], object]:
     """A vLLM StatLoggerFactory that feeds `metrics` from the engine's per-iteration stats."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class AHCStatLogger(StatLoggerBase):
-        def __init__(self, vllm_config: "VllmConfig", engine_index: int = 0) -> None:
+        def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
             self.vllm_config = vllm_config
             self.geometry: KVGeometry | None = None
 

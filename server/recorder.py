@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 from concurrent.futures import Executor
-from typing import Any, AsyncGenerator, TYPE_CHECKING
-
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
@@ -87,7 +87,7 @@ class Recorder:
                   for call in reply.get("tool_calls") or []]
         self.submit(self.rows(prepared.session_id, events))
 
-    def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> "TokenStream":
+    def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> TokenStream:
         join = None
         if self.capture is not None:
             join = ActivationJoin(self.capture.inbox, completion_key(request_id, n, index))

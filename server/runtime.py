@@ -8,8 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
-
+from typing import TYPE_CHECKING, Any
 
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.orchestrator import Orchestrator

@@ -10,8 +10,13 @@ import numpy as np
 
 from server.capture.activation_join import ActivationJoin
 from server.capture.inbox import ActivationInbox
-from server.capture.side_channel import (ActivationReceiver, ActivationSender, StepActivations, completion_key,
-                                      engine_key)
+from server.capture.side_channel import (
+    ActivationReceiver,
+    ActivationSender,
+    StepActivations,
+    completion_key,
+    engine_key,
+)
 
 
 def step(key: str, positions: list[int], k: int = 3) -> StepActivations:

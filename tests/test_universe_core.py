@@ -9,9 +9,18 @@ import numpy as np
 import pytest
 
 import universe
+from universe import (
+    SYMBOLS,
+    Rule,
+    coordinate_class,
+    decode,
+    encode,
+    load_rule,
+    neighbor_config,
+    simulate,
+    transition_indicator,
+)
 from universe.sampling import random_states
-from universe import (SYMBOLS, Rule, coordinate_class, decode, encode, load_rule, neighbor_config, simulate,
-                      transition_indicator)
 
 
 def test_symbols_and_round_trip() -> None:

@@ -210,7 +210,7 @@ def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> 
         time.sleep(0.3)
         xdb.writer.flush()
         stamps = [datetime.datetime.fromisoformat(r["created_at"].rstrip("Z")).replace(
-            tzinfo=datetime.timezone.utc).timestamp() for r in xdb.recall(session_id="s")]
+            tzinfo=datetime.UTC).timestamp() for r in xdb.recall(session_id="s")]
         assert all(before - 1 <= t <= before + 0.25 for t in stamps), (before, stamps)
 
 

@@ -41,8 +41,8 @@ Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), Doc
 Every read runs on its own cursor of the writer's connection, so any thread may call them.
 """
 
-from xdb.audit import AuditReport, verify_audit
 from ahc.errors import NotFound
+from xdb.audit import AuditReport, verify_audit
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters

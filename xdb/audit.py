@@ -115,7 +115,7 @@ class AuditLog:
         self.committed_seq = self.next_seq
 
     @classmethod
-    def open(cls, path: Path, *, read_only: bool = False) -> "AuditLog":
+    def open(cls, path: Path, *, read_only: bool = False) -> AuditLog:
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect_checked(path, read_only=read_only)
@@ -141,7 +141,7 @@ class AuditLog:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""
         self.commit(self.prepare(batch, new_concepts))
 
-    def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> "PreparedBatch":
+    def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> PreparedBatch:
         """Hash a batch onto the chain's tip (Python work, nothing written yet) and move the tip on."""
         n = batch.num_rows
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
@@ -165,7 +165,7 @@ class AuditLog:
         self.concept_count, self.concepts_head = concept_count, concepts_head
         return prepared
 
-    def commit(self, p: "PreparedBatch") -> None:
+    def commit(self, p: PreparedBatch) -> None:
         """Write a prepared batch, its concepts and its checkpoint in one transaction."""
         if p.seq_start != self.committed_seq:
             raise RuntimeError(f"audit batch prepared for seq {p.seq_start}, the file is at {self.committed_seq}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,14 +22,14 @@ def _fail(message: str) -> None:
 @app.command("recall")
 def recall_command(
     data_dir: DataDir,
-    session_id: Annotated[Optional[str], typer.Option(help="Only this session.")] = None,
-    event_types: Annotated[Optional[str], typer.Option(help="Comma-separated event types.")] = None,
-    tags: Annotated[Optional[str], typer.Option(help="Comma-separated tag names or ids (any of them).")] = None,
-    text: Annotated[Optional[str], typer.Option(help="Content contains this text (case-insensitive).")] = None,
-    tick_from: Annotated[Optional[int], typer.Option(help="Smallest tick.")] = None,
-    tick_to: Annotated[Optional[int], typer.Option(help="Largest tick.")] = None,
-    concept: Annotated[Optional[str], typer.Option(help="Rows where this concept is among the top-k.")] = None,
-    min_activation: Annotated[Optional[float], typer.Option(help="With --concept: its value at least this.")] = None,
+    session_id: Annotated[str | None, typer.Option(help="Only this session.")] = None,
+    event_types: Annotated[str | None, typer.Option(help="Comma-separated event types.")] = None,
+    tags: Annotated[str | None, typer.Option(help="Comma-separated tag names or ids (any of them).")] = None,
+    text: Annotated[str | None, typer.Option(help="Content contains this text (case-insensitive).")] = None,
+    tick_from: Annotated[int | None, typer.Option(help="Smallest tick.")] = None,
+    tick_to: Annotated[int | None, typer.Option(help="Largest tick.")] = None,
+    concept: Annotated[str | None, typer.Option(help="Rows where this concept is among the top-k.")] = None,
+    min_activation: Annotated[float | None, typer.Option(help="With --concept: its value at least this.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows.")] = 100,
 ) -> None:
     """Print matching timesteps as JSON lines, oldest first."""
@@ -55,8 +55,8 @@ def recall_command(
 @app.command("verify-audit")
 def verify_audit_command(
     data_dir: DataDir,
-    seq_from: Annotated[Optional[int], typer.Option(help="Verify from this record (via the nearest checkpoint).")] = None,
-    seq_to: Annotated[Optional[int], typer.Option(help="Verify up to this record.")] = None,
+    seq_from: Annotated[int | None, typer.Option(help="Verify from this record (via the nearest checkpoint).")] = None,
+    seq_to: Annotated[int | None, typer.Option(help="Verify up to this record.")] = None,
 ) -> None:
     """Check the audit log's hash chain; exit 1 naming the first bad record."""
     from xdb.audit import verify_audit

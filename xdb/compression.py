@@ -10,17 +10,16 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest
-
+from ahc.errors import InvalidRequest, NotFound
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int
-from ahc.errors import NotFound
 
 Summarize = Callable[[str], str]
 SUMMARY_CHARS = 280

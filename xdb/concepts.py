@@ -8,7 +8,7 @@ reads are atomic, so no lock is needed on the read side.
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -9,9 +9,8 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest, PayloadTooLarge
+from ahc.errors import InvalidRequest, NotFound, PayloadTooLarge
 from xdb.sql import Row
-from ahc.errors import NotFound
 
 
 class DocumentType(str, Enum):

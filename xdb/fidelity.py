@@ -7,14 +7,13 @@ may be compressed into COLD records, level by level, REPLY → SESSION → DAY �
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum, IntEnum
 from typing import Any
 
 import duckdb
 
 from ahc.errors import Conflict, InvalidRequest, NotFound
-
 from xdb.schema import TOP_K
 from xdb.sql import Row, one, one_int
 from xdb.tags import find_tag
@@ -46,7 +45,7 @@ class QuotaExceeded(Conflict):
 
 
 def hot_cutoff(hot_seconds: float) -> datetime:
-    return datetime.fromtimestamp(time.time() - hot_seconds, tz=timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(time.time() - hot_seconds, tz=UTC).replace(tzinfo=None)
 
 
 # Per session: ticks up to `released_through` were compacted out of the context; the rest stay HOT

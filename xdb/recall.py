@@ -8,10 +8,9 @@ import threading
 from typing import Any
 
 import duckdb
-
-from ahc.errors import InvalidRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from ahc.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.sql import Row
 
@@ -74,7 +73,7 @@ class RecallFilters(BaseModel):
         return value
 
     @classmethod
-    def parse(cls, values: dict[str, Any] | "RecallFilters" | None = None, **kwargs: Any) -> "RecallFilters":
+    def parse(cls, values: dict[str, Any] | RecallFilters | None = None, **kwargs: Any) -> RecallFilters:
         """Build from loose values; a bad one raises RecallFilterError naming the filter."""
         if isinstance(values, RecallFilters) and not kwargs:
             return values

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -184,7 +185,7 @@ class TokenBatch:
         if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
             raise ValueError("a TokenBatch row names the same concept twice")
 
-    def slice(self, start: int, stop: int) -> "TokenBatch":
+    def slice(self, start: int, stop: int) -> TokenBatch:
         """Rows [start, stop) as a TokenBatch of their own (the writer splits at batch boundaries)."""
         def cut(value: Any) -> Any:
             return value if value is None or (isinstance(value, (int, float)) or np.ndim(value) == 0) \

@@ -15,7 +15,6 @@ import duckdb
 
 from ahc.errors import InvalidRequest
 
-
 KEEP_VERSIONS = 16
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import duckdb
 
@@ -58,7 +59,7 @@ class XDB:
     @classmethod
     def open(cls, data_dir: Path | str, config: XDBConfig | None = None, *, read_only: bool = False,
              on_commit: Callable[[int], None] | None = None,
-             summarize: Callable[[str], str] | None = None) -> "XDB":
+             summarize: Callable[[str], str] | None = None) -> XDB:
         """Open (creating and migrating) DATA_DIR/experience.duckdb and DATA_DIR/audit/audit.duckdb,
         tuned by `config` (default: XDBConfig()). A corrupt or foreign file raises ValueError and is
         left untouched. `read_only` opens the experience file alone, for reading (`ahc xdb recall`),
@@ -100,7 +101,7 @@ class XDB:
                 self.audit.close()
             self.conn.close()
 
-    def __enter__(self) -> "XDB":
+    def __enter__(self) -> XDB:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -25,7 +25,8 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa

@@ -15,8 +15,8 @@ So a rule of period 1, 2 or 3 takes two experiments: one ring, one verification.
 from __future__ import annotations
 
 import json
-from math import lcm
 from dataclasses import dataclass, field
+from math import lcm
 from typing import Any
 
 from agent.evidence import Evidence, TableView

@@ -13,9 +13,10 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 import numpy as np

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from orchestrator.formatters import Excerpt
 from orchestrator.retrieval.scoped_indexes import ScopedIndexes

@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from orchestrator.retrieval.codex_index import CodexIndex
 from orchestrator.retrieval.embedder import Embedder

@@ -18,8 +18,9 @@ import json
 import queue
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class StepActivations:
                 np.ascontiguousarray(self.concept_values, dtype=np.float32).tobytes()]
 
     @classmethod
-    def from_frames(cls, frames: list[bytes]) -> "StepActivations":
+    def from_frames(cls, frames: list[bytes]) -> StepActivations:
         if len(frames) != 3:
             raise ValueError(f"activation message: expected 3 frames, got {len(frames)}")
         header = json.loads(frames[0])

@@ -40,7 +40,7 @@ class LensSettings:
     source: str = "auto"  # "auto" | "hidden_state" | "logit_lens"
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: Any) -> "LensSettings | None":
+    def from_vllm_config(cls, vllm_config: Any) -> LensSettings | None:
         raw = (getattr(vllm_config, "additional_config", None) or {}).get("ahc_lens")
         return None if raw is None else cls(**raw)
 
@@ -78,7 +78,7 @@ class StepCapture:
             self.k = min(k, len(self.concepts))
 
     @classmethod
-    def attach(cls, runner: Any, settings: LensSettings, ship: bool) -> "StepCapture | None":
+    def attach(cls, runner: Any, settings: LensSettings, ship: bool) -> StepCapture | None:
         """Load the pack and switch the model to expose the lens layer. Must run after the model is
         loaded and before warm-up: compiled graphs keep whatever the model returned when traced."""
         if runner.speculative_config is not None:
