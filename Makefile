@@ -10,7 +10,7 @@ TINY := .cache/models/tiny/model.safetensors
 TINY_LENS := .cache/lenses/tiny-demo/lens.json
 CONFIG ?= configs/cpu-tiny.yaml
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast lint bench clean
 
 setup: $(STAMP) $(TINY) $(TINY_LENS)
 
@@ -36,8 +36,19 @@ $(TINY_LENS): $(TINY)
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-test: setup
+# Everything, and what CI runs: lint first, then every test (one real engine per session).
+test: setup lint
 	$(BIN)/python -m pytest -q -rs tests
+
+# The engine-free tests: no vLLM server started, no model built beforehand (about two minutes).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -m "not engine and not slow" tests
+
+# ruff: style, import order, common bugs; mypy --strict on the packages typed so far.
+MYPY_STRICT := xdb orchestrator universe
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy --strict --follow-imports=silent --ignore-missing-imports $(MYPY_STRICT)
 
 bench: setup
 	$(BIN)/ahc bench all
