@@ -143,7 +143,7 @@ def bench(
 
 
 def universe_bench(
-    backend: Annotated[Optional[list[Backend]], typer.Option(
+    backend: Annotated[list[Backend] | None, typer.Option(
         help="Backend to measure (repeatable); default all. numpy is always measured as the reference "
              "when numba is.")] = None,
 ) -> None:
