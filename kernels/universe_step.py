@@ -19,12 +19,15 @@ CPU tensors on a machine without a GPU.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]  # triton ships no annotations
+import triton.language as tl  # type: ignore[import-untyped]
 
 
-def _universe_steps(src_ptr, out_ptr, lut_ptr, length, period, wrap, n_steps, row_stride,
+# Triton reads a kernel's parameter annotations (tl.constexpr marks the compile-time ones), so the
+# runtime arguments stay unannotated rather than risk one being taken for a type specialisation.
+def _universe_steps(src_ptr, out_ptr, lut_ptr, length, period, wrap, n_steps, row_stride,  # type: ignore[no-untyped-def]
                     BLOCK: tl.constexpr, HALO: tl.constexpr):
     """src: the trajectory row to start from, `[B, L]`; out: the same row, whose next `n_steps` rows
     (`row_stride = B*L` bytes apart) this launch fills; lut: `[period, 64]` uint8."""
@@ -54,7 +57,7 @@ universe_steps = triton.jit(_universe_steps)
 
 
 @functools.cache
-def interpreted():
+def interpreted() -> Any:  # a triton JITFunction (untyped)
     """The kernel under Triton's interpreter, whatever TRITON_INTERPRET says (built once)."""
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = True

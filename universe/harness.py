@@ -116,9 +116,10 @@ class Harness:
         self.experiments += 1
         return {"samples": samples}
 
-    def submit_theory(self, table: list[str] | dict[str, Any]) -> dict[str, Any]:
+    def submit_theory(self, table: Any) -> dict[str, Any]:
         """The termination check: the theory must give every (window, class) entry and reproduce the
-        true next state of 5,000 states exactly (every (window, class) pair among them)."""
+        true next state of 5,000 states exactly (every (window, class) pair among them). `table` is a
+        list of strings, or `{"table": [...]}`; anything else is refused."""
         if isinstance(table, dict):
             table = table.get("table")
         if not isinstance(table, list) or not 1 <= len(table) <= 64 or not all(isinstance(r, str) for r in table):
@@ -143,8 +144,8 @@ class Harness:
                 k = int(np.argmin(exact))
                 first_miss = {"state": decode(states[k]), "true_next": decode(truth[k]),
                               "predicted_next": decode(guess[k])}
-        result = {"solved": matched == total, "complete": True, "accuracy": matched / total,
-                  "cell_accuracy": cells_right / cells_total, "states": total}
+        result: dict[str, Any] = {"solved": matched == total, "complete": True, "accuracy": matched / total,
+                                  "cell_accuracy": cells_right / cells_total, "states": total}
         if first_miss:
             result["counterexample"] = first_miss
             self.cells_observed += len(first_miss["state"])

@@ -29,7 +29,8 @@ def windows(states: np.ndarray) -> np.ndarray:
     left = np.roll(states, 1, axis=-1)
     right = np.roll(states, -1, axis=-1)
     # Codes are < 4, so the packed index (< 64) fits in uint8.
-    return (left << 4) | (states << 2) | right
+    packed: np.ndarray = (left << 4) | (states << 2) | right
+    return packed
 
 
 def coordinate_class(i: int | np.ndarray, period: int) -> int | np.ndarray:

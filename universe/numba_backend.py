@@ -16,9 +16,19 @@ register). Each step's planes are unpacked to bytes (8 cells per `uint64` store)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import numba as nb
+import numba as nb  # type: ignore[import-untyped]  # numba ships no annotations
 import numpy as np
+
+if TYPE_CHECKING:
+    _Kernel = TypeVar("_Kernel", bound=Callable[..., Any])
+
+    def njit(**options: Any) -> Callable[[_Kernel], _Kernel]:
+        """numba.njit as a type checker should see it: the compiled function keeps its signature."""
+else:
+    njit = nb.njit
 
 U64 = np.uint64
 MAX_CHUNK = 128  # grids per thread task: their planes (a few words each) stay in L1/L2
@@ -39,7 +49,7 @@ def leaves(lut: np.ndarray) -> np.ndarray:
     planes = np.stack([(symbols >> b) & 1 for b in range(2)], axis=1).astype(U64)  # [Q, 2, cell, window]
     plain = (planes << bit[None, None, :, None].astype(U64)).sum(axis=2, dtype=U64)
     a, b, c, d = (plain[..., k::4] for k in range(4))
-    folded = np.empty_like(plain)
+    folded: np.ndarray = np.empty_like(plain)
     folded[..., 0::4] = a
     folded[..., 1::4] = a ^ b
     folded[..., 2::4] = a ^ c
@@ -50,39 +60,44 @@ def leaves(lut: np.ndarray) -> np.ndarray:
 def _spread_table() -> np.ndarray:
     """Byte → uint64 with bit k moved to bit 0 of byte k: unpacks 8 cells of one plane at once."""
     bytes_ = np.arange(256, dtype=U64)
-    return sum(((bytes_ >> U64(k)) & U64(1)) << U64(8 * k) for k in range(8)).astype(U64)
+    # sum() of arrays is an array; its stub also allows the int 0 it starts from.
+    return cast(np.ndarray, sum(((bytes_ >> U64(k)) & U64(1)) << U64(8 * k) for k in range(8))).astype(U64)
 
 
-@nb.njit(inline="always")
-def _mux4(s0, s1, a, b, c, d):
+@njit(inline="always")
+def _mux4(s0: np.uint64, s1: np.uint64, a: np.uint64, b: np.uint64, c: np.uint64, d: np.uint64) -> np.uint64:
     # Picks a/b/c/d by the selector bits (s1 s0) = 00/01/10/11, on all 64 lanes at once.
     x = a ^ ((a ^ b) & s0)
     y = c ^ ((c ^ d) & s0)
     return x ^ ((x ^ y) & s1)
 
 
-@nb.njit(inline="always")
-def _quad(r0, r1, m, o):
+@njit(inline="always")
+def _quad(r0: np.uint64, r1: np.uint64, m: np.ndarray, o: int) -> np.uint64:
     # _mux4 over folded leaves (a, a^b, a^c, a^b^c^d): r1=0 gives a^(a^b)&r0, r1=1 gives c^(c^d)&r0.
-    return m[o] ^ (m[o + 1] & r0) ^ ((m[o + 2] ^ (m[o + 3] & r0)) & r1)
+    picked: np.uint64 = m[o] ^ (m[o + 1] & r0) ^ ((m[o + 2] ^ (m[o + 3] & r0)) & r1)
+    return picked
 
 
-@nb.njit(inline="always")
-def _block16(m, o, r0, r1, c0, c1):
+@njit(inline="always")
+def _block16(m: np.ndarray, o: int, r0: np.uint64, r1: np.uint64, c0: np.uint64, c1: np.uint64) -> np.uint64:
     # The 16 leaves of one left symbol: select on the right cell, then on the centre.
     return _mux4(c0, c1, _quad(r0, r1, m, o), _quad(r0, r1, m, o + 4), _quad(r0, r1, m, o + 8),
                  _quad(r0, r1, m, o + 12))
 
 
-@nb.njit(inline="always")
-def _rule_plane(m, l0, l1, c0, c1, r0, r1):
+@njit(inline="always")
+def _rule_plane(m: np.ndarray, l0: np.uint64, l1: np.uint64, c0: np.uint64, c1: np.uint64, r0: np.uint64,
+                r1: np.uint64) -> np.uint64:
     # window = 16*left + 4*centre + right, so left picks the 16-leaf block.
     return _mux4(l0, l1, _block16(m, 0, r0, r1, c0, c1), _block16(m, 16, r0, r1, c0, c1),
                  _block16(m, 32, r0, r1, c0, c1), _block16(m, 48, r0, r1, c0, c1))
 
 
-@nb.njit(inline="never", cache=True)
-def _advance_word(m0, m1, left0, left1, mid0, mid1, right0, right1, out0, out1, n, lsh, rsh):
+@njit(inline="never", cache=True)
+def _advance_word(m0: np.ndarray, m1: np.ndarray, left0: np.ndarray, left1: np.ndarray, mid0: np.ndarray,
+                  mid1: np.ndarray, right0: np.ndarray, right1: np.ndarray, out0: np.ndarray, out1: np.ndarray,
+                  n: int, lsh: np.uint64, rsh: np.uint64) -> None:
     """One word position of `n` grids. Kept out of line: as its own function its array arguments do
     not alias the caller's, and LLVM vectorises the loop (inlined, it gave up: 3x slower).
 
@@ -102,8 +117,9 @@ def _advance_word(m0, m1, left0, left1, mid0, mid1, right0, right1, out0, out1, 
         out1[g] = _rule_plane(m1, l0, l1, c0, c1, r0, r1)
 
 
-@nb.njit(inline="never", cache=True)
-def _unpack(plane0, plane1, rows, n, low, high):
+@njit(inline="never", cache=True)
+def _unpack(plane0: np.ndarray, plane1: np.ndarray, rows: np.ndarray, n: int, low: np.ndarray,
+            high: np.ndarray) -> None:
     """Planes `[W, grid]` → `rows [grid, Lp/8]` as uint64, 8 cells a store: `low[byte]` spreads a
     byte of plane 0 to bit 0 of 8 bytes, `high[byte]` a byte of plane 1 to bit 1."""
     words = plane0.shape[0]
@@ -127,8 +143,9 @@ def _unpack(plane0, plane1, rows, n, low, high):
                 x1 >>= U64(8)
 
 
-@nb.njit(parallel=True, cache=True)
-def _run(trajectory, rows64, length, leaf, low, high, chunk):
+@njit(parallel=True, cache=True)
+def _run(trajectory: np.ndarray, rows64: np.ndarray, length: int, leaf: np.ndarray, low: np.ndarray,
+         high: np.ndarray, chunk: int) -> None:
     steps = trajectory.shape[0] - 1
     grids = trajectory.shape[1]
     words = (length + 63) // 64

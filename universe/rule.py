@@ -76,7 +76,7 @@ def bundled_rules() -> list[str]:
     return sorted(path.stem for path in BUNDLED_DIR.glob("*.json"))
 
 
-def load_rule(path_or_name: str | Path | Rule | dict = DEFAULT_RULE) -> Rule:
+def load_rule(path_or_name: str | Path | Rule | dict[str, Any] = DEFAULT_RULE) -> Rule:
     """A rule file's path, the name of a bundled rule (e.g. 'kinetic'), or a rule's JSON as a dict."""
     if isinstance(path_or_name, Rule):
         return path_or_name

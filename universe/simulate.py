@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def simulate(states: str | Sequence[str] | np.ndarray, rule: Rule | str | dict, steps: int,
+def simulate(states: str | Sequence[str] | np.ndarray, rule: Rule | str | dict[str, Any], steps: int,
              backend: str = "auto") -> np.ndarray:
     """Advance `states` (`uint8 [B, L]` or one string) `steps` times under `rule`.
 

@@ -42,7 +42,8 @@ def decode(cells: np.ndarray) -> str:
     if cells.ndim != 1:
         raise ValueError(f"decode takes one state (1-D), got shape {cells.shape}")
     check_codes(cells)
-    return np.frombuffer(SYMBOLS.encode("ascii"), dtype=np.uint8)[cells].tobytes().decode("ascii")
+    text: str = np.frombuffer(SYMBOLS.encode("ascii"), dtype=np.uint8)[cells].tobytes().decode("ascii")
+    return text
 
 
 def check_codes(cells: np.ndarray) -> None:

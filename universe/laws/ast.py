@@ -89,7 +89,7 @@ _TIME = {"at": {"dt"}, "next": set(), "always": {"within"}, "eventually": {"with
 OPS = sorted([*_LEAVES, *_ARITH, *_COMPARE, *_LOGIC, *_AGGREGATE, *_TIME])
 
 
-def _int_field(node: dict, key: str, path: str, low: int, high: int, default: int | None = None) -> int:
+def _int_field(node: dict[str, Any], key: str, path: str, low: int, high: int, default: int | None = None) -> int:
     if key not in node:
         if default is None:
             raise _fail(path, node, f"missing field {key!r}")
@@ -100,7 +100,8 @@ def _int_field(node: dict, key: str, path: str, low: int, high: int, default: in
     return value
 
 
-def _symbols_field(node: dict, key: str, path: str, wildcard: bool, length: int | None = None) -> tuple[int, ...]:
+def _symbols_field(node: dict[str, Any], key: str, path: str, wildcard: bool,
+                   length: int | None = None) -> tuple[int, ...]:
     if key not in node:
         raise _fail(path, node, f"missing field {key!r}")
     value = node[key]
@@ -116,9 +117,10 @@ def _symbols_field(node: dict, key: str, path: str, wildcard: bool, length: int 
     return tuple(-1 if ch == WILDCARD else CODES[ch] for ch in value)
 
 
-def _children(node: dict, path: str, low: int, high: int) -> list[tuple[Any, str]]:
+def _children(node: dict[str, Any], path: str, low: int, high: int) -> list[tuple[Any, str]]:
     if "args" in node and "expr" in node:
         raise _fail(path, node, "give either 'args' or 'expr', not both")
+    items: Any  # JSON: a list only once checked
     if "expr" in node:
         items, key = [node["expr"]], "expr"
     else:
@@ -130,7 +132,7 @@ def _children(node: dict, path: str, low: int, high: int) -> list[tuple[Any, str
     return [(item, f"{path}.expr" if key == "expr" else f"{path}.args[{k}]") for k, item in enumerate(items)]
 
 
-def _want(child: Expr, kind: str, parent: dict, path: str) -> None:
+def _want(child: Expr, kind: str, parent: dict[str, Any], path: str) -> None:
     if child.type != kind:
         raise _fail(path, parent, f"expects {kind} arguments, got {child.type} at {child.path}")
 
@@ -140,7 +142,7 @@ def _join(args: list[Expr]) -> tuple[str, int]:
     return scope, max(a.reach for a in args)
 
 
-def _check_fields(node: dict, path: str, allowed: set[str]) -> None:
+def _check_fields(node: dict[str, Any], path: str, allowed: set[str]) -> None:
     extra = set(node) - allowed - {"op"}
     if extra:
         raise _fail(path, node, f"unknown field {sorted(extra)[0]!r}")
@@ -217,7 +219,7 @@ def parse_expr(node: Any, path: str = "$") -> Expr:
     raise AssertionError(f"op {op!r} is listed but not parsed")
 
 
-def _parse_leaf(op: str, node: dict, path: str) -> Expr:
+def _parse_leaf(op: str, node: dict[str, Any], path: str) -> Expr:
     if op == "const":
         value = node.get("value")
         if not isinstance(value, (bool, int)):
@@ -282,20 +284,20 @@ def parse_law(node: Any, path: str = "$") -> Law:
     return build(kind, node, path, name)
 
 
-def _need(node: dict, key: str, path: str) -> Any:
+def _need(node: dict[str, Any], key: str, path: str) -> Any:
     if key not in node:
         raise _fail(path, node, f"missing field {key!r}")
     return node[key]
 
 
-def _holds(kind: str, node: dict, path: str, name: str | None) -> Law:
+def _holds(kind: str, node: dict[str, Any], path: str, name: str | None) -> Law:
     expr = parse_expr(_need(node, "expr", path), f"{path}.expr")
     if expr.type != BOOL:
         raise _fail(path, node, f"'expr' must be boolean, got {expr.type}")
     return Law(kind, expr, expr.reach, name, source=node)
 
 
-def _implication(kind: str, node: dict, path: str, name: str | None) -> Law:
+def _implication(kind: str, node: dict[str, Any], path: str, name: str | None) -> Law:
     premise = parse_expr(_need(node, "if", path), f"{path}.if")
     conclusion = parse_expr(_need(node, "then", path), f"{path}.then")
     for part in (premise, conclusion):
@@ -306,12 +308,12 @@ def _implication(kind: str, node: dict, path: str, name: str | None) -> Law:
     return Law(kind, expr, expr.reach, name, source=node)
 
 
-def _quantity(kind: str, node: dict, path: str, name: str | None) -> Law:
+def _quantity(kind: str, node: dict[str, Any], path: str, name: str | None) -> Law:
     expr = parse_expr(_need(node, "expr", path), f"{path}.expr")
     if expr.type != INT or expr.scope != GLOBAL:
         raise _fail(path, node, f"'expr' must be a global integer (e.g. a count, or a 'sum' over cells), "
                     f"got a {expr.scope} {expr.type}")
-    direction = ""
+    direction: Any = ""  # JSON until checked
     if kind == "monotone":
         direction = node.get("direction")
         if direction not in ("nondecreasing", "nonincreasing"):
@@ -322,7 +324,7 @@ def _quantity(kind: str, node: dict, path: str, name: str | None) -> Law:
     return Law(kind, expr, expr.reach + 1, name, direction=direction, source=node)
 
 
-def _local_transition(kind: str, node: dict, path: str, name: str | None) -> Law:
+def _local_transition(kind: str, node: dict[str, Any], path: str, name: str | None) -> Law:
     context = _symbols_field(node, "context", path, True, 3)
     becomes = _symbols_field(node, "becomes", path, False, 1)[0]
     period = _int_field(node, "period", path, 1, 64, default=1)
@@ -340,7 +342,7 @@ def _local_transition(kind: str, node: dict, path: str, name: str | None) -> Law
     return Law(kind, expr, 1, name, source=node)
 
 
-def _symmetry(kind: str, node: dict, path: str, name: str | None) -> Law:
+def _symmetry(kind: str, node: dict[str, Any], path: str, name: str | None) -> Law:
     reflect = node.get("reflect", False)
     if not isinstance(reflect, bool):
         raise _fail(path, node, "field 'reflect' must be a boolean")

@@ -16,7 +16,7 @@ from universe.rule import Rule
 from universe.symbols import check_codes
 
 
-def evaluate_laws(laws: Sequence[dict | Law], trajectories: np.ndarray | Sequence[np.ndarray],
+def evaluate_laws(laws: Sequence[dict[str, Any] | Law], trajectories: np.ndarray | Sequence[np.ndarray],
                   rule: Rule | None = None, shrink: bool = True) -> list[dict[str, Any]]:
     """Judge every law on every trajectory batch (`uint8 [T+1, B, L]`; one array or a list of them,
     e.g. one per grid length). Returns, per law, `{"law": index, "name", "status": "PASS" | "FAIL",

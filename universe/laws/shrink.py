@@ -39,7 +39,8 @@ def smallest_failing(law: Law, state: np.ndarray, rule: Rule) -> np.ndarray:
         candidates = np.unique(state[cut], axis=0)
         broken = violations(law, _simulate(candidates, rule, law.reach), rule)[0]
         if broken.any():
-            return candidates[int(np.argmax(broken))]
+            smallest: np.ndarray = candidates[int(np.argmax(broken))]
+            return smallest
     return state
 
 
@@ -49,14 +50,16 @@ def describe(law: Law, rows: np.ndarray, rule: Rule | None) -> dict[str, Any]:
     cells = cell_violations(law, traj, rule)[0, 0]
     found: dict[str, Any] = {"trajectory": [decode(r) for r in rows], "t": 0}
     if law.kind in ("invariant", "monotone"):
+        assert law.expr is not None  # every kind but symmetry has one
         value = evaluate(law.expr, traj)[:2, 0]
         found["detail"] = {"value_at_t": int(value[0]), "value_at_t+1": int(value[1])}
     elif law.kind == "symmetry":
+        assert rule is not None  # evaluate_laws refuses a symmetry law without the rule
         moved = transform(law, rows[:2])
         found["detail"] = {"transformed": [decode(r) for r in moved],
                            "stepped_after_transform": decode(step_once(moved[:1], rule)[0]),
                            "cells": [int(i) for i in np.flatnonzero(cells)]}
-    elif cells.shape[0] > 1 or law.expr.scope == "cell":
+    elif cells.shape[0] > 1 or (law.expr is not None and law.expr.scope == "cell"):
         cell = int(np.argmax(cells))
         found["cell"] = cell
         found["detail"] = {"neighbor_config": neighbor_config(rows[0], cell)}

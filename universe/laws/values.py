@@ -1,7 +1,12 @@
 """An expression of the law language evaluated over a batch of trajectories at once (numpy, vectorised
-over time, grids and cells)."""
+over time, grids and cells).
+
+numpy's stubs type comparisons, reductions and ufunc reductions as Any; `cast` says what they give."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -17,17 +22,17 @@ def evaluate(expr: Expr, traj: np.ndarray) -> np.ndarray:
     if op == "const":
         return np.full((rows, grids), bool(expr.value) if expr.type == BOOL else expr.value)
     if op == "count":
-        return (traj == expr.value).sum(axis=-1, dtype=np.int64)
+        return cast(np.ndarray, (traj == expr.value).sum(axis=-1, dtype=np.int64))
     if op == "count_pattern":
-        return _pattern_hits(traj, expr.pattern, 0).sum(axis=-1, dtype=np.int64)
+        return cast(np.ndarray, _pattern_hits(traj, expr.pattern, 0).sum(axis=-1, dtype=np.int64))
     if op == "matches":
         return _pattern_hits(traj, expr.pattern, -(len(expr.pattern) // 2))
     if op == "length":
         return np.full((rows, grids), length, dtype=np.int64)
     if op == "transition_indicator":
-        return (traj[1:] != traj[:-1]).sum(axis=-1, dtype=np.int64)
+        return cast(np.ndarray, (traj[1:] != traj[:-1]).sum(axis=-1, dtype=np.int64))
     if op == "changed":
-        return traj[1:] != traj[:-1]
+        return cast(np.ndarray, traj[1:] != traj[:-1])
     if op == "cell":
         return np.roll(traj, -expr.value, axis=-1).astype(np.int64)
     if op == "neighbor_config":
@@ -39,11 +44,12 @@ def evaluate(expr: Expr, traj: np.ndarray) -> np.ndarray:
     if op in ("always", "eventually"):
         inner = evaluate(expr.args[0], traj)
         combine = np.logical_and if op == "always" else np.logical_or
-        return combine.reduce([inner[k:k + rows] for k in range(expr.value + 1)])
+        return cast(np.ndarray, combine.reduce([inner[k:k + rows] for k in range(expr.value + 1)]))
     if op in ("sum", "all_cells", "any_cells"):
         inner = np.broadcast_to(evaluate(expr.args[0], traj), (rows, grids, length))
-        return {"sum": lambda a: a.sum(axis=-1, dtype=np.int64), "all_cells": lambda a: a.all(axis=-1),
-                "any_cells": lambda a: a.any(axis=-1)}[op](inner)
+        return cast(np.ndarray, {"sum": lambda a: a.sum(axis=-1, dtype=np.int64),
+                                 "all_cells": lambda a: a.all(axis=-1),
+                                 "any_cells": lambda a: a.any(axis=-1)}[op](inner))
     args = [_align(evaluate(a, traj), rows, expr.scope == CELL) for a in expr.args]
     return _COMBINE[op](args)
 
@@ -54,7 +60,7 @@ def _align(value: np.ndarray, rows: int, cell: bool) -> np.ndarray:
     return value[..., None] if cell and value.ndim == 2 else value
 
 
-_COMBINE = {
+_COMBINE: dict[str, Callable[[list[np.ndarray]], np.ndarray]] = {
     "add": lambda a: sum(a[1:], a[0]),
     "mul": lambda a: np.prod(np.broadcast_arrays(*a), axis=0),
     "sub": lambda a: a[0] - a[1],

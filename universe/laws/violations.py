@@ -9,6 +9,8 @@ counterexamples are shrunk (shrink.py).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from universe.laws.ast import CELL, Law
@@ -19,29 +21,32 @@ from universe.simulate import simulate
 
 def violations(law: Law, traj: np.ndarray, rule: Rule | None) -> np.ndarray:
     """`bool [T+1-reach, B]`: where the law is broken, by time and grid."""
-    return cell_violations(law, traj, rule).any(axis=-1)
+    return cast(np.ndarray, cell_violations(law, traj, rule).any(axis=-1))
 
 
 def cell_violations(law: Law, traj: np.ndarray, rule: Rule | None) -> np.ndarray:
     """`bool [T+1-reach, B, L]` for cell-scoped laws; `[T+1-reach, B, 1]` for global ones."""
     rows, grids, length = traj.shape[0] - law.reach, traj.shape[1], traj.shape[2]
     if law.kind == "symmetry":
+        assert rule is not None  # evaluate_laws refuses a symmetry law without the rule
         seen = transform(law, traj)
         stepped = step_once(transform(law, traj[:-1]).reshape(-1, length), rule).reshape(rows, grids, length)
-        return stepped != seen[1:]
+        return cast(np.ndarray, stepped != seen[1:])
+    assert law.expr is not None  # every kind but symmetry has one
     value = evaluate(law.expr, traj)
     if law.kind in ("invariant", "monotone"):
         before, after = value[:-1], value[1:]
         broken = {"invariant": after != before, "nondecreasing": after < before,
                   "nonincreasing": after > before}[law.direction or law.kind]
-        return broken[..., None]
+        return cast(np.ndarray, broken[..., None])
     if law.expr.scope == CELL:
         return ~np.broadcast_to(value, (rows, grids, length))
     return ~value[..., None]
 
 
 def step_once(states: np.ndarray, rule: Rule) -> np.ndarray:
-    return simulate(states, rule, 1, backend="numpy")[1]
+    next_states: np.ndarray = simulate(states, rule, 1, backend="numpy")[1]
+    return next_states
 
 
 def transform(law: Law, states: np.ndarray) -> np.ndarray:
