@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import numba as nb  # type: ignore[import-untyped]  # numba ships no annotations
+import numba as nb  # type: ignore[import-untyped, unused-ignore]  # numba ships no annotations (some builds do)
 import numpy as np
 
 if TYPE_CHECKING:

@@ -11,8 +11,12 @@ reach (how many steps past `t` it looks). A law is a JSON object `{"law": kind, 
 | `implication` `if`, `then` | `if` → `then` |
 | `invariant` `expr` | the global integer `expr` is the same at t+1 as at t |
 | `monotone` `expr`, `direction` | it never decreases (`nondecreasing`) / increases (`nonincreasing`) |
-| `local_transition` `context`, `becomes`, [`period`, `class`] | a cell whose neighbourhood matches `context` (3 symbols, `.` = any) and whose coordinate class (i mod period) is `class` is `becomes` at t+1 |
-| `symmetry` [`reflect`, `permute`, `shift`] | the dynamics commute with the transformation: transforming then stepping equals stepping then transforming |
+| `local_transition` `context`, `becomes`, [`period`, `class`] | see below |
+| `symmetry` [`reflect`, `permute`, `shift`] | the dynamics commute with the transformation |
+
+`local_transition`: a cell whose neighbourhood matches `context` (3 symbols, `.` = any) and whose
+coordinate class (i mod period) is `class` is `becomes` at t+1. `symmetry`: transforming then stepping
+equals stepping then transforming.
 
 A malformed law raises ValueError naming the node by its JSON path, e.g. `$.expr.args[1]`.
 """
