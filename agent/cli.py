@@ -29,19 +29,24 @@ class ToolChoice(str, Enum):
 
 def discover(
     rule: Annotated[str, typer.Option(help="Bundled rule name (e.g. kinetic) or a rule file's path.")] = "kinetic",
-    policy: Annotated[PolicyName, typer.Option(help="baseline (algorithmic) or llm (the model through the server).")] = PolicyName.baseline,
+    policy: Annotated[PolicyName, typer.Option(
+        help="baseline (algorithmic) or llm (the model through the server).")] = PolicyName.baseline,
     base_url: Annotated[str, typer.Option(help="The server's OpenAI base URL (llm policy).")] = "http://127.0.0.1:8000/v1",
     api_key: Annotated[str | None, typer.Option(help="Bearer key for the server.", envvar="AHC_API_KEY")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (default: the server's first).")] = None,
-    data_dir: Annotated[Path, typer.Option(help="Where runs keep their checkpoint, report and local XDB.")] = Path(".cache/runs"),
+    data_dir: Annotated[Path, typer.Option(
+        help="Where runs keep their checkpoint, report and local XDB.")] = Path(".cache/runs"),
     max_turns: Annotated[int, typer.Option(min=1, help="Turn budget.")] = 50,
     json_output: Annotated[bool, typer.Option("--json", help="End with the run summary as one JSON line.")] = False,
-    resume: Annotated[bool, typer.Option("--resume/--fresh", help="Continue the run in --data-dir from its last completed turn, or start over.")] = True,
-    compaction_tokens: Annotated[int | None, typer.Option(min=1, help="Tier-3 tokens before a compaction (default: a third of the window, at most 50k).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume/--fresh", help="Continue the run in --data-dir from its last completed turn, or start over.")] = True,
+    compaction_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Tier-3 tokens before a compaction (default: a third of the window, at most 50k).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the harness's random states (and of the run id).")] = 0,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Reply tokens per turn (llm).")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (llm).")] = 0.7,
-    tool_choice: Annotated[ToolChoice, typer.Option(help="auto, or required to force a tool call each turn (llm).")] = ToolChoice.auto,
+    tool_choice: Annotated[ToolChoice, typer.Option(
+        help="auto, or required to force a tool call each turn (llm).")] = ToolChoice.auto,
 ) -> None:
     """Reverse-engineer a hidden universe: experiments through the harness tools until the submitted
     theory is exact or the turn budget is spent."""

@@ -160,7 +160,8 @@ class DiscoveryRun:
                 return self.policy.decide(self._turn_input(n, query))
             except ContextOverflow as exc:
                 if attempt or not self.journal.entries:
-                    raise RuntimeError(f"the prompt does not fit the model's window even after compaction: {exc}") from None
+                    raise RuntimeError(
+                        f"the prompt does not fit the model's window even after compaction: {exc}") from None
                 self._compact(keep=0)
         raise AssertionError("unreachable")
 

@@ -37,8 +37,8 @@ def markdown(summary: dict[str, Any], metrics: list[TurnMetrics], knowledge: Kno
     wall = sum(m.wall_s for m in metrics)
     lines = [
         f"# Discovery run `{ckpt.run_id}`", "",
-        f"Rule `{summary['rule']}`, policy `{summary['policy']}`: **{'solved' if summary['solved'] else 'not solved'}** "
-        f"({reason}).", "",
+        f"Rule `{summary['rule']}`, policy `{summary['policy']}`: "
+        f"**{'solved' if summary['solved'] else 'not solved'}** ({reason}).", "",
         "| figure | value |", "| --- | --- |",
         *(f"| {k} | {summary[k]} |" for k in ("accuracy", "experiments", "predictions_checked", "cells_observed",
                                               "turns", "compactions")),
@@ -60,7 +60,8 @@ def markdown(summary: dict[str, Any], metrics: list[TurnMetrics], knowledge: Kno
         lines.append("")
     if knowledge.negative_knowledge:
         lines += ["## Negative knowledge (last compaction)", "", knowledge.negative_knowledge[:1500], ""]
-    lines += ["## Turns", "", "| turn | tools | experiments | coverage | accuracy | cache hit | first changed block | s |",
+    lines += ["## Turns", "",
+              "| turn | tools | experiments | coverage | accuracy | cache hit | first changed block | s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for m in metrics:
         hit_ratio = f"{m.hit_ratio:.0%}" if m.hit_ratio is not None else "-"

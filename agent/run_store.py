@@ -89,7 +89,8 @@ class HttpRunStore:
             raise StoreUnavailable(f"the server has no {path} route (not an AHC server with agent routes)")
         if response.status_code >= 400:
             error = _json_or_empty(response).get("error", {})
-            raise StoreUnavailable(f"{method} {path}: {response.status_code} {error.get('message', response.text[:200])}")
+            raise StoreUnavailable(
+                f"{method} {path}: {response.status_code} {error.get('message', response.text[:200])}")
         return response.json()
 
     def probe(self, run_id: str) -> None:

@@ -88,9 +88,11 @@ def serve(
     gpu_memory_utilization: Annotated[float | None, typer.Option(help="Fraction of GPU memory for vLLM.")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one batch.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Weights and activations dtype.")] = None,
-    enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option(
+        "--enforce-eager/--no-enforce-eager", help="Disable CUDA graphs / compilation.")] = None,
     seed: Annotated[int | None, typer.Option(help="Engine seed.")] = None,
-    lens: Annotated[str | None, typer.Option(help="Lens pack directory for concept activations; 'off' disables them.")] = None,
+    lens: Annotated[str | None, typer.Option(
+        help="Lens pack directory for concept activations; 'off' disables them.")] = None,
 ) -> None:
     """Serve the OpenAI API with AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop

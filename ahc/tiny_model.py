@@ -21,7 +21,7 @@ TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
 # Each message renders the same way wherever it stands, so when the conversation grows the earlier
 # rendering is a byte prefix of the later one (the prefix cache depends on it). Tools render once,
 # at the top, so a request with tools keeps a stable head too.
-CHAT_TEMPLATE = """{{- bos_token -}}
+CHAT_TEMPLATE = ("""{{- bos_token -}}
 {%- if tools -%}
 <|system|>
 # Tools
@@ -31,26 +31,30 @@ CHAT_TEMPLATE = """{{- bos_token -}}
 {%- for message in messages -%}
 {%- if message.role == 'assistant' -%}
 <|assistant|>
-{% if message.content is string %}{{ message.content }}{% elif message.content %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}
+{% if message.content is string %}{{ message.content }}{% elif message.content %}"""
+"""{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}
 {%- for call in message.tool_calls or [] -%}
 {%- set fn = call.function if call.function is defined else call -%}
 <tool_call>
-{"name": "{{ fn.name }}", "arguments": {% if fn.arguments is string %}{{ fn.arguments }}{% else %}{{ fn.arguments | tojson }}{% endif %}}
+{"name": "{{ fn.name }}", "arguments": {% if fn.arguments is string %}{{ fn.arguments }}"""
+"""{% else %}{{ fn.arguments | tojson }}{% endif %}}
 </tool_call>
 {%- endfor -%}
 <|end|>
 {% elif message.role == 'tool' -%}
 <|tool|>
-{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|end|>
+{% if message.content is string %}{{ message.content }}{% else %}"""
+"""{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|end|>
 {% else -%}
 <|{{ message.role }}|>
-{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|end|>
+{% if message.content is string %}{{ message.content }}{% else %}"""
+"""{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|end|>
 {% endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 <|assistant|>
 {% endif -%}
-"""
+""")
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ def load_round(client: openai.OpenAI, model: str) -> float:
         tokens = sum(pool.map(lambda seed: one_client(client, model, seed), range(BATCH)))
     elapsed = time.perf_counter() - started
     if tokens != BATCH * REQUESTS_PER_CLIENT * MAX_TOKENS:
-        raise RuntimeError(f"serve bench: {tokens} completion tokens, expected {BATCH * REQUESTS_PER_CLIENT * MAX_TOKENS}")
+        raise RuntimeError(
+            f"serve bench: {tokens} completion tokens, expected {BATCH * REQUESTS_PER_CLIENT * MAX_TOKENS}")
     return tokens / elapsed
 
 

@@ -113,7 +113,8 @@ def recall_latencies_ms(work: Path) -> dict[str, list[float]]:
     for s in range(SESSIONS):
         xdb.tag("interesting", session_id=f"s{s}", tick_range=(1000 * s, 1000 * s + 50))
     queries = {
-        "session_tick": lambda i: dict(session_id=f"s{i % 16}", tick_from=(i * 997) % 60000, tick_to=(i * 997) % 60000 + 100),
+        "session_tick": lambda i: dict(session_id=f"s{i % 16}", tick_from=(i * 997) % 60000,
+                                       tick_to=(i * 997) % 60000 + 100),
         "tag": lambda i: dict(tags=["interesting"], limit=100),
         "concept": lambda i: dict(concept=f"concept-{i % 256}", min_activation=0.9, limit=100),
         "text": lambda i: dict(text=" moves", session_id=f"s{i % 16}", limit=100),

@@ -163,7 +163,7 @@ def fit_logistic(features: np.ndarray, members: Sequence[Sequence[int]], l2: flo
         b = torch.zeros((), dtype=torch.float64, requires_grad=True)
         opt = torch.optim.LBFGS([w, b], max_iter=iterations, line_search_fn="strong_wolfe")
 
-        def closure():
+        def closure(opt=opt, w=w, b=b, weight=weight, y=y):
             opt.zero_grad()
             logits = z @ w + b
             loss = (weight * torch.nn.functional.binary_cross_entropy_with_logits(

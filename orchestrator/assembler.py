@@ -102,7 +102,8 @@ def assemble(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter,
     cache = cache if cache is not None else RenderCache()
     name = formatter.name
     blocks = [
-        cache.text_block((name, "identity", inp.identity), lambda: formatter.identity(inp.identity), counter, "identity"),
+        cache.text_block((name, "identity", inp.identity), lambda: formatter.identity(inp.identity),
+                         counter, "identity"),
         cache.text_block((name, "codex", inp.codex), lambda: formatter.codex(inp.codex), counter, "codex")
         if inp.include_codex else _text_block("codex", "", counter),
         cache.text_block((name, "karma", inp.karma, inp.summary), lambda: formatter.karma(inp.karma, inp.summary),

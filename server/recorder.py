@@ -67,7 +67,8 @@ class Recorder:
 
     def record_inputs(self, prepared: Prepared) -> None:
         turns = new_input_turns(prepared)
-        events = [(EVENT_OF_ROLE[t.role], t.role, t.content, {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
+        events = [(EVENT_OF_ROLE[t.role], t.role, t.content,
+                   {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
                   for t in turns]
         if prepared.query is not None:
             events.append(("input", "user", prepared.query, None))

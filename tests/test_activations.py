@@ -88,7 +88,7 @@ def test_a_reply_cut_short_still_records_its_tokens_and_invents_nothing(server, 
         "context": {"session_id": "act-abort", "identity": "You go on and on."}},
         messages=[{"role": "user", "content": "Talk until I hang up."}])
     received = 0
-    for chunk in stream:
+    for _chunk in stream:
         received += 1
         if received == 5:
             break

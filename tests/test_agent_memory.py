@@ -92,7 +92,8 @@ def test_theorem_tools(store) -> None:
     wrong = {"law": "invariant", "expr": {"op": "count", "symbol": "A"}}
     verdicts = box.call("evaluate_laws", json.dumps({"laws": [law, wrong]}))["results"]
     assert [(v["law_id"], v["status"]) for v in verdicts] == [("L1", "PASS"), ("L2", "FAIL")]
-    assert "only laws that passed" in box.call("store_theorem", {"name": "n", "law_ids": ["L2"], "description": "d"})["error"]
+    assert "only laws that passed" in box.call(
+        "store_theorem", {"name": "n", "law_ids": ["L2"], "description": "d"})["error"]
     assert "unknown law id" in box.call("store_theorem", {"name": "n", "law_ids": ["L9"], "description": "d"})["error"]
     stored = box.call("store_theorem", {"name": "right-movers conserved", "law_ids": ["L1"],
                                         "description": "A + K never changes"})
@@ -101,7 +102,8 @@ def test_theorem_tools(store) -> None:
     assert box.call("retrieve_theorems", {"filter": "nothing like it"})["count"] == 0
     edited = box.call("edit_theorem", {"theorem_id": "T1", "updates": {"status": "restricted"}})
     assert edited["theorem"]["status"] == "restricted"
-    assert "status must be one of" in box.call("edit_theorem", {"theorem_id": "T1", "updates": {"status": "maybe"}})["error"]
+    assert "status must be one of" in box.call(
+        "edit_theorem", {"theorem_id": "T1", "updates": {"status": "maybe"}})["error"]
     assert "no theorem 'T7'" in box.call("edit_theorem", {"theorem_id": "T7", "updates": {"name": "x"}})["error"]
     latest = json.loads(store.meta_knowledge("run")["theorems_json"])
     assert latest[0]["status"] == "restricted" and latest[0]["laws"] == [law]
@@ -157,7 +159,8 @@ class ScriptedPolicy(BaselinePolicy):
 def test_the_run_goes_on_after_malformed_replies(tmp_path: Path) -> None:
     store = LocalRunStore(tmp_path / "xdb")
     try:
-        run = DiscoveryRun(RunConfig(tmp_path, max_turns=3), load_rule("kinetic"), ScriptedPolicy(name="scripted"), store)
+        run = DiscoveryRun(RunConfig(tmp_path, max_turns=3), load_rule("kinetic"), ScriptedPolicy(name="scripted"),
+                           store)
         summary = run.run()
         assert summary["turns"] == 3 and summary["experiments"] == 1
         results = [json.loads(r["tool_result_json"]) for r in store.interactions(run.run_id)]
@@ -173,5 +176,6 @@ def test_the_run_goes_on_after_malformed_replies(tmp_path: Path) -> None:
 def test_compact_tool_schemas_name_the_same_tools() -> None:
     names = [t["function"]["name"] for t in tool_schemas("full")]
     assert names == [t["function"]["name"] for t in tool_schemas("compact")]
-    assert set(names) - {t["function"]["name"] for t in tool_schemas("minimal")} == {"retrieve_theorems", "edit_theorem"}
+    minimal = {t["function"]["name"] for t in tool_schemas("minimal")}
+    assert set(names) - minimal == {"retrieve_theorems", "edit_theorem"}
     assert len(json.dumps(tool_schemas("minimal"))) < len(json.dumps(tool_schemas("full"))) / 3

@@ -9,7 +9,8 @@ import pytest
 pytestmark = pytest.mark.engine
 
 IDENTITY = "You are a patient physicist who studies a ring of cells. " * 8
-CODEX = [{"id": "rules", "text": " ".join(f"Fact {i}: a particle A moves right by one cell each step." for i in range(30))}]
+CODEX = [{"id": "rules",
+          "text": " ".join(f"Fact {i}: a particle A moves right by one cell each step." for i in range(30))}]
 
 
 def chat(client, model, session, question, **context):

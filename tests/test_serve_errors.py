@@ -89,7 +89,8 @@ def test_normalise_rewrites_foreign_error_bodies() -> None:
 
     detail = json.loads(normalise(404, b'{"detail": "Not Found"}'))["error"]
     assert detail == {"message": "Not Found", "type": "not_found_error", "param": None, "code": 404}
-    vllm = json.loads(normalise(400, b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}'))
+    vllm = json.loads(normalise(
+        400, b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}'))
     assert vllm["error"]["type"] == "invalid_request_error" and vllm["error"]["param"] == "n"
     text = json.loads(normalise(502, b"upstream <html>"))["error"]
     assert text["type"] == "server_error" and text["message"] == "upstream <html>"

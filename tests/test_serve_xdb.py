@@ -49,7 +49,8 @@ def test_tool_calls_and_results_are_recorded(server, client, model_name, no_whit
             "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
                            "required": ["city"], "additionalProperties": False}}}
     context = {"context": {"session_id": "xdb-tools"}}
-    first = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    first = client.chat.completions.create(model=model_name,
+                                           messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                                            tools=[tool], tool_choice="required", max_tokens=64, temperature=0,
                                            logit_bias=no_whitespace_bias, parallel_tool_calls=False,
                                            extra_body=context)

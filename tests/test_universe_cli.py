@@ -59,7 +59,8 @@ def test_bench_reports_both_backends_and_their_ratio() -> None:
     report = run(["numba"])
     figures = report.figures
     assert report.bench == "universe" and figures["numpy_cells_per_s"] > 0 and figures["numba_cells_per_s"] > 0
-    assert report.ratios["numba_over_numpy"] == pytest.approx(figures["numba_cells_per_s"] / figures["numpy_cells_per_s"])
+    assert report.ratios["numba_over_numpy"] == pytest.approx(
+        figures["numba_cells_per_s"] / figures["numpy_cells_per_s"])
 
 
 def test_universe_bench_prints_json() -> None:

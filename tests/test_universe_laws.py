@@ -124,7 +124,8 @@ def test_counterexample_details() -> None:
     (invariant, local) = evaluate_laws([FALSE_LAWS["kinetic"][0], FALSE_LAWS["kinetic"][1]], batches("kinetic"), rule)
     detail = invariant["counterexample"]["detail"]
     assert detail["value_at_t"] != detail["value_at_t+1"]
-    assert invariant["counterexample"]["detail"]["value_at_t"] == invariant["counterexample"]["trajectory"][0].count("A")
+    assert (invariant["counterexample"]["detail"]["value_at_t"]
+            == invariant["counterexample"]["trajectory"][0].count("A"))
     found = local["counterexample"]
     cell = found["cell"]
     row0, row1 = found["trajectory"]

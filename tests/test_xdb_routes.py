@@ -38,7 +38,8 @@ def error(resp, status: int) -> dict:
 def test_recall_and_its_filters(client: TestClient) -> None:
     data = client.get("/v1/xdb/recall", params={"session_id": "s1", "tick_from": 1}).json()["data"]
     assert [r["content"] for r in data] == ["lo", "!"]
-    assert client.get("/v1/xdb/recall", params={"concept": "joy", "min_activation": 0.65}).json()["data"][0]["tick"] == 2
+    recalled = client.get("/v1/xdb/recall", params={"concept": "joy", "min_activation": 0.65}).json()["data"]
+    assert recalled[0]["tick"] == 2
     assert len(client.get("/v1/xdb/recall?event_types=output&event_types=input").json()["data"]) == 3
 
 
@@ -78,7 +79,8 @@ def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     assert client.post("/v1/xdb/buds", json={"tag": "bud-a", "status": "ready"}).json()["bud_status"] == "ready"
     assert error(client.get("/v1/xdb/buds", params={"status": "ripe"}), 400)
     assert [c["name"] for c in client.get("/v1/xdb/concepts").json()["data"]] == ["joy"]
-    assert client.post("/v1/xdb/pin", json={"session_id": "s1", "tick_from": 0, "tick_to": 1}).json()["fidelity"] == "warm"
+    pinned = client.post("/v1/xdb/pin", json={"session_id": "s1", "tick_from": 0, "tick_to": 1}).json()
+    assert pinned["fidelity"] == "warm"
     out = client.post("/v1/xdb/compact", json={"session_id": "s1", "compress_released": True}).json()
     assert out["compaction"]["range_end"] == 2
     state = client.get("/v1/xdb/state").json()

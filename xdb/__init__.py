@@ -32,7 +32,8 @@ The interface the server uses:
     xdb.state() -> dict
     xdb.save_session_state(session_id, state_json) -> version ; xdb.load_session_state(session_id) -> str | None
     xdb.log_interaction(run_id, journal_entry=, tool_call_json=, tool_result_json=, token_count=) -> turn_id
-    xdb.interactions(run_id, pattern=, after_turn=, last=) ; xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
+    xdb.interactions(run_id, pattern=, after_turn=, last=)
+    xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
     xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
 
@@ -51,6 +52,6 @@ from xdb.store import XDB
 from xdb.tags import BudStatus, TagType
 from xdb.writer import WriterBackpressure, WriterStopped
 
-__all__ = ["XDB", "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit", "NotFound",
-           "DocumentTooLarge", "DocumentType", "QuotaExceeded", "Fidelity", "CompressionLevel", "BudStatus",
+__all__ = ["XDB", "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit",
+           "NotFound", "DocumentTooLarge", "DocumentType", "QuotaExceeded", "Fidelity", "CompressionLevel", "BudStatus",
            "TagType", "WriterBackpressure", "WriterStopped"]

@@ -269,7 +269,7 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     # only its own segments.
     start, prev = 0, GENESIS
     end = last_seq
-    for s, e, head, *_ in checkpoints:
+    for _s, e, head, *_ in checkpoints:
         if seq_from is not None and e < seq_from:
             start, prev = e + 1, bytes(head)
         if seq_to is not None and e >= seq_to:
@@ -285,7 +285,7 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
         seqs = batch.column("seq").to_pylist()
         stored_prevs = batch.column("prev_hash").to_pylist()
         stored_hashes = batch.column("record_hash").to_pylist()
-        for i, seq in enumerate(seqs):
+        for _i, seq in enumerate(seqs):
             if seq != expected:
                 what = "appears twice (inserted)" if seq < expected else "missing (deleted)"
                 bad = expected - 1 if seq < expected else expected

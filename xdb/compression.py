@@ -87,8 +87,9 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
         text = one(cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
                                f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t "
                                f"WHERE {where}", args))[0] or ""
-        acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid, unnest(t.concept_values) v
-                               FROM timesteps t WHERE {where}) u JOIN concepts c ON c.id = u.cid
+        acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid,
+                               unnest(t.concept_values) v FROM timesteps t WHERE {where}) u
+                               JOIN concepts c ON c.id = u.cid
                                WHERE u.cid IS NOT NULL GROUP BY c.name""", args).fetchall()
         tags = cur.execute(f"""SELECT g.name, count(*) FROM timesteps t JOIN tag_applications a ON {TAG_MATCH}
                                JOIN tags g ON g.id = a.tag_id WHERE {where} GROUP BY g.name""", args).fetchall()
@@ -129,8 +130,8 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                          "ORDER BY start_time, id LIMIT 1", [int(source)]).fetchone()
     if oldest is None:
         return []
-    rows = cur.execute(f"SELECT id, session_id, start_time, end_time, start_tick, end_tick, summary, top_k_activations, "
-                       f"significant_tags, token_count, record_count FROM compressed_records "
+    rows = cur.execute(f"SELECT id, session_id, start_time, end_time, start_tick, end_tick, summary, "
+                       f"top_k_activations, significant_tags, token_count, record_count FROM compressed_records "
                        f"WHERE compression_level = ? AND {key} = ? ORDER BY start_time, id",
                        [int(source), oldest[0]]).fetchall()
     acts: Counter[str] = Counter()

@@ -103,7 +103,8 @@ def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
     if doc_type is not None:
         doc_type = DocumentType(doc_type).value
     rows = cur.execute(
-        f"SELECT {', '.join(COLUMNS)} FROM documents QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
+        f"SELECT {', '.join(COLUMNS)} FROM documents "
+        "QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
         "AND (? IS NULL OR doc_type = ?) AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' "
         "OR content ILIKE '%' || ? || '%') ORDER BY name, id", [doc_type, doc_type] + [query] * 4).fetchall()
     return [_doc(r, with_content=False) for r in rows]

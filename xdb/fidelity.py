@@ -60,7 +60,8 @@ PROTECTED_WINDOWS = "SELECT session_id, start_tick, end_tick FROM time_windows "
 def range_stats(cur: duckdb.DuckDBPyConnection, session_id: str, start: int, end: int) -> Row:
     """(count, bytes, first created_at, last created_at) of a session's ticks start..end."""
     return one(cur.execute(
-        f"SELECT count(*), count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0), min(created_at), max(created_at) "
+        f"SELECT count(*), count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0), "
+        "min(created_at), max(created_at) "
         "FROM timesteps WHERE session_id = ? AND tick BETWEEN ? AND ?", [session_id, start, end]))
 
 

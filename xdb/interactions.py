@@ -60,7 +60,8 @@ def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str, *, theorems
 
 def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
                    latest: bool = True) -> list[dict[str, Any]]:
-    sql = f"SELECT {', '.join(KNOWLEDGE_COLUMNS)} FROM meta_knowledge WHERE (? IS NULL OR run_id = ?) ORDER BY version_id"
+    sql = (f"SELECT {', '.join(KNOWLEDGE_COLUMNS)} FROM meta_knowledge "
+           "WHERE (? IS NULL OR run_id = ?) ORDER BY version_id")
     rows = cur.execute(sql + (" DESC LIMIT 1" if latest else ""), [run_id, run_id]).fetchall()
     return _rows(rows, KNOWLEDGE_COLUMNS)
 

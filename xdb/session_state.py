@@ -25,8 +25,8 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     if not session_id:
         raise InvalidRequest("session_id must not be empty")
     digest = hashlib.sha256(state_json.encode()).hexdigest()
-    latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? ORDER BY version DESC LIMIT 1",
-                         [session_id]).fetchone()
+    latest = cur.execute("SELECT version, sha256 FROM session_states WHERE session_id = ? "
+                         "ORDER BY version DESC LIMIT 1", [session_id]).fetchone()
     if latest is not None and latest[1] == digest:
         return int(latest[0])
     version = 1 if latest is None else int(latest[0]) + 1

@@ -49,7 +49,8 @@ class XDB:
         self.warm_quota_bytes = config.warm_quota_bytes
         if self.warm_quota_bytes is None and self.quota_bytes is not None:
             self.warm_quota_bytes = self.quota_bytes // 2
-        self.summarize, self.hot_seconds, self.max_document_bytes = summarize, config.hot_seconds, config.max_document_bytes
+        self.summarize, self.hot_seconds = summarize, config.hot_seconds
+        self.max_document_bytes = config.max_document_bytes
         self._ticks: dict[str, int] = dict(conn.execute("SELECT session_id, last_tick FROM session_ticks").fetchall())
         self._tick_lock = threading.Lock()
         self._compress_lock = threading.Lock()

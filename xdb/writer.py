@@ -11,9 +11,10 @@ DuckDB's inserts (which release the GIL), and the two files' inserts overlap eac
                       only once the audit has committed that batch (the audit is the write-ahead log)
 A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (1 s),
 or when someone calls `flush()` (the server does at the end of every reply). Each commit costs ~10 ms of
-CPU per file whatever its size, so the latency bound sets the writer's CPU while tokens stream. A batch the audit holds but the experience file lost to a crash is
-replayed from the audit at the next open (`replay_from_audit`); a batch the audit lost never reaches
-the experience file, whose transaction is rolled back.
+CPU per file whatever its size, so the latency bound sets the writer's CPU while tokens stream. A batch
+the audit holds but the experience file lost to a crash is replayed from the audit at the next open
+(`replay_from_audit`); a batch the audit lost never reaches the experience file, whose transaction is
+rolled back.
 """
 
 from __future__ import annotations

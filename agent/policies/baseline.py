@@ -169,7 +169,8 @@ def table_laws(table: list[str]) -> list[dict[str, Any]]:
         for s in SYMBOLS:
             group = [j for j, out in enumerate(row) if out == s]
             if group:
-                window_is = [{"op": "eq", "args": [{"op": "neighbor_config"}, {"op": "window", "value": window_string(j)}]}
+                window_is = [{"op": "eq",
+                              "args": [{"op": "neighbor_config"}, {"op": "window", "value": window_string(j)}]}
                              for j in group]
                 rules.append({"op": "implies", "args": [_any(window_is), {"op": "eq", "args": [
                     {"op": "next", "expr": {"op": "cell"}}, {"op": "symbol", "value": s}]}]})

@@ -64,7 +64,8 @@ class LLMPolicy:
         except openai.APIConnectionError as exc:
             raise ServerUnreachable(f"no model server at {self.config.base_url} ({exc})") from None
         except openai.APIStatusError as exc:
-            raise ServerUnreachable(f"{self.config.base_url}/models answered {exc.status_code}: {exc.message}") from None
+            raise ServerUnreachable(
+                f"{self.config.base_url}/models answered {exc.status_code}: {exc.message}") from None
         if not models:
             raise ServerUnreachable(f"the server at {self.config.base_url} serves no model")
         card = next((m for m in models if m.id == self.config.model), None) if self.config.model else models[0]
@@ -130,7 +131,8 @@ class LLMPolicy:
     def summarize(self, transcript: str, knowledge: Knowledge) -> str:
         """The compaction's hidden call: no session, so it never enters the agent's own State."""
         budget = max(((self.context_window or 8192) - self.config.summary_tokens) * 3 // 2, 600)
-        earlier = f"Negative knowledge so far: {knowledge.negative_knowledge}\n\n" if knowledge.negative_knowledge else ""
+        earlier = (f"Negative knowledge so far: {knowledge.negative_knowledge}\n\n"
+                   if knowledge.negative_knowledge else "")
         candidates = knowledge.describe_candidates()
         passed = f"Laws passed repeatedly, not theorems: {candidates}\n\n" if candidates else ""
         body = f"{earlier}{passed}Turns:\n{transcript[-budget:]}"
