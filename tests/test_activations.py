@@ -1,4 +1,4 @@
-"""Concept activations captured inside the engine (issue 6): equal to a transformers forward, recorded
+"""Concept activations captured inside the engine: equal to a transformers forward, recorded
 in XDB with the tokens, prefix cache kept, recallable by concept over HTTP and the CLI."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """numpy, numba and Triton (in its CPU interpreter) give identical trajectories on every rule, period
-and ring length; bad input is refused by name (SPEC §3)."""
+and ring length; bad input is refused by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Symbols, rule files, the instruments and the bundled universes (SPEC §3)."""
+"""Symbols, rule files, the instruments and the bundled universes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""universe — the discovery agent's world (SPEC §3): a ring of cells over `_ABK`, a radius-1 rule with
+"""universe — the discovery agent's world: a ring of cells over `_ABK`, a radius-1 rule with
 `period` coordinate classes, simulators (numpy reference, numba CPU, Triton GPU), the law language
 and the harness tools the agent experiments through."""
 

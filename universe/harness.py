@@ -1,4 +1,4 @@
-"""The physics harness: the hidden rule behind the agent's tools (seed 001 §3, SPEC §6).
+"""The physics harness: the hidden rule behind the agent's tools.
 
 The agent never sees the rule. It learns through four tools: `evaluate_laws` (PASS, or FAIL with a
 small counterexample), `run_prediction` (opaque: PASS, or FAIL with the true trajectory; the truth is

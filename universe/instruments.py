@@ -1,4 +1,4 @@
-"""The agent's microscope (seed 001 §4): neighbourhoods, coordinate classes, the activity scalar.
+"""The agent's microscope: neighbourhoods, coordinate classes, the activity scalar.
 
 The grid is a ring: cell i's left neighbour is (i-1) mod L, so on a one-cell ring a cell is its own
 left and right neighbour.

@@ -1,6 +1,6 @@
 """A rule: `period` coordinate classes, each a 64-entry table from window to next symbol.
 
-File form (SPEC §3): `{"name": str, "period": int, "table": [str, ...]}` with `period` strings of 64
+File form: `{"name": str, "period": int, "table": [str, ...]}` with `period` strings of 64
 symbols; `table[c][16*left + 4*centre + right]` is the next symbol of a cell `i` with `i mod period == c`.
 """
 
