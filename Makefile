@@ -40,9 +40,9 @@ run: setup
 test: setup lint
 	$(BIN)/python -m pytest -q -rs tests
 
-# The engine-free tests: no vLLM server started, no model built beforehand (about two minutes).
+# The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -m "not engine and not slow" tests
+	$(BIN)/python -m pytest -q -rs -n auto -m "not engine and not slow" tests
 
 # ruff: style, import order, common bugs; mypy --strict on the packages typed so far.
 MYPY_STRICT := xdb orchestrator universe
