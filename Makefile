@@ -10,7 +10,7 @@ TINY := .cache/models/tiny/model.safetensors
 TINY_LENS := .cache/lenses/tiny-demo/lens.json
 CONFIG ?= configs/cpu-tiny.yaml
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 setup: $(STAMP) $(TINY) $(TINY_LENS)
 
@@ -38,6 +38,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -rs tests
+
+# The engine-free tests: no vLLM server started, no model built beforehand (about a minute).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -m "not engine and not slow" tests
 
 bench: setup
 	$(BIN)/ahc bench all
