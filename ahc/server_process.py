@@ -36,12 +36,13 @@ def free_port() -> int:
 
 @dataclass
 class ServerProcess:
-    """A running server: its process, where it listens, where it logs."""
+    """A running server: its process, where it listens, where it logs, where it keeps its data."""
 
     process: subprocess.Popen
     port: int
     log: Path
     api_key: str | None = None
+    data_dir: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -81,12 +82,12 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] | None = None,
-           api_key: str | None = None, timeout: float = 600) -> ServerProcess:
+           api_key: str | None = None, data_dir: Path | None = None, timeout: float = 600) -> ServerProcess:
     """Run any HTTP server command (ours, or vLLM's own for comparison) and wait until it is healthy."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         process = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=child_env(env))
-    return wait_healthy(ServerProcess(process, port, log, api_key), timeout)
+    return wait_healthy(ServerProcess(process, port, log, api_key, data_dir), timeout)
 
 
 def start_server(data_dir: Path, *, model: Path = TINY_MODEL, config: Path = DEFAULT_CONFIG, port: int | None = None,
@@ -102,7 +103,8 @@ def start_server(data_dir: Path, *, model: Path = TINY_MODEL, config: Path = DEF
         cmd += ["--lens", lens]
     if api_key:
         cmd += ["--api-key", api_key]
-    return launch(cmd, port, data_dir.parent / f"server-{port}.log", env=env, api_key=api_key, timeout=timeout)
+    return launch(cmd, port, data_dir.parent / f"server-{port}.log", env=env, api_key=api_key, data_dir=data_dir,
+                  timeout=timeout)
 
 
 def wait_healthy(server: ServerProcess, timeout: float) -> ServerProcess:
