@@ -96,11 +96,13 @@ class FakeEngine(EngineClient):
     after the script ("stop", as at an EOS) unless `min_tokens` or `ignore_eos` asks for more, and at
     `max_tokens` ("length"). Choice i of `n` starts i tokens into the script, so choices differ.
     `step_delay`: seconds between tokens (0: each token still yields to the event loop, so streaming
-    and aborts interleave as with a real engine)."""
+    and aborts interleave as with a real engine). `kv_blocks`: the KV cache size a real engine would
+    measure at start-up (vLLM's --num-gpu-blocks-override wins, as in the engine)."""
 
     vllm_config: VllmConfig
     script: Sequence[int] | None = None
     step_delay: float = 0.0
+    kv_blocks: int = 1024
     supported_tasks: tuple[str, ...] = ("generate",)
     requests: list[FakeRequest] = field(default_factory=list)
     dead: bool = False
@@ -108,6 +110,8 @@ class FakeEngine(EngineClient):
     def __post_init__(self) -> None:
         # The serving layer reads these attributes directly; AsyncLLM builds them the same way.
         self.model_config = self.vllm_config.model_config
+        cache = self.vllm_config.cache_config
+        cache.num_gpu_blocks = cache.num_gpu_blocks_override or self.kv_blocks  # set by a real engine's profiling
         self.renderer = renderer_from_config(self.vllm_config)
         self.input_processor = InputProcessor(self.vllm_config, self.renderer)
         if self.script is None:
@@ -118,12 +122,11 @@ class FakeEngine(EngineClient):
 
     # --- generation -------------------------------------------------------------------------------
 
-    async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,
-                       prompt_text: str | None = None, **kwargs: Any) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str,
+                       **kwargs: Any) -> AsyncGenerator[RequestOutput, None]:
         if self.dead:
             raise self.dead_error
-        prompt_ids = self._prompt_token_ids(prompt)
-        request = FakeRequest(request_id, prompt_ids, sampling_params, {"prompt_text": prompt_text, **kwargs})
+        request = FakeRequest(request_id, self._prompt_token_ids(prompt), sampling_params, kwargs)
         self.requests.append(request)
         choices = [self._choice(i, sampling_params) for i in range(sampling_params.n)]
         steps = max(len(c.token_ids) for c in choices)

@@ -93,3 +93,47 @@ def test_a_dead_engine_answers_500_and_stops_the_server(app_client: TestClient, 
     reply = app_client.post("/v1/chat/completions", json=chat())
     assert reply.status_code == 500, reply.text
     assert app_client.app.state.server.should_exit  # vLLM's handler asks uvicorn to exit
+
+
+def collect(engine: FakeEngine, params, prompt=None, request_id: str = "r1") -> list:
+    """Every RequestOutput of one generate call, the way vLLM's serving layer iterates it."""
+    async def run() -> list:
+        return [o async for o in engine.generate(prompt or {"prompt_token_ids": [1, 2, 3]}, params,
+                                                 request_id=request_id)]
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["DELTA", "CUMULATIVE", "FINAL_ONLY"])
+def test_output_kinds_add_up_to_the_same_reply(engine: FakeEngine, kind: str) -> None:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(max_tokens=5, n=2, output_kind=RequestOutputKind[kind])
+    outputs = collect(engine, params)
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    assert len(outputs) == (1 if kind == "FINAL_ONLY" else 5)
+    for index in (0, 1):
+        steps = [o.outputs[index] for o in outputs]
+        ids = [t for s in steps for t in s.token_ids] if kind == "DELTA" else list(steps[-1].token_ids)
+        text = "".join(s.text for s in steps) if kind == "DELTA" else steps[-1].text
+        assert ids == [engine.script[(index + i) % len(engine.script)] for i in range(5)]
+        assert text == engine.get_tokenizer().decode(ids)
+        assert steps[-1].finish_reason == "length"
+    assert engine.requests[-1].prompt_token_ids == [1, 2, 3]
+
+
+def test_an_aborted_request_stops_and_is_marked(engine: FakeEngine) -> None:
+    from vllm.sampling_params import SamplingParams
+
+    async def run() -> list:
+        outputs = []
+        async for output in engine.generate({"prompt_token_ids": [1]}, SamplingParams(max_tokens=50), "gone"):
+            outputs.append(output)
+            await engine.abort("gone")
+        return outputs
+
+    assert len(asyncio.run(run())) == 1
+    assert engine.requests[-1].aborted
+
+
+def test_the_kv_cache_size_a_real_engine_would_report(engine: FakeEngine) -> None:
+    assert engine.vllm_config.cache_config.num_gpu_blocks == engine.kv_blocks
