@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 from orchestrator.chat_turn import ChatTurn
@@ -63,9 +64,27 @@ async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runti
         current_session.set(turn.session_id)
         response = await create_chat_completion(vllm_request, raw_request)
         if isinstance(response, StreamingResponse):
-            response.body_iterator = stream_with_report(response.body_iterator, turn.hand_over(), runtime)
-            return response
+            return TurnStream(response, turn.hand_over(), runtime)
         return await finish_json(response, turn, runtime)
+
+
+class TurnStream(StreamingResponse):
+    """vLLM's SSE response with the cache report added, owning the turn until the response is over.
+
+    The stream's own iterator settles the turn; closing it here as well covers a client that hangs up
+    before the first chunk, when Starlette never starts the iterator and its cleanup would never run."""
+
+    def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime) -> None:
+        super().__init__(stream_with_report(source.body_iterator, turn, runtime), status_code=source.status_code,
+                         background=source.background)
+        self.raw_headers = source.raw_headers
+        self._turn = turn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._turn.close()
 
 
 def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:

@@ -4,6 +4,7 @@ the request paths a real server takes, through FastAPI's TestClient, in millisec
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -147,3 +148,74 @@ def test_ahc_routes_are_typed_in_the_openapi_schema(served: tuple[TestClient, Ru
     recall_params = {p["name"] for p in schema["paths"]["/v1/xdb/recall"]["get"]["parameters"]}
     assert {"session_id", "tick_from", "concept", "limit"} <= recall_params
     assert "context" in schema["components"]["schemas"]["ChatRequest"]["properties"]
+
+
+def broken_flush(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fail(timeout: float = 10.0) -> None:
+        raise RuntimeError("the disk is gone")
+
+    monkeypatch.setattr(runtime.recorder, "aflush", fail)
+    runtime.metrics.kv_stats.total_blocks, runtime.metrics.kv_stats.block_size = 1000, 16
+
+
+def assert_released(runtime: Runtime, session: str) -> None:
+    assert runtime.governor.free_blocks() == 1000  # no reservation outlives its request
+    assert not runtime.orchestrator.sessions.lock(session).locked()
+    assert runtime.orchestrator.sessions.get(session).turns == []
+
+
+def test_a_failing_flush_releases_the_turn(served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+    broken_flush(runtime, monkeypatch)
+    response = TestClient(client.app, raise_server_exceptions=False).post("/v1/chat/completions", json=chat("s8"))
+    assert response.status_code == 500
+    assert_released(runtime, "s8")
+
+
+def test_a_failing_flush_mid_stream_releases_the_turn(served: tuple[TestClient, Runtime],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+    broken_flush(runtime, monkeypatch)
+    quiet = TestClient(client.app, raise_server_exceptions=False)  # not entered: the app's lifespan runs once
+    with quiet.stream("POST", "/v1/chat/completions", json=chat("s9", stream=True)) as response:
+        text = "".join(response.iter_text())
+    assert '"error"' in text  # vLLM reports the failure in the stream
+    assert_released(runtime, "s9")
+
+
+def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                                   tmp_path: Path) -> None:
+    """Starlette never starts a stream's iterator when the client hangs up first: the turn must still end."""
+    body = json.dumps(chat("s10", stream=True)).encode()
+
+    async def scenario() -> Runtime:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
+                                     FakeEngine(vllm_config), xdb)
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        responding = asyncio.Event()
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            await responding.wait()  # the client hangs up once vLLM has handed over its stream
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                responding.set()
+                await asyncio.sleep(0.5)  # the hang-up is noticed before the first chunk
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
+                 "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json"),
+                                                            (b"content-length", str(len(body)).encode())]}
+        await app(scope, receive, send)
+        runtime.close()
+        xdb.close()
+        return runtime
+
+    runtime = asyncio.run(scenario())
+    assert not runtime.orchestrator.sessions.lock("s10").locked()
+    assert runtime.orchestrator.sessions.get("s10").turns == []
