@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
 from xdb import XDB
+from xdb.schema import INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
 
@@ -36,14 +37,14 @@ class InteractionBody(_Body):
     journal_entry: str | None = None
     tool_call_json: str | None = None
     tool_result_json: str | None = None
-    token_count: int | None = Field(None, ge=0)
+    token_count: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
 class KnowledgeBody(_Body):
     run_id: str = RUN_ID
     theorems_json: str | None = None
     negative_knowledge: str | None = None
-    last_compacted_turn: int | None = Field(None, ge=0)
+    last_compacted_turn: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
 def agent_router(xdb: XDB) -> APIRouter:
@@ -56,8 +57,8 @@ def agent_router(xdb: XDB) -> APIRouter:
 
     @router.get("/interactions")
     def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)], pattern: str | None = None,
-                     after_turn: Annotated[int | None, Query(ge=0)] = None,
-                     last: Annotated[int | None, Query(ge=1)] = None) -> Any:
+                     after_turn: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+                     last: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
         return {"object": "list",
                 "data": xdb.interactions(run_id, pattern=pattern or None, after_turn=after_turn, last=last)}
 

@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from server.errors import AHCRoute
 from xdb import XDB
 from xdb.recall import RecallFilters
+from xdb.schema import INT64_MAX
+
+Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class _Body(BaseModel):
@@ -20,11 +23,11 @@ class _Body(BaseModel):
 
 
 class Target(_Body):
-    timestep_id: int | None = None
+    timestep_id: int | None = Field(None, ge=0, le=INT64_MAX)
     session_id: str | None = None
-    tick: int | None = None
+    tick: int | None = Field(None, ge=0, le=INT64_MAX)
     event_id: str | None = None
-    tick_range: tuple[int, int] | None = None
+    tick_range: tuple[Tick, Tick] | None = None
 
     def where(self) -> dict[str, Any]:
         return dict(timestep_id=self.timestep_id, session_id=self.session_id, tick=self.tick,
@@ -71,17 +74,17 @@ class DocumentUpdate(_Body):
 
 class PinBody(_Body):
     session_id: str = Field(min_length=1)
-    tick_from: int = Field(ge=0)
-    tick_to: int = Field(ge=0)
+    tick_from: int = Field(ge=0, le=INT64_MAX)
+    tick_to: int = Field(ge=0, le=INT64_MAX)
     reason: str | None = None
 
 
 class CompactBody(_Body):
     session_id: str | None = None
-    up_to_tick: int | None = Field(None, ge=0)
+    up_to_tick: int | None = Field(None, ge=0, le=INT64_MAX)
     summary: str | None = None
     trigger: Literal["context_full", "manual", "scheduled", "storage_pressure"] = "manual"
-    tokens_after: int | None = Field(None, ge=0)
+    tokens_after: int | None = Field(None, ge=0, le=INT64_MAX)
     compress_released: bool = False
 
 
@@ -120,7 +123,7 @@ def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRo
         return {"object": "list", "data": xdb.documents(doc_type, q)}
 
     @router.get("/documents/{doc_id}")
-    def document(doc_id: str, version: int | None = None) -> Any:
+    def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
         return xdb.document(doc_id, version=version)
 
     @router.get("/documents/{doc_id}/versions")

@@ -73,6 +73,8 @@ def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
                 ("GET", "/v1/xdb/interactions", {"params": {"run_id": "r", "last": "0"}}, "last"),
                 ("POST", "/v1/xdb/interactions", {"json": {"journal_entry": "x"}}, "run_id"),
                 ("POST", "/v1/xdb/interactions", {"json": {"run_id": "r", "token_count": -1}}, "token_count"),
+                ("POST", "/v1/xdb/interactions", {"json": {"run_id": "r", "token_count": 10**30}}, "token_count"),
+                ("GET", "/v1/xdb/interactions", {"params": {"run_id": "r", "after_turn": str(10**30)}}, "after_turn"),
                 ("POST", "/v1/xdb/meta_knowledge", {"json": {"run_id": "r", "surprise": 1}}, "surprise"),
                 ("POST", "/v1/xdb/meta_knowledge", {"content": b"not json"}, "body"),
             ]:

@@ -87,3 +87,21 @@ def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     # a reply is compressed whole or not at all: this one is partly pinned, so all of it stays
     assert state["timesteps"] == 3 and state["fidelity"]["warm"] == 2
     assert all("audit" not in route.path for route in client.app.routes)
+
+
+@pytest.mark.parametrize("method, path, kwargs, param", [
+    ("get", "/v1/xdb/recall", {"params": {"tick_from": str(10**30)}}, "tick_from"),
+    ("post", "/v1/xdb/tag", {"json": {"tag": "x", "timestep_id": 10**30}}, "timestep_id"),
+    ("post", "/v1/xdb/tag", {"json": {"tag": "x", "session_id": "s1", "tick_range": [0, 10**30]}}, "tick_range.1"),
+    ("post", "/v1/xdb/pin", {"json": {"session_id": "s1", "tick_from": 0, "tick_to": 10**30}}, "tick_to"),
+    ("get", "/v1/xdb/documents/doc-x", {"params": {"version": str(10**30)}}, "version"),
+    ("post", "/v1/xdb/comment", {"content": b'{"content": "\\ud800", "session_id": "s1", "tick": 0}',
+                                 "headers": {"content-type": "application/json"}}, "content"),
+    ("post", "/v1/xdb/tag", {"content": b"[" * 100_000 + b"]" * 100_000,
+                             "headers": {"content-type": "application/json"}}, None),
+])
+def test_hostile_values_are_400_not_500(client: TestClient, method: str, path: str, kwargs: dict, param: str | None
+                                        ) -> None:
+    """Integers past DuckDB's BIGINT, lone surrogates and JSON nested past the parser's depth."""
+    err = error(getattr(client, method)(path, **kwargs), 400)
+    assert err["param"] == param and err["type"] == "invalid_request_error"

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ahc.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
+from xdb.schema import INT64_MAX
 from xdb.sql import Row
 
 MAX_LIMIT = 10_000
@@ -32,8 +33,9 @@ class RecallFilters(BaseModel):
     event_types: list[str] | None = None
     tags: list[str] | None = None
     text: str | None = None
-    tick_to: int | None = Field(None, ge=0)  # before tick_from: the range check runs on tick_from, and names it
-    tick_from: int | None = Field(None, ge=0)
+    # tick_to comes before tick_from: the range check runs on tick_from, and names it
+    tick_to: int | None = Field(None, ge=0, le=INT64_MAX)
+    tick_from: int | None = Field(None, ge=0, le=INT64_MAX)
     concept: str | None = None
     min_activation: float | None = None
     limit: int = Field(100, ge=1, le=MAX_LIMIT)

@@ -13,6 +13,9 @@ import duckdb
 APP = "ahc-xdb"
 # Top-k concept activations kept per timestep. Fixed-size ARRAY columns insert ~1.6x faster than
 # LISTs (measured), so k is part of the schema; a row with fewer than k has NULL slots.
+# Ids, ticks and counts are DuckDB BIGINTs: a larger integer is refused as bad input, not a database error.
+INT64_MAX = 2**63 - 1
+
 TOP_K = 10
 
 # Each migration is (version, statements); they run in order, each in one transaction, and
