@@ -53,6 +53,16 @@ class PayloadTooLarge(InvalidRequest):
     status = 413
 
 
+class Unavailable(AHCError):
+    """A part the request needs (the experience database's disk) is not keeping up: 503, retry later."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
 class RateLimited(AHCError):
     """The server has no room for the request now; the client should retry later: 429."""
 

@@ -25,9 +25,16 @@ def client(tmp_path: Path):
     app = FastAPI()
     install_error_handling(app)
     app.include_router(xdb_router(xdb))
+    app.state.xdb = xdb
     with TestClient(app) as c:
         yield c
     xdb.close()
+
+
+@pytest.fixture
+def xdb_of_client(client: TestClient) -> XDB:
+    xdb: XDB = client.app.state.xdb
+    return xdb
 
 
 def error(resp, status: int) -> dict:
@@ -105,3 +112,29 @@ def test_hostile_values_are_400_not_500(client: TestClient, method: str, path: s
     """Integers past DuckDB's BIGINT, lone surrogates and JSON nested past the parser's depth."""
     err = error(getattr(client, method)(path, **kwargs), 400)
     assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_concurrent_document_updates_all_land_as_versions(client: TestClient) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    doc = client.post("/v1/xdb/documents", json={"name": "notes", "content": "v1"}).json()
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: client.post(f"/v1/xdb/documents/{doc['id']}", json={"content": f"v{i}"}),
+                                range(2, 10)))
+    assert [r.status_code for r in replies] == [200] * 8
+    versions = client.get(f"/v1/xdb/documents/{doc['id']}/versions").json()["data"]
+    assert sorted(v["version"] for v in versions) == list(range(1, 10))
+
+
+def test_a_writer_that_cannot_keep_up_is_503_with_retry_after(client: TestClient, xdb_of_client: XDB,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from xdb.writer import FlushTimeout
+
+    def stuck(timeout: float | None = None) -> None:
+        raise FlushTimeout("XDB flush: 5 rows still uncommitted")
+
+    monkeypatch.setattr(xdb_of_client.writer, "flush", stuck)
+    monkeypatch.setattr(xdb_of_client.writer, "queue_depth", lambda: 5)  # the target may still be queued
+    response = client.post("/v1/xdb/tag", json={"tag": "x", "session_id": "s1", "tick": 99})
+    assert response.status_code == 503 and response.headers["retry-after"]
+    assert response.json()["error"]["type"] == "server_error"

@@ -54,6 +54,7 @@ class XDB:
         self._ticks: dict[str, int] = dict(conn.execute("SELECT session_id, last_tick FROM session_ticks").fetchall())
         self._tick_lock = threading.Lock()
         self._compress_lock = threading.Lock()
+        self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
         self.tag_cache = TagCache()
         self._closed = False
 
@@ -218,7 +219,7 @@ class XDB:
             return documents.add_document(cur, name, content, max_bytes=self.max_document_bytes, **fields)
 
     def update_document(self, doc_id: str, content: str, **fields: Any) -> dict[str, Any]:
-        with self.cursor() as cur:
+        with self._documents_lock, self.cursor() as cur:
             return documents.update_document(cur, doc_id, content, max_bytes=self.max_document_bytes, **fields)
 
     # -- fidelity and compression ----------------------------------------------------------------

@@ -33,6 +33,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ahc.errors import Unavailable
 from xdb.audit import AuditLog, PreparedBatch
 from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow
@@ -41,8 +42,12 @@ from xdb.schema import TOP_K
 log = logging.getLogger(__name__)
 
 
-class WriterBackpressure(TimeoutError):
+class WriterBackpressure(Unavailable, TimeoutError):
     """The queue stayed full for the whole submit timeout: the disk is not keeping up."""
+
+
+class FlushTimeout(Unavailable, TimeoutError):
+    """Rows were still uncommitted when a flush's timeout ran out."""
 
 
 class WriterStopped(RuntimeError):
@@ -231,7 +236,7 @@ class Writer:
                 self._check_alive()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"XDB flush: {target - self.rows_written} rows still uncommitted")
+                    raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
                 self._cond.wait(remaining)
 
     def queue_depth(self) -> int:
