@@ -6,10 +6,15 @@ blocks stay reserved until the turn closes, so concurrent requests do not count 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from ahc.errors import Unavailable
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.vram_governor import VramGovernor
+from server.recorder import Recorder
+
+POLL_S = 0.05
 
 
 async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> None:
@@ -26,6 +31,21 @@ async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], ma
         for action in actions:
             turn.report.note(action)
     turn.on_close(reservation.release)
+
+
+async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s: int) -> None:
+    """Back-pressure from the experience database: while its backlog is over the bound a new request
+    waits, then is refused (503); requests already running are not held up. A stopped writer refuses
+    at once, since nothing more could be recorded."""
+    if not recorder.alive:
+        raise Unavailable("the experience database has stopped recording; see the server log", retry_after_s)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while recorder.queue.over_backlog:
+        if loop.time() >= deadline:
+            raise Unavailable(f"the experience database is behind by {recorder.queue.backlog_rows} rows; "
+                              "retry later", retry_after_s)
+        await asyncio.sleep(POLL_S)
 
 
 def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -20,14 +21,18 @@ from orchestrator.turn import Turn
 from server.capture.activation_join import ActivationJoin, Run
 from server.capture.capture_setup import CaptureSetup
 from server.capture.side_channel import completion_key
+from server.record_queue import RecordQueue
 from server.request_context import current_session
 from server.token_text import TokenTexts
 from xdb import XDB
 from xdb.rows import TimestepRow, TokenBatch
+from xdb.writer import FlushTimeout
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
     from vllm.tokenizers.protocol import TokenizerLike
+
+log = logging.getLogger("ahc.recorder")
 
 EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
 
@@ -39,22 +44,27 @@ class Recorder:
         self.tokenizer = tokenizer
         self.background = background  # one ordered worker for small synchronous XDB writes
         self.capture = capture  # activations from the engine's lens, when on
-        self._pending: set[asyncio.Task] = set()
+        self.queue = RecordQueue(xdb.writer, xdb.writer.max_queue_rows)
 
     def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
-        """Hand rows to the writer; if its queue is full, a background task waits for room instead
-        of the generation."""
-        if not rows or self.xdb.writer.try_submit(rows):
-            return
-        task = asyncio.get_running_loop().create_task(self.xdb.writer.asubmit(rows))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        """Hand rows to the writer without waiting; a full writer queue delays them, never drops them."""
+        self.queue.submit(rows)
+
+    @property
+    def alive(self) -> bool:
+        return self.xdb.writer.alive
 
     async def aflush(self, timeout: float = 10.0) -> None:
-        """Wait, off the event loop, until every row queued so far is committed."""
-        while self._pending:  # rows waiting for queue room go first
-            await asyncio.gather(*list(self._pending))
-        await asyncio.to_thread(self.xdb.writer.flush, timeout)
+        """Wait, off the event loop, until every row accepted so far is committed. A disk that cannot keep
+        up within `timeout` does not fail the reply: its rows stay queued, in order, and are written later."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            await asyncio.wait_for(self.queue.drained(), timeout)
+            remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            await asyncio.to_thread(self.xdb.writer.flush, remaining)
+        except (TimeoutError, FlushTimeout):
+            log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
+                        self.queue.backlog_rows, self.xdb.writer.queue_depth())
 
     def rows(self, session_id: str, events: list[tuple[str, str | None, str, dict[str, Any] | None]],
              request_id: str | None = None) -> list[TimestepRow]:

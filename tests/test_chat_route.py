@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -219,3 +220,48 @@ def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCCon
     runtime = asyncio.run(scenario())
     assert not runtime.orchestrator.sessions.lock("s10").locked()
     assert runtime.orchestrator.sessions.get("s10").turns == []
+
+
+def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                              ) -> None:
+    """16 streams against a writer whose queue holds 16 rows and whose audit commits crawl: every token of
+    every reply is recorded, in order, and nothing fails in the background."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ahc.config import XDBConfig
+
+    xdb = XDB.open(tmp_path / "xdb", XDBConfig(max_queue_rows=16, batch_rows=4, max_latency_s=0.01,
+                                               submit_timeout_s=0.2))
+    commit = xdb.writer._audit.commit
+
+    def crawl(prepared):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)
+        commit(prepared)
+
+    xdb.writer._audit.commit = crawl  # type: ignore[method-assign]
+    engine = FakeEngine(vllm_config)
+    app, runtime = asyncio.run(ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb"), **{
+        "orchestrator.vram_queue_timeout_s": 60.0}), engine, xdb))
+
+    def stream(i: int) -> int:
+        with client.stream("POST", "/v1/chat/completions", json=chat(f"crawl-{i}", stream=True, max_tokens=24,
+                                                                     ignore_eos=True)) as response:
+            assert response.status_code == 200
+            return sum(1 for line in response.iter_lines() if line.startswith("data: {"))
+
+    try:
+        with TestClient(app) as client, ThreadPoolExecutor(16) as pool:
+            assert all(chunks > 0 for chunks in pool.map(stream, range(16)))
+            asyncio.run(asyncio.to_thread(xdb.writer.flush, 60))
+            expected = [engine.script[i % len(engine.script)] for i in range(24)]
+            for i in range(16):
+                rows = xdb.recall(session_id=f"crawl-{i}", event_types=["output"], limit=1000)
+                in_commit_order = sorted(rows, key=lambda r: r["id"])
+                assert [r["token_id"] for r in in_commit_order] == expected
+                assert [r["tick"] for r in in_commit_order] == sorted(r["tick"] for r in rows)
+    finally:
+        runtime.close()
+        xdb.close()
+    assert runtime.recorder.queue.backlog_rows == 0
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or r.levelname == "ERROR"]

@@ -239,6 +239,11 @@ class Writer:
                     raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
                 self._cond.wait(remaining)
 
+    @property
+    def alive(self) -> bool:
+        """False once closed or once a stage has failed: nothing more can be committed."""
+        return self._error is None and not self._closing
+
     def queue_depth(self) -> int:
         """Rows accepted but not yet committed to the experience file."""
         return self._submitted - self.rows_written
