@@ -64,6 +64,10 @@ class OrchestratorConfig(_Strict):
     compaction_threshold_tokens: int | None = Field(None, gt=0)
     compaction_keep_turns: int = Field(4, ge=0)
     compaction_max_tokens: int = Field(128, gt=0)
+    # The prompt budget is max_model_len minus the request's completion budget (max_tokens or
+    # max_completion_tokens). A request that names none still gets this much room for its reply:
+    # the prompt is kept under max_model_len minus this (at most half the window).
+    default_completion_tokens: int = Field(512, gt=0)
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
@@ -71,6 +75,13 @@ class OrchestratorConfig(_Strict):
     def compaction_tokens(self, max_model_len: int) -> int:
         """State tokens past which a session is compacted."""
         return self.compaction_threshold_tokens or max(int(self.compaction_threshold * max_model_len), 1)
+
+    def completion_reserve(self, max_model_len: int, requested: int | None) -> int:
+        """Tokens kept free for the reply: what the request asks for, else the default (at most half
+        the window, so a small window still has room for a prompt)."""
+        if requested is not None:
+            return requested
+        return min(self.default_completion_tokens, max_model_len // 2)
 
 
 class XDBConfig(_Strict):

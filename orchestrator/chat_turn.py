@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -27,7 +27,8 @@ from orchestrator.prepared import Prepared
 class TurnDriver(Protocol):
     """The orchestrator's side of a turn."""
 
-    async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]]) -> Prepared: ...
+    async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool = False,
+                      completion_tokens: int | None = None, tools: Sequence[dict[str, Any]] = ()) -> Prepared: ...
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
     def rollback(self, prepared: Prepared) -> None: ...
@@ -35,8 +36,11 @@ class TurnDriver(Protocol):
 
 class ChatTurn:
     def __init__(self, driver: TurnDriver, spec: ContextSpec | None, messages: list[dict[str, Any]],
-                 lock: asyncio.Lock | None) -> None:
+                 lock: asyncio.Lock | None, completion_tokens: int | None = None,
+                 tools: Sequence[dict[str, Any]] = ()) -> None:
         self._driver = driver
+        self._completion_tokens = completion_tokens  # the prompt is kept within the window less this
+        self._tools = tools
         self._spec = spec
         self._messages = messages
         self._lock = lock
@@ -50,7 +54,8 @@ class ChatTurn:
         if self._lock is not None:
             await self._lock.acquire()
         try:
-            self._prepared = await self._driver.prepare(self._spec, self._messages)
+            self._prepared = await self._driver.prepare(self._spec, self._messages,
+                                                        completion_tokens=self._completion_tokens, tools=self._tools)
         except BaseException:
             self._release_lock()
             raise

@@ -36,13 +36,14 @@ def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any
 
 async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Callable[[list[dict[str, Any]]], Awaitable[str]],
-                  force: bool = False) -> bool:
-    """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced by the
-    VRAM governor); True if it did."""
+                  force: bool = False, keep: int | None = None) -> bool:
+    """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
+    VRAM governor, or by a prompt over its budget); True if it did. `keep` overrides
+    `compaction_keep_turns` (0 when even the kept turns do not fit)."""
     if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
         return False
     groups = turn_groups(tuple(session.turns))
-    keep = config.compaction_keep_turns
+    keep = config.compaction_keep_turns if keep is None else keep
     old_groups = groups[:-keep] if keep else groups
     if not old_groups:
         return False

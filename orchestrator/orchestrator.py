@@ -9,24 +9,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
-from orchestrator.assembler import AssemblyInput, RenderCache, assemble
+from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble
 from orchestrator.blocks import first_changed
+from orchestrator.budget import PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, CacheReport
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
+from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
-from orchestrator.karma import plan_karma
 from orchestrator.prepared import Prepared
 from orchestrator.retrieval.limits import RagLimits
-from orchestrator.session import SessionStore
+from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 
@@ -40,10 +41,42 @@ class Retriever(Protocol):
     def tool(self) -> dict[str, Any]: ...
 
 
+@dataclass
+class _Request:
+    """What one request brings to `prepare`, fixed across its compaction retries."""
+
+    spec: ContextSpec
+    identity: str
+    new_turns: list[Turn]
+    query: str | None
+    session: Session | None
+    formatter: Formatter
+    budget: int
+    tools: tuple[dict[str, Any], ...]
+    retrieved: tuple[Excerpt, ...] | None = None
+
+
+@dataclass
+class _Plan:
+    """One assembled try: the prompt, its tokens as the engine counts them, and whether it fits."""
+
+    mode: str
+    prompt: AssembledPrompt
+    tokens: int
+    fits: bool
+    starved: bool  # the best excerpt left out for want of room the State takes
+    karma: KarmaPlan
+    extra_tools: list[dict[str, Any]]
+    actions: list[str] = field(default_factory=list)
+    overhead: int = 0
+
+
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, max_model_len: int, counter: TokenCounter,
                  sessions: SessionStore, retriever: Retriever | None = None,
-                 summarize: Summarize | None = None) -> None:
+                 summarize: Summarize | None = None, render: RenderChat | None = None) -> None:
+        """`render`: the served chat template, (messages, tools) -> text, so prompt budgets count its
+        tokens; without it they are estimated (orchestrator/budget.py)."""
         self.config = config
         self.max_model_len = max_model_len
         self.counter = counter
@@ -52,57 +85,133 @@ class Orchestrator:
         self.summarize = summarize
         self.formatters = FormatterRegistry()
         self.render_cache = RenderCache()
+        self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
-                      force_compaction: bool = False) -> Prepared:
+                      force_compaction: bool = False, completion_tokens: int | None = None,
+                      tools: Sequence[dict[str, Any]] = ()) -> Prepared:
+        """`completion_tokens`: the request's max_tokens (None: `default_completion_tokens`); `tools`:
+        the client's own, which the chat template renders into the prompt too."""
         if spec is None:
             return self._passthrough(messages)
         self.limits.check([(doc.id, doc.text) for doc in spec.codex])
+        budget = self.prompt_budget(completion_tokens)
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = self.sessions.get(spec.session_id) if spec.session_id else None
         actions: list[str] = []
+        can_compact = session is not None and self.summarize is not None
         if session is not None and self.summarize is not None:
             if await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
                              self.counter, self.summarize, force_compaction):
                 actions.append("compaction")
+        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools))
+        # Over the budget (or with the State crowding out the excerpts), the State is compacted, then
+        # compacted again down to no verbatim turns; only a prompt that fits neither way is refused.
+        keeps = [self.config.compaction_keep_turns, 0] if can_compact else []
+        while True:
+            plan = await self._plan(request)
+            if plan.fits and not plan.starved:
+                break
+            if not keeps:
+                if plan.fits:  # served without excerpts: the model still has `query_archive`
+                    break
+                raise self._too_large(plan, budget, self.max_model_len - budget)
+            assert session is not None and self.summarize is not None
+            if await compact(session, new_turns, self.config, 0, self.counter, self.summarize, True,
+                             keeps.pop(0)):
+                actions.append("compaction")
+        actions += plan.actions
+        report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
+                             first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions)
+        session_id = spec.session_id or new_session_id()
+        karma = plan.karma
+        stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
+        return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
+                        plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
+                        stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
+                        prompt_tokens=plan.tokens)
+
+    def prompt_budget(self, completion_tokens: int | None) -> int:
+        """The most tokens a prompt may take: the window less the reply's room."""
+        reserve = self.config.completion_reserve(self.max_model_len, completion_tokens)
+        if reserve >= self.max_model_len:
+            raise InvalidRequest(f"max_tokens: {reserve:,} leaves no room for a prompt in the "
+                                 f"{self.max_model_len:,}-token window", param="max_tokens",
+                                 code="context_length_exceeded")
+        return self.max_model_len - reserve
+
+    async def _plan(self, r: _Request) -> _Plan:
+        """One try at the prompt with the session's State as it is now."""
+        session, spec, formatter = r.session, r.spec, r.formatter
         karma = plan_karma(spec.karma, session, self.config.karma_staging)
-        if karma.fresh and query is None:  # no Query block to carry them this time
+        if karma.fresh and r.query is None:  # no Query block to carry them this time
             karma = karma.all_in_block()
-        state = tuple(session.turns if session else ()) + tuple(new_turns)
-        inp = AssemblyInput(identity=spec.identity if spec.identity is not None else identity,
+        state = tuple(session.turns if session else ()) + tuple(r.new_turns)
+        inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
                             codex=tuple(spec.codex), karma=karma.block, staged_karma=karma.fresh,
-                            summary=session.summary if session else None, state=state, query=query)
-        mode = self._mode(spec, inp, formatter)
+                            summary=session.summary if session else None, state=state, query=r.query)
+        mode = self._mode(spec, inp, formatter, r)
         extra_tools: list[dict[str, Any]] = []
+        starved = False
         if mode == "rag":
             inp = replace(inp, include_codex=False)
             if self.retriever is not None and spec.codex:
-                excerpts = await self.retriever.retrieve(spec.codex, query or "", self.config.rag_top_k,
-                                                         spec.session_id)
-                inp = replace(inp, excerpts=tuple(excerpts))
                 extra_tools.append(self.retriever.tool())
+                inp, starved = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
         governed, ctc_actions = self._govern(inp, formatter)
         if karma.block != karma.entries and any(a.startswith(TURN_DROPS) for a in ctc_actions):
             # The dropped turns may carry staged karma: every entry goes back in the Karma block.
             karma = karma.all_in_block()
             governed, ctc_actions = self._govern(replace(inp, karma=karma.block, staged_karma=()), formatter)
-        inp = governed
-        actions += ctc_actions
-        prompt = assemble(inp, formatter, self.counter, self.render_cache)
-        report = CacheReport(mode, tuple(prompt.blocks), prompt.prefix_sha256,
-                             first_changed(prompt.blocks, session.last_hashes if session else None), actions)
-        session_id = spec.session_id or new_session_id()
-        stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
-        return Prepared(prompt.messages, report, session_id, session, list(new_turns), prompt, extra_tools,
-                        query=query, spec=spec, raw_messages=messages, karma=karma, stored_query=stored_query)
+        prompt = assemble(governed, formatter, self.counter, self.render_cache)
+        tokens = self.meter.tokens(prompt, (*r.tools, *extra_tools))
+        return _Plan(mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools, ctc_actions,
+                     self.meter.overhead(prompt, (*r.tools, *extra_tools)))
 
-    def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]]) -> ChatTurn:
-        """One request's life: `async with orchestrator.turn(spec, messages) as turn: ...`, then
-        `await turn.commit(reply)`; anything else rolls the session back."""
+    async def _excerpts(self, inp: AssemblyInput, formatter: Formatter, r: _Request,
+                        tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool]:
+        """The retrieved excerpts that fit what the budget leaves, best first, and never more tokens
+        than the Codex they stand for (else CAG would have been the smaller prompt). True as well when
+        the best excerpt was left out for want of room that compacting the State would give."""
+        if r.retrieved is None:  # retrieval depends on the query alone: once per request
+            assert self.retriever is not None
+            r.retrieved = tuple(await self.retriever.retrieve(r.spec.codex, r.query or "", self.config.rag_top_k,
+                                                              r.spec.session_id))
+        if not r.retrieved or r.query is None:
+            return inp, False
+        codex = self.counter.count(formatter.codex(inp.codex))
+        bare = assemble(inp, formatter, self.counter, self.render_cache)
+        room = min(codex, r.budget - self.meter.tokens(bare, tools))
+        query_tokens = self.counter.count(formatter.query(r.query, (), inp.staged_karma))
+
+        def cost(excerpts: Sequence[Excerpt]) -> int:
+            return self.counter.count(formatter.query(r.query or "", excerpts, inp.staged_karma)) - query_tokens
+
+        chosen: list[Excerpt] = []
+        for excerpt in r.retrieved:
+            if cost([*chosen, excerpt]) <= room:
+                chosen.append(excerpt)
+        best = cost(r.retrieved[:1])
+        state_tokens = next(b.tokens for b in bare.blocks if b.name == "state")
+        starved = r.retrieved[0] not in chosen and best <= min(codex, room + state_tokens)
+        return replace(inp, excerpts=tuple(chosen)), starved
+
+    def _too_large(self, plan: _Plan, budget: int, reserve: int) -> InvalidRequest:
+        sizes = ", ".join(f"{b.name} {b.tokens:,}" for b in plan.prompt.blocks)
+        return InvalidRequest(
+            f"context: the prompt cannot fit the window even with the State compacted: {plan.tokens:,} prompt "
+            f"tokens ({sizes}, chat template and tools {plan.overhead:,}) + {reserve:,} for the reply > "
+            f"max_model_len {self.max_model_len:,}; shorten the largest block or ask for fewer max_tokens",
+            param="context", code="context_length_exceeded")
+
+    def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]], completion_tokens: int | None = None,
+             tools: Sequence[dict[str, Any]] = ()) -> ChatTurn:
+        """One request's life: `async with orchestrator.turn(spec, messages, max_tokens) as turn: ...`,
+        then `await turn.commit(reply)`; anything else rolls the session back."""
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return ChatTurn(self, spec, messages, lock)
+        return ChatTurn(self, spec, messages, lock, completion_tokens, tools)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
@@ -111,7 +220,8 @@ class Orchestrator:
         if session is None or self.summarize is None:
             return None
         before = len(session.turns)
-        again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True)
+        again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True,
+                                   completion_tokens=prepared.completion_tokens, tools=prepared.tools)
         if "compaction" not in again.actions and len(session.turns) >= before:
             return None
         taken = prepared.actions
@@ -122,11 +232,13 @@ class Orchestrator:
         limits = CTCLimits(self.config.max_chars, self.config.max_turns)
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
-    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter: Formatter) -> str:
+    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter: Formatter, r: _Request) -> str:
+        """auto: CAG while the prompt is under the threshold and within the budget."""
         if spec.mode != "auto":
             return spec.mode
-        tokens = assemble(inp, formatter, self.counter, self.render_cache).tokens
-        return "cag" if tokens < self.config.cag_threshold * self.max_model_len else "rag"
+        prompt = assemble(inp, formatter, self.counter, self.render_cache)
+        under = prompt.tokens < self.config.cag_threshold * self.max_model_len
+        return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
 
     def _passthrough(self, messages: list[dict[str, Any]]) -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added."""

@@ -30,6 +30,9 @@ class Prepared:
     raw_messages: list[dict[str, Any]] = field(default_factory=list)
     karma: KarmaPlan | None = None
     stored_query: str | None = None  # the user turn as it joins the State (with the karma it staged)
+    completion_tokens: int | None = None  # the request's max_tokens, for a re-prepare (shrink)
+    tools: tuple[dict[str, Any], ...] = ()  # the client's tools, which the template renders too
+    prompt_tokens: int = 0  # the prompt as the engine counts it: blocks plus chat template and tools
 
     @property
     def actions(self) -> list[str]:

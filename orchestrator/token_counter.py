@@ -34,3 +34,7 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         return self.stats(text)[1]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids, uncached (a whole rendered prompt is seldom seen twice)."""
+        return self._encode(text)

@@ -48,12 +48,18 @@ async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s
         await asyncio.sleep(POLL_S)
 
 
-def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int) -> int:
-    """The completion budget the request asks for; without one, what the window leaves."""
+def requested_completion_tokens(body: dict[str, Any]) -> int | None:
+    """The completion budget the request names (max_completion_tokens, else max_tokens), or None."""
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
         return asked
-    return max(max_model_len - prompt_tokens, 0)
+    return None
+
+
+def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int) -> int:
+    """The completion budget the request asks for; without one, what the window leaves."""
+    asked = requested_completion_tokens(body)
+    return asked if asked is not None else max(max_model_len - prompt_tokens, 0)
 
 
 def _blocks_needed(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> int:

@@ -24,7 +24,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.vram_governor import GovernorRejected
-from server.admission import admit, wait_for_recording
+from server.admission import admit, requested_completion_tokens, wait_for_recording
 from server.errors import error_response
 from server.request_context import current_session
 from server.runtime import Runtime
@@ -54,7 +54,10 @@ async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runti
     body = await raw_request.json()  # already parsed once by FastAPI; Starlette keeps it
     oc = runtime.config.orchestrator
     await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
-    async with runtime.orchestrator.turn(request.context, body["messages"]) as turn:
+    # The orchestrator keeps the prompt within the window less the reply's budget, and the template
+    # renders the client's tools into the prompt too.
+    async with runtime.orchestrator.turn(request.context, body["messages"], requested_completion_tokens(body),
+                                         body.get("tools") or ()) as turn:
         try:
             await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len)
         except GovernorRejected:

@@ -67,7 +67,11 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
         return await hidden.summarize(messages, oc.compaction_max_tokens)
 
     counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
-    orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state)
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
+        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+
+    orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
     recorder = Recorder(xdb, tokenizer, background, capture)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)

@@ -333,3 +333,99 @@ def test_the_compaction_threshold_follows_the_window() -> None:
     assert OrchestratorConfig().compaction_tokens(32768) == 16384
     assert OrchestratorConfig(compaction_threshold=0.25).compaction_tokens(8192) == 2048
     assert OrchestratorConfig(compaction_threshold_tokens=300).compaction_tokens(32768) == 300
+
+
+# A session on cpu-tiny's window: identity ~260 tokens, a Codex of three ~210-token documents, user turns
+# of ~30 words, 12-token replies. Unbudgeted, it outgrew the window at turn 10 (vLLM's 400).
+WINDOW, MAX_TOKENS = 2048, 12
+VOCAB = ("particle collision ring cell symbol left right moves splits merges period class window rule table "
+         "experiment prediction counterexample theorem").split()
+
+
+def words(n: int, seed: int) -> str:
+    return " ".join(VOCAB[(seed * 7 + i * (seed % 5 + 1)) % len(VOCAB)] for i in range(n))
+
+
+class FixedRetriever:
+    """Excerpts of a fixed size (each document's head), best first, without an embedding model."""
+
+    def __init__(self, chars: int = 400) -> None:
+        self.chars = chars
+
+    async def retrieve(self, docs, query, k, scope):
+        from orchestrator.formatters import Excerpt
+        return [Excerpt(doc.id, i, doc.text[:self.chars]) for i, doc in enumerate(list(docs)[:k])]
+
+    def tool(self):
+        from orchestrator.retrieval.tool import QUERY_ARCHIVE_TOOL
+        return QUERY_ARCHIVE_TOOL
+
+
+def budgeted(counter: TokenCounter, tokenizer, summarize=None) -> Orchestrator:
+    def render(messages, tools):
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+    return Orchestrator(OrchestratorConfig(), WINDOW, counter, SessionStore(), FixedRetriever(), summarize, render)
+
+
+def engine_tokens(tokenizer, prepared) -> int:
+    """The prompt as vLLM counts it: the chat template over the messages and the offered tools."""
+    return len(tokenizer.apply_chat_template(prepared.messages, tools=prepared.extra_tools or None,
+                                             add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def tiny_session(docs: int) -> dict:
+    return {"identity": "You are a careful physicist. " + words(120, 1),
+            "codex": [{"id": f"doc{i}", "text": words(105, 10 + i)} for i in range(docs)]}
+
+
+@pytest.mark.parametrize("mode, docs", [("cag", 3), ("rag", 3), ("auto", 3), ("auto", 8)])
+def test_a_long_session_always_fits_the_window(counter, tokenizer, mode: str, docs: int) -> None:
+    summaries: list[list[dict]] = []
+
+    async def summarize(messages):
+        summaries.append(messages)
+        return f"Summary {len(summaries)}: " + words(30, len(summaries))
+
+    orch = budgeted(counter, tokenizer, summarize)
+    spec = parse_context({**tiny_session(docs), "session_id": f"long-{mode}-{docs}", "mode": mode})
+    compactions, modes = 0, set()
+    for turn in range(60):
+        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        real = engine_tokens(tokenizer, prepared)
+        assert real + MAX_TOKENS <= WINDOW, (turn, real, prepared.report.to_json("s"))
+        assert real <= prepared.prompt_tokens  # the budget's estimate never undercounts
+        if prepared.report.mode == "rag":
+            query = next(b.tokens for b in prepared.report.blocks if b.name == "query")
+            codex = counter.count(orch.formatters.get("default").codex(spec.codex))
+            assert query - counter.count(words(30, 100 + turn)) <= codex  # excerpts never outweigh the Codex
+        compactions += prepared.actions.count("compaction")
+        modes.add(prepared.report.mode)
+        orch.commit(prepared, {"role": "assistant", "content": words(8, turn)})
+    session = orch.sessions.get(f"long-{mode}-{docs}")
+    assert compactions == session.compactions == len(summaries) >= 1  # each compaction is in a report
+    assert modes == ({"cag", "rag"} if mode == "auto" and docs == 3 else {"rag"} if mode != "cag" else {"cag"})
+
+
+def test_a_prompt_that_cannot_fit_even_compacted_names_each_block(counter, tokenizer) -> None:
+    async def summarize(messages):
+        return "short"
+
+    orch = budgeted(counter, tokenizer, summarize)
+    spec = parse_context({**tiny_session(3), "identity": words(2500, 3), "session_id": "huge", "mode": "cag"})
+    with pytest.raises(InvalidRequest) as info:
+        run(orch.prepare(spec, [{"role": "user", "content": "q"}], False, MAX_TOKENS))
+    message = str(info.value)
+    assert info.value.status == 400 and info.value.param == "context"
+    for block in ("identity", "codex", "karma", "state", "query"):
+        assert f"{block} " in message
+    identity = counter.count(words(2500, 3))
+    assert f"identity {identity:,}" in message and "max_model_len 2,048" in message
+
+
+def test_without_max_tokens_the_default_reply_room_is_kept(counter, tokenizer) -> None:
+    orch = budgeted(counter, tokenizer)
+    assert orch.prompt_budget(None) == WINDOW - OrchestratorConfig().default_completion_tokens
+    assert orch.prompt_budget(MAX_TOKENS) == WINDOW - MAX_TOKENS
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        orch.prompt_budget(WINDOW)
