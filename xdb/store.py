@@ -19,7 +19,7 @@ import duckdb
 from ahc.config import XDBConfig
 from ahc.errors import NotFound
 from xdb import compression, documents, fidelity, interactions, session_state, tags
-from xdb.audit import AuditLog, AuditReport
+from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
@@ -320,3 +320,12 @@ class XDB:
         if self.writer is not None:
             self.writer.flush()
         return self.audit.verify(seq_from, seq_to)
+
+    def audit_head(self) -> tuple[int, str]:
+        """The audit chain's last committed head, as anchored in audit/audit.head: (seq, hex hash);
+        seq -1 for an empty log. Read-only, the head file's last line."""
+        if self.audit is not None:
+            return self.audit.audit_head()
+        heads = read_heads(self.data_dir / AUDIT_FILE.parent / HEAD_FILE)
+        seq, head = heads[-1] if heads else (-1, GENESIS)
+        return seq, head.hex()
