@@ -127,6 +127,12 @@ class XDB:
             self._ticks[session_id] = first + n - 1
         return range(first, first + n)
 
+    def audit_event(self, action: str, details: dict[str, Any]) -> None:
+        """Chain a system event (a deletion or rewrite of stored rows) in the audit log; what
+        deletes calls this inside its transaction, before COMMIT. Read-only: nothing can be deleted."""
+        if self.audit is not None:
+            self.audit.append_event(action, details)
+
     # -- reading -------------------------------------------------------------------------------
     def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         """Timesteps matching the filters, oldest first; a bad filter raises RecallFilterError
@@ -142,7 +148,7 @@ class XDB:
     def register_concepts(self, concepts: list[dict[str, Any]], source: str = "lens") -> None:
         """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
         with self.cursor() as cur:
-            tags.register_concepts(cur, concepts, source)
+            tags.register_concepts(cur, concepts, source, self.audit_event)
 
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -197,7 +203,7 @@ class XDB:
 
     def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
         with self.cursor() as cur:
-            return tags.set_bud_status(cur, tag, status)
+            return tags.set_bud_status(cur, tag, status, self.audit_event)
 
     # -- documents -----------------------------------------------------------------------------
     def documents(self, doc_type: str | None = None, query: str | None = None) -> list[dict[str, Any]]:
@@ -228,7 +234,7 @@ class XDB:
 
     def unpin(self, window_id: int) -> dict[str, Any]:
         with self.cursor() as cur:
-            return fidelity.unpin(cur, window_id)
+            return fidelity.unpin(cur, window_id, self.audit_event)
 
     def windows(self, session_id: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -240,7 +246,7 @@ class XDB:
 
     def resolve_submission(self, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return fidelity.resolve_submission(cur, submission_id, accepted)
+            return fidelity.resolve_submission(cur, submission_id, accepted, self.audit_event)
 
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
                 trigger: str = "manual", tokens_after: int | None = None,
@@ -256,10 +262,12 @@ class XDB:
                                                        trigger, tokens_after)
             made: list[int] = []
             if compress_released:
-                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100):
+                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
+                                                            self.audit_event):
                     made += step
             if self.quota_bytes is not None:
-                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds)
+                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds,
+                                                  audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 
@@ -286,7 +294,7 @@ class XDB:
     # -- the orchestrator's and the discovery agent's tables --------------------------------------
     def save_session_state(self, session_id: str, state_json: str) -> int:
         with self.cursor() as cur:
-            return session_state.save_session_state(cur, session_id, state_json)
+            return session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
 
     def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
         with self.cursor() as cur:
@@ -309,9 +317,10 @@ class XDB:
             return interactions.meta_knowledge(cur, run_id, latest=latest)
 
     def purge_run(self, run_id: str) -> dict[str, int]:
-        """Delete one run's `interaction_log` and `meta_knowledge` rows; returns the counts per table."""
+        """Delete one run's `interaction_log` and `meta_knowledge` rows (chained in the audit log);
+        returns the counts per table."""
         with self.cursor() as cur:
-            return interactions.purge_run(cur, run_id)
+            return interactions.purge_run(cur, run_id, self.audit_event)
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
