@@ -52,6 +52,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
     xdb = XDB.open(Path(resolve_path(config.data_dir)), config.xdb, on_commit=metrics.xdb_rows_written.inc)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
+    metrics.audit_head_seq.set_function(lambda: xdb.audit_head()[0])
     engine = None
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None

@@ -34,7 +34,7 @@ def test_metrics_present_and_consistent(server, client: openai.OpenAI, model_nam
 
     for name in ("ahc_prompt_tokens_total", "ahc_cached_prompt_tokens_total", "ahc_prefix_cache_hit_ratio",
                  "ahc_kv_cache_usage_ratio", "ahc_vram_used_bytes", "ahc_vram_total_bytes",
-                 "ahc_compactions_total", "ahc_xdb_rows_written_total", "ahc_xdb_queue_depth"):
+                 "ahc_compactions_total", "ahc_xdb_rows_written_total", "ahc_xdb_queue_depth", "ahc_audit_head_seq"):
         assert name in after, f"{name} missing from /metrics"
     text = httpx.get(f"{server.base_url}/metrics").text
     assert "vllm:prefix_cache_queries" in text and "vllm:kv_cache_usage_perc" in text

@@ -1,4 +1,5 @@
-"""The audit chain catches edits, deletions, insertions and reordering; kill -9 loses no commit."""
+"""The audit chain catches edits, deletions, insertions and reordering; its anchor (audit.head) catches a
+cut-off tail and a recomputed chain; deletions are chained as events; kill -9 loses no commit."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
+from xdb.audit import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 REPO = Path(__file__).resolve().parents[1]
@@ -132,3 +135,201 @@ def test_kill_9_keeps_every_committed_batch_and_the_chain(tmp_path: Path) -> Non
         [next_tick] = xdb.next_ticks("s", 1)
         assert next_tick == top + 1
     assert verify_audit(data).ok
+
+
+# -- the anchor: every tamper vector, seen by `ahc xdb verify-audit` -----------------------------------
+
+def verify_cli(data_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir), *extra],
+                          capture_output=True, text=True)
+
+
+def head_lines(data_dir: Path) -> list[str]:
+    return (data_dir / "audit" / "audit.head").read_text().splitlines()
+
+
+def recompute_chain(data_dir: Path) -> None:
+    """What a careful forger does after an edit: rewrite every record hash and checkpoint so the
+    file is consistent with itself again."""
+    con = duckdb.connect(str(data_dir / "audit" / "audit.duckdb"))
+    records = con.execute(f"SELECT {', '.join(RECORD_COLUMNS)} FROM audit_records ORDER BY seq").to_arrow_table()
+    hashes = chain(GENESIS, records)
+    prevs = [GENESIS, *hashes[:-1]]
+    con.register("fixed", pa.table({"seq": records.column("seq"), "p": pa.array(prevs, pa.binary()),
+                                    "h": pa.array(hashes, pa.binary())}))
+    con.execute("UPDATE audit_records SET prev_hash = fixed.p, record_hash = fixed.h FROM fixed "
+                "WHERE audit_records.seq = fixed.seq")
+    prev = GENESIS
+    for start, end, count, chead in con.execute("SELECT seq_start, seq_end, concept_count, concepts_head "
+                                                "FROM audit_checkpoints ORDER BY seq_end").fetchall():
+        ckpt = checkpoint_hash(prev, start, end, hashes[end], count, bytes(chead))
+        con.execute("UPDATE audit_checkpoints SET chain_head = ?, prev_hash = ?, checkpoint_hash = ? WHERE seq_end = ?",
+                    [hashes[end], prev, ckpt, end])
+        prev = ckpt
+    con.close()
+
+
+def test_head_file_anchors_every_commit(logged: Path) -> None:
+    lines = head_lines(logged)
+    assert [line.split()[0] for line in lines] == ["4", "9", "14"]  # one `SEQ HASH` line per checkpoint
+    with duckdb.connect(str(logged / "audit" / "audit.duckdb"), read_only=True) as con:
+        [(h,)] = con.execute("SELECT record_hash FROM audit_records WHERE seq = 14").fetchall()
+    assert lines[-1] == f"14 {bytes(h).hex()}"
+    ok = verify_cli(logged)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("sql, needle", [
+    ("UPDATE audit_records SET content = 'forged' WHERE seq = 7", "seq=7"),                       # edit
+    ("DELETE FROM audit_records WHERE seq = 6", "seq=6"),                                        # delete
+    ("INSERT INTO audit_records SELECT * FROM audit_records WHERE seq = 3", "seq=3"),            # insert
+    ("UPDATE audit_records SET seq = CASE seq WHEN 8 THEN 9 ELSE 8 END WHERE seq IN (8, 9)", "seq=8"),  # reorder
+    ("DELETE FROM audit_records WHERE seq >= 10", "seq=10"),                       # tail cut, checkpoint left
+    ("DELETE FROM audit_records WHERE seq >= 10; DELETE FROM audit_checkpoints WHERE seq_end >= 10",
+     "head mismatch at seq=14"),                                                   # tail cut with its checkpoint
+])
+def test_cli_catches_every_tamper_vector(logged: Path, sql: str, needle: str) -> None:
+    tamper(logged, sql)
+    bad = verify_cli(logged)
+    assert bad.returncode == 1
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_cli_catches_a_recomputed_chain(logged: Path) -> None:
+    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 7")
+    recompute_chain(logged)
+    assert verify_audit(logged).first_bad.startswith("audit head mismatch at seq=9")  # the chain itself is whole
+    bad = verify_cli(logged)
+    assert bad.returncode == 1 and "head mismatch at seq=9" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_cli_catches_a_recomputed_chain_with_a_forged_head_line(logged: Path) -> None:
+    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 12")
+    recompute_chain(logged)
+    with duckdb.connect(str(logged / "audit" / "audit.duckdb"), read_only=True) as con:
+        [(h,)] = con.execute("SELECT record_hash FROM audit_records WHERE seq = 14").fetchall()
+    with (logged / "audit" / "audit.head").open("a") as f:  # the last line agrees now; the history does not
+        f.write(f"15 {bytes(h).hex()}\n")
+    assert verify_cli(logged).returncode == 1
+
+
+def test_missing_head_file_fails_a_non_empty_log(logged: Path) -> None:
+    (logged / "audit" / "audit.head").unlink()
+    bad = verify_cli(logged)
+    assert bad.returncode == 1 and "missing" in bad.stderr and "seq=14" in bad.stderr
+
+
+def test_expect_head(logged: Path) -> None:
+    with XDB.open(logged) as xdb:
+        seq, digest = xdb.audit_head()
+    assert seq == 14 and head_lines(logged)[-1] == f"{seq} {digest}"
+    assert verify_cli(logged, "--expect-head", f"{seq}:{digest}").returncode == 0
+    assert verify_cli(logged, "--expect-head", f"9:{head_lines(logged)[1].split()[1]}").returncode == 0  # earlier
+    wrong = verify_cli(logged, "--expect-head", f"{seq}:{'ab' * 32}")
+    assert wrong.returncode == 1 and "head mismatch at seq=14" in wrong.stderr
+    gone = verify_cli(logged, "--expect-head", f"99:{digest}")
+    assert gone.returncode == 1 and "seq=99" in gone.stderr
+    assert verify_cli(logged, "--expect-head", "14:nothex").returncode == 2
+    assert verify_cli(logged.parent / "nowhere").returncode == 2
+    assert verify_cli(logged, "--seq-from", "5", "--seq-to", "2").returncode == 2
+
+
+def test_open_refuses_a_broken_chain_and_modifies_nothing(logged: Path) -> None:
+    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 7")
+    before = head_lines(logged)
+    with pytest.raises(ValueError, match="seq=7"):
+        XDB.open(logged)
+    recompute_chain(logged)
+    with pytest.raises(ValueError, match="head mismatch at seq=9"):
+        XDB.open(logged)
+    assert head_lines(logged) == before
+    with XDB.open(logged, read_only=True) as xdb:
+        assert len(xdb.recall(session_id="s", limit=100)) == 15
+
+
+def test_a_crash_between_commit_and_anchor_is_repaired_at_open(logged: Path, caplog) -> None:
+    head = logged / "audit" / "audit.head"
+    head.write_text("\n".join(head_lines(logged)[:-1]) + "\n")  # the last commit's line never landed
+    bad = verify_cli(logged)
+    assert bad.returncode == 1 and "head mismatch at seq=14" in bad.stderr and "never anchored" in bad.stderr
+    with caplog.at_level("INFO", logger="ahc.xdb.audit"), XDB.open(logged) as xdb:
+        assert xdb.audit_head()[0] == 14
+    assert "not anchored" in caplog.text
+    assert verify_cli(logged).returncode == 0
+    head.write_text("\n".join(head_lines(logged)[:-2]) + "\n")  # two unanchored commits are no crash
+    with pytest.raises(ValueError, match="head mismatch at seq=9"):
+        XDB.open(logged)
+
+
+def test_a_log_from_before_anchoring_is_anchored_once(logged: Path) -> None:
+    (logged / "audit" / "audit.head").unlink()
+    tamper(logged, "DELETE FROM audit_meta WHERE key = 'head_file'; "
+                   "UPDATE audit_meta SET value = '1' WHERE key = 'schema_version'")
+    assert verify_cli(logged).returncode == 1  # not anchored yet
+    with XDB.open(logged) as xdb:
+        assert xdb.audit_head()[0] == 14
+    assert [line.split()[0] for line in head_lines(logged)] == ["14"]
+    assert verify_cli(logged).returncode == 0
+
+
+def test_commits_are_logged_and_the_gauge_reads_the_head(tmp_path: Path, caplog) -> None:
+    from prometheus_client import generate_latest
+
+    from server.metrics import AHCMetrics
+
+    metrics = AHCMetrics()
+    with caplog.at_level("INFO", logger="ahc.xdb.audit"), XDB.open(tmp_path / "x") as xdb:
+        metrics.audit_head_seq.set_function(lambda: xdb.audit_head()[0])
+        assert xdb.audit_head() == (-1, GENESIS.hex())
+        xdb.writer.submit([TimestepRow("s", t, "output", content="x") for t in xdb.next_ticks("s", 3)])
+        xdb.writer.flush()
+        assert "ahc_audit_head_seq 2.0" in generate_latest(metrics.registry).decode()
+        seq, digest = xdb.audit_head()
+    assert f"audit head seq=2 hash={digest}" in caplog.text
+
+
+# -- deletions are audit events ----------------------------------------------------------------------
+
+def events(data_dir: Path) -> list[dict]:
+    import json
+    with duckdb.connect(str(data_dir / "audit" / "audit.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT content FROM audit_records WHERE event_type = ? ORDER BY seq",
+                           [EVENT_TYPE]).fetchall()
+    return [json.loads(c) for (c,) in rows]
+
+
+def test_deletions_and_rewrites_are_chained_as_events(tmp_path: Path) -> None:
+    data = tmp_path / "x"
+    with XDB.open(data, summarize=lambda text: "gist") as xdb:
+        for b in range(2):
+            ticks = xdb.next_ticks("s", 5)
+            xdb.writer.submit([TimestepRow("s", t, "output", content=f"t{t}", request_id=f"r{b}", created_at=0.0)
+                               for t in ticks])
+        xdb.writer.flush()
+        xdb.log_interaction("run", journal_entry="a")
+        xdb.log_interaction("run", journal_entry="b")
+        xdb.save_meta_knowledge("run", theorems_json="[]")
+        assert xdb.purge_run("run") == {"interaction_log": 2, "meta_knowledge": 1}
+        for n in range(20):
+            xdb.save_session_state("s", f'{{"n": {n}}}')
+        xdb.create_tag("idea")
+        xdb.set_bud_status("idea", "ready")
+        xdb.compact("s", compress_released=True)
+        assert xdb.verify_audit().ok
+    got = events(data)
+    actions = [e["action"] for e in got]
+    assert actions.count("purge_run") == 1 and actions.count("prune_session_states") == 4
+    assert "rewrite_tag" in actions and actions.count("compress_timesteps") == 2
+    purge = got[actions.index("purge_run")]
+    assert purge["deleted"] == {"interaction_log": 2, "meta_knowledge": 1}
+    assert purge["id_ranges"]["interaction_log.turn_id"] is not None
+    compressed = [e for e in got if e["action"] == "compress_timesteps"]
+    assert [e["timestep_ids"] for e in compressed] == [[0, 4], [5, 9]] and all(e["deleted"] == 5 for e in compressed)
+    with XDB.open(data) as xdb:  # events are chained, never replayed as timesteps
+        with xdb.cursor() as cur:
+            assert cur.execute("SELECT count(*) FROM timesteps").fetchone()[0] == 0
+        [tick] = xdb.next_ticks("s", 1)
+        assert tick == 10
+    assert verify_cli(data).returncode == 0

@@ -36,6 +36,8 @@ The interface the server uses:
     xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
     xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
+    xdb.audit_head() -> (seq, hex hash)            # the last head, as anchored in audit/audit.head
+    xdb.audit_event(action, details)                # chain a deletion/rewrite (before its COMMIT)
 
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
 (ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped.

@@ -7,24 +7,57 @@ the hash step itself runs per record in Python. Concept names live in
 `audit_concepts`, a chain of their own. Every committed batch adds a checkpoint (the chain head after
 it, itself chained), so a range of records verifies from the nearest checkpoint without reading the
 rest, and a truncated tail is caught. Nothing in the HTTP API reads this file.
+
+The chain alone cannot catch whoever rewrites the file wholesale: cut off its tail together with the
+tail's checkpoints, or edit a record and recompute every hash after it. So every commit also anchors
+the new head outside the file: one line `SEQ HASH` (the last record's seq, its record hash in hex)
+appended, flushed and fsynced to `audit.head` beside it, and logged at INFO on `ahc.xdb.audit`
+(where a log shipper or the `ahc_audit_head_seq` gauge carries it off the machine). Verification
+checks every anchored line against the checkpoint that ends at its seq and the last line against the
+log's end; `--expect-head SEQ:HASH` checks a head noted elsewhere. A log written before anchoring
+existed (schema version 1) is anchored once, after its chain verifies, when it is next opened for
+writing; from then on a non-empty log without `audit.head` fails verification.
+
+Deletions and rewrites in the experience file (compression, run purges, pruned session states, tag
+and time-window changes) are chained too, as system event records: event_type `xdb_event`,
+timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append_event`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from xdb.canonical import canonical_array
+from xdb.concepts import ConceptIndex
+from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
 from xdb.sql import Row, one
 
+log = logging.getLogger("ahc.xdb.audit")
+
 APP = "ahc-xdb-audit"
 GENESIS = bytes(32)
+HEAD_FILE = "audit.head"
+# A system event's record: outside the timestep id space (-1), so replay never copies it into
+# `timesteps` and it never moves the next timestep id.
+EVENT_TYPE = "xdb_event"
+# How long a commit waits for the batch before it (prepared on another thread) to be committed.
+COMMIT_TURN_TIMEOUT_S = 60.0
+# What XDB hands the modules that delete or rewrite rows: (action, details) → one chained record.
+AuditEvent = Callable[[str, dict[str, Any]], None]
 AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
         "CREATE TABLE audit_meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
@@ -41,6 +74,8 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
             concept_count INTEGER NOT NULL, concepts_head BLOB NOT NULL, created_at TIMESTAMP NOT NULL,
             prev_hash BLOB NOT NULL, checkpoint_hash BLOB NOT NULL)""",
     ]),
+    # Version 2 marks a log whose head is anchored in audit.head; the schema is unchanged.
+    (2, ["INSERT INTO audit_meta VALUES ('head_file', 'audit.head')"]),
 ]
 
 
@@ -92,6 +127,37 @@ class AuditReport:
     ok: bool
     records_checked: int
     first_bad: str | None = None  # names the first bad record, e.g. "audit record seq=12 (...): ..."
+    # Checkpoints (seq_end, chain_head) the log holds past audit.head's last line, when that is the
+    # only fault: one of them is what a crash between the two writes of a commit leaves.
+    unanchored: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+def parse_head(text: str) -> tuple[int, bytes]:
+    """`SEQ HASH` (a head file line) or `SEQ:HASH` (the CLI's form) → (seq, 32-byte hash)."""
+    parts = text.strip().replace(":", " ").split()
+    try:
+        seq, digest = int(parts[0]), bytes.fromhex(parts[1])
+        if len(parts) != 2 or seq < 0 or len(digest) != 32:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(f"bad audit head {text.strip()!r}: expected SEQ:HASH (64 hex digits)") from None
+    return seq, digest
+
+
+def read_heads(path: Path) -> list[tuple[int, bytes]] | None:
+    """Every head anchored in a head file, oldest first; None when there is no file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    heads = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                heads.append(parse_head(line))
+            except ValueError as exc:
+                raise ValueError(f"{path} line {n}: {exc}") from None
+    return heads
 
 
 class AuditLog:
@@ -103,6 +169,15 @@ class AuditLog:
     def __init__(self, conn: duckdb.DuckDBPyConnection, path: Path) -> None:
         self.conn = conn
         self.path = path
+        self.head_path = path.parent / HEAD_FILE
+        self._head_fd: int | None = None
+        # prepare may run on the writer's thread and, for system events, on any other: the tip
+        # moves under this lock. Commits take turns in seq order under `_turn`, and `_commit_lock`
+        # keeps a verification from seeing a commit half done (file written, head not yet).
+        self._tip_lock = threading.Lock()
+        self._turn = threading.Condition()
+        self._commit_lock = threading.Lock()
+        self._failed: BaseException | None = None
         head = conn.execute("SELECT seq_end, chain_head, checkpoint_hash, concept_count, concepts_head "
                             "FROM audit_checkpoints ORDER BY seq_end DESC LIMIT 1").fetchone()
         if head is None:
@@ -113,6 +188,7 @@ class AuditLog:
             self.head, self.checkpoint_head = bytes(head[1]), bytes(head[2])
             self.concept_count, self.concepts_head = head[3], bytes(head[4])
         self.committed_seq = self.next_seq
+        self.committed_head = (self.next_seq - 1, self.head)
 
     @classmethod
     def open(cls, path: Path, *, read_only: bool = False) -> AuditLog:
@@ -123,26 +199,86 @@ class AuditLog:
             if read_only:
                 if stored_version(conn, path, "audit_meta", APP) is None:
                     raise ValueError(f"{path} holds no audit log")
-            else:
-                migrate(conn, path, AUDIT_MIGRATIONS, "audit_meta", APP)
-                # Only the writer's audit stage writes here, one batch at a time, alongside the
-                # experience file's insert on another thread: DuckDB's own threads on top of that
-                # cost twice the CPU of one (measured: 8 → 4 µs a row) and buy nothing.
-                conn.execute("SET threads = 1")
-            return cls(conn, path)
+                return cls(conn, path)
+            before = stored_version(conn, path, "audit_meta", APP)
+            head_path = path.parent / HEAD_FILE
+            adopt = before is not None and before < 2 and not head_path.exists()
+            if adopt:
+                # A log from before anchoring: anchor what it holds now, but only a chain that
+                # verifies, so a damaged log is never blessed.
+                report = verify_connection(conn)
+                if not report.ok:
+                    raise ValueError(f"audit log {path} is broken: {report.first_bad}; nothing was modified")
+            migrate(conn, path, AUDIT_MIGRATIONS, "audit_meta", APP)
+            # Only the writer's audit stage writes here, one batch at a time, alongside the
+            # experience file's insert on another thread: DuckDB's own threads on top of that
+            # cost twice the CPU of one (measured: 8 → 4 µs a row) and buy nothing.
+            conn.execute("SET threads = 1")
+            audit = cls(conn, path)
+            if adopt and audit.committed_seq > 0:
+                log.warning("audit log %s predates audit.head: anchoring its current head seq=%d", path,
+                            audit.committed_seq - 1)
+                audit._anchor(audit.committed_seq - 1, audit.head)
+            elif audit.committed_seq == 0 and not head_path.exists():
+                audit._anchor_file()  # a new log starts with its (empty) head file
+            return audit
         except BaseException:
             conn.close()
             raise
 
     def close(self) -> None:
+        if self._head_fd is not None:
+            os.close(self._head_fd)
+            self._head_fd = None
         self.conn.close()
+
+    # -- the anchor ------------------------------------------------------------------------------
+    def _anchor_file(self) -> int:
+        if self._head_fd is None:
+            created = not self.head_path.exists()
+            self._head_fd = os.open(self.head_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if created:  # the new name must survive a crash too, not only the bytes
+                dir_fd = os.open(self.head_path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+        return self._head_fd
+
+    def _anchor(self, seq: int, head: bytes) -> None:
+        """Append `SEQ HASH` to the head file and fsync it: one write, so a line is never split
+        between two commits."""
+        fd = self._anchor_file()
+        os.write(fd, f"{seq} {head.hex()}\n".encode())
+        os.fsync(fd)
+        log.info("audit head seq=%d hash=%s", seq, head.hex())
+
+    def audit_head(self) -> tuple[int, str]:
+        """The last committed (and anchored) head: (seq, hex hash); (-1, zeros) for an empty log."""
+        seq, head = self.committed_head
+        return seq, head.hex()
 
     def append(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""
         self.commit(self.prepare(batch, new_concepts))
 
+    def append_event(self, action: str, details: dict[str, Any]) -> int:
+        """Chain one system event (a deletion or rewrite elsewhere in XDB) and commit it; returns its
+        seq. Callers append before committing their own change, as the writer does its batches,
+        so a change the audit does not hold never happens."""
+        content = json.dumps({"action": action, **details}, sort_keys=True, separators=(",", ":"), default=str)
+        row = TimestepRow(str(details.get("session_id") or ""), -1, EVENT_TYPE, "system", content)
+        table, _ = rows_to_arrow([row], -1, ConceptIndex([]))
+        prepared = self.prepare(table, [])
+        self.commit(prepared)
+        return prepared.seq_start
+
     def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> PreparedBatch:
         """Hash a batch onto the chain's tip (Python work, nothing written yet) and move the tip on."""
+        with self._tip_lock:
+            return self._prepare(batch, new_concepts)
+
+    def _prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> PreparedBatch:
         n = batch.num_rows
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
@@ -165,10 +301,36 @@ class AuditLog:
         self.concept_count, self.concepts_head = concept_count, concepts_head
         return prepared
 
-    def commit(self, p: PreparedBatch) -> None:
-        """Write a prepared batch, its concepts and its checkpoint in one transaction."""
-        if p.seq_start != self.committed_seq:
-            raise RuntimeError(f"audit batch prepared for seq {p.seq_start}, the file is at {self.committed_seq}")
+    def commit(self, p: PreparedBatch, timeout: float = COMMIT_TURN_TIMEOUT_S) -> None:
+        """Write a prepared batch, its concepts and its checkpoint in one transaction, then anchor
+        the new head. Batches commit in the order they were prepared: one prepared after another
+        still being written waits its turn."""
+        deadline = time.monotonic() + timeout
+        with self._turn:
+            while p.seq_start != self.committed_seq:
+                if self._failed is not None:
+                    raise RuntimeError(f"audit log failed earlier: {self._failed!r}") from self._failed
+                remaining = deadline - time.monotonic()
+                if p.seq_start < self.committed_seq or remaining <= 0:
+                    raise RuntimeError(f"audit batch prepared for seq {p.seq_start}, "
+                                       f"the file is at {self.committed_seq}")
+                self._turn.wait(remaining)
+        try:
+            with self._commit_lock:
+                self._write(p)
+                self._anchor(p.seq_end, p.head)
+        except BaseException as exc:
+            # The tip has moved past this batch: nothing prepared after it can ever commit.
+            with self._turn:
+                self._failed = exc
+                self._turn.notify_all()
+            raise
+        with self._turn:
+            self.committed_seq = p.seq_end + 1
+            self.committed_head = (p.seq_end, p.head)
+            self._turn.notify_all()
+
+    def _write(self, p: PreparedBatch) -> None:
         con = self.conn
         cols = ", ".join(RECORD_COLUMNS + ("prev_hash", "record_hash"))
         con.register("audit_batch", p.records)
@@ -194,7 +356,6 @@ class AuditLog:
             con.unregister("audit_batch")
             if p.concept_rows:
                 con.unregister("audit_new_concepts")
-        self.committed_seq = p.seq_end + 1
 
     def last_timestep_id(self) -> int:
         last = one(self.conn.execute("SELECT max(timestep_id) FROM audit_records"))[0]
@@ -204,22 +365,102 @@ class AuditLog:
         """Audited rows the experience file has not committed yet (replayed after a crash)."""
         cols = "timestep_id AS id, session_id, tick, event_type, role, content, token_id, request_id, " \
                "concept_ids, concept_values, activation_source, created_at, metadata"
-        return self.conn.execute(f"SELECT {cols} FROM audit_records WHERE timestep_id > ? ORDER BY seq",
-                                 [timestep_id]).to_arrow_table()
+        return self.conn.execute(f"SELECT {cols} FROM audit_records WHERE timestep_id > ? AND event_type != ? "
+                                 "ORDER BY seq", [timestep_id, EVENT_TYPE]).to_arrow_table()
 
     def concepts(self) -> list[tuple[int, str]]:
         return self.conn.execute("SELECT id, name FROM audit_concepts ORDER BY id").fetchall()
 
-    def verify(self, seq_from: int | None = None, seq_to: int | None = None, chunk: int = 200_000) -> AuditReport:
-        with self.conn.cursor() as cur:
-            return verify_connection(cur, seq_from, seq_to, chunk)
+    def verify(self, seq_from: int | None = None, seq_to: int | None = None, chunk: int = 200_000, *,
+               anchored: bool = True, expect_head: tuple[int, bytes] | None = None) -> AuditReport:
+        """The chain (`verify_connection`), then, with `anchored`, the head file, and the head
+        noted elsewhere (`expect_head`: that record must still be on the chain with that hash)."""
+        with self._commit_lock, self.conn.cursor() as cur:
+            report = verify_connection(cur, seq_from, seq_to, chunk)
+            if report.ok and anchored:
+                report = check_anchor(cur, self.head_path, report)
+            if report.ok and expect_head is not None:
+                report = check_expected_head(cur, expect_head, report)
+            return report
+
+    def verify_for_open(self) -> None:
+        """Verify the whole chain and its anchor before anything builds on it; raise ValueError
+        naming the first bad record (or the head mismatch). The one fault repaired is a single
+        checkpoint past the anchor with the chain intact: what a crash between a commit's two
+        writes leaves (only one commit is ever in flight); its head is anchored now."""
+        report = self.verify()
+        if not report.ok and len(report.unanchored) == 1:
+            seq, head = report.unanchored[0]
+            log.warning("audit log %s: checkpoint at seq=%d was committed but not anchored (a crash between "
+                        "the two writes); anchoring it now", self.path, seq)
+            with self._commit_lock:
+                self._anchor(seq, head)
+            report = self.verify()
+        if not report.ok:
+            raise ValueError(f"audit log {self.path} is broken: {report.first_bad}; nothing was replayed or modified")
 
 
 def _describe(cur: duckdb.DuckDBPyConnection, seq: int) -> str:
-    row = cur.execute("SELECT timestep_id, session_id, tick FROM audit_records WHERE seq = ? LIMIT 1",
+    row = cur.execute("SELECT timestep_id, session_id, tick, event_type FROM audit_records WHERE seq = ? LIMIT 1",
                       [seq]).fetchone()
-    where = f" (timestep {row[0]}, session {row[1]!r}, tick {row[2]})" if row else ""
-    return f"audit record seq={seq}{where}"
+    if row is None:
+        return f"audit record seq={seq}"
+    if row[3] == EVENT_TYPE:
+        return f"audit record seq={seq} (xdb event)"
+    return f"audit record seq={seq} (timestep {row[0]}, session {row[1]!r}, tick {row[2]})"
+
+
+def check_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: AuditReport) -> AuditReport:
+    """Every line of the head file must name a checkpoint's end with that checkpoint's head, and
+    the last line the log's last checkpoint. A recomputed chain fails the first line anchored
+    after the edit; a cut-off tail fails the last line."""
+    checkpoints = cur.execute("SELECT seq_end, chain_head FROM audit_checkpoints ORDER BY seq_end").fetchall()
+    by_end = {int(end): bytes(head) for end, head in checkpoints}
+    last_end = int(checkpoints[-1][0]) if checkpoints else -1
+
+    def bad(message: str, unanchored: list[tuple[int, bytes]] | None = None) -> AuditReport:
+        return AuditReport(False, report.records_checked, message, unanchored or [])
+
+    try:
+        heads = read_heads(head_path)
+    except ValueError as exc:
+        return bad(f"audit head mismatch: {exc}")
+    if heads is None:
+        if checkpoints:
+            return bad(f"audit head mismatch: {head_path} is missing but the log holds records up to "
+                       f"seq={last_end} (deleted, or the log was copied without it)")
+        return report
+    prev = -1
+    for seq, head in heads:
+        if seq <= prev:
+            return bad(f"audit head mismatch at seq={seq}: {head_path} goes back after seq {prev} (edited)")
+        if seq > last_end:
+            return bad(f"audit head mismatch at seq={seq}: {head_path} anchors seq {seq} but the log ends at "
+                       f"seq {last_end} (its tail was deleted)")
+        if by_end.get(seq) != head:
+            return bad(f"audit head mismatch at seq={seq}: {head_path} anchors hash {head.hex()[:16]}…, the log "
+                       "differs there (rewritten after it was anchored)")
+        prev = seq
+    if prev != last_end:
+        unanchored = [(int(end), bytes(head)) for end, head in checkpoints if end > prev]
+        return bad(f"audit head mismatch at seq={unanchored[0][0]}: the log goes on to seq {last_end} past "
+                   f"{head_path}'s last anchor (seq {prev}): {len(unanchored)} checkpoint(s) never anchored "
+                   "(appended, or a crash between a commit's two writes, which the next open repairs)", unanchored)
+    return report
+
+
+def check_expected_head(cur: duckdb.DuckDBPyConnection, expect: tuple[int, bytes], report: AuditReport) -> AuditReport:
+    """A head noted earlier (a log line, a scraped gauge) must still be on the (verified) chain."""
+    seq, head = expect
+    row = cur.execute("SELECT record_hash FROM audit_records WHERE seq = ? LIMIT 1", [seq]).fetchone()
+    if row is None:
+        return AuditReport(False, report.records_checked,
+                           f"audit head mismatch at seq={seq}: the expected head's record is not in the log (deleted)")
+    if bytes(row[0]) != head:
+        return AuditReport(False, report.records_checked,
+                           f"audit head mismatch at seq={seq}: expected hash {head.hex()[:16]}…, the log has "
+                           f"{bytes(row[0]).hex()[:16]}… (rewritten)")
+    return report
 
 
 def _verify_concepts(cur: duckdb.DuckDBPyConnection) -> tuple[str | None, int, bytes]:
@@ -307,11 +548,13 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     return AuditReport(True, checked)
 
 
-def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
-    """Verify `DATA_DIR/audit/audit.duckdb` from another process (opens it read-only)."""
+def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,
+                 expect_head: tuple[int, bytes] | None = None) -> AuditReport:
+    """Verify `DATA_DIR/audit/audit.duckdb` and its anchor `audit.head` from another process
+    (opens it read-only)."""
     path = Path(data_dir) / "audit" / "audit.duckdb"
-    log = AuditLog.open(path, read_only=True)
+    audit = AuditLog.open(path, read_only=True)
     try:
-        return log.verify(seq_from, seq_to)
+        return audit.verify(seq_from, seq_to, expect_head=expect_head)
     finally:
-        log.close()
+        audit.close()

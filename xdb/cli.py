@@ -1,5 +1,5 @@
 """`ahc xdb` subcommands: recall (JSON lines) and verify-audit. Exit 0 on success, 1 with one stderr
-line naming what was wrong."""
+line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ app = typer.Typer(no_args_is_help=True, help="The xdb commands.")
 DataDir = Annotated[Path, typer.Option("--data-dir", help="XDB directory (holds experience.duckdb).")]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 1) -> None:
     typer.echo("error: " + " ".join(message.split()), err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 @app.command("recall")
@@ -57,12 +57,26 @@ def verify_audit_command(
     data_dir: DataDir,
     seq_from: Annotated[int | None, typer.Option(help="Verify from this record (via the nearest checkpoint).")] = None,
     seq_to: Annotated[int | None, typer.Option(help="Verify up to this record.")] = None,
+    expect_head: Annotated[str | None, typer.Option(
+        help="SEQ:HASH noted earlier (the log line or gauge): that record must still be on the chain "
+             "with that hash.")] = None,
 ) -> None:
-    """Check the audit log's hash chain; exit 1 naming the first bad record."""
-    from xdb.audit import verify_audit
+    """Check the audit log's hash chain and its anchor (audit/audit.head); exit 1 naming the first
+    bad record or the head mismatch, 2 on bad usage."""
+    from xdb.audit import parse_head, verify_audit
 
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    if seq_from is not None and seq_to is not None and seq_from > seq_to:
+        _fail("--seq-from must not be after --seq-to", 2)
+    expected = None
+    if expect_head is not None:
+        try:
+            expected = parse_head(expect_head)
+        except ValueError as exc:
+            _fail(f"--expect-head: {exc}", 2)
     try:
-        report = verify_audit(data_dir, seq_from, seq_to)
+        report = verify_audit(data_dir, seq_from, seq_to, expect_head=expected)
     except ValueError as exc:
         _fail(str(exc))
     if not report.ok:

@@ -3,6 +3,9 @@ level available (token rows → REPLY → SESSION → DAY → WEEK → MONTH →
 HOT, WARM or SUBMITTED rows. A compressed record keeps the top-k activations (summed), the most
 frequent tags and a summary: the served model's (a `summarize` callable) or, with no model attached,
 a deterministic extractive one.
+
+Every deletion here is chained in the audit log first (an `AuditEvent`, inside the transaction that
+deletes, before its COMMIT): which rows left, how many, and the record that replaced them.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
+from xdb.audit import AuditEvent
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
-from xdb.sql import one, one_int
+from xdb.sql import one, one_int, transaction
 
 Summarize = Callable[[str], str]
 SUMMARY_CHARS = 280
@@ -67,7 +71,7 @@ def top_k(scores: Counter[str], k: int = TOP_K) -> dict[str, float]:
 
 
 def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
-                      max_groups: int) -> list[int]:
+                      max_groups: int, audit: AuditEvent | None = None) -> list[int]:
     """Released token rows → one REPLY record per (session, request), oldest first."""
     groups = cur.execute(f"""
         WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS}),
@@ -99,14 +103,15 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
                       tags=[name for name, _ in Counter(dict(tags)).most_common(TOP_K)],
                       sources=[f"timesteps:{lo}-{hi}" + (f" request:{request_id}" if request_id else "")],
                       token_count=tokens, record_count=n)
-        cur.execute("BEGIN")
-        try:
-            made.append(_insert_record(cur, record))
-            cur.execute(f"DELETE FROM timesteps t WHERE {where}", args)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
+        with transaction(cur):
+            new_id = _insert_record(cur, record)
+            # DuckDB answers a DELETE with the number of rows it removed.
+            deleted = one_int(cur.execute(f"DELETE FROM timesteps t WHERE {where}", args))
+            if audit is not None:
+                audit("compress_timesteps", {"session_id": session_id, "request_id": request_id,
+                                             "timestep_ids": [lo, hi], "ticks": [t0, t1], "deleted": deleted,
+                                             "into_compressed_record": new_id, "level": "reply"})
+        made.append(new_id)
     return made
 
 
@@ -121,7 +126,7 @@ def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
 
 
 def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
-                 summarize: Summarize | None) -> list[int]:
+                 summarize: Summarize | None, audit: AuditEvent | None = None) -> list[int]:
     """The oldest group of records at `source` → one record a level coarser (reply →
     session → day → week → month → quarter → year)."""
     target = CompressionLevel(source + 1)
@@ -148,38 +153,38 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                   activations=top_k(acts), tags=[t for t, _ in tags.most_common(TOP_K)],
                   sources=[f"compressed:{r[0]}" for r in rows], token_count=sum(r[9] for r in rows),
                   record_count=sum(r[10] for r in rows))
-    cur.execute("BEGIN")
-    try:
+    sources = [r[0] for r in rows]
+    with transaction(cur):
         new_id = _insert_record(cur, record)
-        cur.execute("DELETE FROM compressed_records WHERE id IN (SELECT unnest(?))", [[r[0] for r in rows]])
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
+        deleted = one_int(cur.execute("DELETE FROM compressed_records WHERE id IN (SELECT unnest(?))", [sources]))
+        if audit is not None:
+            audit("merge_compressed_records", {"session_id": record["session_id"], "compressed_record_ids": sources,
+                                               "deleted": deleted, "from_level": source.name.lower(),
+                                               "into_compressed_record": new_id, "level": target.name.lower()})
     return [new_id]
 
 
 def compress_step(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
-                  max_groups: int = 100) -> list[int]:
+                  max_groups: int = 100, audit: AuditEvent | None = None) -> list[int]:
     """One step at the finest level that has anything to compress; [] when nothing can be."""
-    made = _compress_replies(cur, summarize, hot_seconds, max_groups)
+    made = _compress_replies(cur, summarize, hot_seconds, max_groups, audit)
     if made:
         return made
     for level in list(CompressionLevel)[1:-1]:
-        made = _merge_level(cur, level, summarize)
+        made = _merge_level(cur, level, summarize, audit)
         if made:
             return made
     return []
 
 
 def enforce_quota(cur: duckdb.DuckDBPyConnection, quota_bytes: int, summarize: Summarize | None,
-                  hot_seconds: float, max_steps: int = 1000) -> list[int]:
+                  hot_seconds: float, max_steps: int = 1000, audit: AuditEvent | None = None) -> list[int]:
     """Compress until usage is within the quota or nothing more may be compressed."""
     made: list[int] = []
     for _ in range(max_steps):
         if usage_bytes(cur) <= quota_bytes:
             break
-        step = compress_step(cur, summarize, hot_seconds)
+        step = compress_step(cur, summarize, hot_seconds, audit=audit)
         if not step:
             break
         made += step

@@ -14,8 +14,9 @@ from typing import Any
 import duckdb
 
 from ahc.errors import Conflict, InvalidRequest, NotFound
+from xdb.audit import AuditEvent
 from xdb.schema import TOP_K
-from xdb.sql import Row, one, one_int
+from xdb.sql import Row, one, one_int, transaction
 from xdb.tags import find_tag
 
 # What a timestep costs in the usage estimate besides its text: ids, tick, times, k slots.
@@ -111,9 +112,15 @@ def pin(cur: duckdb.DuckDBPyConnection, session_id: str, tick_from: int, tick_to
     return _insert_window(cur, session_id, tick_from, tick_to, Fidelity.WARM.value, True, reason, [])
 
 
-def unpin(cur: duckdb.DuckDBPyConnection, window_id: int) -> dict[str, Any]:
-    get_window(cur, window_id)
-    cur.execute("UPDATE time_windows SET pinned = false WHERE id = ? AND fidelity = 'warm'", [window_id])
+def unpin(cur: duckdb.DuckDBPyConnection, window_id: int, audit: AuditEvent | None = None) -> dict[str, Any]:
+    """Release a WARM window (its rows may then be compressed away): a rewrite, chained in the audit."""
+    window = get_window(cur, window_id)
+    if window["fidelity"] == Fidelity.WARM.value and window["pinned"]:
+        with transaction(cur):
+            cur.execute("UPDATE time_windows SET pinned = false WHERE id = ? AND fidelity = 'warm'", [window_id])
+            if audit is not None:
+                audit("unpin_window", {"window_id": window_id, "session_id": window["session_id"],
+                                       "ticks": [window["start_tick"], window["end_tick"]], "pinned": [True, False]})
     return get_window(cur, window_id)
 
 
@@ -138,17 +145,23 @@ def submit_evidence(cur: duckdb.DuckDBPyConnection, bud: str | int, submission_i
     return windows
 
 
-def resolve_submission(cur: duckdb.DuckDBPyConnection, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
+def resolve_submission(cur: duckdb.DuckDBPyConnection, submission_id: str, accepted: bool,
+                       audit: AuditEvent | None = None) -> list[dict[str, Any]]:
     """Release a submission's evidence: accepted → COLD (the tribe has it), rejected → WARM unpinned."""
     ids = [wid for (wid,) in cur.execute("SELECT id FROM time_windows WHERE list_contains(submission_ids, ?)",
                                          [submission_id]).fetchall()]
     if not ids:
         raise NotFound(f"submission {submission_id!r} not found")
     released = Fidelity.COLD.value if accepted else Fidelity.WARM.value
-    cur.execute("UPDATE time_windows SET submission_ids = list_filter(submission_ids, s -> s != ?) "
-                "WHERE list_contains(submission_ids, ?)", [submission_id, submission_id])
-    cur.execute("UPDATE time_windows SET fidelity = ?, pinned = false WHERE id IN (SELECT unnest(?)) "
-                "AND len(submission_ids) = 0", [released, ids])
+    # Releasing evidence rewrites its windows (and lets their rows be compressed): chained in the audit.
+    with transaction(cur):
+        cur.execute("UPDATE time_windows SET submission_ids = list_filter(submission_ids, s -> s != ?) "
+                    "WHERE list_contains(submission_ids, ?)", [submission_id, submission_id])
+        cur.execute("UPDATE time_windows SET fidelity = ?, pinned = false WHERE id IN (SELECT unnest(?)) "
+                    "AND len(submission_ids) = 0", [released, ids])
+        if audit is not None:
+            audit("resolve_submission", {"submission_id": submission_id, "accepted": accepted, "window_ids": ids,
+                                         "fidelity_to": released})
     return [get_window(cur, wid) for wid in ids]
 
 

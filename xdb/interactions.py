@@ -7,13 +7,15 @@ from typing import Any
 
 import duckdb
 
-from xdb.sql import Row, one_int
+from xdb.audit import AuditEvent
+from xdb.sql import Row, one_int, transaction
 
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
                 "token_count")
 KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledge", "last_compacted_turn",
                      "created_at")
 RUN_TABLES = ("interaction_log", "meta_knowledge")
+KEYS = {"interaction_log": "turn_id", "meta_knowledge": "version_id"}
 
 
 def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -66,11 +68,20 @@ def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
     return _rows(rows, KNOWLEDGE_COLUMNS)
 
 
-def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:
+def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str, audit: AuditEvent | None = None) -> dict[str, int]:
     """Delete a run's rows from both tables, so a fresh run under the same id starts from an empty
-    history; returns the rows deleted per table."""
+    history; returns the rows deleted per table. A purge is chained in the audit log even when it
+    finds nothing: it is a deliberate act, and rare."""
     deleted: dict[str, int] = {}
-    for table in RUN_TABLES:
-        # DuckDB answers a DELETE with the number of rows it removed.
-        deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]))
+    spans: dict[str, list[int] | None] = {}
+    with transaction(cur):
+        for table in RUN_TABLES:
+            span = cur.execute(f"SELECT min({KEYS[table]}), max({KEYS[table]}) FROM {table} WHERE run_id = ?",
+                               [run_id]).fetchone()
+            # DuckDB answers a DELETE with the number of rows it removed.
+            deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id]))
+            spans[table] = None if span is None or span[0] is None else [span[0], span[1]]
+        if audit is not None:
+            audit("purge_run", {"run_id": run_id, "deleted": deleted,
+                                "id_ranges": {f"{t}.{KEYS[t]}": spans[t] for t in RUN_TABLES}})
     return deleted

@@ -14,14 +14,16 @@ import hashlib
 import duckdb
 
 from ahc.errors import InvalidRequest
+from xdb.audit import AuditEvent
+from xdb.sql import one_int, transaction
 
 KEEP_VERSIONS = 16
 
 
 def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str,
-                       keep: int = KEEP_VERSIONS) -> int:
-    """Store a new version unless it equals the latest, and drop those older than the last `keep`;
-    returns the version holding it."""
+                       keep: int = KEEP_VERSIONS, audit: AuditEvent | None = None) -> int:
+    """Store a new version unless it equals the latest, and drop those older than the last `keep`
+    (chained in the audit log when any are dropped); returns the version holding it."""
     if not session_id:
         raise InvalidRequest("session_id must not be empty")
     digest = hashlib.sha256(state_json.encode()).hexdigest()
@@ -30,8 +32,14 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     if latest is not None and latest[1] == digest:
         return int(latest[0])
     version = 1 if latest is None else int(latest[0]) + 1
-    cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
-    cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?", [session_id, version - keep])
+    with transaction(cur):
+        cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())",
+                    [session_id, version, state_json, digest])
+        deleted = one_int(cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?",
+                                      [session_id, version - keep]))
+        if deleted and audit is not None:
+            audit("prune_session_states", {"session_id": session_id, "versions_through": version - keep,
+                                           "deleted": deleted, "kept_from_version": version - keep + 1})
     return version
 
 

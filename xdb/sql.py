@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import duckdb
@@ -21,3 +23,15 @@ def one(result: duckdb.DuckDBPyConnection) -> Row:
 def one_int(result: duckdb.DuckDBPyConnection) -> int:
     """The first column of `one(result)`, which must be a non-NULL integer (an id, a count)."""
     return int(one(result)[0])
+
+
+@contextmanager
+def transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """BEGIN … COMMIT on a cursor, rolled back if anything in it (the COMMIT included) fails."""
+    cur.execute("BEGIN")
+    try:
+        yield
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise

@@ -19,7 +19,7 @@ import duckdb
 from ahc.config import XDBConfig
 from ahc.errors import NotFound
 from xdb import compression, documents, fidelity, interactions, session_state, tags
-from xdb.audit import AuditLog, AuditReport
+from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
@@ -128,6 +128,12 @@ class XDB:
             self._ticks[session_id] = first + n - 1
         return range(first, first + n)
 
+    def audit_event(self, action: str, details: dict[str, Any]) -> None:
+        """Chain a system event (a deletion or rewrite of stored rows) in the audit log; what
+        deletes calls this inside its transaction, before COMMIT. Read-only: nothing can be deleted."""
+        if self.audit is not None:
+            self.audit.append_event(action, details)
+
     # -- reading -------------------------------------------------------------------------------
     def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         """Timesteps matching the filters, oldest first; a bad filter raises RecallFilterError
@@ -143,7 +149,7 @@ class XDB:
     def register_concepts(self, concepts: list[dict[str, Any]], source: str = "lens") -> None:
         """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
         with self.cursor() as cur:
-            tags.register_concepts(cur, concepts, source)
+            tags.register_concepts(cur, concepts, source, self.audit_event)
 
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -198,7 +204,7 @@ class XDB:
 
     def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
         with self.cursor() as cur:
-            return tags.set_bud_status(cur, tag, status)
+            return tags.set_bud_status(cur, tag, status, self.audit_event)
 
     # -- documents -----------------------------------------------------------------------------
     def documents(self, doc_type: str | None = None, query: str | None = None) -> list[dict[str, Any]]:
@@ -229,7 +235,7 @@ class XDB:
 
     def unpin(self, window_id: int) -> dict[str, Any]:
         with self.cursor() as cur:
-            return fidelity.unpin(cur, window_id)
+            return fidelity.unpin(cur, window_id, self.audit_event)
 
     def windows(self, session_id: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -241,7 +247,7 @@ class XDB:
 
     def resolve_submission(self, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return fidelity.resolve_submission(cur, submission_id, accepted)
+            return fidelity.resolve_submission(cur, submission_id, accepted, self.audit_event)
 
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
                 trigger: str = "manual", tokens_after: int | None = None,
@@ -257,10 +263,12 @@ class XDB:
                                                        trigger, tokens_after)
             made: list[int] = []
             if compress_released:
-                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100):
+                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
+                                                            self.audit_event):
                     made += step
             if self.quota_bytes is not None:
-                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds)
+                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds,
+                                                  audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 
@@ -287,7 +295,7 @@ class XDB:
     # -- the orchestrator's and the discovery agent's tables --------------------------------------
     def save_session_state(self, session_id: str, state_json: str) -> int:
         with self.cursor() as cur:
-            return session_state.save_session_state(cur, session_id, state_json)
+            return session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
 
     def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
         with self.cursor() as cur:
@@ -310,9 +318,10 @@ class XDB:
             return interactions.meta_knowledge(cur, run_id, latest=latest)
 
     def purge_run(self, run_id: str) -> dict[str, int]:
-        """Delete one run's `interaction_log` and `meta_knowledge` rows; returns the counts per table."""
+        """Delete one run's `interaction_log` and `meta_knowledge` rows (chained in the audit log);
+        returns the counts per table."""
         with self.cursor() as cur:
-            return interactions.purge_run(cur, run_id)
+            return interactions.purge_run(cur, run_id, self.audit_event)
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
@@ -321,3 +330,12 @@ class XDB:
         if self.writer is not None:
             self.writer.flush()
         return self.audit.verify(seq_from, seq_to)
+
+    def audit_head(self) -> tuple[int, str]:
+        """The audit chain's last committed head, as anchored in audit/audit.head: (seq, hex hash);
+        seq -1 for an empty log. Read-only, the head file's last line."""
+        if self.audit is not None:
+            return self.audit.audit_head()
+        heads = read_heads(self.data_dir / AUDIT_FILE.parent / HEAD_FILE)
+        seq, head = heads[-1] if heads else (-1, GENESIS)
+        return seq, head.hex()

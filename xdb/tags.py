@@ -9,7 +9,8 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
-from xdb.sql import Row, one
+from xdb.audit import AuditEvent
+from xdb.sql import Row, one, transaction
 
 
 class TagType(str, Enum):
@@ -188,23 +189,39 @@ def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list
     return [{**tag_dict(r[:-1]), "examples": r[-1]} for r in rows]
 
 
-def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status: str) -> dict[str, Any]:
-    """Promote a tag to a bud (status collecting) or move a bud along its statuses."""
+def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status: str,
+                   audit: AuditEvent | None = None) -> dict[str, Any]:
+    """Promote a tag to a bud (status collecting) or move a bud along its statuses; the rewrite is
+    chained in the audit log with what it replaced."""
     status = BudStatus(status).value
     tag = require_tag(cur, name_or_id)
-    cur.execute("UPDATE tags SET tag_type = 'bud', bud_status = ? WHERE id = ?", [status, tag["id"]])
+    if (tag["tag_type"], tag["bud_status"]) != ("bud", status):
+        with transaction(cur):
+            cur.execute("UPDATE tags SET tag_type = 'bud', bud_status = ? WHERE id = ?", [status, tag["id"]])
+            if audit is not None:
+                audit("rewrite_tag", {"tag_id": tag["id"], "name": tag["name"],
+                                      "from": {"tag_type": tag["tag_type"], "bud_status": tag["bud_status"]},
+                                      "to": {"tag_type": "bud", "bud_status": status}})
     return require_tag(cur, tag["id"])
 
 
-def register_concepts(cur: duckdb.DuckDBPyConnection, concepts: list[dict[str, Any]], source: str) -> None:
+def register_concepts(cur: duckdb.DuckDBPyConnection, concepts: list[dict[str, Any]], source: str,
+                      audit: AuditEvent | None = None) -> None:
     """A lens pack's concepts ({"id", "name", "parent"}): one concept tag each (named by the id, the
     display name as its description) and their place in the hierarchy. Idempotent; a newer pack's
-    names and parents replace an older one's."""
+    names and parents replace an older one's, and each replacement is chained in the audit log."""
     for concept in concepts:
         get_or_create_tag(cur, concept["id"], tag_type="concept", created_by=source,
                           description=concept["name"], concept_id=concept["id"])
-        cur.execute("INSERT OR REPLACE INTO concept_hierarchy VALUES (?, ?, ?, ?, now())",
-                    [concept["id"], concept["name"], concept.get("parent"), source])
+        new = (concept["name"], concept.get("parent"), source)
+        old = cur.execute("SELECT display_name, parent, source FROM concept_hierarchy WHERE concept = ?",
+                          [concept["id"]]).fetchone()
+        with transaction(cur):
+            cur.execute("INSERT OR REPLACE INTO concept_hierarchy VALUES (?, ?, ?, ?, now())", [concept["id"], *new])
+            if old is not None and tuple(old) != new and audit is not None:
+                keys = ("display_name", "parent", "source")
+                audit("rewrite_concept_hierarchy", {"concept": concept["id"], "from": dict(zip(keys, old)),
+                                                    "to": dict(zip(keys, new))})
 
 
 def list_concepts(cur: duckdb.DuckDBPyConnection, query: str | None = None) -> list[dict[str, Any]]:

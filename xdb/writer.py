@@ -135,7 +135,10 @@ def last_timestep_id(conn: duckdb.DuckDBPyConnection) -> int:
 
 def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
     """Copy rows the audit committed but the experience file did not (a crash between the two
-    commits) into the experience file; returns how many."""
+    commits) into the experience file; returns how many. The audit's chain and its anchor are
+    verified first: a broken log raises ValueError naming the first bad record (or the head
+    mismatch), and nothing is copied from it."""
+    audit.verify_for_open()
     table = audit.rows_after(last_timestep_id(conn))
     if table.num_rows == 0:
         return 0
