@@ -16,12 +16,56 @@ from server.errors import add_middleware, install_error_handling
 from server.runtime import Runtime
 from server.xdb_routes import xdb_router
 
+# Routes vLLM mounts that AHC does not serve on purpose. They are taken out of the app, not just put
+# behind the key: a keyless local server would otherwise serve them to anyone who can reach it.
+REMOVED_PATHS: tuple[str, ...] = (
+    # Chat by another door. SageMaker's entry point and vLLM's batch chat run vLLM's handlers past
+    # AHC's chat route: no orchestrator (sessions, cache report, governors), no VRAM admission. Clients
+    # use /v1/chat/completions; making these go through AHC's chat handling is not worth its cost.
+    "/invocations",
+    "/v1/chat/completions/batch",
+    # Elastic expert-parallel scaling: AHC runs one engine, sized by its config, and never rescales it.
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",
+    # Hooks that change, pause or stop the engine under AHC's sessions and governor: vLLM's dev mode
+    # (VLLM_SERVER_DEV_MODE: cache resets, sleep, collective RPC), its RL weight-update API, runtime
+    # LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) and SageMaker's adapter routes.
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/reset_encoder_cache",
+    "/collective_rpc",
+    "/server_info",
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/release_kv_cache_memory",
+    "/get_world_size",
+    "/is_paused",
+    "/pause",
+    "/resume",
+    "/abort_requests",
+    "/weight_info",
+    "/weight_checker",
+    "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine",
+    "/start_weight_update",
+    "/start_draft_weight_update",
+    "/finish_weight_update",
+    "/update_weights",
+    "/update_weight_version",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/adapters",
+    "/adapters/{adapter_name}",
+)
+
 
 def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...], model_config: Any) -> FastAPI:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     app = build_vllm_app(args, supported_tasks, model_config)
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in REMOVED_PATHS]
     app.state.ahc_runtime = runtime
     install_chat_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))
@@ -30,6 +74,6 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
     if runtime.config.api_key:
-        # Added last, so it runs first: nothing under /v1 is reached unauthenticated.
+        # Added last, so it runs first: no route is reached unauthenticated.
         add_middleware(app, Middleware(ApiKeyMiddleware, api_key=runtime.config.api_key))
     return app
