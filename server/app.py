@@ -11,6 +11,7 @@ from starlette.middleware import Middleware
 from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
 from server.chat_route import install_chat_route
+from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
 from server.runtime import Runtime
@@ -73,7 +74,10 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(context_router(runtime.retriever))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
+    # With or without a key: a keyless local server is exactly what a cross-site page would target.
+    add_middleware(app, Middleware(JsonBodyMiddleware))
     if runtime.config.api_key:
-        # Added last, so it runs first: no route is reached unauthenticated.
+        # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
+        # caller learns nothing (not even a 415) before the 401.
         add_middleware(app, Middleware(ApiKeyMiddleware, api_key=runtime.config.api_key))
     return app

@@ -151,3 +151,40 @@ def test_a_websocket_without_the_key_is_closed() -> None:
     assert closed.value.code == 1008
     with client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
         assert ws.receive_text() == "in"
+
+
+def chat_body() -> bytes:
+    return b'{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}'
+
+
+# What a web page can send cross-site without a preflight, and a body that declares nothing.
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain; charset=utf-8",
+                                          "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None])
+def test_a_body_that_is_not_declared_json_is_415(keyless: TestClient, content_type: str | None) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    for path in ("/v1/chat/completions", "/v1/xdb/tag", "/v1/completions", "/tokenize"):
+        response = keyless.post(path, content=chat_body(), headers=headers)
+        assert response.status_code == 415, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+    assert keyless.request("DELETE", "/v1/xdb/runs/r1", content=b"{}", headers=headers).status_code == 415
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"])
+def test_a_json_body_passes(keyless: TestClient, content_type: str) -> None:
+    response = keyless.post("/v1/chat/completions", content=chat_body(), headers={"Content-Type": content_type})
+    assert response.status_code == 200, response.text
+
+
+def test_requests_without_a_body_pass(keyless: TestClient) -> None:
+    response = keyless.delete("/v1/xdb/runs/r1")
+    assert response.status_code == 200, response.text
+    assert response.json()["run_id"] == "r1"
+    assert keyless.post("/ping").status_code == 200
+
+
+def test_the_openai_client_sends_json(keyless: TestClient) -> None:
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=keyless, max_retries=0)
+    reply = client.chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).usage is not None
