@@ -188,3 +188,19 @@ def test_the_openai_client_sends_json(keyless: TestClient) -> None:
     reply = client.chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
     assert reply.usage is not None and reply.usage.completion_tokens > 0
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).usage is not None
+
+
+def test_engine_hooks_vllm_mounts_on_request_are_removed(config: AHCConfig, vllm_config, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's dev mode and runtime LoRA loading mount more hooks; the removal must know their paths."""
+    from fake_engine import vllm_app
+
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    args = build_vllm_namespace(config)
+    vllm_paths = {getattr(r, "path", None) for r in asyncio.run(vllm_app(args, FakeEngine(vllm_config))).routes}
+    assert {"/sleep", "/collective_rpc", "/update_weights", "/v1/load_lora_adapter", "/invocations"} <= vllm_paths
+    for client in client_for(config, vllm_config, tmp_path):
+        ahc_paths = {getattr(r, "path", None) for r in client.app.routes}  # type: ignore[attr-defined]
+        assert not ahc_paths & set(REMOVED_PATHS)
+        assert client.post("/sleep", json={}).status_code == 404
