@@ -82,7 +82,8 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
     model: Annotated[str | None, typer.Option(help="Model directory or name.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Name clients use for the model.")] = None,
-    api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics, /ping.")] = None,
     data_dir: Annotated[str | None, typer.Option(help="Where XDB keeps its files.")] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context window in tokens.")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option(help="Fraction of GPU memory for vLLM.")] = None,

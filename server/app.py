@@ -13,10 +13,54 @@ from starlette.responses import Response
 from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
 from server.chat_route import install_chat_route
+from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
 from server.runtime import Runtime
 from server.xdb_routes import xdb_router
+
+# Routes vLLM mounts that AHC does not serve on purpose. They are taken out of the app, not just put
+# behind the key: a keyless local server would otherwise serve them to anyone who can reach it.
+REMOVED_PATHS: tuple[str, ...] = (
+    # Chat by another door. SageMaker's entry point and vLLM's batch chat run vLLM's handlers past
+    # AHC's chat route: no orchestrator (sessions, cache report, governors), no VRAM admission. Clients
+    # use /v1/chat/completions; making these go through AHC's chat handling is not worth its cost.
+    "/invocations",
+    "/v1/chat/completions/batch",
+    # Elastic expert-parallel scaling: AHC runs one engine, sized by its config, and never rescales it.
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",
+    # Hooks that change, pause or stop the engine under AHC's sessions and governor: vLLM's dev mode
+    # (VLLM_SERVER_DEV_MODE: cache resets, sleep, collective RPC), its RL weight-update API, runtime
+    # LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) and SageMaker's adapter routes.
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/reset_encoder_cache",
+    "/collective_rpc",
+    "/server_info",
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/release_kv_cache_memory",
+    "/get_world_size",
+    "/is_paused",
+    "/pause",
+    "/resume",
+    "/abort_requests",
+    "/weight_info",
+    "/weight_checker",
+    "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine",
+    "/start_weight_update",
+    "/start_draft_weight_update",
+    "/finish_weight_update",
+    "/update_weights",
+    "/update_weight_version",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/adapters",
+    "/adapters/{adapter_name}",
+)
 
 
 def install_health_route(app: FastAPI, runtime: Runtime) -> None:
@@ -41,6 +85,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     app = build_vllm_app(args, supported_tasks, model_config)
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in REMOVED_PATHS]
     app.state.ahc_runtime = runtime
     install_health_route(app, runtime)
     install_chat_route(app, runtime)
@@ -49,7 +94,10 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(context_router(runtime.retriever))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
+    # With or without a key: a keyless local server is exactly what a cross-site page would target.
+    add_middleware(app, Middleware(JsonBodyMiddleware))
     if runtime.config.api_key:
-        # Added last, so it runs first: nothing under /v1 is reached unauthenticated.
+        # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
+        # caller learns nothing (not even a 415) before the 401.
         add_middleware(app, Middleware(ApiKeyMiddleware, api_key=runtime.config.api_key))
     return app

@@ -1,4 +1,9 @@
-"""`--api-key`: every `/v1/*` route needs `Authorization: Bearer KEY`; `/health` and `/metrics` stay open.
+"""`--api-key`: every route needs `Authorization: Bearer KEY`, except the probes in `OPEN_PATHS`.
+
+Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, docs and whatever a later
+vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
+orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
+work.
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -14,6 +19,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import error_response
 
+# Liveness, readiness (SageMaker's `/ping`, GET and POST) and Prometheus: exact paths, not prefixes.
+OPEN_PATHS = ("/health", "/metrics", "/ping")
+
+# RFC 6455's "policy violation": a WebSocket handshake without the key is closed with it.
+_WS_POLICY_VIOLATION = 1008
+
 
 class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
@@ -27,14 +38,25 @@ class ApiKeyMiddleware:
         return secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        guarded = (
-            scope["type"] == "http"
-            and scope.get("method") != "OPTIONS"
-            and scope["path"].removeprefix(scope.get("root_path", "")).startswith("/v1")
-        )
-        if guarded and not self._authorized(Headers(scope=scope)):
-            response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.",
-                                      "authentication_error", "invalid_api_key")
-            await response(scope, receive, send)
+        if scope["type"] not in ("http", "websocket"):  # lifespan
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path in OPEN_PATHS or _is_cors_preflight(scope, headers) or self._authorized(headers):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
+            return
+        response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.",
+                                  "authentication_error", "invalid_api_key")
+        await response(scope, receive, send)
+
+
+def _is_cors_preflight(scope: Scope, headers: Headers) -> bool:
+    """A browser's CORS preflight carries no credentials by design. vLLM's CORS middleware answers it
+    itself and never passes it to a route, so letting it through reaches nothing; any other OPTIONS
+    request needs the key like every other method."""
+    return (scope["type"] == "http" and scope.get("method") == "OPTIONS"
+            and "origin" in headers and "access-control-request-method" in headers)
