@@ -1,0 +1,172 @@
+"""Standing load check: many concurrent streaming sessions with `context` against one real server, then
+every completed reply's tokens in XDB and the audit chain intact after a SIGTERM.
+
+Figures (TTFT percentiles, replies, tokens, deliberate refusals) are printed (`pytest -s`) and written to
+`load.json` under the test's tmp_path, so a run can be compared with the last."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+
+from ahc.server_process import AHC, TINY_MODEL, ServerProcess, child_env, recall_until, start_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+# Long enough for sessions to grow State past a few turns and for the XDB writer to batch under
+# pressure, short enough that the whole test (with a ~45 s server start) stays under ~3 minutes.
+DURATION_S = 60.0
+SESSIONS = 32
+MAX_TOKENS = 16
+API_KEY = "load-key"
+# A deliberate refusal asks the client to come back; honouring it (bounded) keeps the loop from
+# hammering a server that said it is full, without one long Retry-After eating the whole run.
+MAX_BACKOFF_S = 2.0
+# Rows become queryable within about a second of the reply; a loaded writer gets a little longer.
+RECALL_TIMEOUT_S = 5.0
+
+CODEX = [{"id": "ring", "text": "A ring of 64 cells. Particle A moves right one cell per step; "
+                                "particle B moves left; when they meet both vanish."}]
+
+
+@dataclass
+class SessionResult:
+    session_id: str
+    replies: int = 0
+    completion_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    refused: Counter = field(default_factory=Counter)  # status -> count, deliberate 429/503
+    errors: list[str] = field(default_factory=list)
+
+
+def run_session(server: ServerProcess, model: str, index: int, deadline: float) -> SessionResult:
+    """Turns back to back until the deadline; a turn started before it runs to completion."""
+    result = SessionResult(f"load-{index:02d}")
+    context = {"session_id": result.session_id,
+               "identity": f"You are observer {index}, who watches a ring of cells.",
+               "codex": CODEX,
+               "karma": [{"id": "k1", "text": f"Observer {index} counts particles twice."}]}
+    client = server.client(timeout=120)
+    turn = 0
+    while time.monotonic() < deadline:
+        turn += 1
+        start = time.monotonic()
+        try:
+            stream = client.chat.completions.create(
+                model=model, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": f"Turn {turn}: where is particle A now?"}],
+                extra_body={"context": context})
+            first: float | None = None
+            usage = None
+            finish = None
+            for chunk in stream:
+                if chunk.choices:
+                    choice = chunk.choices[0]
+                    if first is None and choice.delta.content:
+                        first = time.monotonic() - start
+                    finish = choice.finish_reason or finish
+                if chunk.usage is not None:
+                    usage = chunk.usage
+        except openai.APIStatusError as exc:
+            if exc.status_code in (429, 503):
+                retry_after = exc.response.headers.get("retry-after")
+                result.refused[exc.status_code] += 1
+                if retry_after is None:
+                    result.errors.append(f"turn {turn}: {exc.status_code} without Retry-After")
+                    continue
+                time.sleep(min(float(retry_after), MAX_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+                continue
+            result.errors.append(f"turn {turn}: {exc.status_code} {exc.message}")
+            continue
+        except openai.APIError as exc:  # an error event inside the stream, a dropped connection
+            result.errors.append(f"turn {turn}: {type(exc).__name__} {exc}")
+            continue
+        if usage is None or finish is None:
+            result.errors.append(f"turn {turn}: stream ended without usage or finish_reason")
+            continue
+        result.replies += 1
+        result.completion_tokens += usage.completion_tokens
+        if first is not None:
+            result.ttft.append(first)
+    client.close()
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; inf for no values, so an empty run fails the finiteness check."""
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
+    if not (TINY_MODEL / "config.json").exists():
+        raise RuntimeError("the tiny model is missing: run `make setup` first")
+    data_dir = tmp_path / "xdb"
+    server = start_server(data_dir, api_key=API_KEY)
+    try:
+        with server.client() as probe:
+            model = probe.models.list().data[0].id
+        results: list[SessionResult | None] = [None] * SESSIONS
+        deadline = time.monotonic() + DURATION_S
+
+        def worker(i: int) -> None:
+            try:
+                results[i] = run_session(server, model, i, deadline)
+            except Exception as exc:  # noqa: BLE001 - an unexpected failure must reach the assertions
+                results[i] = SessionResult(f"load-{i:02d}", errors=[f"{type(exc).__name__}: {exc}"])
+
+        threads = [threading.Thread(target=worker, args=(i,), name=f"load-{i}") for i in range(SESSIONS)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - began
+        done = [r for r in results if r is not None]
+
+        # Every completed reply's tokens are in XDB, and nothing else is recorded as output.
+        missing = {}
+        for r in done:
+            rows = recall_until(server, r.completion_tokens, timeout=RECALL_TIMEOUT_S, session_id=r.session_id,
+                                event_types="output", limit=10_000)
+            requests = {row["request_id"] for row in rows}
+            if len(rows) != r.completion_tokens or len(requests) != r.replies:
+                missing[r.session_id] = dict(rows=len(rows), tokens=r.completion_tokens,
+                                             requests=len(requests), replies=r.replies)
+    finally:
+        status = server.stop()
+
+    ttft = [t for r in done for t in r.ttft]
+    refused = sum((r.refused for r in done), Counter())
+    figures = {
+        "sessions": SESSIONS, "duration_s": DURATION_S, "wall_s": round(wall, 1), "max_tokens": MAX_TOKENS,
+        "replies": sum(r.replies for r in done), "completion_tokens": sum(r.completion_tokens for r in done),
+        "ttft_p50_s": round(percentile(ttft, 50), 3), "ttft_p99_s": round(percentile(ttft, 99), 3),
+        "refused_429": refused[429], "refused_503": refused[503],
+        "errors": sum(len(r.errors) for r in done), "min_replies_per_session": min(r.replies for r in done),
+        "server_exit": status,
+    }
+    (tmp_path / "load.json").write_text(json.dumps(figures, indent=2))
+    print("\nload:", json.dumps(figures))
+
+    errors = [f"{r.session_id} {e}" for r in done for e in r.errors]
+    assert not errors, f"{len(errors)} errors, first ones: {errors[:10]}\n{server.log_tail()}"
+    assert len(done) == SESSIONS and all(r.replies >= 1 for r in done), figures
+    assert math.isfinite(figures["ttft_p99_s"]), figures
+    assert not missing, f"XDB output rows differ from the replies' usage: {missing}"
+    assert status == 0, f"server exited {status} on SIGTERM:\n{server.log_tail()}"
+    verify = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir)], capture_output=True,
+                            text=True, env=child_env())
+    assert verify.returncode == 0, verify.stdout + verify.stderr
