@@ -23,6 +23,7 @@ def client(tmp_path: Path):
                        for t, w in zip(ticks, ["Hel", "lo", "!"])])
     xdb.writer.flush()
     app = FastAPI()
+    app.state.xdb = xdb
     install_error_handling(app)
     app.include_router(xdb_router(xdb))
     with TestClient(app) as c:
@@ -87,3 +88,32 @@ def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     # a reply is compressed whole or not at all: this one is partly pinned, so all of it stays
     assert state["timesteps"] == 3 and state["fidelity"]["warm"] == 2
     assert all("audit" not in route.path for route in client.app.routes)
+
+
+
+def write(xdb: XDB, session_id: str, words: list[str]) -> None:
+    ticks = xdb.next_ticks(session_id, len(words))
+    xdb.writer.submit([TimestepRow(session_id, t, "output", "assistant", w, request_id=f"r{ticks[0]}")
+                       for t, w in zip(ticks, words)])
+    xdb.writer.flush()
+
+
+def test_compact_up_to_tick_is_bounded_by_the_sessions_last_tick(client: TestClient) -> None:
+    xdb: XDB = client.app.state.xdb
+    # s1 holds ticks 0..2: a compaction past tick 2 would release rows the session has yet to write
+    err = error(client.post("/v1/xdb/compact", json={"session_id": "s1", "up_to_tick": 100,
+                                                      "compress_released": True}), 400)
+    assert err["param"] == "up_to_tick"
+    assert error(client.post("/v1/xdb/compact", json={"session_id": "nobody", "up_to_tick": 0}), 404)
+    # up to the last tick itself is fine
+    out = client.post("/v1/xdb/compact", json={"session_id": "s1", "up_to_tick": 2, "compress_released": True})
+    assert out.json()["compaction"]["range_end"] == 2
+    write(xdb, "s1", ["more", " later"])
+    recalled = client.get("/v1/xdb/recall", params={"session_id": "s1", "tick_from": 3}).json()["data"]
+    assert [r["content"] for r in recalled] == ["more", " later"]
+    assert client.get("/v1/xdb/state").json()["fidelity"]["released"] == 0
+    # the next compaction picks up where the last one ended
+    again = client.post("/v1/xdb/compact", json={"session_id": "s1"})
+    assert again.status_code == 200, again.text
+    assert (again.json()["compaction"]["range_start"], again.json()["compaction"]["range_end"]) == (3, 4)
+    assert error(client.post("/v1/xdb/compact", json={"session_id": "s1"}), 400)["param"] == "session_id"

@@ -249,6 +249,9 @@ class XDB:
         bring storage within the quota; `compress_released` compresses every released row even
         under the quota. `summarize` writes the summaries (default: the one given to `open`)."""
         summarize = summarize or self.summarize
+        if session_id is not None and self.writer is not None:
+            # The session's last tick bounds `up_to_tick`: rows already submitted count as recorded.
+            self.writer.flush()
         with self._compress_lock, self.cursor() as cur:
             record = None
             if session_id is not None:
