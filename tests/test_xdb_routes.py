@@ -117,3 +117,24 @@ def test_compact_up_to_tick_is_bounded_by_the_sessions_last_tick(client: TestCli
     assert again.status_code == 200, again.text
     assert (again.json()["compaction"]["range_start"], again.json()["compaction"]["range_end"]) == (3, 4)
     assert error(client.post("/v1/xdb/compact", json={"session_id": "s1"}), 400)["param"] == "session_id"
+
+
+def test_a_tag_string_is_a_name_and_an_integer_an_id(client: TestClient) -> None:
+    first = client.post("/v1/xdb/tag", json={"tag": "greeting", "session_id": "s1", "tick": 0}).json()["tag"]
+    # a name made of digits, among them the first tag's id: still a new tag of that name
+    named = client.post("/v1/xdb/tag", json={"tag": str(first["id"]), "session_id": "s1", "tick": 1}).json()["tag"]
+    assert named["name"] == str(first["id"]) and named["id"] != first["id"]
+    by_id = client.post("/v1/xdb/tag", json={"tag": first["id"], "session_id": "s1", "tick": 2}).json()["tag"]
+    assert by_id == first
+    by_name = client.post("/v1/xdb/tag", json={"tag": str(first["id"]), "session_id": "s1", "tick": 2}).json()["tag"]
+    assert by_name == named
+    # an unknown id is not created; a bool or a float is neither a name nor an id
+    assert error(client.post("/v1/xdb/tag", json={"tag": 9999, "session_id": "s1", "tick": 0}), 404)
+    for bad in (True, 1.0):
+        err = error(client.post("/v1/xdb/tag", json={"tag": bad, "session_id": "s1", "tick": 0}), 400)
+        assert err["param"].split(".")[0] == "tag"
+    bud = client.post("/v1/xdb/buds", json={"tag": str(first["id"]), "status": "ready"}).json()
+    assert bud["id"] == named["id"] and bud["bud_status"] == "ready"
+    # a recall filter is text: a value that names a tag means that tag, not the id it spells
+    recalled = client.get("/v1/xdb/recall", params={"tags": str(first["id"])}).json()["data"]
+    assert [r["tick"] for r in recalled] == [1, 2]
