@@ -28,7 +28,8 @@ class ToolChoice(str, Enum):
 
 
 def discover(
-    rule: Annotated[str, typer.Option(help="Bundled rule name (e.g. kinetic) or a rule file's path.")] = "kinetic",
+    rule: Annotated[str, typer.Option(
+        help="Bundled rule name (e.g. kinetic) or a rule file's path (the run is named by the file).")] = "kinetic",
     policy: Annotated[PolicyName, typer.Option(
         help="baseline (algorithmic) or llm (the model through the server).")] = PolicyName.baseline,
     base_url: Annotated[str, typer.Option(help="The server's OpenAI base URL (llm policy).")] = "http://127.0.0.1:8000/v1",
@@ -50,17 +51,19 @@ def discover(
 ) -> None:
     """Reverse-engineer a hidden universe: experiments through the harness tools until the submitted
     theory is exact or the turn budget is spent."""
-    from agent.loop import DiscoveryRun, RunConfig
+    from agent.loop import DiscoveryRun, RunConfig, rule_label_for, run_id_for
     from agent.progress import Progress
     from universe.rule import load_rule
 
     try:
         hidden = load_rule(rule)
+        label = rule_label_for(rule, hidden)
+        run_id_for(label, policy.value, seed)  # a name that cannot name a run fails before anything starts
         chosen, store = _policy_and_store(policy, base_url, api_key, model, data_dir, max_tokens, temperature,
-                                          tool_choice.value, seed, hidden.name)
+                                          tool_choice.value, seed, label)
         try:
             config = RunConfig(data_dir=data_dir, max_turns=max_turns, compaction_tokens=compaction_tokens,
-                               seed=seed, fresh=not resume)
+                               seed=seed, fresh=not resume, rule_label=label)
             run = DiscoveryRun(config, hidden, chosen, store, Progress())
             summary = run.run()
         finally:

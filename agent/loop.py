@@ -9,6 +9,7 @@ its threshold, the termination check, and the checkpoint that makes the turn cou
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +40,28 @@ class RunConfig:
     compaction_tokens: int | None = None  # None: a third of the model's window, at most 50k
     seed: int = 0
     fresh: bool = False
+    rule_label: str | None = None  # the rule's part of the run id (rule_label_for); None: the rule's name
+
+
+# A run id names the run's folder under the data dir, so its rule part must be a plain file name: no
+# path separator or "..", and not hidden.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 def run_id_for(rule: str, policy: str, seed: int) -> str:
+    """`{rule}-{policy}-seed{seed}`; ValueError unless `rule` is a plain name ([A-Za-z0-9_.-], not
+    starting with a dot)."""
+    if not _PLAIN_NAME.fullmatch(rule):
+        raise ValueError(f"rule name {rule!r} cannot name a run: use letters, digits, '_', '.' and '-' "
+                         "(not starting with '.'), or load the rule from a file with such a name")
     return f"{rule}-{policy}-seed{seed}"
+
+
+def rule_label_for(source: str | Path, rule: Rule) -> str:
+    """The rule's part of a run id: a rule file's stem when the rule came from a file (the name
+    inside the file is the author's to choose), else the rule's (bundled) name."""
+    path = Path(source)
+    return path.stem if path.is_file() else rule.name
 
 
 class DiscoveryRun:
@@ -50,7 +69,7 @@ class DiscoveryRun:
                  progress: Progress | None = None) -> None:
         self.config, self.rule, self.policy, self.store = config, rule, policy, store
         self.progress = progress or Progress(enabled=False)
-        self.run_id = run_id_for(rule.name, policy.name, config.seed)
+        self.run_id = run_id_for(config.rule_label or rule.name, policy.name, config.seed)
         self.run_dir = Path(config.data_dir) / self.run_id
         self.referee = Referee(rule)
         self.identity = identity_text(policy.prompt_size)

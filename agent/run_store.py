@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -112,10 +113,17 @@ class HttpRunStore:
         return rows[0] if rows else None
 
     def purge(self, run_id: str) -> dict[str, int]:
-        return self._call("DELETE", f"/v1/xdb/runs/{run_id}")["deleted"]
+        return self._call("DELETE", f"/v1/xdb/runs/{_path_segment(run_id)}")["deleted"]
 
     def close(self) -> None:
         self.http.close()
+
+
+def _path_segment(value: str) -> str:
+    """`value` as one URL path segment. Unescaped, a `/` would add segments, `?` or `#` end the path,
+    and a segment of `.` or `..` be resolved away by the client before the request is sent."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def _json_or_empty(response: httpx.Response) -> dict[str, Any]:

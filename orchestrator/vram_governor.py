@@ -57,9 +57,15 @@ class VramGovernor:
         self.poll_s = poll_s
         self._reserved = 0  # admitted requests whose blocks the usage figure may not show yet
 
-    def blocks_needed(self, prompt_tokens: int, cached_tokens: int, max_new_tokens: int) -> int:
+    def blocks_needed(self, prompt_tokens: int, cached_tokens: int, max_new_tokens: int, n: int = 1) -> int:
+        """Fresh blocks for `n` sequences of up to `max_new_tokens` each after one prompt. The
+        sequences share the prompt's full blocks, but each writes its completion after its own copy
+        of the prompt's partial last block, so every sequence past the first adds that and its own
+        completion."""
+        size = self.stats.block_size
         fresh = max(prompt_tokens - cached_tokens, 0) + max_new_tokens
-        return math.ceil(fresh / self.stats.block_size)
+        per_extra = math.ceil((prompt_tokens % size + max_new_tokens) / size)
+        return math.ceil(fresh / size) + (max(n, 1) - 1) * per_extra
 
     def free_blocks(self) -> int:
         if self.stats.total_blocks == 0:  # the engine has not reported yet: nothing to govern against

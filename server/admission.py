@@ -62,7 +62,18 @@ def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int)
     return asked if asked is not None else max(max_model_len - prompt_tokens, 0)
 
 
+def choices(body: dict[str, Any]) -> int:
+    """How many completions (`n`) the request asks for; each one generates its own tokens."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
+def request_blocks(governor: VramGovernor, body: dict[str, Any], max_model_len: int, prompt_tokens: int,
+                   cached_tokens: int) -> int:
+    """The KV blocks a request adds: its uncached prompt once, and a completion budget per choice."""
+    return governor.blocks_needed(prompt_tokens, cached_tokens, max_new_tokens(body, max_model_len, prompt_tokens),
+                                  choices(body))
+
+
 def _blocks_needed(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> int:
-    prompt_tokens = turn.prepared.prompt.tokens
-    return governor.blocks_needed(prompt_tokens, turn.report.cached_estimate(),
-                                  max_new_tokens(body, max_model_len, prompt_tokens))
+    return request_blocks(governor, body, max_model_len, turn.prepared.prompt.tokens, turn.report.cached_estimate())

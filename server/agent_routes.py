@@ -8,7 +8,8 @@ client). Routes, under `/v1/xdb`:
     GET    /interactions      ?run_id=&pattern=&after_turn=&last=  -> {object: list, data: [rows]}
     POST   /meta_knowledge    {run_id, theorems_json?, negative_knowledge?, last_compacted_turn?} -> {version_id}
     GET    /meta_knowledge    ?run_id=&all=false  -> {object: list, data: [latest] or every version}
-    DELETE /runs/{run_id}     -> {deleted: {interaction_log: n, meta_knowledge: n}}  (a fresh run's reset)
+    DELETE /runs/{run_id}     -> {deleted: {interaction_log: n, meta_knowledge: n}}  (a fresh run's reset;
+                              run_id percent-encoded, an escaped "/" included)
 
 Bodies and queries are typed: bad input is a 400 naming the parameter; an unknown run is an empty
 list, never a 404.
@@ -71,7 +72,8 @@ def agent_router(xdb: XDB) -> APIRouter:
                        all: bool = False) -> Any:  # noqa: A002 (the query parameter's name)
         return {"object": "list", "data": xdb.meta_knowledge(run_id, latest=not all)}
 
-    @router.delete("/runs/{run_id}")
+    # `:path` so a run id with an escaped `/` (%2F, decoded before routing) still reaches this route.
+    @router.delete("/runs/{run_id:path}")
     def purge(run_id: str) -> Any:
         return {"run_id": run_id, "deleted": xdb.purge_run(run_id)}
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from server.errors import AHCRoute
 from xdb import XDB
@@ -35,7 +35,7 @@ class Target(_Body):
 
 
 class TagBody(Target):
-    tag: str | int
+    tag: StrictStr | StrictInt  # the JSON type decides: a string is a name, an integer an id
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
     source: Literal["auto", "manual", "inherited"] = "manual"
@@ -51,7 +51,7 @@ BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandone
 
 
 class BudBody(_Body):
-    tag: str | int
+    tag: StrictStr | StrictInt  # the JSON type decides: a string is a name, an integer an id
     status: BudStatusName
 
 

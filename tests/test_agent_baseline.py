@@ -3,6 +3,7 @@ rules solved in at most two experiments, the report, and `ahc discover`'s comman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from agent.evidence import Evidence
-from agent.loop import DiscoveryRun, RunConfig
+from agent.loop import DiscoveryRun, RunConfig, run_id_for
 from agent.policies.baseline import BaselinePolicy, table_laws
 from agent.rings import coverage_ring, pair_counts
 from agent.run_store import LocalRunStore
@@ -111,6 +112,34 @@ def test_discover_json_ends_with_the_summary(tmp_path: Path) -> None:
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert list(summary) == SUMMARY_KEYS and summary["solved"] and summary["experiments"] == 2
     assert (tmp_path / "kinetic-baseline-seed0" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/escaped", ".hidden", "a/b", "", "two words"])
+def test_a_rule_name_that_is_not_a_plain_name_names_no_run(name: str, tmp_path: Path, store) -> None:
+    rule = dataclasses.replace(load_rule("kinetic"), name=name) if name else load_rule("kinetic")
+    with pytest.raises(ValueError, match="cannot name a run"):
+        run_id_for(name, "baseline", 0)
+    if name:
+        data_dir = tmp_path / "a" / "b"
+        with pytest.raises(ValueError, match="cannot name a run"):
+            run_baseline(rule, data_dir, store)
+        assert list(tmp_path.rglob("*")) == []  # nothing written, inside the data dir or out of it
+
+
+def test_a_rule_file_names_its_run_by_its_stem(tmp_path: Path) -> None:
+    rules, data_dir = tmp_path / "rules", tmp_path / "deep" / "runs"
+    rules.mkdir()
+    evil = dict(load_rule("kinetic").to_dict(), name="../../escaped")
+    (rules / "evil.json").write_text(json.dumps(evil))
+    (rules / ".hidden.json").write_text(json.dumps(evil))
+    done = discover("--rule", str(rules / "evil.json"), "--data-dir", str(data_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["solved"]
+    assert (data_dir / "evil-baseline-seed0" / "report.md").is_file()
+    assert not (tmp_path / "escaped-baseline-seed0").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "rules"]
+    hidden = discover("--rule", str(rules / ".hidden.json"), "--data-dir", str(data_dir))
+    assert hidden.returncode == 1 and "cannot name a run" in hidden.stderr
 
 
 @pytest.mark.parametrize("args, code, message", [

@@ -62,6 +62,17 @@ def test_run_store_round_trip_and_purge(store) -> None:
     assert len(store.interactions("other")) == 1  # other runs are untouched
 
 
+@pytest.mark.parametrize("run_id", ["a/b", "../x", "what?x=1", "frag#1", "with space", "100%", "..", "."])
+def test_a_run_id_reaches_the_store_whole_whatever_its_characters(store, run_id: str) -> None:
+    store.log_interaction(run_id, journal_entry="mine", tool_call_json=None, tool_result_json=None, token_count=1)
+    store.save_meta_knowledge(run_id, theorems_json="[]", negative_knowledge=None, last_compacted_turn=None)
+    store.log_interaction("a", journal_entry="other", tool_call_json=None, tool_result_json=None, token_count=1)
+    assert [r["journal_entry"] for r in store.interactions(run_id)] == ["mine"]
+    assert store.purge(run_id) == {"interaction_log": 1, "meta_knowledge": 1}
+    assert store.interactions(run_id) == [] and store.meta_knowledge(run_id) is None
+    assert len(store.interactions("a")) == 1  # no other run was purged
+
+
 def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "xdb") as xdb:
         app = FastAPI()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +102,43 @@ def test_chunks_end_on_paragraph_boundaries_when_they_can() -> None:
     assert len(chunks) == 4
     for c in chunks:
         assert c.text.startswith("Paragraph") and (c.end_char == len(text) or text[c.end_char:c.end_char + 2] == "\n\n")
+
+
+class MeteredCount:
+    """A token counter that tallies what it tokenizes and fails once that passes `budget` characters,
+    so a quadratic chunker fails fast instead of running for minutes."""
+
+    def __init__(self, count, budget: int) -> None:
+        self.count, self.budget, self.calls, self.chars = count, budget, 0, 0
+
+    def __call__(self, text: str) -> int:
+        self.calls += 1
+        self.chars += len(text)
+        assert self.chars <= self.budget, f"tokenized {self.chars} characters, over {self.budget}"
+        return int(self.count(text))
+
+
+def test_chunking_a_blob_without_whitespace_is_linear() -> None:
+    # ~1.3 characters a token, denser where the blob has punctuation, like WordPiece on base64
+    pieces = re.compile(r"[A-Za-z0-9]{1,3}|[^A-Za-z0-9]")
+    rng = random.Random(7)
+    blob = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+                   for _ in range(2_000_000))
+    count = MeteredCount(lambda s: len(pieces.findall(s)), budget=3 * len(blob))
+    chunks = chunk_document("d", blob, max_tokens=200, overlap=40, count_tokens=count)
+    assert count.chars <= 3 * len(blob)
+    assert count.calls <= 2 * len(chunks) + 2  # about one count a piece
+    assert "".join(c.text for c in chunks) == blob  # pieces of a blob do not overlap: each fills a chunk
+    assert all(len(pieces.findall(c.text)) <= 200 for c in chunks)
+    assert min(len(pieces.findall(c.text)) for c in chunks[:-1]) >= 100  # and fills it well
+
+
+def test_chunking_a_blob_with_the_real_tokenizer_is_linear(embedder: Embedder) -> None:
+    blob = base64.b64encode(random.Random(3).randbytes(75_000)).decode()
+    count = MeteredCount(embedder.count_tokens, budget=3 * len(blob))
+    chunks = chunk_document("d", blob, max_tokens=200, overlap=40, count_tokens=count)
+    assert "".join(c.text for c in chunks) == blob
+    assert all(embedder.count_tokens(c.text) <= 200 for c in chunks)
 
 
 def test_chunking_rejects_bad_sizes() -> None:

@@ -23,9 +23,9 @@ def client(tmp_path: Path):
                        for t, w in zip(ticks, ["Hel", "lo", "!"])])
     xdb.writer.flush()
     app = FastAPI()
+    app.state.xdb = xdb
     install_error_handling(app)
     app.include_router(xdb_router(xdb))
-    app.state.xdb = xdb
     with TestClient(app) as c:
         yield c
     xdb.close()
@@ -138,3 +138,53 @@ def test_a_writer_that_cannot_keep_up_is_503_with_retry_after(client: TestClient
     response = client.post("/v1/xdb/tag", json={"tag": "x", "session_id": "s1", "tick": 99})
     assert response.status_code == 503 and response.headers["retry-after"]
     assert response.json()["error"]["type"] == "server_error"
+
+
+
+def write(xdb: XDB, session_id: str, words: list[str]) -> None:
+    ticks = xdb.next_ticks(session_id, len(words))
+    xdb.writer.submit([TimestepRow(session_id, t, "output", "assistant", w, request_id=f"r{ticks[0]}")
+                       for t, w in zip(ticks, words)])
+    xdb.writer.flush()
+
+
+def test_compact_up_to_tick_is_bounded_by_the_sessions_last_tick(client: TestClient) -> None:
+    xdb: XDB = client.app.state.xdb
+    # s1 holds ticks 0..2: a compaction past tick 2 would release rows the session has yet to write
+    err = error(client.post("/v1/xdb/compact", json={"session_id": "s1", "up_to_tick": 100,
+                                                      "compress_released": True}), 400)
+    assert err["param"] == "up_to_tick"
+    assert error(client.post("/v1/xdb/compact", json={"session_id": "nobody", "up_to_tick": 0}), 404)
+    # up to the last tick itself is fine
+    out = client.post("/v1/xdb/compact", json={"session_id": "s1", "up_to_tick": 2, "compress_released": True})
+    assert out.json()["compaction"]["range_end"] == 2
+    write(xdb, "s1", ["more", " later"])
+    recalled = client.get("/v1/xdb/recall", params={"session_id": "s1", "tick_from": 3}).json()["data"]
+    assert [r["content"] for r in recalled] == ["more", " later"]
+    assert client.get("/v1/xdb/state").json()["fidelity"]["released"] == 0
+    # the next compaction picks up where the last one ended
+    again = client.post("/v1/xdb/compact", json={"session_id": "s1"})
+    assert again.status_code == 200, again.text
+    assert (again.json()["compaction"]["range_start"], again.json()["compaction"]["range_end"]) == (3, 4)
+    assert error(client.post("/v1/xdb/compact", json={"session_id": "s1"}), 400)["param"] == "session_id"
+
+
+def test_a_tag_string_is_a_name_and_an_integer_an_id(client: TestClient) -> None:
+    first = client.post("/v1/xdb/tag", json={"tag": "greeting", "session_id": "s1", "tick": 0}).json()["tag"]
+    # a name made of digits, among them the first tag's id: still a new tag of that name
+    named = client.post("/v1/xdb/tag", json={"tag": str(first["id"]), "session_id": "s1", "tick": 1}).json()["tag"]
+    assert named["name"] == str(first["id"]) and named["id"] != first["id"]
+    by_id = client.post("/v1/xdb/tag", json={"tag": first["id"], "session_id": "s1", "tick": 2}).json()["tag"]
+    assert by_id == first
+    by_name = client.post("/v1/xdb/tag", json={"tag": str(first["id"]), "session_id": "s1", "tick": 2}).json()["tag"]
+    assert by_name == named
+    # an unknown id is not created; a bool or a float is neither a name nor an id
+    assert error(client.post("/v1/xdb/tag", json={"tag": 9999, "session_id": "s1", "tick": 0}), 404)
+    for bad in (True, 1.0):
+        err = error(client.post("/v1/xdb/tag", json={"tag": bad, "session_id": "s1", "tick": 0}), 400)
+        assert err["param"].split(".")[0] == "tag"
+    bud = client.post("/v1/xdb/buds", json={"tag": str(first["id"]), "status": "ready"}).json()
+    assert bud["id"] == named["id"] and bud["bud_status"] == "ready"
+    # a recall filter is text: a value that names a tag means that tag, not the id it spells
+    recalled = client.get("/v1/xdb/recall", params={"tags": str(first["id"])}).json()["data"]
+    assert [r["tick"] for r in recalled] == [1, 2]

@@ -9,6 +9,7 @@ import duckdb
 import pytest
 
 from ahc.config import XDBConfig
+from ahc.errors import InvalidRequest
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
 from xdb.session_state import KEEP_VERSIONS
 
@@ -239,3 +240,14 @@ def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
     assert xdb.interactions("gone") == [] and xdb.meta_knowledge("gone") == []
     assert [t["turn_id"] for t in xdb.interactions("kept")] == [kept] and len(xdb.meta_knowledge("kept")) == 1
     assert xdb.purge_run("gone") == {"interaction_log": 0, "meta_knowledge": 0}
+
+
+def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
+    xdb.writer.submit(reply(xdb, "s", ["a", "b"], "r1"))
+    first = xdb.tag("first", session_id="s", tick=0)["tag"]
+    digits = xdb.tag(str(first["id"]), session_id="s", tick=1)["tag"]
+    assert digits["name"] == str(first["id"]) and digits["id"] != first["id"]
+    assert xdb.set_bud_status(first["id"], "collecting")["name"] == "first"
+    assert xdb.set_bud_status(str(first["id"]), "collecting")["id"] == digits["id"]
+    with pytest.raises(InvalidRequest):
+        xdb.set_bud_status(True, "collecting")  # type: ignore[arg-type]

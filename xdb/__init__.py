@@ -22,6 +22,7 @@ The interface the server uses:
 
     xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # timestep fields + role, token_id, request_id
     xdb.tag(tag, timestep_id= | session_id=+tick= | event_id= | session_id=+tick_range=, ...)
+                                                     # tag (and bud): a str is a name, an int an id
     xdb.comment(content, <same target>) ; xdb.comments(session_id)
     xdb.concepts_list(query) ; xdb.buds(status) ; xdb.set_bud_status(tag, status) ; xdb.create_tag(name, type)
     xdb.documents(doc_type, query) ; xdb.document(doc_id | path=, version=) ; xdb.document_versions(doc_id)

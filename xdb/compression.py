@@ -200,9 +200,17 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
     last = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
     if last is None:
         raise NotFound(f"session {session_id!r} not found")
+    # A compaction releases every tick up to its end, including ticks not yet recorded: one past the
+    # session's last tick would release (and let compression delete) rows the session has yet to write,
+    # and every later compaction would then start beyond the session's end. So the end is at most the
+    # last recorded tick.
+    if up_to_tick is not None and up_to_tick > last[0]:
+        raise InvalidRequest(f"up_to_tick {up_to_tick} is beyond session {session_id!r}'s last tick {last[0]}",
+                             param="up_to_tick")
     end = last[0] if up_to_tick is None else up_to_tick
     if end < start:
-        raise InvalidRequest(f"ticks up to {end} are already compacted (next is {start})")
+        raise InvalidRequest(f"ticks up to {end} are already compacted (next is {start})",
+                             param="up_to_tick" if up_to_tick is not None else "session_id")
     where = "session_id = ? AND tick BETWEEN ? AND ?"
     args = [session_id, start, end]
     n, tokens, text = one(cur.execute(

@@ -165,10 +165,11 @@ class TagCache:
 
     def resolve(self, cur: duckdb.DuckDBPyConnection, names_or_ids: list[str]) -> tuple[list[int], list[str]]:
         """Tag ids for names or numeric ids (unknown tags are skipped: they match nothing), and the
-        target types their applications use."""
+        target types their applications use. A filter value is text, so a name wins: "123" means the
+        tag named "123" where there is one, and tag id 123 only otherwise."""
         by_name, names, kinds = self._get(cur)
         ids = {by_name[x] for x in names_or_ids if x in by_name}
-        ids.update(int(x) for x in names_or_ids if x.isdecimal() and int(x) in names)
+        ids.update(int(x) for x in names_or_ids if x not in by_name and x.isdecimal() and int(x) in names)
         return sorted(ids), sorted({kind for tid in ids for kind in kinds[tid]})
 
     def names(self, cur: duckdb.DuckDBPyConnection) -> dict[int, str]:

@@ -175,8 +175,8 @@ class XDB:
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
             created_by: str = "be", description: str | None = None) -> dict[str, Any]:
-        """Apply a tag (by name or id; a new name creates it) to a timestep, an event or a tick range.
-        Raises NotFound for a missing target."""
+        """Apply a tag (a str is its name, an int its id; a new name creates it) to a timestep, an
+        event or a tick range. Raises NotFound for a missing target."""
         with self.cursor() as cur:
             target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
@@ -256,6 +256,9 @@ class XDB:
         bring storage within the quota; `compress_released` compresses every released row even
         under the quota. `summarize` writes the summaries (default: the one given to `open`)."""
         summarize = summarize or self.summarize
+        if session_id is not None and self.writer is not None:
+            # The session's last tick bounds `up_to_tick`: rows already submitted count as recorded.
+            self.writer.flush()
         with self._compress_lock, self.cursor() as cur:
             record = None
             if session_id is not None:

@@ -103,12 +103,15 @@ def tag_dict(row: Row) -> dict[str, Any]:
 
 
 def find_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str, Any] | None:
+    """The tag a str names or an int identifies. The type decides, never the content: "123" is the
+    name "123" (a valid name, which may be created), so a name can never be taken for another tag's id."""
     cols = ", ".join(TAG_COLUMNS)
-    if isinstance(name_or_id, int) or str(name_or_id).isdigit():
-        row = cur.execute(f"SELECT {cols} FROM tags WHERE id = ?", [int(name_or_id)]).fetchone()
-        if row is not None or isinstance(name_or_id, int):
-            return tag_dict(row) if row else None
-    row = cur.execute(f"SELECT {cols} FROM tags WHERE name = ?", [str(name_or_id)]).fetchone()
+    if isinstance(name_or_id, bool) or not isinstance(name_or_id, str | int):
+        raise InvalidRequest(f"a tag is a name (string) or an id (integer), got {name_or_id!r}", param="tag")
+    if isinstance(name_or_id, int):
+        row = cur.execute(f"SELECT {cols} FROM tags WHERE id = ?", [name_or_id]).fetchone()
+    else:
+        row = cur.execute(f"SELECT {cols} FROM tags WHERE name = ?", [name_or_id]).fetchone()
     return tag_dict(row) if row else None
 
 

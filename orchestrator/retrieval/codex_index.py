@@ -29,7 +29,7 @@ from orchestrator.retrieval.limits import RagLimits
 from orchestrator.retrieval.sql import one_int
 
 # Bump when chunk_document's output changes for the same input: stored documents then re-chunk.
-CHUNKER_VERSION = 1
+CHUNKER_VERSION = 2
 RRF_K = 60  # the constant from Cormack et al.; damps the weight of top ranks
 
 _SCHEMA = f"""
