@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
 from xdb import XDB
+from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
@@ -58,7 +59,7 @@ class BudBody(_Body):
 class DocumentBody(_Body):
     name: str = Field(min_length=1)
     content: str
-    doc_type: str = "reference"
+    doc_type: DocumentType = DocumentType.REFERENCE
     path: str | None = None
     tags: list[str] | None = None
     source: str | None = None
@@ -119,7 +120,7 @@ def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRo
         return xdb.set_bud_status(body.tag, body.status)
 
     @router.get("/documents")
-    def documents(doc_type: str | None = None, q: str | None = None) -> Any:
+    def documents(doc_type: DocumentType | None = None, q: str | None = None) -> Any:
         return {"object": "list", "data": xdb.documents(doc_type, q)}
 
     @router.get("/documents/{doc_id}")

@@ -80,6 +80,15 @@ def test_documents_versions_and_413(client: TestClient) -> None:
     assert error(client.get("/v1/xdb/documents/doc-nope"), 404)["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize("method, path, kwargs", [
+    ("GET", "/v1/xdb/documents", {"params": {"doc_type": "3"}}),
+    ("POST", "/v1/xdb/documents", {"json": {"name": "n", "content": "", "doc_type": ""}}),
+])
+def test_unknown_doc_type_is_400_naming_it(client: TestClient, method: str, path: str, kwargs: dict) -> None:
+    err = error(client.request(method, path, **kwargs), 400)
+    assert err["param"] == "doc_type" and err["type"] == "invalid_request_error"
+
+
 def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     client.post("/v1/xdb/tag", json={"tag": "bud-a", "tag_type": "bud", "session_id": "s1", "tick_range": [0, 2]})
     assert [b["name"] for b in client.get("/v1/xdb/buds").json()["data"]] == ["bud-a"]
