@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
 from xdb import XDB
@@ -17,6 +17,16 @@ from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+def _tag_id_in_range(tag: str | int) -> str | int:
+    if isinstance(tag, int) and not 0 <= tag <= INT64_MAX:
+        raise ValueError(f"a tag id is between 0 and {INT64_MAX}")
+    return tag
+
+
+# A tag by name, or by id (a BIGINT). Checked after the union, so an error names `tag`, not a branch.
+TagRef = Annotated[str | int, AfterValidator(_tag_id_in_range)]
 
 
 class _Body(BaseModel):
@@ -36,7 +46,7 @@ class Target(_Body):
 
 
 class TagBody(Target):
-    tag: str | int
+    tag: TagRef
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
     source: Literal["auto", "manual", "inherited"] = "manual"
@@ -52,7 +62,7 @@ BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandone
 
 
 class BudBody(_Body):
-    tag: str | int
+    tag: TagRef
     status: BudStatusName
 
 

@@ -123,6 +123,20 @@ def test_hostile_values_are_400_not_500(client: TestClient, method: str, path: s
     assert err["param"] == param and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("tag", [-(2**127), 2**63])
+def test_a_tag_id_past_bigint_is_400(client: TestClient, tag: int) -> None:
+    for path, body in [("/v1/xdb/buds", {"tag": tag, "status": "ready"}), ("/v1/xdb/tag", {"tag": tag, "tick": 0})]:
+        assert error(client.post(path, json=body), 400)["param"] == "tag"
+
+
+@pytest.mark.parametrize("name", ["9" * 30, "\u00b2"])
+def test_a_digit_string_that_is_no_id_is_a_tag_name(client: TestClient, name: str) -> None:
+    """Only ASCII digits within BIGINT name a tag by id; "²" and 30 nines are names (once a 500)."""
+    assert error(client.post("/v1/xdb/buds", json={"tag": name, "status": "ready"}), 404)["type"] == "not_found_error"
+    ok = client.post("/v1/xdb/tag", json={"tag": name, "session_id": "s1", "tick": 0})
+    assert ok.status_code == 200 and ok.json()["tag"]["name"] == name
+
+
 def test_concurrent_document_updates_all_land_as_versions(client: TestClient) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

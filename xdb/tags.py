@@ -9,6 +9,7 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
+from xdb.schema import INT64_MAX
 from xdb.sql import Row, one
 
 
@@ -103,7 +104,10 @@ def tag_dict(row: Row) -> dict[str, Any]:
 
 def find_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str, Any] | None:
     cols = ", ".join(TAG_COLUMNS)
-    if isinstance(name_or_id, int) or str(name_or_id).isdigit():
+    # A string of ASCII digits within BIGINT names an id; any other string ("²", 30 digits) is a name.
+    as_id = isinstance(name_or_id, int) or (name_or_id.isascii() and name_or_id.isdecimal()
+                                            and int(name_or_id) <= INT64_MAX)
+    if as_id:
         row = cur.execute(f"SELECT {cols} FROM tags WHERE id = ?", [int(name_or_id)]).fetchone()
         if row is not None or isinstance(name_or_id, int):
             return tag_dict(row) if row else None
