@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
 from xdb import XDB
-from xdb.schema import INT64_MAX
+from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
 
@@ -38,7 +38,7 @@ class InteractionBody(_Body):
     journal_entry: str | None = None
     tool_call_json: str | None = None
     tool_result_json: str | None = None
-    token_count: int | None = Field(None, ge=0, le=INT64_MAX)
+    token_count: int | None = Field(None, ge=0, le=INT32_MAX)  # an INTEGER column
 
 
 class KnowledgeBody(_Body):

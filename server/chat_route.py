@@ -45,6 +45,11 @@ def install_chat_route(app: FastAPI, runtime: Runtime) -> None:
 
     route = APIRoute("/v1/chat/completions", chat_completions, methods=["POST"], name="ahc_chat_completions",
                      response_model=None)
+    for shadowed in app.router.routes:
+        # vLLM's route is never reached; left in the OpenAPI document it would replace ours there, and the
+        # document would describe a body without `context`.
+        if isinstance(shadowed, APIRoute) and shadowed.path == route.path and "POST" in shadowed.methods:
+            shadowed.include_in_schema = False
     app.router.routes.insert(0, route)
 
 

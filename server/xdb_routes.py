@@ -8,14 +8,26 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from server.errors import AHCRoute
 from xdb import XDB
+from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+def _tag_id_in_range(tag: str | int) -> str | int:
+    if isinstance(tag, int) and not 0 <= tag <= INT64_MAX:
+        raise ValueError(f"a tag id is between 0 and {INT64_MAX}")
+    return tag
+
+
+# A tag by name or by id (a BIGINT): the JSON type decides, a string is a name and an integer an id.
+# The range is checked after the union, so an error names `tag`, not a branch of it.
+TagRef = Annotated[StrictStr | StrictInt, AfterValidator(_tag_id_in_range)]
 
 
 class _Body(BaseModel):
@@ -35,7 +47,7 @@ class Target(_Body):
 
 
 class TagBody(Target):
-    tag: StrictStr | StrictInt  # the JSON type decides: a string is a name, an integer an id
+    tag: TagRef
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
     source: Literal["auto", "manual", "inherited"] = "manual"
@@ -51,14 +63,14 @@ BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandone
 
 
 class BudBody(_Body):
-    tag: StrictStr | StrictInt  # the JSON type decides: a string is a name, an integer an id
+    tag: TagRef
     status: BudStatusName
 
 
 class DocumentBody(_Body):
     name: str = Field(min_length=1)
     content: str
-    doc_type: str = "reference"
+    doc_type: DocumentType = DocumentType.REFERENCE
     path: str | None = None
     tags: list[str] | None = None
     source: str | None = None
@@ -119,7 +131,7 @@ def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRo
         return xdb.set_bud_status(body.tag, body.status)
 
     @router.get("/documents")
-    def documents(doc_type: str | None = None, q: str | None = None) -> Any:
+    def documents(doc_type: DocumentType | None = None, q: str | None = None) -> Any:
         return {"object": "list", "data": xdb.documents(doc_type, q)}
 
     @router.get("/documents/{doc_id}")

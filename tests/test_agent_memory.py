@@ -85,6 +85,8 @@ def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
                 ("POST", "/v1/xdb/interactions", {"json": {"journal_entry": "x"}}, "run_id"),
                 ("POST", "/v1/xdb/interactions", {"json": {"run_id": "r", "token_count": -1}}, "token_count"),
                 ("POST", "/v1/xdb/interactions", {"json": {"run_id": "r", "token_count": 10**30}}, "token_count"),
+                # past INTEGER (the column's type) but within BIGINT: once a database error, a 500
+                ("POST", "/v1/xdb/interactions", {"json": {"run_id": "r", "token_count": 2**31}}, "token_count"),
                 ("GET", "/v1/xdb/interactions", {"params": {"run_id": "r", "after_turn": str(10**30)}}, "after_turn"),
                 ("POST", "/v1/xdb/meta_knowledge", {"json": {"run_id": "r", "surprise": 1}}, "surprise"),
                 ("POST", "/v1/xdb/meta_knowledge", {"content": b"not json"}, "body"),

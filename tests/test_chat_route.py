@@ -149,6 +149,9 @@ def test_ahc_routes_are_typed_in_the_openapi_schema(served: tuple[TestClient, Ru
     recall_params = {p["name"] for p in schema["paths"]["/v1/xdb/recall"]["get"]["parameters"]}
     assert {"session_id", "tick_from", "concept", "limit"} <= recall_params
     assert "context" in schema["components"]["schemas"]["ChatRequest"]["properties"]
+    # The path documents AHC's body (with `context`), not the shadowed vLLM route's.
+    chat_body = schema["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert chat_body["schema"]["$ref"].endswith("/ChatRequest")
 
 
 def broken_flush(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -80,6 +80,15 @@ def test_documents_versions_and_413(client: TestClient) -> None:
     assert error(client.get("/v1/xdb/documents/doc-nope"), 404)["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize("method, path, kwargs", [
+    ("GET", "/v1/xdb/documents", {"params": {"doc_type": "3"}}),
+    ("POST", "/v1/xdb/documents", {"json": {"name": "n", "content": "", "doc_type": ""}}),
+])
+def test_unknown_doc_type_is_400_naming_it(client: TestClient, method: str, path: str, kwargs: dict) -> None:
+    err = error(client.request(method, path, **kwargs), 400)
+    assert err["param"] == "doc_type" and err["type"] == "invalid_request_error"
+
+
 def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     client.post("/v1/xdb/tag", json={"tag": "bud-a", "tag_type": "bud", "session_id": "s1", "tick_range": [0, 2]})
     assert [b["name"] for b in client.get("/v1/xdb/buds").json()["data"]] == ["bud-a"]
@@ -112,6 +121,20 @@ def test_hostile_values_are_400_not_500(client: TestClient, method: str, path: s
     """Integers past DuckDB's BIGINT, lone surrogates and JSON nested past the parser's depth."""
     err = error(getattr(client, method)(path, **kwargs), 400)
     assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("tag", [-(2**127), 2**63])
+def test_a_tag_id_past_bigint_is_400(client: TestClient, tag: int) -> None:
+    for path, body in [("/v1/xdb/buds", {"tag": tag, "status": "ready"}), ("/v1/xdb/tag", {"tag": tag, "tick": 0})]:
+        assert error(client.post(path, json=body), 400)["param"] == "tag"
+
+
+@pytest.mark.parametrize("name", ["9" * 30, "\u00b2"])
+def test_a_digit_string_that_is_no_id_is_a_tag_name(client: TestClient, name: str) -> None:
+    """Only ASCII digits within BIGINT name a tag by id; "²" and 30 nines are names (once a 500)."""
+    assert error(client.post("/v1/xdb/buds", json={"tag": name, "status": "ready"}), 404)["type"] == "not_found_error"
+    ok = client.post("/v1/xdb/tag", json={"tag": name, "session_id": "s1", "tick": 0})
+    assert ok.status_code == 200 and ok.json()["tag"]["name"] == name
 
 
 def test_concurrent_document_updates_all_land_as_versions(client: TestClient) -> None:

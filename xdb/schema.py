@@ -15,6 +15,8 @@ APP = "ahc-xdb"
 # LISTs (measured), so k is part of the schema; a row with fewer than k has NULL slots.
 # Ids, ticks and counts are DuckDB BIGINTs: a larger integer is refused as bad input, not a database error.
 INT64_MAX = 2**63 - 1
+# The few INTEGER columns a client writes directly (interaction_log.token_count) take a 32-bit value.
+INT32_MAX = 2**31 - 1
 
 TOP_K = 10
 

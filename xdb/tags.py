@@ -10,6 +10,7 @@ import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.schema import INT64_MAX
 from xdb.sql import Row, one, transaction
 
 
@@ -109,6 +110,8 @@ def find_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int) -> dict[str,
     if isinstance(name_or_id, bool) or not isinstance(name_or_id, str | int):
         raise InvalidRequest(f"a tag is a name (string) or an id (integer), got {name_or_id!r}", param="tag")
     if isinstance(name_or_id, int):
+        if not 0 <= name_or_id <= INT64_MAX:
+            raise InvalidRequest(f"a tag id is between 0 and {INT64_MAX}", param="tag")
         row = cur.execute(f"SELECT {cols} FROM tags WHERE id = ?", [name_or_id]).fetchone()
     else:
         row = cur.execute(f"SELECT {cols} FROM tags WHERE name = ?", [name_or_id]).fetchone()

@@ -1,0 +1,148 @@
+"""Schema fuzzing: schemathesis generates requests from the server's own OpenAPI document and sends them
+to one real `ahc serve` (the tiny model). Whatever it sends, the server must never answer 5xx, and every
+4xx must be in OpenAI's error shape, since clients written against OpenAI parse it.
+
+AHC's own routes (`/v1/xdb/*`, `/v1/context/*`) get many examples: they are cheap. The generating
+routes (`/v1/chat/completions`, `/v1/completions`) get few, with the completion budget clamped so a
+request that does validate costs a few tokens; most generated bodies fail validation, which is cheap too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+
+from ahc.server_process import TINY_MODEL, ServerProcess, start_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+API_KEY = "fuzz-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GENERATING = r"^/v1/(chat/)?completions$"
+# A cap on what one generated request may cost the engine: a random model never stops early, so an
+# unclamped `max_tokens` would have it generate to the end of the window.
+MAX_TOKENS = 4
+MAX_CHOICES = 2
+
+stats: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A server of this module's own, not the session's shared one: the fuzzer pins, compacts, tags and
+    writes documents at random, which would change what the other engine tests find in XDB."""
+    if not (TINY_MODEL / "config.json").exists():
+        raise RuntimeError("the tiny model is missing: run `make setup` first")
+    srv = start_server(tmp_path_factory.mktemp("fuzz") / "xdb", api_key=API_KEY)
+    started = time.monotonic()
+    yield srv
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\nfuzz: {stats['requests']} requests in {time.monotonic() - started:.0f} s")
+        for key, count in sorted(stats.items()):
+            print(f"  {key}: {count}")
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def openapi(fuzz_server: ServerProcess) -> Any:
+    schema = schemathesis.openapi.from_url(f"{fuzz_server.base_url}/openapi.json", headers=AUTH, timeout=30)
+    schema.config.update(base_url=fuzz_server.base_url, headers=AUTH, request_timeout=120)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def served_model(fuzz_server: ServerProcess) -> str:
+    with fuzz_server.http() as http:
+        return http.get("/v1/models").json()["data"][0]["id"]
+
+
+def openai_error_shape(ctx: Any, response: Any, case: Any) -> None:
+    """Every 4xx is `{"error": {"message": str, "type": str, "param": ..., "code": ...}}` and nothing else."""
+    if not 400 <= response.status_code < 500:
+        return
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise AssertionError(f"{response.status_code} body is not JSON: {response.text[:300]!r}") from exc
+    assert isinstance(body, dict) and set(body) == {"error"}, f"not OpenAI's error shape: {response.text[:300]}"
+    error = body["error"]
+    assert isinstance(error, dict), f"`error` is not an object: {response.text[:300]}"
+    assert {"message", "type", "param", "code"} <= set(error), f"`error` lacks fields: {response.text[:300]}"
+    assert isinstance(error["message"], str) and isinstance(error["type"], str), response.text[:300]
+
+
+CHECKS = [not_a_server_error, openai_error_shape]
+
+
+def operations(schema: Any, path_regex: str) -> list[Any]:
+    found = [result.ok() for result in schema.include(path_regex=path_regex).get_all_operations()]
+    assert found, f"no operation matches {path_regex}"
+    return found
+
+
+def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | None = None) -> str | None:
+    """One operation, half valid bodies and queries, half invalid ones; the first failure, shrunk by
+    Hypothesis, or None. (schemathesis's own pytest plugin is not used: its lazy-fixture runner sets
+    `Function._nodeid`, which pytest 9 no longer has.)"""
+    strategy = st.one_of(operation.as_strategy(GenerationMode.POSITIVE),
+                         operation.as_strategy(GenerationMode.NEGATIVE))
+
+    @given(case=strategy)
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
+    def run(case: Any) -> None:
+        if prepare is not None:
+            prepare(case)
+        stats["requests"] += 1
+        response = case.call_and_validate(headers=AUTH, checks=CHECKS)
+        stats[f"{operation.path} {response.status_code // 100}xx"] += 1
+
+    try:
+        run()
+    except (Exception, BaseExceptionGroup) as exc:  # schemathesis reports failures as a BaseExceptionGroup
+        return f"{operation.label}: {exc}"  # the message holds the shrunk request as a curl command
+    return None
+
+
+def test_ahc_routes(openapi: Any) -> None:
+    failures = [f for op in operations(openapi, r"^/v1/(xdb|context)/") if (f := fuzz(op, 300))]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_generating_routes(openapi: Any, served_model: str) -> None:
+    def prepare(case: Any) -> None:
+        if isinstance(case.body, dict):
+            cheapen(case.body, served_model)
+
+    failures = [f for op in operations(openapi, GENERATING) if (f := fuzz(op, 100, prepare))]
+    failures += [f for op in operations(openapi, r"^/v1/models$") if (f := fuzz(op, 10))]
+    assert not failures, "\n\n".join(failures)
+
+
+def cheapen(body: dict[str, Any], served_model: str) -> None:
+    """Bound what a generated body can cost the engine, leaving anything invalid as generated (its 400
+    is what is being tested, and it costs nothing). A random `model` would stop nearly every body at the
+    model lookup, so the served model's name is put in to let the rest of the body through."""
+    if isinstance(body.get("model"), str) or "model" not in body:
+        body["model"] = served_model
+    if body.get("max_tokens") is None:  # absent or null, it means the rest of the window
+        body["max_tokens"] = MAX_TOKENS
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+            body[field] = MAX_TOKENS
+    for field in ("n", "best_of"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_CHOICES:
+            body[field] = MAX_CHOICES
