@@ -138,6 +138,9 @@ class AHCConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
+    # Request bodies over this many bytes are refused with 413 before they are parsed (server/body_limit.py);
+    # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
+    max_request_bytes: int = Field(32 << 20, gt=0)
     data_dir: str = ".cache/xdb"
     log_level: str = "info"
     engine: EngineConfig = Field(default_factory=EngineConfig)

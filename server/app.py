@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
+from server.body_limit import BodyLimitMiddleware
 from server.chat_route import install_chat_route
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
@@ -49,6 +50,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(context_router(runtime.retriever))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
+    add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
     if runtime.config.api_key:
         # Added last, so it runs first: nothing under /v1 is reached unauthenticated.
         add_middleware(app, Middleware(ApiKeyMiddleware, api_key=runtime.config.api_key))

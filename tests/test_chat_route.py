@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,9 +50,10 @@ async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[Fast
     return app, runtime
 
 
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    config = config.with_overrides(data_dir=str(tmp_path / "xdb"))
+@contextmanager
+def serving(config: AHCConfig, vllm_config, tmp_path: Path,  # type: ignore[no-untyped-def]
+            **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
+    config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
     xdb = XDB.open(tmp_path / "xdb")
     app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
     try:
@@ -60,6 +62,12 @@ def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[Tes
     finally:
         runtime.close()
         xdb.close()
+
+
+@pytest.fixture
+def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
+    with serving(config, vllm_config, tmp_path) as served:
+        yield served
 
 
 def chat(session: str | None = None, question: str = "What moves?", **extra: object) -> dict[str, object]:
@@ -265,3 +273,63 @@ def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig,
         xdb.close()
     assert runtime.recorder.queue.backlog_rows == 0
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or r.levelname == "ERROR"]
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                        tmp_path: Path) -> None:
+    big = json.dumps(chat(question="x" * 5000)).encode()
+    with serving(config, vllm_config, tmp_path, max_request_bytes=4096) as (client, runtime):
+        declared = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+        assert declared.status_code == 413, declared.text
+        assert declared.json()["error"] == {"message": "the request body is over the server's limit of 4,096 bytes",
+                                            "type": "invalid_request_error", "param": None,
+                                            "code": "request_too_large"}
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked, counted as it arrives
+            for start in range(0, len(big), 1000):
+                yield big[start:start + 1000]
+
+        chunked = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert chunked.status_code == 413, chunked.text
+        assert chunked.json()["error"]["code"] == "request_too_large"
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200  # under the limit: served
+        assert client.post("/v1/xdb/comment", content=b"{" + b" " * 5000 + b"}",
+                           headers={"content-type": "application/json"}).status_code == 413
+
+
+def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                            tmp_path: Path) -> None:
+    """The chunk that passes the limit is the last one read: the app gets no more of the body."""
+    body = json.dumps(chat(question="x" * 5000)).encode()
+    pieces = [body[i:i + 1000] for i in range(0, len(body), 1000)]
+
+    async def scenario() -> tuple[list[dict[str, object]], int]:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb"), max_request_bytes=2500),
+                                     FakeEngine(vllm_config), xdb)
+        served = 0
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            nonlocal served
+            served += 1
+            if served > len(pieces):
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": pieces[served - 1], "more_body": served < len(pieces)}
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
+                 "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json")]}
+        await app(scope, receive, send)
+        runtime.close()
+        xdb.close()
+        return sent, served
+
+    sent, served = asyncio.run(scenario())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["code"] == "request_too_large"
+    assert served == 3  # 3,000 bytes read of the limit's 2,500: the rest was never pulled
