@@ -8,8 +8,17 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ahc.limits import (
+    COMMENT_MAX_CHARS,
+    DOCUMENT_MAX_TAGS,
+    DOCUMENT_NAME_MAX_CHARS,
+    DOCUMENT_SUMMARY_MAX_CHARS,
+    ID_MAX_CHARS,
+    NOTE_MAX_CHARS,
+    TAG_MAX_CHARS,
+)
 from server.errors import AHCRoute
 from xdb import XDB
 from xdb.recall import RecallFilters
@@ -18,15 +27,27 @@ from xdb.schema import INT64_MAX
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
+def _tag_name(tag: str | int) -> str | int:
+    # Checked after the union, not as a constrained str branch, so a long name's error is `tag`.
+    if isinstance(tag, str) and not 1 <= len(tag) <= TAG_MAX_CHARS:
+        raise ValueError(f"a tag name has 1 to {TAG_MAX_CHARS} characters")
+    return tag
+
+
+TagName = Annotated[str | int, AfterValidator(_tag_name)]  # a tag by name, or by id
+Note = Annotated[str, Field(max_length=NOTE_MAX_CHARS)]
+Tags = Annotated[list[Annotated[str, Field(max_length=TAG_MAX_CHARS)]], Field(max_length=DOCUMENT_MAX_TAGS)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class Target(_Body):
     timestep_id: int | None = Field(None, ge=0, le=INT64_MAX)
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick: int | None = Field(None, ge=0, le=INT64_MAX)
-    event_id: str | None = None
+    event_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick_range: tuple[Tick, Tick] | None = None
 
     def where(self) -> dict[str, Any]:
@@ -35,54 +56,54 @@ class Target(_Body):
 
 
 class TagBody(Target):
-    tag: str | int
+    tag: TagName
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
     source: Literal["auto", "manual", "inherited"] = "manual"
-    note: str | None = None
-    description: str | None = None
+    note: Note | None = None
+    description: Note | None = None
 
 
 class CommentBody(Target):
-    content: str = Field(min_length=1)
+    content: str = Field(min_length=1, max_length=COMMENT_MAX_CHARS)
 
 
 BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandoned"]
 
 
 class BudBody(_Body):
-    tag: str | int
+    tag: TagName
     status: BudStatusName
 
 
 class DocumentBody(_Body):
-    name: str = Field(min_length=1)
-    content: str
-    doc_type: str = "reference"
-    path: str | None = None
-    tags: list[str] | None = None
-    source: str | None = None
-    summary: str | None = None
+    name: str = Field(min_length=1, max_length=DOCUMENT_NAME_MAX_CHARS)
+    content: str  # sized by XDB itself (xdb.max_document_bytes, 413)
+    doc_type: str = Field("reference", max_length=TAG_MAX_CHARS)
+    path: Note | None = None
+    tags: Tags | None = None
+    source: Note | None = None
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
 
 
 class DocumentUpdate(_Body):
     content: str
-    name: str | None = None
-    summary: str | None = None
-    tags: list[str] | None = None
+    name: str | None = Field(None, min_length=1, max_length=DOCUMENT_NAME_MAX_CHARS)
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
+    tags: Tags | None = None
 
 
 class PinBody(_Body):
-    session_id: str = Field(min_length=1)
+    session_id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
     tick_from: int = Field(ge=0, le=INT64_MAX)
     tick_to: int = Field(ge=0, le=INT64_MAX)
-    reason: str | None = None
+    reason: Note | None = None
 
 
 class CompactBody(_Body):
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     up_to_tick: int | None = Field(None, ge=0, le=INT64_MAX)
-    summary: str | None = None
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
     trigger: Literal["context_full", "manual", "scheduled", "storage_pressure"] = "manual"
     tokens_after: int | None = Field(None, ge=0, le=INT64_MAX)
     compress_released: bool = False

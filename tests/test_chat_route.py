@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.config import REPO_ROOT, AHCConfig, load_config
+from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.vram_governor import KVStats
 from server.app import build_app
 from server.engine_args import build_vllm_namespace
@@ -126,13 +127,24 @@ def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: 
 @pytest.mark.parametrize("context, param", [({"mode": "sideways"}, "context.mode"),
                                             ({"codex": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]},
                                              "context.codex"),
-                                            ({"formatter": "nope"}, "context.formatter")])
+                                            ({"formatter": "nope"}, "context.formatter"),
+                                            ({"identity": "i" * (IDENTITY_MAX_CHARS + 1)}, "context.identity"),
+                                            ({"karma": [{"id": "k", "text": "k" * (KARMA_TEXT_MAX_CHARS + 1)}]},
+                                             "context.karma.0.text")])
 def test_a_bad_context_is_400_naming_the_field(served: tuple[TestClient, Runtime], context: dict[str, object],
                                                param: str) -> None:
     client, _ = served
     response = client.post("/v1/chat/completions", json={**chat(), "context": context})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param and param in response.json()["error"]["message"]
+
+
+def test_an_over_long_message_is_400_naming_it(served: tuple[TestClient, Runtime]) -> None:
+    client, _ = served
+    response = client.post("/v1/chat/completions", json=chat(question="q" * (MESSAGE_MAX_CHARS + 1)))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "messages.0.content" in error["message"]
 
 
 def test_a_bug_in_an_ahc_route_is_a_500_not_a_client_error(served: tuple[TestClient, Runtime],
