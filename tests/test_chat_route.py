@@ -345,3 +345,31 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vl
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
     assert json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["code"] == "request_too_large"
     assert served == 3  # 3,000 bytes read of the limit's 2,500: the rest was never pulled
+
+
+def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
+    """Tokenizing a large Codex takes seconds; it happens on a worker thread, so the event loop keeps
+    answering /health meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, runtime = served
+    # ~0.7 MB, a second of tokenizing. The tokenizer holds the GIL for the last few percent of its
+    # work (its output's conversion), so a much larger Codex would still stall the loop that long.
+    words = " ".join(f"w{i}" for i in range(100_000))
+    body = {**chat(), "context": {"mode": "cag", "codex": [{"id": "big", "text": words}]}}
+    latencies: list[float] = []
+    # Once per server, the chat template is compiled and measured (tens of ms): not what is timed here.
+    assert client.post("/v1/chat/completions", json={**chat(), "context": {}}).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.post, "/v1/chat/completions", json=body)
+        while not pending.done():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+        response = pending.result()
+    # Counted, then refused: a Codex this size cannot fit the tiny model's window in CAG mode.
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert len(latencies) > 10, latencies  # the request took long enough to be seen running
+    assert max(latencies) < 0.1, (max(latencies), len(latencies))
+    assert runtime.orchestrator.counter.cached(f"# Codex\n\n## big\n{words}")
