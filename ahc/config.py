@@ -71,6 +71,9 @@ class OrchestratorConfig(_Strict):
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
+    # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded
+    # from XDB when they return.
+    max_sessions: int = Field(10_000, gt=0)
 
     def compaction_tokens(self, max_model_len: int) -> int:
         """State tokens past which a session is compacted."""
@@ -107,6 +110,8 @@ class XDBConfig(_Strict):
     submit_timeout_s: float = Field(default=30.0, gt=0)
     # DuckDB threads for the experience file; None: a quarter of the cores, at least one.
     threads: int | None = Field(default=None, gt=0)
+    # Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again.
+    max_tick_sessions: int = Field(default=10_000, gt=0)
 
 
 class LensConfig(_Strict):
@@ -138,6 +143,9 @@ class AHCConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
+    # Request bodies over this many bytes are refused with 413 before they are parsed (server/body_limit.py);
+    # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
+    max_request_bytes: int = Field(32 << 20, gt=0)
     data_dir: str = ".cache/xdb"
     log_level: str = "info"
     engine: EngineConfig = Field(default_factory=EngineConfig)

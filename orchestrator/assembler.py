@@ -8,7 +8,8 @@ Identical inputs give identical messages, hence identical prompt text and token 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import asyncio
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +71,25 @@ class RenderCache:
                    name: str) -> Block:
         block = self._texts.get(key)
         if block is None:
-            if len(self._texts) >= self._capacity:
-                self._texts.pop(next(iter(self._texts)))
-            block = self._texts[key] = _text_block(name, render(), counter)
+            block = self._store(key, _text_block(name, render(), counter))
+        return block
+
+    async def prefetch_text_block(self, key: tuple[Hashable, ...], render: Callable[[], str], counter: TokenCounter,
+                                  name: str, size: int) -> None:
+        """`text_block` ahead of time, rendering and counting on a worker thread when the block's
+        content (`size` characters) is long, so the assembly that follows finds it done."""
+        if key in self._texts or size <= counter.offload_chars:
+            return
+
+        text = await asyncio.to_thread(render)  # formatters are pure: safe off the loop
+        await counter.prefetch([text])
+        if key not in self._texts:  # another request may have made it meanwhile
+            self._store(key, _text_block(name, text, counter))  # a cache hit now
+
+    def _store(self, key: tuple[Hashable, ...], block: Block) -> Block:
+        if len(self._texts) >= self._capacity:
+            self._texts.pop(next(iter(self._texts)))
+        self._texts[key] = block
         return block
 
     def state_block(self, state: tuple[Turn, ...], counter: TokenCounter) -> Block:
@@ -97,21 +114,59 @@ def _same_prefix(prefix: tuple[Turn, ...], state: tuple[Turn, ...]) -> bool:
     return all(a is b or a == b for a, b in zip(prefix, state))
 
 
+@dataclass(frozen=True)
+class _TextPart:
+    """One of the system message's blocks: its render-cache key, how to render it, and how many
+    characters of content it holds (to decide, before rendering, whether counting it is slow)."""
+
+    name: str
+    key: tuple[Hashable, ...]
+    render: Callable[[], str]
+    size: int
+
+
+def _text_parts(inp: AssemblyInput, formatter: Formatter) -> list[_TextPart]:
+    """Identity, Codex (absent in RAG mode) and Karma, exactly as `assemble` renders and caches them."""
+    name = formatter.name
+    parts = [_TextPart("identity", (name, "identity", inp.identity), lambda: formatter.identity(inp.identity),
+                       len(inp.identity))]
+    if inp.include_codex:
+        parts.append(_TextPart("codex", (name, "codex", inp.codex), lambda: formatter.codex(inp.codex),
+                               sum(len(doc.text) for doc in inp.codex)))
+    parts.append(_TextPart("karma", (name, "karma", inp.karma, inp.summary),
+                           lambda: formatter.karma(inp.karma, inp.summary),
+                           sum(len(entry.text) for entry in inp.karma) + len(inp.summary or "")))
+    return parts
+
+
+def _query_text(inp: AssemblyInput, formatter: Formatter) -> str:
+    return formatter.query(inp.query, inp.excerpts, inp.staged_karma) if inp.query is not None else ""
+
+
+async def prefetch(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter, cache: RenderCache) -> None:
+    """Count, on a worker thread, the long texts `assemble(inp, formatter, counter, cache)` will count,
+    so that the synchronous assembly does not hold the event loop for seconds (a 20 MB Codex); its
+    result is the same with or without this."""
+    for part in _text_parts(inp, formatter):
+        await cache.prefetch_text_block(part.key, part.render, counter, part.name, part.size)
+    await counter.prefetch(turn_texts(inp.state))
+    await counter.prefetch([_query_text(inp, formatter)])
+
+
+def turn_texts(turns: Sequence[Turn]) -> list[str]:
+    """The texts the State block's tokens are counted from (`_turn_tokens`)."""
+    return [text for turn in turns for text in (turn.content, *(a for _, _, a in turn.tool_calls))]
+
+
 def assemble(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter,
              cache: RenderCache | None = None) -> AssembledPrompt:
     cache = cache if cache is not None else RenderCache()
-    name = formatter.name
-    blocks = [
-        cache.text_block((name, "identity", inp.identity), lambda: formatter.identity(inp.identity),
-                         counter, "identity"),
-        cache.text_block((name, "codex", inp.codex), lambda: formatter.codex(inp.codex), counter, "codex")
-        if inp.include_codex else _text_block("codex", "", counter),
-        cache.text_block((name, "karma", inp.karma, inp.summary), lambda: formatter.karma(inp.karma, inp.summary),
-                         counter, "karma"),
-    ]
+    blocks = [cache.text_block(part.key, part.render, counter, part.name) for part in _text_parts(inp, formatter)]
+    if not inp.include_codex:
+        blocks.insert(1, _text_block("codex", "", counter))
     texts = {block.name: block.text for block in blocks}
     blocks.append(cache.state_block(inp.state, counter))
-    query = formatter.query(inp.query, inp.excerpts, inp.staged_karma) if inp.query is not None else ""
+    query = _query_text(inp, formatter)
     blocks.append(_text_block("query", query, counter))
 
     system = "\n\n".join(text for text in texts.values() if text)

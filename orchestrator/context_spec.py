@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ahc.errors import InvalidRequest
+from ahc.limits import ID_MAX_CHARS, IDENTITY_MAX_CHARS, KARMA_MAX_ENTRIES, KARMA_TEXT_MAX_CHARS
 
 
 class _Strict(BaseModel):
@@ -15,22 +16,22 @@ class _Strict(BaseModel):
 
 
 class CodexDoc(_Strict):
-    id: str = Field(min_length=1, max_length=256)
-    text: str
+    id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
+    text: str  # sized by RagLimits (orchestrator/retrieval/limits.py): 413, configurable
 
 
 class KarmaEntry(_Strict):
-    id: str = Field(min_length=1, max_length=256)
-    text: str
+    id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
+    text: str = Field(max_length=KARMA_TEXT_MAX_CHARS)
     # Verbatim facts are never pruned or condensed by the governors or compaction.
     verbatim: bool = False
 
 
 class ContextSpec(_Strict):
-    session_id: str | None = Field(None, min_length=1, max_length=256)
-    identity: str | None = None
+    session_id: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
+    identity: str | None = Field(None, max_length=IDENTITY_MAX_CHARS)
     codex: list[CodexDoc] = Field(default_factory=list)
-    karma: list[KarmaEntry] = Field(default_factory=list)
+    karma: list[KarmaEntry] = Field(default_factory=list, max_length=KARMA_MAX_ENTRIES)
     mode: Literal["auto", "cag", "rag"] = "auto"
     formatter: str | None = None
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
-from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble
+from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import first_changed
 from orchestrator.budget import PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, CacheReport
@@ -94,12 +94,16 @@ class Orchestrator:
         """`completion_tokens`: the request's max_tokens (None: `default_completion_tokens`); `tools`:
         the client's own, which the chat template renders into the prompt too."""
         if spec is None:
+            identity, turns, query = split_messages(messages, strict=False)
+            await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
             return self._passthrough(messages)
         self.limits.check([(doc.id, doc.text) for doc in spec.codex])
         budget = self.prompt_budget(completion_tokens)
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = self.sessions.get(spec.session_id) if spec.session_id else None
+        # Compaction counts the State's tokens first: long turns are counted off the event loop.
+        await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         actions: list[str] = []
         can_compact = session is not None and self.summarize is not None
         if session is not None and self.summarize is not None:
@@ -152,6 +156,8 @@ class Orchestrator:
         inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
                             codex=tuple(spec.codex), karma=karma.block, staged_karma=karma.fresh,
                             summary=session.summary if session else None, state=state, query=r.query)
+        # Everything below is synchronous: its long texts are counted on a worker thread first.
+        await prefetch(inp, formatter, self.counter, self.render_cache)
         mode = self._mode(spec, inp, formatter, r)
         extra_tools: list[dict[str, Any]] = []
         starved = False

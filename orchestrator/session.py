@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from orchestrator.context_spec import KarmaEntry
@@ -46,24 +48,71 @@ class Session:
                    staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])])
 
 
+@dataclass
+class _Entry:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: Session | None = None
+    saving: Any = None  # the last save's receipt, when the save callable returns a future
+
+    def busy(self) -> bool:
+        """In use: its lock held or awaited (a released lock wakes its next waiter before that waiter
+        holds it, so `locked()` alone would miss it), or its last save not yet on disk (a reload
+        would read the State before it)."""
+        if self.lock.locked() or getattr(self.lock, "_waiters", None):
+            return True
+        done = getattr(self.saving, "done", None)
+        return callable(done) and not done()
+
+
 class SessionStore:
+    """The sessions in memory, least recently used first. Past `max_sessions` the least recently used
+    idle ones are dropped (with their locks), so memory does not grow with every session ever seen; a
+    dropped session is loaded again from its saved State when it returns. Without a `load` callable
+    a dropped session's State is lost, so that store keeps everything (tests, the library's examples)."""
+
     def __init__(self, load: Callable[[str], str | None] | None = None,
-                 save: Callable[[str, str], None] | None = None) -> None:
+                 save: Callable[[str, str], None] | None = None, max_sessions: int = 10_000) -> None:
         self._load, self._save = load, save
-        self._sessions: dict[str, Session] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.max_sessions = max_sessions
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    @property
+    def resident(self) -> int:
+        """Sessions in memory now (no `__len__`: an empty store must stay truthy)."""
+        return len(self._entries)
+
+    def _entry(self, session_id: str) -> _Entry:
+        entry = self._entries.get(session_id)
+        if entry is None:
+            entry = self._entries[session_id] = _Entry()
+            self._trim()
+        else:
+            self._entries.move_to_end(session_id)
+        return entry
+
+    def _trim(self) -> None:
+        if self._load is None or len(self._entries) <= self.max_sessions:
+            return
+        idle = (sid for sid, entry in self._entries.items() if not entry.busy())
+        for session_id in list(islice(idle, len(self._entries) - self.max_sessions)):
+            del self._entries[session_id]
 
     def lock(self, session_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_id, asyncio.Lock())
+        return self._entry(session_id).lock
 
     def get(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id)
-        if session is None:
+        entry = self._entry(session_id)
+        if entry.session is None:
             stored = self._load(session_id) if self._load else None
-            session = Session.from_json(stored) if stored else Session(session_id)
-            self._sessions[session_id] = session
-        return session
+            entry.session = Session.from_json(stored) if stored else Session(session_id)
+        return entry.session
 
     def save(self, session: Session) -> Any:
         """Persist; returns what the save callable returns (the server's is a Future to await)."""
-        return self._save(session.session_id, session.to_json()) if self._save else None
+        if self._save is None:
+            return None
+        receipt = self._save(session.session_id, session.to_json())
+        entry = self._entries.get(session.session_id)
+        if entry is not None:
+            entry.saving = receipt
+        return receipt

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
+from server.body_limit import BodyLimitMiddleware
 from server.chat_route import install_chat_route
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
@@ -96,6 +97,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     install_error_handling(app)
     # With or without a key: a keyless local server is exactly what a cross-site page would target.
     add_middleware(app, Middleware(JsonBodyMiddleware))
+    add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
     if runtime.config.api_key:
         # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
         # caller learns nothing (not even a 415) before the 401.

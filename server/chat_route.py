@@ -16,11 +16,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
+from pydantic import ValidationError, field_validator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
+from ahc.limits import MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.vram_governor import GovernorRejected
@@ -35,6 +36,28 @@ class ChatRequest(ChatCompletionRequest):
     """vLLM's chat request with AHC's `context` (sent by the `openai` client in `extra_body`)."""
 
     context: ContextSpec | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _message_sizes(cls, messages: list[Any]) -> list[Any]:
+        """Each message's text within MESSAGE_MAX_CHARS (ahc/limits.py): a message may be a pasted
+        document, but not the whole body's worth of one."""
+        for i, message in enumerate(messages):
+            chars = _content_chars(message.get("content") if isinstance(message, dict) else None)
+            if chars > MESSAGE_MAX_CHARS:
+                raise ValueError(f"messages.{i}.content is {chars:,} characters, over the limit of "
+                                 f"{MESSAGE_MAX_CHARS:,}")
+        return messages
+
+
+def _content_chars(content: Any) -> int:
+    """A message content's characters: a string, or the text of its parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content
+                   if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return 0
 
 
 def install_chat_route(app: FastAPI, runtime: Runtime) -> None:

@@ -61,7 +61,8 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag")  # one per session's Codex
     retriever = CodexRetriever(rag_indexes)
     sessions = SessionStore(xdb.load_session_state,
-                            lambda sid, state: background.submit(xdb.save_session_state, sid, state))
+                            lambda sid, state: background.submit(xdb.save_session_state, sid, state),
+                            oc.max_sessions)
 
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)

@@ -10,6 +10,15 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ahc.limits import (
+    COMMENT_MAX_CHARS,
+    DOCUMENT_MAX_TAGS,
+    DOCUMENT_NAME_MAX_CHARS,
+    DOCUMENT_SUMMARY_MAX_CHARS,
+    ID_MAX_CHARS,
+    NOTE_MAX_CHARS,
+    TAG_MAX_CHARS,
+)
 from server.errors import AHCRoute
 from xdb import XDB
 from xdb.documents import DocumentType
@@ -19,15 +28,19 @@ from xdb.schema import INT64_MAX
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
-def _tag_id_in_range(tag: str | int) -> str | int:
+def _tag_ref(tag: str | int) -> str | int:
+    # Checked after the union, not in one of its branches, so an error names `tag` itself.
     if isinstance(tag, int) and not 0 <= tag <= INT64_MAX:
         raise ValueError(f"a tag id is between 0 and {INT64_MAX}")
+    if isinstance(tag, str) and not 1 <= len(tag) <= TAG_MAX_CHARS:
+        raise ValueError(f"a tag name has 1 to {TAG_MAX_CHARS} characters")
     return tag
 
 
 # A tag by name or by id (a BIGINT): the JSON type decides, a string is a name and an integer an id.
-# The range is checked after the union, so an error names `tag`, not a branch of it.
-TagRef = Annotated[StrictStr | StrictInt, AfterValidator(_tag_id_in_range)]
+TagRef = Annotated[StrictStr | StrictInt, AfterValidator(_tag_ref)]
+Note = Annotated[str, Field(max_length=NOTE_MAX_CHARS)]
+Tags = Annotated[list[Annotated[str, Field(max_length=TAG_MAX_CHARS)]], Field(max_length=DOCUMENT_MAX_TAGS)]
 
 
 class _Body(BaseModel):
@@ -36,9 +49,9 @@ class _Body(BaseModel):
 
 class Target(_Body):
     timestep_id: int | None = Field(None, ge=0, le=INT64_MAX)
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick: int | None = Field(None, ge=0, le=INT64_MAX)
-    event_id: str | None = None
+    event_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick_range: tuple[Tick, Tick] | None = None
 
     def where(self) -> dict[str, Any]:
@@ -51,12 +64,12 @@ class TagBody(Target):
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
     source: Literal["auto", "manual", "inherited"] = "manual"
-    note: str | None = None
-    description: str | None = None
+    note: Note | None = None
+    description: Note | None = None
 
 
 class CommentBody(Target):
-    content: str = Field(min_length=1)
+    content: str = Field(min_length=1, max_length=COMMENT_MAX_CHARS)
 
 
 BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandoned"]
@@ -68,33 +81,33 @@ class BudBody(_Body):
 
 
 class DocumentBody(_Body):
-    name: str = Field(min_length=1)
-    content: str
+    name: str = Field(min_length=1, max_length=DOCUMENT_NAME_MAX_CHARS)
+    content: str  # sized by XDB itself (xdb.max_document_bytes, 413)
     doc_type: DocumentType = DocumentType.REFERENCE
-    path: str | None = None
-    tags: list[str] | None = None
-    source: str | None = None
-    summary: str | None = None
+    path: Note | None = None
+    tags: Tags | None = None
+    source: Note | None = None
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
 
 
 class DocumentUpdate(_Body):
     content: str
-    name: str | None = None
-    summary: str | None = None
-    tags: list[str] | None = None
+    name: str | None = Field(None, min_length=1, max_length=DOCUMENT_NAME_MAX_CHARS)
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
+    tags: Tags | None = None
 
 
 class PinBody(_Body):
-    session_id: str = Field(min_length=1)
+    session_id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
     tick_from: int = Field(ge=0, le=INT64_MAX)
     tick_to: int = Field(ge=0, le=INT64_MAX)
-    reason: str | None = None
+    reason: Note | None = None
 
 
 class CompactBody(_Body):
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     up_to_tick: int | None = Field(None, ge=0, le=INT64_MAX)
-    summary: str | None = None
+    summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
     trigger: Literal["context_full", "manual", "scheduled", "storage_pressure"] = "manual"
     tokens_after: int | None = Field(None, ge=0, le=INT64_MAX)
     compress_released: bool = False

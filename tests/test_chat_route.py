@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.config import REPO_ROOT, AHCConfig, load_config
+from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.vram_governor import KVStats
 from server.app import build_app
 from server.engine_args import build_vllm_namespace
@@ -49,9 +51,10 @@ async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[Fast
     return app, runtime
 
 
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    config = config.with_overrides(data_dir=str(tmp_path / "xdb"))
+@contextmanager
+def serving(config: AHCConfig, vllm_config, tmp_path: Path,  # type: ignore[no-untyped-def]
+            **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
+    config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
     xdb = XDB.open(tmp_path / "xdb")
     app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
     try:
@@ -60,6 +63,12 @@ def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[Tes
     finally:
         runtime.close()
         xdb.close()
+
+
+@pytest.fixture
+def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
+    with serving(config, vllm_config, tmp_path) as served:
+        yield served
 
 
 def chat(session: str | None = None, question: str = "What moves?", **extra: object) -> dict[str, object]:
@@ -118,13 +127,24 @@ def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: 
 @pytest.mark.parametrize("context, param", [({"mode": "sideways"}, "context.mode"),
                                             ({"codex": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]},
                                              "context.codex"),
-                                            ({"formatter": "nope"}, "context.formatter")])
+                                            ({"formatter": "nope"}, "context.formatter"),
+                                            ({"identity": "i" * (IDENTITY_MAX_CHARS + 1)}, "context.identity"),
+                                            ({"karma": [{"id": "k", "text": "k" * (KARMA_TEXT_MAX_CHARS + 1)}]},
+                                             "context.karma.0.text")])
 def test_a_bad_context_is_400_naming_the_field(served: tuple[TestClient, Runtime], context: dict[str, object],
                                                param: str) -> None:
     client, _ = served
     response = client.post("/v1/chat/completions", json={**chat(), "context": context})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param and param in response.json()["error"]["message"]
+
+
+def test_an_over_long_message_is_400_naming_it(served: tuple[TestClient, Runtime]) -> None:
+    client, _ = served
+    response = client.post("/v1/chat/completions", json=chat(question="q" * (MESSAGE_MAX_CHARS + 1)))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "messages.0.content" in error["message"]
 
 
 def test_a_bug_in_an_ahc_route_is_a_500_not_a_client_error(served: tuple[TestClient, Runtime],
@@ -268,3 +288,91 @@ def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig,
         xdb.close()
     assert runtime.recorder.queue.backlog_rows == 0
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or r.levelname == "ERROR"]
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                        tmp_path: Path) -> None:
+    big = json.dumps(chat(question="x" * 5000)).encode()
+    with serving(config, vllm_config, tmp_path, max_request_bytes=4096) as (client, runtime):
+        declared = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+        assert declared.status_code == 413, declared.text
+        assert declared.json()["error"] == {"message": "the request body is over the server's limit of 4,096 bytes",
+                                            "type": "invalid_request_error", "param": None,
+                                            "code": "request_too_large"}
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked, counted as it arrives
+            for start in range(0, len(big), 1000):
+                yield big[start:start + 1000]
+
+        chunked = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert chunked.status_code == 413, chunked.text
+        assert chunked.json()["error"]["code"] == "request_too_large"
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200  # under the limit: served
+        assert client.post("/v1/xdb/comment", content=b"{" + b" " * 5000 + b"}",
+                           headers={"content-type": "application/json"}).status_code == 413
+
+
+def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                            tmp_path: Path) -> None:
+    """The chunk that passes the limit is the last one read: the app gets no more of the body."""
+    body = json.dumps(chat(question="x" * 5000)).encode()
+    pieces = [body[i:i + 1000] for i in range(0, len(body), 1000)]
+
+    async def scenario() -> tuple[list[dict[str, object]], int]:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb"), max_request_bytes=2500),
+                                     FakeEngine(vllm_config), xdb)
+        served = 0
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            nonlocal served
+            served += 1
+            if served > len(pieces):
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": pieces[served - 1], "more_body": served < len(pieces)}
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
+                 "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json")]}
+        await app(scope, receive, send)
+        runtime.close()
+        xdb.close()
+        return sent, served
+
+    sent, served = asyncio.run(scenario())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["code"] == "request_too_large"
+    assert served == 3  # 3,000 bytes read of the limit's 2,500: the rest was never pulled
+
+
+def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
+    """Tokenizing a large Codex takes seconds; it happens on a worker thread, so the event loop keeps
+    answering /health meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, runtime = served
+    # ~0.7 MB, a second of tokenizing. The tokenizer holds the GIL for the last few percent of its
+    # work (its output's conversion), so a much larger Codex would still stall the loop that long.
+    words = " ".join(f"w{i}" for i in range(100_000))
+    body = {**chat(), "context": {"mode": "cag", "codex": [{"id": "big", "text": words}]}}
+    latencies: list[float] = []
+    # Once per server, the chat template is compiled and measured (tens of ms): not what is timed here.
+    assert client.post("/v1/chat/completions", json={**chat(), "context": {}}).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.post, "/v1/chat/completions", json=body)
+        while not pending.done():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+        response = pending.result()
+    # Counted, then refused: a Codex this size cannot fit the tiny model's window in CAG mode.
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert len(latencies) > 10, latencies  # the request took long enough to be seen running
+    assert max(latencies) < 0.1, (max(latencies), len(latencies))
+    assert runtime.orchestrator.counter.cached(f"# Codex\n\n## big\n{words}")

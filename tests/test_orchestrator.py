@@ -235,6 +235,33 @@ def test_sessions_persist_and_resume(counter) -> None:
     assert fourth.report.first_changed_block == "state" and fourth.messages[-1]["content"] == "four"
 
 
+def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
+    saved: dict[str, str] = {}
+    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__, max_sessions=3))
+
+    async def one_turn(session_id: str, question: str) -> list[str]:
+        spec = parse_context({**CONTEXT, "session_id": session_id})
+        async with orch.turn(spec, [{"role": "user", "content": question}], 64) as turn:
+            contents = [m["content"] for m in turn.messages[1:]]
+            await turn.commit({"role": "assistant", "content": question.upper()})
+        return contents
+
+    async def scenario() -> None:
+        held = orch.sessions.lock("held")
+        await held.acquire()  # a session in use is never dropped, however old
+        for i in range(10):
+            await one_turn(f"s{i}", f"q{i}")
+            assert orch.sessions.resident <= 3 + 1  # the bound, plus the held one
+        assert orch.sessions.lock("held") is held
+        held.release()
+        # s0 was dropped long ago: it comes back from its saved State, its turns in order.
+        assert await one_turn("s0", "again") == ["q0", "Q0", "again"]
+        assert await one_turn("s0", "third") == ["q0", "Q0", "again", "AGAIN", "third"]
+
+    run(scenario())
+    assert orch.sessions.resident == 3
+
+
 def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> None:
     orch = make(counter)
     spec = parse_context({**CONTEXT, "session_id": "s5"})

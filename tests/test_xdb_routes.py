@@ -9,6 +9,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.config import XDBConfig
+from ahc.limits import (
+    COMMENT_MAX_CHARS,
+    DOCUMENT_NAME_MAX_CHARS,
+    DOCUMENT_SUMMARY_MAX_CHARS,
+    NOTE_MAX_CHARS,
+    TAG_MAX_CHARS,
+)
 from server.errors import install_error_handling
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
@@ -211,3 +218,22 @@ def test_a_tag_string_is_a_name_and_an_integer_an_id(client: TestClient) -> None
     # a recall filter is text: a value that names a tag means that tag, not the id it spells
     recalled = client.get("/v1/xdb/recall", params={"tags": str(first["id"])}).json()["data"]
     assert [r["tick"] for r in recalled] == [1, 2]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/xdb/comment", {"session_id": "s1", "tick": 0, "content": "x" * (COMMENT_MAX_CHARS + 1)}, "content"),
+    ("/v1/xdb/tag", {"session_id": "s1", "tick": 0, "tag": "t" * (TAG_MAX_CHARS + 1)}, "tag"),
+    ("/v1/xdb/tag", {"session_id": "s1", "tick": 0, "tag": "ok", "note": "n" * (NOTE_MAX_CHARS + 1)}, "note"),
+    ("/v1/xdb/documents", {"name": "n" * (DOCUMENT_NAME_MAX_CHARS + 1), "content": "x"}, "name"),
+    ("/v1/xdb/documents", {"name": "d", "content": "x", "tags": ["t" * (TAG_MAX_CHARS + 1)]}, "tags.0"),
+    ("/v1/xdb/documents", {"name": "d", "content": "x", "summary": "s" * (DOCUMENT_SUMMARY_MAX_CHARS + 1)},
+     "summary"),
+])
+def test_an_over_long_field_is_400_naming_it(client: TestClient, path: str, body: dict, param: str) -> None:
+    err = error(client.post(path, json=body), 400)
+    assert err["param"] == param and param in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_a_comment_at_its_cap_is_stored(client: TestClient) -> None:
+    assert client.post("/v1/xdb/comment", json={"session_id": "s1", "tick": 0,
+                                               "content": "x" * COMMENT_MAX_CHARS}).status_code == 200

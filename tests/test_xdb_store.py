@@ -251,3 +251,20 @@ def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
     assert xdb.set_bud_status(str(first["id"]), "collecting")["id"] == digits["id"]
     with pytest.raises(InvalidRequest):
         xdb.set_bud_status(True, "collecting")  # type: ignore[arg-type]
+
+
+def test_tick_counters_are_bounded_and_a_dropped_session_resumes_after_its_last_tick(tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "xdb", XDBConfig(max_tick_sessions=2)) as xdb:
+        for i in range(6):
+            ticks = xdb.next_ticks(f"s{i}", 3)
+            xdb.writer.submit([TimestepRow(f"s{i}", t, "output", "assistant", "w") for t in ticks])
+            xdb.writer.flush()
+        assert len(xdb._ticks) <= 2
+        assert xdb.next_ticks("s0", 2) == range(3, 5)  # s0 was dropped: resumed from the file's last tick
+        # Ticks reserved but not yet committed keep their session in memory past the bound.
+        pending = xdb.next_ticks("s1", 1)
+        for i in range(6, 9):
+            xdb.next_ticks(f"s{i}", 1)
+        assert xdb.next_ticks("s1", 1) == range(pending.stop, pending.stop + 1)
+    with XDB.open(tmp_path / "xdb", XDBConfig(max_tick_sessions=2)) as reopened:
+        assert reopened.next_ticks("s5", 1) == range(3, 4)
