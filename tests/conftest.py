@@ -8,7 +8,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from vllm.config import VllmConfig
 
+from ahc.config import REPO_ROOT, AHCConfig, load_config
 from ahc.server_process import TINY_MODEL, ServerProcess, child_env, start_server
 
 API_KEY = "test-key"
@@ -69,3 +71,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ahc.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="session")
+def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
+    """cpu-tiny.yaml on the tiny model, lens off: the AHC config of the fake-engine app tests."""
+    data_dir = tmp_path_factory.mktemp("fake-app") / "xdb"
+    return load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
+        model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
+
+
+@pytest.fixture(scope="session")
+def vllm_config(config: AHCConfig) -> VllmConfig:
+    """vLLM's engine config for `config` (seconds, once a session); starts no engine."""
+    from fake_engine import engine_config
+
+    from server.engine_args import build_vllm_namespace
+
+    return engine_config(build_vllm_namespace(config))

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import openai
 import pytest
-from fake_engine import FakeEngine, engine_config
+from fake_app import ahc_app
+from fake_engine import FakeEngine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import WebSocketDisconnect
-from test_chat_route import ahc_app
 
-from ahc.config import REPO_ROOT, AHCConfig, load_config
+from ahc.config import AHCConfig
 from server.app import REMOVED_PATHS
 from server.auth import OPEN_PATHS, ApiKeyMiddleware
 from server.engine_args import build_vllm_namespace
@@ -28,18 +28,6 @@ from xdb import XDB
 
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture(scope="module")
-def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
-    data_dir = tmp_path_factory.mktemp("security") / "xdb"
-    return load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
-        model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
-
-
-@pytest.fixture(scope="module")
-def vllm_config(config: AHCConfig):  # type: ignore[no-untyped-def]
-    return engine_config(build_vllm_namespace(config))
 
 
 def client_for(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]

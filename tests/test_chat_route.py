@@ -7,62 +7,17 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from fake_engine import FakeEngine, engine_config
-from fastapi import FastAPI
+from fake_app import ahc_app, serving
+from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
-from ahc.config import REPO_ROOT, AHCConfig, load_config
+from ahc.config import AHCConfig
 from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
-from orchestrator.vram_governor import KVStats
-from server.app import build_app
-from server.engine_args import build_vllm_namespace
-from server.metrics import AHCMetrics
-from server.runtime import Runtime, build_runtime
+from server.runtime import Runtime
 from xdb import XDB
-
-
-@pytest.fixture(scope="module")
-def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
-    data_dir = tmp_path_factory.mktemp("chat-route") / "xdb"
-    return load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
-        model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
-
-
-@pytest.fixture(scope="module")
-def vllm_config(config: AHCConfig):  # type: ignore[no-untyped-def]
-    return engine_config(build_vllm_namespace(config))  # seconds, once
-
-
-async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:
-    """What `ahc serve` builds around its engine, minus the socket."""
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-
-    args = build_vllm_namespace(config)
-    runtime = build_runtime(config, engine, xdb, AHCMetrics(KVStats()))
-    tasks = await engine.get_supported_tasks()
-    app = build_app(runtime, args, tasks, engine.model_config)
-    await init_app_state(runtime.engine, app.state, args, tasks)
-    app.state.server = SimpleNamespace(should_exit=False)  # where serve_http puts uvicorn's server
-    return app, runtime
-
-
-@contextmanager
-def serving(config: AHCConfig, vllm_config, tmp_path: Path,  # type: ignore[no-untyped-def]
-            **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
-    config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
-    xdb = XDB.open(tmp_path / "xdb")
-    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
-    try:
-        with TestClient(app) as client:
-            yield client, runtime
-    finally:
-        runtime.close()
-        xdb.close()
 
 
 @pytest.fixture

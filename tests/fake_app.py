@@ -1,0 +1,50 @@
+"""AHC's whole app on the fake engine: what `ahc serve` builds around its engine, minus the socket and
+the model run, for tests that drive every AHC layer through FastAPI's TestClient in milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+from fake_engine import FakeEngine
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from vllm.config import VllmConfig
+
+from ahc.config import AHCConfig
+from orchestrator.vram_governor import KVStats
+from server.app import build_app
+from server.engine_args import build_vllm_namespace
+from server.metrics import AHCMetrics
+from server.runtime import Runtime, build_runtime
+from xdb import XDB
+
+
+async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:
+    """What `ahc serve` builds around its engine, minus the socket."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    args = build_vllm_namespace(config)
+    runtime = build_runtime(config, engine, xdb, AHCMetrics(KVStats()))
+    tasks = await engine.get_supported_tasks()
+    app = build_app(runtime, args, tasks, engine.model_config)
+    await init_app_state(runtime.engine, app.state, args, tasks)
+    app.state.server = SimpleNamespace(should_exit=False)  # where serve_http puts uvicorn's server
+    return app, runtime
+
+
+@contextmanager
+def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path,
+            **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
+    config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
+    xdb = XDB.open(tmp_path / "xdb")
+    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
+    try:
+        with TestClient(app) as client:
+            yield client, runtime
+    finally:
+        runtime.close()
+        xdb.close()
