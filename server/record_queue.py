@@ -63,7 +63,9 @@ class RecordQueue:
         while self._waiting:
             rows = self._waiting[0]
             try:
-                await asyncio.to_thread(self.writer.submit, rows, RETRY_S)
+                # Room now: no thread hop (a backlog of single-token parts would pay one each).
+                if not self.writer.try_submit(rows):
+                    await asyncio.to_thread(self.writer.submit, rows, RETRY_S)
             except WriterBackpressure:
                 continue  # still full: the rows keep their place
             except WriterStopped:
