@@ -82,8 +82,11 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
     model: Annotated[str | None, typer.Option(help="Model directory or name.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Name clients use for the model.")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics, /ping.")] = None,
+    api_key: Annotated[list[str] | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics, /ping. "
+             "Repeatable: each key is a tenant, which never sees another's sessions, runs or documents.")] = None,
+    api_keys_file: Annotated[str | None, typer.Option(
+        help="A file of 'tenant:key' lines, one named tenant each (with or instead of --api-key).")] = None,
     data_dir: Annotated[str | None, typer.Option(help="Where XDB keeps its files.")] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context window in tokens.")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option(help="Fraction of GPU memory for vLLM.")] = None,
@@ -102,8 +105,8 @@ def serve(
     from server.launcher import serve as run_server
 
     cfg = load_config(config).with_overrides(
-        host=host, port=port, model=model, served_model_name=served_model_name, api_key=api_key,
-        data_dir=data_dir, **{
+        host=host, port=port, model=model, served_model_name=served_model_name, api_key=api_key or None,
+        api_keys_file=api_keys_file, data_dir=data_dir, **{
             "engine.max_model_len": max_model_len,
             "engine.gpu_memory_utilization": gpu_memory_utilization,
             "engine.max_num_seqs": max_num_seqs,

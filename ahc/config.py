@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,9 @@ class AHCConfig(_Strict):
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_key: str | None = None
+    # Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line.
+    api_key: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None
     # Request bodies over this many bytes are refused with 413 before they are parsed (server/body_limit.py);
     # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
     max_request_bytes: int = Field(32 << 20, gt=0)
@@ -152,6 +154,15 @@ class AHCConfig(_Strict):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     xdb: XDBConfig = Field(default_factory=XDBConfig)
     lens: LensConfig = Field(default_factory=LensConfig)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _one_or_more_keys(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else [] if value is None else value
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.api_key or self.api_keys_file)
 
     @property
     def model_name(self) -> str:

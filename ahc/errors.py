@@ -33,6 +33,13 @@ class InvalidRequest(AHCError, ValueError):
     type = "invalid_request_error"
 
 
+class PermissionDenied(AHCError):
+    """The caller's key may not do this (a server-wide action asked by one tenant): 403."""
+
+    status = 403
+    type = "permission_error"
+
+
 class NotFound(AHCError, LookupError):
     """What the request names does not exist (or belongs to someone else): 404."""
 

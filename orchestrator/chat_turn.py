@@ -28,7 +28,8 @@ class TurnDriver(Protocol):
     """The orchestrator's side of a turn."""
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool = False,
-                      completion_tokens: int | None = None, tools: Sequence[dict[str, Any]] = ()) -> Prepared: ...
+                      completion_tokens: int | None = None, tools: Sequence[dict[str, Any]] = (),
+                      namespace: str = "") -> Prepared: ...
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
     def rollback(self, prepared: Prepared) -> None: ...
@@ -37,8 +38,9 @@ class TurnDriver(Protocol):
 class ChatTurn:
     def __init__(self, driver: TurnDriver, spec: ContextSpec | None, messages: list[dict[str, Any]],
                  lock: asyncio.Lock | None, completion_tokens: int | None = None,
-                 tools: Sequence[dict[str, Any]] = ()) -> None:
+                 tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> None:
         self._driver = driver
+        self._namespace = namespace  # the tenant's id prefix
         self._completion_tokens = completion_tokens  # the prompt is kept within the window less this
         self._tools = tools
         self._spec = spec
@@ -55,7 +57,8 @@ class ChatTurn:
             await self._lock.acquire()
         try:
             self._prepared = await self._driver.prepare(self._spec, self._messages,
-                                                        completion_tokens=self._completion_tokens, tools=self._tools)
+                                                        completion_tokens=self._completion_tokens, tools=self._tools,
+                                                        namespace=self._namespace)
         except BaseException:
             self._release_lock()
             raise

@@ -37,7 +37,8 @@ Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 
 class Retriever(Protocol):
-    async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int, scope: str | None) -> list[Excerpt]: ...
+    async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int, scope: str | None,
+                       namespace: str = "") -> list[Excerpt]: ...
     def tool(self) -> dict[str, Any]: ...
 
 
@@ -53,6 +54,7 @@ class _Request:
     formatter: Formatter
     budget: int
     tools: tuple[dict[str, Any], ...]
+    namespace: str = ""
     retrieved: tuple[Excerpt, ...] | None = None
 
 
@@ -90,13 +92,15 @@ class Orchestrator:
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
                       force_compaction: bool = False, completion_tokens: int | None = None,
-                      tools: Sequence[dict[str, Any]] = ()) -> Prepared:
+                      tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> Prepared:
         """`completion_tokens`: the request's max_tokens (None: `default_completion_tokens`); `tools`:
-        the client's own, which the chat template renders into the prompt too."""
+        the client's own, which the chat template renders into the prompt too. `namespace`: the
+        prefix of the ids this request's tenant owns (the server scopes `spec.session_id` itself); a
+        request without a session gets its generated id and its Codex index under it."""
         if spec is None:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
-            return self._passthrough(messages)
+            return self._passthrough(messages, namespace)
         self.limits.check([(doc.id, doc.text) for doc in spec.codex])
         budget = self.prompt_budget(completion_tokens)
         identity, new_turns, query = split_messages(messages)
@@ -110,7 +114,8 @@ class Orchestrator:
             if await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
                              self.counter, self.summarize, force_compaction):
                 actions.append("compaction")
-        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools))
+        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
+                           namespace)
         # Over the budget (or with the State crowding out the excerpts), the State is compacted, then
         # compacted again down to no verbatim turns; only a prompt that fits neither way is refused.
         keeps = [self.config.compaction_keep_turns, 0] if can_compact else []
@@ -129,13 +134,13 @@ class Orchestrator:
         actions += plan.actions
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
                              first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions)
-        session_id = spec.session_id or new_session_id()
+        session_id = spec.session_id or namespace + new_session_id()
         karma = plan.karma
         stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
                         plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
                         stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
-                        prompt_tokens=plan.tokens)
+                        prompt_tokens=plan.tokens, namespace=namespace)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -183,8 +188,10 @@ class Orchestrator:
         the best excerpt was left out for want of room that compacting the State would give."""
         if r.retrieved is None:  # retrieval depends on the query alone: once per request
             assert self.retriever is not None
+            # Without a session, the index of the namespace's requests without one.
+            scope = r.spec.session_id or r.namespace or None
             r.retrieved = tuple(await self.retriever.retrieve(r.spec.codex, r.query or "", self.config.rag_top_k,
-                                                              r.spec.session_id))
+                                                              scope, r.namespace))
         if not r.retrieved or r.query is None:
             return inp, False
         codex = self.counter.count(formatter.codex(inp.codex))
@@ -213,11 +220,11 @@ class Orchestrator:
             param="context", code="context_length_exceeded")
 
     def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]], completion_tokens: int | None = None,
-             tools: Sequence[dict[str, Any]] = ()) -> ChatTurn:
+             tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> ChatTurn:
         """One request's life: `async with orchestrator.turn(spec, messages, max_tokens) as turn: ...`,
         then `await turn.commit(reply)`; anything else rolls the session back."""
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return ChatTurn(self, spec, messages, lock, completion_tokens, tools)
+        return ChatTurn(self, spec, messages, lock, completion_tokens, tools, namespace)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
@@ -227,7 +234,8 @@ class Orchestrator:
             return None
         before = len(session.turns)
         again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True,
-                                   completion_tokens=prepared.completion_tokens, tools=prepared.tools)
+                                   completion_tokens=prepared.completion_tokens, tools=prepared.tools,
+                                   namespace=prepared.namespace)
         if "compaction" not in again.actions and len(session.turns) >= before:
             return None
         taken = prepared.actions
@@ -246,13 +254,14 @@ class Orchestrator:
         under = prompt.tokens < self.config.cag_threshold * self.max_model_len
         return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
 
-    def _passthrough(self, messages: list[dict[str, Any]]) -> Prepared:
+    def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "") -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added."""
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256, None)
-        return Prepared(messages, report, new_session_id(), None, list(turns), prompt)
+        return Prepared(messages, report, namespace + new_session_id(), None, list(turns), prompt,
+                        namespace=namespace)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it

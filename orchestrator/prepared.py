@@ -33,6 +33,7 @@ class Prepared:
     completion_tokens: int | None = None  # the request's max_tokens, for a re-prepare (shrink)
     tools: tuple[dict[str, Any], ...] = ()  # the client's tools, which the template renders too
     prompt_tokens: int = 0  # the prompt as the engine counts it: blocks plus chat template and tools
+    namespace: str = ""  # the prefix of the tenant's ids, for a re-prepare (shrink)
 
     @property
     def actions(self) -> list[str]:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
+from server.request_context import request_tenant
+from server.tenants import Tenant
 from xdb import XDB
 from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
+Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 class _Body(BaseModel):
@@ -49,32 +52,36 @@ class KnowledgeBody(_Body):
 
 
 def agent_router(xdb: XDB) -> APIRouter:
-    """The routes over one XDB. Plain `def` handlers run on FastAPI's thread pool, off the event loop."""
+    """The routes over one XDB. Plain `def` handlers run on FastAPI's thread pool, off the event loop.
+    A run is the calling tenant's: its id goes in scoped and comes back as the tenant named it."""
     router = APIRouter(prefix="/v1/xdb", tags=["agent"], route_class=AHCRoute)
 
     @router.post("/interactions")
-    def log_interaction(body: InteractionBody) -> Any:
-        return {"turn_id": xdb.log_interaction(body.run_id, **body.model_dump(exclude={"run_id"}))}
+    def log_interaction(body: InteractionBody, tenant: Caller) -> Any:
+        return {"turn_id": xdb.log_interaction(tenant.scope(body.run_id), **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/interactions")
-    def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)], pattern: str | None = None,
+    def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)], tenant: Caller,
+                     pattern: str | None = None,
                      after_turn: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
                      last: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
-        return {"object": "list",
-                "data": xdb.interactions(run_id, pattern=pattern or None, after_turn=after_turn, last=last)}
+        rows = xdb.interactions(tenant.scope(run_id), pattern=pattern or None, after_turn=after_turn, last=last)
+        return {"object": "list", "data": tenant.unscope_rows(rows, "run_id")}
 
     @router.post("/meta_knowledge")
-    def save_meta_knowledge(body: KnowledgeBody) -> Any:
-        return {"version_id": xdb.save_meta_knowledge(body.run_id, **body.model_dump(exclude={"run_id"}))}
+    def save_meta_knowledge(body: KnowledgeBody, tenant: Caller) -> Any:
+        return {"version_id": xdb.save_meta_knowledge(tenant.scope(body.run_id),
+                                                      **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/meta_knowledge")
-    def meta_knowledge(run_id: Annotated[str, Query(min_length=1, max_length=256)],
+    def meta_knowledge(run_id: Annotated[str, Query(min_length=1, max_length=256)], tenant: Caller,
                        all: bool = False) -> Any:  # noqa: A002 (the query parameter's name)
-        return {"object": "list", "data": xdb.meta_knowledge(run_id, latest=not all)}
+        rows = xdb.meta_knowledge(tenant.scope(run_id), latest=not all)
+        return {"object": "list", "data": tenant.unscope_rows(rows, "run_id")}
 
     # `:path` so a run id with an escaped `/` (%2F, decoded before routing) still reaches this route.
     @router.delete("/runs/{run_id:path}")
-    def purge(run_id: str) -> Any:
-        return {"run_id": run_id, "deleted": xdb.purge_run(run_id)}
+    def purge(run_id: str, tenant: Caller) -> Any:
+        return {"run_id": run_id, "deleted": xdb.purge_run(tenant.scope(run_id))}
 
     return router

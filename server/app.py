@@ -98,8 +98,9 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     # With or without a key: a keyless local server is exactly what a cross-site page would target.
     add_middleware(app, Middleware(JsonBodyMiddleware))
     add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
-    if runtime.config.api_key:
+    if runtime.keys:
         # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
-        # caller learns nothing (not even a 415) before the 401.
-        add_middleware(app, Middleware(ApiKeyMiddleware, api_key=runtime.config.api_key))
+        # caller learns nothing (not even a 415) before the 401. It also sets the request's tenant
+        # before anything downstream reads it.
+        add_middleware(app, Middleware(ApiKeyMiddleware, keys=runtime.keys))
     return app

@@ -3,7 +3,7 @@
 Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, docs and whatever a later
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
-work.
+work. Each key is a tenant (server/tenants.py): the middleware makes the key's tenant the request's.
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -11,13 +11,12 @@ shape, which the `openai` client expects; this one answers as OpenAI does.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import error_response
+from server.request_context import current_tenant
+from server.tenants import Tenant, TenantKeys
 
 # Liveness, readiness (SageMaker's `/ping`, GET and POST) and Prometheus: exact paths, not prefixes.
 OPEN_PATHS = ("/health", "/metrics", "/ping")
@@ -27,15 +26,16 @@ _WS_POLICY_VIOLATION = 1008
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self._digest = hashlib.sha256(api_key.encode()).digest()
+    """Authenticates the key and makes its tenant the request's (`current_tenant`)."""
 
-    def _authorized(self, headers: Headers) -> bool:
+    def __init__(self, app: ASGIApp, keys: TenantKeys) -> None:
+        self.app = app
+        self._keys = keys
+
+    def _tenant(self, headers: Headers) -> Tenant | None:
+        # Keys are looked up by SHA-256 digest: the lookup's timing says nothing about a key's characters.
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest)
+        return self._keys.tenant_for(token) if scheme.lower() == "bearer" else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -43,7 +43,12 @@ class ApiKeyMiddleware:
             return
         headers = Headers(scope=scope)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path in OPEN_PATHS or _is_cors_preflight(scope, headers) or self._authorized(headers):
+        tenant = self._tenant(headers)
+        if tenant is not None:
+            current_tenant.set(tenant)  # this request's task only: each request runs in its own
+            await self.app(scope, receive, send)
+            return
+        if path in OPEN_PATHS or _is_cors_preflight(scope, headers):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

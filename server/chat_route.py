@@ -27,7 +27,7 @@ from orchestrator.context_spec import ContextSpec
 from orchestrator.vram_governor import GovernorRejected
 from server.admission import admit, requested_completion_tokens, wait_for_recording
 from server.errors import error_response
-from server.request_context import current_session
+from server.request_context import current_session, current_tenant
 from server.runtime import Runtime
 from server.stream_reply import ReplyAccumulator
 
@@ -82,10 +82,14 @@ async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runti
     body = await raw_request.json()  # already parsed once by FastAPI; Starlette keeps it
     oc = runtime.config.orchestrator
     await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+    tenant = current_tenant.get()
+    spec = request.context
+    if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
+        spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
     # The orchestrator keeps the prompt within the window less the reply's budget, and the template
     # renders the client's tools into the prompt too.
-    async with runtime.orchestrator.turn(request.context, body["messages"], requested_completion_tokens(body),
-                                         body.get("tools") or ()) as turn:
+    async with runtime.orchestrator.turn(spec, body["messages"], requested_completion_tokens(body),
+                                         body.get("tools") or (), tenant.prefix) as turn:
         try:
             await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len)
         except GovernorRejected:
@@ -135,6 +139,11 @@ def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
+def report_json(turn: ChatTurn) -> dict[str, Any]:
+    """The cache report, naming the session as the client does."""
+    return turn.report.to_json(current_tenant.get().unscope(turn.session_id))
+
+
 def record_inputs(turn: ChatTurn, runtime: Runtime) -> None:
     runtime.metrics.record_context(turn.report)
     runtime.recorder.record_inputs(turn.prepared)
@@ -146,7 +155,7 @@ async def finish_json(response: Response | None, turn: ChatTurn, runtime: Runtim
     if response.status_code != 200:
         return response
     data = json.loads(response.body)
-    data["context"] = turn.report.to_json(turn.session_id)
+    data["context"] = report_json(turn)
     reply = data["choices"][0]["message"] if data.get("choices") else None
     await settle(turn, reply, runtime)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
@@ -183,7 +192,7 @@ async def stream_with_report(chunks: AsyncIterator[str | bytes], turn: ChatTurn,
                     data = json.loads(payload)
                     accumulator.add(data)
                     if first and "choices" in data:
-                        data["context"] = turn.report.to_json(turn.session_id)
+                        data["context"] = report_json(turn)
                         first = False
                     event = "data: " + json.dumps(data, ensure_ascii=False)
                 events.append(event)

@@ -8,20 +8,22 @@ call and result appears in the client's own transcript and in XDB.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.errors import InvalidRequest
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
 from server.errors import AHCRoute
+from server.request_context import request_tenant
+from server.tenants import Tenant
 
 
 class QueryArchiveBody(BaseModel):
     """The tool's arguments, plus whose Codex to search: the session's (each session has its own
-    index); without one, the Codex of the most recent RAG request."""
+    index); without one, the Codex of the caller's most recent RAG request."""
 
     model_config = ConfigDict(extra="forbid")
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
@@ -33,8 +35,9 @@ def context_router(retriever: CodexRetriever) -> APIRouter:
     router = APIRouter(route_class=AHCRoute, tags=["context"])
 
     @router.post("/v1/context/query_archive")
-    async def query_archive(body: QueryArchiveBody) -> Any:
-        result = await retriever.run_tool(body.model_dump(exclude={"session_id"}), body.session_id)
+    async def query_archive(body: QueryArchiveBody, tenant: Annotated[Tenant, Depends(request_tenant)]) -> Any:
+        result = await retriever.run_tool(body.model_dump(exclude={"session_id"}), tenant.scope_opt(body.session_id),
+                                          tenant.prefix)
         if "error" in result:
             raise InvalidRequest(result["error"]["message"])
         return result

@@ -20,10 +20,12 @@ from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
+from server.tenants import TenantKeys
 from xdb import XDB
 
 
 async def serve(config: AHCConfig) -> None:
+    check_tenancy(TenantKeys.build(config.api_key, config.api_keys_file))  # before the model loads
     capture = start_capture(config)  # checks the lens pack against the model before anything starts
     try:
         await serve_with(config, capture)
@@ -95,6 +97,17 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
             runtime.close()
         xdb.close()  # flushes every queued row
         sock.close()
+
+
+def check_tenancy(keys: TenantKeys) -> None:
+    """vLLM's stored Responses (`VLLM_ENABLE_RESPONSES_API_STORE`) are kept by response id for anyone
+    who asks: with several tenants, one could read another's. Refuse the combination."""
+    import os
+
+    tenants = set(keys.by_digest.values())
+    if len(tenants) > 1 and os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"):
+        raise ValueError("VLLM_ENABLE_RESPONSES_API_STORE keeps responses readable by any key: unset it to serve "
+                         f"several tenants ({len(tenants)} configured)")
 
 
 def report_template(tokenizer, metrics: AHCMetrics, chat_template: str | None) -> None:

@@ -22,7 +22,7 @@ from server.capture.activation_join import ActivationJoin, Run
 from server.capture.capture_setup import CaptureSetup
 from server.capture.side_channel import completion_key
 from server.record_queue import RecordQueue
-from server.request_context import current_session
+from server.request_context import current_session, current_tenant
 from server.token_text import TokenTexts
 from xdb import XDB
 from xdb.rows import TimestepRow, TokenBatch
@@ -172,7 +172,7 @@ class RecordingEngine:
     def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
                  **kwargs: Any) -> AsyncGenerator[Any, None]:
         # Read the request's record now, in the caller's context, not when iteration starts.
-        xdb_session = current_session.get() or new_session_id()
+        xdb_session = current_session.get() or current_tenant.get().scope(new_session_id())
         return self._generate(xdb_session, (prompt, sampling_params, request_id, *args), kwargs)
 
     async def _generate(self, xdb_session: str, args: tuple, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:

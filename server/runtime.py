@@ -21,6 +21,7 @@ from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
+from server.tenants import TenantKeys
 from xdb import XDB
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -43,6 +44,7 @@ class Runtime:
     capture: CaptureSetup | None
     background: ThreadPoolExecutor  # one ordered worker for small synchronous XDB writes
     rag_indexes: ScopedIndexes
+    keys: TenantKeys  # empty: no key, one local tenant
 
     def close(self) -> None:
         """Stop what the runtime started (the engine and XDB belong to the launcher)."""
@@ -79,4 +81,5 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
-                   background=background, rag_indexes=rag_indexes)
+                   background=background, rag_indexes=rag_indexes,
+                   keys=TenantKeys.build(config.api_key, config.api_keys_file))

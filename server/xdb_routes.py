@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ahc.errors import NotFound, PermissionDenied
 from ahc.limits import (
     COMMENT_MAX_CHARS,
     DOCUMENT_MAX_TAGS,
@@ -20,12 +21,15 @@ from ahc.limits import (
     TAG_MAX_CHARS,
 )
 from server.errors import AHCRoute
+from server.request_context import request_tenant
+from server.tenants import Tenant
 from xdb import XDB
 from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 def _tag_ref(tag: str | int) -> str | int:
@@ -54,9 +58,10 @@ class Target(_Body):
     event_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick_range: tuple[Tick, Tick] | None = None
 
-    def where(self) -> dict[str, Any]:
-        return dict(timestep_id=self.timestep_id, session_id=self.session_id, tick=self.tick,
-                    event_id=self.event_id, tick_range=self.tick_range)
+    def where(self, tenant: Tenant) -> dict[str, Any]:
+        """The target as XDB names it: the session is the tenant's, and so must be a row named by id."""
+        return dict(timestep_id=self.timestep_id, session_id=tenant.scope_opt(self.session_id), tick=self.tick,
+                    event_id=self.event_id, tick_range=self.tick_range, session_prefix=tenant.prefix)
 
 
 class TagBody(Target):
@@ -115,21 +120,27 @@ class CompactBody(_Body):
 
 def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRouter:
     """The `/v1/xdb/*` routes over one XDB; `summarize` writes compaction summaries (the served model).
-    Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop."""
+    Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop.
+
+    Sessions and documents are the calling tenant's: ids go in scoped and come back as the tenant
+    named them (server/tenants.py). Concepts, tag names and buds are the server's shared vocabulary."""
     router = APIRouter(prefix="/v1/xdb", tags=["xdb"], route_class=AHCRoute)
 
     @router.post("/tag")
-    def tag(body: TagBody) -> Any:
-        return xdb.tag(body.tag, **body.where(), tag_type=body.tag_type, confidence=body.confidence,
-                       source=body.source, note=body.note, description=body.description)
+    def tag(body: TagBody, tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.tag(body.tag, **body.where(tenant), tag_type=body.tag_type,
+                                        confidence=body.confidence, source=body.source, note=body.note,
+                                        description=body.description))
 
     @router.post("/comment")
-    def comment(body: CommentBody) -> Any:
-        return xdb.comment(body.content, **body.where())
+    def comment(body: CommentBody, tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.comment(body.content, **body.where(tenant)))
 
     @router.get("/recall")
-    def recall(filters: Annotated[RecallFilters, Query()]) -> Any:
-        return {"object": "list", "data": xdb.recall(filters)}
+    def recall(filters: Annotated[RecallFilters, Query()], tenant: Caller) -> Any:
+        scoped = filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
+        rows = xdb.recall(scoped, session_prefix=tenant.prefix)
+        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
 
     @router.get("/concepts")
     def concepts(q: str | None = None) -> Any:
@@ -144,35 +155,50 @@ def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRo
         return xdb.set_bud_status(body.tag, body.status)
 
     @router.get("/documents")
-    def documents(doc_type: DocumentType | None = None, q: str | None = None) -> Any:
-        return {"object": "list", "data": xdb.documents(doc_type, q)}
+    def documents(tenant: Caller, doc_type: DocumentType | None = None, q: str | None = None) -> Any:
+        return {"object": "list", "data": tenant.unscope_rows(xdb.documents(doc_type, q, tenant.prefix), "id")}
 
     @router.get("/documents/{doc_id}")
-    def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
-        return xdb.document(doc_id, version=version)
+    def document(doc_id: str, tenant: Caller,
+                 version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
+        return unscoped(tenant, xdb.document(tenant.scope(doc_id), version=version), "id")
 
     @router.get("/documents/{doc_id}/versions")
-    def document_versions(doc_id: str) -> Any:
-        return {"object": "list", "data": xdb.document_versions(doc_id)}
+    def document_versions(doc_id: str, tenant: Caller) -> Any:
+        return {"object": "list", "data": tenant.unscope_rows(xdb.document_versions(tenant.scope(doc_id)), "id")}
 
     @router.post("/documents")
-    def add_document(body: DocumentBody) -> Any:
-        return xdb.add_document(**body.model_dump())
+    def add_document(body: DocumentBody, tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.add_document(**body.model_dump(), id_prefix=tenant.prefix), "id")
 
     @router.post("/documents/{doc_id}")
-    def update_document(doc_id: str, body: DocumentUpdate) -> Any:
-        return xdb.update_document(doc_id, **body.model_dump())
+    def update_document(doc_id: str, body: DocumentUpdate, tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.update_document(tenant.scope(doc_id), **body.model_dump()), "id")
 
     @router.post("/pin")
-    def pin(body: PinBody) -> Any:
-        return xdb.pin(body.session_id, body.tick_from, body.tick_to, body.reason)
+    def pin(body: PinBody, tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.pin(tenant.scope(body.session_id), body.tick_from, body.tick_to, body.reason))
 
     @router.post("/compact")
-    def compact(body: CompactBody) -> Any:
-        return xdb.compact(**body.model_dump(), summarize=summarize)
+    def compact(body: CompactBody, tenant: Caller) -> Any:
+        if tenant.prefix and body.compress_released:
+            raise PermissionDenied("compress_released compresses every tenant's released rows: only the server's "
+                                   "default tenant may ask for it", param="compress_released")
+        result = xdb.compact(**{**body.model_dump(), "session_id": tenant.scope_opt(body.session_id)},
+                             summarize=summarize)
+        if result.get("compaction") is not None:
+            result["compaction"] = unscoped(tenant, result["compaction"])
+        return result
 
     @router.get("/state")
     def state() -> Any:
         return xdb.state()
 
     return router
+
+
+def unscoped(tenant: Tenant, row: dict[str, Any], key: str = "session_id") -> dict[str, Any]:
+    """One XDB row with its id handed back as the tenant named it."""
+    if isinstance(row.get(key), str) and not tenant.owns(row[key]):
+        raise NotFound(f"{key} not found")  # never reached: the lookup was scoped; kept as the last guard
+    return tenant.unscope_rows([row], key)[0]

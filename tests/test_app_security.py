@@ -24,6 +24,7 @@ from ahc.config import AHCConfig
 from server.app import REMOVED_PATHS
 from server.auth import OPEN_PATHS, ApiKeyMiddleware
 from server.engine_args import build_vllm_namespace
+from server.tenants import TenantKeys
 from xdb import XDB
 
 KEY = "sesame"
@@ -132,7 +133,7 @@ def test_a_websocket_without_the_key_is_closed() -> None:
         await websocket.close()
 
     app = Starlette(routes=[WebSocketRoute("/v1/realtime", echo)])
-    client = TestClient(ApiKeyMiddleware(app, KEY))
+    client = TestClient(ApiKeyMiddleware(app, TenantKeys.build([KEY])))
     with pytest.raises(WebSocketDisconnect) as closed:
         with client.websocket_connect("/v1/realtime") as ws:
             ws.receive_text()

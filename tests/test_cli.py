@@ -53,3 +53,13 @@ def test_bad_tiny_model_spec_exits_1(tmp_path: Path) -> None:
 
 def test_unknown_bench_exits_1() -> None:
     assert "unknown benchmark" in one_error_line(ahc("bench", "warp"))
+
+
+def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alice a-key-without-a-colon\n")
+    config = Path(__file__).parents[1] / "configs" / "cpu-tiny.yaml"
+    line = one_error_line(ahc("serve", "--config", str(config), "--api-keys-file", str(keys),
+                              "--data-dir", str(tmp_path / "xdb")))
+    assert "line 1" in line and "tenant:key" in line
+    assert not (tmp_path / "xdb").exists()  # nothing opened, nothing written

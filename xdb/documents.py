@@ -53,12 +53,13 @@ def _check(content: str, max_bytes: int) -> str:
 
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
-                 summary: str | None = None, max_bytes: int) -> dict[str, Any]:
+                 summary: str | None = None, max_bytes: int, id_prefix: str = "") -> dict[str, Any]:
+    """A new document; its id is `id_prefix` (its tenant's) followed by a fresh one."""
     if not name or not name.strip():
         raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
     digest = _check(content, max_bytes)
-    doc_id = f"doc-{uuid.uuid4().hex[:12]}"
+    doc_id = f"{id_prefix}doc-{uuid.uuid4().hex[:12]}"
     cur.execute("INSERT INTO documents VALUES (?, 1, ?, ?, ?, ?, ?, now(), now(), ?, ?, ?)",
                 [doc_id, kind, name, path, content, digest, source, summary, list(tags or [])])
     return get_document(cur, doc_id)
@@ -98,13 +99,14 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
 
 
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
-                   query: str | None = None) -> list[dict[str, Any]]:
+                   query: str | None = None, id_prefix: str = "") -> list[dict[str, Any]]:
     """The latest version of each document, without content; `query` searches name, path and text."""
     if doc_type is not None:
         doc_type = DocumentType(doc_type).value
     rows = cur.execute(
         f"SELECT {', '.join(COLUMNS)} FROM documents "
         "QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
-        "AND (? IS NULL OR doc_type = ?) AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' "
-        "OR content ILIKE '%' || ? || '%') ORDER BY name, id", [doc_type, doc_type] + [query] * 4).fetchall()
+        "AND starts_with(id, ?) AND (? IS NULL OR doc_type = ?) "
+        "AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' OR content ILIKE '%' || ? || '%') "
+        "ORDER BY name, id", [id_prefix, doc_type, doc_type] + [query] * 4).fetchall()
     return [_doc(r, with_content=False) for r in rows]

@@ -105,6 +105,8 @@ def pin(cur: duckdb.DuckDBPyConnection, session_id: str, tick_from: int, tick_to
     """Keep a window at full detail (WARM) within the warm quota."""
     if tick_from < 0 or tick_to < tick_from:
         raise InvalidRequest(f"bad tick range {tick_from}..{tick_to}: need 0 <= tick_from <= tick_to")
+    if cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ?", [session_id]).fetchone() is None:
+        raise NotFound(f"session {session_id!r} not found")
     _, size, _, _ = range_stats(cur, session_id, tick_from, tick_to)
     if warm_quota_bytes is not None and pinned_bytes(cur) + size > warm_quota_bytes:
         raise QuotaExceeded(f"pinning {size} bytes would exceed the warm quota of {warm_quota_bytes} bytes "

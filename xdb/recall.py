@@ -180,10 +180,15 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def conditions(f: RecallFilters, concepts: ConceptIndex) -> tuple[list[str], list[Any]] | None:
-    """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing."""
+def conditions(f: RecallFilters, concepts: ConceptIndex,
+               session_prefix: str = "") -> tuple[list[str], list[Any]] | None:
+    """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing.
+    `session_prefix`: only sessions whose id starts with it (one tenant's)."""
     where: list[str] = []
     params: list[Any] = []
+    if session_prefix:
+        where.append("starts_with(t.session_id, ?)")
+        params.append(session_prefix)
     if f.session_id is not None:
         where.append("t.session_id = ?")
         params.append(f.session_id)
@@ -212,12 +217,12 @@ def conditions(f: RecallFilters, concepts: ConceptIndex) -> tuple[list[str], lis
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None) -> tuple[str, list[Any]] | None:
+                tag_kinds: list[str] | None = None, session_prefix: str = "") -> tuple[str, list[Any]] | None:
     """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
     filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
     read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
     matches are skipped by their zone maps before any heavy column is touched."""
-    found = conditions(f, concepts)
+    found = conditions(f, concepts, session_prefix)
     if found is None:
         return None
     where, params = found
@@ -294,11 +299,11 @@ def to_record(row: Row, concepts: ConceptIndex, tags: list[str]) -> dict[str, An
 
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
-           tag_cache: TagCache | None = None) -> list[dict[str, Any]]:
+           tag_cache: TagCache | None = None, session_prefix: str = "") -> list[dict[str, Any]]:
     """The matches' ids (light columns only), then those rows, in one query; then their tags."""
     tag_cache = tag_cache or TagCache()
     tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
-    query = build_query(filters, concepts, tag_ids, kinds)
+    query = build_query(filters, concepts, tag_ids, kinds, session_prefix)
     if query is None:
         return []
     ids_sql, params = query

@@ -162,12 +162,13 @@ class XDB:
             self.audit.append_event(action, details)
 
     # -- reading -------------------------------------------------------------------------------
-    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-        """Timesteps matching the filters, oldest first; a bad filter raises RecallFilterError
-        (a ValueError) naming it."""
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+               **kwargs: Any) -> list[dict[str, Any]]:
+        """Timesteps matching the filters, oldest first, of the sessions whose id starts with
+        `session_prefix`; a bad filter raises RecallFilterError (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            return recall(cur, f, self.concepts, self.tag_cache)
+            return recall(cur, f, self.concepts, self.tag_cache, session_prefix)
 
     def concepts_list(self, query: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -187,25 +188,26 @@ class XDB:
             return tags.list_comments(cur, session_id)
 
     # -- tags and comments ---------------------------------------------------------------------
-    def _target(self, cur: duckdb.DuckDBPyConnection, **where: Any) -> tags.Target:
+    def _target(self, cur: duckdb.DuckDBPyConnection, session_prefix: str, **where: Any) -> tags.Target:
         target = tags.make_target(**where)
         try:
-            return tags.resolve_target(cur, target)
+            return tags.resolve_target(cur, target, session_prefix)
         except NotFound:
             # The row may still be on the writer's queue: commit it and look again.
             if self.writer is None or self.writer.queue_depth() == 0:
                 raise
             self.writer.flush(timeout=10)
-            return tags.resolve_target(cur, target)
+            return tags.resolve_target(cur, target, session_prefix)
 
     def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
-            created_by: str = "be", description: str | None = None) -> dict[str, Any]:
+            created_by: str = "be", description: str | None = None, session_prefix: str = "") -> dict[str, Any]:
         """Apply a tag (a str is its name, an int its id; a new name creates it) to a timestep, an
-        event or a tick range. Raises NotFound for a missing target."""
+        event or a tick range. Raises NotFound for a missing target, or one of a session whose id
+        does not start with `session_prefix`."""
         with self.cursor() as cur:
-            target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
+            target = self._target(cur, session_prefix, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
             try:
                 found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
@@ -216,9 +218,9 @@ class XDB:
 
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
                 tick: int | None = None, event_id: str | None = None,
-                tick_range: tuple[int, int] | None = None) -> dict[str, Any]:
+                tick_range: tuple[int, int] | None = None, session_prefix: str = "") -> dict[str, Any]:
         with self.cursor() as cur:
-            target = self._target(cur, timestep_id=timestep_id, session_id=session_id, tick=tick,
+            target = self._target(cur, session_prefix, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
             return tags.add_comment(cur, content, target)
 
@@ -234,9 +236,11 @@ class XDB:
             return tags.set_bud_status(cur, tag, status, self.audit_event)
 
     # -- documents -----------------------------------------------------------------------------
-    def documents(self, doc_type: str | None = None, query: str | None = None) -> list[dict[str, Any]]:
+    def documents(self, doc_type: str | None = None, query: str | None = None,
+                  id_prefix: str = "") -> list[dict[str, Any]]:
+        """The documents whose id starts with `id_prefix` (one tenant's)."""
         with self.cursor() as cur:
-            return documents.list_documents(cur, doc_type, query)
+            return documents.list_documents(cur, doc_type, query, id_prefix)
 
     def document(self, doc_id: str | None = None, *, path: str | None = None,
                  version: int | None = None) -> dict[str, Any]:
@@ -257,6 +261,8 @@ class XDB:
 
     # -- fidelity and compression ----------------------------------------------------------------
     def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None = None) -> dict[str, Any]:
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()  # a session still on the writer's queue is one that exists
         with self.cursor() as cur:
             return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
 

@@ -72,8 +72,18 @@ def make_target(*, timestep_id: int | None = None, session_id: str | None = None
     return Target(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
 
 
-def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
-    """Check the target exists; a single tick becomes its timestep id. Raises NotFound."""
+def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target, session_prefix: str = "") -> Target:
+    """Check the target exists in a session whose id starts with `session_prefix` (the caller's
+    tenant's); a single tick becomes its timestep id. Raises NotFound, the same for a row that is
+    missing and one of another tenant."""
+    resolved = _resolve_target(cur, target)
+    if not (resolved.session_id or "").startswith(session_prefix):
+        what = {"timestep": f"timestep {target.timestep_id}", "event": f"event (request) {target.event_id!r}"}
+        raise NotFound(f"{what.get(target.kind, 'target')} not found")
+    return resolved
+
+
+def _resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
     if target.timestep_id is not None:
         row = cur.execute("SELECT session_id FROM timesteps WHERE id = ?", [target.timestep_id]).fetchone()
         if row is None:

@@ -24,36 +24,42 @@ class _Doc(Protocol):  # orchestrator.context_spec.CodexDoc
 class CodexRetriever:
     def __init__(self, indexes: ScopedIndexes) -> None:
         self.indexes = indexes
-        self._last_scope: str | None = None  # whose Codex a call without a session searches
+        # Per namespace (a tenant's id prefix): whose Codex a call without a session searches.
+        self._last_scope: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
-    async def retrieve(self, docs: Sequence[_Doc], query: str, k: int, scope: str | None = None) -> list[Excerpt]:
-        """The k best excerpts of `docs` (the Codex of session `scope`) for `query`."""
-        return await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k, scope)
+    async def retrieve(self, docs: Sequence[_Doc], query: str, k: int, scope: str | None = None,
+                       namespace: str = "") -> list[Excerpt]:
+        """The k best excerpts of `docs` (the Codex of session `scope`, a request of `namespace`) for `query`."""
+        return await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k, scope, namespace)
 
     def tool(self) -> dict[str, Any]:
         return QUERY_ARCHIVE_TOOL
 
-    async def run_tool(self, arguments: dict[str, Any] | str, scope: str | None = None) -> dict[str, Any]:
+    async def run_tool(self, arguments: dict[str, Any] | str, scope: str | None = None,
+                       namespace: str = "") -> dict[str, Any]:
         """Execute a `query_archive` call against session `scope`'s Codex (without one: the Codex of
-        the most recent RAG request)."""
+        the namespace's most recent RAG request; never another namespace's)."""
         with self._lock:
-            scope = scope if scope is not None else self._last_scope
-        return await asyncio.to_thread(self._run_tool, arguments, scope)
+            scope = scope if scope is not None else self._last_scope.get(namespace, namespace or None)
+        return await asyncio.to_thread(self._run_tool, arguments, scope, namespace)
 
-    def _retrieve(self, docs: list[tuple[str, str]], query: str, k: int, scope: str | None) -> list[Excerpt]:
+    def _retrieve(self, docs: list[tuple[str, str]], query: str, k: int, scope: str | None,
+                  namespace: str) -> list[Excerpt]:
         with self.indexes.using(scope) as index:
             index.sync(docs)  # CodexTooLarge propagates: the server answers 413
             with self._lock:
-                self._last_scope = scope
+                self._last_scope[namespace] = scope
             if not query.strip():
                 return []
             return [Excerpt(r.chunk.doc_id, r.chunk.chunk_index, r.chunk.text) for r in index.search(query, k)]
 
-    def _run_tool(self, arguments: dict[str, Any] | str, scope: str | None) -> dict[str, Any]:
+    def _run_tool(self, arguments: dict[str, Any] | str, scope: str | None, namespace: str) -> dict[str, Any]:
         if not self.indexes.exists(scope):
-            message = ("no request has used RAG mode yet: there is no Codex to search" if scope is None
-                       else f"session {scope!r} has no Codex in RAG mode yet: nothing to search")
+            if scope is None or scope == namespace:
+                message = "no request has used RAG mode yet: there is no Codex to search"
+            else:
+                message = f"session {scope.removeprefix(namespace)!r} has no Codex in RAG mode yet: nothing to search"
             return {"error": {"type": "invalid_arguments", "message": message}}
         with self.indexes.using(scope) as index:
             return query_archive(index, arguments)

@@ -1,0 +1,134 @@
+"""Tenants: each API key is a tenant, and a tenant sees only what it created.
+
+Isolation is by namespace. Every id a client names (a session, a run, a document) is stored as the
+tenant's prefix followed by the id, and handed back without it; a lookup of another tenant's id reads
+a key that cannot exist, so it is a 404 with nothing to compare. Listings without an id (recall
+without a session, the documents list) are filtered by the prefix, and rows reached by a global id
+(a timestep id, a request id) are checked against it.
+
+The tenant named `default` has an empty prefix: a local server without a key, or one with a single
+key, stores ids as the client sent them. With several keys, each tenant has its own prefix: a key
+given bare is named after its hash (`key-` and 12 hex digits), a keys file names them (`tenant:key`
+a line). To keep the data a single-key server stored when adding a second key, name the first key's
+tenant `default` in the keys file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT = "default"
+# The separator cannot occur in a tenant name, so one tenant's prefix never starts another's.
+SEPARATOR = "/"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+
+    @property
+    def prefix(self) -> str:
+        return "" if self.name == DEFAULT else self.name + SEPARATOR
+
+    def scope(self, local_id: str) -> str:
+        """The stored id of one of this tenant's ids."""
+        return self.prefix + local_id
+
+    def scope_opt(self, local_id: str | None) -> str | None:
+        return None if local_id is None else self.scope(local_id)
+
+    def owns(self, stored_id: str | None) -> bool:
+        return stored_id is not None and stored_id.startswith(self.prefix)
+
+    def unscope(self, stored_id: str) -> str:
+        """The id as this tenant named it. Only ever called on ids the tenant owns."""
+        if not self.owns(stored_id):
+            raise ValueError(f"tenant {self.name!r} does not own {stored_id!r}")
+        return stored_id[len(self.prefix):]
+
+    def unscope_rows(self, rows: Iterable[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+        """Rows with the named id fields handed back as the tenant named them."""
+        out = []
+        for row in rows:
+            row = dict(row)
+            for key in keys:
+                if isinstance(row.get(key), str):
+                    row[key] = self.unscope(row[key])
+            out.append(row)
+        return out
+
+
+LOCAL = Tenant(DEFAULT)
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+@dataclass(frozen=True)
+class TenantKeys:
+    """The server's keys, by SHA-256 digest (a key is never kept or compared in the clear)."""
+
+    by_digest: Mapping[bytes, Tenant]
+
+    def tenant_for(self, key: str) -> Tenant | None:
+        return self.by_digest.get(key_digest(key))
+
+    def __bool__(self) -> bool:
+        return bool(self.by_digest)
+
+    @classmethod
+    def build(cls, keys: Iterable[str], keys_file: str | Path | None = None) -> TenantKeys:
+        """Bare keys (a single one is the `default` tenant, several are named by hash) and a keys file
+        of `tenant:key` lines (`#` comments and blank lines ignored). Raises ValueError naming the
+        problem: an empty key, a bad tenant name, a key given twice, a tenant with two keys."""
+        bare = list(keys)
+        named = parse_keys_file(Path(keys_file)) if keys_file is not None else []
+        pairs: list[tuple[str, str]] = []
+        for key in bare:
+            if not key:
+                raise ValueError("--api-key: a key must not be empty")
+            name = DEFAULT if len(bare) == 1 and not named else "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+            pairs.append((name, key))
+        pairs += named
+        by_digest: dict[bytes, Tenant] = {}
+        names: set[str] = set()
+        for name, key in pairs:
+            digest = key_digest(key)
+            if digest in by_digest:
+                raise ValueError(f"api keys: the same key is given twice (tenants {by_digest[digest].name!r} "
+                                 f"and {name!r})")
+            if name in names:
+                raise ValueError(f"api keys: tenant {name!r} has more than one key")
+            names.add(name)
+            by_digest[digest] = Tenant(name)
+        return cls(by_digest)
+
+
+def parse_keys_file(path: Path) -> list[tuple[str, str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"api keys file {str(path)!r}: {exc.strerror or exc}") from None
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, key = line.partition(":")
+        name, key = name.strip(), key.strip()
+        if not sep or not key:
+            raise ValueError(f"api keys file {str(path)!r} line {number}: expected 'tenant:key'")
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"api keys file {str(path)!r} line {number}: bad tenant name {name!r} "
+                             "(letters, digits, '_', '.', '-'; at most 64)")
+        pairs.append((name, key))
+    if not pairs:
+        raise ValueError(f"api keys file {str(path)!r} names no key")
+    return pairs

@@ -1,0 +1,171 @@
+"""Tenants: each API key sees only the sessions, rows, runs, documents and Codex it created.
+
+Two keys on AHC's whole app (fake engine, TestClient, a real XDB): Alice works in a session, a run and a
+document; Bob, with his own key, tries every route on each of them by the names Alice uses, and on
+her rows by their global ids. Bob's ids of the same names are his own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_app import serving
+from fastapi.testclient import TestClient
+
+from ahc.config import AHCConfig
+from server.runtime import Runtime
+from server.tenants import LOCAL, Tenant, TenantKeys
+
+ALICE, BOB = "alice-key", "bob-key"
+CODEX = [{"id": "ledger", "text": "The vault code of Alice's lab is QX-7731. " * 3},
+         {"id": "notes", "text": "Particles of kind A drift right by one cell each tick."}]
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def two_tenants(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
+    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
+        yield served
+
+
+def chat(key: str, client: TestClient, session: str | None, question: str, mode: str = "cag",
+         **extra: object) -> dict:  # type: ignore[type-arg]
+    context: dict[str, object] = {"identity": "You are a careful physicist.", "codex": CODEX, "mode": mode}
+    if session is not None:
+        context["session_id"] = session
+    response = client.post("/v1/chat/completions", headers=auth(key), json={
+        "model": "tiny", "max_tokens": 6, "messages": [{"role": "user", "content": question}],
+        "context": context, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def test_a_tenant_never_reaches_another_tenants_session_run_document_or_codex(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    # Alice: two turns in a session (RAG, so her Codex is indexed), a run, a document.
+    first = chat(ALICE, client, "lab", "What is the vault code?", mode="rag")
+    assert first["context"]["session_id"] == "lab"  # as she named it
+    chat(ALICE, client, "lab", "And the particles?", mode="rag")
+    post = client.post("/v1/xdb/interactions", headers=auth(ALICE), json={"run_id": "run-1", "journal_entry": "A"})
+    assert post.status_code == 200
+    doc = client.post("/v1/xdb/documents", headers=auth(ALICE), json={"name": "plan", "content": "secret plan"}).json()
+    assert doc["id"].startswith("doc-")
+    runtime.xdb.writer.flush()
+    hers = client.get("/v1/xdb/recall", headers=auth(ALICE), params={"session_id": "lab", "limit": 1000}).json()["data"]
+    assert hers and {row["session_id"] for row in hers} == {"lab"}
+    row, request_id = hers[0], next(r["request_id"] for r in hers if r["request_id"])
+
+    # Bob, by Alice's names: his own (empty) namespace, never hers.
+    as_bob = auth(BOB)
+    assert client.get("/v1/xdb/recall", headers=as_bob, params={"session_id": "lab"}).json()["data"] == []
+    assert client.get("/v1/xdb/recall", headers=as_bob, params={"limit": 10_000}).json()["data"] == []
+    for target in ({"timestep_id": row["id"]}, {"event_id": request_id}, {"session_id": "lab", "tick": 0},
+                   {"session_id": "lab", "tick_range": [0, 3]}):
+        for path, extra in (("/v1/xdb/tag", {"tag": "stolen"}), ("/v1/xdb/comment", {"content": "mine now"})):
+            answer = client.post(path, headers=as_bob, json={**target, **extra})
+            assert answer.status_code == 404, (path, target, answer.text)
+            assert answer.json()["error"]["type"] == "not_found_error"
+    assert client.post("/v1/xdb/pin", headers=as_bob, json={"session_id": "lab", "tick_from": 0,
+                                                             "tick_to": 1}).status_code == 404
+    assert client.post("/v1/xdb/compact", headers=as_bob, json={"session_id": "lab"}).status_code == 404
+    assert client.post("/v1/xdb/compact", headers=as_bob, json={"compress_released": True}).status_code == 403
+    for method, path in (("GET", f"/v1/xdb/documents/{doc['id']}"), ("GET", f"/v1/xdb/documents/{doc['id']}/versions")):
+        assert client.request(method, path, headers=as_bob).status_code == 404
+    updated = client.post(f"/v1/xdb/documents/{doc['id']}", headers=as_bob, json={"content": "overwritten"})
+    assert updated.status_code == 404
+    assert client.get("/v1/xdb/documents", headers=as_bob).json()["data"] == []
+    assert client.get("/v1/xdb/interactions", headers=as_bob, params={"run_id": "run-1"}).json()["data"] == []
+    assert client.get("/v1/xdb/meta_knowledge", headers=as_bob, params={"run_id": "lab"}).json()["data"] == []
+    assert client.delete("/v1/xdb/runs/run-1", headers=as_bob).json()["deleted"] == {
+        "interaction_log": 0, "meta_knowledge": 0}
+    for body in ({"query": "vault code", "session_id": "lab"}, {"query": "vault code"}):
+        searched = client.post("/v1/context/query_archive", headers=as_bob, json=body)
+        assert searched.status_code == 400 and "QX-7731" not in searched.text, searched.text
+    # Bob's own session "lab" starts empty: Alice's turns are not his State.
+    bobs = chat(BOB, client, "lab", "Hello?")
+    assert bobs["context"]["session_id"] == "lab"
+    assert next(b["tokens"] for b in bobs["context"]["blocks"] if b["name"] == "state") == 0
+
+    # Alice still has everything, untouched by Bob's tries.
+    runtime.xdb.writer.flush()
+    again = client.get("/v1/xdb/recall", headers=auth(ALICE), params={"session_id": "lab", "limit": 1000}).json()
+    assert [r["id"] for r in again["data"]] == [r["id"] for r in hers]
+    assert all(not r.get("tags") for r in again["data"])
+    assert client.get(f"/v1/xdb/documents/{doc['id']}", headers=auth(ALICE)).json()["content"] == "secret plan"
+    assert len(client.get("/v1/xdb/interactions", headers=auth(ALICE), params={"run_id": "run-1"}).json()["data"]) == 1
+    found = client.post("/v1/context/query_archive", headers=auth(ALICE), json={"query": "vault code"})
+    assert found.status_code == 200 and "QX-7731" in found.text
+    # Bob's recall without filters holds only his own session, under his name for it.
+    bob_rows = client.get("/v1/xdb/recall", headers=as_bob, params={"limit": 10_000}).json()["data"]
+    assert bob_rows and {r["session_id"] for r in bob_rows} == {"lab"}
+    assert not {r["id"] for r in bob_rows} & {r["id"] for r in hers}
+
+
+def test_requests_without_a_session_are_recorded_in_the_tenants_namespace(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    plain = client.post("/v1/completions", headers=auth(BOB), json={"model": "tiny", "prompt": "Hi", "max_tokens": 3})
+    assert plain.status_code == 200, plain.text
+    chat(BOB, client, None, "No session here.")
+    runtime.xdb.writer.flush()
+    bob = TenantKeys.build([ALICE, BOB]).tenant_for(BOB)
+    assert bob is not None and bob.prefix
+    stored = {r["session_id"] for r in runtime.xdb.recall(limit=10_000)}
+    assert stored and all(sid.startswith(bob.prefix) for sid in stored)
+    assert client.get("/v1/xdb/recall", headers=auth(ALICE), params={"limit": 10_000}).json()["data"] == []
+    seen = client.get("/v1/xdb/recall", headers=auth(BOB), params={"limit": 10_000}).json()["data"]
+    assert {r["session_id"] for r in seen} == {sid.removeprefix(bob.prefix) for sid in stored}
+
+
+def test_keys_name_their_tenants(tmp_path: Path) -> None:
+    assert TenantKeys.build(["only"]).tenant_for("only") == LOCAL  # one key: the local namespace, as without
+    two = TenantKeys.build(["k1", "k2"])
+    first, second = two.tenant_for("k1"), two.tenant_for("k2")
+    assert first and second and first != second and first.prefix and second.prefix
+    assert first == TenantKeys.build(["k2", "k1"]).tenant_for("k1")  # by the key, not its position
+    assert two.tenant_for("k3") is None and not TenantKeys.build([])
+    keys = tmp_path / "keys"
+    keys.write_text("# tenants\nalice: a-key\n\nbob:b-key\ndefault:old-key\n")
+    named = TenantKeys.build(["bare"], keys)
+    assert named.tenant_for("a-key") == Tenant("alice") and named.tenant_for("b-key") == Tenant("bob")
+    assert named.tenant_for("old-key") == LOCAL and named.tenant_for("bare") not in (None, LOCAL)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("alice a-key\n", "expected 'tenant:key'"),
+    ("alice:\n", "expected 'tenant:key'"),
+    ("al/ice:k\n", "bad tenant name"),
+    ("a:k1\na:k2\n", "more than one key"),
+    ("a:k\nb:k\n", "the same key is given twice"),
+    ("# nothing\n", "names no key"),
+])
+def test_a_bad_keys_file_is_refused_naming_the_problem(tmp_path: Path, text: str, problem: str) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(text)
+    with pytest.raises(ValueError, match=problem):
+        TenantKeys.build([], keys)
+
+
+def test_a_scoped_id_cannot_reach_into_another_namespace() -> None:
+    alice, bob = Tenant("alice"), Tenant("bob")
+    forged = bob.scope("../alice/lab")  # whatever Bob names, it stays under his prefix
+    assert bob.owns(forged) and not alice.owns(forged)
+    assert not bob.owns(alice.scope("lab")) and LOCAL.owns(alice.scope("lab"))
+    with pytest.raises(ValueError):
+        bob.unscope(alice.scope("lab"))
+
+
+def test_stored_responses_and_several_tenants_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.launcher import check_tenancy
+
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    check_tenancy(TenantKeys.build(["one"]))  # a single tenant: nothing to leak to
+    with pytest.raises(ValueError, match="VLLM_ENABLE_RESPONSES_API_STORE"):
+        check_tenancy(TenantKeys.build(["one", "two"]))
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")
+    check_tenancy(TenantKeys.build(["one", "two"]))
