@@ -21,12 +21,14 @@ class HiddenCaller:
     engine: EngineClient  # vLLM's AsyncLLM, not the recording wrapper
     tokenizer: TokenizerLike  # with a chat template
     max_model_len: int
+    chat_template: str | None = None  # the one vLLM was given, else the tokenizer's own
 
     async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 chat_template=self.chat_template)
         if not isinstance(ids, list):  # newer transformers return a BatchEncoding
             ids = list(ids["input_ids"])
         budget = self.max_model_len - max_tokens - 1

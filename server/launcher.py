@@ -38,6 +38,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+    from vllm.renderers.chat_utils import load_chat_template
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -70,8 +71,9 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
             stat_loggers=[stat_logger_factory(metrics)],
         )
         supported_tasks = await engine.get_supported_tasks()
-        runtime = build_runtime(config, engine, xdb, metrics, capture)
-        report_template(runtime.tokenizer, metrics, args.chat_template)
+        chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
+        runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template)
+        report_template(runtime.tokenizer, metrics, chat_template)
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
         if config.xdb.quota_bytes is not None:
@@ -111,10 +113,8 @@ def check_tenancy(keys: TenantKeys) -> None:
 
 
 def report_template(tokenizer, metrics: AHCMetrics, chat_template: str | None) -> None:
-    """Warn when the chat template vLLM will use (`--chat-template`, else the model's) would break
-    the prefix cache on every turn."""
-    if chat_template is not None and Path(chat_template).is_file():
-        chat_template = Path(chat_template).read_text()
+    """Warn when the chat template vLLM will use (`--chat-template`, loaded, else the model's) would
+    break the prefix cache on every turn."""
     check = check_chat_template(lambda messages, tools: tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=True, chat_template=chat_template))
     metrics.chat_template_prefix_stable.set(-1 if check.stable is None else int(check.stable))

@@ -53,13 +53,15 @@ class Runtime:
 
 
 def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AHCMetrics,
-                  capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None) -> Runtime:
-    """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop."""
+                  capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
+                  chat_template: str | None = None) -> Runtime:
+    """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;
+    `chat_template`: the template vLLM was given (`--chat-template`, loaded), None for the model's."""
     tokenizer = engine.get_tokenizer()
     oc = config.orchestrator
     max_model_len = config.engine.max_model_len
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
-    hidden = HiddenCaller(engine, tokenizer, max_model_len)
+    hidden = HiddenCaller(engine, tokenizer, max_model_len, chat_template)
     rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag")  # one per session's Codex
     retriever = CodexRetriever(rag_indexes)
     sessions = SessionStore(xdb.load_session_state,
@@ -72,7 +74,8 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
     def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
-        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                 chat_template=chat_template))
 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)

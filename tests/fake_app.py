@@ -26,9 +26,11 @@ from xdb import XDB
 async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:
     """What `ahc serve` builds around its engine, minus the socket."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.renderers.chat_utils import load_chat_template
 
     args = build_vllm_namespace(config)
-    runtime = build_runtime(config, engine, xdb, AHCMetrics(KVStats()))
+    runtime = build_runtime(config, engine, xdb, AHCMetrics(KVStats()),
+                            chat_template=load_chat_template(args.chat_template))
     tasks = await engine.get_supported_tasks()
     app = build_app(runtime, args, tasks, engine.model_config)
     await init_app_state(runtime.engine, app.state, args, tasks)

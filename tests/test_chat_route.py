@@ -331,3 +331,27 @@ def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, R
     assert len(latencies) > 10, latencies  # the request took long enough to be seen running
     assert max(latencies) < 0.1, (max(latencies), len(latencies))
     assert runtime.orchestrator.counter.cached(f"# Codex\n\n## big\n{words}")
+
+
+def test_the_prompt_budget_counts_the_chat_template_vllm_was_given(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `--chat-template`, the orchestrator's count of the prompt is vLLM's count, preamble and all."""
+    model_template = (Path(config.model) / "chat_template.jinja").read_text()
+    template = tmp_path / "long.jinja"
+    template.write_text("{{ 'A preamble the model template does not have. ' * 40 }}" + model_template)
+    extra = [*config.engine.extra_args, "--chat-template", str(template)]
+    with serving(config, vllm_config, tmp_path, **{"engine.extra_args": extra}) as (client, runtime):
+        prepared = []
+        prepare = runtime.orchestrator.prepare
+
+        async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+            prepared.append(await prepare(*args, **kwargs))
+            return prepared[-1]
+
+        monkeypatch.setattr(runtime.orchestrator, "prepare", spy)
+        response = client.post("/v1/chat/completions", json=chat("templated"))
+        assert response.status_code == 200, response.text
+        # The meter may overcount by a token a message boundary (its slack), never undercount.
+        counted, actual = prepared[-1].prompt_tokens, response.json()["usage"]["prompt_tokens"]
+        assert actual <= counted <= actual + 2 * len(prepared[-1].messages), (counted, actual)
