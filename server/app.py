@@ -17,6 +17,7 @@ from server.chat_route import install_chat_route
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
+from server.recording_gate import RecordingGate
 from server.runtime import Runtime
 from server.xdb_routes import xdb_router
 
@@ -28,6 +29,10 @@ REMOVED_PATHS: tuple[str, ...] = (
     # use /v1/chat/completions; making these go through AHC's chat handling is not worth its cost.
     "/invocations",
     "/v1/chat/completions/batch",
+    # Token-in/token-out generation for RL and disaggregated serving, past the orchestrator as well, and
+    # its abort-by-id, which would let any caller cancel another's request.
+    "/inference/v1/generate",
+    "/inference/v1/abort_requests",
     # Elastic expert-parallel scaling: AHC runs one engine, sized by its config, and never rescales it.
     "/scale_elastic_ep",
     "/is_scaling_elastic_ep",
@@ -98,6 +103,9 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     # With or without a key: a keyless local server is exactly what a cross-site page would target.
     add_middleware(app, Middleware(JsonBodyMiddleware))
     add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
+    oc = runtime.config.orchestrator
+    add_middleware(app, Middleware(RecordingGate, recorder=runtime.recorder, timeout_s=oc.vram_queue_timeout_s,
+                                   retry_after_s=oc.retry_after_s))
     if runtime.keys:
         # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
         # caller learns nothing (not even a 415) before the 401. It also sets the request's tenant

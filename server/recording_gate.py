@@ -1,0 +1,56 @@
+"""Back-pressure from the experience database on every door to the engine, not only AHC's chat route.
+
+vLLM serves generation on more paths than `/v1/chat/completions` (completions, Responses, Anthropic's
+Messages, structured decisions, and whatever a later vLLM adds), and every token they generate is
+recorded too. While XDB's backlog is over its bound, a new request on any of them waits, then gets a
+503 with `Retry-After`, before its body is read; requests already running finish and are recorded.
+
+Deny by default again: every POST outside AHC's own routes is gated except vLLM's routes that are
+known to generate nothing (tokenizing, rendering, counting, cancelling). A new vLLM route is gated
+until it is named here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ahc.errors import AHCError
+from server.admission import wait_for_recording
+from server.errors import error_response
+from server.recorder import Recorder
+
+# AHC's own routes: the chat route waits itself (in order with its turn), the XDB routes write directly.
+_AHC_CHAT = "/v1/chat/completions"
+_AHC_PREFIXES = ("/v1/xdb/", "/v1/context/")
+_NO_GENERATION = re.compile(
+    r"^/(tokenize|detokenize|ping)$"
+    r"|^/v1/(chat/completions|completions|messages|responses)/(render|derender)$"
+    r"|^/v1/messages/count_tokens$"
+    r"|^/v1/responses/[^/]+/cancel$")
+
+
+def gated(path: str) -> bool:
+    """Whether a POST to `path` may start a generation."""
+    return path != _AHC_CHAT and not path.startswith(_AHC_PREFIXES) and not _NO_GENERATION.match(path)
+
+
+class RecordingGate:
+    def __init__(self, app: ASGIApp, recorder: Recorder, timeout_s: float, retry_after_s: int) -> None:
+        self.app = app
+        self.recorder = recorder
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            if gated(path):
+                try:
+                    await wait_for_recording(self.recorder, self.timeout_s, self.retry_after_s)
+                except AHCError as exc:
+                    response = error_response(exc.status, exc.message, exc.type, exc.code, headers=exc.headers)
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
