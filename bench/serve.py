@@ -197,7 +197,7 @@ def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | Non
                                        "requests_per_client": load.requests, "max_tokens": load.max_tokens,
                                        "rounds": n_rounds}
     notes = {**common_notes(prof, load, n_rounds), "model": f"{target.model}, as served at {target.base_url}",
-             **side_notes(side, results)}
+             "device": "the server's own", **side_notes(side, results)}
     return BenchResult("serve", figures, {}, notes)
 
 
@@ -233,7 +233,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
     if target is not None:
         sides = [Side("", target)]
         measure_all(sides)
-        notes["model"] = f"{target.model}, as served at {target.base_url}"
+        notes.update(model=f"{target.model}, as served at {target.base_url}", device="the server's own")
     else:
         with side_by_side(prof, max_num_seqs) as sides:
             measure_all(sides)
