@@ -6,12 +6,17 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_STREAMS
 from universe.cli import Backend
+
+# An Enum, so that the help lists the profiles and typer rejects others as bad usage.
+ServeProfile = Enum("ServeProfile", {name: name for name in PROFILES}, type=str)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="AHC: a local inference server for long-running LLM agents.")
@@ -126,6 +131,29 @@ def serve(
 def bench(
     name: Annotated[str, typer.Argument(help="A benchmark name, or 'all' to run every one into bench/results/.")],
     json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")] = False,
+    profile: Annotated[ServeProfile, typer.Option(
+        rich_help_panel="serve",
+        help="serve: the load. " + "; ".join(
+            f"{p.name}: {p.clients} streaming clients x {p.requests} x {p.max_tokens} tokens, {p.description}"
+            for p in PROFILES.values()))] = ServeProfile(DEFAULT_PROFILE),
+    rounds: Annotated[int | None, typer.Option(
+        min=1, rich_help_panel="serve", help="serve: measured rounds (default: the profile's).")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        rich_help_panel="serve", help="serve: load this running server instead of starting AHC and vLLM.")] = None,
+    model: Annotated[str | None, typer.Option(
+        rich_help_panel="serve", help="serve, with --base-url: the model name (default: the first served).")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        rich_help_panel="serve", help="serve, with --base-url: the server's API key.")] = None,
+    pid: Annotated[int | None, typer.Option(
+        rich_help_panel="serve", help="serve, with --base-url: its API process, for CPU per token.")] = None,
+    scaling: Annotated[bool, typer.Option(
+        "--scaling", rich_help_panel="serve",
+        help=f"serve: tokens/s and API CPU per token at {', '.join(map(str, SCALING_STREAMS))} streams, into "
+             "bench/results/serve-scaling.json.")] = False,
+    plot: Annotated[bool, typer.Option(
+        "--plot", rich_help_panel="serve",
+        help="serve: draw bench/results/serve-scaling.png (matplotlib) from the scaling results, this run's or "
+             "the saved ones.")] = False,
 ) -> None:
     """Measure our path and its reference side by side in one run and report the ratio."""
     from rich.console import Console
@@ -134,11 +162,24 @@ def bench(
     from ahc.config import REPO_ROOT
     from bench.registry import BENCHES, runner
 
+    results_dir = REPO_ROOT / "bench" / "results"
+    serve_options = {"--profile": profile.value != DEFAULT_PROFILE, "--rounds": rounds, "--base-url": base_url,
+                     "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
+    if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):
+        raise typer.BadParameter(f"only `ahc bench serve` takes {', '.join(given)}")
+    if base_url is None and (given := [f for f, v in serve_options.items() if v and f in ("--model", "--api-key",
+                                                                                          "--pid")]):
+        raise typer.BadParameter(f"{', '.join(given)} need --base-url")
     names = list(BENCHES) if name == "all" else [name]
-    results = [runner(n)() for n in names]
+    if name == "serve":
+        results = serve_bench(profile.value, rounds, base_url, model, api_key, pid, scaling, plot, results_dir)
+    else:
+        results = [runner(n)() for n in names]
     if name == "all":
         for result in results:
-            result.save(REPO_ROOT / "bench" / "results")
+            result.save(results_dir)
+    if not results:
+        return
     table = Table("bench", "figure", "value")
     for result in results:
         for key, value in {**result.figures, **{f"ratio {k}": v for k, v in result.ratios.items()}}.items():
@@ -147,6 +188,49 @@ def bench(
     if json_out:
         for result in results:
             typer.echo(result.to_json())
+
+
+def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: str | None, api_key: str | None,
+                pid: int | None, scaling: bool, plot: bool, results_dir: Path) -> list:
+    """`ahc bench serve` with its options: the results to print (none when only redrawing the plot)."""
+    from bench.result import BenchResult
+    from bench.serve import plot_scaling, run, run_scaling, run_target
+    from bench.stream_load import Target
+
+    target = None
+    if base_url:
+        import httpx
+
+        base_url = base_url.rstrip("/").removesuffix("/v1")
+        if model is None:
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            try:
+                response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise OSError(f"--base-url {base_url}: {exc}") from exc
+            model = response.json()["data"][0]["id"]
+        target = Target(base_url, model, api_key, pid)
+    scaling_file = results_dir / "serve-scaling.json"
+    if scaling:
+        result = run_scaling(profile, rounds, target)
+        typer.echo(f"wrote {result.save(results_dir)}", err=True)
+    elif plot:
+        if not scaling_file.exists():
+            raise FileNotFoundError(f"{scaling_file}: no scaling results to plot; run with --scaling")
+        import json
+
+        result = BenchResult(**json.loads(scaling_file.read_text()))
+    else:
+        result = run_target(target, profile, rounds) if target else run(profile, rounds)
+    if plot:
+        try:
+            typer.echo(f"wrote {plot_scaling(result, results_dir / 'serve-scaling.png')}", err=True)
+        except ImportError as exc:
+            fail(str(exc))
+        if not scaling:
+            return []
+    return [result]
 
 
 def universe_bench(

@@ -25,7 +25,7 @@ import openai
 
 from ahc.config import REPO_ROOT
 from ahc.server_process import AHC, child_env, ensure_model, start_server
-from bench.orchestrator import MODEL_FLAGS
+from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 
@@ -36,11 +36,11 @@ LENS_LAYER = 3
 EXAMPLES = REPO_ROOT / "configs" / "lenses" / "tiny-demo" / "examples.json"
 
 
-def ensure_pack(model_dir: Path, out: Path) -> Path:
-    """A lens pack for the bench model (the tiny-demo concepts at layer 3), built once."""
+def ensure_pack(model_dir: Path, out: Path, layer: int = LENS_LAYER) -> Path:
+    """A lens pack of the tiny-demo concepts at `layer` of a bench model, built once."""
     if not (out / "lens.json").exists():
         subprocess.run([AHC, "lens", "train", "--model", str(model_dir), "--examples", str(EXAMPLES),
-                        "--layer", str(LENS_LAYER), "--out", str(out)], check=True, capture_output=True,
+                        "--layer", str(layer), "--out", str(out)], check=True, capture_output=True,
                         env=child_env())
     return out
 
@@ -89,7 +89,7 @@ def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool
 
 
 def run() -> BenchResult:
-    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
+    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODELS["bench-6x512"])
     pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / "bench-6x512")
     plain_rounds, capture_rounds, right = measure(model_dir, pack)
     if not right:

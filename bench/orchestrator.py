@@ -21,12 +21,12 @@ import openai
 
 from ahc.config import REPO_ROOT, OrchestratorConfig, load_config
 from ahc.server_process import ensure_model, start_server
+from bench.models import MODELS
 from bench.result import BenchResult
 
 TURNS = 30
 REPLY_TOKENS = 16
-MODEL_FLAGS = ("--layers", "6", "--hidden", "512", "--heads", "8", "--kv-heads", "2", "--intermediate", "1024",
-               "--max-position", "8192")
+MODEL_FLAGS = MODELS["bench-6x512"]
 WORDS = ("particle collision ring cell symbol left right moves splits merges period class window "
          "rule table experiment prediction counterexample theorem").split()
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def alternating_rounds(measure_on: list[Callable[[], float]], rounds: int) -> list[list[float]]:
+def alternating_rounds(measure_on: list[Callable[[], T]], rounds: int) -> list[list[T]]:
     """A warm-up on each server, then `rounds` measured rounds of each, the order alternating round by
     round: servers measured in one run share the machine's drift, which is larger here than the
     effects measured."""
     for measure in measure_on:
         measure()
-    results: list[list[float]] = [[] for _ in measure_on]
+    results: list[list[T]] = [[] for _ in measure_on]
     order = list(range(len(measure_on)))
     for r in range(rounds):
         for side in (order if r % 2 == 0 else order[::-1]):

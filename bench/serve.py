@@ -1,101 +1,276 @@
 """`ahc bench serve`: AHC's server against vLLM's own OpenAI api_server, same model, same engine flags,
-same load, in one run.
+same load, in one run; or the same load on any running server (`--base-url`).
 
 vLLM runs `python -m vllm.entrypoints.openai.api_server` with the very flags `ahc serve` gives its
 engine (server/engine_args.py over configs/cpu-tiny.yaml); AHC runs as a user runs it: every token,
 input and reply recorded into XDB, concept activations captured in the engine (a lens pack built for
-the bench model). The load: BATCH concurrent clients, each sending streaming chat requests of
-MAX_TOKENS tokens (`ignore_eos`, so every reply has the same length) with a short distinct prompt.
+the bench model). The load is a profile (bench/serve_profiles.py): concurrent streaming chat clients,
+every reply exactly `max_tokens` long (`ignore_eos`), short distinct prompts.
+
 Both servers are up together and measured in alternating rounds, so the machine's drift falls on both
-alike; the figure is completion tokens per second of wall time over a round, median of ROUNDS.
+alike. Per server: completion tokens per second of wall time and the API process's CPU per generated
+token (user + system of that one process over the round; vLLM's EngineCore is a child process and not
+counted), each the median round; TTFT and inter-token latency percentiles over all measured rounds'
+replies (bench/stream_load.py). After every AHC round its recording is checked over HTTP (one
+`output` row per completion token, in each reply's own XDB session); after AHC stops, its audit chain
+is verified with `ahc xdb verify-audit` (DuckDB locks the file while the server holds it).
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-import openai
+import httpx
+import psutil
 
 from ahc.config import REPO_ROOT, load_config
-from ahc.server_process import ServerProcess, ensure_model, free_port, launch, start_server
-from bench.activations import ensure_pack, has_activations
-from bench.orchestrator import MODEL_FLAGS
+from ahc.server_process import AHC, ServerProcess, child_env, ensure_model, free_port, launch, start_server
+from bench.activations import ensure_pack
+from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
+from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_ROUNDS, SCALING_STREAMS, Profile
+from bench.stream_load import Load, Round, Target, latency_ms, measure
 
-BATCH = 8
-MAX_TOKENS = 128
-REQUESTS_PER_CLIENT = 2
-ROUNDS = 6
 MAX_MODEL_LEN = 2048
+RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
 
 
-def start_vllm(model_dir: Path, log_dir: Path) -> ServerProcess:
+def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None) -> ServerProcess:
     """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model."""
     from server.engine_args import vllm_cli_args
 
     port = free_port()
+    overrides = {"engine.max_model_len": MAX_MODEL_LEN, "engine.max_num_seqs": max_num_seqs}
     config = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
-        model=str(model_dir), port=port, **{"engine.max_model_len": MAX_MODEL_LEN})
+        model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
     return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config)], port,
                   log_dir / "vllm.log", env=env, timeout=600)
 
 
-def one_client(client: openai.OpenAI, model: str, seed: int) -> int:
-    tokens = 0
-    for i in range(REQUESTS_PER_CLIENT):
-        stream = client.chat.completions.create(
-            model=model, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-            messages=[{"role": "user", "content": f"Client {seed}, request {i}: what do the particles do?"}])
-        for chunk in stream:
-            if chunk.usage is not None:
-                tokens += chunk.usage.completion_tokens
-    return tokens
+@dataclass
+class Side:
+    """One server under load. `prefix` starts its figures' names ("ahc_", "vllm_", or "" for a server
+    given by URL)."""
+
+    prefix: str
+    target: Target
+    check_xdb: bool = False  # AHC's: every round's recording is checked
+    recorded_rows: int = 0
+    rows_with_activations: int = 0
+    audit: str | None = None  # `ahc xdb verify-audit`'s verdict, once the server has stopped
+    children: int | None = None  # processes under the API process (vLLM's EngineCore), not measured
+
+    def measure(self, load: Load) -> Round:
+        if self.target.pid and self.children is None:
+            self.children = len(psutil.Process(self.target.pid).children(recursive=True))
+        result = measure(self.target, load)
+        if self.check_xdb or any(r.session_id for r in result.replies):
+            self.check_recording(result)
+        return result
+
+    def check_recording(self, result: Round) -> None:
+        """Every completion token of the round is an `output` row of its reply's XDB session."""
+        headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
+        with httpx.Client(base_url=self.target.base_url, headers=headers, timeout=120) as http:
+            for reply in result.replies:
+                if reply.session_id is None:
+                    raise RuntimeError("serve bench: an AHC reply named no XDB session in its `context`")
+                response = http.get("/v1/xdb/recall", params={"session_id": reply.session_id,
+                                                              "event_types": "output", "limit": RECALL_LIMIT})
+                response.raise_for_status()
+                rows = response.json()["data"]
+                if len(rows) != reply.completion_tokens:
+                    raise RuntimeError(f"serve bench: session {reply.session_id} has {len(rows)} output rows "
+                                       f"in XDB for {reply.completion_tokens} completion tokens")
+                self.recorded_rows += len(rows)
+                self.rows_with_activations += sum(1 for row in rows if row["concept_activations"])
 
 
-def load_round(client: openai.OpenAI, model: str) -> float:
-    """Completion tokens per second of wall time, BATCH clients at once."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(BATCH) as pool:
-        tokens = sum(pool.map(lambda seed: one_client(client, model, seed), range(BATCH)))
-    elapsed = time.perf_counter() - started
-    if tokens != BATCH * REQUESTS_PER_CLIENT * MAX_TOKENS:
-        raise RuntimeError(
-            f"serve bench: {tokens} completion tokens, expected {BATCH * REQUESTS_PER_CLIENT * MAX_TOKENS}")
-    return tokens / elapsed
-
-
-def run() -> BenchResult:
-    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
-    pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / "bench-6x512")
+@contextmanager
+def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Side]]:
+    """vLLM's server and AHC's on the profile's model, up together; AHC's audit chain is verified
+    once both have stopped."""
+    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / profile.model, *MODELS[profile.model])
+    pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / profile.model, profile.lens_layer)
+    extra = ["--max-model-len", str(MAX_MODEL_LEN)]
+    if max_num_seqs:
+        extra += ["--max-num-seqs", str(max_num_seqs)]
     with tempfile.TemporaryDirectory() as tmp:
         servers: list[ServerProcess] = []
         try:
-            servers.append(start_vllm(model_dir, Path(tmp) / "vllm"))
-            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=str(pack),
-                                        extra=["--max-model-len", str(MAX_MODEL_LEN)]))
-            clients = [s.client(timeout=600) for s in servers]
-            model = clients[0].models.list().data[0].id
-            rounds = alternating_rounds([lambda c=c: load_round(c, model) for c in clients], ROUNDS)
-            recorded = has_activations(servers[1].base_url)
+            servers.append(start_vllm(model_dir, Path(tmp) / "vllm", max_num_seqs))
+            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=str(pack), extra=extra))
+            model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
+            sides = [Side("vllm_", Target(servers[0].base_url, model, pid=servers[0].process.pid)),
+                     Side("ahc_", Target(servers[1].base_url, model, pid=servers[1].process.pid), check_xdb=True)]
+            yield sides
         finally:
             for server in servers:
                 server.stop()
-    if not recorded:
+        sides[1].audit = verify_audit(Path(tmp) / "ahc")
+
+
+def verify_audit(data_dir: Path) -> str:
+    result = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir)], capture_output=True,
+                            text=True, env=child_env(), timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"serve bench: AHC's audit chain does not verify: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def side_figures(side: Side, rounds: Sequence[Round]) -> dict[str, float]:
+    p = side.prefix
+    figures = {f"{p}tok_per_s": statistics.median(r.tok_per_s for r in rounds)}
+    cpu = [r.cpu_us_per_token for r in rounds]
+    if all(c is not None for c in cpu):
+        figures[f"{p}cpu_us_per_token"] = statistics.median(c for c in cpu if c is not None)
+    figures.update({f"{p}{name}": value for name, value in latency_ms(rounds).items()})
+    figures[f"{p}tokens_per_chunk"] = sum(r.tokens for r in rounds) / max(sum(r.chunks for r in rounds), 1)
+    return figures
+
+
+def side_notes(side: Side, rounds: Sequence[Round]) -> dict[str, str]:
+    name = side.prefix.rstrip("_") or "server"
+    notes = {f"rounds_{name}": ", ".join(f"{r.tok_per_s:.1f}" for r in rounds),
+             f"client_cpu_us_per_token_{name}": f"{statistics.median(r.client_cpu_us_per_token for r in rounds):.1f}"}
+    if side.target.pid:
+        notes[f"cpu_{name}"] = (f"API process (pid {side.target.pid}) only, user+system; not its "
+                                f"{side.children} child processes")
+    if side.recorded_rows:
+        notes[f"xdb_{name}"] = (f"every round checked: {side.recorded_rows} output rows for as many completion "
+                                f"tokens, {side.rows_with_activations} with concept activations")
+    if side.audit:
+        notes[f"audit_{name}"] = f"after the server stopped: {side.audit}"
+    return notes
+
+
+def load_of(profile: Profile, clients: int | None = None) -> Load:
+    return Load(clients or profile.clients, profile.requests, profile.max_tokens)
+
+
+def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
+    return {"profile": profile.name, "model": profile.description, "device": "cpu",
+            "load": f"{load.clients} streaming clients x {load.requests} chat requests x {load.max_tokens} tokens "
+                    f"(ignore_eos), one asyncio client; {rounds} measured rounds after a warm-up each",
+            "latency": "TTFT: request sent to first content chunk; ITL: gaps between content chunks; "
+                       "percentiles over every reply of the measured rounds"}
+
+
+def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
+    """AHC and vLLM side by side under `profile`'s load."""
+    prof = PROFILES[profile]
+    n_rounds, load = rounds or prof.rounds, load_of(prof)
+    with side_by_side(prof, prof.max_num_seqs) as sides:
+        results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
+    vllm, ahc = sides
+    if not ahc.rows_with_activations:
         raise RuntimeError("serve bench: AHC recorded no tokens with activations; the comparison would be unfair")
-    vllm_rate, ahc_rate = statistics.median(rounds[0]), statistics.median(rounds[1])
-    figures = {"ahc_tok_per_s": ahc_rate, "vllm_tok_per_s": vllm_rate, "batch": BATCH,
-               "max_tokens": MAX_TOKENS, "rounds": ROUNDS}
-    return BenchResult("serve", figures, {"ahc_over_vllm": ahc_rate / vllm_rate},
-                       {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": "cpu",
-                        "ahc": "every token recorded in XDB with top-10 concept activations (lens at layer 3)",
-                        "vllm": "python -m vllm.entrypoints.openai.api_server, same engine flags",
-                        "rounds_vllm": ", ".join(f"{r:.1f}" for r in rounds[0]),
-                        "rounds_ahc": ", ".join(f"{r:.1f}" for r in rounds[1])})
+    figures: dict[str, float | int] = {**side_figures(ahc, results[1]), **side_figures(vllm, results[0]),
+                                       "batch": load.clients, "requests_per_client": load.requests,
+                                       "max_tokens": load.max_tokens, "rounds": n_rounds}
+    ratios = {"ahc_over_vllm": figures["ahc_tok_per_s"] / figures["vllm_tok_per_s"],
+              "ahc_cpu_over_vllm": figures["ahc_cpu_us_per_token"] / figures["vllm_cpu_us_per_token"]}
+    notes = {**common_notes(prof, load, n_rounds),
+             "ahc": f"every token recorded in XDB with top-10 concept activations (lens at layer {prof.lens_layer})",
+             "vllm": "python -m vllm.entrypoints.openai.api_server, same engine flags",
+             **side_notes(ahc, results[1]), **side_notes(vllm, results[0])}
+    return BenchResult("serve", figures, ratios, notes)
+
+
+def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
+    """The profile's load on a server already running; its CPU per token only with `target.pid`. An AHC
+    server (its replies name their XDB session) has its recording checked too."""
+    prof = PROFILES[profile]
+    n_rounds, load = rounds or prof.rounds, load_of(prof)
+    side = Side("", target)
+    results = alternating_rounds([lambda: side.measure(load)], n_rounds)[0]
+    figures: dict[str, float | int] = {**side_figures(side, results), "batch": load.clients,
+                                       "requests_per_client": load.requests, "max_tokens": load.max_tokens,
+                                       "rounds": n_rounds}
+    notes = {**common_notes(prof, load, n_rounds), "model": f"{target.model}, as served at {target.base_url}",
+             "device": "the server's own", **side_notes(side, results)}
+    return BenchResult("serve", figures, {}, notes)
+
+
+def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, target: Target | None = None,
+                streams: Sequence[int] = SCALING_STREAMS) -> BenchResult:
+    """Tokens/s, API CPU per token and ITL p99 at each number of concurrent streams, for AHC and vLLM
+    (or the one server at `target`); figures are named `..._at_N` for N streams."""
+    prof = PROFILES[profile]
+    n_rounds = rounds or SCALING_ROUNDS
+    max_num_seqs = max(prof.max_num_seqs or 0, *streams)
+    figures: dict[str, float | int] = {"max_tokens": prof.max_tokens, "requests_per_client": prof.requests,
+                                       "rounds": n_rounds}
+    ratios: dict[str, float] = {}
+
+    def measure_all(sides: list[Side]) -> None:
+        for n in streams:
+            load = load_of(prof, n)
+            results = alternating_rounds([lambda s=s, ld=load: s.measure(ld) for s in sides], n_rounds)
+            for side, rs in zip(sides, results):
+                for name in ("tok_per_s", "cpu_us_per_token", "itl_p99_ms"):
+                    value = side_figures(side, rs).get(f"{side.prefix}{name}")
+                    if value is not None:
+                        figures[f"{side.prefix}{name}_at_{n}"] = value
+            if len(sides) == 2:
+                ratios[f"ahc_over_vllm_at_{n}"] = figures[f"ahc_tok_per_s_at_{n}"] / figures[f"vllm_tok_per_s_at_{n}"]
+                ratios[f"ahc_cpu_over_vllm_at_{n}"] = (figures[f"ahc_cpu_us_per_token_at_{n}"]
+                                                       / figures[f"vllm_cpu_us_per_token_at_{n}"])
+
+    notes = {"profile": prof.name, "model": prof.description, "device": "cpu",
+             "streams": ",".join(str(n) for n in streams),
+             "load": f"N streaming clients x {prof.requests} chat requests x {prof.max_tokens} tokens (ignore_eos); "
+                     f"{n_rounds} measured rounds at each N after a warm-up"}
+    if target is not None:
+        sides = [Side("", target)]
+        measure_all(sides)
+        notes.update(model=f"{target.model}, as served at {target.base_url}", device="the server's own")
+    else:
+        with side_by_side(prof, max_num_seqs) as sides:
+            measure_all(sides)
+        notes["max_num_seqs"] = str(max_num_seqs)
+        if sides[1].audit:
+            notes["audit_ahc"] = f"after the server stopped: {sides[1].audit}"
+    return BenchResult("serve-scaling", figures, ratios, notes)
+
+
+def plot_scaling(result: BenchResult, out: Path) -> Path:
+    """Tokens/s and API CPU per token against concurrent streams, one line a server."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = [int(n) for n in result.notes["streams"].split(",")]
+    prefixes = sorted({key.split("tok_per_s_at_")[0] for key in result.figures if "tok_per_s_at_" in key})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, name, label in ((axes[0], "tok_per_s", "completion tokens/s"),
+                            (axes[1], "cpu_us_per_token", "API process CPU µs per token")):
+        for prefix in prefixes:
+            points = [(n, result.figures[f"{prefix}{name}_at_{n}"]) for n in streams
+                      if f"{prefix}{name}_at_{n}" in result.figures]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=prefix.rstrip("_") or "server")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(streams, [str(n) for n in streams])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"ahc bench serve --scaling, profile {result.notes.get('profile', '?')}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

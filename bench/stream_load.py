@@ -1,0 +1,179 @@
+"""A streaming chat load on any OpenAI-compatible server, and the figures taken from one round of it.
+
+Every client runs in one asyncio event loop over one aiohttp session, parsing only the SSE lines it
+needs: with 32-64 streams, a thread per client with the `openai` client would spend a core of its own
+and the client, not the server, would set the pace. The client's own CPU is measured anyway, so a
+report shows when it comes close.
+
+Latency is measured at the client: TTFT from sending the request to the first chunk with content,
+inter-token latency as the gaps between successive content chunks of one reply (a server that falls
+behind sends several tokens in one chunk, which shows as fewer, longer gaps)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import psutil
+
+
+@dataclass(frozen=True)
+class Load:
+    """`clients` concurrent clients, each sending `requests` streaming chat requests of exactly
+    `max_tokens` tokens (`ignore_eos`) one after another."""
+
+    clients: int
+    requests: int
+    max_tokens: int
+
+    @property
+    def expected_tokens(self) -> int:
+        return self.clients * self.requests * self.max_tokens
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to load: where, which model, and the pid of its API process when its CPU is measured."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class Reply:
+    """One streamed reply: when it was sent, when each chunk with content arrived (perf_counter
+    seconds), its completion tokens (from the usage chunk), and AHC's XDB session of it."""
+
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    session_id: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+
+@dataclass
+class Round:
+    """One round of a load on one server."""
+
+    replies: list[Reply]
+    wall_s: float
+    client_cpu_s: float
+    api_cpu_s: float | None  # None when the API process is not known
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.replies)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def cpu_us_per_token(self) -> float | None:
+        return None if self.api_cpu_s is None else cpu_us_per_token(self.api_cpu_s, self.tokens)
+
+    @property
+    def client_cpu_us_per_token(self) -> float:
+        return cpu_us_per_token(self.client_cpu_s, self.tokens)
+
+    @property
+    def chunks(self) -> int:
+        return sum(len(r.chunk_times) for r in self.replies)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of this one process, all its threads; its child processes (vLLM's
+    EngineCore) are not included, alive or finished."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def cpu_us_per_token(cpu_s: float, tokens: int) -> float:
+    return cpu_s / tokens * 1e6 if tokens else math.nan
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolating linearly between order statistics (numpy's default)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_ms(rounds: Sequence[Round]) -> dict[str, float]:
+    """TTFT and inter-token latency p50/p99 in ms, over every reply of the rounds together (p99 of one
+    round's 32 TTFTs would be its slowest one)."""
+    ttfts = [r.ttft for rnd in rounds for r in rnd.replies if r.chunk_times]
+    gaps = [g for rnd in rounds for r in rnd.replies for g in r.gaps()]
+    return {"ttft_p50_ms": percentile(ttfts, 50) * 1e3, "ttft_p99_ms": percentile(ttfts, 99) * 1e3,
+            "itl_p50_ms": percentile(gaps, 50) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3}
+
+
+def parse_event(line: bytes, reply: Reply, now: float) -> None:
+    """Take what the figures need from one SSE line of a chat completion stream."""
+    if not line.startswith(b"data: {"):
+        return
+    data = json.loads(line[6:])
+    choices = data.get("choices")
+    if choices and choices[0].get("delta", {}).get("content"):
+        reply.chunk_times.append(now)
+    if reply.session_id is None and isinstance(data.get("context"), dict):
+        reply.session_id = data["context"].get("session_id")
+    if data.get("usage"):
+        reply.completion_tokens = data["usage"]["completion_tokens"]
+
+
+async def one_reply(session: aiohttp.ClientSession, target: Target, load: Load, client: int, request: int) -> Reply:
+    body = {"model": target.model, "max_tokens": load.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"Client {client}, request {request}: what do the particles do?"}]}
+    reply = Reply(sent=time.perf_counter())
+    async with session.post(f"{target.base_url}/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{target.base_url} answered {response.status}: {(await response.text())[:500]}")
+        async for line in response.content:
+            parse_event(line, reply, time.perf_counter())
+    return reply
+
+
+async def run_round(target: Target, load: Load) -> Round:
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def client(c: int) -> list[Reply]:
+            return [await one_reply(session, target, load, c, i) for i in range(load.requests)]
+
+        api_before = process_cpu_s(target.pid) if target.pid else None
+        client_before, started = time.process_time(), time.perf_counter()
+        replies = [r for rs in await asyncio.gather(*(client(c) for c in range(load.clients))) for r in rs]
+        wall, client_cpu = time.perf_counter() - started, time.process_time() - client_before
+        api_cpu = process_cpu_s(target.pid) - api_before if target.pid and api_before is not None else None
+    result = Round(replies, wall, client_cpu, api_cpu)
+    if result.tokens != load.expected_tokens:
+        raise RuntimeError(f"{target.base_url}: {result.tokens} completion tokens, expected {load.expected_tokens}")
+    return result
+
+
+def measure(target: Target, load: Load) -> Round:
+    """One round, in an event loop of its own."""
+    import uvloop
+
+    return uvloop.run(run_round(target, load))
