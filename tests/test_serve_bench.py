@@ -149,7 +149,6 @@ def test_serve_options_are_bad_usage_elsewhere() -> None:
 
 
 def test_plot_draws_the_scaling_figures(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     figures = {f"{side}_{name}_at_{n}": float(n) for side in ("ahc", "vllm") for n in (1, 8)
                for name in ("tok_per_s", "cpu_us_per_token")}
     out = plot_scaling(BenchResult("serve-scaling", figures, {}, {"streams": "1,8", "profile": "gpu-rate"}),
