@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,8 @@ class Recorder:
                 for tick, (event, role, content, meta) in zip(ticks, events)]
 
     def record_inputs(self, prepared: Prepared) -> None:
+        if prepared.session is None:  # the request's id was made for it: nothing stored to look up
+            self.xdb.start_session(prepared.session_id)
         turns = new_input_turns(prepared)
         events = [(EVENT_OF_ROLE[t.role], t.role, t.content,
                    {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
@@ -125,7 +128,7 @@ class TokenStream:
         if self.activations is None:
             # Column-wise: no row object per token on the event loop.
             self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
-                                            request_id=self.request_id))
+                                            request_id=self.request_id, created_at=time.time()))
             return
         self.activations.hold(list(ticks), texts, list(token_ids))
         self._submit(self.activations.ready())
@@ -148,7 +151,8 @@ class TokenStream:
                 self.session_id, run.ticks, run.texts, token_ids=run.token_ids, request_id=self.request_id,
                 concept_names=names if measured else (), concept_index=run.concept_index,
                 concept_values=run.concept_values,
-                activation_source=self.recorder.capture.inbox.source if measured else None))
+                activation_source=self.recorder.capture.inbox.source if measured else None,
+                created_at=time.time()))
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:
@@ -172,7 +176,10 @@ class RecordingEngine:
     def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
                  **kwargs: Any) -> AsyncGenerator[Any, None]:
         # Read the request's record now, in the caller's context, not when iteration starts.
-        xdb_session = current_session.get() or current_tenant.get().scope(new_session_id())
+        xdb_session = current_session.get()
+        if xdb_session is None:  # a route other than AHC's chat: the request is a session of its own
+            xdb_session = current_tenant.get().scope(new_session_id())
+            self._recorder.xdb.start_session(xdb_session)
         return self._generate(xdb_session, (prompt, sampling_params, request_id, *args), kwargs)
 
     async def _generate(self, xdb_session: str, args: tuple, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:

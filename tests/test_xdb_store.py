@@ -268,3 +268,17 @@ def test_tick_counters_are_bounded_and_a_dropped_session_resumes_after_its_last_
         assert xdb.next_ticks("s1", 1) == range(pending.stop, pending.stop + 1)
     with XDB.open(tmp_path / "xdb", XDBConfig(max_tick_sessions=2)) as reopened:
         assert reopened.next_ticks("s5", 1) == range(3, 4)
+
+
+def test_a_session_just_made_starts_at_tick_0_without_a_lookup(xdb: XDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    xdb.writer.submit(reply(xdb, "known", ["a", "b", "c"], "r1"))
+    xdb.writer.flush()
+    lookups: list[str] = []
+    committed = xdb._committed_tick
+    monkeypatch.setattr(xdb, "_committed_tick", lambda sid: lookups.append(sid) or committed(sid))
+    xdb.start_session("fresh")
+    assert list(xdb.next_ticks("fresh", 2)) == [0, 1] and lookups == []
+    xdb.start_session("fresh")  # a second call never rewinds a session's ticks
+    assert list(xdb.next_ticks("fresh", 1)) == [2]
+    xdb.start_session("known")  # nor does one on a session with rows
+    assert list(xdb.next_ticks("known", 1)) == [3]

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import chain
 from typing import Any
 
@@ -126,6 +127,41 @@ def _json(value: Any) -> str | None:
     return _json_or_none([value])[0]
 
 
+def _ticks_ok(ticks: Sequence[int] | np.ndarray, n: int) -> bool:
+    """n ticks, integers >= 0; a range (what XDB.next_ticks hands out) is checked without a scan."""
+    if isinstance(ticks, range):
+        return len(ticks) == n and (n == 0 or (ticks.step > 0 and ticks.start >= 0))
+    array = np.asarray(ticks)
+    return bool(array.shape == (n,) and (not n or (array.dtype.kind in "iu" and array.min() >= 0)))
+
+
+def _check_index(index: np.ndarray, names: int) -> None:
+    """Each slot -1 or a concept, no concept twice in a row. A few rows (a decoding step's) in plain
+    Python, where numpy's per-call cost would dominate; more rows vectorised."""
+    if index.shape[0] <= 8:
+        for row in index.tolist():
+            if any(i < -1 or i >= names for i in row):
+                raise ValueError("TokenBatch concept_index must be -1 or an index into concept_names")
+            used = [i for i in row if i != -1]
+            if len(set(used)) != len(used):
+                raise ValueError("a TokenBatch row names the same concept twice")
+        return
+    if index.min() < -1 or index.max() >= names:
+        raise ValueError("TokenBatch concept_index must be -1 or an index into concept_names")
+    ordered = np.sort(index, axis=1)
+    if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
+        raise ValueError("a TokenBatch row names the same concept twice")
+
+
+@lru_cache(maxsize=16)
+def _check_names(names: tuple[str, ...]) -> None:
+    """A lens pack's concept names: checked once per distinct tuple (the pack's are the same every step)."""
+    if any(not isinstance(c, str) or not c for c in names):
+        raise ValueError("concept names must be non-empty strings")
+    if len(set(names)) != len(names):
+        raise ValueError("TokenBatch concept_names must be distinct")
+
+
 @dataclass(slots=True)
 class TokenBatch:
     """n generated tokens of one session, column-wise: the fast path for the server's token recorder
@@ -155,14 +191,15 @@ class TokenBatch:
         return len(self.contents)
 
     def check(self, k: int = TOP_K) -> None:
-        """Shapes and values, at submit time, so a bad batch fails its caller, not the writer."""
+        """Shapes and values, at submit time, so a bad batch fails its caller, not the writer. Runs on
+        the event loop once per recorded step, so the common shapes (a range of ticks, a one-row
+        batch, the pack's same names each time) take the cheap paths."""
         n = len(self.contents)
         if not self.session_id or not self.event_type:
             raise ValueError("TokenBatch needs a session_id and an event_type")
-        ticks = np.asarray(self.ticks)
-        if ticks.shape != (n,) or (n and (ticks.dtype.kind not in "iu" or ticks.min() < 0)):
+        if not _ticks_ok(self.ticks, n):
             raise ValueError(f"TokenBatch ticks must be {n} integers >= 0")
-        if self.token_ids is not None and np.shape(self.token_ids) != (n,):
+        if self.token_ids is not None and len(self.token_ids) != n:
             raise ValueError(f"TokenBatch token_ids must hold {n} values")
         if self.created_at is not None and np.ndim(self.created_at) and np.shape(self.created_at) != (n,):
             raise ValueError(f"TokenBatch created_at must be one value or {n}")
@@ -175,15 +212,9 @@ class TokenBatch:
             raise ValueError(f"TokenBatch concept_index and concept_values must both be [{n}, k'] (integer index)")
         if index.shape[1] > k:
             raise ValueError(f"TokenBatch holds {index.shape[1]} activation slots, more than k={k}")
-        if index.size and (index.min() < -1 or index.max() >= len(self.concept_names)):
-            raise ValueError("TokenBatch concept_index must be -1 or an index into concept_names")
-        if any(not isinstance(c, str) or not c for c in self.concept_names):
-            raise ValueError("concept names must be non-empty strings")
-        if len(set(self.concept_names)) != len(self.concept_names):
-            raise ValueError("TokenBatch concept_names must be distinct")
-        ordered = np.sort(index, axis=1)
-        if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
-            raise ValueError("a TokenBatch row names the same concept twice")
+        _check_names(tuple(self.concept_names))
+        if index.size:
+            _check_index(index, len(self.concept_names))
 
     def slice(self, start: int, stop: int) -> TokenBatch:
         """Rows [start, stop) as a TokenBatch of their own (the writer splits at batch boundaries)."""

@@ -138,6 +138,12 @@ class XDB:
                 self._trim_ticks()
         return range(first, first + n)
 
+    def start_session(self, session_id: str) -> None:
+        """A session id just made (a fresh random one), so no rows anywhere: its ticks start at 0
+        without the lookup `next_ticks` would make on the event loop. No effect on a known session."""
+        with self._tick_lock:
+            self._ticks.setdefault(session_id, -1)
+
     def _committed_tick(self, session_id: str) -> int:
         """The last tick the file holds for a session (-1: none): one primary-key lookup."""
         with self.cursor() as cur:

@@ -93,6 +93,8 @@ class ActivationJoin:
 
     def _arrays(self, rows: list[Row]) -> tuple[np.ndarray, np.ndarray]:
         k = self.inbox.k
+        if len(rows) == 1 and len(rows[0][0]) == k:  # a decoding step's one token: no copy, no stack
+            return rows[0][0][None], rows[0][1][None]
         if all(len(r[0]) == k for r in rows):  # the usual case: every row has k concepts
             return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
         index = np.full((len(rows), k), -1, dtype=np.int32)
