@@ -226,7 +226,7 @@ def test_rows_into_an_idle_writer_commit_within_the_latency_bound(tmp_path: Path
         assert xdb.writer.rows_written == 1  # no flush: the 250 ms bound alone committed it
 
 
-def test_interleaved_streams_convert_per_stream_in_order_and_never_across_a_row_list() -> None:
+def test_interleaved_streams_convert_in_arrival_order_in_one_table() -> None:
     names = ["a", "b", "c"]
 
     def token(stream: str, tick: int, acts: bool) -> TokenBatch:
@@ -243,7 +243,7 @@ def test_interleaved_streams_convert_per_stream_in_order_and_never_across_a_row_
     rows = table.to_pylist()
     assert [r["id"] for r in rows] == list(range(1, 9))
     assert [(r["session_id"], r["tick"]) for r in rows] == [
-        ("s", 0), ("s", 1), ("t", 0), ("t", 1), ("s", 2), ("s", 3), ("s", 4), ("t", 2)]
+        ("s", 0), ("t", 0), ("s", 1), ("t", 1), ("s", 2), ("s", 3), ("t", 2), ("s", 4)]
     by_tick = {(r["session_id"], r["tick"]): r for r in rows}
     assert by_tick[("s", 3)]["concept_values"][:2] == [3.5, -3.0] and by_tick[("s", 3)]["token_id"] == 3
     assert by_tick[("t", 1)]["concept_ids"] is None and by_tick[("t", 1)]["content"] == "t1"

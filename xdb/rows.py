@@ -234,81 +234,84 @@ def _constant(value: Any, n: int, kind: pa.DataType) -> pa.Array:
 def batch_to_arrow(batch: TokenBatch, first_id: int, concepts: ConceptIndex,
                    k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
     """A TokenBatch as the same Arrow table rows_to_arrow makes (plus the concepts first seen)."""
-    n = len(batch)
+    return batches_to_arrow([batch], first_id, concepts, k)
+
+
+def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: ConceptIndex,
+                     k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
+    """Several TokenBatches (many sessions' streams) as one Arrow table, rows in order. Built column
+    by column over all of them: Arrow's set-up is paid once per writer batch, not once per stream."""
+    sizes = [len(b) for b in batches]
+    n = sum(sizes)
     added: list[tuple[int, str]] = []
-    if batch.concept_index is None or n == 0:
-        none = pa.nulls(n, pa.list_(pa.int32(), k))
-        concept_ids, concept_values = none, pa.nulls(n, pa.list_(pa.float32(), k))
-    else:
-        names = list(batch.concept_names)
-        lookup, added = concepts.ids_for(names, len(names))
-        index = np.asarray(batch.concept_index, dtype=np.int64)
-        width = index.shape[1]
+    ids = np.zeros((n, k), dtype=np.int32)
+    vals = np.zeros((n, k), dtype=np.float32)
+    empty = np.ones((n, k), dtype=bool)
+    # The batches with activations, by concept-name list (a pack's is the same object every step),
+    # each group's rows mapped to concept ids in one vectorised pass.
+    groups: dict[int, tuple[Sequence[str], list[int], list[np.ndarray], list[np.ndarray]]] = {}
+    starts = np.cumsum([0, *sizes])
+    for i, batch in enumerate(batches):
+        if batch.concept_index is not None and sizes[i]:
+            group = groups.setdefault(id(batch.concept_names), (batch.concept_names, [], [], []))
+            group[1].append(i)
+            group[2].append(np.asarray(batch.concept_index))
+            group[3].append(np.asarray(batch.concept_values, dtype=np.float32))
+    for names, members, indexes, values in groups.values():
+        lookup, new = concepts.ids_for(list(names), len(names))
+        added += new
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members])
+        width = max(x.shape[1] for x in indexes)
+        index = np.concatenate([_pad(x, width, -1) for x in indexes]).astype(np.int64)
+        value = np.concatenate([_pad(x, width, 0) for x in values])
         present = index >= 0
-        ids = np.zeros((n, k), dtype=np.int32)
-        vals = np.zeros((n, k), dtype=np.float32)
-        empty = np.ones((n, k), dtype=bool)
-        ids[:, :width] = np.where(present, lookup[np.where(present, index, 0)] if len(lookup) else 0, 0)
-        vals[:, :width] = np.where(present, np.asarray(batch.concept_values, dtype=np.float32), 0)
-        empty[:, :width] = ~present
-        row_null = empty.all(axis=1)
-        child_ids = pa.array(ids.ravel(), mask=empty.ravel())
-        child_vals = pa.array(vals.ravel(), mask=empty.ravel())
+        ids[rows, :width] = np.where(present, lookup[np.where(present, index, 0)] if len(lookup) else 0, 0)
+        vals[rows, :width] = np.where(present, value, 0)
+        empty[rows, :width] = ~present
+    row_null = empty.all(axis=1)
+    if row_null.all():
+        concept_ids: pa.Array = pa.nulls(n, pa.list_(pa.int32(), k))
+        concept_values: pa.Array = pa.nulls(n, pa.list_(pa.float32(), k))
+    else:
         mask = pa.array(row_null) if row_null.any() else None
-        concept_ids = pa.FixedSizeListArray.from_arrays(child_ids, k, mask=mask)
-        concept_values = pa.FixedSizeListArray.from_arrays(child_vals, k, mask=mask)
-    created = time.time() if batch.created_at is None else batch.created_at
-    created_us = np.broadcast_to(np.asarray(np.asarray(created, dtype=np.float64) * 1e6, dtype=np.int64), (n,))
-    token_ids = (pa.nulls(n, pa.int32()) if batch.token_ids is None
-                 else pa.array(np.asarray(batch.token_ids, dtype=np.int32)))
+        concept_ids = pa.FixedSizeListArray.from_arrays(pa.array(ids.ravel(), mask=empty.ravel()), k, mask=mask)
+        concept_values = pa.FixedSizeListArray.from_arrays(pa.array(vals.ravel(), mask=empty.ravel()), k, mask=mask)
+    now = time.time()
+    stamps = [now if b.created_at is None else b.created_at for b in batches]
+    if all(np.ndim(t) == 0 for t in stamps):  # one stamp a batch: the recorder's way
+        created = np.repeat(np.asarray(stamps, dtype=np.float64), sizes)
+    else:
+        created = np.concatenate([np.broadcast_to(np.asarray(t, dtype=np.float64), (size,))
+                                  for t, size in zip(stamps, sizes)])
+    token_ids = pa.array([t for b, size in zip(batches, sizes)
+                          for t in (b.token_ids if b.token_ids is not None else [None] * size)], pa.int32())
+
+    def shared(field: str, encode: Any = None) -> pa.Array:
+        values = [getattr(b, field) for b in batches]
+        if all(v is None for v in values):
+            return pa.nulls(n, pa.string())
+        if encode is not None:
+            values = [encode(v) for v in values]
+        return pa.array([v for v, size in zip(values, sizes) for _ in range(size)], pa.string())
+
     table = pa.table({
         "id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
-        "session_id": _constant(batch.session_id, n, pa.string()),
-        "tick": pa.array(np.asarray(batch.ticks, dtype=np.int64)),
-        "event_type": _constant(batch.event_type, n, pa.string()),
-        "role": _constant(batch.role, n, pa.string()),
-        "content": pa.array(list(batch.contents), pa.string()),
+        "session_id": shared("session_id"),
+        "tick": pa.array(np.concatenate([np.asarray(b.ticks, dtype=np.int64) for b in batches])
+                         if batches else np.zeros(0, np.int64)),
+        "event_type": shared("event_type"),
+        "role": shared("role"),
+        "content": pa.array([c for b in batches for c in b.contents], pa.string()),
         "token_id": token_ids,
-        "request_id": _constant(batch.request_id, n, pa.string()),
+        "request_id": shared("request_id"),
         "concept_ids": concept_ids,
         "concept_values": concept_values,
-        "activation_source": _constant(batch.activation_source, n, pa.string()),
-        "created_at": pa.array(np.ascontiguousarray(created_us), pa.timestamp("us")),
-        "metadata": _constant(_json(batch.metadata), n, pa.string()),
-        "steering": _constant(_json(batch.steering), n, pa.string()),
+        "activation_source": shared("activation_source"),
+        "created_at": pa.array(np.asarray(created * 1e6, dtype=np.int64), pa.timestamp("us")),
+        "metadata": shared("metadata", _json),
+        "steering": shared("steering", _json),
     })
     return table, added
-
-
-def merge_batches(batches: list[TokenBatch]) -> list[TokenBatch]:
-    """Consecutive TokenBatches as one per (session, request, shared fields), in order of first
-    appearance. A streamed reply arrives a token or two at a time, interleaved with other streams;
-    converting each alone costs ~200 us a row in Arrow set-up, one conversion per stream costs a few."""
-    groups: dict[tuple[Any, ...], list[TokenBatch]] = {}
-    for batch in batches:
-        key = (batch.session_id, batch.request_id, batch.event_type, batch.role, tuple(batch.concept_names),
-               batch.concept_index is None, batch.activation_source, _json(batch.metadata), _json(batch.steering))
-        groups.setdefault(key, []).append(batch)
-    return [group[0] if len(group) == 1 else _concat(group) for group in groups.values()]
-
-
-def _concat(group: list[TokenBatch]) -> TokenBatch:
-    first = group[0]
-    index = values = None
-    if first.concept_index is not None:
-        indexes = [np.asarray(b.concept_index) for b in group]
-        width = max(i.shape[1] for i in indexes)
-        index = np.concatenate([_pad(i, width, -1) for i in indexes])
-        values = np.concatenate([_pad(np.asarray(b.concept_values, dtype=np.float32), width, 0) for b in group])
-    now = time.time()  # only for batches that were never stamped (the writer stamps on submit)
-    created = np.concatenate([np.broadcast_to(np.asarray(now if b.created_at is None else b.created_at,
-                                                         dtype=np.float64), (len(b),)) for b in group])
-    token_ids = None if any(b.token_ids is None for b in group) else \
-        np.concatenate([np.asarray(b.token_ids, dtype=np.int64) for b in group])
-    return TokenBatch(first.session_id, np.concatenate([np.asarray(b.ticks, dtype=np.int64) for b in group]),
-                      [c for b in group for c in b.contents], token_ids, first.request_id, first.event_type,
-                      first.role, first.concept_names, index, values, first.activation_source, created,
-                      first.metadata, first.steering)
 
 
 def _pad(array: np.ndarray, width: int, fill: float) -> np.ndarray:
@@ -317,10 +320,10 @@ def _pad(array: np.ndarray, width: int, fill: float) -> np.ndarray:
     return np.concatenate([array, np.full((array.shape[0], width - array.shape[1]), fill, dtype=array.dtype)], axis=1)
 
 
-def _runs(parts: list[list[TimestepRow] | TokenBatch]) -> list[list[TimestepRow] | TokenBatch]:
-    """Consecutive row lists joined into one, consecutive TokenBatches merged per stream; an empty
+def _runs(parts: list[list[TimestepRow] | TokenBatch]) -> list[list[TimestepRow] | list[TokenBatch]]:
+    """Consecutive row lists joined into one, consecutive TokenBatches gathered into one run; an empty
     row list separates nothing."""
-    out: list[list[TimestepRow] | TokenBatch] = []
+    out: list[list[TimestepRow] | list[TokenBatch]] = []
     rows: list[TimestepRow] = []
     batches: list[TokenBatch] = []
     for part in parts:  # at most one of rows / batches is non-empty: each flushes the other
@@ -330,10 +333,12 @@ def _runs(parts: list[list[TimestepRow] | TokenBatch]) -> list[list[TimestepRow]
                 rows = []
             batches.append(part)
         elif part:
-            out += merge_batches(batches)
-            batches = []
+            if batches:
+                out.append(batches)
+                batches = []
             rows = rows + part
-    out += merge_batches(batches)
+    if batches:
+        out.append(batches)
     if rows:
         out.append(rows)
     return out
@@ -341,15 +346,14 @@ def _runs(parts: list[list[TimestepRow] | TokenBatch]) -> list[list[TimestepRow]
 
 def to_arrow(parts: list[list[TimestepRow] | TokenBatch], first_id: int, concepts: ConceptIndex,
              k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """One Arrow table for a writer batch made of TimestepRow lists and TokenBatches. Ids follow the
-    parts' order, except that a run of consecutive TokenBatches is grouped per stream (merge_batches):
-    a stream's rows keep their order, and nothing moves across a row list."""
+    """One Arrow table for a writer batch made of TimestepRow lists and TokenBatches; ids follow the
+    parts' order. A run of TokenBatches (many streams' tokens, a step at a time) converts as one."""
     tables, added = [], []
-    for part in _runs(parts):
-        if isinstance(part, TokenBatch):
-            table, new = batch_to_arrow(part, first_id, concepts, k)
+    for run in _runs(parts):
+        if isinstance(run[0], TokenBatch):
+            table, new = batches_to_arrow(run, first_id, concepts, k)
         else:
-            table, new = rows_to_arrow(part, first_id, concepts, k)
+            table, new = rows_to_arrow(run, first_id, concepts, k)
         first_id += table.num_rows
         tables.append(table)
         added += new
