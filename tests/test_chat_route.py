@@ -157,6 +157,28 @@ def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig
     assert recorded["id"] and rows[0]["metadata"] == {"tool_call_id": recorded["id"]}
 
 
+def test_a_request_without_context_records_its_new_input_turns(served: tuple[TestClient, Runtime]) -> None:
+    """Like a request with `context` and no session: what follows the model's last message."""
+    client, runtime = served
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is A?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "call-1", "type": "function", "function": {
+                    "name": "locate", "arguments": '{"particle": "A"}'}}]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "x=3"},
+                {"role": "user", "content": "And B?"}]
+
+    def recorded(body: dict[str, object]) -> list[tuple[str, str, str]]:
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        runtime.xdb.writer.flush()
+        rows = runtime.xdb.recall(session_id=response.json()["context"]["session_id"],
+                                  event_types=["input", "tool_result", "system"])
+        return [(r["event_type"], r["role"], r["content"]) for r in rows]
+
+    passthrough = recorded({**chat(), "messages": messages})
+    assert passthrough == [("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
+    assert recorded({**chat(), "messages": messages, "context": {}}) == passthrough
+
+
 def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: tuple[TestClient, Runtime]) -> None:
     client, runtime = served
     runtime.metrics.kv_stats.total_blocks, runtime.metrics.kv_stats.block_size = 4, 16  # 64 tokens in all
