@@ -255,12 +255,13 @@ class Orchestrator:
         return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
 
     def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "") -> Prepared:
-        """No `context`: the request goes to vLLM as sent; only the report is added."""
+        """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
+        query are recorded as a sessionless request's with `context` are."""
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256, None)
-        return Prepared(messages, report, namespace + new_session_id(), None, list(turns), prompt,
+        return Prepared(messages, report, namespace + new_session_id(), None, list(turns), prompt, query=query,
                         namespace=namespace)
 
     def rollback(self, prepared: Prepared) -> None:

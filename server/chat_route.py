@@ -174,28 +174,35 @@ async def settle(turn: ChatTurn, reply: dict[str, Any] | None, runtime: Runtime)
 
 
 async def stream_with_report(chunks: AsyncIterator[str | bytes], turn: ChatTurn,
-                             runtime: Runtime) -> AsyncIterator[str]:
+                             runtime: Runtime) -> AsyncIterator[str | bytes]:
     """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply;
-    the turn is settled before the final `[DONE]` goes out, and closed when the stream ends."""
-    accumulator = ReplyAccumulator()
-    first, settled = True, False
+    the turn is settled before the final `[DONE]` goes out, and closed when the stream ends.
+
+    The event loop serves every stream: a chunk goes out as vLLM wrote it, parsed only when the reply
+    needs what it holds, and only the chunk with the report is written anew."""
+    # Only a session's State keeps the reply's text; its tool calls are recorded in any case.
+    accumulator = ReplyAccumulator(text=turn.prepared.session is not None)
+    report_due, settled = True, False
     try:
         async for chunk in chunks:
             text = chunk.decode() if isinstance(chunk, bytes) else chunk
-            events = []
-            for event in text.split("\n\n"):
-                payload = event.removeprefix("data: ") if event.startswith("data: ") else None
-                if payload == "[DONE]" and not settled:
-                    settled = True
-                    await settle(turn, accumulator.message() if accumulator.finished else None, runtime)
-                elif payload:
+            events = text.split("\n\n")
+            rewritten = False
+            for i, event in enumerate(events):
+                if not event.startswith("data: "):
+                    continue
+                payload = event[6:]
+                if payload == "[DONE]":
+                    if not settled:
+                        settled = True
+                        await settle(turn, accumulator.message() if accumulator.finished else None, runtime)
+                elif payload and (report_due or accumulator.wants(payload)):
                     data = json.loads(payload)
                     accumulator.add(data)
-                    if first and "choices" in data:
+                    if report_due and "choices" in data:
                         data["context"] = report_json(turn)
-                        first = False
-                    event = "data: " + json.dumps(data, ensure_ascii=False)
-                events.append(event)
-            yield "\n\n".join(events)
+                        events[i] = "data: " + json.dumps(data, ensure_ascii=False)
+                        report_due, rewritten = False, True
+            yield "\n\n".join(events) if rewritten else chunk
     finally:
         turn.close()  # not committed (cut off, an error): the State stays as it was

@@ -8,16 +8,31 @@ from typing import Any
 
 @dataclass
 class ReplyAccumulator:
+    """`text=False`: the reply's text is not kept (no State will hold it), so only the chunks that
+    may carry a tool call or the finish need parsing: see `wants`."""
+
+    text: bool = True
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
+
+    def wants(self, payload: str) -> bool:
+        """Whether a chunk's JSON may change the reply; False only when it provably cannot.
+
+        Both tests read the raw text. A key is written with its quotes, so `"tool_calls"` is in every
+        chunk that has one (anywhere else it costs only a needless parse). When every `"finish_reason"`
+        in the text is followed by `:null`, no choice finishes, since the real keys are among them;
+        other spacing fails the count and is merely parsed."""
+        if self.text or '"tool_calls"' in payload:
+            return True
+        return payload.count('"finish_reason"') != payload.count('"finish_reason":null')
 
     def add(self, chunk: dict[str, Any]) -> None:
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            if delta.get("content"):
+            if self.text and delta.get("content"):
                 self.content.append(delta["content"])
             for call in delta.get("tool_calls") or []:
                 slot = self.tool_calls.setdefault(call.get("index", 0), {

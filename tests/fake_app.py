@@ -4,7 +4,7 @@ the model run, for tests that drive every AHC layer through FastAPI's TestClient
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,11 +39,12 @@ async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[Fast
 
 
 @contextmanager
-def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path,
+def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, script: Sequence[int] | None = None,
             **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
+    """`script`: the token ids every reply cycles through (FakeEngine's default: a sentence)."""
     config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
     xdb = XDB.open(tmp_path / "xdb")
-    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config), xdb))
+    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config, script=script), xdb))
     try:
         with TestClient(app) as client:
             yield client, runtime

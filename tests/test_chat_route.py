@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fake_app import ahc_app, serving
@@ -16,6 +18,8 @@ from fastapi.testclient import TestClient
 
 from ahc.config import AHCConfig
 from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
+from orchestrator.chat_turn import ChatTurn
+from server import chat_route
 from server.runtime import Runtime
 from xdb import XDB
 
@@ -62,8 +66,117 @@ def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert '"context"' in events[0] and '"session_id": "s2"' in events[0]
-    assert [t.role for t in runtime.orchestrator.sessions.get("s2").turns] == ["user", "assistant"]
+    turns = runtime.orchestrator.sessions.get("s2").turns
+    assert [t.role for t in turns] == ["user", "assistant"]
+    streamed = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
+                       if json.loads(e)["choices"])
+    assert streamed and turns[1].content == streamed  # the State has the whole reply, every chunk of it
     assert not runtime.orchestrator.sessions.lock("s2").locked()
+
+
+@dataclass
+class StreamSpy:
+    """What vLLM's chat handler streamed into the route, and the payloads the route parsed."""
+
+    from_vllm: list[str] = field(default_factory=list)
+    parsed: list[str] = field(default_factory=list)
+
+    def events(self) -> list[str]:
+        return "".join(self.from_vllm).split("\n\n")
+
+
+def spy_on_stream(monkeypatch: pytest.MonkeyPatch) -> StreamSpy:
+    spy = StreamSpy()
+    original = chat_route.stream_with_report
+
+    def teeing(chunks: AsyncIterator[str | bytes], turn: ChatTurn, runtime: Runtime) -> AsyncIterator[str | bytes]:
+        async def tee() -> AsyncIterator[str | bytes]:
+            async for chunk in chunks:
+                spy.from_vllm.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
+                yield chunk
+        return original(tee(), turn, runtime)
+
+    def loads(payload: str) -> object:
+        spy.parsed.append(payload)
+        return json.loads(payload)
+
+    monkeypatch.setattr(chat_route, "stream_with_report", teeing)
+    monkeypatch.setattr(chat_route, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    return spy
+
+
+def test_a_stream_without_a_session_passes_vllms_chunks_through_unparsed(
+        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+    spy = spy_on_stream(monkeypatch)
+    body = chat(stream=True, stream_options={"include_usage": True})
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        received = response.read().decode().split("\n\n")
+    sent = spy.events()
+    assert len(sent) > 5 and sent[-2:] == ["data: [DONE]", ""]
+    # Every chunk but the first goes out byte for byte as vLLM wrote it.
+    assert received[1:] == sent[1:]
+    # The first is vLLM's with the report added.
+    first = json.loads(received[0].removeprefix("data: "))
+    assert first.pop("context")["session_id"].startswith("sess-")
+    assert first == json.loads(sent[0].removeprefix("data: "))
+    # No State keeps the reply and it has no tool call: only the report's chunk and the finish are read.
+    finish = next(e for e in sent if '"finish_reason":"stop"' in e)
+    assert spy.parsed == [sent[0].removeprefix("data: "), finish.removeprefix("data: ")]
+
+
+def test_a_session_stream_passes_vllms_chunks_through(served: tuple[TestClient, Runtime],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+    spy = spy_on_stream(monkeypatch)
+    with client.stream("POST", "/v1/chat/completions", json=chat("s-through", stream=True)) as response:
+        received = response.read().decode().split("\n\n")
+    assert len(received) > 5 and received[1:] == spy.events()[1:]
+    assert json.loads(received[0].removeprefix("data: "))["context"]["session_id"] == "s-through"
+    assert [t.role for t in runtime.orchestrator.sessions.get("s-through").turns] == ["user", "assistant"]
+
+
+def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                               tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    script = tokenizer.encode(call, add_special_tokens=False)
+    with serving(config, vllm_config, tmp_path, script=script) as (client, runtime):
+        body = chat(stream=True, max_tokens=64, tools=[tool])
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: {")]
+        session = json.loads(events[0])["context"]["session_id"]
+        assert json.loads(events[-1])["choices"][0]["finish_reason"] == "tool_calls"
+        runtime.xdb.writer.flush()
+        rows = runtime.xdb.recall(session_id=session, event_types=["tool_call"])
+    assert len(rows) == 1
+    recorded = json.loads(rows[0]["content"])
+    assert recorded["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert recorded["id"] and rows[0]["metadata"] == {"tool_call_id": recorded["id"]}
+
+
+def test_a_request_without_context_records_its_new_input_turns(served: tuple[TestClient, Runtime]) -> None:
+    """Like a request with `context` and no session: what follows the model's last message."""
+    client, runtime = served
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is A?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "call-1", "type": "function", "function": {
+                    "name": "locate", "arguments": '{"particle": "A"}'}}]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "x=3"},
+                {"role": "user", "content": "And B?"}]
+
+    def recorded(body: dict[str, object]) -> list[tuple[str, str, str]]:
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        runtime.xdb.writer.flush()
+        rows = runtime.xdb.recall(session_id=response.json()["context"]["session_id"],
+                                  event_types=["input", "tool_result", "system"])
+        return [(r["event_type"], r["role"], r["content"]) for r in rows]
+
+    passthrough = recorded({**chat(), "messages": messages})
+    assert passthrough == [("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
+    assert recorded({**chat(), "messages": messages, "context": {}}) == passthrough
 
 
 def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: tuple[TestClient, Runtime]) -> None:
