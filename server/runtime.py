@@ -67,7 +67,7 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)
 
-    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False), max_chars=oc.cache_max_chars)
     def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
         return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
