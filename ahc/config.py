@@ -78,6 +78,9 @@ class OrchestratorConfig(_Strict):
     # keys are whole blocks, and a Codex may be 20 MB. Keep it above rag_max_total_chars, or a Codex that
     # long is tokenized again on every request.
     cache_max_chars: int = Field(64 << 20, gt=0)
+    # Per-session RAG index files kept under data_dir/rag; past this the least recently used idle ones
+    # are deleted (an index is rebuilt from the Codex its session sends with every RAG request).
+    rag_max_index_files: int = Field(256, gt=0)
 
     def compaction_tokens(self, max_model_len: int) -> int:
         """State tokens past which a session is compacted."""

@@ -58,11 +58,15 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     max_model_len = config.engine.max_model_len
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
     hidden = HiddenCaller(engine, tokenizer, max_model_len)
-    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag")  # one per session's Codex
+    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag",  # one per session's Codex
+                                max_files=oc.rag_max_index_files)
     retriever = CodexRetriever(rag_indexes)
+    # A session dropped from memory keeps its State in XDB, but its RAG index is only a cache of the
+    # Codex the client sends with every request: it is deleted (off the event loop) rather than kept
+    # on disk for a session that may never return, and rebuilt if the session does.
     sessions = SessionStore(xdb.load_session_state,
                             lambda sid, state: background.submit(xdb.save_session_state, sid, state),
-                            oc.max_sessions)
+                            oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid))
 
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)

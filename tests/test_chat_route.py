@@ -54,6 +54,22 @@ def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[
     assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
 
 
+def test_a_session_dropped_from_memory_takes_its_rag_index_file_along(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                                        tmp_path: Path) -> None:
+    with serving(config, vllm_config, tmp_path, **{"orchestrator.max_sessions": 1}) as (client, runtime):
+        indexes = runtime.rag_indexes
+        with indexes.using("s1"):  # the file a RAG request of s1 leaves (without loading the embedder)
+            pass
+        assert client.post("/v1/chat/completions", json=chat("s1")).status_code == 200
+        assert indexes.exists("s1")
+        assert client.post("/v1/chat/completions", json=chat("s2")).status_code == 200  # s1 leaves memory
+        runtime.background.submit(lambda: None).result()  # the index is deleted off the event loop
+        assert not indexes.exists("s1") and not indexes.path_of("s1").exists()
+        # Its State is still in XDB: s1 resumes where it was.
+        assert client.post("/v1/chat/completions", json=chat("s1", "And then?")).status_code == 200
+        assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
+
+
 def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
         served: tuple[TestClient, Runtime]) -> None:
     client, runtime = served

@@ -237,7 +237,8 @@ def test_sessions_persist_and_resume(counter) -> None:
 
 def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
     saved: dict[str, str] = {}
-    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__, max_sessions=3))
+    evicted: list[str] = []
+    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__, max_sessions=3, on_evict=evicted.append))
 
     async def one_turn(session_id: str, question: str) -> list[str]:
         spec = parse_context({**CONTEXT, "session_id": session_id})
@@ -260,6 +261,8 @@ def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> No
 
     run(scenario())
     assert orch.sessions.resident == 3
+    # What else is kept per session (its RAG index) is told of each drop; the held one was never dropped.
+    assert evicted == [f"s{i}" for i in range(9)]
 
 
 def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> None:
