@@ -7,7 +7,8 @@ well as by their number.
 
 Tokenizing is the one slow step of assembly: a 20 MB Codex takes seconds. `prefetch` counts long
 texts on a worker thread before the (synchronous) assembly asks for them, so the event loop keeps
-serving other requests meanwhile (the tokenizer releases the GIL while it works).
+serving other requests meanwhile (the tokenizer releases the GIL while it encodes; see `count_long`
+for what it does not).
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ MAX_CHARS = 64 << 20
 
 class TokenCounter:
     def __init__(self, encode: Callable[[str], list[int]], capacity: int = 4096,
-                 offload_chars: int = OFFLOAD_CHARS, max_chars: int = MAX_CHARS) -> None:
+                 offload_chars: int = OFFLOAD_CHARS, max_chars: int = MAX_CHARS,
+                 count_long: Callable[[str], int] | None = None) -> None:
+        """`count_long`: how `prefetch`'s worker thread counts a long text, if not `len(encode(text))`;
+        the server's counts a very long one in a child process, since the tokenizer holds the GIL while
+        it builds (and frees) its result, which for a 20 MB text stalls the event loop for a second."""
         self._encode = encode
+        self._count_long = count_long
         self._cache: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._capacity = capacity
         self.max_chars = max_chars
@@ -62,6 +68,12 @@ class TokenCounter:
         """(sha256, token count), uncached and touching no state: safe on any thread."""
         return sha256_hex(text), len(self._encode(text)) if text else 0
 
+    def measure_long(self, text: str) -> tuple[str, int]:
+        """`measure` through `count_long`, for a worker thread."""
+        if self._count_long is None or not text:
+            return self.measure(text)
+        return sha256_hex(text), self._count_long(text)
+
     def remember(self, text: str, value: tuple[str, int]) -> tuple[str, int]:
         """Cache a measured text. Called on the event loop's thread only, so the cache needs no lock.
 
@@ -92,7 +104,7 @@ class TokenCounter:
         for text in texts:
             if len(text) > self.offload_chars and not self._known(text):
                 self.misses += 1
-                self.remember(text, await asyncio.to_thread(self.measure, text))
+                self.remember(text, await asyncio.to_thread(self.measure_long, text))
 
     def count(self, text: str) -> int:
         return self.stats(text)[1]

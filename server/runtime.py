@@ -21,6 +21,7 @@ from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
+from server.token_process import TokenProcess
 from xdb import XDB
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -43,9 +44,12 @@ class Runtime:
     capture: CaptureSetup | None
     background: ThreadPoolExecutor  # one ordered worker for small synchronous XDB writes
     rag_indexes: ScopedIndexes
+    token_process: TokenProcess | None = None
 
     def close(self) -> None:
         """Stop what the runtime started (the engine and XDB belong to the launcher)."""
+        if self.token_process is not None:
+            self.token_process.close()
         self.background.shutdown(wait=True)
         self.rag_indexes.close()
 
@@ -71,7 +75,13 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)
 
-    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False), max_chars=oc.cache_max_chars)
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    token_process = TokenProcess.for_tokenizer(tokenizer, encode)  # very long texts: tokenized apart
+    counter = TokenCounter(encode, max_chars=oc.cache_max_chars,
+                           count_long=token_process.count if token_process is not None else None)
+
     def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
         return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
@@ -83,4 +93,4 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
-                   background=background, rag_indexes=rag_indexes)
+                   background=background, rag_indexes=rag_indexes, token_process=token_process)
