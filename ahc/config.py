@@ -74,6 +74,13 @@ class OrchestratorConfig(_Strict):
     # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded
     # from XDB when they return.
     max_sessions: int = Field(10_000, gt=0)
+    # Characters of text the token-count cache may hold, and each of the render cache's two memos: their
+    # keys are whole blocks, and a Codex may be 20 MB. Keep it above rag_max_total_chars, or a Codex that
+    # long is tokenized again on every request.
+    cache_max_chars: int = Field(64 << 20, gt=0)
+    # Per-session RAG index files kept under data_dir/rag; past this the least recently used idle ones
+    # are deleted (an index is rebuilt from the Codex its session sends with every RAG request).
+    rag_max_index_files: int = Field(256, gt=0)
 
     def compaction_tokens(self, max_model_len: int) -> int:
         """State tokens past which a session is compacted."""

@@ -9,6 +9,7 @@ Identical inputs give identical messages, hence identical prompt text and token 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from orchestrator.blocks import Block, prefix_sha256, sha256_hex
 from orchestrator.context_spec import CodexDoc, KarmaEntry
 from orchestrator.formatters import Excerpt, Formatter
-from orchestrator.token_counter import TokenCounter
+from orchestrator.token_counter import MAX_CHARS, TokenCounter
 from orchestrator.turn import Turn
 
 
@@ -60,18 +61,33 @@ class RenderCache:
     Results never depend on it (assembly stays a pure function); it only skips repeated work. The
     State digest is a hash chain over turn hashes, so a State that grew by one turn extends the
     previous digest instead of re-hashing the whole history.
+
+    Each memo is bounded by the characters it holds (`max_chars`) as well as by count: a rendered block
+    may be a 20 MB Codex (whose key holds the documents again, so a block weighs about twice its
+    text), a State every message of a long history.
     """
 
-    def __init__(self, capacity: int = 256) -> None:
-        self._texts: dict[tuple[Hashable, ...], Block] = {}
-        self._states: list[tuple[tuple[Turn, ...], str, int]] = []
+    def __init__(self, capacity: int = 256, max_chars: int = MAX_CHARS, states: int = 8) -> None:
+        self._texts: OrderedDict[tuple[Hashable, ...], Block] = OrderedDict()
+        self._text_chars = 0
+        # (turns, digest, tokens, characters of the turns' texts), oldest first.
+        self._states: list[tuple[tuple[Turn, ...], str, int, int]] = []
         self._capacity = capacity
+        self._max_states = states
+        self.max_chars = max_chars
+
+    @property
+    def cached_chars(self) -> int:
+        """Characters of the rendered blocks held, plus those of the States' turns."""
+        return self._text_chars + sum(entry[3] for entry in self._states)
 
     def text_block(self, key: tuple[Hashable, ...], render: Callable[[], str], counter: TokenCounter,
                    name: str) -> Block:
         block = self._texts.get(key)
         if block is None:
             block = self._store(key, _text_block(name, render(), counter))
+        else:
+            self._texts.move_to_end(key)
         return block
 
     async def prefetch_text_block(self, key: tuple[Hashable, ...], render: Callable[[], str], counter: TokenCounter,
@@ -87,23 +103,35 @@ class RenderCache:
             self._store(key, _text_block(name, text, counter))  # a cache hit now
 
     def _store(self, key: tuple[Hashable, ...], block: Block) -> Block:
-        if len(self._texts) >= self._capacity:
-            self._texts.pop(next(iter(self._texts)))
+        """Keep a block, least recently used ones making room; one longer than `max_chars` is not kept
+        (it would evict everything else, then be evicted by the next: its counts stay in the counter)."""
+        if len(block.text) > self.max_chars:
+            return block
         self._texts[key] = block
+        self._text_chars += len(block.text)
+        while len(self._texts) > self._capacity or self._text_chars > self.max_chars:
+            _, evicted = self._texts.popitem(last=False)
+            self._text_chars -= len(evicted.text)
         return block
 
     def state_block(self, state: tuple[Turn, ...], counter: TokenCounter) -> Block:
-        best: tuple[tuple[Turn, ...], str, int] = ((), STATE_ROOT, 0)
+        best: tuple[tuple[Turn, ...], str, int, int] = ((), STATE_ROOT, 0, 0)
         for entry in self._states:
             turns = entry[0]
             if len(best[0]) < len(turns) <= len(state) and _same_prefix(turns, state):
                 best = entry
-        done, sha, tokens = best
+        done, sha, tokens, chars = best
         for turn in state[len(done):]:
             sha = sha256_hex(sha + turn.sha256)
             tokens += _turn_tokens(turn, counter)
-        if len(done) != len(state):
-            self._states = [*self._states[-7:], (state, sha, tokens)]
+            chars += sum(len(text) for text in turn_texts((turn,)))
+        if len(done) != len(state) and chars <= self.max_chars:
+            # Past the bounds the oldest States go: sessions hold their turns anyway, but a request
+            # without one brings a State that only this list would keep alive.
+            kept = self._states[max(len(self._states) + 1 - self._max_states, 0):]
+            self._states = [*kept, (state, sha, tokens, chars)]
+            while sum(entry[3] for entry in self._states) > self.max_chars:
+                self._states.pop(0)
         return Block(name="state", text="", tokens=tokens, sha256=sha)
 
 

@@ -86,7 +86,7 @@ class Orchestrator:
         self.retriever = retriever
         self.summarize = summarize
         self.formatters = FormatterRegistry()
-        self.render_cache = RenderCache()
+        self.render_cache = RenderCache(max_chars=config.cache_max_chars)
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 

@@ -68,12 +68,15 @@ class SessionStore:
     """The sessions in memory, least recently used first. Past `max_sessions` the least recently used
     idle ones are dropped (with their locks), so memory does not grow with every session ever seen; a
     dropped session is loaded again from its saved State when it returns. Without a `load` callable
-    a dropped session's State is lost, so that store keeps everything (tests, the library's examples)."""
+    a dropped session's State is lost, so that store keeps everything (tests, the library's examples).
+    `on_evict` is called with each dropped session's id, for what else is kept per session."""
 
     def __init__(self, load: Callable[[str], str | None] | None = None,
-                 save: Callable[[str, str], None] | None = None, max_sessions: int = 10_000) -> None:
+                 save: Callable[[str, str], None] | None = None, max_sessions: int = 10_000,
+                 on_evict: Callable[[str], object] | None = None) -> None:
         self._load, self._save = load, save
         self.max_sessions = max_sessions
+        self._on_evict = on_evict
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     @property
@@ -96,6 +99,8 @@ class SessionStore:
         idle = (sid for sid, entry in self._entries.items() if not entry.busy())
         for session_id in list(islice(idle, len(self._entries) - self.max_sessions)):
             del self._entries[session_id]
+            if self._on_evict is not None:
+                self._on_evict(session_id)
 
     def lock(self, session_id: str) -> asyncio.Lock:
         return self._entry(session_id).lock

@@ -22,6 +22,7 @@ from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
 from server.tenants import TenantKeys
+from server.token_process import TokenProcess
 from xdb import XDB
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -45,9 +46,12 @@ class Runtime:
     background: ThreadPoolExecutor  # one ordered worker for small synchronous XDB writes
     rag_indexes: ScopedIndexes
     keys: TenantKeys  # empty: no key, one local tenant
+    token_process: TokenProcess | None = None
 
     def close(self) -> None:
         """Stop what the runtime started (the engine and XDB belong to the launcher)."""
+        if self.token_process is not None:
+            self.token_process.close()
         self.background.shutdown(wait=True)
         self.rag_indexes.close()
 
@@ -62,16 +66,26 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
     max_model_len = config.engine.max_model_len
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
     hidden = HiddenCaller(engine, tokenizer, max_model_len, chat_template)
-    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag")  # one per session's Codex
+    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag",  # one per session's Codex
+                                max_files=oc.rag_max_index_files)
     retriever = CodexRetriever(rag_indexes)
+    # A session dropped from memory keeps its State in XDB, but its RAG index is only a cache of the
+    # Codex the client sends with every request: it is deleted (off the event loop) rather than kept
+    # on disk for a session that may never return, and rebuilt if the session does.
     sessions = SessionStore(xdb.load_session_state,
                             lambda sid, state: background.submit(xdb.save_session_state, sid, state),
-                            oc.max_sessions)
+                            oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid))
 
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)
 
-    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    token_process = TokenProcess.for_tokenizer(tokenizer, encode)  # very long texts: tokenized apart
+    counter = TokenCounter(encode, max_chars=oc.cache_max_chars,
+                           count_long=token_process.count if token_process is not None else None)
+
     def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
         return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
@@ -85,4 +99,4 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
-                   keys=TenantKeys.build(config.api_key, config.api_keys_file))
+                   keys=TenantKeys.build(config.api_key, config.api_keys_file), token_process=token_process)

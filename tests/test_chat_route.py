@@ -58,6 +58,22 @@ def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[
     assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
 
 
+def test_a_session_dropped_from_memory_takes_its_rag_index_file_along(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                                        tmp_path: Path) -> None:
+    with serving(config, vllm_config, tmp_path, **{"orchestrator.max_sessions": 1}) as (client, runtime):
+        indexes = runtime.rag_indexes
+        with indexes.using("s1"):  # the file a RAG request of s1 leaves (without loading the embedder)
+            pass
+        assert client.post("/v1/chat/completions", json=chat("s1")).status_code == 200
+        assert indexes.exists("s1")
+        assert client.post("/v1/chat/completions", json=chat("s2")).status_code == 200  # s1 leaves memory
+        runtime.background.submit(lambda: None).result()  # the index is deleted off the event loop
+        assert not indexes.exists("s1") and not indexes.path_of("s1").exists()
+        # Its State is still in XDB: s1 resumes where it was.
+        assert client.post("/v1/chat/completions", json=chat("s1", "And then?")).status_code == 200
+        assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
+
+
 def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
         served: tuple[TestClient, Runtime]) -> None:
     client, runtime = served
@@ -419,13 +435,12 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vl
 
 
 def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
-    """Tokenizing a large Codex takes seconds; it happens on a worker thread, so the event loop keeps
-    answering /health meanwhile."""
+    """Tokenizing a large Codex takes seconds; it happens off the event loop (in a child process past
+    server/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     client, runtime = served
-    # ~0.7 MB, a second of tokenizing. The tokenizer holds the GIL for the last few percent of its
-    # work (its output's conversion), so a much larger Codex would still stall the loop that long.
+    # ~0.7 MB, a second of tokenizing.
     words = " ".join(f"w{i}" for i in range(100_000))
     body = {**chat(), "context": {"mode": "cag", "codex": [{"id": "big", "text": words}]}}
     latencies: list[float] = []
@@ -442,7 +457,9 @@ def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, R
     # Counted, then refused: a Codex this size cannot fit the tiny model's window in CAG mode.
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert len(latencies) > 10, latencies  # the request took long enough to be seen running
-    assert max(latencies) < 0.1, (max(latencies), len(latencies))
+    # Under 0.1 s on an idle machine; a busy 2-core one adds stalls of its own scheduling, so the bound
+    # catches the old stall on the loop (a second of tokenizing) rather than timing the machine.
+    assert max(latencies) < 0.25, (max(latencies), len(latencies))
     assert runtime.orchestrator.counter.cached(f"# Codex\n\n## big\n{words}")
 
 
@@ -468,3 +485,42 @@ def test_the_prompt_budget_counts_the_chat_template_vllm_was_given(config: AHCCo
         # The meter may overcount by a token a message boundary (its slack), never undercount.
         counted, actual = prepared[-1].prompt_tokens, response.json()["usage"]["prompt_tokens"]
         assert actual <= counted <= actual + 2 * len(prepared[-1].messages), (counted, actual)
+
+
+@pytest.mark.slow
+def test_health_stays_fast_while_a_20_mb_codex_is_prepared(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                           tmp_path: Path) -> None:
+    """The largest Codex a request may carry: 20M characters, 16M tokens with the tiny model. The
+    tokenizer holds the GIL while it builds and frees its result, which in-process stalled every other
+    thread, /health included, for 0.5 to 2.5 s; the server counts such a text in a child process. What
+    is left on the event loop is the body's JSON parse (~40 ms)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chars = 1_990_000  # under rag_max_document_chars; ten of them under rag_max_total_chars
+    words = " ".join(f"w{i}" for i in range(chars // 6))[:chars]
+    codex = [{"id": f"d{i}", "text": f"{i} {words}"[:chars]} for i in range(10)]
+    # Serialized up front: the test's own json.dumps of 20 MB would hold the GIL too.
+    body = json.dumps({**chat(), "context": {"session_id": "big", "mode": "cag", "codex": codex}}).encode()
+    latencies: list[float] = []
+    with serving(config, vllm_config, tmp_path) as (client, runtime):
+        assert runtime.token_process is not None
+        # Once per server, the chat template is compiled and measured (tens of ms): not what is timed here.
+        assert client.post("/v1/chat/completions", json={**chat(), "context": {}}).status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(client.post, "/v1/chat/completions", content=body,
+                                  headers={"content-type": "application/json"})
+            last = time.perf_counter()
+            while not pending.done():
+                assert client.get("/health").status_code == 200
+                time.sleep(0.01)
+                # Each round less its sleep: a stall while this thread sleeps counts as well.
+                latencies.append(time.perf_counter() - last - 0.01)
+                last = time.perf_counter()
+            response = pending.result()
+        assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+        assert runtime.token_process.counted == 1  # the Codex was tokenized in the child
+    assert len(latencies) > 100, latencies  # the request took long enough to be seen running
+    # Measured: 60-70 ms at most on an idle machine, where the tokenizer in-process gave 0.5 s and more.
+    # The bound leaves room for a busy one, whose scheduler adds stalls of its own.
+    assert max(latencies) < 0.25, (f"/health took {max(latencies):.3f} s at worst while a 20 MB Codex was "
+                                   f"prepared (median {sorted(latencies)[len(latencies) // 2]:.4f} s)")

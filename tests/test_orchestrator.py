@@ -8,7 +8,7 @@ import pytest
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
-from orchestrator.assembler import AssemblyInput, assemble
+from orchestrator.assembler import AssemblyInput, RenderCache, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import FormatterRegistry
@@ -237,7 +237,8 @@ def test_sessions_persist_and_resume(counter) -> None:
 
 def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
     saved: dict[str, str] = {}
-    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__, max_sessions=3))
+    evicted: list[str] = []
+    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__, max_sessions=3, on_evict=evicted.append))
 
     async def one_turn(session_id: str, question: str) -> list[str]:
         spec = parse_context({**CONTEXT, "session_id": session_id})
@@ -260,6 +261,8 @@ def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> No
 
     run(scenario())
     assert orch.sessions.resident == 3
+    # What else is kept per session (its RAG index) is told of each drop; the held one was never dropped.
+    assert evicted == [f"s{i}" for i in range(9)]
 
 
 def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> None:
@@ -324,6 +327,73 @@ def test_token_counts_are_cached_by_text(counter) -> None:
     misses = counter.misses
     assert counter.count(text) == counter.count(str(text))
     assert counter.misses == misses
+
+
+class _Encodes:
+    """A whitespace tokenizer that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str) -> list[int]:
+        self.calls += 1
+        return [len(word) for word in text.split()]
+
+
+def test_the_token_cache_is_bounded_by_characters_least_recently_used_first() -> None:
+    counter = TokenCounter(_Encodes(), capacity=100, max_chars=100)
+    texts = [f"{i} " + "x" * 38 for i in range(3)]  # 40 characters each: two fit
+    for text in texts[:2]:
+        counter.count(text)
+    counter.count(texts[0])  # now the more recently used
+    counter.count(texts[2])
+    assert [counter.cached(t) for t in texts] == [True, False, True]
+    assert counter.cached_chars == 80 and len(counter) == 2
+
+
+def test_a_text_over_the_cache_bound_is_counted_but_not_cached() -> None:
+    encode = _Encodes()
+    counter = TokenCounter(encode, max_chars=100, offload_chars=10)
+    small, huge = "a b c", "word " * 100
+    counter.count(small)
+    run(counter.prefetch([huge]))  # counted on a worker thread, as a long Codex is
+    assert counter.count(huge) == 100 and encode.calls == 2  # the assembly after it does not count it again
+    assert not counter.cached(huge) and counter.cached(small) and counter.cached_chars == len(small)
+    counter.count("word " * 101)  # the next oversize text takes its place
+    counter.count(huge)
+    assert encode.calls == 4
+
+
+def test_the_render_cache_is_bounded_by_characters(counter) -> None:
+    cache = RenderCache(max_chars=100)
+    blocks = [cache.text_block(("codex", i), lambda i=i: f"{i}" * 40, counter, "codex") for i in range(3)]
+    assert cache.cached_chars == 80
+    rendered: list[int] = []
+
+    def render(i: int) -> str:
+        rendered.append(i)
+        return f"{i}" * 40
+
+    assert cache.text_block(("codex", 2), lambda: render(2), counter, "codex") == blocks[2]
+    cache.text_block(("codex", 0), lambda: render(0), counter, "codex")  # evicted: rendered again
+    assert rendered == [0]
+    cache.text_block(("codex", 9), lambda: "9" * 101, counter, "codex")  # over the bound: not kept
+    assert cache.cached_chars == 80
+    cache.text_block(("codex", 9), lambda: render(9), counter, "codex")
+    assert rendered == [0, 9]
+
+
+def test_the_render_cache_keeps_few_states_and_bounds_their_characters(counter) -> None:
+    cache = RenderCache(max_chars=100, states=3)
+    turns = tuple(Turn(role="user", content=f"{i}" * 30) for i in range(6))
+    whole = cache.state_block(turns[:1], counter)
+    for n in range(2, 7):  # each State extends the last: its digest is the same as from scratch
+        grown = cache.state_block(turns[:n], counter)
+    assert cache.cached_chars <= 100
+    assert grown == RenderCache().state_block(turns, counter) and whole.tokens < grown.tokens
+    for n in range(1, 4):  # three short States, each a separate history
+        cache.state_block(tuple(Turn(role="user", content=f"s{n}") for _ in range(n)), counter)
+    assert len(cache._states) == 3
 
 
 def test_vram_governor_queues_then_rejects_with_retry_after() -> None:

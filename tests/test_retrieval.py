@@ -365,3 +365,60 @@ def test_sessions_with_different_codexes_keep_their_own_index(embedder: Embedder
     assert "s-never" in unknown["error"]["message"] and not (tmp_path / "rag" / "s-never").exists()
     assert len(list((tmp_path / "rag").glob("*.duckdb"))) == 2
     indexes.close()
+
+
+def _files(root: Path) -> set[str]:
+    return {p.name for p in root.glob("*.duckdb")}
+
+
+def test_index_files_past_the_cap_go_least_recently_used_first(embedder: Embedder, tmp_path: Path) -> None:
+    import os
+    import time
+
+    root = tmp_path / "rag"
+    earlier = ScopedIndexes(root, embedder)  # a previous run's files: ranked by their modification time
+    for scope in ("old-a", "old-b"):
+        with earlier.using(scope):
+            pass
+    earlier.close()
+    now = time.time()
+    os.utime(earlier.path_of("old-a"), (now - 60, now - 60))
+    os.utime(earlier.path_of("old-b"), (now - 30, now - 30))
+
+    indexes = ScopedIndexes(root, embedder, max_open=1, max_files=3)
+    name = {scope: indexes.path_of(scope).name for scope in ("old-a", "old-b", "s1", "s2", "s3", "s4")}
+    with indexes.using("s1"):
+        assert _files(root) == {name["old-a"], name["old-b"], name["s1"]}
+        with indexes.using("s2"):  # one over: the oldest file goes
+            assert _files(root) == {name["old-b"], name["s1"], name["s2"]}
+    with indexes.using("old-b"):  # used again: now the most recent
+        pass
+    with indexes.using("s2"), indexes.using("s1"):  # s1 in use, s2 just used
+        with indexes.using("s3"):  # old-b is the least recently used, and idle
+            assert _files(root) == {name["s1"], name["s2"], name["s3"]}
+        with indexes.using("s4"):  # s1, s2 in use: s3 goes though newer
+            assert _files(root) == {name["s1"], name["s2"], name["s4"]}
+    indexes.close()
+
+
+def test_a_dropped_scope_loses_its_file_once_no_one_uses_it(embedder: Embedder, tmp_path: Path) -> None:
+    indexes = ScopedIndexes(tmp_path / "rag", embedder)
+    retriever = CodexRetriever(indexes)
+    docs = [Doc(d, t) for d, t in CORPUS if d in ("chess", "violin")]
+    asyncio.run(retriever.retrieve(docs, "bishop", 1, "gone"))
+    asyncio.run(retriever.retrieve(docs, "bishop", 1, "kept"))
+    path = indexes.path_of("gone")
+    assert path.exists() and indexes.drop("gone")
+    assert not path.exists() and not indexes.exists("gone") and "gone" not in indexes.open_scopes()
+    assert indexes.exists("kept")
+    with indexes.using("kept") as index:  # in use: deleted when its user is done
+        assert not indexes.drop("kept") and index.chunk_count() > 0
+    assert not indexes.exists("kept")
+    with indexes.using("again"):
+        assert not indexes.drop("again")
+        with indexes.using("again"):  # used again after the drop: kept after all
+            pass
+    assert indexes.exists("again")
+    # A dropped session that returns gets its index rebuilt from the Codex its request carries.
+    assert asyncio.run(retriever.retrieve(docs, "bishop", 1, "gone"))[0].doc_id == "chess"
+    indexes.close()
