@@ -168,10 +168,6 @@ class AHCConfig(_Strict):
         return [value] if isinstance(value, str) else [] if value is None else value
 
     @property
-    def keyed(self) -> bool:
-        return bool(self.api_key or self.api_keys_file)
-
-    @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
 

@@ -25,16 +25,17 @@ from xdb import XDB
 
 
 async def serve(config: AHCConfig) -> None:
-    check_tenancy(TenantKeys.build(config.api_key, config.api_keys_file))  # before the model loads
+    keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
+    check_tenancy(keys)
     capture = start_capture(config)  # checks the lens pack against the model before anything starts
     try:
-        await serve_with(config, capture)
+        await serve_with(config, capture, keys)
     finally:
         if capture is not None:
             capture.close()
 
 
-async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
+async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: TenantKeys) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
@@ -72,7 +73,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None) -> None:
         )
         supported_tasks = await engine.get_supported_tasks()
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
-        runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template)
+        runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys)
         report_template(runtime.tokenizer, metrics, chat_template)
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())

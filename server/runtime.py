@@ -58,9 +58,10 @@ class Runtime:
 
 def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
-                  chat_template: str | None = None) -> Runtime:
+                  chat_template: str | None = None, keys: TenantKeys | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;
-    `chat_template`: the template vLLM was given (`--chat-template`, loaded), None for the model's."""
+    `chat_template`: the template vLLM was given (`--chat-template`, loaded), None for the model's;
+    `keys`: the API keys already read (else read from the config)."""
     tokenizer = engine.get_tokenizer()
     oc = config.orchestrator
     max_model_len = config.engine.max_model_len
@@ -99,4 +100,5 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AH
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
-                   keys=TenantKeys.build(config.api_key, config.api_keys_file), token_process=token_process)
+                   keys=keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file),
+                   token_process=token_process)
