@@ -237,11 +237,10 @@ def batch_to_arrow(batch: TokenBatch, first_id: int, concepts: ConceptIndex,
     return batches_to_arrow([batch], first_id, concepts, k)
 
 
-def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: ConceptIndex,
-                     k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """Several TokenBatches (many sessions' streams) as one Arrow table, rows in order. Built column
-    by column over all of them: Arrow's set-up is paid once per writer batch, not once per stream."""
-    sizes = [len(b) for b in batches]
+def _concept_columns(batches: list[TokenBatch], sizes: list[int], concepts: ConceptIndex,
+                     k: int) -> tuple[pa.Array, pa.Array, list[tuple[int, str]]]:
+    """The `concept_ids` and `concept_values` columns of the batches' rows (null where a row has no
+    activations), and the concepts first seen."""
     n = sum(sizes)
     added: list[tuple[int, str]] = []
     ids = np.zeros((n, k), dtype=np.int32)
@@ -270,12 +269,19 @@ def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: Concept
         empty[rows, :width] = ~present
     row_null = empty.all(axis=1)
     if row_null.all():
-        concept_ids: pa.Array = pa.nulls(n, pa.list_(pa.int32(), k))
-        concept_values: pa.Array = pa.nulls(n, pa.list_(pa.float32(), k))
-    else:
-        mask = pa.array(row_null) if row_null.any() else None
-        concept_ids = pa.FixedSizeListArray.from_arrays(pa.array(ids.ravel(), mask=empty.ravel()), k, mask=mask)
-        concept_values = pa.FixedSizeListArray.from_arrays(pa.array(vals.ravel(), mask=empty.ravel()), k, mask=mask)
+        return pa.nulls(n, pa.list_(pa.int32(), k)), pa.nulls(n, pa.list_(pa.float32(), k)), added
+    mask = pa.array(row_null) if row_null.any() else None
+    return (pa.FixedSizeListArray.from_arrays(pa.array(ids.ravel(), mask=empty.ravel()), k, mask=mask),
+            pa.FixedSizeListArray.from_arrays(pa.array(vals.ravel(), mask=empty.ravel()), k, mask=mask), added)
+
+
+def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: ConceptIndex,
+                     k: int = TOP_K) -> tuple[pa.Table, list[tuple[int, str]]]:
+    """Several TokenBatches (many sessions' streams) as one Arrow table, rows in order. Built column
+    by column over all of them: Arrow's set-up is paid once per writer batch, not once per stream."""
+    sizes = [len(b) for b in batches]
+    n = sum(sizes)
+    concept_ids, concept_values, added = _concept_columns(batches, sizes, concepts, k)
     now = time.time()
     stamps = [now if b.created_at is None else b.created_at for b in batches]
     if all(np.ndim(t) == 0 for t in stamps):  # one stamp a batch: the recorder's way
