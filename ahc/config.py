@@ -119,6 +119,10 @@ class XDBConfig(_Strict):
     threads: int | None = Field(default=None, gt=0)
     # Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again.
     max_tick_sessions: int = Field(default=10_000, gt=0)
+    # `ahc serve` runs the database, its writer and the audit chain in a process of their own, so their
+    # CPU and their threads' hold on the GIL stay out of the process that streams tokens; a service
+    # that dies is started again and sent the rows it had not committed. False: all in one process.
+    service_process: bool = True
 
 
 class LensConfig(_Strict):

@@ -25,6 +25,18 @@ class AHCError(Exception):
         self.code = code
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from the message and attributes, not by calling __init__ again: subclasses take other
+        # arguments, and the error must cross a process boundary (the XDB service) intact.
+        return _rebuild, (type(self), self.message, dict(self.__dict__))
+
+
+def _rebuild(cls: type[AHCError], message: str, state: dict[str, object]) -> AHCError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class InvalidRequest(AHCError, ValueError):
     """The request's content is wrong: 400, naming the parameter."""

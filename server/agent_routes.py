@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from server.errors import AHCRoute
 from server.request_context import request_tenant
 from server.tenants import Tenant
-from xdb import XDB
+from xdb import XDBClient
 from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
@@ -51,7 +51,7 @@ class KnowledgeBody(_Body):
     last_compacted_turn: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
-def agent_router(xdb: XDB) -> APIRouter:
+def agent_router(xdb: XDBClient) -> APIRouter:
     """The routes over one XDB. Plain `def` handlers run on FastAPI's thread pool, off the event loop.
     A run is the calling tenant's: its id goes in scoped and comes back as the tenant named it."""
     router = APIRouter(prefix="/v1/xdb", tags=["agent"], route_class=AHCRoute)

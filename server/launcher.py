@@ -21,7 +21,8 @@ from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.tenants import TenantKeys
-from xdb import XDB
+from xdb import XDB, XDBClient
+from xdb.remote import RemoteXDB
 
 
 async def serve(config: AHCConfig) -> None:
@@ -54,7 +55,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats())
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
-    xdb = XDB.open(Path(resolve_path(config.data_dir)), config.xdb, on_commit=metrics.xdb_rows_written.inc)
+    xdb = open_xdb(config, metrics)
     metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
     metrics.audit_head_seq.set_function(lambda: xdb.audit_head()[0])
     engine = None
@@ -100,6 +101,14 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             runtime.close()
         xdb.close()  # flushes every queued row
         sock.close()
+
+
+def open_xdb(config: AHCConfig, metrics: AHCMetrics) -> XDBClient:
+    data_dir = Path(resolve_path(config.data_dir))
+    if config.xdb.service_process:
+        return RemoteXDB(data_dir, config.xdb, on_commit=metrics.xdb_rows_written.inc,
+                         on_restart=metrics.xdb_service_restarts.inc)
+    return XDB.open(data_dir, config.xdb, on_commit=metrics.xdb_rows_written.inc)
 
 
 def check_tenancy(keys: TenantKeys) -> None:

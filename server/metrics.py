@@ -45,6 +45,8 @@ class AHCMetrics:
             "ahc_governor_actions", "Governor actions by kind", ["action"], registry=r)
         self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", registry=r)
         self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", registry=r)
+        self.xdb_service_restarts = Counter(
+            "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", registry=r)
         # Scraped off the machine, the head is an anchor a rewrite of the audit file cannot reach.
         self.audit_head_seq = Gauge(
             "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", registry=r)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 
 from server.hidden_calls import HiddenCaller
-from xdb import XDB
+from xdb import XDBClient
 
 log = logging.getLogger("ahc.xdb.storage")
 
@@ -27,7 +27,7 @@ def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_
     return summarize
 
 
-async def enforce_quota_forever(xdb: XDB, every_s: float, summarize: Callable[[str], str]) -> None:
+async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Callable[[str], str]) -> None:
     """Until cancelled (at shutdown): bring XDB within its quota, then sleep."""
     while True:
         await asyncio.sleep(every_s)

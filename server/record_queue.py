@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import deque
 
+from xdb.remote import RemoteWriter
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import Writer, WriterBackpressure, WriterStopped
 
@@ -26,7 +27,7 @@ RETRY_S = 1.0
 
 
 class RecordQueue:
-    def __init__(self, writer: Writer, max_backlog_rows: int) -> None:
+    def __init__(self, writer: Writer | RemoteWriter, max_backlog_rows: int) -> None:
         self.writer = writer
         self.max_backlog_rows = max_backlog_rows
         self._waiting: deque[Rows] = deque()

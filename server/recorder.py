@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
@@ -25,7 +27,7 @@ from server.capture.side_channel import completion_key
 from server.record_queue import RecordQueue
 from server.request_context import current_session, current_tenant
 from server.token_text import TokenTexts
-from xdb import XDB
+from xdb import XDBClient
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout
 
@@ -39,7 +41,7 @@ EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "
 
 
 class Recorder:
-    def __init__(self, xdb: XDB, tokenizer: TokenizerLike, background: Executor | None = None,
+    def __init__(self, xdb: XDBClient, tokenizer: TokenizerLike, background: Executor | None = None,
                  capture: CaptureSetup | None = None) -> None:
         self.xdb = xdb
         self.tokenizer = tokenizer
@@ -109,8 +111,12 @@ class Recorder:
 
 
 class TokenStream:
-    """One completion's generated tokens, turned into `output` rows as they arrive (with capture on,
-    as their activations arrive)."""
+    """One completion's generated tokens, turned into `output` rows (with capture on, as their
+    activations arrive). Tokens are gathered and turned into rows CHUNK at a time: at GPU rates a
+    reply's tokens come one engine step at a time, and the work a batch costs (ticks, validation, the
+    hand-off to the writer, the activation lookup) is paid once per chunk instead of once per token."""
+
+    CHUNK = 32
 
     def __init__(self, recorder: Recorder, session_id: str, request_id: str,
                  activations: ActivationJoin | None = None) -> None:
@@ -119,8 +125,19 @@ class TokenStream:
         self.request_id = request_id
         self.texts = TokenTexts(recorder.tokenizer)
         self.activations = activations
+        self._ids: list[int] = []
+        self._times: list[float] = []  # when each gathered token arrived
 
     def add(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            return
+        self._ids += token_ids
+        self._times += [time.time()] * len(token_ids)
+        if len(self._ids) >= self.CHUNK:
+            self._turn_into_rows()
+
+    def _turn_into_rows(self) -> None:
+        token_ids, created_at, self._ids, self._times = self._ids, self._times, [], []
         if not token_ids:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
@@ -128,31 +145,35 @@ class TokenStream:
         if self.activations is None:
             # Column-wise: no row object per token on the event loop.
             self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
-                                            request_id=self.request_id, created_at=time.time()))
+                                            request_id=self.request_id, created_at=np.array(created_at)))
             return
-        self.activations.hold(list(ticks), texts, list(token_ids))
+        self.activations.hold(list(ticks), texts, token_ids, created_at)
         self._submit(self.activations.ready())
 
     async def finish(self) -> None:
         """The reply is complete: its held tokens go out, with the activations that arrive in time."""
+        self._turn_into_rows()
         if self.activations is not None:
+            assert self.recorder.capture is not None
             self._submit(await self.activations.finish(self.recorder.capture.finish_wait_s))
 
     def close(self) -> None:
         """The reply ended early (client gone): what is held goes out now, without waiting."""
+        self._turn_into_rows()
         if self.activations is not None:
             self._submit(self.activations.release_all())
 
     def _submit(self, runs: list[Run]) -> None:
-        names = self.recorder.capture.pack.concept_ids if self.recorder.capture else ()
+        capture = self.recorder.capture
+        names = capture.pack.concept_ids if capture else ()
         for run in runs:
             measured = run.concept_index is not None
             self.recorder.submit(TokenBatch(
                 self.session_id, run.ticks, run.texts, token_ids=run.token_ids, request_id=self.request_id,
                 concept_names=names if measured else (), concept_index=run.concept_index,
                 concept_values=run.concept_values,
-                activation_source=self.recorder.capture.inbox.source if measured else None,
-                created_at=time.time()))
+                activation_source=capture.inbox.source if measured and capture else None,
+                created_at=np.array(run.created_at)))
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:

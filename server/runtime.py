@@ -23,7 +23,7 @@ from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
 from server.tenants import TenantKeys
 from server.token_process import TokenProcess
-from xdb import XDB
+from xdb import XDBClient
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
@@ -35,7 +35,7 @@ class Runtime:
     config: AHCConfig
     engine: RecordingEngine  # what vLLM's OpenAI layer and our routes talk to
     tokenizer: TokenizerLike
-    xdb: XDB
+    xdb: XDBClient
     metrics: AHCMetrics
     orchestrator: Orchestrator
     retriever: CodexRetriever
@@ -56,7 +56,7 @@ class Runtime:
         self.rag_indexes.close()
 
 
-def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDB, metrics: AHCMetrics,
+def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
                   chat_template: str | None = None, keys: TenantKeys | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;

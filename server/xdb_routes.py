@@ -23,7 +23,7 @@ from ahc.limits import (
 from server.errors import AHCRoute
 from server.request_context import request_tenant
 from server.tenants import Tenant
-from xdb import XDB
+from xdb import XDBClient
 from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
@@ -118,7 +118,7 @@ class CompactBody(_Body):
     compress_released: bool = False
 
 
-def xdb_router(xdb: XDB, summarize: Callable[[str], str] | None = None) -> APIRouter:
+def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) -> APIRouter:
     """The `/v1/xdb/*` routes over one XDB; `summarize` writes compaction summaries (the served model).
     Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop.
 

@@ -43,18 +43,19 @@ def test_tokens_wait_for_their_activations_and_go_out_in_order() -> None:
     inbox = ActivationInbox(k=3)
     join = ActivationJoin(inbox, "r")
     inbox.put(step("r", [1]))  # token 1's activations come before token 0's
-    join.hold([10, 11], ["a", "b"], [5, 6])
+    join.hold([10, 11], ["a", "b"], [5, 6], [1.0, 2.0])
     assert join.ready() == []  # token 0 has none yet: nothing may overtake it
     inbox.put(step("r", [0]))
     runs = join.ready()
     assert len(runs) == 1 and runs[0].ticks == [10, 11]
     assert runs[0].concept_values[:, 0].tolist() == [0.5, 1.5]
+    assert runs[0].created_at == [1.0, 2.0]  # each token keeps the time it arrived
 
 
 def test_at_the_end_missing_activations_are_null_after_a_bounded_wait() -> None:
     inbox = ActivationInbox(k=3)
     join = ActivationJoin(inbox, "r")
-    join.hold([0, 1, 2], ["a", "b", "c"], [1, 2, 3])
+    join.hold([0, 1, 2], ["a", "b", "c"], [1, 2, 3], [1.0, 2.0, 3.0])
     inbox.put(step("r", [0, 2]))
     start = time.monotonic()
     runs = asyncio.run(join.finish(0.2))
@@ -66,7 +67,7 @@ def test_at_the_end_missing_activations_are_null_after_a_bounded_wait() -> None:
 def test_activations_that_arrive_during_the_wait_are_used() -> None:
     inbox = ActivationInbox(k=3)
     join = ActivationJoin(inbox, "r")
-    join.hold([0], ["a"], [1])
+    join.hold([0], ["a"], [1], [1.0])
 
     async def late_then_finish():
         asyncio.get_running_loop().call_later(0.05, inbox.put, step("r", [0]))

@@ -274,8 +274,8 @@ def test_a_session_just_made_starts_at_tick_0_without_a_lookup(xdb: XDB, monkeyp
     xdb.writer.submit(reply(xdb, "known", ["a", "b", "c"], "r1"))
     xdb.writer.flush()
     lookups: list[str] = []
-    committed = xdb._committed_tick
-    monkeypatch.setattr(xdb, "_committed_tick", lambda sid: lookups.append(sid) or committed(sid))
+    committed = xdb.committed_tick
+    monkeypatch.setattr(xdb._ticks, "_lookup", lambda sid: lookups.append(sid) or committed(sid))
     xdb.start_session("fresh")
     assert list(xdb.next_ticks("fresh", 2)) == [0, 1] and lookups == []
     xdb.start_session("fresh")  # a second call never rewinds a session's ticks

@@ -40,6 +40,9 @@ The interface the server uses:
     xdb.audit_head() -> (seq, hex hash)            # the last head, as anchored in audit/audit.head
     xdb.audit_event(action, details)                # chain a deletion/rewrite (before its COMMIT)
 
+    RemoteXDB(data_dir, config, on_commit=, on_restart=)  # the same, with the files, the writer and the
+        # audit in a process of their own (xdb/service.py); what `ahc serve` uses
+
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
 (ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped.
 Every read runs on its own cursor of the writer's connection, so any thread may call them.
@@ -50,11 +53,16 @@ from xdb.audit import AuditReport, verify_audit
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters
+from xdb.remote import RemoteXDB
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.store import XDB
 from xdb.tags import BudStatus, TagType
 from xdb.writer import WriterBackpressure, WriterStopped
 
-__all__ = ["XDB", "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit",
+# What the server holds: the database in its own process (RemoteXDB, `ahc serve`'s default) or in this one.
+XDBClient = XDB | RemoteXDB
+
+__all__ = ["XDB", "RemoteXDB", "XDBClient",
+           "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit",
            "NotFound", "DocumentTooLarge", "DocumentType", "QuotaExceeded", "Fidelity", "CompressionLevel", "BudStatus",
            "TagType", "WriterBackpressure", "WriterStopped"]

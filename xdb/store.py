@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
+from xdb.ticks import TickBook
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 EXPERIENCE_FILE = "experience.duckdb"
@@ -52,11 +52,7 @@ class XDB:
             self.warm_quota_bytes = self.quota_bytes // 2
         self.summarize, self.hot_seconds = summarize, config.hot_seconds
         self.max_document_bytes = config.max_document_bytes
-        # Each session's last reserved tick, least recently used first, at most max_tick_sessions of
-        # them; one not here is read from session_ticks (the file's last committed tick) on its next use.
-        self._ticks: OrderedDict[str, int] = OrderedDict()
-        self.max_tick_sessions = config.max_tick_sessions
-        self._tick_lock = threading.Lock()
+        self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
         self._compress_lock = threading.Lock()
         self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
         self.tag_cache = TagCache()
@@ -125,41 +121,18 @@ class XDB:
     def next_ticks(self, session_id: str, n: int = 1) -> range:
         """Reserve n consecutive ticks for a session, with no DB round trip; resumes after the largest
         tick stored for it (across restarts and compression)."""
-        if n < 1:
-            raise ValueError("n must be at least 1")
-        with self._tick_lock:
-            last = self._ticks.get(session_id)
-            if last is None:
-                last = self._committed_tick(session_id)
-            first = last + 1
-            self._ticks[session_id] = first + n - 1
-            self._ticks.move_to_end(session_id)
-            if len(self._ticks) > self.max_tick_sessions:
-                self._trim_ticks()
-        return range(first, first + n)
+        return self._ticks.next_ticks(session_id, n)
 
     def start_session(self, session_id: str) -> None:
         """A session id just made (a fresh random one), so no rows anywhere: its ticks start at 0
         without the lookup `next_ticks` would make on the event loop. No effect on a known session."""
-        with self._tick_lock:
-            self._ticks.setdefault(session_id, -1)
+        self._ticks.start_session(session_id)
 
-    def _committed_tick(self, session_id: str) -> int:
+    def committed_tick(self, session_id: str) -> int:
         """The last tick the file holds for a session (-1: none): one primary-key lookup."""
         with self.cursor() as cur:
             row = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
         return int(row[0]) if row else -1
-
-    def _trim_ticks(self) -> None:
-        """Forget the least recently used sessions' ticks, but only those whose rows are all committed:
-        a session with rows still queued would read an older last tick back and reuse ticks. Those stay
-        (moved to the recent end) and are tried again later; a few lookups per call at most."""
-        for _ in range(min(8, len(self._ticks) - self.max_tick_sessions)):
-            session_id, reserved = next(iter(self._ticks.items()))
-            if self._committed_tick(session_id) >= reserved:
-                del self._ticks[session_id]
-            else:
-                self._ticks.move_to_end(session_id)
 
     def audit_event(self, action: str, details: dict[str, Any]) -> None:
         """Chain a system event (a deletion or rewrite of stored rows) in the audit log; what

@@ -242,6 +242,12 @@ class Writer:
                     raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
                 self._cond.wait(remaining)
 
+    def request_flush(self) -> None:
+        """Commit everything queued now rather than at the latency deadline, without waiting for it."""
+        with self._cond:
+            self._flush_target = max(self._flush_target, self._submitted)
+            self._cond.notify_all()
+
     @property
     def alive(self) -> bool:
         """False once closed or once a stage has failed: nothing more can be committed."""

@@ -26,6 +26,7 @@ class Run:
     ticks: list[int]
     texts: list[str]
     token_ids: list[int]
+    created_at: list[float]  # when each token arrived, epoch seconds
     concept_index: np.ndarray | None  # int32 [n, k]; -1 in slots past a row's k'
     concept_values: np.ndarray | None  # float32 [n, k]
 
@@ -37,12 +38,14 @@ class ActivationJoin:
         self.ticks: list[int] = []
         self.texts: list[str] = []
         self.ids: list[int] = []
+        self.times: list[float] = []
         self.rows: list[Row | None] = []
 
-    def hold(self, ticks: list[int], texts: list[str], token_ids: list[int]) -> None:
+    def hold(self, ticks: list[int], texts: list[str], token_ids: list[int], created_at: list[float]) -> None:
         self.ticks += ticks
         self.texts += texts
         self.ids += token_ids
+        self.times += created_at
         self.rows += [None] * len(token_ids)
 
     def _collect(self) -> None:
@@ -85,10 +88,11 @@ class ActivationJoin:
             while stop < upto and (self.rows[stop] is not None) == has:
                 stop += 1
             index, values = self._arrays(self.rows[start:stop]) if has else (None, None)
-            runs.append(Run(self.ticks[start:stop], self.texts[start:stop], self.ids[start:stop], index, values))
+            runs.append(Run(self.ticks[start:stop], self.texts[start:stop], self.ids[start:stop],
+                            self.times[start:stop], index, values))
             start = stop
         self.first += upto
-        del self.ticks[:upto], self.texts[:upto], self.ids[:upto], self.rows[:upto]
+        del self.ticks[:upto], self.texts[:upto], self.ids[:upto], self.times[:upto], self.rows[:upto]
         return runs
 
     def _arrays(self, rows: list[Row]) -> tuple[np.ndarray, np.ndarray]:

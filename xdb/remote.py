@@ -1,0 +1,504 @@
+"""The server's side of the XDB service (xdb/service.py): the same interface as an in-process XDB, with
+the database, its writer and the audit chain in a child process.
+
+`RemoteWriter` takes rows exactly as the in-process writer does (validated on the caller's thread,
+never waiting on disk) and a sender thread ships what has gathered every few milliseconds as one
+message. The service reports every commit back, so the count of rows not yet committed — the queue
+depth that back-pressure reads — and `flush` need no round trip. Rows stay held here until the
+service says they are committed: if it dies, it is started again (replaying from the audit what the
+audit had), the held rows are sent again, those it already stored are skipped, and no accepted row is
+lost or written twice. `RemoteXDB` runs every other call in the service over a pool of connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Client, Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from ahc.config import XDBConfig
+from ahc.errors import Unavailable
+from xdb import service
+from xdb.rows import TimestepRow, TokenBatch, check_rows
+from xdb.schema import TOP_K
+from xdb.service import CALLBACK, ServiceSpec
+from xdb.ticks import TickBook
+from xdb.writer import FlushTimeout, WriterBackpressure, WriterStopped
+
+log = logging.getLogger("ahc.xdb")
+
+Part = list[TimestepRow] | TokenBatch
+START_TIMEOUT_S = 600.0   # opening replays from the audit what the experience file missed: can take a while
+STOP_TIMEOUT_S = 120.0    # the last commits after the stream closes
+RESTART_ATTEMPTS = 5
+
+
+class ServiceUnavailable(Unavailable):
+    """The XDB service died during the call (it is being started again): retry."""
+
+
+class ServiceProcess:
+    """One run of the service process: started, connected, stopped."""
+
+    def __init__(self, data_dir: Path, config: XDBConfig) -> None:
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="ahc-xdb-"))
+        self.spec = ServiceSpec(str(data_dir), config.model_dump(), str(self._socket_dir / "xdb.sock"),
+                                secrets.token_bytes(32))
+        ctx = multiprocessing.get_context("spawn")
+        status, child_status = ctx.Pipe(duplex=False)
+        # Daemonic: if this process exits without stopping it, the service does not keep it waiting.
+        self.process: BaseProcess = ctx.Process(target=service.main, args=(self.spec, child_status),
+                                                name="ahc-xdb", daemon=True)
+        self.process.start()
+        child_status.close()
+        try:
+            self._wait_ready(status)
+            self.stream = self.connect()
+            self.stream.send(("stream",))
+        except BaseException:
+            self.kill()
+            raise
+        self._pool: list[Connection] = []
+        self._pool_lock = threading.Lock()
+
+    def _wait_ready(self, status: Connection) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not status.poll(0.2):
+            if not self.process.is_alive():
+                raise RuntimeError(f"the XDB service exited during start-up (exit code {self.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the XDB service did not open {self.spec.data_dir} in {START_TIMEOUT_S:.0f} s")
+        kind, error = status.recv()
+        status.close()
+        if kind == "error":
+            raise error
+
+    def connect(self) -> Connection:
+        return Client(self.spec.address, "AF_UNIX", authkey=self.spec.authkey)
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        callbacks = {k: v for k, v in kwargs.items() if callable(v)}
+        sent = {k: CALLBACK if k in callbacks else v for k, v in kwargs.items()}
+        with self._pool_lock:
+            conn = self._pool.pop() if self._pool else None
+        try:
+            conn = conn or self.connect()
+            conn.send((name, args, sent))
+            while True:
+                kind, *rest = conn.recv()
+                if kind != "callback":
+                    break
+                conn.send(_run_callback(callbacks[rest[0]], rest[1]))
+        except (EOFError, OSError) as exc:
+            if conn is not None:
+                conn.close()
+            raise ServiceUnavailable(f"the XDB service stopped during {name}: {exc!r}") from exc
+        with self._pool_lock:
+            self._pool.append(conn)
+        if kind == "error":
+            raise rest[0]
+        return rest[0]
+
+    def stop(self) -> int | None:
+        """Tell the service to stop (it commits what it holds and exits) and wait for it. A message, not
+        closing the socket: another thread is reading it, and Linux does not end a connection while a
+        read on it is blocked."""
+        with contextlib.suppress(OSError):  # already gone: nothing to ask
+            self.stream.send(("close",))
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            log.error("the XDB service did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
+        self.kill()
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        for conn in [*getattr(self, "_pool", []), *([self.stream] if hasattr(self, "stream") else [])]:
+            conn.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def _run_callback(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # the service's call fails with this message; nothing is stored half-way
+        return "error", repr(exc)
+
+
+class RemoteWriter:
+    def __init__(self, data_dir: Path, config: XDBConfig, on_commit: Callable[[int], None] | None = None,
+                 on_restart: Callable[[], None] | None = None, k: int = TOP_K, send_interval_s: float = 0.05) -> None:
+        self._data_dir, self._config, self._k = data_dir, config, k
+        self.max_queue_rows, self.submit_timeout_s = config.max_queue_rows, config.submit_timeout_s
+        self.on_commit, self.on_restart = on_commit, on_restart
+        self.send_interval_s = send_interval_s
+        self.restarts = 0
+        self._cond = threading.Condition()
+        self._pending: deque[Part] = deque()   # accepted, not sent yet
+        self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
+        self._accepted = 0     # rows accepted since open
+        self._sent = 0         # rows sent to a service since open
+        self._credited = 0     # rows committed by services that have since died
+        self._acked = 0        # rows the current service reports committed
+        self._flush_asked = False
+        self._dead = False     # the current service's stream broke
+        self._closing = False
+        self._error: BaseException | None = None
+        self.process = ServiceProcess(data_dir, config)
+        self._listen(self.process)
+        self._sender = threading.Thread(target=self._send_loop, name="xdb-sender", daemon=True)
+        self._sender.start()
+
+    # -- the caller's side (as xdb.writer.Writer) --------------------------------------------------
+    @property
+    def rows_written(self) -> int:
+        return self._credited + self._acked
+
+    def queue_depth(self) -> int:
+        return self._accepted - self.rows_written
+
+    @property
+    def alive(self) -> bool:
+        return self._error is None and not self._closing
+
+    def try_submit(self, rows: Part) -> bool:
+        rows = self._checked(rows)
+        n = len(rows)
+        if not n:
+            return True
+        with self._cond:
+            self._check_alive()
+            depth = self.queue_depth()
+            if depth and depth + n > self.max_queue_rows:
+                return False
+            self._pending.append(rows)
+            self._accepted += n
+            if len(self._pending) == 1:
+                self._cond.notify_all()
+        return True
+
+    def submit(self, rows: Part, timeout: float | None = None) -> None:
+        timeout = self.submit_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        rows = self._checked(rows)
+        while not self.try_submit(rows):
+            with self._cond:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WriterBackpressure(f"XDB writer queue full ({self.queue_depth()} rows) for {timeout} s")
+                self._cond.wait(min(remaining, 0.1))
+
+    def flush(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._accepted
+            if self.rows_written >= target:
+                return
+            self._flush_asked = True
+            self._cond.notify_all()
+            while self.rows_written < target:
+                self._check_alive(closing_ok=True)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
+                self._cond.wait(remaining)
+
+    def request_flush(self) -> None:
+        with self._cond:
+            self._flush_asked = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Send and commit everything accepted, then stop the service."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._sender.join()
+        code = self.process.stop()
+        if self._error is not None:
+            raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
+        if self.rows_written < self._accepted:
+            raise WriterStopped(f"the XDB service stopped (exit code {code}) with "
+                                f"{self._accepted - self.rows_written} rows uncommitted")
+
+    def _checked(self, rows: Part) -> Part:
+        """Validated here, so a bad batch fails its caller, not the service."""
+        if isinstance(rows, TokenBatch):
+            rows.check(self._k)
+            if rows.created_at is None:  # stamped when it arrives, as a TimestepRow is when made
+                rows = dataclasses.replace(rows, created_at=time.time())
+            return rows
+        rows = list(rows)
+        check_rows(rows, self._k)
+        return rows
+
+    def _check_alive(self, closing_ok: bool = False) -> None:
+        if self._error is not None:
+            raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
+        if self._closing and not closing_ok:
+            raise WriterStopped("XDB writer is closed")
+
+    # -- the service's side ----------------------------------------------------------------------
+    def _listen(self, process: ServiceProcess) -> None:
+        threading.Thread(target=self._ack_loop, args=(process,), name="xdb-acks", daemon=True).start()
+
+    def _ack_loop(self, process: ServiceProcess) -> None:
+        """The service's commit counts; a broken stream marks the service dead (the sender restarts it)."""
+        while True:
+            try:
+                kind, total = process.stream.recv()
+            except (EOFError, OSError):
+                with self._cond:
+                    if process is self.process:
+                        self._dead = True
+                        self._cond.notify_all()
+                return
+            if kind != "committed":
+                continue
+            with self._cond:
+                if process is not self.process:
+                    return
+                delta, self._acked = total - self._acked, total
+                while self._held and self._held[0][0] <= self.rows_written:
+                    self._held.popleft()
+                self._cond.notify_all()
+            if self.on_commit is not None and delta:
+                try:
+                    self.on_commit(delta)
+                except Exception:  # a metrics hook must not stop recording
+                    log.exception("XDB on_commit callback failed")
+
+    def _send_loop(self) -> None:
+        try:
+            while self._send_once():
+                pass
+        except BaseException as exc:
+            log.exception("the XDB sender failed")
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _send_once(self) -> bool:
+        """Send what has gathered; False once closing and everything accepted is committed or given up."""
+        with self._cond:
+            while not (self._pending or self._flush_asked or self._dead or self._closing):
+                self._cond.wait()
+            if not (self._dead or self._flush_asked or self._closing):
+                self._cond.wait(self.send_interval_s)  # let a few more steps' rows gather
+            if self._dead:
+                parts = None
+            else:
+                parts = list(self._pending)
+                self._pending.clear()
+                for part in parts:
+                    self._sent += len(part)
+                    self._held.append((self._sent, part))
+                flush, self._flush_asked = self._flush_asked or self._closing, False
+            done = self._closing and not self._pending
+        if parts is None:
+            self._restart()
+            return True
+        try:
+            if parts:
+                self.process.stream.send(("rows", parts, False))
+            if flush:
+                self.process.stream.send(("flush",))
+        except OSError:  # the service died: these parts are held and go again to the next one
+            with self._cond:
+                self._dead = True
+            return True
+        if done:
+            return self._wait_committed()
+        return True
+
+    def _wait_committed(self) -> bool:
+        """Closing: wait until the service has committed everything; a service that dies meanwhile is
+        restarted and sent the held rows again."""
+        with self._cond:
+            while self.rows_written < self._accepted and not self._dead:
+                self._cond.wait(1.0)
+            return self._dead
+
+    def _restart(self) -> None:
+        dead = self.process
+        dead.kill()
+        log.error("the XDB service died (exit code %s); starting it again with %d uncommitted rows",
+                  dead.process.exitcode, self._sent - self.rows_written)
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            try:
+                process = ServiceProcess(self._data_dir, self._config)
+                break
+            except Exception:
+                if attempt == RESTART_ATTEMPTS:
+                    raise
+                log.exception("starting the XDB service again failed (attempt %d)", attempt)
+                time.sleep(attempt)
+        with self._cond:
+            self._credited += self._acked
+            self._acked = 0
+            self.process, self._dead = process, False
+            held = [part for _, part in self._held]
+        self._listen(process)
+        if held:
+            process.stream.send(("rows", held, True))
+        self.restarts += 1
+        if self.on_restart is not None:
+            self.on_restart()
+
+
+class RemoteXDB:
+    """XDB's interface, served by the XDB service process."""
+
+    def __init__(self, data_dir: Path | str, config: XDBConfig | None = None, *,
+                 on_commit: Callable[[int], None] | None = None, on_restart: Callable[[], None] | None = None) -> None:
+        config = config or XDBConfig()
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
+        self.max_document_bytes = config.max_document_bytes
+        self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.writer.close()
+
+    def __enter__(self) -> RemoteXDB:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.writer.process.call(name, args, kwargs)
+
+    def _call_after_flush(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """For calls that must see every row submitted before them (as the in-process XDB's do)."""
+        self.writer.flush()
+        return self._call(name, *args, **kwargs)
+
+    # -- recording -----------------------------------------------------------------------------
+    def next_ticks(self, session_id: str, n: int = 1) -> range:
+        return self._ticks.next_ticks(session_id, n)
+
+    def start_session(self, session_id: str) -> None:
+        self._ticks.start_session(session_id)
+
+    def committed_tick(self, session_id: str) -> int:
+        return int(self._call("committed_tick", session_id))
+
+    # -- everything else runs in the service ------------------------------------------------------
+    def recall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("recall", *args, **kwargs)
+
+    def concepts_list(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("concepts_list", *args, **kwargs)
+
+    def register_concepts(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("register_concepts", *args, **kwargs)
+
+    def buds(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("buds", *args, **kwargs)
+
+    def comments(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("comments", *args, **kwargs)
+
+    def tag(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("tag", *args, **kwargs)
+
+    def comment(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("comment", *args, **kwargs)
+
+    def create_tag(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("create_tag", *args, **kwargs)
+
+    def set_bud_status(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("set_bud_status", *args, **kwargs)
+
+    def documents(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("documents", *args, **kwargs)
+
+    def document(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("document", *args, **kwargs)
+
+    def document_versions(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("document_versions", *args, **kwargs)
+
+    def add_document(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("add_document", *args, **kwargs)
+
+    def update_document(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("update_document", *args, **kwargs)
+
+    def pin(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("pin", *args, **kwargs)
+
+    def unpin(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("unpin", *args, **kwargs)
+
+    def windows(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("windows", *args, **kwargs)
+
+    def submit_evidence(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("submit_evidence", *args, **kwargs)
+
+    def resolve_submission(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("resolve_submission", *args, **kwargs)
+
+    def compact(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("compact", *args, **kwargs)
+
+    def cold_records(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("cold_records", *args, **kwargs)
+
+    def state(self) -> Any:
+        state = self._call("state")
+        state["writer"] = {"queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written,
+                           "process_restarts": self.writer.restarts}
+        return state
+
+    def save_session_state(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("save_session_state", *args, **kwargs)
+
+    def load_session_state(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("load_session_state", *args, **kwargs)
+
+    def log_interaction(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("log_interaction", *args, **kwargs)
+
+    def interactions(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("interactions", *args, **kwargs)
+
+    def save_meta_knowledge(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("save_meta_knowledge", *args, **kwargs)
+
+    def meta_knowledge(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("meta_knowledge", *args, **kwargs)
+
+    def purge_run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("purge_run", *args, **kwargs)
+
+    def verify_audit(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("verify_audit", *args, **kwargs)
+
+    def audit_head(self) -> tuple[int, str]:
+        seq, head = self._call("audit_head")
+        return int(seq), str(head)
+
+    def audit_event(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("audit_event", *args, **kwargs)

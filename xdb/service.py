@@ -1,0 +1,203 @@
+"""The XDB service: a process of its own that owns the experience database and the audit log while a
+server runs, so their cost (Arrow conversion, the audit's SHA-256 chain, DuckDB's commits) and their
+threads' hold on the GIL stay out of the process that streams tokens — the way vLLM keeps its engine
+out of its API server.
+
+The server talks to it over Unix-socket connections (`multiprocessing.connection`, pickled messages):
+    the stream, the first connection: rows in, ("rows", parts, resent) and ("flush",) (commit what is
+        queued now); commit counts out, ("committed", total rows committed since this process began),
+        sent after every commit. Rows resent after a restart may have been committed before the crash:
+        those already stored are skipped and counted as committed.
+    calls, every further connection: (method, args, kwargs) → ("ok", result) | ("error", exception);
+        a keyword argument given as CALLBACK is a function of the caller's, run there on request
+        (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
+The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from ahc.config import XDBConfig
+from xdb.rows import TimestepRow, TokenBatch
+from xdb.store import XDB
+
+log = logging.getLogger("ahc.xdb.service")
+
+# The XDB methods a caller may run in the service (everything but opening and closing it).
+METHODS = frozenset({
+    "committed_tick", "recall", "concepts_list", "register_concepts", "buds", "comments", "tag", "comment",
+    "create_tag", "set_bud_status", "documents", "document", "document_versions", "add_document",
+    "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission", "compact",
+    "cold_records", "state", "save_session_state", "load_session_state", "log_interaction", "interactions",
+    "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head", "audit_event",
+})
+CALLBACK = "<callback>"
+# The server never sends more than the writer's queue holds (it counts what is uncommitted), so a
+# submit here waits only while a batch is being cut; this bound is for a writer that has hung.
+SUBMIT_TIMEOUT_S = 600.0
+
+Part = list[TimestepRow] | TokenBatch
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    data_dir: str
+    config: dict[str, Any]  # XDBConfig's fields
+    address: str            # the Unix socket the service listens on
+    authkey: bytes
+
+
+def main(spec: ServiceSpec, status: Connection) -> None:
+    """The process's entry point: open XDB, report ("ready", None) or ("error", exception) on `status`,
+    then serve until the stream closes."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The server stops this process itself, after its last rows: Ctrl-C in a terminal reaches the
+    # whole process group, and must not close the database under requests still finishing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        listener = Listener(spec.address, "AF_UNIX", authkey=spec.authkey)
+        service = Service()
+        service.xdb = XDB.open(Path(spec.data_dir), XDBConfig(**spec.config), on_commit=service.committed)
+    except BaseException as exc:
+        status.send(("error", portable(exc)))
+        return
+    status.send(("ready", None))
+    status.close()
+    try:
+        service.serve(listener)
+    finally:
+        listener.close()
+
+
+def portable(exc: BaseException) -> BaseException:
+    """The exception itself if it survives pickling, else a RuntimeError naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class Service:
+    def __init__(self) -> None:
+        self.xdb: XDB | None = None
+        self._stream: Connection | None = None
+        self._committed = 0
+        self._lock = threading.Lock()  # the commit count and the stream's sending side
+
+    def serve(self, listener: Listener) -> None:
+        assert self.xdb is not None
+        stream = listener.accept()
+        if stream.recv() != ("stream",):
+            raise RuntimeError("the XDB service's first connection must be the stream")
+        with self._lock:
+            self._stream = stream
+            if self._committed:
+                stream.send(("committed", self._committed))
+        threading.Thread(target=self._accept_calls, args=(listener,), name="xdb-calls", daemon=True).start()
+        try:
+            self._take_rows(stream)
+        finally:
+            self.xdb.close()  # commits what is queued; each commit is still reported on the stream
+            with self._lock:
+                self._stream = None
+            stream.close()
+
+    def committed(self, n: int) -> None:
+        """The writer committed n rows (XDB's on_commit hook); the server hears of it at once."""
+        with self._lock:
+            self._committed += n
+            if self._stream is not None:
+                try:
+                    self._stream.send(("committed", self._committed))
+                except OSError:  # the server is gone; the rows are committed all the same
+                    self._stream = None
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _take_rows(self, stream: Connection) -> None:
+        assert self.xdb is not None and self.xdb.writer is not None
+        while True:
+            try:
+                message = stream.recv()
+            except (EOFError, OSError):
+                return
+            if message[0] == "rows":
+                for part in message[1]:
+                    if message[2]:
+                        part = self._unstored(part)
+                    if len(part):
+                        self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
+            elif message[0] == "flush":
+                self.xdb.writer.request_flush()
+            elif message[0] == "close":
+                return
+
+    def _unstored(self, part: Part) -> Part:
+        """A resent part without the rows the previous process had already committed, which are
+        counted as committed now. Parts are committed in order, so those rows are its first ones."""
+        assert self.xdb is not None
+        session_id = part.session_id if isinstance(part, TokenBatch) else part[0].session_id
+        ticks = [int(t) for t in part.ticks] if isinstance(part, TokenBatch) else [r.tick for r in part]
+        if isinstance(part, list) and any(r.session_id != session_id for r in part):
+            stored = sum(self._stored(r.session_id, r.tick, r.tick) for r in part)
+        else:
+            stored = self._stored(session_id, min(ticks), max(ticks))
+        if not stored:
+            return part
+        self.committed(stored)
+        return part.slice(stored, len(part)) if isinstance(part, TokenBatch) else part[stored:]
+
+    def _stored(self, session_id: str, first: int, last: int) -> int:
+        assert self.xdb is not None
+        with self.xdb.cursor() as cur:
+            row = cur.execute("SELECT count(*) FROM timesteps WHERE session_id = ? AND tick BETWEEN ? AND ?",
+                              [session_id, first, last]).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- calls -----------------------------------------------------------------------------------
+    def _accept_calls(self, listener: Listener) -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:  # the listener closed: the service is stopping
+                return
+            threading.Thread(target=self._serve_calls, args=(conn,), name="xdb-call", daemon=True).start()
+
+    def _serve_calls(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    name, args, kwargs = conn.recv()
+                except (EOFError, OSError):
+                    return
+                try:
+                    result = self._call(conn, name, args, kwargs)
+                except Exception as exc:
+                    conn.send(("error", portable(exc)))
+                else:
+                    conn.send(("ok", result))
+
+    def _call(self, conn: Connection, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name not in METHODS:
+            raise ValueError(f"the XDB service has no method {name!r}")
+        kwargs = {key: _callback(conn, key) if value == CALLBACK else value for key, value in kwargs.items()}
+        return getattr(self.xdb, name)(*args, **kwargs)
+
+
+def _callback(conn: Connection, name: str) -> Any:
+    """A function that runs the caller's `name` argument in the caller's process."""
+    def call(*args: Any) -> Any:
+        conn.send(("callback", name, args))
+        status, value = conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"the server's {name} failed: {value}")
+        return value
+    return call
