@@ -149,3 +149,15 @@ def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **para
         if len(rows) >= count or time.monotonic() > deadline:
             return rows
         time.sleep(0.05)
+
+
+def scrape_metrics(base_url: str) -> dict[str, float]:
+    """The server's /metrics: every unlabelled sample and every `ahc_` one (the last of each name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
+        for sample in family.samples:
+            if not sample.labels or sample.name.startswith("ahc_"):
+                samples[sample.name] = sample.value
+    return samples

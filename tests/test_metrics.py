@@ -5,32 +5,23 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from ahc.server_process import scrape_metrics
 
 pytestmark = pytest.mark.engine
 
 PREFIX = " ".join(f"Observation {i}: the left neighbour decides the next symbol." for i in range(40))
 
 
-def scrape(base_url: str) -> dict[str, float]:
-    text = httpx.get(f"{base_url}/metrics").text
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.labels or sample.name.startswith("ahc_"):
-                samples[sample.name] = sample.value
-    return samples
-
-
 def test_metrics_present_and_consistent(server, client: openai.OpenAI, model_name: str) -> None:
-    before = scrape(server.base_url)
+    before = scrape_metrics(server.base_url)
     usages = []
     for question in ("one", "two", "three"):
         reply = client.chat.completions.create(
             model=model_name, max_tokens=2, temperature=0,
             messages=[{"role": "system", "content": PREFIX}, {"role": "user", "content": question}])
         usages.append(reply.usage)
-    after = scrape(server.base_url)
+    after = scrape_metrics(server.base_url)
 
     for name in ("ahc_prompt_tokens_total", "ahc_cached_prompt_tokens_total", "ahc_prefix_cache_hit_ratio",
                  "ahc_kv_cache_usage_ratio", "ahc_vram_used_bytes", "ahc_vram_total_bytes",

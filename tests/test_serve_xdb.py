@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ahc.server_process import free_port, recall, recall_until, start_server
+from ahc.server_process import free_port, recall, recall_until, scrape_metrics, start_server
+from xdb.service import PROCESS_TITLE
 
 pytestmark = pytest.mark.engine
 
@@ -42,6 +43,33 @@ def test_a_request_without_session_gets_one_and_streams_are_recorded(server, cli
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     tokens = recall_until(server, chunks[-1].usage.completion_tokens, session_id=session, event_types="output")
     assert "".join(t["content"] for t in tokens) == text
+
+
+def xdb_service(server) -> psutil.Process:
+    [service] = [p for p in psutil.Process(server.process.pid).children() if p.name() == PROCESS_TITLE[:15]
+                 or PROCESS_TITLE in " ".join(p.cmdline())]
+    return service
+
+
+def test_a_killed_xdb_service_is_restarted_mid_reply_and_every_token_recorded(server, client, model_name) -> None:
+    service = xdb_service(server)
+    restarts = scrape_metrics(server.base_url).get("ahc_xdb_service_restarts_total", 0)
+    stream = client.chat.completions.create(
+        model=model_name, max_tokens=48, temperature=0, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "survive a crash"}],
+        extra_body={"context": {"session_id": "xdb-restart"}})
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            service.kill()  # SIGKILL: the rows it had not committed are gone with it
+    n = chunks[-1].usage.completion_tokens
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    tokens = recall_until(server, n, session_id="xdb-restart", event_types="output")
+    assert [t["tick"] for t in tokens] == list(range(tokens[0]["tick"], tokens[0]["tick"] + n))
+    assert "".join(t["content"] for t in tokens) == text
+    assert xdb_service(server).pid != service.pid
+    assert scrape_metrics(server.base_url)["ahc_xdb_service_restarts_total"] == restarts + 1
 
 
 def test_tool_calls_and_results_are_recorded(server, client, model_name, no_whitespace_bias) -> None:

@@ -384,13 +384,13 @@ class RemoteXDB:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self.writer.process.call(name, args, kwargs)
+    def _call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        return self.writer.process.call(method, args, kwargs)
 
-    def _call_after_flush(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    def _call_after_flush(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
         """For calls that must see every row submitted before them (as the in-process XDB's do)."""
         self.writer.flush()
-        return self._call(name, *args, **kwargs)
+        return self._call(method, *args, **kwargs)
 
     # -- recording -----------------------------------------------------------------------------
     def next_ticks(self, session_id: str, n: int = 1) -> range:

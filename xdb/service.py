@@ -40,6 +40,7 @@ METHODS = frozenset({
     "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head", "audit_event",
 })
 CALLBACK = "<callback>"
+PROCESS_TITLE = "AHC::XDB"
 # The server never sends more than the writer's queue holds (it counts what is uncommitted), so a
 # submit here waits only while a batch is being cut; this bound is for a writer that has hung.
 SUBMIT_TIMEOUT_S = 600.0
@@ -62,6 +63,7 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     # The server stops this process itself, after its last rows: Ctrl-C in a terminal reaches the
     # whole process group, and must not close the database under requests still finishing.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_process()
     try:
         listener = Listener(spec.address, "AF_UNIX", authkey=spec.authkey)
         service = Service()
@@ -75,6 +77,15 @@ def main(spec: ServiceSpec, status: Connection) -> None:
         service.serve(listener)
     finally:
         listener.close()
+
+
+def name_process() -> None:
+    """`AHC::XDB` in ps and top, as vLLM names its engine `VLLM::EngineCore` (with the same package)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # optional: without it the process shows as a Python interpreter
+        return
+    setproctitle(PROCESS_TITLE)
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -1,0 +1,117 @@
+"""The XDB service process (RemoteXDB): the same answers as the in-process XDB, errors that keep their
+type across the process boundary, callbacks into the caller, back-pressure counted without a round
+trip, and a service killed mid-stream that is started again with every accepted row stored once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ahc.config import XDBConfig
+from xdb import XDB, RecallFilterError, RemoteXDB, TimestepRow, TokenBatch, WriterBackpressure, verify_audit
+from xdb.remote import ServiceProcess
+
+NAMES = ["joy", "fear"]
+
+
+def batch(xdb: RemoteXDB | XDB, session: str, words: list[str], activations: bool = False) -> TokenBatch:
+    ticks = xdb.next_ticks(session, len(words))
+    n = len(words)
+    return TokenBatch(session, ticks, words, token_ids=np.arange(n), request_id="r",
+                      concept_names=NAMES if activations else (),
+                      concept_index=np.tile([[0, 1]], (n, 1)) if activations else None,
+                      concept_values=np.full((n, 2), 0.5, np.float32) if activations else None)
+
+
+def test_rows_calls_and_errors_go_through_the_service(tmp_path: Path) -> None:
+    with RemoteXDB(tmp_path / "x") as xdb:
+        assert xdb.writer.process.process.pid != os.getpid()
+        xdb.writer.submit(batch(xdb, "s", ["Hel", "lo"], activations=True))
+        xdb.writer.submit([TimestepRow("s", t, "input", "user", "hi") for t in xdb.next_ticks("s", 1)])
+        xdb.writer.flush(10)
+        assert xdb.writer.queue_depth() == 0 and xdb.writer.rows_written == 3
+        rows = xdb.recall(session_id="s")
+        assert [(r["tick"], r["content"]) for r in rows] == [(0, "Hel"), (1, "lo"), (2, "hi")]
+        assert rows[0]["concept_activations"] == {"joy": 0.5, "fear": 0.5}
+        # A tag on a row submitted just now: the call sees every row submitted before it.
+        xdb.writer.submit(batch(xdb, "s", ["!"]))
+        assert xdb.tag("t", session_id="s", tick=3)["timestep_id"] == 3
+        with pytest.raises(RecallFilterError) as bad:
+            xdb.recall(limit=0)
+        assert bad.value.param == "limit" and isinstance(bad.value, ValueError)
+        seen: list[str] = []
+        report = xdb.compact("s", compress_released=True, summarize=lambda text: seen.append(text) or "summary")
+        assert report["compaction"]["summary"] == "summary" and seen  # the summarizer ran here
+        assert xdb.verify_audit().ok
+    # Closed: everything committed, and the files open in-process as before.
+    with XDB.open(tmp_path / "x") as xdb:
+        assert list(xdb.next_ticks("s", 1)) == [4]
+    assert verify_audit(tmp_path / "x").ok
+
+
+def test_closing_commits_what_was_never_flushed(tmp_path: Path) -> None:
+    with RemoteXDB(tmp_path / "x") as xdb:
+        for _ in range(50):
+            xdb.writer.submit(batch(xdb, "s", ["a", "b"]))
+    with XDB.open(tmp_path / "x") as xdb:
+        assert len(xdb.recall(session_id="s", limit=1000)) == 100
+
+
+def test_a_killed_service_is_restarted_and_loses_no_accepted_row(tmp_path: Path) -> None:
+    restarts: list[int] = []
+    with RemoteXDB(tmp_path / "x", on_restart=lambda: restarts.append(1)) as xdb:
+        first = xdb.writer.process.process.pid
+        for i in range(300):
+            xdb.writer.submit(batch(xdb, "s", ["a", "b", "c"], activations=i % 2 == 0))
+            if i == 150:
+                os.kill(first, signal.SIGKILL)
+            time.sleep(0.001)
+        xdb.writer.flush(60)
+        assert restarts == [1] and xdb.writer.process.process.pid != first
+        rows = xdb.recall(session_id="s", limit=10_000)
+        assert [r["tick"] for r in rows] == list(range(900))  # each once, in order
+        assert sum(1 for r in rows if r["concept_activations"]) == 450
+        assert xdb.state()["writer"]["process_restarts"] == 1
+        assert xdb.verify_audit().ok
+
+
+def test_back_pressure_is_counted_here_and_released_when_the_service_catches_up(tmp_path: Path) -> None:
+    config = XDBConfig(max_queue_rows=10, submit_timeout_s=0.3)
+    with RemoteXDB(tmp_path / "x", config) as xdb:
+        pid = xdb.writer.process.process.pid
+        xdb.start_session("s")  # a new session's ticks need no call to the service
+        os.kill(pid, signal.SIGSTOP)  # a service that stops taking rows, like a disk that stalls
+        try:
+            assert xdb.writer.try_submit(batch(xdb, "s", list("abcdefgh")))
+            assert not xdb.writer.try_submit(batch(xdb, "s", list("xyz")))
+            with pytest.raises(WriterBackpressure):
+                xdb.writer.submit(batch(xdb, "s", list("xyz")))
+            assert xdb.writer.queue_depth() == 8
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        xdb.writer.submit(batch(xdb, "s", list("xyz")), timeout=10)  # room again once the first rows commit
+        xdb.writer.flush(10)
+        # The refused batches reserved ticks 8-13 and were never stored; the accepted one follows them.
+        assert [r["tick"] for r in xdb.recall(session_id="s")] == [*range(8), 14, 15, 16]
+
+
+def test_a_corrupt_database_fails_the_start_and_is_left_untouched(tmp_path: Path) -> None:
+    data = tmp_path / "x"
+    data.mkdir()
+    (data / "experience.duckdb").write_bytes(b"not a database" * 100)
+    with pytest.raises(ValueError):
+        RemoteXDB(data)
+    assert (data / "experience.duckdb").read_bytes() == b"not a database" * 100
+
+
+def test_the_service_stops_when_its_server_goes_away(tmp_path: Path) -> None:
+    process = ServiceProcess(tmp_path / "x", XDBConfig())
+    process.stream.close()  # as when the server's process dies: the connection ends
+    process.process.join(30)
+    assert process.process.exitcode == 0
+    process.kill()
