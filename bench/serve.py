@@ -18,6 +18,7 @@ is verified with `ahc xdb verify-audit` (DuckDB locks the file while the server 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_ROUNDS, SCALING_STREAMS, Profile
 from bench.stream_load import Load, Round, Target, latency_ms, measure
+from xdb.service import PROCESS_TITLE
 
 MAX_MODEL_LEN = 2048
 RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
@@ -72,7 +74,10 @@ class Side:
     def measure(self, load: Load) -> Round:
         if self.target.pid and self.children is None:
             self.children = len(psutil.Process(self.target.pid).children(recursive=True))
-        result = measure(self.target, load)
+        target = self.target
+        if target.pid and self.check_xdb:
+            target = dataclasses.replace(target, xdb_pid=xdb_service_pid(target.pid))
+        result = measure(target, load)
         if self.check_xdb or any(r.session_id for r in result.replies):
             self.check_recording(result)
         return result
@@ -127,12 +132,23 @@ def verify_audit(data_dir: Path) -> str:
     return result.stdout.strip()
 
 
+def xdb_service_pid(api_pid: int) -> int | None:
+    """AHC's XDB service: the API process's child with its process title (None: XDB runs in-process)."""
+    for child in psutil.Process(api_pid).children():
+        if PROCESS_TITLE in " ".join(child.cmdline()):
+            return child.pid
+    return None
+
+
 def side_figures(side: Side, rounds: Sequence[Round]) -> dict[str, float]:
     p = side.prefix
     figures = {f"{p}tok_per_s": statistics.median(r.tok_per_s for r in rounds)}
     cpu = [r.cpu_us_per_token for r in rounds]
     if all(c is not None for c in cpu):
         figures[f"{p}cpu_us_per_token"] = statistics.median(c for c in cpu if c is not None)
+    xdb_cpu = [r.xdb_cpu_us_per_token for r in rounds]
+    if all(c is not None for c in xdb_cpu):
+        figures[f"{p}xdb_cpu_us_per_token"] = statistics.median(c for c in xdb_cpu if c is not None)
     figures.update({f"{p}{name}": value for name, value in latency_ms(rounds).items()})
     figures[f"{p}tokens_per_chunk"] = sum(r.tokens for r in rounds) / max(sum(r.chunks for r in rounds), 1)
     return figures
@@ -145,6 +161,9 @@ def side_notes(side: Side, rounds: Sequence[Round]) -> dict[str, str]:
     if side.target.pid:
         notes[f"cpu_{name}"] = (f"API process (pid {side.target.pid}) only, user+system; not its "
                                 f"{side.children} child processes")
+        if side.check_xdb:
+            notes[f"xdb_cpu_{name}"] = ("AHC's XDB service process (the database, its writer, the audit chain), "
+                                        "measured apart from the API process: xdb_cpu_us_per_token")
     if side.recorded_rows:
         notes[f"xdb_{name}"] = (f"every round checked: {side.recorded_rows} output rows for as many completion "
                                 f"tokens, {side.rows_with_activations} with concept activations")

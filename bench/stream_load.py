@@ -44,6 +44,7 @@ class Target:
     model: str
     api_key: str | None = None
     pid: int | None = None
+    xdb_pid: int | None = None  # AHC's XDB service process, measured on its own
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Round:
     wall_s: float
     client_cpu_s: float
     api_cpu_s: float | None  # None when the API process is not known
+    xdb_cpu_s: float | None = None  # AHC's XDB service process, when known
 
     @property
     def tokens(self) -> int:
@@ -84,6 +86,10 @@ class Round:
     @property
     def cpu_us_per_token(self) -> float | None:
         return None if self.api_cpu_s is None else cpu_us_per_token(self.api_cpu_s, self.tokens)
+
+    @property
+    def xdb_cpu_us_per_token(self) -> float | None:
+        return None if self.xdb_cpu_s is None else cpu_us_per_token(self.xdb_cpu_s, self.tokens)
 
     @property
     def client_cpu_us_per_token(self) -> float:
@@ -162,11 +168,13 @@ async def run_round(target: Target, load: Load) -> Round:
             return [await one_reply(session, target, load, c, i) for i in range(load.requests)]
 
         api_before = process_cpu_s(target.pid) if target.pid else None
+        xdb_before = process_cpu_s(target.xdb_pid) if target.xdb_pid else None
         client_before, started = time.process_time(), time.perf_counter()
         replies = [r for rs in await asyncio.gather(*(client(c) for c in range(load.clients))) for r in rs]
         wall, client_cpu = time.perf_counter() - started, time.process_time() - client_before
         api_cpu = process_cpu_s(target.pid) - api_before if target.pid and api_before is not None else None
-    result = Round(replies, wall, client_cpu, api_cpu)
+        xdb_cpu = process_cpu_s(target.xdb_pid) - xdb_before if target.xdb_pid and xdb_before is not None else None
+    result = Round(replies, wall, client_cpu, api_cpu, xdb_cpu)
     if result.tokens != load.expected_tokens:
         raise RuntimeError(f"{target.base_url}: {result.tokens} completion tokens, expected {load.expected_tokens}")
     return result
