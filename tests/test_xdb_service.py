@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from ahc.config import XDBConfig
-from xdb import XDB, RecallFilterError, RemoteXDB, TimestepRow, TokenBatch, WriterBackpressure, verify_audit
+from xdb import (
+    XDB,
+    RecallFilterError,
+    RemoteXDB,
+    TimestepRow,
+    TokenBatch,
+    WriterBackpressure,
+    WriterStopped,
+    verify_audit,
+)
 from xdb.remote import ServiceProcess
 
 NAMES = ["joy", "fear"]
@@ -115,3 +124,23 @@ def test_the_service_stops_when_its_server_goes_away(tmp_path: Path) -> None:
     process.process.join(30)
     assert process.process.exitcode == 0
     process.kill()
+
+
+def test_a_service_that_keeps_dying_stops_recording_instead_of_restarting_forever(tmp_path: Path) -> None:
+    xdb = RemoteXDB(tmp_path / "x")
+    xdb.start_session("s")
+    for restarts in range(1, 5):
+        xdb.writer.submit(batch(xdb, "s", ["a"]))
+        xdb.writer.flush(10)
+        os.kill(xdb.writer.process.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while xdb.writer.restarts < restarts and xdb.writer.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert xdb.writer.restarts == 3 and not xdb.writer.alive  # the fourth death in a minute is final
+    with pytest.raises(WriterStopped):
+        xdb.writer.submit(batch(xdb, "s", ["b"]))
+    with pytest.raises(WriterStopped):  # closing reports why recording stopped
+        xdb.close()
+    # Each row was committed before its service died, and none twice.
+    with XDB.open(tmp_path / "x") as reopened:
+        assert [r["tick"] for r in reopened.recall(session_id="s")] == [0, 1, 2, 3]

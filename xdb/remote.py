@@ -43,6 +43,9 @@ Part = list[TimestepRow] | TokenBatch
 START_TIMEOUT_S = 600.0   # opening replays from the audit what the experience file missed: can take a while
 STOP_TIMEOUT_S = 120.0    # the last commits after the stream closes
 RESTART_ATTEMPTS = 5
+# A service that dies this often is failing on what it is sent (a full disk, a broken file), not
+# crashing by accident: recording stops (the server answers 503) rather than restarting it forever.
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
 
 
 class ServiceUnavailable(Unavailable):
@@ -147,6 +150,7 @@ class RemoteWriter:
         self.on_commit, self.on_restart = on_commit, on_restart
         self.send_interval_s = send_interval_s
         self.restarts = 0
+        self._restarted_at: deque[float] = deque(maxlen=MAX_RESTARTS)
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()   # accepted, not sent yet
         self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
@@ -336,6 +340,10 @@ class RemoteWriter:
     def _restart(self) -> None:
         dead = self.process
         dead.kill()
+        if len(self._restarted_at) == MAX_RESTARTS and time.monotonic() - self._restarted_at[0] < RESTART_WINDOW_S:
+            raise WriterStopped(f"the XDB service died {MAX_RESTARTS + 1} times in {RESTART_WINDOW_S:.0f} s (last exit "
+                                f"code {dead.process.exitcode}); {self._sent - self.rows_written} rows uncommitted")
+        self._restarted_at.append(time.monotonic())
         log.error("the XDB service died (exit code %s); starting it again with %d uncommitted rows",
                   dead.process.exitcode, self._sent - self.rows_written)
         for attempt in range(1, RESTART_ATTEMPTS + 1):
