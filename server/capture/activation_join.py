@@ -66,6 +66,8 @@ class ActivationJoin:
         """Everything held: wait up to `wait_s` for activations in flight, then release all."""
         deadline = time.monotonic() + wait_s
         runs = self.ready()
+        if self.ids:
+            self.inbox.wake()
         while self.ids and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
             runs += self.ready()

@@ -81,6 +81,7 @@ def start_capture(config: AHCConfig) -> CaptureSetup | None:
     inbox = ActivationInbox(k)
     socket_dir = tempfile.mkdtemp(prefix="ahc-lens-")
     receiver = ActivationReceiver(f"ipc://{socket_dir}/activations", inbox.put, inbox.evict_stale)
+    inbox.wake = receiver.wake
     if config.lens.source == "logit_lens" and not pack.extra.get("token_sets"):
         raise ValueError(f"lens.source: logit_lens needs a pack with token sets ({config.lens.pack} has none; "
                          "retrain it with `ahc lens train`)")

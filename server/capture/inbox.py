@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,8 @@ class ActivationInbox:
         self._requests: dict[str, _Request] = {}
         self._lock = threading.Lock()
         self._last_eviction = time.monotonic()
+        # Asks the receiver to deliver what has arrived now (a reply is waiting for its last rows).
+        self.wake: Callable[[], None] = lambda: None
 
     def put(self, step: StepActivations) -> None:
         now = time.monotonic()

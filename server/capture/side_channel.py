@@ -133,7 +133,7 @@ class ActivationReceiver:
     """API side: a thread that PULLs step messages and hands each to `deliver`."""
 
     def __init__(self, address: str, deliver: Callable[[StepActivations], None],
-                 on_idle: Callable[[], None] = lambda: None) -> None:
+                 on_idle: Callable[[], None] = lambda: None, drain_interval_s: float = 0.05) -> None:
         import zmq
 
         self._context = zmq.Context.instance()
@@ -142,7 +142,13 @@ class ActivationReceiver:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)  # bound before the engine starts, so no early step is lost
         self._deliver, self._on_idle = deliver, on_idle
+        # Woken at most this often while steps stream in: each wake takes the GIL from the event loop,
+        # and at GPU rates one per engine step costs the loop more than the messages themselves do.
+        # Tokens wait for their activations in chunks anyway (the recorder's TokenStream); a reply
+        # that is finishing calls `wake` so its last tokens do not wait out the interval.
+        self.drain_interval_s = drain_interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ahc-lens-receiver", daemon=True)
         self._thread.start()
 
@@ -165,8 +171,15 @@ class ActivationReceiver:
                 except (ValueError, KeyError) as exc:  # a malformed message loses its rows, not the thread
                     print(f"ahc lens: dropped a bad activation message: {exc}", flush=True)
             self._on_idle()
+            self._wake.wait(self.drain_interval_s)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Drain the socket now rather than at the end of the interval."""
+        self._wake.set()
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         self._socket.close()
