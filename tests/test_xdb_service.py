@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -144,3 +145,15 @@ def test_a_service_that_keeps_dying_stops_recording_instead_of_restarting_foreve
     # Each row was committed before its service died, and none twice.
     with XDB.open(tmp_path / "x") as reopened:
         assert [r["tick"] for r in reopened.recall(session_id="s")] == [0, 1, 2, 3]
+
+
+def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path) -> None:
+    holder = XDB.open(tmp_path / "x")  # the files' lock, as a killed server's service still closing holds it
+    holder.writer.submit([TimestepRow("s", t, "input", "user", "kept") for t in holder.next_ticks("s", 2)])
+    release = threading.Timer(1.5, holder.close)
+    release.start()
+    started = time.monotonic()
+    with RemoteXDB(tmp_path / "x") as xdb:
+        assert time.monotonic() - started >= 1.0  # it waited instead of failing
+        assert [r["content"] for r in xdb.recall(session_id="s")] == ["kept", "kept"]
+    release.join()

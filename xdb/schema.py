@@ -106,6 +106,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
+class DatabaseInUse(ValueError):
+    """Another process holds the file's lock (another server, or one still closing)."""
+
+
 def connect_checked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open a DuckDB file, turning DuckDB's errors about foreign, corrupt or locked files into one
     clear ValueError that names the file."""
@@ -116,7 +120,7 @@ def connect_checked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyCo
     except duckdb.Error as exc:
         detail = " ".join(str(exc).split())
         if "lock" in detail.lower():
-            raise ValueError(f"{path} is in use by another process: {detail}") from exc
+            raise DatabaseInUse(f"{path} is in use by another process: {detail}") from exc
         raise ValueError(f"{path} is not a usable DuckDB database (corrupt or foreign file); "
                          f"refusing to reset it: {detail}") from exc
 

@@ -20,6 +20,7 @@ import logging
 import pickle
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from ahc.config import XDBConfig
 from xdb.rows import TimestepRow, TokenBatch
+from xdb.schema import DatabaseInUse
 from xdb.store import XDB
 
 log = logging.getLogger("ahc.xdb.service")
@@ -44,6 +46,7 @@ PROCESS_TITLE = "AHC::XDB"
 # The server never sends more than the writer's queue holds (it counts what is uncommitted), so a
 # submit here waits only while a batch is being cut; this bound is for a writer that has hung.
 SUBMIT_TIMEOUT_S = 600.0
+LOCK_WAIT_S = 10.0
 
 Part = list[TimestepRow] | TokenBatch
 
@@ -67,7 +70,7 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     try:
         listener = Listener(spec.address, "AF_UNIX", authkey=spec.authkey)
         service = Service()
-        service.xdb = XDB.open(Path(spec.data_dir), XDBConfig(**spec.config), on_commit=service.committed)
+        service.xdb = open_when_free(spec, service)
     except BaseException as exc:
         status.send(("error", portable(exc)))
         return
@@ -77,6 +80,20 @@ def main(spec: ServiceSpec, status: Connection) -> None:
         service.serve(listener)
     finally:
         listener.close()
+
+
+def open_when_free(spec: ServiceSpec, service: Service) -> XDB:
+    """XDB.open, waiting up to LOCK_WAIT_S while another process holds the files: a server killed
+    outright leaves its service committing its last rows for a moment, and a restart must not fail on it."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return XDB.open(Path(spec.data_dir), XDBConfig(**spec.config), on_commit=service.committed)
+        except DatabaseInUse:
+            if time.monotonic() > deadline:
+                raise
+            log.info("%s is held by another process; waiting for it to close", spec.data_dir)
+            time.sleep(0.5)
 
 
 def name_process() -> None:
