@@ -35,7 +35,7 @@ from xdb.rows import TimestepRow, TokenBatch, check_rows
 from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
 from xdb.ticks import TickBook
-from xdb.writer import FlushTimeout, WriterBackpressure, WriterStopped
+from xdb.writer import WriterBackpressure, WriterStopped, wait_committed
 
 log = logging.getLogger("ahc.xdb")
 
@@ -207,19 +207,14 @@ class RemoteWriter:
                 self._cond.wait(min(remaining, 0.1))
 
     def flush(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._accepted
             if self.rows_written >= target:
                 return
             self._flush_asked = True
             self._cond.notify_all()
-            while self.rows_written < target:
-                self._check_alive(closing_ok=True)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
-                self._cond.wait(remaining)
+            wait_committed(self._cond, target, lambda: self.rows_written,
+                           lambda: self._check_alive(closing_ok=True), timeout)
 
     def request_flush(self) -> None:
         with self._cond:

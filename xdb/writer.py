@@ -128,6 +128,19 @@ def _split(part: Part, n: int) -> tuple[Part, Part]:
     return part[:n], part[n:]
 
 
+def wait_committed(cond: threading.Condition, target: int, written: Callable[[], int],
+                   check_alive: Callable[[], None], timeout: float | None) -> None:
+    """With `cond` held, wait until `written()` rows reach `target`; FlushTimeout once `timeout` is out.
+    `check_alive` raises when nothing will ever be committed again."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while written() < target:
+        check_alive()
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise FlushTimeout(f"XDB flush: {target - written()} rows still uncommitted")
+        cond.wait(remaining)
+
+
 def last_timestep_id(conn: duckdb.DuckDBPyConnection) -> int:
     row = conn.execute("SELECT value FROM xdb_meta WHERE key = 'last_timestep_id'").fetchone()
     return -1 if row is None else int(row[0])
@@ -230,17 +243,11 @@ class Writer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every row submitted before this call is committed (audit and experience)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._submitted
             self._flush_target = max(self._flush_target, target)
             self._cond.notify_all()
-            while self.rows_written < target:
-                self._check_alive()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise FlushTimeout(f"XDB flush: {target - self.rows_written} rows still uncommitted")
-                self._cond.wait(remaining)
+            wait_committed(self._cond, target, lambda: self.rows_written, self._check_alive, timeout)
 
     def request_flush(self) -> None:
         """Commit everything queued now rather than at the latency deadline, without waiting for it."""
