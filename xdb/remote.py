@@ -357,7 +357,11 @@ class RemoteWriter:
             held = [part for _, part in self._held]
         self._listen(process)
         if held:
-            process.stream.send(("rows", held, True))
+            try:
+                process.stream.send(("rows", held, True))
+            except OSError:  # this one died at once too: the rows stay held for the next
+                with self._cond:
+                    self._dead = True
         self.restarts += 1
         if self.on_restart is not None:
             self.on_restart()
