@@ -13,7 +13,6 @@ lost or written twice. `RemoteXDB` runs every other call in the service over a p
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import multiprocessing
 import secrets
@@ -31,11 +30,11 @@ from typing import Any
 from ahc.config import XDBConfig
 from ahc.errors import Unavailable
 from xdb import service
-from xdb.rows import TimestepRow, TokenBatch, check_rows
+from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
 from xdb.ticks import TickBook
-from xdb.writer import WriterBackpressure, WriterStopped, wait_committed
+from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 
 log = logging.getLogger("ahc.xdb")
 
@@ -180,7 +179,22 @@ class RemoteWriter:
         return self._error is None and not self._closing
 
     def try_submit(self, rows: Part) -> bool:
-        rows = self._checked(rows)
+        return self._offer(accepted(rows, self._k))
+
+    def submit(self, rows: Part, timeout: float | None = None) -> None:
+        timeout = self.submit_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        rows = accepted(rows, self._k)
+        while not self._offer(rows):
+            with self._cond:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WriterBackpressure(f"XDB writer queue full ({self.queue_depth()} rows) for {timeout} s")
+                self._cond.wait(min(remaining, 0.1))
+
+    def _offer(self, rows: Part) -> bool:
+        """Queue validated rows if the uncommitted count leaves room; an oversized part still goes
+        into an empty queue, so it can never wait forever."""
         n = len(rows)
         if not n:
             return True
@@ -194,17 +208,6 @@ class RemoteWriter:
             if len(self._pending) == 1:
                 self._cond.notify_all()
         return True
-
-    def submit(self, rows: Part, timeout: float | None = None) -> None:
-        timeout = self.submit_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        rows = self._checked(rows)
-        while not self.try_submit(rows):
-            with self._cond:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WriterBackpressure(f"XDB writer queue full ({self.queue_depth()} rows) for {timeout} s")
-                self._cond.wait(min(remaining, 0.1))
 
     def flush(self, timeout: float | None = None) -> None:
         with self._cond:
@@ -233,17 +236,6 @@ class RemoteWriter:
         if self.rows_written < self._accepted:
             raise WriterStopped(f"the XDB service stopped (exit code {code}) with "
                                 f"{self._accepted - self.rows_written} rows uncommitted")
-
-    def _checked(self, rows: Part) -> Part:
-        """Validated here, so a bad batch fails its caller, not the service."""
-        if isinstance(rows, TokenBatch):
-            rows.check(self._k)
-            if rows.created_at is None:  # stamped when it arrives, as a TimestepRow is when made
-                rows = dataclasses.replace(rows, created_at=time.time())
-            return rows
-        rows = list(rows)
-        check_rows(rows, self._k)
-        return rows
 
     def _check_alive(self, closing_ok: bool = False) -> None:
         if self._error is not None:

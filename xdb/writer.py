@@ -128,6 +128,17 @@ def _split(part: Part, n: int) -> tuple[Part, Part]:
     return part[:n], part[n:]
 
 
+def accepted(rows: Part, k: int) -> Part:
+    """Rows as a writer takes them: validated at submit time, so a bad batch fails its caller and not
+    the writer, and a TokenBatch stamped with its arrival time as a TimestepRow is when made."""
+    if isinstance(rows, TokenBatch):
+        rows.check(k)
+        return rows if rows.created_at is not None else dataclasses.replace(rows, created_at=time.time())
+    rows = list(rows)
+    check_rows(rows, k)
+    return rows
+
+
 def wait_committed(cond: threading.Condition, target: int, written: Callable[[], int],
                    check_alive: Callable[[], None], timeout: float | None) -> None:
     """With `cond` held, wait until `written()` rows reach `target`; FlushTimeout once `timeout` is out.
@@ -210,13 +221,7 @@ class Writer:
             await asyncio.to_thread(self.submit, rows, timeout)
 
     def _offer(self, rows: Part, *, block: bool, timeout: float) -> bool:
-        if isinstance(rows, TokenBatch):
-            rows.check(self._k)
-            if rows.created_at is None:  # stamped when it arrives, as a TimestepRow is when made
-                rows = dataclasses.replace(rows, created_at=time.time())
-        else:
-            rows = list(rows)
-            check_rows(rows, self._k)
+        rows = accepted(rows, self._k)
         n = len(rows)
         if not n:
             return True
