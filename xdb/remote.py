@@ -55,6 +55,9 @@ class ServiceProcess:
     """One run of the service process: started, connected, stopped."""
 
     def __init__(self, data_dir: Path, config: XDBConfig) -> None:
+        self._pool: list[Connection] = []  # idle call connections
+        self._pool_lock = threading.Lock()
+        self._opened: list[Connection] = []  # every connection made to this run, closed by kill()
         self._socket_dir = Path(tempfile.mkdtemp(prefix="ahc-xdb-"))
         self.spec = ServiceSpec(str(data_dir), config.model_dump(), str(self._socket_dir / "xdb.sock"),
                                 secrets.token_bytes(32))
@@ -72,8 +75,6 @@ class ServiceProcess:
         except BaseException:
             self.kill()
             raise
-        self._pool: list[Connection] = []
-        self._pool_lock = threading.Lock()
 
     def _wait_ready(self, status: Connection) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -88,7 +89,9 @@ class ServiceProcess:
             raise error
 
     def connect(self) -> Connection:
-        return Client(self.spec.address, "AF_UNIX", authkey=self.spec.authkey)
+        conn = Client(self.spec.address, "AF_UNIX", authkey=self.spec.authkey)
+        self._opened.append(conn)
+        return conn
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         callbacks = {k: v for k, v in kwargs.items() if callable(v)}
@@ -129,7 +132,7 @@ class ServiceProcess:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-        for conn in [*getattr(self, "_pool", []), *([self.stream] if hasattr(self, "stream") else [])]:
+        for conn in self._opened:
             conn.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
