@@ -371,7 +371,6 @@ class RemoteXDB:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
-        self.max_document_bytes = config.max_document_bytes
         self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
         self._closed = False
 

@@ -44,9 +44,6 @@ class TickBook:
     def __len__(self) -> int:
         return len(self._last)
 
-    def __contains__(self, session_id: object) -> bool:
-        return session_id in self._last
-
     def _trim(self) -> None:
         """Drop the least recently used sessions whose rows are all committed; one with rows still
         queued moves to the recent end and is tried again later. A few lookups per call at most."""
