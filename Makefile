@@ -51,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict --follow-imports=silent --ignore-missing-imports $(MYPY_STRICT)
 
 bench: setup
-	$(BIN)/ahc bench all
+	$(BIN)/ahc bench all --out bench/results
 
 clean:
 	rm -rf $(VENV) .cache bench/results

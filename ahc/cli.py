@@ -22,6 +22,20 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="AHC: a local inference server for long-running LLM agents.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"ahc {version('ahc')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """AHC: a local inference server for long-running LLM agents."""
+
+
 def _add_subcommands() -> None:
     # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
     from agent.cli import discover
@@ -79,17 +93,25 @@ def tiny_model(
     typer.echo(str(path))
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="MODEL [OPTIONS] [VLLM SERVE FLAGS]",
+             epilog="Any other `vllm serve` flag is passed to vLLM's own parser unchanged, so a working "
+                    "`vllm serve MODEL ...` line works with `ahc serve` in its place.")
 @clean_errors
 def serve(
-    config: Annotated[Path, typer.Option(help="YAML config, e.g. configs/cpu-tiny.yaml.")],
+    ctx: typer.Context,
+    config: Annotated[str | None, typer.Option(
+        help="AHC's YAML config: a file, or a bundled example (cpu-tiny, gpu). Default: built-in defaults. "
+             "AHC_* environment variables override it (AHC_HOST, AHC_XDB__SERVICE_PROCESS, ...).")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model directory or name.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The model, when not given first as `ahc serve MODEL` (a local directory or a Hub id).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Name clients use for the model.")] = None,
     api_key: Annotated[list[str] | None, typer.Option(
         help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics, /ping. "
-             "Repeatable: each key is a tenant, which never sees another's sessions, runs or documents.")] = None,
+             "Repeatable: each key is a tenant, which never sees another's sessions, runs or documents. "
+             "AHC_API_KEY or VLLM_API_KEY keep a key out of `ps`.")] = None,
     api_keys_file: Annotated[str | None, typer.Option(
         help="A file of 'tenant:key' lines, one named tenant each (with or instead of --api-key).")] = None,
     data_dir: Annotated[str | None, typer.Option(help="Where XDB keeps its files.")] = None,
@@ -103,13 +125,14 @@ def serve(
     lens: Annotated[str | None, typer.Option(
         help="Lens pack directory for concept activations; 'off' disables them.")] = None,
 ) -> None:
-    """Serve the OpenAI API with AHC's orchestrator, XDB and metrics on vLLM's engine."""
+    """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
 
-    from ahc.config import load_config
+    from ahc.config import NO_MODEL, load_config
     from server.launcher import serve as run_server
 
-    cfg = load_config(config).with_overrides(
+    cfg = load_config(config)
+    cfg = cfg.with_overrides(
         host=host, port=port, model=model, served_model_name=served_model_name, api_key=api_key or None,
         api_keys_file=api_keys_file, data_dir=data_dir, **{
             "engine.max_model_len": max_model_len,
@@ -118,8 +141,12 @@ def serve(
             "engine.dtype": dtype,
             "engine.enforce_eager": enforce_eager,
             "engine.seed": seed,
+            # The positional model and every flag AHC does not own, in the order given, after the config's.
+            "engine.extra_args": [*cfg.engine.extra_args, *ctx.args] if ctx.args else None,
             **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),
         })
+    if not cfg.model and not ctx.args:  # said before vLLM is imported: nothing else can name one
+        raise ValueError(NO_MODEL)
     try:
         uvloop.run(run_server(cfg))
     except KeyboardInterrupt:
@@ -149,20 +176,22 @@ def bench(
     scaling: Annotated[bool, typer.Option(
         "--scaling", rich_help_panel="serve",
         help=f"serve: tokens/s and API CPU per token at {', '.join(map(str, SCALING_STREAMS))} streams, into "
-             "bench/results/serve-scaling.json.")] = False,
+             "OUT/serve-scaling.json.")] = False,
     plot: Annotated[bool, typer.Option(
         "--plot", rich_help_panel="serve",
-        help="serve: draw bench/results/serve-scaling.png (matplotlib) from the scaling results, this run's or "
+        help="serve: draw OUT/serve-scaling.png (matplotlib) from the scaling results, this run's or "
              "the saved ones.")] = False,
+    out: Annotated[Path, typer.Option(
+        help="Where result files go ('all' writes NAME.json for each; serve --scaling/--plot their files).")
+    ] = Path("bench-results"),
 ) -> None:
     """Measure our path and its reference side by side in one run and report the ratio."""
     from rich.console import Console
     from rich.table import Table
 
-    from ahc.config import REPO_ROOT
     from bench.registry import BENCHES, runner
 
-    results_dir = REPO_ROOT / "bench" / "results"
+    results_dir = out
     serve_options = {"--profile": profile.value != DEFAULT_PROFILE, "--rounds": rounds, "--base-url": base_url,
                      "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
     if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):

@@ -1,18 +1,52 @@
-"""The one typed configuration object, loaded from `configs/*.yaml`.
+"""The one typed configuration object: built-in defaults, then a YAML file (`--config`, a path or the
+name of a bundled example such as `cpu-tiny`), then `AHC_*` environment variables, then command-line
+flags, each overriding the one before. Flag names follow vLLM's (`--max-model-len`, `--api-key`, ...).
+Unknown keys are errors, so a typo in a YAML file or an `AHC_*` variable is caught at start-up.
 
-Command-line flags override it; their names follow vLLM's (`--max-model-len`, `--api-key`, ...).
-Unknown keys are errors, so a typo in a YAML file is caught at start-up, not ignored.
+Environment: `AHC_<FIELD>` for a top-level field (`AHC_HOST`, `AHC_DATA_DIR`), `AHC_<SECTION>__<FIELD>` for
+one in a section (`AHC_XDB__SERVICE_PROCESS=false`); the API key from `AHC_API_KEY` or vLLM's `VLLM_API_KEY`,
+so it stays out of `ps`.
 """
 
 from __future__ import annotations
 
+import os
+from contextvars import ContextVar
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+
+def _checkout() -> Path | None:
+    """The source checkout this package runs from (an editable install), None when installed as a wheel."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+CHECKOUT = _checkout()
+
+
+NO_MODEL = ("no model to serve: give one as `ahc serve MODEL` (a local directory or a Hugging Face Hub id), "
+            "or `model:` in the --config file")
+
+
+def cache_dir() -> Path:
+    """Where built models, lens packs and other rebuildable files go: `AHC_CACHE_DIR`, else the checkout's
+    `.cache/`, else `~/.cache/ahc` (never inside an installed package)."""
+    if os.environ.get("AHC_CACHE_DIR"):
+        return Path(os.environ["AHC_CACHE_DIR"])
+    return CHECKOUT / ".cache" if CHECKOUT is not None else Path.home() / ".cache" / "ahc"
+
+
+def bundled_configs() -> Traversable:
+    """The example configs shipped with the package (a checkout shows them in configs/)."""
+    return resources.files("ahc").joinpath("configs")
 
 
 class _Strict(BaseModel):
@@ -148,13 +182,33 @@ class LensConfig(_Strict):
         return self
 
 
-class AHCConfig(_Strict):
-    model: str = ".cache/models/tiny"
+# Off while a loaded config is copied with overrides: the environment was read once, at load, and must not
+# undo a command-line flag given after it.
+_READ_ENVIRONMENT: ContextVar[bool] = ContextVar("_READ_ENVIRONMENT", default=True)
+
+
+class _VllmApiKey(PydanticBaseSettingsSource):
+    """vLLM's `VLLM_API_KEY`, so a `vllm serve` environment works unchanged (AHC_API_KEY wins)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        key = os.environ.get("VLLM_API_KEY")
+        return {"api_key": key} if key else {}
+
+
+class AHCConfig(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid", protected_namespaces=(), env_prefix="AHC_",
+                                      env_nested_delimiter="__", case_sensitive=False)
+
+    # A local directory or a Hugging Face Hub id, as vLLM takes it; `ahc serve MODEL` sets it.
+    model: str | None = None
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     # Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line.
-    api_key: list[str] = Field(default_factory=list)
+    api_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: str | None = None
     # Request bodies over this many bytes are refused with 413 before they are parsed (server/body_limit.py);
     # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
@@ -171,9 +225,20 @@ class AHCConfig(_Strict):
     def _one_or_more_keys(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else [] if value is None else value
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment overrides the YAML file (given as init values); the command line comes last.
+        if not _READ_ENVIRONMENT.get():
+            return (init_settings,)
+        return env_settings, _VllmApiKey(settings_cls), init_settings
+
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model
+        return self.served_model_name or self.model or ""
 
     def with_overrides(self, **overrides: Any) -> AHCConfig:
         """A copy with the non-None overrides applied; dotted keys reach into sections."""
@@ -186,32 +251,51 @@ class AHCConfig(_Strict):
             for part in parents:
                 target = target[part]
             target[leaf] = value
-        return AHCConfig.model_validate(data)
+        token = _READ_ENVIRONMENT.set(False)
+        try:
+            return AHCConfig.model_validate(data)
+        finally:
+            _READ_ENVIRONMENT.reset(token)
 
 
-def load_config(path: str | Path) -> AHCConfig:
-    """Load a YAML config; raises ValueError naming the file and the bad field."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file not found: {path}")
+def load_config(path: str | Path | None = None) -> AHCConfig:
+    """The built-in defaults, a YAML file or bundled example over them (None: none), and the `AHC_*`
+    environment over that; raises ValueError naming the file or variable and the bad field."""
+    source = _config_file(path) if path is not None else None
+    data: Any = {}
+    if source is not None:
+        try:
+            data = yaml.safe_load(source.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"config {path} must be a mapping at the top level")
+    where = f"config {path}" if source is not None else "config"
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"config {path} must be a mapping at the top level")
-    try:
-        return AHCConfig.model_validate(data)
+        return AHCConfig(**data)
+    except SettingsError as exc:  # an AHC_* variable that is not valid JSON where a list or mapping is due
+        raise ValueError(f"environment: {exc}") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"config {path}: {where}: {first['msg']}") from exc
+        field = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where} (or its AHC_* environment): {field}: {first['msg']}") from exc
+
+
+def _config_file(path: str | Path) -> Path | Traversable:
+    if Path(path).is_file():
+        return Path(path)
+    name = str(path).removesuffix(".yaml")
+    bundled = bundled_configs().joinpath(f"{name}.yaml")
+    if "/" not in name and bundled.is_file():
+        return bundled
+    names = sorted(e.name.removesuffix(".yaml") for e in bundled_configs().iterdir() if e.name.endswith(".yaml"))
+    raise ValueError(f"config file not found: {path} (bundled examples: {', '.join(names)})")
 
 
 def resolve_path(path: str) -> str:
-    """Relative model and data paths are taken from the working directory, then the checkout."""
+    """Relative model and data paths are taken from the working directory, then the checkout (if any)."""
     candidate = Path(path).expanduser()
-    if candidate.is_absolute() or candidate.exists():
+    if candidate.is_absolute() or candidate.exists() or CHECKOUT is None:
         return str(candidate)
-    in_repo = REPO_ROOT / candidate
+    in_repo = CHECKOUT / candidate
     return str(in_repo) if in_repo.exists() else str(candidate)

@@ -20,12 +20,11 @@ from typing import Any
 import httpx
 import openai
 
-from ahc.config import REPO_ROOT
+from ahc.config import CHECKOUT, cache_dir
 
-REPO = REPO_ROOT
 AHC = str(Path(sys.executable).with_name("ahc"))
-TINY_MODEL = REPO / ".cache" / "models" / "tiny"
-DEFAULT_CONFIG = REPO / "configs" / "cpu-tiny.yaml"
+TINY_MODEL = cache_dir() / "models" / "tiny"
+DEFAULT_CONFIG = "cpu-tiny"  # the bundled example
 
 
 def free_port() -> int:
@@ -72,12 +71,13 @@ class ServerProcess:
 
 
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ plus `env`, with this checkout first on PYTHONPATH: the installed `ahc` may be an
-    editable install of another checkout (git worktrees sharing one virtualenv), and the server must run
-    the code under test."""
+    """os.environ plus `env`, with this checkout (when running from one) first on PYTHONPATH: the installed
+    `ahc` may be an editable install of another checkout (git worktrees sharing one virtualenv), and the
+    server must run the code under test."""
     merged = {**os.environ, **(env or {})}
-    paths = [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
-    merged["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    if CHECKOUT is not None:
+        paths = [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(CHECKOUT)]
+        merged["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *paths])
     return merged
 
 
@@ -86,12 +86,13 @@ def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] |
     """Run any HTTP server command (ours, or vLLM's own for comparison) and wait until it is healthy."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        process = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=child_env(env))
+        process = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=CHECKOUT, env=child_env(env))
     return wait_healthy(ServerProcess(process, port, log, api_key, data_dir), timeout)
 
 
-def start_server(data_dir: Path, *, model: Path = TINY_MODEL, config: Path = DEFAULT_CONFIG, port: int | None = None,
-                 api_key: str | None = None, lens: str | None = None, extra: Sequence[str] = (),
+def start_server(data_dir: Path, *, model: Path = TINY_MODEL, config: Path | str = DEFAULT_CONFIG,
+                 port: int | None = None, api_key: str | None = None, lens: str | None = None,
+                 extra: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, timeout: float = 600) -> ServerProcess:
     """`ahc serve` on `model` with `config`; `lens`: a lens pack directory for `model`, "off", or None
     for the config's own. The log is `server-PORT.log` beside `data_dir`, so a restart on the same data
@@ -151,13 +152,17 @@ def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **para
         time.sleep(0.05)
 
 
-def scrape_metrics(base_url: str) -> dict[str, float]:
-    """The server's /metrics: every unlabelled sample and every `ahc_` one (the last of each name)."""
+def scrape_metrics(base_url: str, **labels: str) -> dict[str, float]:
+    """The server's /metrics: every unlabelled sample, and every `ahc_` one summed over its series (those
+    matching `labels` where given, e.g. kind="agent")."""
     from prometheus_client.parser import text_string_to_metric_families
 
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
         for sample in family.samples:
-            if not sample.labels or sample.name.startswith("ahc_"):
+            if sample.name.startswith("ahc_"):
+                if all(sample.labels.get(k, v) == v for k, v in labels.items()):
+                    samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+            elif not sample.labels:
                 samples[sample.name] = sample.value
     return samples

@@ -18,12 +18,13 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
 import httpx
 import openai
 
-from ahc.config import REPO_ROOT
+from ahc.config import cache_dir
 from ahc.server_process import AHC, child_env, ensure_model, start_server
 from bench.models import MODELS
 from bench.result import BenchResult
@@ -33,7 +34,7 @@ BATCH = 8
 MAX_TOKENS = 192
 ROUNDS = 10
 LENS_LAYER = 3
-EXAMPLES = REPO_ROOT / "configs" / "lenses" / "tiny-demo" / "examples.json"
+EXAMPLES = resources.files("lens").joinpath("examples/tiny-demo/examples.json")
 
 
 def ensure_pack(model_dir: Path, out: Path, layer: int = LENS_LAYER) -> Path:
@@ -89,8 +90,8 @@ def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool
 
 
 def run() -> BenchResult:
-    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODELS["bench-6x512"])
-    pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / "bench-6x512")
+    model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODELS["bench-6x512"])
+    pack = ensure_pack(model_dir, cache_dir() / "lenses" / "bench-6x512")
     plain_rounds, capture_rounds, right = measure(model_dir, pack)
     if not right:
         raise RuntimeError("activations bench: the capture server recorded no activations, or the plain one did")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from ahc.config import REPO_ROOT, OrchestratorConfig, load_config
+from ahc.config import OrchestratorConfig, cache_dir, load_config
 from ahc.server_process import ensure_model, start_server
 from bench.models import MODELS
 from bench.result import BenchResult
@@ -158,8 +158,8 @@ def assembly_p99_ms(model_dir: Path) -> float:
 
 
 def run() -> BenchResult:
-    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / "bench-6x512", *MODEL_FLAGS)
-    block_size = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").engine.block_size
+    model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODEL_FLAGS)
+    block_size = load_config("cpu-tiny").engine.block_size
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp) / "xdb", model=model_dir, lens="off", extra=["--max-model-len", "8192"])
         try:

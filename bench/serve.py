@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ahc.config import REPO_ROOT, load_config
+from ahc.config import cache_dir, load_config
 from ahc.server_process import AHC, ServerProcess, child_env, ensure_model, free_port, launch, start_server
 from bench.activations import ensure_pack
 from bench.models import MODELS
@@ -51,7 +51,7 @@ def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None) 
 
     port = free_port()
     overrides = {"engine.max_model_len": MAX_MODEL_LEN, "engine.max_num_seqs": max_num_seqs}
-    config = load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
+    config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
     return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config)], port,
@@ -104,8 +104,8 @@ class Side:
 def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Side]]:
     """vLLM's server and AHC's on the profile's model, up together; AHC's audit chain is verified
     once both have stopped."""
-    model_dir = ensure_model(REPO_ROOT / ".cache" / "models" / profile.model, *MODELS[profile.model])
-    pack = ensure_pack(model_dir, REPO_ROOT / ".cache" / "lenses" / profile.model, profile.lens_layer)
+    model_dir = ensure_model(cache_dir() / "models" / profile.model, *MODELS[profile.model])
+    pack = ensure_pack(model_dir, cache_dir() / "lenses" / profile.model, profile.lens_layer)
     extra = ["--max-model-len", str(MAX_MODEL_LEN)]
     if max_num_seqs:
         extra += ["--max-num-seqs", str(max_num_seqs)]

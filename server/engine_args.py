@@ -1,7 +1,8 @@
 """AHC's config → the argparse Namespace that vLLM's OpenAI layer and engine are built from.
 
 Going through vLLM's own parser keeps every default and validation vLLM has, and lets
-`engine.extra_args` pass any other vLLM flag through unchanged.
+`engine.extra_args` (and any flag of `ahc serve` that AHC does not own) pass through unchanged, with the
+model as `vllm serve` takes it: first, without `--model`.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 from argparse import Namespace
+from typing import NoReturn
 
-from ahc.config import AHCConfig, resolve_path
+from ahc.config import NO_MODEL, AHCConfig, resolve_path
 
 
 def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:
     """`capture_flags`: the lens capture's --worker-cls and --additional-config (server/capture)."""
     engine = config.engine
-    args = [
-        "--model", resolve_path(config.model),
-        "--served-model-name", config.model_name,
+    args = [*(["--model", resolve_path(config.model)] if config.model else []),
+            *(["--served-model-name", config.served_model_name] if config.served_model_name else [])]
+    args += [
         "--host", config.host,
         "--port", str(config.port),
         "--max-model-len", str(engine.max_model_len),
@@ -52,12 +54,38 @@ def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = No
 
     # Read by the CPU worker when it sizes the KV cache; set before the engine starts.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.engine.cpu_kvcache_space_gib))
-    parser = make_arg_parser(FlexibleArgumentParser(prog="ahc serve", exit_on_error=False))
+    class Parser(FlexibleArgumentParser):
+        def error(self, message: str) -> NoReturn:  # a message for our one-line error, not usage and exit 2
+            raise ValueError(message)
+
+    parser = make_arg_parser(Parser(prog="ahc serve", exit_on_error=False))
     try:
         namespace = parser.parse_args(vllm_cli_args(config, capture_flags))
     except argparse.ArgumentError as exc:
         raise ValueError(f"invalid engine argument: {exc}") from exc
-    except SystemExit as exc:  # some argparse errors still exit even with exit_on_error=False
-        raise ValueError(f"invalid engine arguments: {' '.join(config.engine.extra_args)}") from exc
+    except ValueError as exc:
+        raise ValueError(f"invalid engine arguments: {exc}") from exc
+    if namespace.model_tag:  # `ahc serve MODEL …`, as `vllm serve MODEL …`
+        namespace.model = resolve_path(namespace.model_tag)
+    elif not config.model and not any(a == "--model" or a.startswith("--model=") for a in config.engine.extra_args):
+        raise ValueError(NO_MODEL)
     validate_parsed_serve_args(namespace)
     return namespace
+
+
+# AHC settings that are vLLM flags of the same name: a flag given straight to vLLM sets them too, so the
+# orchestrator budgets with the window vLLM really has.
+ENGINE_FLAGS = ("max_model_len", "dtype", "enforce_eager", "enable_prefix_caching", "gpu_memory_utilization",
+                "max_num_seqs", "max_num_batched_tokens", "block_size", "seed", "tensor_parallel_size",
+                "tool_call_parser", "shutdown_timeout")
+
+
+def with_vllm_flags(config: AHCConfig) -> AHCConfig:
+    """The config as vLLM's parser reads the whole command line (the positional model and every flag
+    passed through included): the one view both AHC and the engine act on."""
+    namespace = build_vllm_namespace(config)
+    served = namespace.served_model_name
+    return config.with_overrides(
+        model=namespace.model, host=namespace.host, port=namespace.port,
+        served_model_name=served[0] if isinstance(served, list) and served else served or namespace.model,
+        **{f"engine.{name}": getattr(namespace, name) for name in ENGINE_FLAGS})

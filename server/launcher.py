@@ -15,7 +15,7 @@ from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
 from orchestrator.vram_governor import KVStats
 from server.capture.capture_setup import CaptureSetup, start_capture
-from server.engine_args import build_vllm_namespace
+from server.engine_args import build_vllm_namespace, with_vllm_flags
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
@@ -28,6 +28,7 @@ from xdb.remote import RemoteXDB
 async def serve(config: AHCConfig) -> None:
     keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
     check_tenancy(keys)
+    config = with_vllm_flags(config)  # the model and the flags given straight to vLLM count for AHC too
     capture = start_capture(config)  # checks the lens pack against the model before anything starts
     try:
         await serve_with(config, capture, keys)
@@ -53,11 +54,11 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     signal.signal(signal.SIGTERM, interrupt_init)
     args = build_vllm_namespace(config, capture.vllm_flags() if capture else None)
     _, sock = setup_server(args, reuse_port=False)
-    metrics = AHCMetrics(KVStats())
+    metrics = AHCMetrics(KVStats(), config.model_name)
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
     xdb = open_xdb(config, metrics)
-    metrics.xdb_queue_depth.set_function(xdb.writer.queue_depth)
-    metrics.audit_head_seq.set_function(lambda: xdb.audit_head()[0])
+    metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
+    metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
     engine = None
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None
@@ -106,9 +107,9 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
 def open_xdb(config: AHCConfig, metrics: AHCMetrics) -> XDBClient:
     data_dir = Path(resolve_path(config.data_dir))
     if config.xdb.service_process:
-        return RemoteXDB(data_dir, config.xdb, on_commit=metrics.xdb_rows_written.inc,
-                         on_restart=metrics.xdb_service_restarts.inc)
-    return XDB.open(data_dir, config.xdb, on_commit=metrics.xdb_rows_written.inc)
+        return RemoteXDB(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc,
+                         on_restart=metrics.one(metrics.xdb_service_restarts).inc)
+    return XDB.open(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc)
 
 
 def check_tenancy(keys: TenantKeys) -> None:
@@ -127,7 +128,7 @@ def report_template(tokenizer, metrics: AHCMetrics, chat_template: str | None) -
     break the prefix cache on every turn."""
     check = check_chat_template(lambda messages, tools: tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=True, chat_template=chat_template))
-    metrics.chat_template_prefix_stable.set(-1 if check.stable is None else int(check.stable))
+    metrics.one(metrics.chat_template_prefix_stable).set(-1 if check.stable is None else int(check.stable))
     if not check.stable:
         logging.getLogger("ahc.serve").warning(
             "the chat template is not prefix-stable, so the prefix cache cannot carry over between turns "

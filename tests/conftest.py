@@ -10,7 +10,7 @@ import openai
 import pytest
 from vllm.config import VllmConfig
 
-from ahc.config import REPO_ROOT, AHCConfig, load_config
+from ahc.config import AHCConfig, load_config
 from ahc.server_process import TINY_MODEL, ServerProcess, child_env, start_server
 
 API_KEY = "test-key"
@@ -77,7 +77,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
     """cpu-tiny.yaml on the tiny model, lens off: the AHC config of the fake-engine app tests."""
     data_dir = tmp_path_factory.mktemp("fake-app") / "xdb"
-    return load_config(REPO_ROOT / "configs" / "cpu-tiny.yaml").with_overrides(
+    return load_config("cpu-tiny").with_overrides(
         model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
 
 

@@ -33,13 +33,13 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 
-from ahc.config import REPO_ROOT, load_config
+from ahc.config import load_config
 from server.engine_args import build_vllm_namespace
 
 SCRIPT = " The particles move right, then left."
 
 
-def vllm_args(model_dir: Path, config: Path = REPO_ROOT / "configs" / "cpu-tiny.yaml", **overrides: Any) -> Namespace:
+def vllm_args(model_dir: Path, config: Path | str = "cpu-tiny", **overrides: Any) -> Namespace:
     """vLLM's serve Namespace for `model_dir`, from an AHC config, the way `ahc serve` makes it."""
     ahc_config = load_config(config).with_overrides(model=str(model_dir), **overrides)
     return build_vllm_namespace(ahc_config)

@@ -24,7 +24,6 @@ def test_help_on_every_subcommand(command: list[str]) -> None:
 
 def test_bad_usage_exits_2() -> None:
     assert ahc("no-such-command").returncode == 2
-    assert ahc("serve").returncode == 2  # --config is required
     assert ahc("tiny-model", "x", "--layers", "many").returncode == 2
 
 
@@ -33,6 +32,10 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def test_serve_without_a_model_exits_1_with_one_line(tmp_path: Path) -> None:
+    assert "no model to serve" in one_error_line(ahc("serve"))
 
 
 def test_missing_config_exits_1_with_one_line(tmp_path: Path) -> None:

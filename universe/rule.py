@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,12 @@ import numpy as np
 
 from universe.symbols import CODES, SYMBOLS, WINDOWS
 
-BUNDLED_DIR = Path(__file__).resolve().parents[1] / "configs" / "universes"
 DEFAULT_RULE = "kinetic"
 
 
+def bundled_dir() -> Traversable:
+    """The rules shipped with the package (a checkout shows them as configs/universes/)."""
+    return resources.files("universe").joinpath("rules")
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -72,8 +76,8 @@ class Rule:
 
 
 def bundled_rules() -> list[str]:
-    """Names of the rules shipped in configs/universes/."""
-    return sorted(path.stem for path in BUNDLED_DIR.glob("*.json"))
+    """Names of the rules shipped with the package."""
+    return sorted(entry.name.removesuffix(".json") for entry in bundled_dir().iterdir() if entry.name.endswith(".json"))
 
 
 def load_rule(path_or_name: str | Path | Rule | dict[str, Any] = DEFAULT_RULE) -> Rule:
@@ -84,9 +88,9 @@ def load_rule(path_or_name: str | Path | Rule | dict[str, Any] = DEFAULT_RULE) -
         return Rule.from_dict(path_or_name)
     if not isinstance(path_or_name, (str, Path)):
         raise ValueError(f"a rule is a file path, a bundled name or a dict, got {type(path_or_name).__name__}")
-    path = Path(path_or_name)
+    path: Path | Traversable = Path(path_or_name)
     if not path.is_file():
-        bundled = BUNDLED_DIR / f"{path_or_name}.json"
+        bundled = bundled_dir().joinpath(f"{path_or_name}.json")
         if "/" in str(path_or_name) or str(path_or_name).endswith(".json") or not bundled.is_file():
             raise ValueError(f"no rule file or bundled rule named {str(path_or_name)!r} "
                              f"(bundled: {', '.join(bundled_rules())})")
