@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
     from vllm.tokenizers.protocol import TokenizerLike
 
 
+# Their request ids start with this, so the metrics tell them from the agents' requests.
+HIDDEN_REQUEST_PREFIX = "ahc-hidden-"
+
 
 @dataclass
 class HiddenCaller:
@@ -38,6 +41,6 @@ class HiddenCaller:
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for output in self.engine.generate({"prompt_token_ids": ids}, params,
-                                                 request_id=f"ahc-hidden-{uuid.uuid4().hex}"):
+                                                 request_id=f"{HIDDEN_REQUEST_PREFIX}{uuid.uuid4().hex}"):
             final = output
         return final.outputs[0].text if final is not None else ""

@@ -21,6 +21,9 @@ class KVGeometry:
     block_size: int
     num_blocks: int
     on_gpu: bool
+    # Physical (NVML) indices of the engine's GPUs: CUDA_VISIBLE_DEVICES may map the engine's first GPU
+    # to any of the machine's.
+    devices: tuple[int, ...] = ()
 
     @property
     def bytes_per_token(self) -> int:
@@ -37,6 +40,9 @@ class KVGeometry:
         from vllm.platforms import current_platform
 
         model, cache, parallel = config.model_config, config.cache_config, config.parallel_config
+        on_gpu = current_platform.is_cuda_alike()
+        devices = tuple(int(current_platform.device_id_to_physical_device_id(rank))
+                        for rank in range(parallel.world_size)) if on_gpu else ()
         if cache.cache_dtype in ("auto", None):
             dtype_bytes = torch.empty((), dtype=model.dtype).element_size()
         else:
@@ -48,7 +54,8 @@ class KVGeometry:
             dtype_bytes=dtype_bytes,
             block_size=cache.block_size,
             num_blocks=cache.num_gpu_blocks or 0,
-            on_gpu=current_platform.is_cuda_alike(),
+            on_gpu=on_gpu,
+            devices=devices,
         )
 
 
@@ -59,23 +66,24 @@ class DeviceMemory:
 
 
 def device_memory(kv_usage: float, geometry: KVGeometry) -> DeviceMemory:
-    """GPU memory from NVML on a GPU; on the CPU, the KV cache's host bytes."""
+    """Memory of the engine's GPUs from NVML (nvidia-ml-py); on the CPU, the KV cache's host bytes."""
     if geometry.on_gpu:
-        gpu = _nvml_memory()
+        gpu = _nvml_memory(geometry.devices or (0,))
         if gpu is not None:
             return gpu
     total = geometry.total_bytes
     return DeviceMemory(used_bytes=kv_usage * total, total_bytes=total)
 
 
-def _nvml_memory() -> DeviceMemory | None:
+def _nvml_memory(devices: tuple[int, ...]) -> DeviceMemory | None:
     try:
         import pynvml
     except ImportError:
         return None
     pynvml.nvmlInit()
     try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return DeviceMemory(used_bytes=float(info.used), total_bytes=float(info.total))
+        infos = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in devices]
+        return DeviceMemory(used_bytes=float(sum(i.used for i in infos)),
+                            total_bytes=float(sum(i.total for i in infos)))
     finally:
         pynvml.nvmlShutdown()

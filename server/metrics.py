@@ -8,85 +8,109 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from orchestrator.cache_report import CacheReport
 from orchestrator.vram_governor import KVStats
+from server.hidden_calls import HIDDEN_REQUEST_PREFIX
 from server.kv_geometry import DeviceMemory, KVGeometry, device_memory
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+# Block sizes run from a one-line Identity to a Codex of a million tokens.
+BLOCK_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+
 
 class AHCMetrics:
-    """Every `ahc_*` metric. Later capabilities feed theirs; a metric nobody feeds stays at zero
-    (or, when labelled, reports no series) rather than an invented value."""
+    """Every `ahc_*` series, each labelled with the served `model_name` as vLLM labels its own. Series
+    vLLM already has (KV usage, its prefix-cache counters, latencies) are not repeated; a ratio is left to
+    the dashboard's `rate()`, not kept as a lifetime gauge. A metric nobody feeds stays at zero (or, when
+    labelled, reports no series) rather than an invented value."""
 
-    def __init__(self, kv_stats: KVStats | None = None) -> None:
+    def __init__(self, kv_stats: KVStats | None = None, model_name: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.prompt_tokens = Counter("ahc_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.model_name = model_name
+        r, m = self.registry, ["model_name"]
+        # `kind`: agent (what clients asked) or hidden (the server's own calls: compaction summaries), so a
+        # summary's cold prompt does not pull the agents' hit rate down.
+        self.prompt_tokens = Counter("ahc_prompt_tokens", "Prompt tokens of finished requests", m + ["kind"],
+                                     registry=r)
         self.cached_prompt_tokens = Counter(
-            "ahc_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r)
-        self.prefix_cache_hit_ratio = Gauge(
-            "ahc_prefix_cache_hit_ratio", "ahc_cached_prompt_tokens_total / ahc_prompt_tokens_total", registry=r)
-        self.kv_cache_usage_ratio = Gauge("ahc_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
+            "ahc_cached_prompt_tokens", "Prompt tokens of finished requests served from the prefix cache",
+            m + ["kind"], registry=r)
         self.vram_used_bytes = Gauge(
-            "ahc_vram_used_bytes", "GPU memory in use (on the CPU: KV cache host bytes in use)", registry=r)
+            "ahc_vram_used_bytes", "Memory in use on the engine's GPUs (on the CPU: KV cache host bytes in use)", m,
+            registry=r)
         self.vram_total_bytes = Gauge(
-            "ahc_vram_total_bytes", "GPU memory (on the CPU: KV cache host bytes)", registry=r)
-        self.context_mode = Counter("ahc_context_mode", "Requests by context mode", ["mode"], registry=r)
-        self.context_block_tokens = Gauge(
-            "ahc_context_block_tokens", "Tokens in each block of the last assembled prompt", ["block"], registry=r)
-        self.compactions = Counter("ahc_compactions", "State compactions", registry=r)
+            "ahc_vram_total_bytes", "Memory of the engine's GPUs (on the CPU: KV cache host bytes)", m, registry=r)
+        self.context_mode = Counter("ahc_context_mode", "Chat requests by context mode", m + ["mode"], registry=r)
+        self.context_block_tokens = Histogram(
+            "ahc_context_block_tokens", "Tokens in each block of an assembled prompt", m + ["block"],
+            buckets=BLOCK_TOKEN_BUCKETS, registry=r)
+        self.cache_breaks = Counter(
+            "ahc_cache_breaks",
+            "Session requests by the first prompt block that differs from the session's previous request "
+            "(where the reusable cached prefix ends; 'query' means everything above the question was reused)",
+            m + ["first_changed_block"], registry=r)
+        self.compactions = Counter("ahc_compactions", "State compactions", m, registry=r)
         self.governor_actions = Counter(
-            "ahc_governor_actions", "Governor actions by kind", ["action"], registry=r)
-        self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", registry=r)
-        self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", registry=r)
+            "ahc_governor_actions", "Governor actions by kind (vram_reject: a 429)", m + ["action"], registry=r)
+        self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", m, registry=r)
+        self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", m, registry=r)
         self.xdb_service_restarts = Counter(
-            "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", registry=r)
+            "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", m, registry=r)
         # Scraped off the machine, the head is an anchor a rewrite of the audit file cannot reach.
         self.audit_head_seq = Gauge(
-            "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", registry=r)
+            "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", m,
+            registry=r)
         self.chat_template_prefix_stable = Gauge(
             "ahc_chat_template_prefix_stable",
             "1 if the chat template renders each prompt as a prefix of the next (checked at start-up), "
             "0 if it re-renders earlier turns (the prefix cache then breaks every turn), -1 if it cannot render "
-            "the probe conversation", registry=r)
-        self._prompt_total = 0
-        self._cached_total = 0
+            "the probe conversation", m, registry=r)
+        # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
+        for metric in (self.compactions, self.xdb_rows_written, self.xdb_queue_depth, self.xdb_service_restarts,
+                       self.audit_head_seq, self.chat_template_prefix_stable):
+            self.one(metric)
+        for kind in ("agent", "hidden"):
+            self.prompt_tokens.labels(model_name=model_name, kind=kind)
+            self.cached_prompt_tokens.labels(model_name=model_name, kind=kind)
         self._kv_usage = 0.0
         self._geometry: KVGeometry | None = None
         self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
-        self.vram_used_bytes.set_function(lambda: self._device_memory().used_bytes)
-        self.vram_total_bytes.set_function(lambda: self._device_memory().total_bytes)
+        self.one(self.vram_used_bytes).set_function(lambda: self._device_memory().used_bytes)
+        self.one(self.vram_total_bytes).set_function(lambda: self._device_memory().total_bytes)
 
-    def record_request(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._prompt_total += prompt_tokens
-        self._cached_total += cached_tokens
-        self.prompt_tokens.inc(prompt_tokens)
-        self.cached_prompt_tokens.inc(cached_tokens)
-        if self._prompt_total:
-            self.prefix_cache_hit_ratio.set(self._cached_total / self._prompt_total)
+    def one(self, metric: Counter | Gauge) -> Any:
+        """The metric's one series (it has no label but the model's)."""
+        return metric.labels(model_name=self.model_name)
+
+    def record_request(self, request_id: str | None, prompt_tokens: int, cached_tokens: int) -> None:
+        kind = "hidden" if (request_id or "").startswith(HIDDEN_REQUEST_PREFIX) else "agent"
+        self.prompt_tokens.labels(model_name=self.model_name, kind=kind).inc(prompt_tokens)
+        self.cached_prompt_tokens.labels(model_name=self.model_name, kind=kind).inc(cached_tokens)
 
     def record_kv_usage(self, usage: float, geometry: KVGeometry) -> None:
         self._kv_usage, self._geometry = usage, geometry
-        self.kv_cache_usage_ratio.set(usage)
         self.kv_stats.usage = usage
         self.kv_stats.total_blocks = geometry.num_blocks
         self.kv_stats.block_size = geometry.block_size
 
     def record_context(self, report: CacheReport) -> None:
-        self.context_mode.labels(mode=report.mode).inc()
+        name = self.model_name
+        self.context_mode.labels(model_name=name, mode=report.mode).inc()
         for block in report.blocks:
-            self.context_block_tokens.labels(block=block.name).set(block.tokens)
+            self.context_block_tokens.labels(model_name=name, block=block.name).observe(block.tokens)
+        if report.first_changed_block is not None:
+            self.cache_breaks.labels(model_name=name, first_changed_block=report.first_changed_block).inc()
         for action in report.governor:
-            self.governor_actions.labels(action=action.split(":", 1)[0]).inc()
+            self.governor_actions.labels(model_name=name, action=action.split(":", 1)[0]).inc()
             if action == "compaction" or action == "vram_compact":
-                self.compactions.inc()
+                self.one(self.compactions).inc()
 
     def _device_memory(self) -> DeviceMemory:
         if self._geometry is None:
@@ -123,7 +147,8 @@ def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], obje
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
             if iteration_stats is not None:
                 for finished in iteration_stats.finished_requests:
-                    metrics.record_request(finished.num_prompt_tokens, finished.num_cached_tokens)
+                    metrics.record_request(finished.request_id, finished.num_prompt_tokens,
+                                           finished.num_cached_tokens)
             if scheduler_stats is not None:
                 if self.geometry is None:
                     self.geometry = KVGeometry.from_vllm_config(self.vllm_config)

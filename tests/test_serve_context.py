@@ -129,5 +129,7 @@ def test_context_metrics_count_modes_and_block_tokens(server, client, model_name
     chat(client, model_name, "ctx-metrics", "count me")
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(httpx.get(f"{server.base_url}/metrics").text) for s in f.samples}
-    assert samples[("ahc_context_mode_total", (("mode", "cag"),))] >= 1
-    assert samples[("ahc_context_block_tokens", (("block", "codex"),))] > 0
+    model = ("model_name", model_name)
+    assert samples[("ahc_context_mode_total", (("mode", "cag"), model))] >= 1
+    assert samples[("ahc_context_block_tokens_sum", (("block", "codex"), model))] > 0
+    assert samples[("ahc_context_block_tokens_count", (("block", "codex"), model))] >= 1

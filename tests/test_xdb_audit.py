@@ -279,13 +279,13 @@ def test_commits_are_logged_and_the_gauge_reads_the_head(tmp_path: Path, caplog)
 
     from server.metrics import AHCMetrics
 
-    metrics = AHCMetrics()
+    metrics = AHCMetrics(model_name="tiny")
     with caplog.at_level("INFO", logger="ahc.xdb.audit"), XDB.open(tmp_path / "x") as xdb:
-        metrics.audit_head_seq.set_function(lambda: xdb.audit_head()[0])
+        metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
         assert xdb.audit_head() == (-1, GENESIS.hex())
         xdb.writer.submit([TimestepRow("s", t, "output", content="x") for t in xdb.next_ticks("s", 3)])
         xdb.writer.flush()
-        assert "ahc_audit_head_seq 2.0" in generate_latest(metrics.registry).decode()
+        assert 'ahc_audit_head_seq{model_name="tiny"} 2.0' in generate_latest(metrics.registry).decode()
         seq, digest = xdb.audit_head()
     assert f"audit head seq=2 hash={digest}" in caplog.text
 
