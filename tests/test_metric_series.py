@@ -50,3 +50,15 @@ def test_gpu_memory_is_read_from_the_engines_own_gpus(monkeypatch) -> None:
     memory = device_memory(0.5, geometry)
     assert asked == [3, 5]
     assert (memory.used_bytes, memory.total_bytes) == (40.0 + 60.0, 200.0)
+
+
+def test_docs_list_every_series_and_no_other() -> None:
+    import re
+    from pathlib import Path
+
+    from server.metrics import AHCMetrics
+
+    documented = set(re.findall(r"`(ahc_[a-z_]+)`", (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()))
+    registry = AHCMetrics(model_name="m").registry
+    exposed = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+    assert exposed == documented
