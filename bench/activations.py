@@ -26,6 +26,7 @@ import openai
 
 from ahc.config import cache_dir
 from ahc.server_process import AHC, child_env, ensure_model, start_server
+from bench.device import engine_device
 from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
@@ -101,7 +102,7 @@ def run() -> BenchResult:
     figures = {"decode_tok_per_s_capture": capture, "decode_tok_per_s_plain": plain,
                "batch": BATCH, "max_tokens": MAX_TOKENS, "rounds": ROUNDS}
     return BenchResult("activations", figures, {"capture_over_plain": capture / plain},
-                       {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": "cpu",
+                       {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": engine_device(),
                         "lens": f"tiny-demo concepts at layer {LENS_LAYER}, k=10",
                         "paired_capture_over_plain": f"{paired:.3f}",
                         "rounds_plain": ", ".join(f"{r:.1f}" for r in plain_rounds),

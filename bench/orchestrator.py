@@ -21,6 +21,7 @@ import openai
 
 from ahc.config import OrchestratorConfig, cache_dir, load_config
 from ahc.server_process import ensure_model, start_server
+from bench.device import engine_device
 from bench.models import MODELS
 from bench.result import BenchResult
 
@@ -181,7 +182,7 @@ def run() -> BenchResult:
         "assembly_p99_ms": assembly_p99_ms(model_dir), "turns": TURNS,
         "prompt_tokens": sum(ours.prompt), "naive_prompt_tokens": sum(naive.prompt),
     }
-    notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": "cpu",
+    notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": engine_device(),
              "session": f"{TURNS} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from turn 3, "
                         f"~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
              "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn()}

@@ -34,6 +34,7 @@ import psutil
 from ahc.config import cache_dir, load_config
 from ahc.server_process import AHC, ServerProcess, child_env, ensure_model, free_port, launch, start_server
 from bench.activations import ensure_pack
+from bench.device import engine_device
 from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
@@ -177,7 +178,7 @@ def load_of(profile: Profile, clients: int | None = None) -> Load:
 
 
 def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
-    return {"profile": profile.name, "model": profile.description, "device": "cpu",
+    return {"profile": profile.name, "model": profile.description, "device": engine_device(),
             "load": f"{load.clients} streaming clients x {load.requests} chat requests x {load.max_tokens} tokens "
                     f"(ignore_eos), one asyncio client; {rounds} measured rounds after a warm-up each",
             "latency": "TTFT: request sent to first content chunk; ITL: gaps between content chunks; "
@@ -245,7 +246,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
                 ratios[f"ahc_cpu_over_vllm_at_{n}"] = (figures[f"ahc_cpu_us_per_token_at_{n}"]
                                                        / figures[f"vllm_cpu_us_per_token_at_{n}"])
 
-    notes = {"profile": prof.name, "model": prof.description, "device": "cpu",
+    notes = {"profile": prof.name, "model": prof.description, "device": engine_device(),
              "streams": ",".join(str(n) for n in streams),
              "load": f"N streaming clients x {prof.requests} chat requests x {prof.max_tokens} tokens (ignore_eos); "
                      f"{n_rounds} measured rounds at each N after a warm-up"}
