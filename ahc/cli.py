@@ -132,6 +132,11 @@ def serve(
     from server.launcher import serve as run_server
 
     cfg = load_config(config)
+    passed = list(ctx.args)
+    if passed and not passed[0].startswith("-"):  # `ahc serve MODEL ...`, as `vllm serve MODEL ...`
+        if model is not None and model != passed[0]:
+            raise ValueError(f"two models given: {passed[0]} and --model {model}")
+        model, passed = passed[0], passed[1:]
     cfg = cfg.with_overrides(
         host=host, port=port, model=model, served_model_name=served_model_name, api_key=api_key or None,
         api_keys_file=api_keys_file, data_dir=data_dir, **{
@@ -141,11 +146,11 @@ def serve(
             "engine.dtype": dtype,
             "engine.enforce_eager": enforce_eager,
             "engine.seed": seed,
-            # The positional model and every flag AHC does not own, in the order given, after the config's.
-            "engine.extra_args": [*cfg.engine.extra_args, *ctx.args] if ctx.args else None,
+            # Every flag AHC does not own, in the order given, after the config's.
+            "engine.extra_args": [*cfg.engine.extra_args, *passed] if passed else None,
             **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),
         })
-    if not cfg.model and not ctx.args:  # said before vLLM is imported: nothing else can name one
+    if not cfg.model and not passed:  # said before vLLM is imported: nothing else can name one
         raise ValueError(NO_MODEL)
     try:
         uvloop.run(run_server(cfg))

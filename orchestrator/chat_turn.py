@@ -87,6 +87,11 @@ class ChatTurn:
     def messages(self) -> list[dict[str, Any]]:
         return self.prepared.messages
 
+    @property
+    def committed(self) -> bool:
+        """The reply completed and was committed; a turn closed without one was rolled back."""
+        return self._committed
+
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the turn ends, committed or not (releasing what it holds)."""
         self._on_close.append(callback)

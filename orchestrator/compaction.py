@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from opentelemetry import trace
+
 from ahc.config import OrchestratorConfig
+from ahc.spans import SESSION_ID
 from orchestrator.ctc_governor import turn_groups
 from orchestrator.karma import promote
 from orchestrator.session import Session
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
+
+tracer = trace.get_tracer(__name__)
 
 SUMMARY_INSTRUCTION = (
     "Condense the conversation below into a short list of the facts, decisions and open questions it "
@@ -48,7 +53,9 @@ async def compact(session: Session, incoming: Sequence[Turn], config: Orchestrat
     if not old_groups:
         return False
     old = [t for group in old_groups for t in group]
-    summary = (await summarize(summary_request(session, old))).strip()
+    with tracer.start_as_current_span("ahc.compaction", attributes={SESSION_ID: session.session_id,
+                                                                   "ahc.compaction.turns": len(old)}):
+        summary = (await summarize(summary_request(session, old))).strip()
     session.summary = summary or session.summary
     session.turns = session.turns[len(old):]
     promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block

@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from server.tracing import engine_trace_headers
+
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
     from vllm.tokenizers.protocol import TokenizerLike
@@ -40,7 +42,9 @@ class HiddenCaller:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
+        # In the trace of the compaction that asked for it, when one is being traced.
         async for output in self.engine.generate({"prompt_token_ids": ids}, params,
-                                                 request_id=f"{HIDDEN_REQUEST_PREFIX}{uuid.uuid4().hex}"):
+                                                 request_id=f"{HIDDEN_REQUEST_PREFIX}{uuid.uuid4().hex}",
+                                                 trace_headers=engine_trace_headers(None)):
             final = output
         return final.outputs[0].text if final is not None else ""

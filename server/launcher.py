@@ -7,6 +7,7 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -16,11 +17,13 @@ from orchestrator.template_check import check_chat_template
 from orchestrator.vram_governor import KVStats
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
+from server.logs import configure_logging
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.tenants import TenantKeys
+from server.tracing import start_tracing
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB
 
@@ -28,9 +31,11 @@ from xdb.remote import RemoteXDB
 async def serve(config: AHCConfig) -> None:
     keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
     check_tenancy(keys)
-    config = with_vllm_flags(config)  # the model and the flags given straight to vLLM count for AHC too
+    if not config.model:  # named only among the flags passed through: vLLM's parser finds it
+        config = with_vllm_flags(config)
     capture = start_capture(config)  # checks the lens pack against the model before anything starts
     try:
+        config = with_vllm_flags(config)  # the flags given straight to vLLM count for AHC too
         await serve_with(config, capture, keys)
     finally:
         if capture is not None:
@@ -53,6 +58,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     # uvicorn's handler replaces this once serving; until then SIGTERM must still stop us.
     signal.signal(signal.SIGTERM, interrupt_init)
     args = build_vllm_namespace(config, capture.vllm_flags() if capture else None)
+    configure_logging(args)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats(), config.model_name)
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
@@ -73,6 +79,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             disable_log_stats=args.disable_log_stats,
             stat_loggers=[stat_logger_factory(metrics)],
         )
+        start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
         supported_tasks = await engine.get_supported_tasks()
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
         runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys)
@@ -102,6 +109,10 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             runtime.close()
         xdb.close()  # flushes every queued row
         sock.close()
+        # vLLM's app froze the start-up heap for serving (gc.freeze). Left frozen, its cycles outlive the
+        # interpreter's last collection and keep triton's extension types alive (torch imports triton with
+        # vLLM), and nanobind prints a page of "leaked" lines at exit.
+        gc.unfreeze()
 
 
 def open_xdb(config: AHCConfig, metrics: AHCMetrics) -> XDBClient:

@@ -17,7 +17,9 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from opentelemetry import trace
 
+from ahc.spans import SESSION_ID
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
@@ -25,8 +27,9 @@ from server.capture.activation_join import ActivationJoin, Run
 from server.capture.capture_setup import CaptureSetup
 from server.capture.side_channel import completion_key
 from server.record_queue import RecordQueue
-from server.request_context import current_session, current_tenant
+from server.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.token_text import TokenTexts
+from server.tracing import engine_trace_headers
 from xdb import XDBClient
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout
@@ -36,6 +39,7 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
     from vllm.tokenizers.protocol import TokenizerLike
 
 log = logging.getLogger("ahc.recorder")
+tracer = trace.get_tracer(__name__)
 
 EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
 
@@ -57,17 +61,22 @@ class Recorder:
     def alive(self) -> bool:
         return self.xdb.writer.alive
 
-    async def aflush(self, timeout: float = 10.0) -> None:
+    async def aflush(self, timeout: float = 10.0, session_id: str | None = None) -> None:
         """Wait, off the event loop, until every row accepted so far is committed. A disk that cannot keep
-        up within `timeout` does not fail the reply: its rows stay queued, in order, and are written later."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        try:
-            await asyncio.wait_for(self.queue.drained(), timeout)
-            remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
-            await asyncio.to_thread(self.xdb.writer.flush, remaining)
-        except (TimeoutError, FlushTimeout):
-            log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
-                        self.queue.backlog_rows, self.xdb.writer.queue_depth())
+        up within `timeout` does not fail the reply: its rows stay queued, in order, and are written later.
+        `session_id`: the session whose reply this makes durable, for the trace."""
+        with tracer.start_as_current_span("ahc.record.flush") as span:
+            if session_id is not None:
+                span.set_attribute(SESSION_ID, session_id)
+            deadline = asyncio.get_running_loop().time() + timeout
+            try:
+                await asyncio.wait_for(self.queue.drained(), timeout)
+                remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
+                await asyncio.to_thread(self.xdb.writer.flush, remaining)
+            except (TimeoutError, FlushTimeout):
+                span.set_attribute("ahc.record.behind", True)
+                log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
+                            self.queue.backlog_rows, self.xdb.writer.queue_depth())
 
     def rows(self, session_id: str, events: list[tuple[str, str | None, str, dict[str, Any] | None]],
              request_id: str | None = None) -> list[TimestepRow]:
@@ -201,9 +210,13 @@ class RecordingEngine:
         if xdb_session is None:  # a route other than AHC's chat: the request is a session of its own
             xdb_session = current_tenant.get().scope(new_session_id())
             self._recorder.xdb.start_session(xdb_session)
-        return self._generate(xdb_session, (prompt, sampling_params, request_id, *args), kwargs)
+        trace_headers = engine_trace_headers(kwargs.get("trace_headers"))
+        if trace_headers is not None:
+            kwargs["trace_headers"] = trace_headers
+        return self._generate(xdb_session, current_usage.get(), (prompt, sampling_params, request_id, *args), kwargs)
 
-    async def _generate(self, xdb_session: str, args: tuple, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
+    async def _generate(self, xdb_session: str, usage: EngineUsage | None, args: tuple,
+                        kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
         from vllm.sampling_params import RequestOutputKind
 
         _, sampling_params, request_id = args[:3]
@@ -214,6 +227,8 @@ class RecordingEngine:
         finished = False
         try:
             async for output in self._engine.generate(*args, **kwargs):
+                if usage is not None and (output.finished or usage.prompt_tokens is None):
+                    usage.saw(output)
                 for completion in output.outputs:
                     stream = streams.get(completion.index)
                     if stream is None:
@@ -229,7 +244,7 @@ class RecordingEngine:
                         await stream.finish()
                     # A completed reply is durable before the client sees it complete (kill -9 safe);
                     # the tokens themselves were never held up by the disk.
-                    await self._recorder.aflush()
+                    await self._recorder.aflush(session_id=xdb_session)
                 yield output
         finally:
             if not finished:  # aborted: tokens held for their activations are written anyway

@@ -8,10 +8,28 @@ threading them through vLLM's code.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 from server.tenants import LOCAL, Tenant
 
+
+@dataclass
+class EngineUsage:
+    """A request's prompt as the engine saw it: its tokens and how many of them the prefix cache held."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    def saw(self, output: Any) -> None:
+        """Read from one of the engine's outputs (a vLLM RequestOutput)."""
+        self.prompt_tokens = len(output.prompt_token_ids or ())
+        self.cached_tokens = output.num_cached_tokens or 0
+
+
 current_session: ContextVar[str | None] = ContextVar("ahc_current_session", default=None)
+# Filled in by the engine's outputs for the chat route's log line and span.
+current_usage: ContextVar[EngineUsage | None] = ContextVar("ahc_current_usage", default=None)
 # The tenant of the request's key (the API key middleware sets it; without keys, the one local tenant).
 current_tenant: ContextVar[Tenant] = ContextVar("ahc_current_tenant", default=LOCAL)
 

@@ -259,7 +259,7 @@ def test_ahc_routes_are_typed_in_the_openapi_schema(served: tuple[TestClient, Ru
 
 
 def broken_flush(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def fail(timeout: float = 10.0) -> None:
+    async def fail(timeout: float = 10.0, session_id: str | None = None) -> None:
         raise RuntimeError("the disk is gone")
 
     monkeypatch.setattr(runtime.recorder, "aflush", fail)

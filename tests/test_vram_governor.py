@@ -5,12 +5,15 @@ cannot fit: it waits, then gets 429 with Retry-After, and vLLM never preempts an
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ahc.server_process import REPO, start_server
+from ahc.server_process import start_server
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 
 pytestmark = pytest.mark.slow
 

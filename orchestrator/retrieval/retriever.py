@@ -11,9 +11,22 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from orchestrator.formatters import Excerpt
 from orchestrator.retrieval.scoped_indexes import ScopedIndexes
 from orchestrator.retrieval.tool import QUERY_ARCHIVE_TOOL, query_archive
+
+tracer = trace.get_tracer(__name__)
+
+
+def search_attributes(scope: str | None, k: int | None = None) -> dict[str, Any]:
+    """A search's span attributes. The index it reads is a session's or, for requests without one, their
+    namespace's: the scope is not always a session id, so the enclosing spans carry that."""
+    attributes: dict[str, Any] = {"ahc.retrieval.scope": scope or ""}
+    if k is not None:
+        attributes["ahc.retrieval.k"] = k
+    return attributes
 
 
 class _Doc(Protocol):  # orchestrator.context_spec.CodexDoc
@@ -31,7 +44,11 @@ class CodexRetriever:
     async def retrieve(self, docs: Sequence[_Doc], query: str, k: int, scope: str | None = None,
                        namespace: str = "") -> list[Excerpt]:
         """The k best excerpts of `docs` (the Codex of session `scope`, a request of `namespace`) for `query`."""
-        return await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k, scope, namespace)
+        with tracer.start_as_current_span("ahc.retrieval", attributes=search_attributes(scope, k)) as span:
+            excerpts = await asyncio.to_thread(self._retrieve, [(d.id, d.text) for d in docs], query, k, scope,
+                                               namespace)
+            span.set_attribute("ahc.retrieval.excerpts", len(excerpts))
+            return excerpts
 
     def tool(self) -> dict[str, Any]:
         return QUERY_ARCHIVE_TOOL
@@ -42,7 +59,8 @@ class CodexRetriever:
         the namespace's most recent RAG request; never another namespace's)."""
         with self._lock:
             scope = scope if scope is not None else self._last_scope.get(namespace, namespace or None)
-        return await asyncio.to_thread(self._run_tool, arguments, scope, namespace)
+        with tracer.start_as_current_span("ahc.retrieval.query_archive", attributes=search_attributes(scope)):
+            return await asyncio.to_thread(self._run_tool, arguments, scope, namespace)
 
     def _retrieve(self, docs: list[tuple[str, str]], query: str, k: int, scope: str | None,
                   namespace: str) -> list[Excerpt]:
