@@ -78,7 +78,8 @@ class EngineConfig(_Strict):
 class OrchestratorConfig(_Strict):
     """How the orchestrator assembles and governs the prompt of a request that carries `context`."""
 
-    # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window.
+    # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window; a
+    # request's `context.cag_threshold` overrides it for that request.
     cag_threshold: float = Field(0.7, gt=0, le=1)
     formatter: str = "default"
     # A karma entry added mid-session rides in State (append-only) until the next compaction instead
@@ -88,9 +89,12 @@ class OrchestratorConfig(_Strict):
     rag_max_documents: int = Field(1000, gt=0)
     rag_max_document_chars: int = Field(2_000_000, gt=0)
     rag_max_total_chars: int = Field(20_000_000, gt=0)
-    # CTC governor: caps on the assembled prompt; None leaves that cap off.
-    max_chars: int | None = Field(None, gt=0)
-    max_turns: int | None = Field(None, gt=0)
+    # CTC governor: caps on the assembled prompt's characters and its State's turns (a user message
+    # and what follows it), a safety net behind compaction. None (unset): derived from max_model_len,
+    # above what compaction keeps (orchestrator/ctc_governor.py): 90% of the window at 4 characters a
+    # token (7,373 at 2,048; 117,965 at 32k) and 512 turns. 0 turns that cap off.
+    max_chars: int | None = Field(None, ge=0)
+    max_turns: int | None = Field(None, ge=0)
     # Past this share of max_model_len in State tokens, the oldest turns are summarised by the served
     # model (the threshold follows the window: 1,024 tokens at 2,048, 16k at 32k);
     # compaction_threshold_tokens sets it in tokens instead.
@@ -104,6 +108,12 @@ class OrchestratorConfig(_Strict):
     default_completion_tokens: int = Field(512, gt=0)
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
+    # Session-aware admission: a session whose turn would evict the cached prefix of a hot one (a turn
+    # running, or one ended within session_hot_s: an agent thinking) waits for it to go quiet, at most
+    # session_max_wait_s, instead of thrashing the cache. False: first come, first served.
+    session_admission: bool = True
+    session_hot_s: float = Field(5.0, ge=0)
+    session_max_wait_s: float = Field(10.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
     # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded
     # from XDB when they return.

@@ -33,6 +33,9 @@ class ContextSpec(_Strict):
     codex: list[CodexDoc] = Field(default_factory=list)
     karma: list[KarmaEntry] = Field(default_factory=list, max_length=KARMA_MAX_ENTRIES)
     mode: Literal["auto", "cag", "rag"] = "auto"
+    # This request's share of the window under which auto mode picks CAG (None: the config's). Strict, so
+    # `true` or "0.5" is refused rather than read as a number.
+    cag_threshold: float | None = Field(None, gt=0, le=1, strict=True)
     formatter: str | None = None
 
     @field_validator("codex", "karma")

@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
+from ahc.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, INPUT_TOKENS, SESSION_ID
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import first_changed
 from orchestrator.budget import PromptMeter, RenderChat
@@ -21,7 +24,7 @@ from orchestrator.cache_report import PASSTHROUGH, CacheReport
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
-from orchestrator.ctc_governor import CTCLimits, govern
+from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
@@ -32,6 +35,8 @@ from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 
 TURN_DROPS = ("ctc_depth", "ctc_prune_turns")  # governor actions that drop State turns
+
+tracer = trace.get_tracer(__name__)  # the API's no-op until a tracer provider is installed
 
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
@@ -97,6 +102,14 @@ class Orchestrator:
         the client's own, which the chat template renders into the prompt too. `namespace`: the
         prefix of the ids this request's tenant owns (the server scopes `spec.session_id` itself); a
         request without a session gets its generated id and its Codex index under it."""
+        with tracer.start_as_current_span("ahc.prompt.assemble") as span:
+            prepared = await self._prepare(spec, messages, force_compaction, completion_tokens, tools, namespace)
+            if span.is_recording():
+                span.set_attributes(prompt_attributes(prepared))
+            return prepared
+
+    async def _prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool,
+                       completion_tokens: int | None, tools: Sequence[dict[str, Any]], namespace: str) -> Prepared:
         if spec is None:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
@@ -243,15 +256,17 @@ class Orchestrator:
         return again
 
     def _govern(self, inp: AssemblyInput, formatter: Formatter) -> tuple[AssemblyInput, list[str]]:
-        limits = CTCLimits(self.config.max_chars, self.config.max_turns)
+        limits = ctc_limits(self.config, self.max_model_len)
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
     def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter: Formatter, r: _Request) -> str:
-        """auto: CAG while the prompt is under the threshold and within the budget."""
+        """auto: CAG while the prompt is under the threshold (the request's, else the config's) and
+        within the budget."""
         if spec.mode != "auto":
             return spec.mode
         prompt = assemble(inp, formatter, self.counter, self.render_cache)
-        under = prompt.tokens < self.config.cag_threshold * self.max_model_len
+        threshold = spec.cag_threshold if spec.cag_threshold is not None else self.config.cag_threshold
+        under = prompt.tokens < threshold * self.max_model_len
         return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
 
     def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "") -> Prepared:
@@ -306,6 +321,20 @@ def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple
                 raise InvalidRequest(f"messages: cannot use a {message.get('role')!r} message as State",
                                      param="messages") from None
     return identity, turns, query
+
+
+def prompt_attributes(prepared: Prepared) -> dict[str, Any]:
+    """What a trace shows of a prepared prompt; its tokens as the orchestrator counted them (none for a
+    request sent as written)."""
+    report = prepared.report
+    attributes: dict[str, Any] = {SESSION_ID: prepared.session_id, CONTEXT_MODE: report.mode}
+    if prepared.prompt_tokens:
+        attributes[INPUT_TOKENS] = prepared.prompt_tokens
+    if report.first_changed_block is not None:
+        attributes[FIRST_CHANGED_BLOCK] = report.first_changed_block
+    if report.governor:
+        attributes[GOVERNOR_ACTIONS] = list(report.governor)
+    return attributes
 
 
 def new_session_id() -> str:

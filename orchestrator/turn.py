@@ -13,7 +13,23 @@ from ahc.errors import InvalidRequest
 from orchestrator.blocks import canonical_json, sha256_hex
 
 ROLES = ("user", "assistant", "tool")
-FILLER = {"ok", "okay", "thanks", "thank you", "sure", "got it", "yes", "no", "great", "done", "k", "noted"}
+
+# Acknowledgements that carry no fact. "yes", "no", "done" and "right" are left out: each may answer a
+# question ("Does A move left or right?").
+ACKNOWLEDGEMENTS = frozenset(tuple(phrase.split()) for phrase in (
+    "ok", "okay", "k", "kk", "sure", "sure thing", "of course", "fine", "alright", "all right",
+    "thanks", "thank you", "thanks a lot", "thanks so much", "thank you so much", "thanks very much",
+    "thank you very much", "many thanks", "thx", "ty", "cheers", "you're welcome", "welcome",
+    "got it", "gotcha", "understood", "noted", "ack", "roger", "roger that", "i see", "makes sense",
+    "sounds good", "sounds great", "looks good", "good", "very good", "great", "cool", "nice", "perfect",
+    "awesome", "excellent", "no problem", "np", "will do", "let me check", "let me see", "let me look",
+    "let me think", "one moment", "one sec", "hold on", "hi", "hello", "hey", "hmm", "hm", "ah", "oh",
+))
+ACK_MAX_WORDS = max(len(phrase) for phrase in ACKNOWLEDGEMENTS)
+# Longer than this, a message says something, whatever its words.
+FILLER_MAX_CHARS = 64
+# Sentence punctuation may sit between acknowledgements; any other ASCII symbol reads as code or data.
+SOFT_PUNCTUATION = frozenset(" \t\n\r.,!?;:-\"'")
 
 
 @dataclass(frozen=True)
@@ -63,11 +79,44 @@ class Turn:
     def chars(self) -> int:
         return len(self.content) + sum(len(a) for _, _, a in self.tool_calls)
 
-    @property
+    @cached_property
     def is_filler(self) -> bool:
         """Small talk that carries no fact: the first thing the CTC governor prunes."""
-        return not self.tool_calls and self.role != "tool" and \
-            self.content.strip().lower().rstrip(".!") in FILLER | {""}
+        return is_filler(self.role, self.content, bool(self.tool_calls))
+
+
+def is_filler(role: str, content: str, has_tool_calls: bool = False) -> bool:
+    """True for an acknowledgement or empty chatter: a user or assistant message of nothing but
+    acknowledgement phrases, punctuation or emoji. Never for a message that calls a tool or answers one
+    (a call left without its result is a conversation the model and the API reject, however empty the
+    result), or that holds a digit, code or any other word: pruning it could lose a fact."""
+    if has_tool_calls or role == "tool" or len(content) > FILLER_MAX_CHARS:
+        return False
+    words: list[str] = []
+    word: list[str] = []
+    for char in content.lower():
+        if char.isalpha() or (word and char in "'\u2019"):
+            word.append("'" if char == "\u2019" else char)
+            continue
+        if char.isalnum() or (char.isascii() and char not in SOFT_PUNCTUATION):
+            return False  # a number, or a symbol of code or data
+        if word:  # whitespace, sentence punctuation or an emoji ends a word
+            words.append("".join(word).rstrip("'"))
+            word = []
+    if word:
+        words.append("".join(word).rstrip("'"))
+    return _acknowledgements(words)
+
+
+def _acknowledgements(words: list[str]) -> bool:
+    """Whether the words are a run of acknowledgement phrases ("ok thanks", "got it let me check");
+    no words at all (punctuation, emoji, nothing) counts too."""
+    ends = {0}  # word positions a run of phrases reaches
+    for start in range(len(words)):
+        if start in ends:
+            ends.update(start + n for n in range(1, ACK_MAX_WORDS + 1)
+                        if tuple(words[start:start + n]) in ACKNOWLEDGEMENTS)
+    return len(words) in ends
 
 
 def _text(content: Any) -> str:

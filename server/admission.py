@@ -9,28 +9,57 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from opentelemetry import trace
+from prometheus_client import Histogram
+
 from ahc.errors import Unavailable
+from ahc.spans import GOVERNOR_ACTIONS, SESSION_ID
 from orchestrator.chat_turn import ChatTurn
+from orchestrator.session_admission import SessionAdmission
 from orchestrator.vram_governor import VramGovernor
 from server.recorder import Recorder
 
 POLL_S = 0.05
 
+tracer = trace.get_tracer(__name__)
 
-async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> None:
-    """Reserve the turn's blocks or raise GovernorRejected; what the governor did goes in the report."""
+
+async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int,
+                sessions: SessionAdmission | None = None, waits: Histogram | None = None) -> None:
+    """Let the session's turn in (session-aware, when on), then reserve its blocks or raise
+    GovernorRejected; what the governors did goes in the report."""
 
     async def shrink() -> int | None:
         return _blocks_needed(turn, governor, body, max_model_len) if await turn.shrink() else None
 
     actions: list[str] = []
-    try:
-        reservation = await governor.admit(_blocks_needed(turn, governor, body, max_model_len),
-                                           shrink if turn.prepared.session is not None else None, actions)
-    finally:
-        for action in actions:
-            turn.report.note(action)
+    blocks = _blocks_needed(turn, governor, body, max_model_len)
+    with tracer.start_as_current_span("ahc.governor.admit") as span:
+        try:
+            if sessions is not None and turn.prepared.session is not None:
+                await _admit_session(turn, sessions, governor, body, actions, waits)
+            reservation = await governor.admit(blocks, shrink if turn.prepared.session is not None else None,
+                                               actions)
+        finally:
+            for action in actions:
+                turn.report.note(action)
+            if span.is_recording():
+                span.set_attributes({SESSION_ID: turn.session_id, "ahc.governor.kv_blocks": blocks,
+                                     GOVERNOR_ACTIONS: actions})
     turn.on_close(reservation.release)
+
+
+async def _admit_session(turn: ChatTurn, sessions: SessionAdmission, governor: VramGovernor, body: dict[str, Any],
+                         actions: list[str], waits: Histogram | None) -> None:
+    # What the turn leaves in the cache: its whole prompt and the reply it asks room for.
+    footprint = governor.blocks_needed(turn.prepared.prompt.tokens, 0, requested_completion_tokens(body) or 0)
+    session_id = turn.session_id
+    admitted = await sessions.admit(session_id, footprint)
+    turn.on_close(lambda: sessions.finished(session_id))
+    if admitted.waited_s > 0:
+        if waits is not None:
+            waits.observe(admitted.waited_s)
+        actions.append("session_wait_timeout" if admitted.timed_out else "session_wait")
 
 
 async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s: int) -> None:
@@ -39,13 +68,17 @@ async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s
     at once, since nothing more could be recorded."""
     if not recorder.alive:
         raise Unavailable("the experience database has stopped recording; see the server log", retry_after_s)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while recorder.queue.over_backlog:
-        if loop.time() >= deadline:
-            raise Unavailable(f"the experience database is behind by {recorder.queue.backlog_rows} rows; "
-                              "retry later", retry_after_s)
-        await asyncio.sleep(POLL_S)
+    if not recorder.queue.over_backlog:
+        return
+    with tracer.start_as_current_span("ahc.governor.recording_backlog",
+                                      attributes={"ahc.xdb.backlog_rows": recorder.queue.backlog_rows}):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while recorder.queue.over_backlog:
+            if loop.time() >= deadline:
+                raise Unavailable(f"the experience database is behind by {recorder.queue.backlog_rows} rows; "
+                                  "retry later", retry_after_s)
+            await asyncio.sleep(POLL_S)
 
 
 def requested_completion_tokens(body: dict[str, Any]) -> int | None:

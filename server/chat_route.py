@@ -26,6 +26,7 @@ from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.vram_governor import GovernorRejected
 from server.admission import admit, requested_completion_tokens, wait_for_recording
+from server.chat_telemetry import ChatTelemetry
 from server.errors import error_response
 from server.request_context import current_session, current_tenant
 from server.runtime import Runtime
@@ -77,6 +78,21 @@ def install_chat_route(app: FastAPI, runtime: Runtime) -> None:
 
 
 async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runtime) -> Response:
+    """The request under its log line and trace span, which a streamed response carries to its end."""
+    telemetry = ChatTelemetry(raw_request.headers)
+    try:
+        with telemetry.current():
+            response = await serve_turn(request, raw_request, runtime, telemetry)
+    except BaseException as exc:
+        telemetry.end(exc)
+        raise
+    if not isinstance(response, TurnStream):
+        telemetry.end()
+    return response
+
+
+async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtime,
+                     telemetry: ChatTelemetry) -> Response:
     from vllm.entrypoints.openai.chat_completion.api_router import create_chat_completion
 
     body = await raw_request.json()  # already parsed once by FastAPI; Starlette keeps it
@@ -90,8 +106,10 @@ async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runti
     # renders the client's tools into the prompt too.
     async with runtime.orchestrator.turn(spec, body["messages"], requested_completion_tokens(body),
                                          body.get("tools") or (), tenant.prefix) as turn:
+        telemetry.turn = turn
         try:
-            await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len)
+            await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len, runtime.sessions,
+                        runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")
             record_inputs(turn, runtime)
@@ -101,7 +119,7 @@ async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runti
         current_session.set(turn.session_id)
         response = await create_chat_completion(vllm_request, raw_request)
         if isinstance(response, StreamingResponse):
-            return TurnStream(response, turn.hand_over(), runtime)
+            return TurnStream(response, turn.hand_over(), runtime, telemetry)
         return await finish_json(response, turn, runtime)
 
 
@@ -111,17 +129,26 @@ class TurnStream(StreamingResponse):
     The stream's own iterator settles the turn; closing it here as well covers a client that hangs up
     before the first chunk, when Starlette never starts the iterator and its cleanup would never run."""
 
-    def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime) -> None:
+    def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime, telemetry: ChatTelemetry) -> None:
         super().__init__(stream_with_report(source.body_iterator, turn, runtime), status_code=source.status_code,
                          background=source.background)
         self.raw_headers = source.raw_headers
         self._turn = turn
+        self._telemetry = telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error: BaseException | None = None
         try:
-            await super().__call__(scope, receive, send)
+            # The stream runs after the route has returned: its span is made current again, so the
+            # reply's recording and the engine's outputs stay in the request's trace.
+            with self._telemetry.current():
+                await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             self._turn.close()
+            self._telemetry.end(error)
 
 
 def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
@@ -169,7 +196,8 @@ async def settle(turn: ChatTurn, reply: dict[str, Any] | None, runtime: Runtime)
         return
     runtime.recorder.record_reply(turn.prepared, reply)
     if reply.get("tool_calls"):
-        await runtime.recorder.aflush()  # like the tokens, the calls are durable before the response
+        # Like the tokens, the calls are durable before the response.
+        await runtime.recorder.aflush(session_id=turn.session_id)
     await turn.commit(reply)
 
 

@@ -56,6 +56,10 @@ class AHCMetrics:
             "(where the reusable cached prefix ends; 'query' means everything above the question was reused)",
             m + ["first_changed_block"], registry=r)
         self.compactions = Counter("ahc_compactions", "State compactions", m, registry=r)
+        self.session_wait_seconds = Histogram(
+            "ahc_session_wait_seconds",
+            "How long a session's turn was held back so as not to evict a hot session's cached prefix",
+            m, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.governor_actions = Counter(
             "ahc_governor_actions", "Governor actions by kind (vram_reject: a 429)", m + ["action"], registry=r)
         self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", m, registry=r)
@@ -72,7 +76,8 @@ class AHCMetrics:
             "0 if it re-renders earlier turns (the prefix cache then breaks every turn), -1 if it cannot render "
             "the probe conversation", m, registry=r)
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
-        for metric in (self.compactions, self.xdb_rows_written, self.xdb_queue_depth, self.xdb_service_restarts,
+        for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
+                       self.xdb_service_restarts,
                        self.audit_head_seq, self.chat_template_prefix_stable):
             self.one(metric)
         for kind in ("agent", "hidden"):

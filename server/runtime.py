@@ -14,6 +14,7 @@ from ahc.config import AHCConfig, resolve_path
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
+from orchestrator.session_admission import SessionAdmission
 from orchestrator.token_counter import TokenCounter
 from orchestrator.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
@@ -40,6 +41,7 @@ class Runtime:
     orchestrator: Orchestrator
     retriever: CodexRetriever
     governor: VramGovernor
+    sessions: SessionAdmission | None  # None: first come, first served
     recorder: Recorder
     summarize_records: Callable[[str], str]  # XDB compression summaries, by the served model
     capture: CaptureSetup | None
@@ -94,10 +96,13 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
+    session_admission = SessionAdmission(lambda: metrics.kv_stats.total_blocks, oc.session_hot_s,
+                                         oc.session_max_wait_s) if oc.session_admission else None
     recorder = Recorder(xdb, tokenizer, background, capture)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
+                   sessions=session_admission,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file),
