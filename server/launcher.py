@@ -15,6 +15,7 @@ from pathlib import Path
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
 from orchestrator.vram_governor import KVStats
+from server.backup_signal import install_backup_signal
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
 from server.logs import configure_logging
@@ -84,6 +85,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
         runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys)
         report_template(runtime.tokenizer, metrics, chat_template)
+        install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
         if config.xdb.quota_bytes is not None:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -132,6 +133,26 @@ class AuditReport:
     unanchored: list[tuple[int, bytes]] = field(default_factory=list)
 
 
+def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
+    """Copy the database `conn` is on into a new file, from one snapshot (one statement, one
+    transaction), while other connections keep committing."""
+    cur = conn.cursor()
+    try:
+        source = cur.execute("SELECT current_database()").fetchone()
+        assert source is not None
+        cur.execute(f"ATTACH '{_sql_path(dest)}' AS ahc_backup")
+        try:
+            cur.execute(f'COPY FROM DATABASE "{source[0]}" TO ahc_backup')
+        finally:
+            cur.execute("DETACH ahc_backup")
+    finally:
+        cur.close()
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
 def parse_head(text: str) -> tuple[int, bytes]:
     """`SEQ HASH` (a head file line) or `SEQ:HASH` (the CLI's form) → (seq, 32-byte hash)."""
     parts = text.strip().replace(":", " ").split()
@@ -231,6 +252,15 @@ class AuditLog:
             os.close(self._head_fd)
             self._head_fd = None
         self.conn.close()
+
+    def copy_to(self, dest_dir: Path) -> int:
+        """A consistent copy of the log and its head file into `dest_dir` while commits go on: between
+        two commits, so the copied head file names the copied log's last record. Returns that seq."""
+        with self._commit_lock:
+            copy_database(self.conn, dest_dir / self.path.name)
+            if self.head_path.exists():
+                shutil.copy2(self.head_path, dest_dir / HEAD_FILE)
+            return self.committed_seq - 1
 
     # -- the anchor ------------------------------------------------------------------------------
     def _anchor_file(self) -> int:

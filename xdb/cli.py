@@ -1,4 +1,4 @@
-"""`ahc xdb` subcommands: recall (JSON lines) and verify-audit. Exit 0 on success, 1 with one stderr
+"""`ahc xdb` subcommands: recall (JSON lines), verify-audit and backup. Exit 0 on success, 1 with one stderr
 line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
@@ -82,3 +82,22 @@ def verify_audit_command(
     if not report.ok:
         _fail(report.first_bad or "audit log is not intact")
     typer.echo(f"audit log intact: {report.records_checked} records verified")
+
+
+@app.command("backup")
+def backup_command(
+    data_dir: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="A new (or empty) directory for the copy.")],
+) -> None:
+    """Copy a stopped server's XDB into OUT, consistently (a running server is backed up with
+    `kill -USR1 PID` or scripts/backup.sh instead: it holds the files)."""
+    from xdb import XDB
+
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    try:
+        with XDB.open(data_dir) as xdb:
+            result = xdb.backup(out)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result))

@@ -497,6 +497,9 @@ class RemoteXDB:
     def verify_audit(self, *args: Any, **kwargs: Any) -> Any:
         return self._call_after_flush("verify_audit", *args, **kwargs)
 
+    def backup(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("backup", *args, **kwargs)
+
     def audit_head(self) -> tuple[int, str]:
         seq, head = self._call("audit_head")
         return int(seq), str(head)

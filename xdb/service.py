@@ -39,7 +39,7 @@ METHODS = frozenset({
     "create_tag", "set_bud_status", "documents", "document", "document_versions", "add_document",
     "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission", "compact",
     "cold_records", "state", "save_session_state", "load_session_state", "log_interaction", "interactions",
-    "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head", "audit_event",
+    "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head", "audit_event", "backup",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"

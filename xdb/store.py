@@ -19,7 +19,7 @@ import duckdb
 from ahc.config import XDBConfig
 from ahc.errors import NotFound
 from xdb import compression, documents, fidelity, interactions, session_state, tags
-from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, read_heads
+from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
 from xdb.schema import TOP_K, open_experience
@@ -108,6 +108,22 @@ class XDB:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def backup(self, dest: Path | str) -> dict[str, Any]:
+        """A consistent copy of the database while it is written: `dest` becomes a data directory
+        `XDB.open` (or `ahc serve --data-dir`) takes as it is. The experience file is copied first, from
+        one snapshot, then the audit log between two commits; a row the audit holds and the copy missed
+        is replayed from the audit when the copy is opened, as after a crash. Session RAG indexes are
+        not copied: they are rebuilt from the Codex on the next RAG request."""
+        dest = Path(dest)
+        if dest.exists() and any(dest.iterdir()):
+            raise ValueError(f"backup destination {dest} is not empty")
+        if self.audit is None:
+            raise ValueError("this XDB was opened read-only; back up its files with the server stopped instead")
+        (dest / AUDIT_FILE).parent.mkdir(parents=True, exist_ok=True)
+        copy_database(self.conn, dest / EXPERIENCE_FILE)
+        seq = self.audit.copy_to((dest / AUDIT_FILE).parent)
+        return {"path": str(dest), "audit_seq": seq}
 
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
