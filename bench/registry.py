@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "activations": "bench.activations",
     "serve": "bench.serve",
     "retrieval": "bench.retrieval",
+    "agents": "bench.agents",
 }
 
 

@@ -1,0 +1,502 @@
+"""`ahc bench agents`: many agent sessions sharing one KV cache too small for all of them, AHC's
+session-aware admission against the same server admitting first come, first served.
+
+Each session is an agent loop through the `context` field: its own `session_id`, Identity and Codex
+of a few hundred tokens, and a State the server keeps, so a turn sends only its new user message; a
+seeded think time separates its turns. The engine's KV cache is cut to a fixed number of blocks
+(`--num-gpu-blocks-override`) so that the sessions' contexts at their last turn add up to about
+`cache_multiple` times its capacity: while one session thinks, the others' prefills evict its blocks,
+and what a scheduler gains is how much of each session's previous turn is still cached when it
+returns. The model is the smallest random one vLLM's CPU attention takes, so the cache, not compute,
+is the constraint.
+
+Both servers run the same model, flags and load, up together, measured in alternating rounds; FCFS is
+AHC with `orchestrator.session_admission` off. Every round uses new sessions with new content, so no
+round reuses another's cache. Reported per server: the hit ratio (cached / prompt tokens over every
+turn after each session's first) against the ceiling an ideal cache reaches on the same turns,
+completion tokens per second of the round's wall time, the engine's preemptions, TTFT, the server's
+admission wait (its `ahc_session_wait_seconds` histogram), the client's wait from a turn being ready to
+its first token, and the 429s the VRAM governor answered (each retried after its Retry-After).
+
+The load is `AgentLoad`'s defaults; `BENCH_AGENTS_LOAD="sessions=4,turns=3"` overrides fields (the
+bench command takes no per-bench options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import numpy as np
+
+from ahc.config import OrchestratorConfig, cache_dir, load_config
+from ahc.server_process import ServerProcess, ensure_model, start_server
+from bench.device import engine_device
+from bench.models import MODELS
+from bench.orchestrator import WORDS
+from bench.result import BenchResult
+from bench.rounds import alternating_rounds
+from bench.stream_load import percentile
+
+MODEL = "bench-2x64"
+LOAD_ENV = "BENCH_AGENTS_LOAD"
+SWITCH = "session_admission"
+FCFS_ENV = {f"AHC_ORCHESTRATOR__{SWITCH.upper()}": "false"}
+NULL_BLOCKS = 1  # vLLM keeps one block of the pool back for itself
+SLACK_BLOCKS = 2  # the session-size estimate is from the tokenizer, not the rendered prompt
+MESSAGE_OVERHEAD_TOKENS = 8  # role markers and separators the chat template adds around a message
+MAX_RETRIES = 50
+WAIT_HISTOGRAM = "ahc_session_wait_seconds"
+WAIT_BUCKET = "session_wait_le:"
+REQUEST_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class AgentLoad:
+    """The sessions, their turns and think time, and how far their contexts overcommit the cache."""
+
+    sessions: int = 16
+    turns: int = 6
+    think_min_s: float = 0.5
+    think_max_s: float = 1.0
+    max_tokens: int = 24
+    cache_multiple: float = 3.0
+    rounds: int = 3
+    identity_words: int = 120
+    codex_docs: int = 2
+    codex_words: int = 80
+    question_words: int = 20
+    seed: int = 0
+
+    def describe(self) -> str:
+        return (f"{self.sessions} sessions x {self.turns} turns, think {self.think_min_s}-{self.think_max_s} s "
+                f"(seeded), {self.max_tokens}-token replies (ignore_eos), identity ~{self.identity_words} words, "
+                f"codex {self.codex_docs} x ~{self.codex_words} words, questions ~{self.question_words} words; "
+                f"contexts at the last turn ~{self.cache_multiple}x the KV cache; {self.rounds} measured rounds "
+                "after a warm-up each")
+
+
+def load_from_env(spec: str | None) -> AgentLoad:
+    """`AgentLoad` with the fields named in `spec` ("sessions=4,turns=3") changed."""
+    load = AgentLoad()
+    if not spec:
+        return load
+    types = {f.name: type(getattr(load, f.name)) for f in dataclasses.fields(load)}
+    changes: dict[str, Any] = {}
+    for item in spec.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in types:
+            raise ValueError(f"{LOAD_ENV}: unknown field {name!r}; choose from {', '.join(types)}")
+        changes[name] = types[name](value.strip())
+    return dataclasses.replace(load, **changes)
+
+
+@dataclass(frozen=True)
+class SessionScript:
+    """What one session sends, and when: the same for both servers in a given round."""
+
+    session_id: str
+    identity: str
+    codex: tuple[dict[str, str], ...]
+    questions: tuple[str, ...]
+    start_s: float
+    think_s: tuple[float, ...]
+
+    def context(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "identity": self.identity, "codex": list(self.codex), "mode": "cag"}
+
+
+def words(rng: np.random.Generator, n: int) -> str:
+    return " ".join(rng.choice(WORDS, n))
+
+
+def scripts(load: AgentLoad, round_no: int) -> list[SessionScript]:
+    """Every session's content and timing for one round. The agent's name opens its Identity, so no two
+    sessions (or rounds) share a prefix block."""
+    out = []
+    for s in range(load.sessions):
+        rng = np.random.default_rng([load.seed, round_no, s])
+        identity = f"You are agent {s} of round {round_no}, a careful scientist. " + words(rng, load.identity_words)
+        codex = tuple({"id": f"doc{d}", "text": words(rng, load.codex_words)} for d in range(load.codex_docs))
+        questions = tuple(f"Turn {t}: " + words(rng, load.question_words) for t in range(load.turns))
+        # Staggered starts: agents do not arrive in lockstep.
+        start = float(rng.uniform(0, load.think_max_s))
+        think = tuple(float(x) for x in rng.uniform(load.think_min_s, load.think_max_s, load.turns))
+        out.append(SessionScript(f"agents-r{round_no}-s{s}", identity, codex, questions, start, think))
+    return out
+
+
+def session_tokens_estimate(script: SessionScript, max_tokens: int, count: Callable[[str], int]) -> int:
+    """Tokens of the session's last prompt plus its reply: Identity, Codex, every question and every
+    reply but the last in State, each message with the template's markers. `count`: text → tokens."""
+    system = count(script.identity) + sum(count(f"## {d['id']}\n{d['text']}") for d in script.codex)
+    turns = sum(count(q) for q in script.questions) + len(script.questions) * max_tokens
+    messages = 2 * len(script.questions) + 2  # the questions, the replies, Identity and Codex
+    return system + turns + messages * MESSAGE_OVERHEAD_TOKENS
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """The KV cache the servers get, and the window that still lets one session's turn fit in it."""
+
+    blocks: int
+    block_size: int
+    max_model_len: int
+
+
+def cache_size(sessions: int, session_tokens: int, block_size: int, cache_multiple: float,
+               model_max_len: int) -> CacheSize:
+    """Blocks so that `sessions` contexts of `session_tokens` are `cache_multiple` times the cache, but
+    never fewer than one session's last turn needs (vLLM refuses a window the cache cannot hold)."""
+    per_session = math.ceil(session_tokens / block_size)
+    blocks = max(math.ceil(sessions * per_session / cache_multiple), per_session + NULL_BLOCKS + SLACK_BLOCKS)
+    max_model_len = min(model_max_len, (blocks - NULL_BLOCKS) * block_size)
+    if max_model_len < session_tokens:
+        raise ValueError(f"a session of {session_tokens} tokens does not fit the model's {model_max_len}-token "
+                         "window; shorten the load")
+    return CacheSize(blocks, block_size, max_model_len)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One turn as the client saw it. `ttft_s`: from sending the request that was answered to its first
+    token; `wait_s`: from the turn being ready (its first attempt) to that token, 429 back-offs included."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    wait_s: float
+    rejections: int = 0
+
+
+def reusable_tokens(prompt: int, prev_prompt: int, prev_completion: int, block_size: int) -> int:
+    """What an ideal prefix cache serves of a turn: the previous request's prompt and reply in whole KV
+    blocks (the reply's last token is never written to the cache), as bench/orchestrator.py's ceiling."""
+    return min(prompt, (prev_prompt + prev_completion - 1) // block_size * block_size)
+
+
+def hit_ratio(sessions: Sequence[Sequence[TurnResult]]) -> float:
+    """Cached over prompt tokens of every turn after each session's first."""
+    later = [t for turns in sessions for t in turns[1:]]
+    prompt = sum(t.prompt_tokens for t in later)
+    return sum(t.cached_tokens for t in later) / prompt if prompt else 0.0
+
+
+def hit_ratio_ceiling(sessions: Sequence[Sequence[TurnResult]], block_size: int) -> float:
+    """The hit ratio an ideal scheduler with an ideal cache reaches on the same turns."""
+    reusable = prompt = 0
+    for turns in sessions:
+        for prev, turn in zip(turns, turns[1:]):
+            reusable += reusable_tokens(turn.prompt_tokens, prev.prompt_tokens, prev.completion_tokens, block_size)
+            prompt += turn.prompt_tokens
+    return reusable / prompt if prompt else 0.0
+
+
+@dataclass
+class AgentRound:
+    """One round on one server: every session's turns, the wall time, and the server's counters' deltas."""
+
+    sessions: list[list[TurnResult]]
+    wall_s: float
+    counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(t.completion_tokens for turns in self.sessions for t in turns)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s
+
+
+def side_figures(prefix: str, rounds: Sequence[AgentRound], block_size: int) -> dict[str, float]:
+    """One server's figures over its measured rounds: ratios and percentiles over every turn of them,
+    tokens per second the median round, counters summed."""
+    sessions = [turns for r in rounds for turns in r.sessions]
+    turns = [t for ts in sessions for t in ts]
+    ttft = [t.ttft_s for t in turns]
+    counters = summed_counters(rounds)
+    buckets = {float(k.removeprefix(WAIT_BUCKET)): v for k, v in counters.items() if k.startswith(WAIT_BUCKET)}
+    # Every attempt passes admission, a refused one too; turns let straight in are not observed.
+    attempts = len(turns) + sum(t.rejections for t in turns)
+    ready_p99 = percentile([t.wait_s for t in turns], 99)
+    # A turn's admission wait is part of its client-side wait, so the client's p99 bounds the server's;
+    # the cap keeps a wide top bucket (10-30 s) from inventing waits no turn had.
+    admission_p99 = min(histogram_quantile(0.99, buckets, attempts), ready_p99)
+    return {f"{prefix}hit_ratio": hit_ratio(sessions),
+            f"{prefix}hit_ratio_ceiling": hit_ratio_ceiling(sessions, block_size),
+            f"{prefix}tok_per_s": statistics.median(r.tok_per_s for r in rounds),
+            f"{prefix}preemptions": int(counters.get("preemptions", 0)),
+            f"{prefix}ttft_p50_ms": percentile(ttft, 50) * 1e3,
+            f"{prefix}ttft_p99_ms": percentile(ttft, 99) * 1e3,
+            f"{prefix}wait_p99_ms": admission_p99 * 1e3,
+            f"{prefix}held_turns": int(counters.get("session_wait_count", 0)),
+            f"{prefix}held_s": counters.get("session_wait_sum", 0.0),
+            f"{prefix}ready_to_token_p99_ms": ready_p99 * 1e3,
+            f"{prefix}429s": sum(t.rejections for t in turns),
+            f"{prefix}prompt_tokens": sum(t.prompt_tokens for t in turns)}
+
+
+def summed_counters(rounds: Sequence[AgentRound]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for r in rounds:
+        for name, value in r.counters.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
+
+
+def histogram_quantile(q: float, buckets: dict[float, float], total: float) -> float:
+    """The q-quantile of `total` observations of which the histogram's (cumulative counts by upper
+    bound) are the non-zero ones, interpolated within a bucket as Prometheus's histogram_quantile does."""
+    observed = max(buckets.values(), default=0.0)
+    zeros = max(total - observed, 0.0)
+    rank = q * (zeros + observed)
+    if observed == 0 or rank <= zeros:
+        return 0.0
+    lower, below = 0.0, zeros
+    for bound in sorted(buckets):
+        cumulative = zeros + buckets[bound]
+        if cumulative >= rank:
+            if math.isinf(bound):  # past the last finite bound: that bound is all that is known
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * (rank - below) / inside if inside else bound
+        lower, below = bound, cumulative
+    return lower
+
+
+def ratios_of(figures: dict[str, float | int]) -> dict[str, float]:
+    ratios = {"ahc_hit_over_ceiling": safe_ratio(figures["ahc_hit_ratio"], figures["hit_ratio_ceiling"]),
+              "fcfs_hit_over_ceiling": safe_ratio(figures["fcfs_hit_ratio"], figures["fcfs_hit_ratio_ceiling"]),
+              "ahc_tok_over_fcfs": safe_ratio(figures["ahc_tok_per_s"], figures["fcfs_tok_per_s"]),
+              "ahc_wait_p99_over_fcfs": safe_ratio(figures["ahc_wait_p99_ms"], figures["fcfs_wait_p99_ms"])}
+    return {name: value for name, value in ratios.items() if math.isfinite(value)}
+
+
+def safe_ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def combine(ahc: Sequence[AgentRound], fcfs: Sequence[AgentRound], block_size: int) -> dict[str, float | int]:
+    """Both servers' figures; `hit_ratio_ceiling` is AHC's turns' (FCFS's own is beside it: the two
+    differ only where a reply's text tokenizes differently in the next prompt)."""
+    figures: dict[str, float | int] = {**side_figures("ahc_", ahc, block_size),
+                                       **side_figures("fcfs_", fcfs, block_size)}
+    figures["hit_ratio_ceiling"] = figures.pop("ahc_hit_ratio_ceiling")
+    return figures
+
+
+# ----- the load, against a running server -----
+
+async def send_turn(http: aiohttp.ClientSession, base_url: str, body: dict[str, Any]) -> TurnResult:
+    """One streamed chat turn; a 429 waits its Retry-After and is sent again."""
+    ready, rejections = time.perf_counter(), 0
+    while True:
+        sent = time.perf_counter()
+        async with http.post(f"{base_url}/v1/chat/completions", json=body) as response:
+            if response.status == 429 and rejections < MAX_RETRIES:
+                rejections += 1
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            if response.status != 200:
+                raise RuntimeError(f"{base_url} answered {response.status}: {(await response.text())[:500]}")
+            first, usage = None, None
+            async for line in response.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                data = json.loads(line[6:])
+                choices = data.get("choices")
+                if first is None and choices and choices[0].get("delta", {}).get("content"):
+                    first = time.perf_counter()
+                usage = data.get("usage") or usage
+        if usage is None:
+            raise RuntimeError(f"{base_url}: a streamed reply without usage")
+        first = first if first is not None else time.perf_counter()
+        details = usage.get("prompt_tokens_details") or {}
+        return TurnResult(usage["prompt_tokens"], details.get("cached_tokens") or 0, usage["completion_tokens"],
+                          first - sent, first - ready, rejections)
+
+
+async def run_session(http: aiohttp.ClientSession, base_url: str, model: str, script: SessionScript,
+                      max_tokens: int) -> list[TurnResult]:
+    await asyncio.sleep(script.start_s)
+    results = []
+    for question, think in zip(script.questions, script.think_s):
+        body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": question}],
+                "context": script.context()}
+        results.append(await send_turn(http, base_url, body))
+        await asyncio.sleep(think)
+    return results
+
+
+async def run_sessions(base_url: str, model: str, load: AgentLoad,
+                       round_no: int) -> tuple[list[list[TurnResult]], float]:
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+        started = time.perf_counter()
+        sessions = await asyncio.gather(*(run_session(http, base_url, model, s, load.max_tokens)
+                                          for s in scripts(load, round_no)))
+        return list(sessions), time.perf_counter() - started
+
+
+def server_counters(base_url: str) -> dict[str, float]:
+    """The engine's preemptions, the governor's actions and the admission-wait histogram, each summed
+    over its series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "vllm:num_preemptions_total":
+                counters["preemptions"] = counters.get("preemptions", 0.0) + sample.value
+            elif sample.name == "ahc_governor_actions_total":
+                key = f"governor:{sample.labels.get('action', '?')}"
+                counters[key] = counters.get(key, 0.0) + sample.value
+            elif sample.name.startswith(WAIT_HISTOGRAM):
+                suffix = sample.name.removeprefix(WAIT_HISTOGRAM)
+                name = {"_bucket": f"{WAIT_BUCKET}{sample.labels.get('le')}", "_sum": "session_wait_sum",
+                        "_count": "session_wait_count"}.get(suffix)
+                if name is not None:
+                    counters[name] = counters.get(name, 0.0) + sample.value
+    return counters
+
+
+@dataclass
+class Side:
+    """One server under the agents' load; its rounds count up so both servers see the same scripts."""
+
+    name: str
+    server: ServerProcess
+    model: str
+    load: AgentLoad
+    rounds_run: int = 0
+
+    def measure(self) -> AgentRound:
+        import uvloop
+
+        before = server_counters(self.server.base_url)
+        sessions, wall = uvloop.run(run_sessions(self.server.base_url, self.model, self.load, self.rounds_run))
+        after = server_counters(self.server.base_url)
+        self.rounds_run += 1
+        return AgentRound(sessions, wall, {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after.keys() | before})
+
+
+# ----- the servers -----
+
+def switch_available() -> bool:
+    """Whether this build's config knows the session-aware admission switch (FCFS needs it off)."""
+    return SWITCH in OrchestratorConfig.model_fields
+
+
+def start_pair(model_dir: Path, tmp: Path, size: CacheSize, fcfs_env: dict[str, str]) -> list[ServerProcess]:
+    """AHC and FCFS started together (start-up is mostly waiting); one failing stops the other."""
+    extra = ["--max-model-len", str(size.max_model_len), "--num-gpu-blocks-override", str(size.blocks)]
+    # Threshold compaction off: every turn appends to State, which the ceiling assumes; the governor
+    # may still compact a State to admit a turn, as it would for any agent.
+    common = {"AHC_ORCHESTRATOR__COMPACTION_THRESHOLD_TOKENS": str(size.max_model_len)}
+    envs = {"ahc": common, "fcfs": {**common, **fcfs_env}}
+    with ThreadPoolExecutor(len(envs)) as pool:
+        futures = [pool.submit(start_server, tmp / name / "xdb", model=model_dir, lens="off", extra=extra, env=env)
+                   for name, env in envs.items()]
+    servers, errors = [], []
+    for future in futures:
+        try:
+            servers.append(future.result())
+        except Exception as exc:  # noqa: BLE001 - re-raised once the other server is stopped
+            errors.append(exc)
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
+    return servers
+
+
+def model_max_len(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
+
+
+def sizing(model_dir: Path, load: AgentLoad, block_size: int) -> tuple[CacheSize, int]:
+    """The cache for this load, and the estimated tokens of one session's last turn it is sized from."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    tokens = max(session_tokens_estimate(s, load.max_tokens, count) for s in scripts(load, 0))
+    return cache_size(load.sessions, tokens, block_size, load.cache_multiple, model_max_len(model_dir)), tokens
+
+
+def run(load: AgentLoad | None = None) -> BenchResult:
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
+    model_dir = ensure_model(cache_dir() / "models" / MODEL, *MODELS[MODEL])
+    block_size = load_config("cpu-tiny").engine.block_size
+    if block_size is None:
+        raise RuntimeError("agents bench: the cpu-tiny config names no engine.block_size to size the cache in")
+    size, estimate = sizing(model_dir, load, block_size)
+    switch = switch_available()
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = start_pair(model_dir, Path(tmp), size, FCFS_ENV if switch else {})
+        try:
+            model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
+            sides = [Side(name, server, model, load) for name, server in zip(("ahc", "fcfs"), servers)]
+            ahc, fcfs = alternating_rounds([side.measure for side in sides], load.rounds)
+        finally:
+            for server in servers:
+                server.stop()
+    return result_of(load, size, estimate, ahc, fcfs, switch)
+
+
+def result_of(load: AgentLoad, size: CacheSize, estimate: int, ahc: Sequence[AgentRound],
+              fcfs: Sequence[AgentRound], switch: bool) -> BenchResult:
+    figures = combine(ahc, fcfs, size.block_size)
+    last = [turns[-1].prompt_tokens + turns[-1].completion_tokens for r in ahc for turns in r.sessions]
+    per_session = statistics.mean(math.ceil(t / size.block_size) for t in last)
+    figures.update(sessions=load.sessions, turns=load.turns, max_tokens=load.max_tokens, rounds=load.rounds,
+                   kv_blocks=size.blocks, block_size=size.block_size, max_model_len=size.max_model_len,
+                   session_tokens_estimate=estimate, session_tokens_last=statistics.mean(last),
+                   cache_multiple=load.sessions * per_session / (size.blocks - NULL_BLOCKS))
+    notes = {"model": f"random Llama 2x64 ({MODEL}, ahc tiny-model)", "device": engine_device(),
+             "load": load.describe(),
+             "cache": f"--num-gpu-blocks-override {size.blocks} ({size.block_size}-token blocks), "
+                      f"--max-model-len {size.max_model_len}; cache_multiple: the sessions' last-turn contexts "
+                      "over the cache's usable blocks, as measured",
+             "fcfs": ("AHC with AHC_ORCHESTRATOR__SESSION_ADMISSION=false" if switch else
+                      "this build has no orchestrator.session_admission: FCFS is the same server as AHC, "
+                      "so both columns measure the same policy"),
+             "hit_ratio": "cached / prompt tokens (usage.prompt_tokens_details) over every turn after each "
+                          "session's first; the ceiling: per turn, the previous request's prompt and reply in "
+                          "whole blocks, over the same prompt tokens",
+             "wait": "wait_p99_ms: the server's session-admission wait (ahc_session_wait_seconds, bucket deltas "
+                     "over the measured rounds) at its p99 over every attempt, turns let straight in counted as 0, "
+                     "interpolated within buckets as histogram_quantile does, capped at the client-side p99 that "
+                     "contains it; held_turns/held_s: the turns it held and their total seconds; "
+                     "ready_to_token_p99_ms: client-side, from a turn's first attempt to its first token "
+                     "(admission, VRAM governor queue, 429 back-offs, prefill); ttft includes admission too",
+             "counters": "preemptions (vllm:num_preemptions_total) and 429s summed over the measured rounds",
+             "rounds_tok_per_s": f"ahc {', '.join(f'{r.tok_per_s:.1f}' for r in ahc)}; "
+                                 f"fcfs {', '.join(f'{r.tok_per_s:.1f}' for r in fcfs)}",
+             "governor": f"ahc {governor_actions(ahc)}; fcfs {governor_actions(fcfs)}"}
+    return BenchResult("agents", figures, ratios_of(figures), notes)
+
+
+def governor_actions(rounds: Sequence[AgentRound]) -> str:
+    counts = {k.split(":", 1)[1]: v for k, v in summed_counters(rounds).items() if k.startswith("governor:")}
+    return ", ".join(f"{k} {int(v)}" for k, v in sorted(counts.items()) if v) or "none"
