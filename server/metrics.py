@@ -46,6 +46,15 @@ class AHCMetrics:
             registry=r)
         self.vram_total_bytes = Gauge(
             "ahc_vram_total_bytes", "Memory of the engine's GPUs (on the CPU: KV cache host bytes)", m, registry=r)
+        # Kept for dashboards and checks written against them; rate() over the counters above (and vLLM's
+        # vllm:kv_cache_usage_perc) are the better views. Both are read when scraped.
+        self.prefix_cache_hit_ratio = Gauge(
+            "ahc_prefix_cache_hit_ratio",
+            "Agents' cached / prompt tokens since start-up (ahc_cached_prompt_tokens_total{kind=\"agent\"} / "
+            "ahc_prompt_tokens_total{kind=\"agent\"})", m, registry=r)
+        self.kv_cache_usage_ratio = Gauge(
+            "ahc_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (as vllm:kv_cache_usage_perc)", m,
+            registry=r)
         self.context_mode = Counter("ahc_context_mode", "Chat requests by context mode", m + ["mode"], registry=r)
         self.context_block_tokens = Histogram(
             "ahc_context_block_tokens", "Tokens in each block of an assembled prompt", m + ["block"],
@@ -87,6 +96,8 @@ class AHCMetrics:
         self._geometry: KVGeometry | None = None
         self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
+        self.one(self.prefix_cache_hit_ratio).set_function(self._agent_hit_ratio)
+        self.one(self.kv_cache_usage_ratio).set_function(lambda: self._kv_usage)
         self.one(self.vram_used_bytes).set_function(lambda: self._device_memory().used_bytes)
         self.one(self.vram_total_bytes).set_function(lambda: self._device_memory().total_bytes)
 
@@ -98,6 +109,12 @@ class AHCMetrics:
         kind = "hidden" if (request_id or "").startswith(HIDDEN_REQUEST_PREFIX) else "agent"
         self.prompt_tokens.labels(model_name=self.model_name, kind=kind).inc(prompt_tokens)
         self.cached_prompt_tokens.labels(model_name=self.model_name, kind=kind).inc(cached_tokens)
+
+    def _agent_hit_ratio(self) -> float:
+        labels = {"model_name": self.model_name, "kind": "agent"}
+        prompt = self.registry.get_sample_value("ahc_prompt_tokens_total", labels) or 0.0
+        cached = self.registry.get_sample_value("ahc_cached_prompt_tokens_total", labels) or 0.0
+        return cached / prompt if prompt else 0.0
 
     def record_kv_usage(self, usage: float, geometry: KVGeometry) -> None:
         self._kv_usage, self._geometry = usage, geometry
