@@ -85,6 +85,12 @@ class OrchestratorConfig(_Strict):
     # A karma entry added mid-session rides in State (append-only) until the next compaction instead
     # of rewriting the Karma block, which would re-prefill the whole State behind it (orchestrator/karma.py).
     karma_staging: bool = True
+    # Prompt density: when the prompt needs room before auto mode would leave the Codex out for RAG, a
+    # Codex document (not verbatim) is sent as its condensed rendition: made once by the served model
+    # (at most codex_condense_ratio of its tokens), stored in XDB as a document keyed by the source's
+    # SHA-256 and the model. False: never made (renditions a client sends inline are still used).
+    codex_condense: bool = True
+    codex_condense_ratio: float = Field(0.3, gt=0, lt=1)
     rag_top_k: int = Field(4, gt=0, le=32)
     rag_max_documents: int = Field(1000, gt=0)
     rag_max_document_chars: int = Field(2_000_000, gt=0)

@@ -18,6 +18,7 @@ class CacheReport:
     prefix_sha256: str
     first_changed_block: str | None  # the first block whose hash differs from the session's last request
     governor: list[str] = field(default_factory=list)  # actions, in the order they were taken
+    codex: tuple[dict[str, Any], ...] = ()  # per Codex document: its source and the rendition used
 
     def note(self, action: str) -> None:
         self.governor.append(action)
@@ -34,6 +35,9 @@ class CacheReport:
         return cached
 
     def to_json(self, session_id: str) -> dict[str, Any]:
-        return {"mode": self.mode, "blocks": [block.report() for block in self.blocks],
-                "prefix_sha256": self.prefix_sha256, "first_changed_block": self.first_changed_block,
-                "governor": list(self.governor), "session_id": session_id}
+        report = {"mode": self.mode, "blocks": [block.report() for block in self.blocks],
+                  "prefix_sha256": self.prefix_sha256, "first_changed_block": self.first_changed_block,
+                  "governor": list(self.governor), "session_id": session_id}
+        if self.codex:
+            report["codex"] = [dict(entry) for entry in self.codex]
+        return report

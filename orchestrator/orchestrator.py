@@ -22,6 +22,14 @@ from orchestrator.blocks import first_changed
 from orchestrator.budget import PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, CacheReport
 from orchestrator.chat_turn import ChatTurn
+from orchestrator.codex_renditions import (
+    CONDENSE_ACTION,
+    CONDENSED,
+    FULL,
+    condensed_codex,
+    report_entries,
+    wanting_rendition,
+)
 from orchestrator.compaction import compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import ctc_limits, govern
@@ -59,6 +67,7 @@ class _Request:
     formatter: Formatter
     budget: int
     tools: tuple[dict[str, Any], ...]
+    codex: tuple[CodexDoc, ...] = ()
     namespace: str = ""
     retrieved: tuple[Excerpt, ...] | None = None
 
@@ -76,6 +85,8 @@ class _Plan:
     extra_tools: list[dict[str, Any]]
     actions: list[str] = field(default_factory=list)
     overhead: int = 0
+    rendition: str = FULL  # of the Codex documents that have a condensed one
+    wanted: tuple[CodexDoc, ...] = ()  # documents a condensed rendition would have helped
 
 
 class Orchestrator:
@@ -114,7 +125,8 @@ class Orchestrator:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
             return self._passthrough(messages, namespace)
-        self.limits.check([(doc.id, doc.text) for doc in spec.codex])
+        codex = tuple(spec.documents())
+        self.limits.check([(doc.id, doc.text) for doc in codex])
         budget = self.prompt_budget(completion_tokens)
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
@@ -128,7 +140,7 @@ class Orchestrator:
                              self.counter, self.summarize, force_compaction):
                 actions.append("compaction")
         request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
-                           namespace)
+                           codex, namespace)
         # Over the budget (or with the State crowding out the excerpts), the State is compacted, then
         # compacted again down to no verbatim turns; only a prompt that fits neither way is refused.
         keeps = [self.config.compaction_keep_turns, 0] if can_compact else []
@@ -146,14 +158,15 @@ class Orchestrator:
                 actions.append("compaction")
         actions += plan.actions
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
-                             first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions)
+                             first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions,
+                             report_entries(codex, plan.rendition, plan.mode == "cag"))
         session_id = spec.session_id or namespace + new_session_id()
         karma = plan.karma
         stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
                         plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
                         stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
-                        prompt_tokens=plan.tokens, namespace=namespace)
+                        prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -172,16 +185,26 @@ class Orchestrator:
             karma = karma.all_in_block()
         state = tuple(session.turns if session else ()) + tuple(r.new_turns)
         inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
-                            codex=tuple(spec.codex), karma=karma.block, staged_karma=karma.fresh,
+                            codex=r.codex, karma=karma.block, staged_karma=karma.fresh,
                             summary=session.summary if session else None, state=state, query=r.query)
         # Everything below is synchronous: its long texts are counted on a worker thread first.
         await prefetch(inp, formatter, self.counter, self.render_cache)
         mode = self._mode(spec, inp, formatter, r)
+        rendition, condense_actions = FULL, []
+        wanted: tuple[CodexDoc, ...] = ()
+        if r.codex and self._needs_room(spec, mode, inp, formatter, r):
+            # Room before RAG: the Codex's condensed renditions, where the documents have them.
+            wanted = wanting_rendition(r.codex)
+            condensed = replace(inp, codex=condensed_codex(r.codex))
+            if condensed.codex != inp.codex:
+                await prefetch(condensed, formatter, self.counter, self.render_cache)
+                if not self._needs_room(spec, self._mode(spec, condensed, formatter, r), condensed, formatter, r):
+                    inp, mode, rendition, condense_actions = condensed, "cag", CONDENSED, [CONDENSE_ACTION]
         extra_tools: list[dict[str, Any]] = []
         starved = False
         if mode == "rag":
             inp = replace(inp, include_codex=False)
-            if self.retriever is not None and spec.codex:
+            if self.retriever is not None and r.codex:
                 extra_tools.append(self.retriever.tool())
                 inp, starved = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
         governed, ctc_actions = self._govern(inp, formatter)
@@ -191,8 +214,18 @@ class Orchestrator:
             governed, ctc_actions = self._govern(replace(inp, karma=karma.block, staged_karma=()), formatter)
         prompt = assemble(governed, formatter, self.counter, self.render_cache)
         tokens = self.meter.tokens(prompt, (*r.tools, *extra_tools))
-        return _Plan(mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools, ctc_actions,
-                     self.meter.overhead(prompt, (*r.tools, *extra_tools)))
+        return _Plan(mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools,
+                     condense_actions + ctc_actions, self.meter.overhead(prompt, (*r.tools, *extra_tools)),
+                     rendition, wanted)
+
+    def _needs_room(self, spec: ContextSpec, mode: str, inp: AssemblyInput, formatter: Formatter,
+                    r: _Request) -> bool:
+        """auto: the Codex would be left out for RAG; cag: the whole prompt is over the budget."""
+        if spec.mode == "auto":
+            return mode == "rag"
+        if spec.mode == "cag":
+            return self.meter.tokens(assemble(inp, formatter, self.counter, self.render_cache), r.tools) > r.budget
+        return False
 
     async def _excerpts(self, inp: AssemblyInput, formatter: Formatter, r: _Request,
                         tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool]:
@@ -203,7 +236,7 @@ class Orchestrator:
             assert self.retriever is not None
             # Without a session, the index of the namespace's requests without one.
             scope = r.spec.session_id or r.namespace or None
-            r.retrieved = tuple(await self.retriever.retrieve(r.spec.codex, r.query or "", self.config.rag_top_k,
+            r.retrieved = tuple(await self.retriever.retrieve(r.codex, r.query or "", self.config.rag_top_k,
                                                               scope, r.namespace))
         if not r.retrieved or r.query is None:
             return inp, False

@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.assembler import AssembledPrompt
 from orchestrator.cache_report import CacheReport
-from orchestrator.context_spec import ContextSpec
+from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.karma import KarmaPlan
 from orchestrator.session import Session
 from orchestrator.turn import Turn
@@ -34,6 +34,8 @@ class Prepared:
     tools: tuple[dict[str, Any], ...] = ()  # the client's tools, which the template renders too
     prompt_tokens: int = 0  # the prompt as the engine counts it: blocks plus chat template and tools
     namespace: str = ""  # the prefix of the tenant's ids, for a re-prepare (shrink)
+    # Codex documents without a condensed rendition that would have kept the Codex in the prompt.
+    condense_wanted: tuple[CodexDoc, ...] = ()
 
     @property
     def actions(self) -> list[str]:

@@ -14,6 +14,7 @@ from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.chat_route import install_chat_route
+from server.codex_routes import codex_router
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
@@ -98,6 +99,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))
     app.include_router(agent_router(runtime.xdb))
     app.include_router(context_router(runtime.retriever))
+    app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
     # With or without a key: a keyless local server is exactly what a cross-site page would target.

@@ -18,6 +18,8 @@ from orchestrator.session_admission import SessionAdmission
 from orchestrator.token_counter import TokenCounter
 from orchestrator.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
+from server.codex_condenser import CodexCondenser
+from server.codex_resolver import CodexResolver
 from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
@@ -48,10 +50,13 @@ class Runtime:
     background: ThreadPoolExecutor  # one ordered worker for small synchronous XDB writes
     rag_indexes: ScopedIndexes
     keys: TenantKeys  # empty: no key, one local tenant
+    codex: CodexResolver  # Codex entries by reference, and stored condensed renditions
+    condenser: CodexCondenser  # makes the renditions (requests ask only when codex_condense is on)
     token_process: TokenProcess | None = None
 
     def close(self) -> None:
         """Stop what the runtime started (the engine and XDB belong to the launcher)."""
+        self.condenser.cancel()
         if self.token_process is not None:
             self.token_process.close()
         self.background.shutdown(wait=True)
@@ -99,6 +104,9 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
     session_admission = SessionAdmission(lambda: metrics.kv_stats.total_blocks, oc.session_hot_s,
                                          oc.session_max_wait_s) if oc.session_admission else None
     recorder = Recorder(xdb, tokenizer, background, capture)
+    codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
+    condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,
+                               oc.codex_condense_ratio, max_model_len)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
@@ -106,4 +114,5 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file),
+                   codex=codex, condenser=condenser,
                    token_process=token_process)

@@ -91,6 +91,41 @@ def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, p
     return _doc(row)
 
 
+def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, path: str | None = None,
+                  version: int | None = None, sha256: str | None = None, id_prefix: str = "",
+                  with_content: bool = True) -> dict[str, Any]:
+    """One tenant's document version: by id or name (`key`) or by `path`, at `version`, or the version
+    whose content has `sha256`, else the latest. A name two documents share is an error naming their ids."""
+    where = ["starts_with(id, ?)"]
+    params: list[Any] = [id_prefix]
+    if key is not None:
+        where.append("(id = ? OR name = ?)")
+        params += [id_prefix + key, key]
+    if path is not None:
+        where.append("path = ?")
+        params.append(path)
+    if version is not None:
+        where.append("version = ?")
+        params.append(version)
+    if sha256 is not None:
+        where.append("content_hash = ?")
+        params.append(sha256)
+    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE {' AND '.join(where)} "
+                       "ORDER BY version DESC, updated_at DESC", params).fetchall()
+    wanted = " ".join(part for part in (
+        f"{key!r}" if key is not None else None, f"at path {path!r}" if path is not None else None,
+        f"version {version}" if version is not None else None,
+        f"with sha256 {sha256}" if sha256 is not None else None) if part)
+    if not rows:
+        raise NotFound(f"document {wanted} not found")
+    by_id = [r for r in rows if r[0] == id_prefix + (key or "")] if key is not None else []
+    ids = {r[0] for r in rows}
+    if not by_id and key is not None and len(ids) > 1:
+        names = ", ".join(sorted(i.removeprefix(id_prefix) for i in ids))
+        raise InvalidRequest(f"document name {key!r} is shared by {names}: name one by its id")
+    return _doc((by_id or rows)[0], with_content)
+
+
 def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[str, Any]]:
     rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE id = ? ORDER BY version", [doc_id]).fetchall()
     if not rows:

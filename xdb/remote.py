@@ -437,6 +437,9 @@ class RemoteXDB:
     def document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("document", *args, **kwargs)
 
+    def find_document(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("find_document", *args, **kwargs)
+
     def document_versions(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("document_versions", *args, **kwargs)
 

@@ -242,6 +242,10 @@ class XDB:
         with self.cursor() as cur:
             return documents.get_document(cur, doc_id, path=path, version=version)
 
+    def find_document(self, key: str | None = None, **where: Any) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return documents.find_document(cur, key, **where)
+
     def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return documents.document_versions(cur, doc_id)

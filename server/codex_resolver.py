@@ -1,0 +1,137 @@
+"""Codex entries resolved against XDB before the orchestrator sees them.
+
+An entry may name a stored document (`{"document": "spec", "version": 3}`, or `{"sha256": …}`)
+instead of carrying its text: it is rendered from that stored version, byte for byte, so a large
+Codex is uploaded once and its prefix stays cached while each request stays small. And a document
+that has a condensed rendition for the served model (see `server/codex_condenser.py`) carries it,
+for the orchestrator to use when the prompt needs room.
+
+A stored version never changes, so its text is read from XDB once and kept here (bounded in
+characters); a reference to the latest version costs one small lookup per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ahc.errors import InvalidRequest
+from orchestrator.context_spec import CodexDoc, CodexRef, ContextSpec, StoredCodexDoc
+from xdb import XDBClient
+
+CONDENSED_TAG = "condensed"
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def rendition_path(model: str, source_sha256: str) -> str:
+    """Where a condensed rendition is stored: one per source text and model."""
+    return f"ahc/condensed/{model}/{source_sha256}"
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Rendition:
+    text: str
+    label: str  # the rendition document's id@version (without the tenant's prefix)
+
+
+class _Bounded(Generic[K, V]):
+    """A least-recently-used map bounded by the characters of what it holds."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._chars = 0
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        if key not in self._items:
+            return False, None
+        self._items.move_to_end(key)
+        return True, self._items[key][0]
+
+    def put(self, key: K, value: V, chars: int) -> None:
+        if key in self._items:
+            self._chars -= self._items.pop(key)[1]
+        if chars > self.max_chars:
+            return
+        self._items[key] = (value, chars)
+        self._chars += chars
+        while self._chars > self.max_chars:
+            self._chars -= self._items.popitem(last=False)[1][1]
+
+
+class CodexResolver:
+    def __init__(self, xdb: XDBClient, model: str, max_chars: int = 64 << 20) -> None:
+        self.xdb = xdb
+        self.model = model
+        self._versions: _Bounded[tuple[str, int], dict[str, Any]] = _Bounded(max_chars)
+        # (tenant prefix, source sha256) -> its rendition, or None: none stored (yet).
+        self._renditions: _Bounded[tuple[str, str], Rendition | None] = _Bounded(max_chars)
+
+    async def resolve(self, spec: ContextSpec, prefix: str) -> ContextSpec:
+        """The spec with every Codex entry a document with text (and its rendition, when stored)."""
+        if not spec.codex:
+            return spec
+        docs: list[CodexDoc] = []
+        for i, entry in enumerate(spec.codex):
+            doc = await self._stored(entry, prefix, i) if isinstance(entry, CodexRef) else entry
+            if doc.condensed is None and not doc.verbatim:
+                doc = await self._with_rendition(doc, prefix)
+            docs.append(doc)
+        ids = [doc.id for doc in docs]
+        if len(ids) != len(set(ids)):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise InvalidRequest(f"context.codex: two entries are named {dup!r}; give a reference its own `id`",
+                                 param="context.codex")
+        return spec.model_copy(update={"codex": docs})
+
+    def remember_rendition(self, prefix: str, source_sha256: str, rendition: Rendition | None) -> None:
+        self._renditions.put((prefix, source_sha256), rendition, len(rendition.text) if rendition else 0)
+
+    async def rendition(self, prefix: str, source_sha256: str) -> Rendition | None:
+        known, cached = self._renditions.get((prefix, source_sha256))
+        if known:
+            return cached
+        try:
+            doc = await asyncio.to_thread(self.xdb.find_document, path=rendition_path(self.model, source_sha256),
+                                          id_prefix=prefix)
+        except LookupError:
+            found = None
+        else:
+            found = Rendition(doc["content"], f"{doc['id'].removeprefix(prefix)}@{doc['version']}")
+        self.remember_rendition(prefix, source_sha256, found)
+        return found
+
+    async def _stored(self, ref: CodexRef, prefix: str, index: int) -> StoredCodexDoc:
+        try:
+            meta = await asyncio.to_thread(self.xdb.find_document, ref.document, version=ref.version,
+                                           sha256=ref.sha256, id_prefix=prefix, with_content=False)
+        except LookupError as exc:
+            raise InvalidRequest(f"context.codex.{index}: {exc.args[0] if exc.args else exc}",
+                                 param=f"context.codex.{index}") from None
+        key = (meta["id"], meta["version"])
+        known, doc = self._versions.get(key)
+        if not known or doc is None:
+            doc = await asyncio.to_thread(self.xdb.document, meta["id"], version=meta["version"])
+            self._versions.put(key, doc, len(doc["content"]))
+        return StoredCodexDoc(id=ref.id or doc["name"], text=doc["content"], verbatim=ref.verbatim,
+                              document=doc["id"].removeprefix(prefix), version=doc["version"],
+                              sha256=doc["content_hash"])
+
+    async def _with_rendition(self, doc: CodexDoc, prefix: str) -> CodexDoc:
+        sha = doc.sha256 if isinstance(doc, StoredCodexDoc) else text_sha256(doc.text)
+        rendition = await self.rendition(prefix, sha)
+        if rendition is None:
+            return doc
+        update: dict[str, Any] = {"condensed": rendition.text}
+        if isinstance(doc, StoredCodexDoc):
+            update["condensed_version"] = rendition.label
+        return doc.model_copy(update=update)
