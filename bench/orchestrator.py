@@ -5,6 +5,10 @@ ours sends only the new turn with a `session_id` (the server keeps the State, bl
 the naive client puts a timestamp at the top of its system prompt and resends the whole history, as
 agent frameworks commonly do. Reported: hit ratio (cached / prompt tokens) and TTFT p50 of both, and
 the assembly p99 at a ~100k-token context when every block is cached.
+
+Then prompt density: a session whose Codex (stored once in XDB, named by reference) is too large for
+its CAG threshold, sent as the Codex's condensed rendition, against the same session with the Codex
+marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and both hit ratios.
 """
 
 from __future__ import annotations
@@ -119,6 +123,52 @@ def run_naive(client: openai.OpenAI, model: str) -> TurnLog:
     return log
 
 
+DENSITY_TURNS = 8
+# The session's own cag_threshold: its ~3k-token Codex needs room from the first turn.
+DENSITY_THRESHOLD = 0.3
+
+
+def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any) -> dict[str, Any]:
+    """One Codex document, condensed once by the served model; then a session on the rendition (CAG)
+    and one on the verbatim document (RAG), turn by turn."""
+    identity, codex_text = "You are a careful scientist. " + text_of(140, 1), text_of(1500, 77)
+    with server.http(timeout=1800) as http:
+        doc = http.post("/v1/xdb/documents", json={"name": "density-codex", "content": codex_text}).json()
+        start = time.perf_counter()
+        made = http.post(f"/v1/xdb/documents/{doc['id']}/condensed")
+        made.raise_for_status()
+        condense_s = time.perf_counter() - start
+    logs: dict[str, TurnLog] = {}
+    reports: dict[str, list[dict[str, Any]]] = {}
+    for name, verbatim in (("condensed", False), ("verbatim", True)):
+        logs[name], reports[name] = TurnLog(), []
+        for turn in range(DENSITY_TURNS):
+            context = {"session_id": f"bench-density-{name}", "identity": identity, "cag_threshold": DENSITY_THRESHOLD,
+                       "codex": [{"document": doc["id"], "verbatim": verbatim}]}
+            start = time.perf_counter()
+            reply = client.chat.completions.create(
+                model=model, max_tokens=REPLY_TOKENS, temperature=0, extra_body={"context": context},
+                messages=[{"role": "user", "content": f"Turn {turn}: " + text_of(25, 300 + turn)}])
+            logs[name].add(time.perf_counter() - start, reply.usage)
+            reports[name].append(reply.to_dict()["context"])
+    dense = reports["condensed"]
+    if {r["codex"][0]["rendition"] for r in dense} != {"condensed"}:
+        raise RuntimeError(f"the density session did not use the condensed rendition: {dense[0]}")
+    full_tokens = len(tokenizer.encode(codex_text, add_special_tokens=False))
+    condensed_tokens = next(b["tokens"] for b in dense[0]["blocks"] if b["name"] == "codex")
+    return {"figures": {
+        "density_codex_tokens_full": full_tokens, "density_codex_tokens_condensed": condensed_tokens,
+        "density_tokens_saved_per_turn": full_tokens - condensed_tokens,
+        "density_hit_ratio": logs["condensed"].hit_ratio(), "density_rag_hit_ratio": logs["verbatim"].hit_ratio(),
+        "density_prompt_tokens": sum(logs["condensed"].prompt),
+        "density_rag_prompt_tokens": sum(logs["verbatim"].prompt), "density_condense_s": condense_s},
+        "ratios": {"density_condensed_over_full": condensed_tokens / full_tokens},
+        "notes": {"density": f"{DENSITY_TURNS} turns per session, Codex one ~3k-token document, cag_threshold "
+                             f"{DENSITY_THRESHOLD}; modes {[r['mode'] for r in dense]} vs "
+                             f"{[r['mode'] for r in reports['verbatim']]}; the rendition is a random model's "
+                             "text, so its length (not its content) is what this measures"}}
+
+
 def assembly_p99_ms(model_dir: Path) -> float:
     """Orchestrator.prepare on a session holding ~100k tokens, every block unchanged (cached)."""
     import asyncio
@@ -168,6 +218,9 @@ def run() -> BenchResult:
             model = client.models.list().data[0].id
             naive = run_naive(client, model)
             ours = run_ours(client, model)
+            from transformers import AutoTokenizer
+
+            density = run_density(server, client, model, AutoTokenizer.from_pretrained(model_dir))
         finally:
             server.stop()
     # Turn 0 of each run has nothing cached by construction; the steady state is what agents live in.
@@ -181,9 +234,12 @@ def run() -> BenchResult:
         "ttft_p50_ms": ours_p50, "naive_ttft_p50_ms": naive_p50,
         "assembly_p99_ms": assembly_p99_ms(model_dir), "turns": TURNS,
         "prompt_tokens": sum(ours.prompt), "naive_prompt_tokens": sum(naive.prompt),
+        **density["figures"],
     }
     notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": engine_device(),
              "session": f"{TURNS} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from turn 3, "
                         f"~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
-             "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn()}
-    return BenchResult("orchestrator", figures, {"ttft_naive_over_ours": naive_p50 / ours_p50}, notes)
+             "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn(),
+             **density["notes"]}
+    return BenchResult("orchestrator", figures, {"ttft_naive_over_ours": naive_p50 / ours_p50, **density["ratios"]},
+                       notes)
