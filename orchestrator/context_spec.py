@@ -65,11 +65,12 @@ def _codex_kind(value: Any) -> str:
     """A reference names a document or a hash; anything else is read (and reported on) as inline text."""
     if isinstance(value, CodexRef) or (isinstance(value, dict) and "text" not in value
                                        and ("document" in value or "sha256" in value)):
-        return "ref"
-    return "text"
+        return "[ref]"
+    return "[text]"
 
 
-CodexEntry = Annotated[Annotated[CodexDoc, Tag("text")] | Annotated[CodexRef, Tag("ref")],
+# Tags in brackets: pydantic puts them in an error's `loc`, where they are not field names and are dropped.
+CodexEntry = Annotated[Annotated[CodexDoc, Tag("[text]")] | Annotated[CodexRef, Tag("[ref]")],
                        Discriminator(_codex_kind)]
 
 
@@ -116,9 +117,6 @@ def parse_context(raw: Any) -> ContextSpec:
         return ContextSpec.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        # A Codex entry's union tag ("text", "ref") is pydantic's, not a field the client wrote.
-        loc = [part for i, part in enumerate(first["loc"])
-               if not (i == 2 and first["loc"][0] == "codex" and part in ("text", "ref"))]
-        path = ".".join(["context", *(str(part) for part in loc)])
+        path = ".".join(["context", *(str(part) for part in first["loc"] if "[" not in str(part))])
         message = str(first["msg"]).removeprefix("Value error, ")
         raise InvalidRequest(f"{path}: {message}", param=path) from None

@@ -214,7 +214,10 @@ def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: 
                                             ({"formatter": "nope"}, "context.formatter"),
                                             ({"identity": "i" * (IDENTITY_MAX_CHARS + 1)}, "context.identity"),
                                             ({"karma": [{"id": "k", "text": "k" * (KARMA_TEXT_MAX_CHARS + 1)}]},
-                                             "context.karma.0.text")])
+                                             "context.karma.0.text"),
+                                            ({"codex": [{"id": "a", "text": "x"}, {"document": "d", "version": 0}]},
+                                             "context.codex.1.version"),
+                                            ({"codex": [{"document": "no-such-document"}]}, "context.codex.0")])
 def test_a_bad_context_is_400_naming_the_field(served: tuple[TestClient, Runtime], context: dict[str, object],
                                                param: str) -> None:
     client, _ = served
