@@ -71,6 +71,11 @@ class EngineConfig(_Strict):
     cpu_kvcache_space_gib: int = Field(1, gt=0)
     # Seconds SIGTERM waits for in-flight requests before aborting them.
     shutdown_timeout: int = Field(10, ge=0)
+    # KV offloading to CPU memory (GiB, over all ranks; None: off) through vLLM's connector: prefixes
+    # evicted from the GPU are restored by a copy instead of a prefill. Needs a GPU build ("native": vLLM's
+    # own CPU tier; "lmcache": an LMCache server, whose own capacity this should state).
+    kv_offloading_size: float | None = Field(None, gt=0)
+    kv_offloading_backend: Literal["native", "lmcache"] = "native"
     # Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"]).
     extra_args: list[str] = Field(default_factory=list)
 
@@ -115,11 +120,14 @@ class OrchestratorConfig(_Strict):
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
     # Session-aware admission: a session whose turn would evict the cached prefix of a hot one (a turn
-    # running, or one ended within session_hot_s: an agent thinking) waits for it to go quiet, at most
-    # session_max_wait_s, instead of thrashing the cache. False: first come, first served.
+    # running, or one ended within its own usual think time, at most session_hot_s) may wait for it to
+    # come back, while the wait costs less than the prefill it spares (session_wait_per_prefill seconds of
+    # wait per second of the engine's measured prefill) and never past session_max_wait_s. Cheap
+    # prefills (or an offload tier that keeps the prefix) hold nothing. False: first come, first served.
     session_admission: bool = True
     session_hot_s: float = Field(5.0, ge=0)
     session_max_wait_s: float = Field(10.0, ge=0)
+    session_wait_per_prefill: float = Field(1.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
     # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded
     # from XDB when they return.

@@ -7,8 +7,10 @@ seeded think time separates its turns. The engine's KV cache is cut to a fixed n
 (`--num-gpu-blocks-override`) so that the sessions' contexts at their last turn add up to about
 `cache_multiple` times its capacity: while one session thinks, the others' prefills evict its blocks,
 and what a scheduler gains is how much of each session's previous turn is still cached when it
-returns. The model is the smallest random one vLLM's CPU attention takes, so the cache, not compute,
-is the constraint.
+returns. The model is the smallest random one vLLM's CPU attention takes, so a prefill costs next to
+nothing and a turn held back can only lose time: session-aware admission must then hold nothing and
+match first come, first served. `model=bench-6x512` in the load makes a prefill cost real time (as a
+long context does on a GPU), where a hit is worth a short wait.
 
 Both servers run the same model, flags and load, up together, measured in alternating rounds; FCFS is
 AHC with `orchestrator.session_admission` off. Every round uses new sessions with new content, so no
@@ -51,7 +53,7 @@ from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.stream_load import percentile
 
-MODEL = "bench-2x64"
+MODEL = "bench-2x64"  # prefill next to free: what a wait may cost is all latency
 LOAD_ENV = "BENCH_AGENTS_LOAD"
 SWITCH = "session_admission"
 FCFS_ENV = {f"AHC_ORCHESTRATOR__{SWITCH.upper()}": "false"}
@@ -80,9 +82,12 @@ class AgentLoad:
     codex_words: int = 80
     question_words: int = 20
     seed: int = 0
+    # One of bench/models.py's: "bench-6x512" makes a prefill cost real time, as a long context on a GPU.
+    model: str = MODEL
 
     def describe(self) -> str:
-        return (f"{self.sessions} sessions x {self.turns} turns, think {self.think_min_s}-{self.think_max_s} s "
+        return (f"{self.model}: {self.sessions} sessions x {self.turns} turns, "
+                f"think {self.think_min_s}-{self.think_max_s} s "
                 f"(seeded), {self.max_tokens}-token replies (ignore_eos), identity ~{self.identity_words} words, "
                 f"codex {self.codex_docs} x ~{self.codex_words} words, questions ~{self.question_words} words; "
                 f"contexts at the last turn ~{self.cache_multiple}x the KV cache; {self.rounds} measured rounds "
@@ -446,7 +451,9 @@ def sizing(model_dir: Path, load: AgentLoad, block_size: int) -> tuple[CacheSize
 
 def run(load: AgentLoad | None = None) -> BenchResult:
     load = load or load_from_env(os.environ.get(LOAD_ENV))
-    model_dir = ensure_model(cache_dir() / "models" / MODEL, *MODELS[MODEL])
+    if load.model not in MODELS:
+        raise ValueError(f"{LOAD_ENV}: unknown model {load.model!r}; choose from {', '.join(MODELS)}")
+    model_dir = ensure_model(cache_dir() / "models" / load.model, *MODELS[load.model])
     block_size = load_config("cpu-tiny").engine.block_size
     if block_size is None:
         raise RuntimeError("agents bench: the cpu-tiny config names no engine.block_size to size the cache in")
@@ -473,7 +480,8 @@ def result_of(load: AgentLoad, size: CacheSize, estimate: int, ahc: Sequence[Age
                    kv_blocks=size.blocks, block_size=size.block_size, max_model_len=size.max_model_len,
                    session_tokens_estimate=estimate, session_tokens_last=statistics.mean(last),
                    cache_multiple=load.sessions * per_session / (size.blocks - NULL_BLOCKS))
-    notes = {"model": f"random Llama 2x64 ({MODEL}, ahc tiny-model)", "device": engine_device(),
+    notes = {"model": f"random Llama {load.model.removeprefix('bench-')} ({load.model}, ahc tiny-model)",
+             "device": engine_device(),
              "load": load.describe(),
              "cache": f"--num-gpu-blocks-override {size.blocks} ({size.block_size}-token blocks), "
                       f"--max-model-len {size.max_model_len}; cache_multiple: the sessions' last-turn contexts "

@@ -32,6 +32,7 @@ class KVStats:
     total_blocks: int = 0
     block_size: int = 16
     usage: float = 0.0
+    bytes_per_block: int = 0  # of KV, over every rank; 0 until the engine reports its geometry
 
     @property
     def used_blocks(self) -> int:

@@ -10,7 +10,9 @@
 #    simulate` with --backend triton and --backend numpy on every bundled rule and a few states,
 #    compared byte for byte;
 # 4. `ahc bench serve`, `ahc bench orchestrator` and `ahc bench activations` (each builds its own
-#    random model under .cache/models);
+#    random model under .cache/models); `ahc bench agents` twice: as it is, then with vLLM's KV
+#    offloading on for both of its servers (AHC_ENGINE__KV_OFFLOADING_SIZE, GiB of host memory), so
+#    session-aware admission counts the CPU tier and the engine starts with the offloading connector;
 # 5. the test suite (`make test EXTRAS=gpu`).
 #
 # Progress and every command's output go to stderr (and to a log directory under .cache/gpu-check);
@@ -23,12 +25,13 @@
 #                            `ahc bench serve --base-url`, as the extra step serve_model
 #   AHC_GPU_CHECK_PEAK_TBPS  the GPU's peak memory bandwidth in TB/s, for a GPU the built-in table lacks
 #   AHC_GPU_CHECK_STEPS      the steps to run, comma-separated (default: all of
-#                            universe,serve,orchestrator,activations,tests); the others are reported
-#                            as skipped
+#                            universe,serve,orchestrator,activations,agents,tests); the others are
+#                            reported as skipped
+#   AHC_GPU_CHECK_OFFLOAD_GIB the host memory of the agents bench's offloading run (default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-ALL_STEPS=universe,serve,orchestrator,activations,tests
+ALL_STEPS=universe,serve,orchestrator,activations,agents,tests
 SIM_STEPS=70  # more than two launches of the kernel's 32 steps each
 GPU_SHARE=0.2  # of the GPU's memory, for each server a bench or a test starts
 
@@ -37,7 +40,8 @@ GPU_SHARE=0.2  # of the GPU's memory, for each server a bench or a test starts
 check_model=${AHC_GPU_CHECK_MODEL:-}
 check_peak_tbps=${AHC_GPU_CHECK_PEAK_TBPS:-}
 check_steps=${AHC_GPU_CHECK_STEPS:-$ALL_STEPS}
-unset AHC_GPU_CHECK_MODEL AHC_GPU_CHECK_PEAK_TBPS AHC_GPU_CHECK_STEPS
+check_offload_gib=${AHC_GPU_CHECK_OFFLOAD_GIB:-2}
+unset AHC_GPU_CHECK_MODEL AHC_GPU_CHECK_PEAK_TBPS AHC_GPU_CHECK_STEPS AHC_GPU_CHECK_OFFLOAD_GIB
 
 no_gpu() {
     echo "error: no CUDA GPU found (gpu_check.sh needs one)${1:+: $1}" >&2
@@ -224,6 +228,11 @@ if step_ok setup; then
             run_step "$name" "${share[@]}" "$AHC" bench "$name" --json
         fi
     done
+    if wanted agents; then
+        run_step agents "${share[@]}" "$AHC" bench agents --json
+        run_step agents_offload "${share[@]}" "AHC_ENGINE__KV_OFFLOADING_SIZE=$check_offload_gib" \
+            "$AHC" bench agents --json
+    fi
     # --- 5. the test suite -------------------------------------------------------------------------------
     if wanted tests; then
         run_step tests "${share[@]}" make test EXTRAS=gpu
@@ -234,7 +243,7 @@ fi
 py=.venv/bin/python
 [[ -x $py ]] || py=python3
 "$py" - "$logs" "$check_steps" "$check_model" "$check_peak_tbps" \
-    "${AHC_ENGINE__GPU_MEMORY_UTILIZATION:-$GPU_SHARE}" <<'PY'
+    "${AHC_ENGINE__GPU_MEMORY_UTILIZATION:-$GPU_SHARE}" "$check_offload_gib" <<'PY'
 from __future__ import annotations
 
 import json
@@ -243,7 +252,7 @@ import sys
 from pathlib import Path
 
 logs, steps = Path(sys.argv[1]), set(sys.argv[2].split(","))
-check_model, check_peak_tbps, gpu_share = sys.argv[3:6]
+check_model, check_peak_tbps, gpu_share, offload_gib = sys.argv[3:7]
 
 # Peak memory bandwidth, TB/s, from the vendors' datasheets, by the name nvidia-smi gives; first match.
 PEAK_TBPS = [
@@ -382,7 +391,11 @@ summary = {"gpu": gpu, "setup": setup, "universe": universe, "serve": bench("ser
 if check_model and "serve" in steps:
     summary["serve_model"] = {**bench("serve_model"), "model": check_model,
                               "config": "configs/gpu.yaml"}
-summary.update(orchestrator=bench("orchestrator"), activations=bench("activations"), tests=tests)
+summary.update(orchestrator=bench("orchestrator"), activations=bench("activations"), agents=bench("agents"))
+# The offloading run is part of the agents step: skipped or failed with it.
+offload = bench("agents_offload") if rc("agents_offload") is not None else not_run("agents")
+summary["agents_offload"] = {**offload, "kv_offloading_size_gib": float(offload_gib)}
+summary["tests"] = tests
 summary["notes"] = [
     "universe.cells_per_s is `ahc universe bench`'s Triton figure: simulate() end to end, the copy of "
     "the trajectory back to the host included (kernels/README.md puts that PCIe cap at ~2.5-5e10 "

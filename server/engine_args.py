@@ -44,6 +44,9 @@ def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> 
         args += ["--block-size", str(engine.block_size)]
     if engine.tool_call_parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+    if engine.kv_offloading_size is not None:
+        args += ["--kv-offloading-size", str(engine.kv_offloading_size),
+                 "--kv-offloading-backend", engine.kv_offloading_backend]
     return args + list(capture_flags or []) + list(engine.extra_args)
 
 
@@ -77,7 +80,7 @@ def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = No
 # orchestrator budgets with the window vLLM really has.
 ENGINE_FLAGS = ("max_model_len", "dtype", "enforce_eager", "enable_prefix_caching", "gpu_memory_utilization",
                 "max_num_seqs", "max_num_batched_tokens", "block_size", "seed", "tensor_parallel_size",
-                "tool_call_parser", "shutdown_timeout")
+                "tool_call_parser", "shutdown_timeout", "kv_offloading_size", "kv_offloading_backend")
 
 
 def with_vllm_flags(config: AHCConfig) -> AHCConfig:

@@ -24,6 +24,8 @@ class KVGeometry:
     # Physical (NVML) indices of the engine's GPUs: CUDA_VISIBLE_DEVICES may map the engine's first GPU
     # to any of the machine's.
     devices: tuple[int, ...] = ()
+    # Ranks sharing the model: layers and KV heads above are one rank's, an offload buffer is all of theirs.
+    ranks: int = 1
 
     @property
     def bytes_per_token(self) -> int:
@@ -56,6 +58,7 @@ class KVGeometry:
             num_blocks=cache.num_gpu_blocks or 0,
             on_gpu=on_gpu,
             devices=devices,
+            ranks=parallel.world_size,
         )
 
 

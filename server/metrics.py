@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from orchestrator.cache_report import CacheReport
+from orchestrator.prefill_cost import PrefillCost
 from orchestrator.vram_governor import KVStats
 from server.hidden_calls import HIDDEN_REQUEST_PREFIX
 from server.kv_geometry import DeviceMemory, KVGeometry, device_memory
@@ -95,6 +96,7 @@ class AHCMetrics:
         self._kv_usage = 0.0
         self._geometry: KVGeometry | None = None
         self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
+        self.prefill = PrefillCost()  # what session-aware admission weighs a wait against
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
         self.one(self.prefix_cache_hit_ratio).set_function(self._agent_hit_ratio)
         self.one(self.kv_cache_usage_ratio).set_function(lambda: self._kv_usage)
@@ -121,6 +123,7 @@ class AHCMetrics:
         self.kv_stats.usage = usage
         self.kv_stats.total_blocks = geometry.num_blocks
         self.kv_stats.block_size = geometry.block_size
+        self.kv_stats.bytes_per_block = geometry.block_size * geometry.bytes_per_token * geometry.ranks
 
     def record_context(self, report: CacheReport) -> None:
         name = self.model_name
@@ -171,6 +174,8 @@ def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], obje
                 for finished in iteration_stats.finished_requests:
                     metrics.record_request(finished.request_id, finished.num_prompt_tokens,
                                            finished.num_cached_tokens)
+                    metrics.prefill.observe(finished.num_prompt_tokens - finished.num_cached_tokens,
+                                            finished.queued_time + finished.prefill_time)
             if scheduler_stats is not None:
                 if self.geometry is None:
                     self.geometry = KVGeometry.from_vllm_config(self.vllm_config)

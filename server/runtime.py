@@ -17,6 +17,7 @@ from orchestrator.session import SessionStore
 from orchestrator.session_admission import SessionAdmission
 from orchestrator.token_counter import TokenCounter
 from orchestrator.vram_governor import VramGovernor
+from server.admission import session_admission as build_session_admission
 from server.capture.capture_setup import CaptureSetup
 from server.codex_condenser import CodexCondenser
 from server.codex_resolver import CodexResolver
@@ -101,8 +102,7 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
-    session_admission = SessionAdmission(lambda: metrics.kv_stats.total_blocks, oc.session_hot_s,
-                                         oc.session_max_wait_s) if oc.session_admission else None
+    session_admission = build_session_admission(config, metrics)
     recorder = Recorder(xdb, tokenizer, background, capture)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,

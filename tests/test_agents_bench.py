@@ -106,6 +106,7 @@ def test_load_from_env_overrides_named_fields() -> None:
     load = load_from_env("sessions=4, turns=3,think_max_s=0.6")
     assert (load.sessions, load.turns, load.think_max_s) == (4, 3, 0.6)
     assert isinstance(load.sessions, int) and isinstance(load.think_max_s, float)
+    assert load.model == "bench-2x64" and load_from_env("model=bench-6x512").model == "bench-6x512"
     with pytest.raises(ValueError, match="unknown field 'session'"):
         load_from_env("session=4")
 
