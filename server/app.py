@@ -18,6 +18,7 @@ from server.codex_routes import codex_router
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
+from server.export_routes import export_router
 from server.recording_gate import RecordingGate
 from server.runtime import Runtime
 from server.xdb_routes import xdb_router
@@ -100,6 +101,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(agent_router(runtime.xdb))
     app.include_router(context_router(runtime.retriever))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
+    app.include_router(export_router(runtime.xdb))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
     # With or without a key: a keyless local server is exactly what a cross-site page would target.

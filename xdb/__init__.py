@@ -38,6 +38,11 @@ The interface the server uses:
     xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
     xdb.audit_head() -> (seq, hex hash)            # the last head, as anchored in audit/audit.head
+    xdb.export(out=None, fmt="parquet"|"jsonl", session_id=, since=, prefix=) -> manifest
+        # Parquet partitioned by session (JSON lines in the same layout) + manifest.json; xdb/export.py
+    xdb.exports(prefix) -> [manifest]                # DATA_DIR/exports/*, newest first
+    XDB.import_export(data_dir, src) -> {"export_id", "rows"}   # into a new or empty XDB, files checked
+    xdb.find_document(key | path=, version=, sha256=, id_prefix=, with_content=)  # by id, name or hash
     xdb.audit_event(action, details)                # chain a deletion/rewrite (before its COMMIT)
 
     RemoteXDB(data_dir, config, on_commit=, on_restart=)  # the same, with the files, the writer and the

@@ -1,5 +1,5 @@
-"""`ahc xdb` subcommands: recall (JSON lines), verify-audit and backup. Exit 0 on success, 1 with one stderr
-line naming what was wrong, 2 on bad usage."""
+"""`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import. Exit 0 on success,
+1 with one stderr line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
 
@@ -98,6 +98,49 @@ def backup_command(
     try:
         with XDB.open(data_dir) as xdb:
             result = xdb.backup(out)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result))
+
+
+@app.command("export")
+def export_command(
+    data_dir: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="A new (or empty) directory for the export.")],
+    session: Annotated[str | None, typer.Option("--session", help="Only this session's rows.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only rows from this ISO time on (UTC if no offset).")
+                     ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="parquet (partitioned by session) or jsonl.")] = "parquet",
+) -> None:
+    """Export a stopped server's XDB: each table's rows as Parquet (or JSON lines) partitioned by session,
+    with manifest.json (row counts, SHA-256 per file, audit head). A running server exports with
+    `POST /v1/xdb/exports` instead (it holds the files)."""
+    from xdb import XDB
+
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    if fmt not in ("parquet", "jsonl"):
+        _fail(f"--format must be parquet or jsonl, not {fmt!r}", 2)
+    try:
+        with XDB.open(data_dir) as xdb:
+            manifest = xdb.export(out, "parquet" if fmt == "parquet" else "jsonl", session_id=session, since=since)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({key: manifest[key] for key in ("id", "path", "format", "rows", "audit_head")}))
+
+
+@app.command("import")
+def import_command(
+    data_dir: DataDir,
+    src: Annotated[Path, typer.Option("--from", help="An export directory (with manifest.json).")],
+) -> None:
+    """Load an export into a new (or empty) XDB, checking every file's SHA-256 first."""
+    from xdb import XDB
+
+    if not (src / "manifest.json").is_file():
+        _fail(f"--from {src} is not an XDB export (no manifest.json)", 2)
+    try:
+        result = XDB.import_export(data_dir, src)
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(json.dumps(result))

@@ -437,6 +437,12 @@ class RemoteXDB:
     def document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("document", *args, **kwargs)
 
+    def export(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("export", *args, **kwargs)
+
+    def exports(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("exports", *args, **kwargs)
+
     def find_document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("find_document", *args, **kwargs)
 

@@ -36,10 +36,11 @@ log = logging.getLogger("ahc.xdb.service")
 # The XDB methods a caller may run in the service (everything but opening and closing it).
 METHODS = frozenset({
     "committed_tick", "recall", "concepts_list", "register_concepts", "buds", "comments", "tag", "comment",
-    "create_tag", "set_bud_status", "documents", "document", "find_document", "document_versions", "add_document",
-    "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission", "compact",
-    "cold_records", "state", "save_session_state", "load_session_state", "log_interaction", "interactions",
-    "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head", "audit_event", "backup",
+    "create_tag", "set_bud_status", "documents", "document", "find_document", "document_versions",
+    "add_document", "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission",
+    "compact", "cold_records", "state", "save_session_state", "load_session_state", "log_interaction",
+    "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
+    "audit_event", "backup", "export", "exports",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"

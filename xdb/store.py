@@ -7,6 +7,8 @@ of it (a cursor is its own DuckDB connection on the same database, safe to use f
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -17,8 +19,8 @@ from typing import Any
 import duckdb
 
 from ahc.config import XDBConfig
-from ahc.errors import NotFound
-from xdb import compression, documents, fidelity, interactions, session_state, tags
+from ahc.errors import InvalidRequest, NotFound
+from xdb import compression, documents, export, fidelity, interactions, session_state, tags
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
@@ -124,6 +126,50 @@ class XDB:
         copy_database(self.conn, dest / EXPERIENCE_FILE)
         seq = self.audit.copy_to((dest / AUDIT_FILE).parent)
         return {"path": str(dest), "audit_seq": seq}
+
+    def export(self, out: Path | str | None = None, fmt: export.Format = "parquet", *, session_id: str | None = None,
+               since: str | None = None, prefix: str = "") -> dict[str, Any]:
+        """Rows as Parquet (or JSON lines) files partitioned by session, and a manifest; `out`
+        defaults to DATA_DIR/exports/<export id>. `since`: an ISO time (UTC), rows created from then
+        on; `prefix`: one tenant's sessions and documents. The export is an audit event."""
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()  # rows accepted before the export are in it
+        export_id = f"exp-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.urandom(3).hex()}"
+        dest = Path(out) if out is not None else self.data_dir / "exports" / export_id
+        filters = export.ExportFilter(session_id, parse_since(since), prefix)
+        with self.cursor() as cur:
+            result = export.export_rows(cur, dest, fmt, filters, self.audit_head(), export_id)
+        self.audit_event("export", {"id": result.id, "path": str(dest), "rows": result.manifest["rows"],
+                                    "session_id": session_id, "since": since, "prefix": prefix})
+        return {**result.manifest, "path": str(dest)}
+
+    def exports(self, prefix: str = "") -> list[dict[str, Any]]:
+        """The exports under DATA_DIR/exports made for this tenant's prefix, newest first (manifests
+        only: files are not re-hashed)."""
+        found = []
+        for path in sorted((self.data_dir / "exports").glob(f"*/{export.MANIFEST}"), reverse=True):
+            manifest = json.loads(path.read_text())
+            if manifest.get("prefix", "") == prefix:
+                found.append({**manifest, "path": str(path.parent)})
+        return found
+
+    @classmethod
+    def import_export(cls, data_dir: Path | str, src: Path | str) -> dict[str, Any]:
+        """Load an export (`XDB.export`, `ahc xdb export`) into the XDB at `data_dir`, created if new
+        and empty otherwise (stopped: this takes its files). Every file is checked against the
+        manifest's SHA-256 first; the import is an audit event of the new XDB."""
+        data_dir, src = Path(data_dir), Path(src)
+        cls.open(data_dir).close()  # created and migrated, its audit log opened once
+        conn = open_experience(data_dir / EXPERIENCE_FILE)
+        try:
+            loaded = export.import_rows(conn, src)
+        finally:
+            conn.close()
+        manifest = export.read_manifest(src)
+        with cls.open(data_dir) as xdb:
+            xdb.audit_event("import", {"from": str(src), "export_id": manifest["id"], "rows": loaded,
+                                       "source_audit_head": manifest["audit_head"]})
+        return {"export_id": manifest["id"], "rows": loaded, "data_dir": str(data_dir)}
 
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -374,3 +420,15 @@ class XDB:
         heads = read_heads(self.data_dir / AUDIT_FILE.parent / HEAD_FILE)
         seq, head = heads[-1] if heads else (-1, GENESIS)
         return seq, head.hex()
+
+
+def parse_since(since: str | None) -> dt.datetime | None:
+    """An ISO 8601 time (a date, or a time with or without an offset; none means UTC), as naive UTC."""
+    if since is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(f"since: {since!r} is not an ISO 8601 time (e.g. 2026-11-23T10:00:00Z)",
+                             param="since") from None
+    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when

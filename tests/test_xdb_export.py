@@ -1,0 +1,166 @@
+"""XDB exports: Parquet (or JSON lines) partitioned by session with a manifest, and the way back in —
+an export imported into an empty XDB answers recall exactly as the original did."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from server.errors import install_error_handling
+from server.export_routes import export_router
+from xdb import XDB, TimestepRow
+from xdb.audit import verify_audit
+
+AHC = str(Path(sys.executable).with_name("ahc"))
+SESSIONS = ("s1", "tenant:b/s2", "s 3=x%")  # ids a path cannot hold as they are
+
+
+def fill(xdb: XDB, rows_per_session: int = 40) -> None:
+    rng = np.random.default_rng(7)
+    concepts = [f"c{i}" for i in range(15)]
+    for session in SESSIONS:
+        ticks = xdb.next_ticks(session, rows_per_session)
+        xdb.writer.submit([
+            TimestepRow(session, t, "output" if t % 5 else "input", "assistant" if t % 5 else "user",
+                        f"w{t} {session}", token_id=int(t), request_id=f"r{t // 10}",
+                        concept_activations={c: float(v) for c, v in zip(rng.choice(concepts, 10, replace=False),
+                                                                          rng.random(10))},
+                        activation_source="hidden_state", metadata={"n": int(t)} if t % 7 == 0 else None)
+            for t in ticks])
+    xdb.writer.flush()
+    xdb.tag("insight", session_id="s1", tick_range=(3, 9), note="first")
+    xdb.tag("insight", session_id="tenant:b/s2", tick=4)
+    xdb.comment("look here", session_id="s 3=x%", tick=2)
+    xdb.add_document("rules", "A moves right.")
+    xdb.save_session_state("s1", json.dumps({"turns": [{"role": "user", "content": "hi"}]}))
+
+
+QUERIES = [{}, {"session_id": "tenant:b/s2"}, {"tags": "insight"}, {"text": "w3"}, {"event_types": "input"},
+           {"concept": "c3", "min_activation": 0.5}, {"session_id": "s1", "tick_from": 5, "tick_to": 20}]
+
+
+def recalls(xdb: XDB) -> list[list[dict]]:
+    return [xdb.recall({**q, "limit": 1000}) for q in QUERIES]
+
+
+@pytest.fixture
+def source(tmp_path: Path):
+    xdb = XDB.open(tmp_path / "source")
+    fill(xdb)
+    yield xdb
+    xdb.close()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_export_imported_into_an_empty_xdb_recalls_exactly_the_same(source: XDB, tmp_path: Path, fmt: str) -> None:
+    head_before = source.audit_head()
+    manifest = source.export(tmp_path / "out", fmt)
+    assert manifest["audit_head"] == {"seq": head_before[0], "hash": head_before[1]}
+    assert source.audit_head()[0] == head_before[0] + 1  # the export itself is an audit event
+    assert manifest["tables"]["timesteps"]["rows"] == 3 * 40
+    parts = {Path(f["path"]).parent.name for f in manifest["tables"]["timesteps"]["files"]}
+    assert len(parts) == 3 and all(p.startswith("session_id=") and "/" not in p for p in parts)
+    for table in manifest["tables"].values():
+        for f in table["files"]:
+            assert hashlib.sha256((tmp_path / "out" / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+    result = XDB.import_export(tmp_path / "copy", tmp_path / "out")
+    assert result["rows"]["timesteps"] == 120
+    with XDB.open(tmp_path / "copy") as copy:
+        assert recalls(copy) == recalls(source)
+        assert copy.load_session_state("s1") == source.load_session_state("s1")
+        assert copy.documents()[0]["name"] == "rules"
+        # Ids go on past the imported ones: a new tag and a new row do not collide.
+        applied = copy.tag("later", session_id="s1", tick=1)
+        assert (applied["tag"]["id"], applied["id"]) == (2, 3)  # after the imported tag and its 2 uses
+        copy.writer.submit([TimestepRow("s1", t, "output", content="new") for t in copy.next_ticks("s1", 2)])
+        copy.writer.flush()
+        ticks = [r["tick"] for r in copy.recall({"session_id": "s1", "limit": 1000})]
+        assert ticks == sorted(set(ticks)) and ticks[-2:] == [40, 41]
+    assert verify_audit(tmp_path / "copy").ok
+
+
+def test_an_export_filters_by_session_and_time(source: XDB, tmp_path: Path) -> None:
+    only = source.export(tmp_path / "one", session_id="s1")
+    assert only["tables"]["timesteps"]["rows"] == 40 and only["tables"]["comments"]["rows"] == 0
+    assert only["filters"]["session_id"] == "s1"
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+    later = source.export(tmp_path / "later", since=future)
+    assert later["tables"]["timesteps"]["rows"] == 0 and later["tables"]["concepts"]["rows"] == 15
+    with pytest.raises(ValueError, match="ISO 8601"):
+        source.export(tmp_path / "bad", since="yesterday")
+    tenant = source.export(tmp_path / "tenant", prefix="tenant:b/")
+    assert tenant["tables"]["timesteps"]["rows"] == 40 and tenant["tables"]["documents"]["rows"] == 0
+
+
+def test_an_import_refuses_a_tampered_export_or_a_used_xdb(source: XDB, tmp_path: Path) -> None:
+    source.export(tmp_path / "out")
+    with pytest.raises(ValueError, match="not empty"):
+        source.export(tmp_path / "out")
+    with pytest.raises(ValueError, match="not empty"):
+        XDB.import_export(source.data_dir, tmp_path / "out")  # type: ignore[arg-type]  # a closed copy below
+    victim = next((tmp_path / "out" / "timesteps").rglob("*.parquet"))
+    victim.write_bytes(victim.read_bytes()[:-9] + b"corrupted")
+    with pytest.raises(ValueError, match="SHA-256"):
+        XDB.import_export(tmp_path / "copy", tmp_path / "out")
+    with XDB.open(tmp_path / "copy") as copy:
+        assert copy.recall({}) == []  # nothing half-imported
+
+
+def test_the_cli_exports_and_imports_a_stopped_servers_data(tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "data") as xdb:
+        fill(xdb, 10)
+        expected = recalls(xdb)
+    done = subprocess.run([AHC, "xdb", "export", "--data-dir", str(tmp_path / "data"), "--out",
+                           str(tmp_path / "out"), "--format", "jsonl", "--session", "s1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["format"] == "jsonl" and summary["rows"] > 10
+    back = subprocess.run([AHC, "xdb", "import", "--data-dir", str(tmp_path / "copy"), "--from", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert back.returncode == 0, back.stderr
+    with XDB.open(tmp_path / "copy") as copy:
+        assert copy.recall({"limit": 1000}) == [r for r in expected[0] if r["session_id"] == "s1"]
+    bad = subprocess.run([AHC, "xdb", "export", "--data-dir", str(tmp_path / "data"), "--out",
+                          str(tmp_path / "x"), "--format", "csv"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--format" in bad.stderr
+    again = subprocess.run([AHC, "xdb", "import", "--data-dir", str(tmp_path / "copy"), "--from",
+                            str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "not empty" in again.stderr and again.stderr.count("\n") == 1
+
+
+def test_exports_over_http_list_download_and_stay_within_the_tenant(source: XDB) -> None:
+    app = FastAPI()
+    install_error_handling(app)
+    app.include_router(export_router(source))
+    with TestClient(app) as client:
+        made = client.post("/v1/xdb/exports", json={"session_id": "s1", "format": "parquet"})
+        assert made.status_code == 200, made.text
+        manifest = made.json()
+        assert manifest["tables"]["timesteps"]["rows"] == 40
+        assert [e["id"] for e in client.get("/v1/xdb/exports").json()["data"]] == [manifest["id"]]
+        assert client.get(f"/v1/xdb/exports/{manifest['id']}").json()["rows"] == manifest["rows"]
+        entry = manifest["tables"]["timesteps"]["files"][0]
+        file = client.get(f"/v1/xdb/exports/{manifest['id']}/files/{entry['path']}")
+        assert file.status_code == 200 and hashlib.sha256(file.content).hexdigest() == entry["sha256"]
+        rows = duckdb.connect().execute("SELECT count(*) FROM read_parquet(?)", [str(Path(manifest["path"]) /
+                                                                                     entry["path"])]).fetchone()
+        assert rows == (40,)
+        assert client.get(f"/v1/xdb/exports/{manifest['id']}/files/../../experience.duckdb").status_code == 404
+        assert client.get("/v1/xdb/exports/exp-nope").json()["error"]["type"] == "not_found_error"
+        bad = client.post("/v1/xdb/exports", json={"format": "csv"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "format"
+        assert "ExportManifest" in json.dumps(client.get("/openapi.json").json())
+    time.sleep(0)  # the export directories stay under the data dir for the operator
+    assert (source.data_dir / "exports" / manifest["id"] / "manifest.json").is_file()

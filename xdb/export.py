@@ -1,0 +1,216 @@
+"""Exports of the experience database: every table's rows as Parquet (or JSON lines) files, partitioned
+by session, with a manifest — row counts, each file's SHA-256, the audit head at export time — and the
+way back in: `import_export` loads an export into an empty XDB, so recall over the copy answers as the
+original did.
+
+Files are laid out `<table>/session_id=<url-quoted id>/data_0.parquet` (Hive partitioning, which
+DuckDB, Spark, pandas and polars read as is); tables without a session (the concept vocabulary, tags,
+documents) are one file each. Sequence-backed ids are kept, and the sequences moved past them on import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+
+from ahc.errors import InvalidRequest
+
+Format = Literal["parquet", "jsonl"]
+MANIFEST = "manifest.json"
+EXPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    session_column: str | None  # partitioned by it, and filtered by --session
+    time_column: str | None  # filtered by --since
+    id_column: str | None = None  # a tenant's rows: ids that start with its prefix
+    sequence: str | None = None  # the sequence behind its id column, advanced on import
+    sequence_column: str | None = None
+
+
+TABLES: tuple[TableSpec, ...] = (
+    TableSpec("concepts", None, None),
+    TableSpec("concept_hierarchy", None, None),
+    TableSpec("tags", None, None, sequence="tag_ids", sequence_column="id"),
+    TableSpec("timesteps", "session_id", "created_at"),
+    TableSpec("session_ticks", "session_id", None),
+    TableSpec("tag_applications", "session_id", "created_at", sequence="tag_application_ids", sequence_column="id"),
+    TableSpec("comments", "session_id", "created_at", sequence="comment_ids", sequence_column="id"),
+    TableSpec("time_windows", "session_id", "created_at", sequence="window_ids", sequence_column="id"),
+    TableSpec("compressed_records", "session_id", "created_at", sequence="compressed_ids", sequence_column="id"),
+    TableSpec("compaction_records", "session_id", "created_at", sequence="compaction_ids", sequence_column="id"),
+    TableSpec("session_states", "session_id", "created_at"),
+    TableSpec("documents", None, "updated_at", id_column="id"),
+    TableSpec("interaction_log", "run_id", "timestamp", sequence="turn_ids", sequence_column="turn_id"),
+    TableSpec("meta_knowledge", "run_id", "created_at", sequence="knowledge_ids", sequence_column="version_id"),
+)
+
+
+@dataclass(frozen=True)
+class ExportFilter:
+    session_id: str | None = None  # one session (a run, for the discovery agent's tables)
+    since: dt.datetime | None = None  # rows created at or after this (UTC)
+    prefix: str = ""  # one tenant's sessions and documents
+
+    def where(self, table: TableSpec) -> tuple[str, list[Any]]:
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
+        key = table.session_column or table.id_column
+        if key is not None and self.prefix:
+            clauses.append(f"starts_with({key}, ?)")
+            params.append(self.prefix)
+        if self.session_id is not None and table.session_column is not None:
+            clauses.append(f"{table.session_column} = ?")
+            params.append(self.session_id)
+        if self.since is not None and table.time_column is not None:
+            clauses.append(f"{table.time_column} >= ?")
+            params.append(self.since.replace(tzinfo=None))
+        return " AND ".join(clauses), params
+
+
+@dataclass
+class ExportResult:
+    id: str
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters: ExportFilter,
+                audit_head: tuple[int, str], export_id: str | None = None) -> ExportResult:
+    """Write every table's rows matching `filters` under `out` (a new or empty directory) and the
+    manifest last, so a directory with a manifest is a complete export. One read transaction: the
+    tables are consistent with each other as of one moment."""
+    if fmt not in ("parquet", "jsonl"):
+        raise InvalidRequest(f"format must be parquet or jsonl, not {fmt!r}", param="format")
+    if out.exists() and any(out.iterdir()):
+        raise InvalidRequest(f"export destination {out} is not empty", param="out")
+    out.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, Any] = {}
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        for table in TABLES:
+            tables[table.name] = _export_table(conn, out, fmt, table, filters)
+    finally:
+        conn.execute("ROLLBACK")
+    manifest = {
+        "export_version": EXPORT_VERSION, "id": export_id or f"exp-{uuid.uuid4().hex[:12]}",
+        "created_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"), "format": fmt,
+        "prefix": filters.prefix,
+        "filters": {"session_id": filters.session_id,
+                    "since": filters.since.isoformat() if filters.since is not None else None},
+        "audit_head": {"seq": audit_head[0], "hash": audit_head[1]},
+        "rows": sum(t["rows"] for t in tables.values()), "tables": tables,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return ExportResult(manifest["id"], out, manifest)
+
+
+def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table: TableSpec,
+                  filters: ExportFilter) -> dict[str, Any]:
+    where, params = filters.where(table)
+    order = table.sequence_column or ("id" if table.name == "timesteps" else None)
+    query = f"SELECT * FROM {table.name} WHERE {where}" + (f" ORDER BY {order}" if order else "")
+    count = conn.execute(f"SELECT count(*) FROM {table.name} WHERE {where}", params).fetchone()
+    rows = int(count[0]) if count else 0
+    files: list[dict[str, Any]] = []
+    if rows:
+        target = out / table.name
+        if fmt == "parquet" and table.session_column is not None:
+            conn.execute(f"COPY ({query}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY "
+                         f"({table.session_column}), FILENAME_PATTERN 'data_{{i}}')", params)
+        elif fmt == "parquet":
+            target.mkdir()
+            conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.parquet')}' (FORMAT parquet)", params)
+        else:
+            _export_jsonl(conn, target, table, query, where, params)
+        files = [_file_entry(out, path) for path in sorted(target.rglob("*")) if path.is_file()]
+    return {"rows": rows, "files": files, "partitioned_by": table.session_column}
+
+
+def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: TableSpec, query: str, where: str,
+                  params: list[Any]) -> None:
+    """JSON lines with the Parquet layout (DuckDB partitions only Parquet and CSV writes)."""
+    if table.session_column is None:
+        target.mkdir()
+        conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.jsonl')}' (FORMAT json)", params)
+        return
+    keys = conn.execute(f"SELECT DISTINCT {table.session_column} FROM {table.name} WHERE {where} ORDER BY 1",
+                        params).fetchall()
+    column = table.session_column
+    for (key,) in keys:
+        part = target / f"{column}={urllib.parse.quote(key, safe='')}"
+        part.mkdir(parents=True)
+        conn.execute(f"COPY (SELECT * EXCLUDE ({column}) FROM ({query}) WHERE {column} = ?) "
+                     f"TO '{_sql_path(part / 'data_0.jsonl')}' (FORMAT json)", [*params, key])
+
+
+def _file_entry(root: Path, path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def read_manifest(src: Path) -> dict[str, Any]:
+    """An export's manifest, with every file checked against its SHA-256."""
+    try:
+        manifest: dict[str, Any] = json.loads((src / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{src} is not an XDB export (no readable {MANIFEST}: {exc})") from None
+    if manifest.get("export_version") != EXPORT_VERSION:
+        raise ValueError(f"{src}: unsupported export version {manifest.get('export_version')!r}")
+    for table in manifest["tables"].values():
+        for entry in table["files"]:
+            path = src / entry["path"]
+            if not path.is_file() or _file_entry(src, path)["sha256"] != entry["sha256"]:
+                raise ValueError(f"{src}: {entry['path']} is missing or does not match its SHA-256 in the manifest")
+    return manifest
+
+
+def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> dict[str, int]:
+    """Load an export into an XDB whose tables are empty (one transaction): returns rows per table."""
+    manifest = read_manifest(src)
+    busy = [t.name for t in TABLES if conn.execute(f"SELECT count(*) > 0 FROM {t.name}").fetchone() == (True,)]
+    if busy:
+        raise ValueError(f"the target XDB is not empty ({', '.join(busy)} hold rows); import into a new --data-dir")
+    loaded: dict[str, int] = {}
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        for table in TABLES:
+            entry = manifest["tables"].get(table.name)
+            if not entry or not entry["rows"]:
+                continue
+            parquet = manifest["format"] == "parquet"
+            reader = "read_parquet" if parquet else "read_json"
+            pattern = _sql_path(src / table.name) + "/**/*." + ("parquet" if parquet else "jsonl")
+            hive = ", hive_partitioning = true, hive_types_autocast = false" if entry["partitioned_by"] else ""
+            columns = [r[0] for r in conn.execute(f"DESCRIBE {table.name}").fetchall()]
+            conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "
+                         f"FROM {reader}('{pattern}'{hive})")
+            loaded[table.name] = entry["rows"]
+            if table.sequence is not None:
+                top = conn.execute(f"SELECT coalesce(max({table.sequence_column}), 0) FROM {table.name}").fetchone()
+                conn.execute(f"SELECT nextval('{table.sequence}') FROM range(?)", [int(top[0]) if top else 0])
+        # The writer numbers new rows from here (it keeps the last id rather than scanning for it).
+        conn.execute("INSERT OR REPLACE INTO xdb_meta SELECT 'last_timestep_id', max(id)::VARCHAR FROM timesteps "
+                     "HAVING count(*) > 0")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return loaded
