@@ -152,6 +152,15 @@ class OrchestratorConfig(_Strict):
         return min(self.default_completion_tokens, max_model_len // 2)
 
 
+class RetentionConfig(_Strict):
+    """How long experience is kept as it was recorded (None: no limit)."""
+
+    # Token rows older than this are compressed into per-reply records (activations and tags kept).
+    verbatim_days: float | None = Field(default=None, gt=0)
+    # A session idle this long is deleted, all of it, unless a window of it is pinned or SUBMITTED.
+    delete_after_days: float | None = Field(default=None, gt=0)
+
+
 class XDBConfig(_Strict):
     """The experience database: its storage quotas and its writer's batching (xdb.XDB.open takes it)."""
 
@@ -160,6 +169,10 @@ class XDBConfig(_Strict):
 
     # Over this many bytes the oldest cold records are compressed (None: keep everything verbatim).
     quota_bytes: int | None = Field(default=None, gt=0)
+    # Compression starts once usage passes this share of quota_bytes, and brings it back under it,
+    # so a burst of writes finds room before the quota itself is reached.
+    compress_at: float = Field(default=0.8, gt=0, le=1)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     quota_check_s: float = Field(default=60.0, gt=0)
     summary_max_tokens: int = Field(default=96, gt=0)
     # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).

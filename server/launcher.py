@@ -27,6 +27,7 @@ from server.tenants import TenantKeys
 from server.tracing import start_tracing
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB
+from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
 
 
 async def serve(config: AHCConfig) -> None:
@@ -66,6 +67,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     xdb = open_xdb(config, metrics)
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
+    metrics.watch_xdb_files(Path(resolve_path(config.data_dir)), [Path(EXPERIENCE_FILE), AUDIT_FILE])
     engine = None
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None
@@ -88,9 +90,10 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
-        if config.xdb.quota_bytes is not None:
-            quota_task = asyncio.create_task(
-                enforce_quota_forever(xdb, config.xdb.quota_check_s, runtime.summarize_records))
+        retention = config.xdb.retention
+        if config.xdb.quota_bytes is not None or retention.verbatim_days or retention.delete_after_days:
+            quota_task = asyncio.create_task(enforce_quota_forever(
+                xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
         await init_app_state(runtime.engine, app.state, args, supported_tasks)
         shutdown = await serve_http(

@@ -6,8 +6,9 @@ counted (streamed or not, ours or a hidden orchestrator call) from the engine's 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -76,6 +77,16 @@ class AHCMetrics:
         self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", m, registry=r)
         self.xdb_service_restarts = Counter(
             "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", m, registry=r)
+        self.xdb_bytes = Gauge("ahc_xdb_bytes", "Size on disk of each XDB file", m + ["file"], registry=r)
+        self.xdb_quota_ratio = Gauge(
+            "ahc_xdb_quota_ratio", "XDB's usage over xdb.quota_bytes after the last storage pass (0: no quota); "
+            "compression starts at xdb.compress_at", m, registry=r)
+        self.xdb_compressed_rows = Counter(
+            "ahc_xdb_compressed_rows", "Rows compressed into records of each level (reply: token rows; coarser: "
+            "finer records merged)", m + ["level"], registry=r)
+        self.xdb_deleted_sessions = Counter(
+            "ahc_xdb_deleted_sessions", "Sessions deleted by retention (xdb.retention.delete_after_days)", m,
+            registry=r)
         # Scraped off the machine, the head is an anchor a rewrite of the audit file cannot reach.
         self.audit_head_seq = Gauge(
             "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", m,
@@ -87,7 +98,7 @@ class AHCMetrics:
             "the probe conversation", m, registry=r)
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
         for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
-                       self.xdb_service_restarts,
+                       self.xdb_service_restarts, self.xdb_quota_ratio, self.xdb_deleted_sessions,
                        self.audit_head_seq, self.chat_template_prefix_stable):
             self.one(metric)
         for kind in ("agent", "hidden"):
@@ -124,6 +135,21 @@ class AHCMetrics:
         self.kv_stats.total_blocks = geometry.num_blocks
         self.kv_stats.block_size = geometry.block_size
         self.kv_stats.bytes_per_block = geometry.block_size * geometry.bytes_per_token * geometry.ranks
+
+    def watch_xdb_files(self, data_dir: Path, files: Sequence[Path]) -> None:
+        """`ahc_xdb_bytes{file}`: each file's size (with its write-ahead log), read when scraped."""
+        for name in files:
+            path = data_dir / name
+            self.xdb_bytes.labels(model_name=self.model_name, file=name.as_posix()).set_function(
+                lambda path=path: _size(path) + _size(path.with_name(path.name + ".wal")))
+
+    def record_storage_pass(self, report: dict[str, Any]) -> None:
+        """What one storage pass (quota, retention) did: XDB.compact's report."""
+        quota = report.get("quota_bytes")
+        self.one(self.xdb_quota_ratio).set(report["usage_bytes"] / quota if quota else 0.0)
+        for level, rows in report.get("compressed_rows", {}).items():
+            self.xdb_compressed_rows.labels(model_name=self.model_name, level=level).inc(rows)
+        self.one(self.xdb_deleted_sessions).inc(len(report.get("deleted_sessions", ())))
 
     def record_context(self, report: CacheReport) -> None:
         name = self.model_name
@@ -186,3 +212,10 @@ def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], obje
             metrics.record_kv_usage(0.0, self.geometry)
 
     return AHCStatLogger
+
+
+def _size(path: Path) -> float:
+    try:
+        return float(path.stat().st_size)
+    except FileNotFoundError:
+        return 0.0

@@ -1,4 +1,6 @@
-"""The XDB quota loop: every `quota_check_s`, over the byte quota, compress the oldest cold records.
+"""The XDB storage loop: every `quota_check_s`, apply retention (compress rows past
+`xdb.retention.verbatim_days`, delete sessions idle past `delete_after_days`) and, past
+`compress_at` of the byte quota, compress the oldest cold records.
 
 The pass runs in a worker thread; compression summaries come from the served model through a hidden
 call (the worker thread hands the coroutine to the server's event loop).
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from server.hidden_calls import HiddenCaller
 from xdb import XDBClient
@@ -27,8 +30,10 @@ def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_
     return summarize
 
 
-async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Callable[[str], str]) -> None:
-    """Until cancelled (at shutdown): bring XDB within its quota, then sleep."""
+async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Callable[[str], str],
+                                on_pass: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Until cancelled (at shutdown): bring XDB within its quota and retention, then sleep; `on_pass`
+    hears each pass's report (the metrics)."""
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -36,4 +41,8 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
         except Exception:  # a failed pass must not stop the next; it is logged loudly
             log.exception("XDB storage manager pass failed")
             continue
+        if report["deleted_sessions"]:
+            log.info("retention deleted %d idle sessions", len(report["deleted_sessions"]))
+        if on_pass is not None:
+            on_pass(report)
         log.debug("XDB storage manager pass: %s", report)

@@ -14,6 +14,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import duckdb
@@ -71,8 +72,11 @@ def top_k(scores: Counter[str], k: int = TOP_K) -> dict[str, float]:
 
 
 def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
-                      max_groups: int, audit: AuditEvent | None = None) -> list[int]:
-    """Released token rows → one REPLY record per (session, request), oldest first."""
+                      max_groups: int, audit: AuditEvent | None = None,
+                      older_than: datetime | None = None) -> list[int]:
+    """Released token rows → one REPLY record per (session, request), oldest first. `older_than`
+    (retention): instead of released rows, every reply last written before then, HOT or not; pinned
+    and SUBMITTED windows are never touched either way."""
     groups = cur.execute(f"""
         WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS}),
         g AS (SELECT t.session_id, t.request_id, min(t.id) lo, max(t.id) hi, min(t.tick) t0, max(t.tick) t1,
@@ -81,9 +85,10 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
                      bool_or(t.tick > h.released_through AND h.last_at > ?) hot
               FROM timesteps t JOIN h USING (session_id) GROUP BY t.session_id, t.request_id)
         SELECT session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens FROM g
-        WHERE NOT hot AND NOT EXISTS (SELECT 1 FROM w WHERE w.session_id = g.session_id
-                                      AND w.start_tick <= g.t1 AND w.end_tick >= g.t0)
-        ORDER BY lo LIMIT ?""", [hot_cutoff(hot_seconds), max_groups]).fetchall()
+        WHERE (CASE WHEN ?::TIMESTAMP IS NULL THEN NOT hot ELSE c1 < ?::TIMESTAMP END)
+          AND NOT EXISTS (SELECT 1 FROM w WHERE w.session_id = g.session_id
+                          AND w.start_tick <= g.t1 AND w.end_tick >= g.t0)
+        ORDER BY lo LIMIT ?""", [hot_cutoff(hot_seconds), older_than, older_than, max_groups]).fetchall()
     made = []
     for session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens in groups:
         where = "t.session_id = ? AND t.request_id IS NOT DISTINCT FROM ? AND t.id BETWEEN ? AND ?"
@@ -189,6 +194,16 @@ def enforce_quota(cur: duckdb.DuckDBPyConnection, quota_bytes: int, summarize: S
             break
         made += step
     return made
+
+
+def rows_compressed(cur: duckdb.DuckDBPyConnection, record_ids: list[int]) -> dict[str, int]:
+    """Per level, the rows (token rows, or finer records) the new records `record_ids` replaced; a
+    record merged again within the same pass is counted at each level it passed through."""
+    if not record_ids:
+        return {}
+    rows = cur.execute("SELECT compression_level, sum(record_count) FROM compressed_records WHERE id IN "
+                       "(SELECT unnest(?::BIGINT[])) GROUP BY 1", [record_ids]).fetchall()
+    return {CompressionLevel(level).name.lower(): int(n) for level, n in rows}
 
 
 def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tick: int | None,

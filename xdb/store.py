@@ -20,7 +20,7 @@ import duckdb
 
 from ahc.config import XDBConfig
 from ahc.errors import InvalidRequest, NotFound
-from xdb import compression, documents, export, fidelity, interactions, session_state, tags
+from xdb import compression, documents, export, fidelity, interactions, retention, session_state, tags
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall
@@ -53,6 +53,7 @@ class XDB:
         if self.warm_quota_bytes is None and self.quota_bytes is not None:
             self.warm_quota_bytes = self.quota_bytes // 2
         self.summarize, self.hot_seconds = summarize, config.hot_seconds
+        self.compress_at, self.retention = config.compress_at, config.retention
         self.max_document_bytes = config.max_document_bytes
         self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
         self._compress_lock = threading.Lock()
@@ -347,10 +348,17 @@ class XDB:
                 while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
                                                             self.audit_event):
                     made += step
+            if self.retention.verbatim_days is not None:
+                made += retention.compress_aged(cur, self.retention.verbatim_days, summarize, self.hot_seconds,
+                                                self.audit_event)
+            deleted = []
+            if self.retention.delete_after_days is not None:
+                deleted = retention.delete_expired_sessions(cur, self.retention.delete_after_days, self.audit_event)
             if self.quota_bytes is not None:
-                made += compression.enforce_quota(cur, self.quota_bytes, summarize, self.hot_seconds,
-                                                  audit=self.audit_event)
+                made += compression.enforce_quota(cur, int(self.quota_bytes * self.compress_at), summarize,
+                                                  self.hot_seconds, audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
+                    "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 
     def cold_records(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:

@@ -1,0 +1,73 @@
+"""Retention: how long experience stays verbatim, and when a whole session goes.
+
+- Token rows older than `verbatim_days` are compressed into REPLY records (and coarser ones as the
+  quota asks), whatever the quota: the detail of last month is summarised, its activations and tags kept.
+- A session idle for `delete_after_days` (no row, record or saved state since) is deleted, every table
+  of it, unless a window of it is pinned (WARM) or locked as evidence (SUBMITTED).
+
+Both leave pinned and SUBMITTED rows alone, and every deletion is chained in the audit log inside the
+transaction that deletes, as compression's are.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import duckdb
+
+from xdb.audit import AuditEvent
+from xdb.compression import Summarize, _compress_replies
+from xdb.sql import one_int, transaction
+
+DAY_S = 86_400.0
+# Every table that holds a session's rows, with its session column.
+SESSION_TABLES = ("timesteps", "tag_applications", "comments", "time_windows", "compressed_records",
+                  "compaction_records", "session_states", "session_ticks")
+
+
+def cutoff(days: float) -> datetime:
+    return datetime.fromtimestamp(time.time() - days * DAY_S, tz=UTC).replace(tzinfo=None)
+
+
+def compress_aged(cur: duckdb.DuckDBPyConnection, verbatim_days: float, summarize: Summarize | None,
+                  hot_seconds: float, audit: AuditEvent | None = None, max_steps: int = 1000) -> list[int]:
+    """REPLY records for every reply last written more than `verbatim_days` ago (not pinned, not
+    SUBMITTED); returns the new records' ids."""
+    made: list[int] = []
+    older_than = cutoff(verbatim_days)
+    for _ in range(max_steps):
+        step = _compress_replies(cur, summarize, hot_seconds, 100, audit, older_than=older_than)
+        if not step:
+            break
+        made += step
+    return made
+
+
+EXPIRED = """
+    WITH activity AS (
+        SELECT session_id, max(seen) AS last_at FROM (
+            SELECT session_id, created_at AS seen FROM timesteps
+            UNION ALL SELECT session_id, end_time FROM compressed_records WHERE session_id IS NOT NULL
+            UNION ALL SELECT session_id, created_at FROM session_states
+            UNION ALL SELECT session_id, created_at FROM compaction_records)
+        GROUP BY session_id)
+    SELECT a.session_id FROM activity a
+    WHERE a.last_at < ? AND NOT EXISTS (
+        SELECT 1 FROM time_windows w WHERE w.session_id = a.session_id
+        AND (w.fidelity = 'submitted' OR (w.fidelity = 'warm' AND w.pinned)))
+    ORDER BY a.last_at, a.session_id LIMIT ?"""
+
+
+def delete_expired_sessions(cur: duckdb.DuckDBPyConnection, delete_after_days: float,
+                            audit: AuditEvent | None = None, limit: int = 1000) -> list[str]:
+    """Delete the sessions idle for `delete_after_days` that nothing protects; returns their ids."""
+    expired = [row[0] for row in cur.execute(EXPIRED, [cutoff(delete_after_days), limit]).fetchall()]
+    for session_id in expired:
+        with transaction(cur):
+            deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id]))
+                       for table in SESSION_TABLES}
+            if audit is not None:
+                audit("delete_session", {"session_id": session_id, "reason": "retention",
+                                         "delete_after_days": delete_after_days, "deleted": deleted})
+    return expired
