@@ -112,6 +112,13 @@ class SessionStore:
             entry.session = Session.from_json(stored) if stored else Session(session_id)
         return entry.session
 
+    def forget(self, session_id: str) -> None:
+        """Drop the State held in memory (not its lock): the next turn loads what is stored, e.g. after a
+        rollback or a deletion. Call it holding the session's lock."""
+        entry = self._entries.get(session_id)
+        if entry is not None:
+            entry.session = None
+
     def save(self, session: Session) -> Any:
         """Persist; returns what the save callable returns (the server's is a Future to await)."""
         if self._save is None:

@@ -21,6 +21,7 @@ from server.errors import add_middleware, install_error_handling
 from server.export_routes import export_router
 from server.recording_gate import RecordingGate
 from server.runtime import Runtime
+from server.session_routes import session_router
 from server.xdb_routes import xdb_router
 
 # Routes vLLM mounts that AHC does not serve on purpose. They are taken out of the app, not just put
@@ -102,6 +103,8 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(context_router(runtime.retriever))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     app.include_router(export_router(runtime.xdb))
+    app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
+                                      runtime.rag_indexes))
     runtime.metrics.attach(get_prometheus_registry())
     install_error_handling(app)
     # With or without a key: a keyless local server is exactly what a cross-site page would target.

@@ -87,6 +87,9 @@ class AHCMetrics:
         self.xdb_deleted_sessions = Counter(
             "ahc_xdb_deleted_sessions", "Sessions deleted by retention (xdb.retention.delete_after_days)", m,
             registry=r)
+        self.corrupt_session_states = Counter(
+            "ahc_session_states_corrupt", "Stored session State versions skipped on load because their bytes no "
+            "longer match their SHA-256 (the newest intact version was loaded instead)", m, registry=r)
         # Scraped off the machine, the head is an anchor a rewrite of the audit file cannot reach.
         self.audit_head_seq = Gauge(
             "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", m,
@@ -99,6 +102,7 @@ class AHCMetrics:
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
         for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
                        self.xdb_service_restarts, self.xdb_quota_ratio, self.xdb_deleted_sessions,
+                       self.corrupt_session_states,
                        self.audit_head_seq, self.chat_template_prefix_stable):
             self.one(metric)
         for kind in ("agent", "hidden"):

@@ -81,7 +81,13 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
     # A session dropped from memory keeps its State in XDB, but its RAG index is only a cache of the
     # Codex the client sends with every request: it is deleted (off the event loop) rather than kept
     # on disk for a session that may never return, and rebuilt if the session does.
-    sessions = SessionStore(xdb.load_session_state,
+    def load_state(session_id: str) -> str | None:
+        state, corrupt = xdb.load_session_state_verified(session_id)
+        if corrupt:
+            metrics.one(metrics.corrupt_session_states).inc(len(corrupt))
+        return state
+
+    sessions = SessionStore(load_state,
                             lambda sid, state: background.submit(xdb.save_session_state, sid, state),
                             oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid))
 

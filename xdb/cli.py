@@ -1,13 +1,18 @@
-"""`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import. Exit 0 on success,
-1 with one stderr line naming what was wrong, 2 on bad usage."""
+"""`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import, sessions and their
+State versions, rollback, delete-session. Exit 0 on success, 1 with one stderr line naming what was
+wrong, 2 on bad usage."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from xdb import XDB
 
 app = typer.Typer(no_args_is_help=True, help="The xdb commands.")
 
@@ -144,3 +149,46 @@ def import_command(
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(json.dumps(result))
+
+
+Session = Annotated[str, typer.Option("--session", help="The session's id.")]
+
+
+def _with_xdb(data_dir: Path, action: Callable[[XDB], object]) -> None:
+    """Run `action` on a stopped server's XDB and print its result as JSON (exit 1 naming a failure)."""
+    from xdb import XDB
+
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    try:
+        with XDB.open(data_dir) as xdb:
+            result = action(xdb)
+    except (ValueError, LookupError) as exc:
+        _fail(str(exc.args[0]) if exc.args else str(exc))
+    typer.echo(json.dumps(result))
+
+
+@app.command("sessions")
+def sessions_command(data_dir: DataDir,
+                     limit: Annotated[int, typer.Option(help="At most this many.", min=1)] = 100) -> None:
+    """List sessions: last tick, stored State versions. (A running server: GET /v1/context/sessions.)"""
+    _with_xdb(data_dir, lambda xdb: xdb.sessions(limit=limit))
+
+
+@app.command("session-versions")
+def session_versions_command(data_dir: DataDir, session: Session) -> None:
+    """A session's stored State versions, each with whether its bytes still match its SHA-256."""
+    _with_xdb(data_dir, lambda xdb: xdb.session_versions(session))
+
+
+@app.command("rollback")
+def rollback_command(data_dir: DataDir, session: Session,
+                     version: Annotated[int, typer.Option(help="The version to restore.", min=1)]) -> None:
+    """Store an earlier State version again as the session's newest: its next turn continues from it."""
+    _with_xdb(data_dir, lambda xdb: xdb.rollback_session(session, version))
+
+
+@app.command("delete-session")
+def delete_session_command(data_dir: DataDir, session: Session) -> None:
+    """Delete every row of a session (an audit event)."""
+    _with_xdb(data_dir, lambda xdb: xdb.delete_session(session))

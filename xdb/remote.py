@@ -437,6 +437,21 @@ class RemoteXDB:
     def document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("document", *args, **kwargs)
 
+    def load_session_state_verified(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("load_session_state_verified", *args, **kwargs)
+
+    def session_versions(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("session_versions", *args, **kwargs)
+
+    def rollback_session(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("rollback_session", *args, **kwargs)
+
+    def sessions(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("sessions", *args, **kwargs)
+
+    def delete_session(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_after_flush("delete_session", *args, **kwargs)
+
     def export(self, *args: Any, **kwargs: Any) -> Any:
         return self._call_after_flush("export", *args, **kwargs)
 

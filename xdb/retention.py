@@ -64,10 +64,16 @@ def delete_expired_sessions(cur: duckdb.DuckDBPyConnection, delete_after_days: f
     """Delete the sessions idle for `delete_after_days` that nothing protects; returns their ids."""
     expired = [row[0] for row in cur.execute(EXPIRED, [cutoff(delete_after_days), limit]).fetchall()]
     for session_id in expired:
-        with transaction(cur):
-            deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id]))
-                       for table in SESSION_TABLES}
-            if audit is not None:
-                audit("delete_session", {"session_id": session_id, "reason": "retention",
-                                         "delete_after_days": delete_after_days, "deleted": deleted})
+        delete_session(cur, session_id, audit, reason="retention", delete_after_days=delete_after_days)
     return expired
+
+
+def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: AuditEvent | None = None,
+                   **why: object) -> dict[str, int]:
+    """Every row of one session, in one transaction chained in the audit log; rows deleted per table."""
+    with transaction(cur):
+        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id]))
+                   for table in SESSION_TABLES}
+        if audit is not None:
+            audit("delete_session", {"session_id": session_id, **why, "deleted": deleted})
+    return deleted

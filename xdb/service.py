@@ -40,7 +40,8 @@ METHODS = frozenset({
     "add_document", "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission",
     "compact", "cold_records", "state", "save_session_state", "load_session_state", "log_interaction",
     "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
-    "audit_event", "backup", "export", "exports",
+    "audit_event", "backup", "export", "exports", "load_session_state_verified", "session_versions",
+    "rollback_session", "sessions", "delete_session",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"

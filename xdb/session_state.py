@@ -1,6 +1,10 @@
 """The orchestrator's per-session State (its blocks as JSON), versioned: every save is a new version,
 so a restart resumes from the last one and a recent earlier one can be recovered.
 
+Each version's SHA-256 is checked when it is read: a snapshot whose bytes no longer match (a damaged
+file, a hand edit) is skipped for the newest one that does, and reported. A rollback stores an earlier
+version again as the newest, so the history itself is never rewritten.
+
 Only the last KEEP_VERSIONS versions of a session are kept: a snapshot holds the whole State (up to
 the compaction threshold, tens of KB on a large window), so keeping one per turn of an hours-long
 session would grow the file by that much every turn. Every input and output is in `timesteps`
@@ -10,10 +14,11 @@ anyway; the snapshots are only the orchestrator's working copy.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest
+from ahc.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.sql import one_int, transaction
 
@@ -31,10 +36,62 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
                          "ORDER BY version DESC LIMIT 1", [session_id]).fetchone()
     if latest is not None and latest[1] == digest:
         return int(latest[0])
-    version = 1 if latest is None else int(latest[0]) + 1
+    return _append(cur, session_id, state_json, 0 if latest is None else int(latest[0]), keep, audit)
+
+
+def load_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, version: int | None = None) -> str | None:
+    """The newest intact version (or `version`, which must be intact); None when there is none."""
+    return load_verified(cur, session_id, version)[0]
+
+
+def load_verified(cur: duckdb.DuckDBPyConnection, session_id: str,
+                  version: int | None = None) -> tuple[str | None, list[int]]:
+    """The newest version whose SHA-256 matches its bytes (or exactly `version`), and the newer
+    versions skipped because theirs did not."""
+    rows = cur.execute("SELECT version, state_json, sha256 FROM session_states WHERE session_id = ? "
+                       "AND (? IS NULL OR version = ?) ORDER BY version DESC",
+                       [session_id, version, version]).fetchall()
+    corrupt: list[int] = []
+    for number, state_json, digest in rows:
+        if hashlib.sha256(state_json.encode()).hexdigest() == digest:
+            return state_json, corrupt
+        corrupt.append(int(number))
+    if version is not None and corrupt:
+        raise Conflict(f"version {version} of session {session_id!r} is corrupted (its SHA-256 does not match)")
+    return None, corrupt
+
+
+def versions(cur: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
+    """A session's stored versions, oldest first, each with whether its bytes match its SHA-256."""
+    rows = cur.execute("SELECT version, sha256, created_at, strlen(state_json), "
+                       "sha256(state_json) = sha256 FROM session_states WHERE session_id = ? ORDER BY version",
+                       [session_id]).fetchall()
+    if not rows:
+        raise NotFound(f"session {session_id!r} has no stored versions")
+    return [{"version": v, "sha256": digest, "created_at": at.isoformat() + "Z", "bytes": size, "intact": ok}
+            for v, digest, at, size, ok in rows]
+
+
+def rollback(cur: duckdb.DuckDBPyConnection, session_id: str, version: int, keep: int = KEEP_VERSIONS,
+             audit: AuditEvent | None = None) -> dict[str, Any]:
+    """Store `version` again as the session's newest version; returns the new version's number."""
+    state_json, _ = load_verified(cur, session_id, version)
+    if state_json is None:
+        raise NotFound(f"session {session_id!r} has no version {version}")
+    latest = one_int(cur.execute("SELECT max(version) FROM session_states WHERE session_id = ?", [session_id]))
+    new = _append(cur, session_id, state_json, latest, keep, audit)
+    if audit is not None:
+        audit("rollback_session", {"session_id": session_id, "restored_version": version, "new_version": new})
+    return {"session_id": session_id, "version": new, "restored_from": version}
+
+
+def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, latest: int, keep: int,
+            audit: AuditEvent | None) -> int:
+    """A new newest version even when it equals the latest (a rollback to the latest is still a step)."""
+    version = latest + 1
+    digest = hashlib.sha256(state_json.encode()).hexdigest()
     with transaction(cur):
-        cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())",
-                    [session_id, version, state_json, digest])
+        cur.execute("INSERT INTO session_states VALUES (?, ?, ?, ?, now())", [session_id, version, state_json, digest])
         deleted = one_int(cur.execute("DELETE FROM session_states WHERE session_id = ? AND version <= ?",
                                       [session_id, version - keep]))
         if deleted and audit is not None:
@@ -43,7 +100,17 @@ def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_js
     return version
 
 
-def load_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, version: int | None = None) -> str | None:
-    row = cur.execute("SELECT state_json FROM session_states WHERE session_id = ? AND (? IS NULL OR version = ?) "
-                      "ORDER BY version DESC LIMIT 1", [session_id, version, version]).fetchone()
-    return None if row is None else row[0]
+def list_sessions(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100,
+                  after: str | None = None) -> list[dict[str, Any]]:
+    """The sessions whose id starts with `prefix` (one tenant's), in id order from `after`: each with
+    its last tick and its stored State versions."""
+    rows = cur.execute("""
+        SELECT session_id, t.last_tick, s.latest, s.n, s.updated_at
+        FROM session_ticks t FULL OUTER JOIN (SELECT session_id, max(version) latest, count(*) n,
+                                                     max(created_at) updated_at
+                                              FROM session_states GROUP BY 1) s USING (session_id)
+        WHERE starts_with(session_id, ?) AND (? IS NULL OR session_id > ?)
+        ORDER BY session_id LIMIT ?""", [prefix, after, after, limit]).fetchall()
+    return [{"session_id": sid, "last_tick": tick, "latest_version": latest, "versions": n or 0,
+             "updated_at": at.isoformat() + "Z" if at is not None else None}
+            for sid, tick, latest, n, at in rows]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,8 @@ from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
 from xdb.ticks import TickBook
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
+
+log = logging.getLogger("ahc.xdb")
 
 EXPERIENCE_FILE = "experience.duckdb"
 AUDIT_FILE = Path("audit") / "audit.duckdb"
@@ -389,6 +392,38 @@ class XDB:
     def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
         with self.cursor() as cur:
             return session_state.load_session_state(cur, session_id, version)
+
+    def load_session_state_verified(self, session_id: str) -> tuple[str | None, list[int]]:
+        """The newest intact State and the newer versions skipped as corrupted (logged here)."""
+        with self.cursor() as cur:
+            state, corrupt = session_state.load_verified(cur, session_id)
+        if corrupt:
+            log.warning("session %r: State versions %s fail their SHA-256 check; loaded the newest intact one",
+                        session_id, corrupt)
+        return state, corrupt
+
+    def session_versions(self, session_id: str) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return session_state.versions(cur, session_id)
+
+    def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return session_state.rollback(cur, session_id, version, audit=self.audit_event)
+
+    def sessions(self, prefix: str = "", limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return session_state.list_sessions(cur, prefix, limit, after)
+
+    def delete_session(self, session_id: str) -> dict[str, int]:
+        """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()  # its queued rows are deleted too, not written after
+        with self._compress_lock, self.cursor() as cur:
+            if cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM session_states "
+                           "WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone() is None:
+                raise NotFound(f"session {session_id!r} not found")
+            # Its tick counter goes on: rows of a session that comes back never reuse a deleted tick.
+            return retention.delete_session(cur, session_id, self.audit_event, reason="request")
 
     def log_interaction(self, run_id: str, **fields: Any) -> int:
         with self.cursor() as cur:

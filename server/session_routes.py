@@ -1,0 +1,113 @@
+"""`/v1/context/sessions`: the sessions the server keeps, their stored State versions, rollback and
+deletion.
+
+Each turn of a session saves its State as a new version (the last 16 are kept). A rollback stores an
+earlier version again as the newest, so the session's next turn continues from it; the history is
+never rewritten. Both rollback and deletion wait for the session's running turn to end and for its
+last save to land (they go through the same ordered worker as the saves), and are audit events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from ahc.limits import ID_MAX_CHARS
+from orchestrator.retrieval import ScopedIndexes
+from orchestrator.session import SessionStore
+from server.errors import AHCRoute
+from server.request_context import request_tenant
+from server.tenants import Tenant
+from xdb import XDBClient
+
+Caller = Annotated[Tenant, Depends(request_tenant)]
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    last_tick: int | None  # the last recorded tick (None: nothing recorded)
+    latest_version: int | None  # the newest stored State version (None: no State saved)
+    versions: int
+    updated_at: str | None
+
+
+class SessionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SessionInfo]
+    has_more: bool
+
+
+class StateVersion(BaseModel):
+    version: int
+    sha256: str
+    created_at: str
+    bytes: int
+    intact: bool  # its bytes still match its SHA-256
+
+
+class VersionList(BaseModel):
+    object: Literal["list"] = "list"
+    session_id: str
+    data: list[StateVersion]
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1, strict=True)
+
+
+class RollbackResult(BaseModel):
+    session_id: str
+    version: int  # the new newest version, a copy of `restored_from`
+    restored_from: int
+
+
+class SessionDeleted(BaseModel):
+    id: str
+    object: Literal["session.deleted"] = "session.deleted"
+    deleted: bool
+    rows: dict[str, int]  # rows deleted per table
+
+
+def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolExecutor,
+                   rag_indexes: ScopedIndexes) -> APIRouter:
+    router = APIRouter(prefix="/v1/context/sessions", tags=["context"], route_class=AHCRoute)
+
+    async def ordered(fn: Any, *args: Any) -> Any:
+        """On the worker the State saves use, so a save submitted earlier lands first."""
+        return await asyncio.wrap_future(background.submit(fn, *args))
+
+    @router.get("")
+    async def listing(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                      after: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> SessionList:
+        rows = await asyncio.to_thread(xdb.sessions, tenant.prefix, limit + 1, tenant.scope_opt(after))
+        data = [SessionInfo(**{**row, "session_id": tenant.unscope(row["session_id"])}) for row in rows[:limit]]
+        return SessionList(data=data, has_more=len(rows) > limit)
+
+    @router.get("/{session_id}/versions")
+    async def versions(session_id: str, tenant: Caller) -> VersionList:
+        rows = await asyncio.to_thread(xdb.session_versions, tenant.scope(session_id))
+        return VersionList(session_id=session_id, data=[StateVersion(**row) for row in rows])
+
+    @router.post("/{session_id}/rollback")
+    async def rollback(session_id: str, body: RollbackBody, tenant: Caller) -> RollbackResult:
+        scoped = tenant.scope(session_id)
+        async with store.lock(scoped):
+            result = await ordered(xdb.rollback_session, scoped, body.version)
+            store.forget(scoped)  # the next turn loads the restored State
+        return RollbackResult(**{**result, "session_id": session_id})
+
+    @router.delete("/{session_id}")
+    async def delete(session_id: str, tenant: Caller) -> SessionDeleted:
+        scoped = tenant.scope(session_id)
+        async with store.lock(scoped):
+            rows = await ordered(xdb.delete_session, scoped)
+            store.forget(scoped)
+        await ordered(rag_indexes.drop, scoped)
+        return SessionDeleted(id=session_id, deleted=True, rows=rows)
+
+    return router
