@@ -8,6 +8,7 @@ promoted to the Karma block first, so no entry is ever condensed. The caller sto
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -27,6 +28,16 @@ SUMMARY_INSTRUCTION = (
     "established. Keep numbers, names and results exactly. Reply with the list only.")
 
 
+@dataclass(frozen=True)
+class Compaction:
+    """One compaction of a session's State, for the experience database's record of it."""
+
+    turns: int  # messages condensed
+    tokens_before: int  # State tokens before (the summary so far included)
+    tokens_after: int  # State tokens after: the new summary and the turns kept
+    summary: str
+
+
 def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
     return sum(counter.count(t.content) + sum(counter.count(a) for _, _, a in t.tool_calls) for t in turns)
 
@@ -41,18 +52,19 @@ def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any
 
 async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Callable[[list[dict[str, Any]]], Awaitable[str]],
-                  force: bool = False, keep: int | None = None) -> bool:
+                  force: bool = False, keep: int | None = None) -> Compaction | None:
     """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
-    VRAM governor, or by a prompt over its budget); True if it did. `keep` overrides
+    VRAM governor, or by a prompt over its budget); what it did, or None. `keep` overrides
     `compaction_keep_turns` (0 when even the kept turns do not fit)."""
     if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
-        return False
+        return None
     groups = turn_groups(tuple(session.turns))
     keep = config.compaction_keep_turns if keep is None else keep
     old_groups = groups[:-keep] if keep else groups
     if not old_groups:
-        return False
+        return None
     old = [t for group in old_groups for t in group]
+    before = state_tokens(session.turns, counter) + counter.count(session.summary or "")
     with tracer.start_as_current_span("ahc.compaction", attributes={SESSION_ID: session.session_id,
                                                                    "ahc.compaction.turns": len(old)}):
         summary = (await summarize(summary_request(session, old))).strip()
@@ -61,4 +73,5 @@ async def compact(session: Session, incoming: Sequence[Turn], config: Orchestrat
     promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block
     session.compactions += 1
     session.compacted_turns += len(old_groups)
-    return True
+    after = state_tokens(session.turns, counter) + counter.count(session.summary or "")
+    return Compaction(len(old), before, after, session.summary or "")

@@ -30,7 +30,7 @@ from orchestrator.codex_renditions import (
     report_entries,
     wanting_rendition,
 )
-from orchestrator.compaction import compact
+from orchestrator.compaction import Compaction, compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
@@ -134,11 +134,14 @@ class Orchestrator:
         # Compaction counts the State's tokens first: long turns are counted off the event loop.
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         actions: list[str] = []
+        compactions: list[Compaction] = []
         can_compact = session is not None and self.summarize is not None
         if session is not None and self.summarize is not None:
-            if await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
-                             self.counter, self.summarize, force_compaction):
+            done = await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
+                                 self.counter, self.summarize, force_compaction)
+            if done is not None:
                 actions.append("compaction")
+                compactions.append(done)
         request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
                            codex, namespace)
         # Over the budget (or with the State crowding out the excerpts), the State is compacted, then
@@ -153,9 +156,10 @@ class Orchestrator:
                     break
                 raise self._too_large(plan, budget, self.max_model_len - budget)
             assert session is not None and self.summarize is not None
-            if await compact(session, new_turns, self.config, 0, self.counter, self.summarize, True,
-                             keeps.pop(0)):
+            done = await compact(session, new_turns, self.config, 0, self.counter, self.summarize, True, keeps.pop(0))
+            if done is not None:
                 actions.append("compaction")
+                compactions.append(done)
         actions += plan.actions
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
                              first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions,
@@ -166,7 +170,8 @@ class Orchestrator:
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
                         plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
                         stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
-                        prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted)
+                        prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted,
+                        compactions=tuple(compactions))
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.assembler import AssembledPrompt
 from orchestrator.cache_report import CacheReport
+from orchestrator.compaction import Compaction
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.karma import KarmaPlan
 from orchestrator.session import Session
@@ -36,6 +37,7 @@ class Prepared:
     namespace: str = ""  # the prefix of the tenant's ids, for a re-prepare (shrink)
     # Codex documents without a condensed rendition that would have kept the Codex in the prompt.
     condense_wanted: tuple[CodexDoc, ...] = ()
+    compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
 
     @property
     def actions(self) -> list[str]:

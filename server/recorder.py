@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,12 +98,17 @@ class Recorder:
             events.append(("input", "user", prepared.query, None))
         for action in prepared.report.governor:
             events.append(("system", None, f"governor action {action}", {"action": action}))
-        self.submit(self.rows(prepared.session_id, events))
-        if "compaction" in prepared.actions and prepared.session is not None and self.background is not None:
-            session = prepared.session
-            self.background.submit(self.xdb.save_meta_knowledge, session.session_id,
-                                   negative_knowledge=session.summary,
-                                   last_compacted_turn=session.compacted_turns)
+        rows = self.rows(prepared.session_id, events)
+        self.submit(rows)
+        if prepared.compactions and rows and self.background is not None:
+            # What this request's prompt no longer carries verbatim: the session's rows recorded before it.
+            # One record per request, however many rounds it took (from the first's size to the last's).
+            trigger = "kv_cache_full" if "vram_compact" in prepared.actions else "context_full"
+            first, last = prepared.compactions[0], prepared.compactions[-1]
+            future = self.background.submit(
+                self.xdb.compact, prepared.session_id, up_to_tick=rows[0].tick - 1, summary=last.summary,
+                trigger=trigger, tokens_before=first.tokens_before, tokens_after=last.tokens_after)
+            future.add_done_callback(_log_compaction_failure)
 
     def record_reply(self, prepared: Prepared, reply: dict[str, Any] | None) -> None:
         if reply is None:
@@ -250,3 +255,11 @@ class RecordingEngine:
             if not finished:  # aborted: tokens held for their activations are written anyway
                 for stream in streams.values():
                     stream.close()
+
+
+def _log_compaction_failure(future: Future[Any]) -> None:
+    """A compaction record that cannot be written (nothing recorded before it, or the range already
+    released by an earlier one) loses no State: the State is saved apart. It is logged."""
+    error = future.exception()
+    if error is not None:
+        log.warning("the compaction record was not written: %s", error)

@@ -115,6 +115,7 @@ class CompactBody(_Body):
     summary: str | None = Field(None, max_length=DOCUMENT_SUMMARY_MAX_CHARS)
     trigger: Literal["context_full", "manual", "scheduled", "storage_pressure"] = "manual"
     tokens_after: int | None = Field(None, ge=0, le=INT64_MAX)
+    tokens_before: int | None = Field(None, ge=0, le=INT64_MAX)
     compress_released: bool = False
 
 

@@ -208,8 +208,10 @@ def rows_compressed(cur: duckdb.DuckDBPyConnection, record_ids: list[int]) -> di
 
 def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tick: int | None,
                       summary: str | None, summarize: Summarize | None, trigger: str,
-                      tokens_after: int | None) -> dict[str, Any]:
-    """Record a context compaction of a session up to a tick: its rows leave HOT."""
+                      tokens_after: int | None, tokens_before: int | None = None) -> dict[str, Any]:
+    """Record a context compaction of a session up to a tick: its rows leave HOT. `tokens_before` /
+    `tokens_after`: the context's tokens as its owner counted them (default: the range's output tokens,
+    and the summary's words)."""
     start = one_int(cur.execute("SELECT coalesce(max(range_end), -1) + 1 FROM compaction_records "
                                 "WHERE session_id = ?", [session_id]))
     last = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
@@ -238,6 +240,7 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
     summary = summary if summary is not None else summarize_with(summarize, (text or "").strip())
     activations = top_k(Counter(dict(acts)))
     after = tokens_after if tokens_after is not None else len(summary.split())
+    tokens = tokens_before if tokens_before is not None else tokens
     rid = one_int(cur.execute(
         "INSERT INTO compaction_records (session_id, created_at, range_start, range_end, timesteps_compacted, "
         "tokens_before, tokens_after, summary, summary_concept_tags, top_k_activations, trigger, result_level) "

@@ -332,7 +332,7 @@ class XDB:
             return fidelity.resolve_submission(cur, submission_id, accepted, self.audit_event)
 
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
-                trigger: str = "manual", tokens_after: int | None = None,
+                trigger: str = "manual", tokens_after: int | None = None, tokens_before: int | None = None,
                 compress_released: bool = False, summarize: Callable[[str], str] | None = None) -> dict[str, Any]:
         """Record a context compaction of `session_id` (its rows up to `up_to_tick` leave HOT), then
         bring storage within the quota; `compress_released` compresses every released row even
@@ -345,7 +345,7 @@ class XDB:
             record = None
             if session_id is not None:
                 record = compression.compaction_record(cur, session_id, up_to_tick, summary, summarize,
-                                                       trigger, tokens_after)
+                                                       trigger, tokens_after, tokens_before)
             made: list[int] = []
             if compress_released:
                 while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
