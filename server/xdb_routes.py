@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ahc.errors import PermissionDenied
+from ahc.errors import InvalidRequest, NotFound, PermissionDenied
 from ahc.limits import (
     COMMENT_MAX_CHARS,
     DOCUMENT_MAX_TAGS,
@@ -109,6 +109,15 @@ class PinBody(_Body):
     reason: Note | None = None
 
 
+class EvidenceBody(_Body):
+    bud: TagRef
+    submission_id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
+
+
+class ResolveBody(_Body):
+    accepted: bool
+
+
 class CompactBody(_Body):
     session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     up_to_tick: int | None = Field(None, ge=0, le=INT64_MAX)
@@ -139,13 +148,74 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.get("/recall")
     def recall(filters: Annotated[RecallFilters, Query()], tenant: Caller) -> Any:
+        """Matching rows oldest first, each with its tags and comments; `has_more` and `next_after_id`
+        (pass it as `after_id`) page through the rest."""
         scoped = filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
-        rows = xdb.recall(scoped, session_prefix=tenant.prefix)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+        page = xdb.recall_page(scoped, session_prefix=tenant.prefix)
+        return {"object": "list", **page, "data": tenant.unscope_rows(page["data"], "session_id")}
+
+    @router.get("/timesteps/{timestep_id}")
+    def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
+        return unscoped(tenant, xdb.timestep(timestep_id, session_prefix=tenant.prefix))
+
+    @router.get("/surprising")
+    def surprising(session_id: Annotated[str, Query(min_length=1, max_length=ID_MAX_CHARS)], tenant: Caller,
+                   limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> Any:
+        """The session's output tokens whose top activation deviates most from its running mean (z)."""
+        return {"object": "list", "session_id": session_id,
+                "data": xdb.surprising(tenant.scope(session_id), limit)}
 
     @router.get("/concepts")
-    def concepts(q: str | None = None) -> Any:
-        return {"object": "list", "data": xdb.concepts_list(q)}
+    def concepts(q: str | None = None,
+                 parent: Annotated[str | None, Query(description='children of this concept ("" for roots)')] = None
+                 ) -> Any:
+        return {"object": "list", "data": xdb.concepts_list(q, parent)}
+
+    @router.get("/concepts/{concept}/related")
+    def related_concepts(concept: str, tenant: Caller, limit: Annotated[int, Query(ge=1, le=100)] = 10,
+                         session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
+        """Concepts most often active in the same tokens as `concept` (in the caller's sessions)."""
+        return {"object": "list", "concept": concept, "data": xdb.related_concepts(
+            concept, limit, tenant.scope_opt(session_id), tenant.prefix)}
+
+    @router.get("/comments")
+    def comments(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
+        rows = [r for r in xdb.comments(tenant.scope_opt(session_id)) if tenant.owns(r["session_id"])]
+        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+
+    @router.get("/windows")
+    def windows(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
+        """Pinned (WARM) and SUBMITTED windows."""
+        rows = [w for w in xdb.windows(tenant.scope_opt(session_id)) if tenant.owns(w["session_id"])]
+        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+
+    @router.delete("/pin/{window_id}")
+    def unpin(window_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
+        if not any(w["id"] == window_id and tenant.owns(w["session_id"]) for w in xdb.windows()):
+            raise NotFound(f"window {window_id} not found")
+        return unscoped(tenant, xdb.unpin(window_id))
+
+    @router.post("/evidence")
+    def submit_evidence(body: EvidenceBody, tenant: Caller) -> Any:
+        """Lock a bud's tagged rows as evidence for a submission (SUBMITTED: never compressed)."""
+        _default_tenant_only(tenant, "evidence")
+        return {"object": "list", "data": xdb.submit_evidence(body.bud, body.submission_id)}
+
+    @router.post("/evidence/{submission_id}/resolve")
+    def resolve_submission(submission_id: Annotated[str, Path(max_length=ID_MAX_CHARS)], body: ResolveBody,
+                           tenant: Caller) -> Any:
+        """Accepted: its windows stay pinned; rejected: released for compression."""
+        _default_tenant_only(tenant, "evidence")
+        return {"object": "list", "data": xdb.resolve_submission(submission_id, body.accepted)}
+
+    @router.get("/cold_records")
+    def cold_records(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        """Compressed records, newest first."""
+        if tenant.prefix and session_id is None:
+            raise InvalidRequest("session_id is required (records are listed per session)", param="session_id")
+        rows = xdb.cold_records(tenant.scope_opt(session_id), limit)
+        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id") if tenant.prefix else rows}
 
     @router.get("/buds")
     def buds(status: BudStatusName | None = None) -> Any:
@@ -156,7 +226,16 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return xdb.set_bud_status(body.tag, body.status)
 
     @router.get("/documents")
-    def documents(tenant: Caller, doc_type: DocumentType | None = None, q: str | None = None) -> Any:
+    def documents(tenant: Caller, doc_type: DocumentType | None = None, q: str | None = None,
+                  path: Annotated[str | None, Query(min_length=1, max_length=NOTE_MAX_CHARS,
+                                                    description="the document at this path (its latest version)")
+                                  ] = None) -> Any:
+        if path is not None:
+            try:
+                found = [xdb.find_document(path=path, id_prefix=tenant.prefix)]
+            except NotFound:
+                found = []
+            return {"object": "list", "data": tenant.unscope_rows(found, "id")}
         return {"object": "list", "data": tenant.unscope_rows(xdb.documents(doc_type, q, tenant.prefix), "id")}
 
     @router.get("/documents/{doc_id}")
@@ -196,6 +275,12 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return xdb.state()
 
     return router
+
+
+def _default_tenant_only(tenant: Tenant, what: str) -> None:
+    if tenant.prefix:
+        raise PermissionDenied(f"{what} spans every tenant's sessions (buds are the server's shared vocabulary): "
+                               "only the server's default tenant may use it")
 
 
 def unscoped(tenant: Tenant, row: dict[str, Any], key: str = "session_id") -> dict[str, Any]:

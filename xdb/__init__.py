@@ -21,6 +21,8 @@ The interface the server uses:
     xdb.close()                                      # flushes, then closes both files
 
     xdb.recall(RecallFilters | dict | **filters) -> list[dict]   # timestep fields + role, token_id, request_id
+    xdb.recall_page(filters) -> {"data", "has_more", "next_after_id"} ; xdb.timestep(id)  # with tags, comments
+    xdb.surprising(session_id, limit) ; xdb.related_concepts(concept, limit, session_id=)  # xdb/insights.py
     xdb.tag(tag, timestep_id= | session_id=+tick= | event_id= | session_id=+tick_range=, ...)
                                                      # tag (and bud): a str is a name, an int an id
     xdb.comment(content, <same target>) ; xdb.comments(session_id)

@@ -3,6 +3,7 @@ turned into DuckDB queries over `timesteps`."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from typing import Any
@@ -36,9 +37,17 @@ class RecallFilters(BaseModel):
     # tick_to comes before tick_from: the range check runs on tick_from, and names it
     tick_to: int | None = Field(None, ge=0, le=INT64_MAX)
     tick_from: int | None = Field(None, ge=0, le=INT64_MAX)
+    # Rows created in [time_from, time_to] (UTC when no offset is given).
+    time_to: dt.datetime | None = None
+    time_from: dt.datetime | None = None
     concept: str | None = None
+    # With `concept`: that concept's activation; without: the row's top activation.
     min_activation: float | None = None
+    max_activation: float | None = None
     limit: int = Field(100, ge=1, le=MAX_LIMIT)
+    # Paging: rows after the one with this id (the cursor a page hands back), and/or skip `offset` rows.
+    after_id: int | None = Field(None, ge=-1, le=INT64_MAX)
+    offset: int = Field(0, ge=0, le=1_000_000)
 
     @field_validator("event_types", "tags", mode="before")
     @classmethod
@@ -59,11 +68,24 @@ class RecallFilters(BaseModel):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("min_activation")
+    @field_validator("min_activation", "max_activation")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and value != value:
             raise ValueError("must be a number")
+        return value
+
+    @field_validator("time_to", "time_from")
+    @classmethod
+    def _utc(cls, value: dt.datetime | None) -> dt.datetime | None:
+        return value.astimezone(dt.UTC).replace(tzinfo=None) if value is not None and value.tzinfo else value
+
+    @field_validator("time_from")
+    @classmethod
+    def _time_range(cls, value: dt.datetime | None, info: ValidationInfo) -> dt.datetime | None:
+        time_to = info.data.get("time_to")
+        if value is not None and time_to is not None and value > time_to:
+            raise ValueError("time_from must not be after time_to")
         return value
 
     @field_validator("tick_from")
@@ -198,6 +220,14 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
         where.append(f"t.tick >= {int(f.tick_from)}")
     if f.tick_to is not None:
         where.append(f"t.tick <= {int(f.tick_to)}")
+    if f.time_from is not None:
+        where.append("t.created_at >= ?")
+        params.append(f.time_from)
+    if f.time_to is not None:
+        where.append("t.created_at <= ?")
+        params.append(f.time_to)
+    if f.after_id is not None:
+        where.append(f"t.id > {int(f.after_id)}")
     if f.text is not None:
         where.append("t.content ILIKE ? ESCAPE '\\'")
         params.append(f"%{_escape_like(f.text)}%")
@@ -208,11 +238,13 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
         # array_contains is the cheap test (~2x faster than finding the value's slot), so DuckDB
         # looks for the value only in the few rows that hold the concept.
         where.append(f"array_contains(t.concept_ids, {int(cid)})")
-        if f.min_activation is not None:
-            where.append(f"array_extract(t.concept_values, array_position(t.concept_ids, {int(cid)})) >= "
-                         f"{_double(f.min_activation)}")
-    elif f.min_activation is not None:
-        where.append(f"list_max(t.concept_values) >= {_double(f.min_activation)}")
+        value = f"array_extract(t.concept_values, array_position(t.concept_ids, {int(cid)}))"
+    else:
+        value = "list_max(t.concept_values)"
+    if f.min_activation is not None:
+        where.append(f"{value} >= {_double(f.min_activation)}")
+    if f.max_activation is not None:
+        where.append(f"{value} <= {_double(f.max_activation)}")
     return where, params
 
 
@@ -227,8 +259,9 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
         return None
     where, params = found
     sql_where = (" WHERE " + " AND ".join(where)) if where else ""
+    page = f"LIMIT {f.limit}" + (f" OFFSET {int(f.offset)}" if f.offset else "")
     if tag_ids is None:
-        return f"SELECT t.id FROM timesteps t{sql_where} ORDER BY t.id LIMIT {f.limit}", params
+        return f"SELECT t.id FROM timesteps t{sql_where} ORDER BY t.id {page}", params
     kinds = [k for k in TAG_JOINS if tag_kinds is None or k in tag_kinds]
     if not tag_ids or not kinds:
         return None
@@ -236,8 +269,8 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
     branches = [f"""SELECT * FROM (SELECT t.id FROM timesteps t SEMI JOIN (
                         SELECT {TAG_JOINS[k][0]} FROM tag_applications
                         WHERE target_type = '{k}' AND tag_id IN ({_ints(tag_ids)})) a ON {TAG_JOINS[k][1]}
-                    {sql_where} ORDER BY t.id LIMIT {f.limit})""" for k in kinds]
-    sql = f"SELECT DISTINCT id FROM ({' UNION ALL '.join(branches)}) ORDER BY id LIMIT {f.limit}"
+                    {sql_where} ORDER BY t.id LIMIT {f.limit + f.offset})""" for k in kinds]
+    sql = f"SELECT DISTINCT id FROM ({' UNION ALL '.join(branches)}) ORDER BY id {page}"
     return sql, params * len(kinds)
 
 
@@ -288,13 +321,35 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, s
     return out
 
 
-def to_record(row: Row, concepts: ConceptIndex, tags: list[str]) -> dict[str, Any]:
+def comments_for(cur: duckdb.DuckDBPyConnection, rows: list[Row]) -> dict[int, list[dict[str, Any]]]:
+    """The comments on each recalled row (on it, its reply or a tick range holding it), oldest first:
+    only the recalled sessions' comments are read."""
+    if not rows:
+        return {}
+    params: list[Any] = []
+    sessions = _strings(sorted({r[1] for r in rows}), params)
+    found = cur.execute(f"""SELECT id, target_type, timestep_id, event_id, session_id, range_start, range_end,
+                                   content, created_at FROM comments WHERE session_id IN ({sessions})
+                            ORDER BY id""", params).fetchall()
+    out: dict[int, list[dict[str, Any]]] = {}
+    for cid, kind, timestep_id, event_id, session_id, start, end, content, at in found:
+        note = {"id": cid, "content": content, "created_at": at.isoformat() + "Z"}
+        for tid, row_session, tick, *_, request_id in (r[:8] for r in rows):
+            if ((kind == "timestep" and timestep_id == tid) or (kind == "event" and event_id == request_id)
+                    or (kind == "range" and session_id == row_session and start <= tick <= end)):
+                out.setdefault(tid, []).append(note)
+    return out
+
+
+def to_record(row: Row, concepts: ConceptIndex, tags: list[str],
+              comments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row))
     ids, values = rec.pop("concept_ids"), rec.pop("concept_values")
     rec["concept_activations"] = {concepts.name_of(c): v for c, v in zip(ids or (), values or ()) if c is not None}
     rec["created_at"] = rec["created_at"].isoformat() + "Z"
     rec["metadata"] = json.loads(rec["metadata"]) if rec["metadata"] else None
     rec["tags"] = tags
+    rec["comments"] = comments or []
     return rec
 
 
@@ -309,4 +364,16 @@ def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: Con
     ids_sql, params = query
     rows = cur.execute(rows_query(ids_sql), params).fetchall()
     tags = tags_for(cur, rows, tag_cache.names(cur))
-    return [to_record(r, concepts, tags.get(r[0], [])) for r in rows]
+    comments = comments_for(cur, rows)
+    return [to_record(r, concepts, tags.get(r[0], []), comments.get(r[0])) for r in rows]
+
+
+def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: ConceptIndex, tag_cache: TagCache,
+             session_prefix: str = "") -> dict[str, Any] | None:
+    """One row by id, with its tags and comments (None: no such row, or another tenant's)."""
+    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id = ? AND starts_with(session_id, ?)",
+                       [timestep_id, session_prefix]).fetchall()
+    if not rows:
+        return None
+    tags = tags_for(cur, rows, tag_cache.names(cur))
+    return to_record(rows[0], concepts, tags.get(timestep_id, []), comments_for(cur, rows).get(timestep_id))

@@ -407,6 +407,18 @@ class RemoteXDB:
     def recall(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("recall", *args, **kwargs)
 
+    def recall_page(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("recall_page", *args, **kwargs)
+
+    def timestep(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("timestep", *args, **kwargs)
+
+    def surprising(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("surprising", *args, **kwargs)
+
+    def related_concepts(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("related_concepts", *args, **kwargs)
+
     def concepts_list(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("concepts_list", *args, **kwargs)
 

@@ -42,6 +42,7 @@ METHODS = frozenset({
     "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
     "audit_event", "backup", "export", "exports", "load_session_state_verified", "session_versions",
     "rollback_session", "sessions", "delete_session",
+    "recall_page", "timestep", "surprising", "related_concepts",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"

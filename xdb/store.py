@@ -21,10 +21,10 @@ import duckdb
 
 from ahc.config import XDBConfig
 from ahc.errors import InvalidRequest, NotFound
-from xdb import compression, documents, export, fidelity, interactions, retention, session_state, tags
+from xdb import compression, documents, export, fidelity, insights, interactions, retention, session_state, tags
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
-from xdb.recall import RecallFilters, TagCache, recall
+from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
 from xdb.ticks import TickBook
@@ -215,9 +215,40 @@ class XDB:
         with self.cursor() as cur:
             return recall(cur, f, self.concepts, self.tag_cache, session_prefix)
 
-    def concepts_list(self, query: str | None = None) -> list[dict[str, Any]]:
+    def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+                    **kwargs: Any) -> dict[str, Any]:
+        """One page of recall: its rows, whether more follow, and the cursor (`after_id`) for the next."""
+        f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            return tags.list_concepts(cur, query)
+            rows = recall(cur, f.model_copy(update={"limit": f.limit + 1}), self.concepts, self.tag_cache,
+                          session_prefix)
+        page = rows[:f.limit]
+        return {"data": page, "has_more": len(rows) > f.limit,
+                "next_after_id": page[-1]["id"] if len(rows) > f.limit else None}
+
+    def timestep(self, timestep_id: int, session_prefix: str = "") -> dict[str, Any]:
+        with self.cursor() as cur:
+            found = timestep(cur, timestep_id, self.concepts, self.tag_cache, session_prefix)
+        if found is None:
+            raise NotFound(f"timestep {timestep_id} not found")
+        return found
+
+    def surprising(self, session_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return insights.surprising(cur, session_id, self.concepts, limit)
+
+    def related_concepts(self, concept: str, limit: int = 10, session_id: str | None = None,
+                         session_prefix: str = "") -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, session_prefix)
+
+    def concepts_list(self, query: str | None = None, parent: str | None = None) -> list[dict[str, Any]]:
+        """Concepts (name contains `query`; children of `parent`, "" for the top level)."""
+        with self.cursor() as cur:
+            found = tags.list_concepts(cur, query)
+        if parent is None:
+            return found
+        return [c for c in found if (c["parent"] or "") == parent]
 
     def register_concepts(self, concepts: list[dict[str, Any]], source: str = "lens") -> None:
         """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
