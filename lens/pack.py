@@ -48,6 +48,8 @@ class LensPack:
     """Concept directions over the hidden state at `layer` (transformers' hidden_states index).
 
     `parents[i]` is the concept id of concept i's parent in the hierarchy, or None for a root.
+    `thresholds[i]`: the activation from which a token is tagged with concept i as it is recorded
+    (None: never).
     """
 
     concept_ids: list[str]
@@ -59,6 +61,7 @@ class LensPack:
     parents: list[str | None] | None = None
     method: str = "means"
     extra: dict[str, Any] = field(default_factory=dict)
+    thresholds: list[float | None] | None = None
 
     def __post_init__(self) -> None:
         self.directions = np.asarray(self.directions, dtype=np.float32)
@@ -116,7 +119,18 @@ class LensPack:
             raise ValueError("method: must be a non-empty string")
         if self.parents is not None:
             self._validate_parents()
+        if self.thresholds is not None:
+            self._validate_thresholds()
         self._validate_token_sets()
+
+    def _validate_thresholds(self) -> None:
+        values = self.thresholds
+        if not isinstance(values, list) or len(values) != self.n_concepts:
+            raise ValueError(f"thresholds: must be a list of {self.n_concepts} entries (a number or null)")
+        for cid, value in zip(self.concept_ids, values):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not np.isfinite(value)):
+                raise ValueError(f"thresholds: {cid!r} has {value!r}, not a finite number or null")
 
     def _validate_token_sets(self) -> None:
         """`extra.token_sets` (optional): concept id -> token ids, the concept for the logit lens."""
@@ -197,14 +211,17 @@ class LensPack:
         return {self.concept_ids[int(i)]: float(v) for i, v in zip(indices, values)}
 
     def concept_hierarchy(self) -> list[dict[str, Any]]:
-        """[{"id", "name", "parent"}] in pack order (parent None for a root or a flat pack)."""
+        """[{"id", "name", "parent", "threshold"}] in pack order (parent None for a root or a flat pack;
+        threshold None: no automatic tag)."""
         parents = self.parents or [None] * self.n_concepts
-        return [{"id": cid, "name": name, "parent": parent}
-                for cid, name, parent in zip(self.concept_ids, self.names, parents)]
+        thresholds = self.thresholds or [None] * self.n_concepts
+        return [{"id": cid, "name": name, "parent": parent, "threshold": threshold}
+                for cid, name, parent, threshold in zip(self.concept_ids, self.names, parents, thresholds)]
 
     def metadata(self) -> dict[str, Any]:
         meta = {"format": FORMAT, "layer": self.layer, "method": self.method, "model": self.model,
                 "concepts": [{"id": cid, "name": name} | ({"parent": self.parents[i]} if self.parents else {})
+                             | ({"threshold": self.thresholds[i]} if self.thresholds else {})
                              for i, (cid, name) in enumerate(zip(self.concept_ids, self.names))]}
         if self.extra:
             meta["extra"] = self.extra
@@ -267,7 +284,9 @@ def load_pack(pack_dir: str | Path) -> LensPack:
         if tensors[key].dtype != np.float32:
             raise ValueError(f"{key}: dtype must be float32, got {tensors[key].dtype}")
     has_parents = any("parent" in c for c in concepts)
-    return LensPack(concept_ids=[c.get("id") for c in concepts],
+    has_thresholds = any("threshold" in c for c in concepts)
+    return LensPack(thresholds=[c.get("threshold") for c in concepts] if has_thresholds else None,
+                    concept_ids=[c.get("id") for c in concepts],
                     names=[c.get("name", c.get("id")) for c in concepts],
                     layer=meta["layer"], directions=tensors["directions"], biases=tensors["biases"],
                     model=meta["model"], parents=[c.get("parent") for c in concepts] if has_parents else None,

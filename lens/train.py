@@ -222,6 +222,11 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
     features = text_features(model_dir, texts, layer)
     directions, biases = fit(features, members, method)
     parents = [c.parent for c in concepts]
+    # A token is tagged with a concept as it is recorded when it activates it as strongly as the
+    # concept's own examples do on average: about half of those, and few others.
+    scores = np.asarray(features, dtype=np.float64) @ directions.T.astype(np.float64) + biases
+    thresholds: list[float | None] = [round(float(scores[list(m), i].mean()), 6) if m else None
+                                      for i, m in enumerate(members)]
     extra: dict[str, Any] = {"examples": {c.id: len(m) for c, m in zip(concepts, members)},
                              "features": "mean over tokens",
                              "token_sets": {c.id: ids for c, ids in zip(concepts, token_sets(model_dir, texts, members))
@@ -229,4 +234,4 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
     return LensPack(concept_ids=[c.id for c in concepts], names=[c.name for c in concepts], layer=layer,
                     directions=directions, biases=biases, model=fingerprint,
                     parents=parents if any(p is not None for p in parents) else None,
-                    method=method, extra=extra)
+                    method=method, extra=extra, thresholds=thresholds)

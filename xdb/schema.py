@@ -102,6 +102,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             concept VARCHAR PRIMARY KEY, display_name VARCHAR NOT NULL, parent VARCHAR,
             source VARCHAR NOT NULL, updated_at TIMESTAMP NOT NULL)""",
     ]),
+    (3, [
+        # The activation at which a token gets the concept's tag automatically (NULL: never).
+        "ALTER TABLE concept_hierarchy ADD COLUMN threshold FLOAT",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

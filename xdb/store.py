@@ -63,6 +63,7 @@ class XDB:
         self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
         self.tag_cache = TagCache()
         self._closed = False
+        self._arm_auto_tags()
 
     @classmethod
     def open(cls, data_dir: Path | str, config: XDBConfig | None = None, *, read_only: bool = False,
@@ -254,6 +255,17 @@ class XDB:
         """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
         with self.cursor() as cur:
             tags.register_concepts(cur, concepts, source, self.audit_event)
+        self._arm_auto_tags()
+
+    def _arm_auto_tags(self) -> None:
+        """Auto-tag at write time while any concept has a threshold (a FLOAT compares to the activations
+        as they are stored); each batch that tags something makes recall reload the tag list."""
+        if self.writer is None:
+            return
+        with self.cursor() as cur:
+            armed = cur.execute("SELECT count(*) > 0 FROM concept_hierarchy WHERE threshold IS NOT NULL").fetchone()
+        self.writer.on_auto_tags = self.tag_cache.invalidate
+        self.writer.auto_tags = bool(armed and armed[0])
 
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:

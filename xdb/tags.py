@@ -223,19 +223,22 @@ def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status
 
 def register_concepts(cur: duckdb.DuckDBPyConnection, concepts: list[dict[str, Any]], source: str,
                       audit: AuditEvent | None = None) -> None:
-    """A lens pack's concepts ({"id", "name", "parent"}): one concept tag each (named by the id, the
-    display name as its description) and their place in the hierarchy. Idempotent; a newer pack's
-    names and parents replace an older one's, and each replacement is chained in the audit log."""
+    """A lens pack's concepts ({"id", "name", "parent", "threshold"}): one concept tag each (named by
+    the id, the display name as its description), their place in the hierarchy, and the activation at
+    which a token is tagged automatically (none: never). Idempotent; a newer pack's values replace an
+    older one's, and each replacement is chained in the audit log."""
     for concept in concepts:
         get_or_create_tag(cur, concept["id"], tag_type="concept", created_by=source,
                           description=concept["name"], concept_id=concept["id"])
-        new = (concept["name"], concept.get("parent"), source)
-        old = cur.execute("SELECT display_name, parent, source FROM concept_hierarchy WHERE concept = ?",
+        threshold = concept.get("threshold")
+        new = (concept["name"], concept.get("parent"), source, None if threshold is None else float(threshold))
+        old = cur.execute("SELECT display_name, parent, source, threshold FROM concept_hierarchy WHERE concept = ?",
                           [concept["id"]]).fetchone()
         with transaction(cur):
-            cur.execute("INSERT OR REPLACE INTO concept_hierarchy VALUES (?, ?, ?, ?, now())", [concept["id"], *new])
+            cur.execute("INSERT OR REPLACE INTO concept_hierarchy (concept, display_name, parent, source, updated_at, "
+                        "threshold) VALUES (?, ?, ?, ?, now(), ?)", [concept["id"], *new])
             if old is not None and tuple(old) != new and audit is not None:
-                keys = ("display_name", "parent", "source")
+                keys = ("display_name", "parent", "source", "threshold")
                 audit("rewrite_concept_hierarchy", {"concept": concept["id"], "from": dict(zip(keys, old)),
                                                     "to": dict(zip(keys, new))})
 
@@ -253,13 +256,14 @@ def list_concepts(cur: duckdb.DuckDBPyConnection, query: str | None = None) -> l
         "SELECT id, coalesce(concept_id, name) FROM tags WHERE tag_type = 'concept' "
         "AND (? IS NULL OR name ILIKE '%' || ? || '%') ORDER BY name", [query, query]).fetchall()
     found = seen + [{"id": None, "name": name, "tag_id": tid} for tid, name in extra if name not in names]
-    hierarchy = {concept: (display, parent) for concept, display, parent in
-                 cur.execute("SELECT concept, display_name, parent FROM concept_hierarchy").fetchall()}
+    hierarchy = {concept: (display, parent, threshold) for concept, display, parent, threshold in
+                 cur.execute("SELECT concept, display_name, parent, threshold FROM concept_hierarchy").fetchall()}
     children: dict[str, list[str]] = {}
-    for concept, (_, parent) in sorted(hierarchy.items()):
+    for concept, (_, parent, _) in sorted(hierarchy.items()):
         if parent is not None:
             children.setdefault(parent, []).append(concept)
     for c in found:
-        display, parent = hierarchy.get(c["name"], (None, None))
-        c.update(display_name=display, parent=parent, children=children.get(c["name"], []))
+        display, parent, threshold = hierarchy.get(c["name"], (None, None, None))
+        c.update(display_name=display, parent=parent, children=children.get(c["name"], []),
+                 auto_tag_threshold=threshold)
     return found

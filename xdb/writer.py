@@ -61,10 +61,47 @@ ToExperience = tuple[pa.Table, list[tuple[int, str]], "_Audited"]
 Item = TypeVar("Item")
 
 
-def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
+# Tokens whose activation of a concept reaches the concept's threshold (concept_hierarchy.threshold,
+# from the lens pack), with the concept's tag and its parent's: all in SQL over the batch.
+FIRED = """CREATE TEMP TABLE xdb_fired AS
+    SELECT u.id, u.session_id, u.tick, u.request_id, u.v, g.id AS tag_id, pg.id AS parent_tag_id
+    FROM (SELECT id, session_id, tick, request_id, unnest(concept_ids) AS cid, unnest(concept_values) AS v
+          FROM xdb_batch WHERE concept_ids IS NOT NULL) u
+    JOIN concepts c ON c.id = u.cid
+    JOIN concept_hierarchy h ON h.concept = c.name AND h.threshold IS NOT NULL AND u.v >= h.threshold
+    JOIN tags g ON g.tag_type = 'concept' AND g.concept_id = h.concept
+    LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent"""
+AUTO_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, confidence, source,
+                                          created_at)
+    SELECT tag_id, session_id, 'timestep', id, greatest(0.0, least(1.0, v)), 'auto', now() FROM xdb_fired"""
+# A parent concept is tagged over the span of each reply in which any of its children fired.
+INHERITED_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, range_start, range_end,
+                                               confidence, source, created_at)
+    SELECT parent_tag_id, session_id, 'range', min(tick), max(tick), greatest(0.0, least(1.0, max(v))),
+           'inherited', now()
+    FROM xdb_fired WHERE parent_tag_id IS NOT NULL GROUP BY parent_tag_id, session_id, request_id"""
+
+
+def insert_auto_tags(conn: duckdb.DuckDBPyConnection) -> int:
+    """Within the batch's transaction: AUTO tags for the batch's tokens over their concepts'
+    thresholds, INHERITED range tags for their parents; returns how many tokens fired."""
+    conn.execute(FIRED)
+    try:
+        fired = conn.execute("SELECT count(*) FROM xdb_fired").fetchone()
+        if fired and fired[0]:
+            conn.execute(AUTO_TAGS)
+            conn.execute(INHERITED_TAGS)
+        return int(fired[0]) if fired else 0
+    finally:
+        conn.execute("DROP TABLE xdb_fired")
+
+
+def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]],
+                 auto_tags: bool = False) -> int:
     """Open a transaction on the experience file and insert one batch into it — rows, new concept
-    names, per-session last ticks and the last timestep id — without committing: the caller
-    commits (or rolls back) once the audit has the batch. Rolls back itself if an insert fails."""
+    names, per-session last ticks and the last timestep id, and (`auto_tags`) the tags of concepts
+    over their thresholds — without committing: the caller commits (or rolls back) once the audit
+    has the batch. Rolls back itself if an insert fails. Returns how many tokens were auto-tagged."""
     cols = ", ".join(TIMESTEP_COLUMNS)
     conn.register("xdb_batch", table)
     if new_concepts:
@@ -83,6 +120,7 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             # A literal, not a scan of the batch: each statement over the registered table costs ms.
             last_id = int(pc.max(table.column("id")).as_py())
             conn.execute(f"INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', '{last_id}')")
+            return insert_auto_tags(conn) if auto_tags else 0
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -182,6 +220,9 @@ class Writer:
         self.batch_rows, self.max_latency_s = batch_rows, max_latency_s
         self.max_queue_rows, self.submit_timeout_s = max_queue_rows, submit_timeout_s
         self.on_commit = on_commit
+        # Set while a lens pack with thresholds is registered; `on_auto_tags` hears of batches that fired.
+        self.auto_tags = False
+        self.on_auto_tags: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()
         self._queued = 0          # rows in _pending
@@ -374,7 +415,7 @@ class Writer:
     def _experience_stage(self) -> None:
         while (item := self._to_experience.get()) is not None:
             table, added, audited = item
-            insert_batch(self._conn, table, added)
+            fired = insert_batch(self._conn, table, added, self.auto_tags)
             if not audited.wait(lambda: self._error is not None):
                 # The audit never got this batch (its stage says why): it must not exist here either.
                 self._conn.execute("ROLLBACK")
@@ -387,6 +428,8 @@ class Writer:
             with self._cond:
                 self.rows_written += table.num_rows
                 self._cond.notify_all()
+            if fired and self.on_auto_tags is not None:
+                self.on_auto_tags()
             if self.on_commit is not None:
                 try:
                     self.on_commit(table.num_rows)
