@@ -235,10 +235,12 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
         cid = concepts.id_of(f.concept)
         if cid is None:
             return None
-        # array_contains is the cheap test (~2x faster than finding the value's slot), so DuckDB
-        # looks for the value only in the few rows that hold the concept.
-        where.append(f"array_contains(t.concept_ids, {int(cid)})")
         value = f"array_extract(t.concept_values, array_position(t.concept_ids, {int(cid)}))"
+        if f.min_activation is None and f.max_activation is None:
+            # Alone, array_contains is the cheap test (~2x faster than finding the value's slot). With a
+            # bound, the slot's value is NULL where the concept is absent, so the bound alone filters,
+            # and DuckDB then tests the session first (measured ~3x faster with a session and a band).
+            where.append(f"array_contains(t.concept_ids, {int(cid)})")
     else:
         value = "list_max(t.concept_values)"
     if f.min_activation is not None:
