@@ -35,6 +35,11 @@ def recall_command(
     tick_to: Annotated[int | None, typer.Option(help="Largest tick.")] = None,
     concept: Annotated[str | None, typer.Option(help="Rows where this concept is among the top-k.")] = None,
     min_activation: Annotated[float | None, typer.Option(help="With --concept: its value at least this.")] = None,
+    max_activation: Annotated[float | None, typer.Option(help="With --concept: its value at most this.")] = None,
+    time_from: Annotated[str | None, typer.Option(help="Rows created from this ISO time (UTC if no offset).")
+                         ] = None,
+    time_to: Annotated[str | None, typer.Option(help="Rows created up to this ISO time.")] = None,
+    after_id: Annotated[int | None, typer.Option(help="Rows after this id (the last one printed).")] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows.")] = 100,
 ) -> None:
     """Print matching timesteps as JSON lines, oldest first."""
@@ -42,7 +47,9 @@ def recall_command(
 
     filters = {k: v for k, v in dict(session_id=session_id, event_types=event_types, tags=tags, text=text,
                                      tick_from=tick_from, tick_to=tick_to, concept=concept,
-                                     min_activation=min_activation, limit=limit).items() if v is not None}
+                                     min_activation=min_activation, max_activation=max_activation,
+                                     time_from=time_from, time_to=time_to, after_id=after_id,
+                                     limit=limit).items() if v is not None}
     try:
         xdb = XDB.open(data_dir, read_only=True)
     except ValueError as exc:
