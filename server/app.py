@@ -15,6 +15,7 @@ from server.auth import ApiKeyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.chat_route import install_chat_route
 from server.codex_routes import codex_router
+from server.completion_route import install_completion_route
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
 from server.errors import add_middleware, install_error_handling
@@ -98,6 +99,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.state.ahc_runtime = runtime
     install_health_route(app, runtime)
     install_chat_route(app, runtime)
+    install_completion_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))
     app.include_router(agent_router(runtime.xdb))
     app.include_router(context_router(runtime.retriever))

@@ -1,0 +1,110 @@
+"""`POST /v1/completions` (OpenAI's legacy text completions) through AHC's admission and recording.
+
+vLLM's own handler serves it; in front of it, the route makes the request a session of its own in XDB
+(each prompt an `input` row, every generated token an `output` row, all under one session id, even for
+a batch of prompts), and reserves the KV blocks its prompts and completions will take, as chat does:
+short of blocks it waits, then answers 429 with Retry-After instead of pushing vLLM into preemption.
+The reservation is released when the response, JSON or stream, is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+from orchestrator.orchestrator import new_session_id
+from server.admission import choices, max_new_tokens, wait_for_recording
+from server.request_context import current_session, current_tenant
+from server.runtime import Runtime
+
+PATH = "/v1/completions"
+
+
+def install_completion_route(app: FastAPI, runtime: Runtime) -> None:
+    """Ahead of vLLM's route on the same path (Starlette matches routes in order)."""
+
+    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        return await serve_completion(request, raw_request, runtime)
+
+    route = APIRoute(PATH, completions, methods=["POST"], name="ahc_completions", response_model=None)
+    for shadowed in app.router.routes:
+        if isinstance(shadowed, APIRoute) and shadowed.path == PATH and "POST" in shadowed.methods:
+            shadowed.include_in_schema = False  # one route per path in the OpenAPI document: ours
+    app.router.routes.insert(0, route)
+
+
+def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
+    """Each prompt of the request: a text or token ids (a batch is a list of either)."""
+    prompt: Any = request.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [p if isinstance(p, str) else list(p) for p in prompt or []]
+
+
+async def serve_completion(request: CompletionRequest, raw_request: Request, runtime: Runtime) -> Response:
+    from vllm.entrypoints.openai.completion.api_router import create_completion
+
+    oc, max_model_len = runtime.config.orchestrator, runtime.config.engine.max_model_len
+    await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+    prompts = prompts_of(request)
+    encode = runtime.tokenizer.encode
+    lengths = [len(p) if isinstance(p, list) else len(await asyncio.to_thread(encode, p, add_special_tokens=False))
+               for p in prompts]
+    body = request.model_dump(exclude_unset=True)
+    blocks = sum(runtime.governor.blocks_needed(n, 0, max_new_tokens(body, max_model_len, n), choices(body))
+                 for n in lengths)
+    reservation = await runtime.governor.admit(blocks)
+    try:
+        session = current_tenant.get().scope(new_session_id())
+        record_prompts(runtime, session, prompts)
+        current_session.set(session)  # the engine's outputs of every prompt go to this session
+        response = await create_completion(request, raw_request)
+    except BaseException:
+        reservation.release()
+        raise
+    if isinstance(response, StreamingResponse):
+        return ReleasingStream(response, reservation.release)
+    reservation.release()
+    return response
+
+
+def record_prompts(runtime: Runtime, session: str, prompts: list[str | list[int]]) -> None:
+    """Each prompt as an `input` row of the request's session (token ids are decoded)."""
+    recorder = runtime.recorder
+    recorder.xdb.start_session(session)
+    events: list[tuple[str, str | None, str, dict[str, Any] | None]] = [
+        ("input", "user", p if isinstance(p, str) else runtime.tokenizer.decode(p),
+         {"prompt_index": i, "endpoint": "completions"} | ({"prompt_token_ids": len(p)} if isinstance(p, list) else {}))
+        for i, p in enumerate(prompts)]
+    recorder.submit(recorder.rows(session, events))
+
+
+class ReleasingStream(StreamingResponse):
+    """vLLM's SSE response, unchanged, that gives back the reservation when it ends however it ends
+    (including a client gone before the first chunk, when Starlette never runs the iterator)."""
+
+    def __init__(self, source: StreamingResponse, release: Callable[[], None]) -> None:
+        super().__init__(_passthrough(source.body_iterator), status_code=source.status_code,
+                         background=source.background)
+        self.raw_headers = source.raw_headers
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _passthrough(chunks: Any) -> AsyncIterator[Any]:
+    async for chunk in chunks:
+        yield chunk
