@@ -87,6 +87,10 @@ class AHCMetrics:
         self.xdb_deleted_sessions = Counter(
             "ahc_xdb_deleted_sessions", "Sessions deleted by retention (xdb.retention.delete_after_days)", m,
             registry=r)
+        self.prefill_seconds_per_token = Gauge(
+            "ahc_prefill_seconds_per_token", "The engine's measured seconds per computed prompt token, queueing "
+            "included (0 until a long enough prefill was seen): what session-aware admission weighs a wait against",
+            m, registry=r)
         self.corrupt_session_states = Counter(
             "ahc_session_states_corrupt", "Stored session State versions skipped on load because their bytes no "
             "longer match their SHA-256 (the newest intact version was loaded instead)", m, registry=r)
@@ -112,6 +116,7 @@ class AHCMetrics:
         self._geometry: KVGeometry | None = None
         self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
         self.prefill = PrefillCost()  # what session-aware admission weighs a wait against
+        self.one(self.prefill_seconds_per_token).set_function(lambda: self.prefill.s_per_token or 0.0)
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
         self.one(self.prefix_cache_hit_ratio).set_function(self._agent_hit_ratio)
         self.one(self.kv_cache_usage_ratio).set_function(lambda: self._kv_usage)
