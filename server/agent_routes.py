@@ -19,17 +19,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import AHCRoute
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.request_context import Caller
 from xdb import XDBClient
 from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
-Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 class _Body(BaseModel):

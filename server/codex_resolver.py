@@ -23,6 +23,7 @@ from orchestrator.context_spec import CodexDoc, CodexRef, ContextSpec, StoredCod
 from xdb import XDBClient
 
 CONDENSED_TAG = "condensed"
+LONG_TEXT = 1 << 16  # characters past which hashing leaves the event loop
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -75,6 +76,8 @@ class CodexResolver:
         self._versions: _Bounded[tuple[str, int], dict[str, Any]] = _Bounded(max_chars)
         # (tenant prefix, source sha256) -> its rendition, or None: none stored (yet).
         self._renditions: _Bounded[tuple[str, str], Rendition | None] = _Bounded(max_chars)
+        # An inline document's SHA-256 by its text: a Codex sent with every turn is hashed once.
+        self._digests: _Bounded[str, str] = _Bounded(max_chars)
 
     async def resolve(self, spec: ContextSpec, prefix: str) -> ContextSpec:
         """The spec with every Codex entry a document with text (and its rendition, when stored)."""
@@ -126,8 +129,16 @@ class CodexResolver:
                               document=doc["id"].removeprefix(prefix), version=doc["version"],
                               sha256=doc["content_hash"])
 
+    async def _digest(self, text: str) -> str:
+        known, digest = self._digests.get(text)
+        if not known or digest is None:
+            # A long text is hashed off the event loop (a 20 MB Codex takes tens of milliseconds).
+            digest = await asyncio.to_thread(text_sha256, text) if len(text) > LONG_TEXT else text_sha256(text)
+            self._digests.put(text, digest, len(text))
+        return digest
+
     async def _with_rendition(self, doc: CodexDoc, prefix: str) -> CodexDoc:
-        sha = doc.sha256 if isinstance(doc, StoredCodexDoc) else text_sha256(doc.text)
+        sha = doc.sha256 if isinstance(doc, StoredCodexDoc) else await self._digest(doc.text)
         rendition = await self.rendition(prefix, sha)
         if rendition is None:
             return doc

@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
 from ahc.errors import Conflict, NotFound
 from server.codex_condenser import CodexCondenser, source_document
 from server.codex_resolver import CodexResolver, rendition_path
 from server.errors import AHCRoute
-from server.request_context import request_tenant
+from server.request_context import Caller
 from server.tenants import Tenant
 from server.xdb_routes import unscoped
 from xdb import XDBClient
 
-Caller = Annotated[Tenant, Depends(request_tenant)]
 Version = Annotated[int | None, Query(ge=1, description="the source's version (default: the latest)")]
 
 

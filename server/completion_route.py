@@ -10,7 +10,7 @@ The reservation is released when the response, JSON or stream, is over.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -93,8 +93,7 @@ class ReleasingStream(StreamingResponse):
     (including a client gone before the first chunk, when Starlette never runs the iterator)."""
 
     def __init__(self, source: StreamingResponse, release: Callable[[], None]) -> None:
-        super().__init__(_passthrough(source.body_iterator), status_code=source.status_code,
-                         background=source.background)
+        super().__init__(source.body_iterator, status_code=source.status_code, background=source.background)
         self.raw_headers = source.raw_headers
         self._release = release
 
@@ -103,8 +102,3 @@ class ReleasingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._release()
-
-
-async def _passthrough(chunks: Any) -> AsyncIterator[Any]:
-    async for chunk in chunks:
-        yield chunk

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.errors import NotFound
 from ahc.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
-from server.request_context import request_tenant
+from server.request_context import Caller
 from server.tenants import Tenant
 from xdb import XDBClient
-
-Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 class ExportBody(BaseModel):

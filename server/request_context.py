@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from fastapi import Depends
 
 from server.tenants import LOCAL, Tenant
 
@@ -37,3 +39,7 @@ current_tenant: ContextVar[Tenant] = ContextVar("ahc_current_tenant", default=LO
 async def request_tenant() -> Tenant:
     """FastAPI dependency: the calling tenant (async: read on the request's task, no thread hop)."""
     return current_tenant.get()
+
+
+# A route parameter of this type is the calling tenant.
+Caller = Annotated[Tenant, Depends(request_tenant)]

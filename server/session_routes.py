@@ -13,18 +13,15 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
 from server.errors import AHCRoute
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.request_context import Caller
 from xdb import XDBClient
-
-Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 class SessionInfo(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ahc.errors import InvalidRequest, NotFound, PermissionDenied
@@ -21,7 +21,7 @@ from ahc.limits import (
     TAG_MAX_CHARS,
 )
 from server.errors import AHCRoute
-from server.request_context import request_tenant
+from server.request_context import Caller
 from server.tenants import Tenant
 from xdb import XDBClient
 from xdb.documents import DocumentType
@@ -29,7 +29,6 @@ from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
-Caller = Annotated[Tenant, Depends(request_tenant)]
 
 
 def _tag_ref(tag: str | int) -> str | int:

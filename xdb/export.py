@@ -182,8 +182,9 @@ def read_manifest(src: Path) -> dict[str, Any]:
     return manifest
 
 
-def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> dict[str, int]:
-    """Load an export into an XDB whose tables are empty (one transaction): returns rows per table."""
+def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Load an export into an XDB whose tables are empty (one transaction): its manifest (every file
+    checked against it first) and the rows loaded per table."""
     manifest = read_manifest(src)
     busy = [t.name for t in TABLES if conn.execute(f"SELECT count(*) > 0 FROM {t.name}").fetchone() == (True,)]
     if busy:
@@ -213,4 +214,4 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> dict[str, int]:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return loaded
+    return manifest, loaded

@@ -11,13 +11,13 @@ transaction that deletes, as compression's are.
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
+from datetime import datetime
 
 import duckdb
 
 from xdb.audit import AuditEvent
 from xdb.compression import Summarize, _compress_replies
+from xdb.fidelity import hot_cutoff
 from xdb.sql import one_int, transaction
 
 DAY_S = 86_400.0
@@ -27,7 +27,8 @@ SESSION_TABLES = ("timesteps", "tag_applications", "comments", "time_windows", "
 
 
 def cutoff(days: float) -> datetime:
-    return datetime.fromtimestamp(time.time() - days * DAY_S, tz=UTC).replace(tzinfo=None)
+    """Rows written before this are older than `days` (naive UTC, as rows store their times)."""
+    return hot_cutoff(days * DAY_S)
 
 
 def compress_aged(cur: duckdb.DuckDBPyConnection, verbatim_days: float, summarize: Summarize | None,

@@ -167,10 +167,9 @@ class XDB:
         cls.open(data_dir).close()  # created and migrated, its audit log opened once
         conn = open_experience(data_dir / EXPERIENCE_FILE)
         try:
-            loaded = export.import_rows(conn, src)
+            manifest, loaded = export.import_rows(conn, src)
         finally:
             conn.close()
-        manifest = export.read_manifest(src)
         with cls.open(data_dir) as xdb:
             xdb.audit_event("import", {"from": str(src), "export_id": manifest["id"], "rows": loaded,
                                        "source_audit_head": manifest["audit_head"]})
