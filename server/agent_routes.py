@@ -10,24 +10,36 @@ client). Routes, under `/v1/xdb`:
     GET    /meta_knowledge    ?run_id=&all=false  -> {object: list, data: [latest] or every version}
     DELETE /runs/{run_id}     -> {deleted: {interaction_log: n, meta_knowledge: n}}  (a fresh run's reset;
                               run_id percent-encoded, an escaped "/" included)
+    GET    /runs              ?limit=100 (1..1000)  -> {object: list, data: [{run_id, turns, first_at, last_at,
+                              knowledge_versions, theorems, has_report}]}  (the tenant's runs, latest activity first)
+    PUT    /runs/{run_id}/report      {png_base64}  -> {run_id, version, bytes}  (the end-of-run report.png,
+                              kept as an XDB document, a new version per upload; at most 8 MiB of PNG)
+    GET    /runs/{run_id}/report.png  -> the latest report, image/png; 404 if none was uploaded
 
 Bodies and queries are typed: bad input is a 400 naming the parameter; an unknown run is an empty
-list, never a 404.
+list, never a 404 (except its report, which is a file that either exists or does not).
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ahc.errors import InvalidRequest, NotFound
 from server.errors import AHCRoute
 from server.request_context import Caller
 from xdb import XDBClient
+from xdb.interactions import REPORT_MAX_BYTES
 from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)
+RunIdPath = Annotated[str, Path(min_length=1, max_length=256)]
+# The base64 text of the largest PNG accepted: longer text is refused before it is decoded.
+REPORT_MAX_BASE64 = 4 * -(-REPORT_MAX_BYTES // 3)
 
 
 class _Body(BaseModel):
@@ -47,6 +59,21 @@ class KnowledgeBody(_Body):
     theorems_json: str | None = None
     negative_knowledge: str | None = None
     last_compacted_turn: int | None = Field(None, ge=0, le=INT64_MAX)
+
+
+class ReportBody(_Body):
+    png_base64: str
+
+
+def decode_png(text: str) -> bytes:
+    """`png_base64`'s bytes; the PNG itself is checked by XDB (signature, size), for every store alike."""
+    if len(text) > REPORT_MAX_BASE64:
+        raise InvalidRequest(f"png_base64: {len(text)} characters of base64 is over the {REPORT_MAX_BYTES}-byte "
+                             "limit on the PNG", param="png_base64")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, or a non-ASCII character
+        raise InvalidRequest("png_base64: not valid base64", param="png_base64") from None
 
 
 def agent_router(xdb: XDBClient) -> APIRouter:
@@ -81,5 +108,23 @@ def agent_router(xdb: XDBClient) -> APIRouter:
     @router.delete("/runs/{run_id:path}")
     def purge(run_id: str, tenant: Caller) -> Any:
         return {"run_id": run_id, "deleted": xdb.purge_run(tenant.scope(run_id))}
+
+    @router.get("/runs")
+    def runs(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        return {"object": "list", "data": tenant.unscope_rows(xdb.runs(tenant.prefix, limit), "run_id")}
+
+    @router.put("/runs/{run_id:path}/report")
+    def save_report(run_id: RunIdPath, body: ReportBody, tenant: Caller) -> Any:
+        png = decode_png(body.png_base64)
+        doc = xdb.save_run_report(tenant.scope(run_id), png, tenant.prefix)
+        return {"run_id": run_id, "version": doc["version"], "bytes": len(png)}
+
+    @router.get("/runs/{run_id:path}/report.png", response_class=Response)
+    def report(run_id: RunIdPath, tenant: Caller) -> Response:
+        png = xdb.run_report(tenant.scope(run_id), tenant.prefix)
+        if png is None:
+            raise NotFound(f"run {run_id!r} has no report", param="run_id")
+        # A later upload replaces the report under the same URL: the browser must ask again.
+        return Response(png, media_type="image/png", headers={"Cache-Control": "no-cache"})
 
     return router

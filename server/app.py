@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from importlib.metadata import version as package_version
 from typing import Any
 
 from fastapi import FastAPI
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
 from server.body_limit import BodyLimitMiddleware
+from server.browse_routes import browse_router
 from server.chat_route import install_chat_route
 from server.codex_routes import codex_router
 from server.completion_route import install_completion_route
@@ -23,6 +25,7 @@ from server.export_routes import export_router
 from server.recording_gate import RecordingGate
 from server.runtime import Runtime
 from server.session_routes import session_router
+from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
 
 # Routes vLLM mounts that AHC does not serve on purpose. They are taken out of the app, not just put
@@ -105,6 +108,9 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(context_router(runtime.retriever))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     app.include_router(export_router(runtime.xdb))
+    app.include_router(browse_router(runtime.xdb))
+    install_ui(app, model=runtime.config.model_name, auth_required=bool(runtime.keys),
+               version=package_version("ahc"))
     app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
                                       runtime.rag_indexes))
     runtime.metrics.attach(get_prometheus_registry())

@@ -20,6 +20,9 @@ from server.tenants import Tenant, TenantKeys
 
 # Liveness, readiness (SageMaker's `/ping`, GET and POST) and Prometheus: exact paths, not prefixes.
 OPEN_PATHS = ("/health", "/metrics", "/ping")
+# The experience browser's shell (HTML, script, style) holds no data: a browser cannot send a Bearer
+# header on navigation, so the page loads bare, asks for the key, and every read it makes carries it.
+UI_PREFIX = "/ui"
 
 # RFC 6455's "policy violation": a WebSocket handshake without the key is closed with it.
 _WS_POLICY_VIOLATION = 1008
@@ -48,7 +51,7 @@ class ApiKeyMiddleware:
             current_tenant.set(tenant)  # this request's task only: each request runs in its own
             await self.app(scope, receive, send)
             return
-        if path in OPEN_PATHS or _is_cors_preflight(scope, headers):
+        if path in OPEN_PATHS or _is_ui_shell(scope, path) or _is_cors_preflight(scope, headers):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -57,6 +60,11 @@ class ApiKeyMiddleware:
         response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.",
                                   "authentication_error", "invalid_api_key")
         await response(scope, receive, send)
+
+
+def _is_ui_shell(scope: Scope, path: str) -> bool:
+    return (scope["type"] == "http" and scope.get("method") in ("GET", "HEAD")
+            and (path == UI_PREFIX or path.startswith(UI_PREFIX + "/")))
 
 
 def _is_cors_preflight(scope: Scope, headers: Headers) -> bool:

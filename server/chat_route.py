@@ -28,7 +28,7 @@ from orchestrator.vram_governor import GovernorRejected
 from server.admission import admit, requested_completion_tokens, wait_for_recording
 from server.chat_telemetry import ChatTelemetry
 from server.errors import error_response
-from server.request_context import current_session, current_tenant
+from server.request_context import current_session, current_tenant, current_usage
 from server.runtime import Runtime
 from server.stream_reply import ReplyAccumulator
 
@@ -199,6 +199,7 @@ async def settle(turn: ChatTurn, reply: dict[str, Any] | None, runtime: Runtime)
     if reply is None:
         return
     runtime.recorder.record_reply(turn.prepared, reply)
+    runtime.recorder.record_turn(turn.prepared, current_usage.get())
     if reply.get("tool_calls"):
         # Like the tokens, the calls are durable before the response.
         await runtime.recorder.aflush(session_id=turn.session_id)

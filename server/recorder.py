@@ -117,6 +117,22 @@ class Recorder:
                   for call in reply.get("tool_calls") or []]
         self.submit(self.rows(prepared.session_id, events))
 
+    def record_turn(self, prepared: Prepared, usage: EngineUsage | None) -> None:
+        """A completed request's turn record: the cache report with the engine's usage, after its tokens,
+        so a session's turns are the ranges of ticks between these rows (what the experience browser
+        draws)."""
+        report = prepared.report
+        turn = {"mode": report.mode, "blocks": [b.report() for b in report.blocks],
+                "first_changed_block": report.first_changed_block, "governor": list(report.governor),
+                "prefix_sha256": report.prefix_sha256, "compactions": len(prepared.compactions),
+                "prompt_tokens": usage.prompt_tokens if usage else None,
+                "cached_tokens": usage.cached_tokens if usage else None,
+                "completion_tokens": usage.completion_tokens if usage else None,
+                "request_id": usage.request_id if usage else None}
+        summary = (f"turn: {report.mode}, {turn['prompt_tokens']} prompt tokens, {turn['cached_tokens']} cached, "
+                   f"first changed block {report.first_changed_block}")
+        self.submit(self.rows(prepared.session_id, [("system", None, summary, {"turn": turn})]))
+
     def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> TokenStream:
         join = None
         if self.capture is not None:
@@ -243,6 +259,8 @@ class RecordingEngine:
                     new = ids if delta else ids[seen.get(completion.index, 0):]
                     seen[completion.index] = seen.get(completion.index, 0) + len(new)
                     stream.add(new)
+                    if usage is not None:
+                        usage.completion_tokens += len(new)
                 if output.finished:
                     finished = True
                     for stream in streams.values():  # activations still in flight, bounded wait

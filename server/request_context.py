@@ -22,11 +22,14 @@ class EngineUsage:
 
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    request_id: str | None = None  # the engine's id, which the reply's token rows carry
+    completion_tokens: int = 0  # generated so far, over every choice
 
     def saw(self, output: Any) -> None:
         """Read from one of the engine's outputs (a vLLM RequestOutput)."""
         self.prompt_tokens = len(output.prompt_token_ids or ())
         self.cached_tokens = output.num_cached_tokens or 0
+        self.request_id = output.request_id
 
 
 current_session: ContextVar[str | None] = ContextVar("ahc_current_session", default=None)

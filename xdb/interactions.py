@@ -1,12 +1,17 @@
 """The discovery agent's tables: `interaction_log` (every turn) and `meta_knowledge` (the
-synthesised theory at each compaction), keyed by a run id so runs can share one store."""
+synthesised theory at each compaction), keyed by a run id so runs can share one store; the runs
+listed from them; and each run's end-of-run report PNG, kept as a document."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import duckdb
 
+from ahc.errors import InvalidRequest
+from xdb import documents
 from xdb.audit import AuditEvent
 from xdb.sql import Row, one_int, transaction
 
@@ -85,3 +90,97 @@ def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str, audit: AuditEvent | N
             audit("purge_run", {"run_id": run_id, "deleted": deleted,
                                 "id_ranges": {f"{t}.{KEYS[t]}": spans[t] for t in RUN_TABLES}})
     return deleted
+
+
+def runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+    """The runs whose id starts with `prefix` (one tenant's), most recently active first: turns and
+    knowledge versions counted, first and last activity, the latest snapshot's theorem count, and
+    whether a report is stored (`report_name`, a document whose id starts with `prefix`)."""
+    rows = cur.execute(
+        "WITH events AS ("
+        " SELECT run_id, timestamp AS at, 1 AS turn, 0 AS version FROM interaction_log WHERE starts_with(run_id, ?)"
+        " UNION ALL"
+        " SELECT run_id, created_at, 0, 1 FROM meta_knowledge WHERE starts_with(run_id, ?)) "
+        "SELECT run_id, sum(turn), sum(version), min(at), max(at) FROM events GROUP BY run_id "
+        "ORDER BY max(at) DESC, run_id LIMIT ?", [prefix, prefix, limit]).fetchall()
+    ids = [r[0] for r in rows]
+    theorems = _theorem_counts(cur, ids)
+    reported = _reported(cur, ids, prefix)
+    return [{"run_id": run_id, "turns": int(turns), "first_at": first.isoformat() + "Z",
+             "last_at": last.isoformat() + "Z", "knowledge_versions": int(versions),
+             "theorems": theorems.get(run_id, 0), "has_report": run_id in reported}
+            for run_id, turns, versions, first, last in rows]
+
+
+def _theorem_counts(cur: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, int]:
+    # Counted here rather than in SQL: a snapshot is the agent's JSON, and one that is not a list
+    # (or not JSON) counts as none instead of failing the whole listing.
+    latest = cur.execute(
+        "SELECT run_id, theorems_json FROM meta_knowledge WHERE list_contains(?::VARCHAR[], run_id) "
+        "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY version_id DESC) = 1", [run_ids]).fetchall()
+    return {run_id: _count_list(text) for run_id, text in latest}
+
+
+def _count_list(text: str | None) -> int:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return 0
+    return len(value) if isinstance(value, list) else 0
+
+
+def _reported(cur: duckdb.DuckDBPyConnection, run_ids: list[str], prefix: str) -> set[str]:
+    names = {report_name(run_id): run_id for run_id in run_ids}
+    found = cur.execute("SELECT DISTINCT name FROM documents WHERE starts_with(id, ?) "
+                        "AND list_contains(?::VARCHAR[], name) AND list_contains(tags, ?)",
+                        [prefix, list(names), REPORT_TAG]).fetchall()
+    return {names[name] for (name,) in found}
+
+
+# -- the end-of-run report: a PNG kept as a document (base64 text), a new version per upload --------
+REPORT_MAX_BYTES = 8 << 20  # the PNG itself, before base64
+REPORT_TAG = "run-report"  # tells a run's report from a document the tenant named the same way
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def report_name(run_id: str) -> str:
+    return f"runs/{run_id}/report.png"
+
+
+def check_png(png: bytes) -> None:
+    """InvalidRequest (naming `png_base64`, the HTTP body's field) unless `png` is a PNG within the cap."""
+    if len(png) > REPORT_MAX_BYTES:
+        raise InvalidRequest(f"png_base64: the PNG is {len(png)} bytes, over the {REPORT_MAX_BYTES}-byte limit",
+                             param="png_base64")
+    if not png.startswith(PNG_SIGNATURE):
+        raise InvalidRequest("png_base64: the data is not a PNG (it does not start with the PNG signature)",
+                             param="png_base64")
+
+
+def _report_id(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str) -> str | None:
+    row = cur.execute("SELECT id FROM documents WHERE starts_with(id, ?) AND name = ? AND list_contains(tags, ?) "
+                      "ORDER BY updated_at DESC LIMIT 1", [id_prefix, report_name(run_id), REPORT_TAG]).fetchone()
+    return None if row is None else str(row[0])
+
+
+def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
+    """Store `png` as the run's report: a new document, or a new version of the run's one. The
+    caller serialises calls (a new version reads the last one)."""
+    check_png(png)
+    content = base64.b64encode(png).decode("ascii")
+    # Sized by the report's own cap, not xdb.max_document_bytes: that one is for text documents.
+    max_bytes = len(content)
+    doc_id = _report_id(cur, run_id, id_prefix)
+    if doc_id is None:
+        return documents.add_document(cur, report_name(run_id), content, tags=[REPORT_TAG], source="agent",
+                                      summary=f"end-of-run report of {run_id}", max_bytes=max_bytes,
+                                      id_prefix=id_prefix)
+    return documents.update_document(cur, doc_id, content, max_bytes=max_bytes)
+
+
+def report(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str = "") -> bytes | None:
+    """The run's latest report PNG, None if none was stored (the caller names the run in its 404)."""
+    doc_id = _report_id(cur, run_id, id_prefix)
+    if doc_id is None:
+        return None
+    return base64.b64decode(documents.get_document(cur, doc_id)["content"])

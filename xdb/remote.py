@@ -419,6 +419,15 @@ class RemoteXDB:
     def related_concepts(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("related_concepts", *args, **kwargs)
 
+    def sessions_overview(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("sessions_overview", *args, **kwargs)
+
+    def session_turns(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("session_turns", *args, **kwargs)
+
+    def top_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("top_tokens", *args, **kwargs)
+
     def concepts_list(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("concepts_list", *args, **kwargs)
 

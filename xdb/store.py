@@ -21,7 +21,7 @@ import duckdb
 
 from ahc.config import XDBConfig
 from ahc.errors import InvalidRequest, NotFound
-from xdb import compression, documents, export, fidelity, insights, interactions, retention, session_state, tags
+from xdb import browse, compression, documents, export, fidelity, insights, interactions, retention, session_state, tags
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.recall import RecallFilters, TagCache, recall, timestep
@@ -241,6 +241,18 @@ class XDB:
                          session_prefix: str = "") -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return insights.related_concepts(cur, concept, self.concepts, limit, session_id, session_prefix)
+
+    def sessions_overview(self, prefix: str = "", limit: int = 200, query: str | None = None) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return browse.sessions_overview(cur, prefix, limit, query)
+
+    def session_turns(self, session_id: str) -> dict[str, Any]:
+        with self.cursor() as cur:
+            return browse.session_turns(cur, session_id)
+
+    def top_tokens(self, concept: str, prefix: str = "", limit: int = 50) -> list[dict[str, Any]]:
+        with self.cursor() as cur:
+            return browse.top_tokens(cur, concept, self.concepts, prefix, limit)
 
     def concepts_list(self, query: str | None = None, parent: str | None = None) -> list[dict[str, Any]]:
         """Concepts (name contains `query`; children of `parent`, "" for the top level)."""
@@ -488,6 +500,22 @@ class XDB:
         returns the counts per table."""
         with self.cursor() as cur:
             return interactions.purge_run(cur, run_id, self.audit_event)
+
+    def runs(self, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+        """The runs whose id starts with `prefix`, most recently active first, with their counts."""
+        with self.cursor() as cur:
+            return interactions.runs(cur, prefix, limit)
+
+    def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
+        """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
+        not a PNG or is over interactions.REPORT_MAX_BYTES); returns the document without content."""
+        with self._documents_lock, self.cursor() as cur:
+            doc = interactions.save_report(cur, run_id, png, id_prefix)
+        return {k: v for k, v in doc.items() if k != "content"}
+
+    def run_report(self, run_id: str, id_prefix: str = "") -> bytes | None:
+        with self.cursor() as cur:
+            return interactions.report(cur, run_id, id_prefix)
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:

@@ -1,0 +1,168 @@
+"""What the experience browser reads: sessions at a glance, a session turn by turn, and the tokens that
+lit a concept most.
+
+A turn is recorded by the server as one `system` row after its reply (metadata `{"turn": {...}}`: the
+cache report with the engine's usage), so a session's turns are the tick ranges between those rows, and
+listing sessions reads only those rows, never the tokens themselves.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import json
+from typing import Any
+
+import duckdb
+
+from ahc.errors import NotFound
+from xdb.concepts import ConceptIndex
+
+TURN_ROWS = "event_type = 'system' AND starts_with(metadata, '{\"turn\":')"
+# A message row's text past this is cut in a turn listing (the row itself stays whole in recall).
+CONTENT_CHARS = 4000
+SEPARATOR = "/"  # a tenant's sessions are stored under `tenant/`
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.isoformat() + "Z"
+
+
+def tenant_of(session_id: str) -> str:
+    head, sep, _ = session_id.partition(SEPARATOR)
+    return head if sep else "default"
+
+
+OVERVIEW = f"""
+    WITH t AS (
+        SELECT session_id, tick, created_at, CAST(metadata AS JSON) -> 'turn' AS m FROM timesteps
+        WHERE {TURN_ROWS} AND starts_with(session_id, $prefix)),
+    agg AS (
+        SELECT session_id, count(*) AS turns, sum((m ->> 'prompt_tokens')::BIGINT) AS prompt,
+               sum((m ->> 'cached_tokens')::BIGINT) AS cached, sum((m ->> 'completion_tokens')::BIGINT) AS generated,
+               max(created_at) AS last_at, arg_max(m ->> 'mode', tick) AS mode
+        FROM t GROUP BY session_id),
+    win AS (
+        SELECT session_id, bool_or(pinned) AS pinned, bool_or(len(submission_ids) > 0) AS submitted
+        FROM time_windows WHERE starts_with(session_id, $prefix) GROUP BY session_id)
+    SELECT s.session_id, s.last_tick, agg.turns, agg.prompt, agg.cached, agg.generated, agg.last_at, agg.mode,
+           win.pinned, win.submitted
+    FROM session_ticks s LEFT JOIN agg USING (session_id) LEFT JOIN win USING (session_id)
+    WHERE starts_with(s.session_id, $prefix) AND ($q IS NULL OR contains(s.session_id, $q))
+    ORDER BY agg.last_at DESC NULLS LAST, s.session_id LIMIT $limit"""
+
+
+def sessions_overview(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 200,
+                      query: str | None = None) -> list[dict[str, Any]]:
+    """Sessions (one tenant's: ids starting with `prefix`), the most recently active first: turns,
+    tokens, cache hit ratio, last activity, the last turn's mode, pinned or submitted windows."""
+    rows = cur.execute(OVERVIEW, {"prefix": prefix, "q": query, "limit": limit}).fetchall()
+    out = []
+    for sid, last_tick, turns, prompt, cached, generated, last_at, mode, pinned, submitted in rows:
+        out.append({"session_id": sid, "tenant": tenant_of(sid), "last_tick": last_tick, "turns": turns or 0,
+                    "prompt_tokens": int(prompt or 0), "cached_tokens": int(cached or 0),
+                    "generated_tokens": int(generated or 0),
+                    "hit_ratio": (cached or 0) / prompt if prompt else None, "last_activity": _iso(last_at),
+                    "mode": mode, "pinned": bool(pinned), "submitted": bool(submitted)})
+    _fill_untracked(cur, [r for r in out if not r["turns"]])
+    return out
+
+
+def _fill_untracked(cur: duckdb.DuckDBPyConnection, sessions: list[dict[str, Any]]) -> None:
+    """Sessions without turn records (raw completions, imported rows): their tokens and last activity
+    from the rows themselves, for this page's sessions only."""
+    if not sessions:
+        return
+    by_id = {s["session_id"]: s for s in sessions}
+    rows = cur.execute("""SELECT session_id, max(created_at), count(*) FILTER (WHERE event_type = 'output')
+                          FROM timesteps WHERE session_id IN (SELECT unnest($ids)) GROUP BY session_id""",
+                       {"ids": list(by_id)}).fetchall()
+    for sid, last_at, generated in rows:
+        by_id[sid]["last_activity"] = _iso(last_at)
+        by_id[sid]["generated_tokens"] = int(generated)
+
+
+def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str | None:
+    """Why the prefix cache broke at this turn's first changed block, from the two turns' reports."""
+    if previous is None:
+        return "first turn: nothing cached yet"
+    block = turn.get("first_changed_block")
+    if block is None:
+        return None
+    if turn.get("compactions"):
+        return "the State was compacted"
+    if previous.get("mode") != turn.get("mode"):
+        return f"mode {previous.get('mode')} → {turn.get('mode')}"
+    before = {b["name"]: b for b in previous.get("blocks", [])}
+    now = {b["name"]: b for b in turn.get("blocks", [])}
+    if block not in now:
+        return f"{block} block left the prompt"
+    if block not in before:
+        return f"{block} block added"
+    a, b = before[block]["tokens"], now[block]["tokens"]
+    if a != b:
+        return f"{block} changed: {a} → {b} tokens"
+    return f"{block} text changed ({b} tokens)"
+
+
+def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, Any]:
+    """A session turn by turn: each turn's tick range, cache report, usage and why the cache broke, with
+    its message-level rows (inputs, tool calls and results, governor events) and compactions."""
+    if cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ?", [session_id]).fetchone() is None:
+        raise NotFound(f"session {session_id!r} not found")
+    turn_rows = cur.execute(f"""SELECT id, tick, created_at, metadata FROM timesteps
+                                WHERE session_id = ? AND {TURN_ROWS} ORDER BY tick""", [session_id]).fetchall()
+    messages = cur.execute(f"""
+        SELECT id, tick, event_type, role, left(content, {CONTENT_CHARS}), length(content) > {CONTENT_CHARS},
+               metadata, created_at
+        FROM timesteps WHERE session_id = ? AND event_type <> 'output' AND NOT ({TURN_ROWS})
+        ORDER BY tick""", [session_id]).fetchall()
+    compactions = cur.execute("""SELECT id, created_at, range_start, range_end, tokens_before, tokens_after,
+                                        trigger, summary FROM compaction_records WHERE session_id = ? ORDER BY id""",
+                              [session_id]).fetchall()
+    turns: list[dict[str, Any]] = []
+    start, previous = 0, None
+    for row_id, tick, at, meta in turn_rows:
+        report = json.loads(meta)["turn"]
+        turns.append({"index": len(turns) + 1, "row_id": row_id, "tick_from": start, "tick_to": tick,
+                      "created_at": _iso(at), **report, "reason": break_reason(report, previous),
+                      "events": [], "compactions": []})
+        start, previous = tick + 1, report
+    ends = [t["tick_to"] for t in turns]
+
+    def owner(tick: int) -> dict[str, Any] | None:
+        i = bisect.bisect_left(ends, tick)
+        return turns[i] if i < len(turns) and turns[i]["tick_from"] <= tick else None
+
+    pending: list[dict[str, Any]] = []  # rows after the last turn record: a turn still running or cut off
+    for row_id, tick, event, role, content, cut, meta, at in messages:
+        item = {"id": row_id, "tick": tick, "event_type": event, "role": role, "content": content,
+                "truncated": bool(cut), "metadata": json.loads(meta) if meta else None, "created_at": _iso(at)}
+        turn = owner(tick)
+        (turn["events"] if turn else pending).append(item)
+    for cid, at, lo, hi, before, after, trigger, summary in compactions:
+        turn = owner(hi + 1)
+        if turn is not None:
+            turn["compactions"].append({"id": cid, "created_at": _iso(at), "range_start": lo, "range_end": hi,
+                                        "tokens_before": before, "tokens_after": after, "trigger": trigger,
+                                        "summary": summary[:CONTENT_CHARS]})
+    last_tick = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
+    return {"session_id": session_id, "tenant": tenant_of(session_id), "turns": turns, "pending": pending,
+            "last_tick": last_tick[0] if last_tick else None}
+
+
+TOP_TOKENS = """
+    SELECT id, session_id, tick, content, array_extract(concept_values, array_position(concept_ids, $cid)) AS v
+    FROM timesteps WHERE array_contains(concept_ids, $cid) AND starts_with(session_id, $prefix)
+    ORDER BY v DESC, id LIMIT $limit"""
+
+
+def top_tokens(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, prefix: str = "",
+               limit: int = 50) -> list[dict[str, Any]]:
+    """The tokens, across sessions, that activated `concept` most (it among their top-k)."""
+    cid = concepts.id_of(concept)
+    if cid is None:
+        return []  # a concept of the pack no token has activated yet
+    rows = cur.execute(TOP_TOKENS, {"cid": cid, "prefix": prefix, "limit": limit}).fetchall()
+    return [{"id": tid, "session_id": sid, "tick": tick, "content": content, "activation": float(v)}
+            for tid, sid, tick, content, v in rows]
