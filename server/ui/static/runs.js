@@ -1,0 +1,73 @@
+// Discovery runs: the agent's journal (interaction_log), its theorems over time (meta_knowledge
+// versions) and the run's report image.
+
+import { ApiError, getBlobURL, getJSON, seg } from "./api.js";
+import { lineChart } from "./charts.js";
+import { errorBox, fmt, h, mount } from "./dom.js";
+
+export async function runsPage(root) {
+  mount(root, h("h1", {}, "Discovery runs"), h("p", { class: "muted" }, "Loading…"));
+  try {
+    const runs = (await getJSON("/v1/xdb/runs")).data;
+    const rows = runs.map((r) => h("tr", {},
+      h("td", {}, h("a", { href: `#/runs/${seg(r.run_id)}` }, r.run_id)),
+      h("td", { class: "num" }, fmt.int(r.turns)), h("td", { class: "num" }, fmt.int(r.theorems)),
+      h("td", {}, fmt.time(r.first_at)), h("td", {}, fmt.ago(r.last_at)), h("td", {}, r.has_report ? "yes" : "–")));
+    mount(root, h("h1", {}, "Discovery runs"), runs.length
+      ? h("table", { class: "grid", id: "runs" }, h("thead", {}, h("tr", {}, ["Run", "Journal entries", "Theorems",
+        "Started", "Last entry", "Report"].map((t) => h("th", {}, t)))), h("tbody", {}, rows))
+      : h("p", { class: "muted" }, "No discovery run has used this server yet (ahc discover --base-url …)."));
+  } catch (e) {
+    mount(root, h("h1", {}, "Discovery runs"), errorBox(e));
+  }
+}
+
+function theorems(version) {
+  try {
+    return JSON.parse(version.theorems_json || "[]");
+  } catch (_) {
+    return [];
+  }
+}
+
+function journalEntry(row) {
+  return h("li", { class: "journal-entry" },
+    h("span", { class: "muted" }, `#${row.turn_id} · ${fmt.time(row.timestamp)}`),
+    row.journal_entry ? h("p", {}, row.journal_entry) : null,
+    row.tool_call_json ? h("details", {}, h("summary", {}, "tool call"), h("pre", {}, row.tool_call_json)) : null,
+    row.tool_result_json ? h("details", {}, h("summary", {}, "tool result"), h("pre", {}, row.tool_result_json)) : null);
+}
+
+export async function runPage(root, runId) {
+  const back = h("p", {}, h("a", { href: "#/runs" }, "← Discovery runs"));
+  mount(root, back, h("h1", {}, runId), h("p", { class: "muted" }, "Loading…"));
+  try {
+    const [journal, knowledge] = await Promise.all([
+      getJSON("/v1/xdb/interactions", { run_id: runId }),
+      getJSON("/v1/xdb/meta_knowledge", { run_id: runId, all: true }),
+    ]);
+    const versions = knowledge.data;
+    const latest = versions.length ? theorems(versions[versions.length - 1]) : [];
+    const image = h("div", { id: "run-report" }, h("p", { class: "muted" }, "Loading the report…"));
+    mount(root, back, h("h1", {}, runId),
+      h("h2", {}, "Report"), image,
+      h("h2", {}, "Theorems over time"),
+      lineChart(versions.map((v) => ({ y: theorems(v).length,
+        title: `version ${v.version_id} · ${fmt.time(v.created_at)} · ${theorems(v).length} theorems` })),
+      { label: "theorems per knowledge version" }),
+      latest.length ? h("ul", { id: "theorems" }, latest.map((t) => h("li", {},
+        h("strong", {}, t.name || t.theorem_id || "theorem"), t.status ? ` (${t.status})` : "",
+        t.description ? `: ${t.description}` : ""))) : h("p", { class: "muted" }, "No theorems yet."),
+      h("h2", {}, `Journal (${journal.data.length} entries)`),
+      h("ol", { class: "journal", id: "journal" }, journal.data.map(journalEntry)));
+    try {
+      const url = await getBlobURL(`/v1/xdb/runs/${seg(runId)}/report.png`);
+      mount(image, h("img", { src: url, alt: "coverage and accuracy over turns, cache hit ratio per turn" }));
+    } catch (e) {
+      mount(image, e instanceof ApiError && e.status === 404
+        ? h("p", { class: "muted" }, "The run has not uploaded a report yet (it does when it ends).") : errorBox(e));
+    }
+  } catch (e) {
+    mount(root, back, h("h1", {}, runId), errorBox(e));
+  }
+}
