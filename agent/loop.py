@@ -9,6 +9,7 @@ its threshold, the termination check, and the checkpoint that makes the turn cou
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from agent.run_store import RunStore
 from agent.tools import Toolbox
 from universe.harness import Harness
 from universe.rule import Rule
+
+log = logging.getLogger("ahc.agent")
 
 REAL_MODEL_COMPACTION = 50_000  # tokens of tier 3 before a compaction, on a large window
 RESULT_CHARS = {"full": 2000, "compact": 800, "minimal": 300}  # a tool result's share of the prompt
@@ -135,8 +138,17 @@ class DiscoveryRun:
         from agent.report import write_report
 
         write_report(self.run_dir, result, self.metrics, self.knowledge, self.ckpt, verdict.reason)
+        self._upload_report()
         self.progress.finish(result)
         return result
+
+    def _upload_report(self) -> None:
+        """The report PNG into the store, for a UI on the server to show. The run is over and its
+        files are written: a store that cannot take the report costs a warning, not the run."""
+        try:
+            self.store.save_report(self.run_id, (self.run_dir / "report.png").read_bytes())
+        except Exception as exc:  # a server down, an old server without the route, a full disk
+            log.warning("run %s: report.png not saved to the %s store: %s", self.run_id, self.store.kind, exc)
 
     def turn(self, n: int) -> bool:
         """One turn, from the question to the checkpoint; True if the policy gave up."""

@@ -1,6 +1,7 @@
 """The end-of-run report in the run's directory: `report.md` (the summary, the theory, the turns)
 with `report.png` (coverage and accuracy over turns, cache hit ratio per turn), and `summary.json`
-(the run summary, the same JSON as `ahc discover --json`'s last line)."""
+(the run summary, the same JSON as `ahc discover --json`'s last line). agent/loop.py then saves
+`report.png` to the run store too, so a UI on the server can show it (`/v1/xdb/runs/{run_id}/report.png`)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,13 @@ snapshots), the agent's two tables in XDB.
 DuckDB allows one writing process per file and the server owns its XDB, so there are two ways in
 behind one small interface: `LocalRunStore` opens an XDB of its own under the run's data directory
 (the baseline policy, or any run without an AHC server), `HttpRunStore` goes through the server's
-`/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/agent_routes.py).
+`/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/agent_routes.py). A run's end-of-run
+report PNG goes the same way, so a UI on the server can show it.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -36,6 +38,8 @@ class RunStore(Protocol):
     def meta_knowledge(self, run_id: str) -> Row | None: ...
 
     def purge(self, run_id: str) -> dict[str, int]: ...
+
+    def save_report(self, run_id: str, png: bytes) -> None: ...
 
     def close(self) -> None: ...
 
@@ -65,6 +69,9 @@ class LocalRunStore:
 
     def purge(self, run_id: str) -> dict[str, int]:
         return self.xdb.purge_run(run_id)
+
+    def save_report(self, run_id: str, png: bytes) -> None:
+        self.xdb.save_run_report(run_id, png)
 
     def close(self) -> None:
         self.xdb.close()
@@ -114,6 +121,11 @@ class HttpRunStore:
 
     def purge(self, run_id: str) -> dict[str, int]:
         return self._call("DELETE", f"/v1/xdb/runs/{_path_segment(run_id)}")["deleted"]
+
+    def save_report(self, run_id: str, png: bytes) -> None:
+        # Base64 in JSON: the server takes no body but application/json (server/content_type.py).
+        self._call("PUT", f"/v1/xdb/runs/{_path_segment(run_id)}/report",
+                   json={"png_base64": base64.b64encode(png).decode("ascii")})
 
     def close(self) -> None:
         self.http.close()

@@ -101,7 +101,7 @@ def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str |
         return f"{block} block added"
     a, b = before[block]["tokens"], now[block]["tokens"]
     if a != b:
-        return f"{block} changed: {a} → {b} tokens"
+        return f"{block} {'grew' if b > a else 'shrank'}: {a} → {b} tokens"
     return f"{block} text changed ({b} tokens)"
 
 

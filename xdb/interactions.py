@@ -98,11 +98,11 @@ def runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> 
     whether a report is stored (`report_name`, a document whose id starts with `prefix`)."""
     rows = cur.execute(
         "WITH events AS ("
-        " SELECT run_id, timestamp AS at, 1 AS turn, 0 AS version FROM interaction_log WHERE starts_with(run_id, ?)"
+        " SELECT run_id, timestamp AS t, 1 AS turn, 0 AS version FROM interaction_log WHERE starts_with(run_id, ?)"
         " UNION ALL"
         " SELECT run_id, created_at, 0, 1 FROM meta_knowledge WHERE starts_with(run_id, ?)) "
-        "SELECT run_id, sum(turn), sum(version), min(at), max(at) FROM events GROUP BY run_id "
-        "ORDER BY max(at) DESC, run_id LIMIT ?", [prefix, prefix, limit]).fetchall()
+        "SELECT run_id, sum(turn), sum(version), min(t), max(t) FROM events GROUP BY run_id "
+        "ORDER BY max(t) DESC, run_id LIMIT ?", [prefix, prefix, limit]).fetchall()
     ids = [r[0] for r in rows]
     theorems = _theorem_counts(cur, ids)
     reported = _reported(cur, ids, prefix)

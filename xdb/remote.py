@@ -428,6 +428,15 @@ class RemoteXDB:
     def top_tokens(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("top_tokens", *args, **kwargs)
 
+    def runs(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("runs", *args, **kwargs)
+
+    def save_run_report(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("save_run_report", *args, **kwargs)
+
+    def run_report(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("run_report", *args, **kwargs)
+
     def concepts_list(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("concepts_list", *args, **kwargs)
 

@@ -42,7 +42,8 @@ METHODS = frozenset({
     "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
     "audit_event", "backup", "export", "exports", "load_session_state_verified", "session_versions",
     "rollback_session", "sessions", "delete_session",
-    "recall_page", "timestep", "surprising", "related_concepts",
+    "recall_page", "timestep", "surprising", "related_concepts", "sessions_overview", "session_turns", "top_tokens",
+    "runs", "save_run_report", "run_report",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"
