@@ -230,7 +230,7 @@ def test_a_real_session_page_by_page(server: ServerProcess, page: Any, tmp_path:
     assert breaks[2] == "karma" and reports[4]["mode"] == "rag" and breaks[4] == "codex", breaks
     wait_for_turns(server, len(reports))
     requests: list[Any] = []
-    page.on("request", requests.append)
+    page.on("request", lambda r: requests.append(r))
 
     # The shell loads without the key; the page asks for it once and sends it as a header.
     assert httpx.get(f"{server.base_url}/v1/xdb/sessions").status_code == 401
@@ -263,13 +263,14 @@ def test_a_real_session_page_by_page(server: ServerProcess, page: Any, tmp_path:
     coloured = page.locator("#turn-1 .tok[data-concept]")
     coloured.first.wait_for()
     assert coloured.count() >= 1
+    top_concept = coloured.first.get_attribute("data-concept")
     page.screenshot(path=str(tmp_path / "session.png"), full_page=True)
 
     # Concepts: follow one to its strongest tokens, then a token to its turn.
     page.goto(f"{server.base_url}/ui/#/concepts")
     page.locator("#concept-tree a").first.wait_for()
     page.screenshot(path=str(tmp_path / "concepts.png"))
-    concept = page.locator(f'#concept-tree a[data-concept="{coloured.first.get_attribute("data-concept")}"]')
+    concept = page.locator(f'#concept-tree a[data-concept="{top_concept}"]')
     concept.click()
     link = page.locator("#top-tokens a.turn-link", has_text=SESSION).first
     link.wait_for()

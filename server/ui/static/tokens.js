@@ -33,7 +33,7 @@ function tokenSpan(row, scale) {
 export class TokenView {
   constructor(box, sessionId, tickFrom, tickTo) {
     Object.assign(this, { box, sessionId, tickFrom, tickTo, afterId: null, done: false, loading: null,
-      scale: 0, shown: 0 });
+      scale: 0, shown: 0, pages: 0, hasMore: true });
     this.more = h("button", { type: "button", class: "more", hidden: true, onclick: () => this.load() }, "More tokens");
     this.text = h("div", { class: "tokens" });
     box.replaceChildren(this.text, this.more);
@@ -57,6 +57,8 @@ export class TokenView {
     this.text.append(...page.data.map((row) => tokenSpan(row, this.scale)));
     this.shown += page.data.length;
     if (page.data.length) this.afterId = page.data[page.data.length - 1].id;
+    this.pages += 1;
+    this.hasMore = page.has_more;
     this.done = !page.has_more && this.tickTo !== null;
     this.more.hidden = !page.has_more;
     if (!this.shown && this.done) this.text.append(h("span", { class: "muted" }, "(no generated tokens)"));
@@ -67,7 +69,7 @@ export class TokenView {
     for (;;) {
       const found = this.text.querySelector(`[data-tick="${tick}"]`);
       if (found) return found;
-      if (this.more.hidden) return null;
+      if (this.pages && !this.hasMore) return null;
       await this.load();
     }
   }
