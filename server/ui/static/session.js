@@ -29,6 +29,13 @@ function blocksBar(turn, maxPrompt) {
       dataset: { block: b.name, tokens: b.tokens },
     }, h("span", { class: "block-label" }, `${BLOCK_LABELS[b.name] || b.name} ${fmt.int(b.tokens)}`)));
   }
+  // Tokens the chat template and tool schemas add around the blocks: part of the prompt, no block's.
+  if (turn.prompt_tokens && turn.prompt_tokens > total) {
+    const extra = turn.prompt_tokens - total;
+    bar.append(h("div", { class: "overhead", style: { flexGrow: String(extra) },
+      title: `${fmt.int(extra)} tokens of chat template and tool schemas, spread through the prompt` },
+    h("span", { class: "block-label" }, `template ${fmt.int(extra)}`)));
+  }
   if (turn.cached_tokens && prompt) {
     bar.append(h("div", { class: "cached-shade", style: { width: `${Math.min(100, (100 * turn.cached_tokens) / prompt)}%` },
       title: `${fmt.int(turn.cached_tokens)} tokens read from the prefix cache` }));
