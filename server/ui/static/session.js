@@ -30,9 +30,10 @@ function blocksBar(turn, maxPrompt) {
     }, h("span", { class: "block-label" }, `${BLOCK_LABELS[b.name] || b.name} ${fmt.int(b.tokens)}`)));
   }
   // Tokens the chat template and tool schemas add around the blocks: part of the prompt, no block's.
+  // Drawn first, where a template puts its system header and tool schemas, so the cached shade lines up.
   if (turn.prompt_tokens && turn.prompt_tokens > total) {
     const extra = turn.prompt_tokens - total;
-    bar.append(h("div", { class: "overhead", style: { flexGrow: String(extra) },
+    bar.prepend(h("div", { class: "overhead", style: { flexGrow: String(extra) },
       title: `${fmt.int(extra)} tokens of chat template and tool schemas, spread through the prompt` },
     h("span", { class: "block-label" }, `template ${fmt.int(extra)}`)));
   }
