@@ -22,7 +22,7 @@ from starlette.testclient import WebSocketDisconnect
 
 from ahc.config import AHCConfig
 from server.app import REMOVED_PATHS
-from server.auth import OPEN_PATHS, ApiKeyMiddleware
+from server.auth import OPEN_PATHS, UI_PREFIX, ApiKeyMiddleware
 from server.engine_args import build_vllm_namespace
 from server.tenants import TenantKeys
 from xdb import XDB
@@ -74,8 +74,8 @@ def test_every_route_but_the_probes_wants_the_key(keyed: TestClient) -> None:
     routes = endpoints(app)
     assert ("POST", "/v1/chat/completions") in routes and ("POST", "/tokenize") in routes  # the walk sees them
     for method, path in routes:
-        if path in OPEN_PATHS:
-            continue
+        if path in OPEN_PATHS or (method in ("GET", "HEAD") and path.startswith(UI_PREFIX)):
+            continue  # the experience browser's shell: no data (its own test below)
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
             response = keyed.request(method, path, json={}, headers=headers)
             assert response.status_code == 401, (method, path, response.status_code)
@@ -193,3 +193,20 @@ def test_engine_hooks_vllm_mounts_on_request_are_removed(config: AHCConfig, vllm
         ahc_paths = {getattr(r, "path", None) for r in client.app.routes}  # type: ignore[attr-defined]
         assert not ahc_paths & set(REMOVED_PATHS)
         assert client.post("/sleep", json={}).status_code == 404
+
+
+def test_the_experience_browser_shell_loads_without_the_key_and_reads_nothing_without_it(keyed: TestClient) -> None:
+    """A browser cannot put a Bearer header on a navigation: the page's HTML, script and style load bare
+    and hold no data; every read the page makes needs the key, and a write to /ui is refused."""
+    page = keyed.get("/ui/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert 'data-auth-required="true"' in page.text
+    assert keyed.get("/ui").status_code == 200  # redirected to /ui/
+    assert keyed.get("/ui/static/app.js").status_code == 200
+    for escape in ("/ui/static/../../auth.py", "/ui/static/..%2f..%2fauth.py", "/ui/static/nothing.js"):
+        assert keyed.get(escape).status_code in (401, 404), escape  # nothing outside server/ui/static
+    for path in ("/v1/xdb/sessions", "/v1/xdb/audit", "/v1/xdb/runs", "/v1/xdb/recall"):
+        assert keyed.get(path).status_code == 401, path
+    assert keyed.post("/ui/", json={}).status_code == 401
+    assert keyed.get("/v1/xdb/sessions", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200

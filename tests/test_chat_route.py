@@ -58,6 +58,41 @@ def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[
     assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served: tuple[TestClient, Runtime],
+                                                                        stream: bool) -> None:
+    """The experience browser's turns: one record per reply, after its tokens, with the report the client
+    got and the engine's usage."""
+    client, runtime = served
+    bodies = []
+    for question in ("What moves?", "And then?"):
+        body = chat("t1", question, stream=stream, stream_options={"include_usage": True} if stream else None)
+        response = client.post("/v1/chat/completions", json={k: v for k, v in body.items() if v is not None})
+        assert response.status_code == 200, response.text
+        if stream:
+            events = [json.loads(line[6:]) for line in response.text.split("\n") if line.startswith("data: {")]
+            bodies.append({"context": events[0]["context"], "usage": events[-1]["usage"]})
+        else:
+            bodies.append(response.json())
+    runtime.xdb.writer.flush()
+    turns = runtime.xdb.session_turns("t1")["turns"]
+    assert len(turns) == 2
+    outputs = runtime.xdb.recall(session_id="t1", event_types=["output"], limit=1000)
+    for turn, body in zip(turns, bodies):
+        report, usage = body["context"], body["usage"]
+        assert [turn["mode"], turn["blocks"], turn["first_changed_block"]] == \
+            [report["mode"], report["blocks"], report["first_changed_block"]]
+        assert turn["prompt_tokens"] == usage["prompt_tokens"]
+        assert turn["completion_tokens"] == usage["completion_tokens"]
+        mine = [r for r in outputs if turn["tick_from"] <= r["tick"] <= turn["tick_to"]]
+        assert len(mine) == usage["completion_tokens"] and {r["request_id"] for r in mine} == {turn["request_id"]}
+    assert turns[0]["reason"] == "first turn: nothing cached yet"
+    assert turns[1]["first_changed_block"] == "state" and turns[1]["reason"].startswith("state grew")
+    overview = {s["session_id"]: s for s in runtime.xdb.sessions_overview()}["t1"]
+    assert overview["turns"] == 2 and overview["mode"] == "cag"
+    assert overview["prompt_tokens"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
+
+
 def test_a_session_dropped_from_memory_takes_its_rag_index_file_along(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
                                                                         tmp_path: Path) -> None:
     with serving(config, vllm_config, tmp_path, **{"orchestrator.max_sessions": 1}) as (client, runtime):
@@ -188,7 +223,7 @@ def test_a_request_without_context_records_its_new_input_turns(served: tuple[Tes
         runtime.xdb.writer.flush()
         rows = runtime.xdb.recall(session_id=response.json()["context"]["session_id"],
                                   event_types=["input", "tool_result", "system"])
-        return [(r["event_type"], r["role"], r["content"]) for r in rows]
+        return [(r["event_type"], r["role"], r["content"]) for r in rows if "turn" not in (r["metadata"] or {})]
 
     passthrough = recorded({**chat(), "messages": messages})
     assert passthrough == [("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
