@@ -1,0 +1,173 @@
+"""What the experience browser reads (xdb/browse.py) and its routes (server/browse_routes.py), on a real
+XDB file: sessions at a glance, a session turn by turn, a concept's strongest tokens, the audit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from server.browse_routes import browse_router
+from server.errors import install_error_handling
+from server.request_context import request_tenant
+from server.tenants import Tenant
+from xdb import XDB, TimestepRow
+from xdb.browse import break_reason
+from xdb.rows import TokenBatch
+
+CONCEPTS = ["motion", "collision"]
+
+
+def blocks(**tokens: int) -> list[dict[str, Any]]:
+    return [{"name": n, "tokens": t, "sha256": f"{n}{t}"} for n, t in tokens.items()]
+
+
+def report(mode: str = "cag", first_changed: str | None = "state", compactions: int = 0, **tokens: int) -> dict[str, Any]:
+    return {"mode": mode, "blocks": blocks(**(tokens or {"identity": 10, "state": 5, "query": 3})),
+            "first_changed_block": first_changed, "compactions": compactions}
+
+
+def test_why_the_cache_broke() -> None:
+    assert break_reason(report(), None) == "first turn: nothing cached yet"
+    assert break_reason(report(first_changed=None), report()) is None
+    assert break_reason(report(compactions=1), report()) == "the State was compacted"
+    assert break_reason(report("rag", "codex"), report("cag")) == "mode cag → rag"
+    grew = report(identity=10, state=9, query=3)
+    assert break_reason(grew, report()) == "state grew: 5 → 9 tokens"
+    assert break_reason(report(identity=10, state=2, query=3), report()) == "state shrank: 5 → 2 tokens"
+    assert break_reason(report(), report()) == "state text changed (5 tokens)"
+    karma = report("cag", "karma", identity=10, karma=4, state=5, query=3)
+    assert break_reason(karma, report()) == "karma block added"
+
+
+def turn(xdb: XDB, session: str, tokens: int, *, prompt: int, cached: int, mode: str = "cag",
+         first_changed: str | None = "state", tool: bool = False, values: float = 0.5) -> None:
+    """One recorded turn as the server writes it: inputs, tokens, a tool call, then the turn record."""
+    ticks = xdb.next_ticks(session, 1)
+    xdb.writer.submit([TimestepRow(session_id=session, tick=ticks[0], event_type="input", role="user",
+                                   content=f"q{ticks[0]}")])
+    out = xdb.next_ticks(session, tokens)
+    index = np.tile(np.arange(len(CONCEPTS), dtype=np.int32), (tokens, 1))
+    vals = np.array([[values + i / 100, 0.1] for i in range(tokens)], dtype=np.float32)
+    xdb.writer.submit(TokenBatch(session, out, [f"t{i}" for i in range(tokens)], request_id=f"r-{session}-{out[0]}",
+                                 concept_names=CONCEPTS, concept_index=index, concept_values=vals))
+    if tool:
+        xdb.writer.submit([TimestepRow(session_id=session, tick=xdb.next_ticks(session, 1)[0], event_type="tool_call",
+                                       role="assistant", content=json.dumps({"name": "run"}))])
+    meta = {"turn": {**report(mode, first_changed), "prompt_tokens": prompt, "cached_tokens": cached,
+                     "completion_tokens": tokens, "request_id": f"r-{session}-{out[0]}"}}
+    xdb.writer.submit([TimestepRow(session_id=session, tick=xdb.next_ticks(session, 1)[0], event_type="system",
+                                   content="turn", metadata=meta)])
+    xdb.writer.flush()
+
+
+@pytest.fixture
+def xdb(tmp_path: Path) -> Iterator[XDB]:
+    with XDB.open(tmp_path / "xdb") as xdb:
+        turn(xdb, "alice/a1", 4, prompt=100, cached=0, first_changed=None)
+        turn(xdb, "alice/a1", 3, prompt=120, cached=90, tool=True)
+        turn(xdb, "alice/a1", 2, prompt=200, cached=0, mode="rag", first_changed="codex", values=0.9)
+        turn(xdb, "bob/b1", 5, prompt=50, cached=0, first_changed=None)
+        xdb.pin("bob/b1", 0, 3)
+        # A session with rows but no turn record (a raw completion, an import).
+        xdb.writer.submit(TokenBatch("alice/raw", xdb.next_ticks("alice/raw", 7), ["x"] * 7))
+        xdb.writer.flush()
+        yield xdb
+
+
+def test_sessions_at_a_glance(xdb: XDB) -> None:
+    found = {s["session_id"]: s for s in xdb.sessions_overview()}
+    a1 = found["alice/a1"]
+    assert (a1["tenant"], a1["turns"], a1["prompt_tokens"], a1["cached_tokens"], a1["generated_tokens"]) == \
+        ("alice", 3, 420, 90, 9)
+    assert a1["hit_ratio"] == pytest.approx(90 / 420) and a1["mode"] == "rag" and not a1["pinned"]
+    assert found["bob/b1"]["pinned"] and not found["bob/b1"]["submitted"]
+    raw = found["alice/raw"]
+    assert raw["turns"] == 0 and raw["generated_tokens"] == 7 and raw["last_activity"] and raw["hit_ratio"] is None
+    # Most recently active first (sessions with turn records by their last turn).
+    order = [s["session_id"] for s in xdb.sessions_overview() if s["turns"]]
+    assert order == ["bob/b1", "alice/a1"]
+    assert {s["session_id"] for s in xdb.sessions_overview("alice/")} == {"alice/a1", "alice/raw"}
+    assert [s["session_id"] for s in xdb.sessions_overview(query="raw")] == ["alice/raw"]
+    assert len(xdb.sessions_overview(limit=1)) == 1
+
+
+def test_a_session_turn_by_turn(xdb: XDB) -> None:
+    xdb.compact("alice/a1", up_to_tick=5, summary="what came before")  # as the server does: before the turn
+    found = xdb.session_turns("alice/a1")
+    turns = found["turns"]
+    assert [t["index"] for t in turns] == [1, 2, 3]
+    assert [(t["tick_from"], t["tick_to"]) for t in turns] == [(0, 5), (6, 11), (12, 15)]
+    assert [e["event_type"] for e in turns[1]["events"]] == ["input", "tool_call"]
+    assert turns[0]["reason"] == "first turn: nothing cached yet" and turns[2]["reason"] == "mode cag → rag"
+    assert turns[1]["prompt_tokens"] == 120 and turns[1]["cached_tokens"] == 90
+    [compaction] = turns[1]["compactions"]  # made before the turn's first input, tick 6
+    assert compaction["range_end"] == 5 and compaction["summary"] == "what came before"
+    assert found["pending"] == [] and found["last_tick"] == 15
+    # Rows after the last turn record: a turn still running.
+    xdb.writer.submit([TimestepRow(session_id="alice/a1", tick=xdb.next_ticks("alice/a1", 1)[0], event_type="input",
+                                   role="user", content="still thinking")])
+    xdb.writer.flush()
+    assert [e["content"] for e in xdb.session_turns("alice/a1")["pending"]] == ["still thinking"]
+    with pytest.raises(LookupError):
+        xdb.session_turns("nobody")
+
+
+def test_a_concepts_strongest_tokens(xdb: XDB) -> None:
+    top = xdb.top_tokens("motion", limit=3)
+    assert [t["activation"] for t in top] == sorted((t["activation"] for t in top), reverse=True)
+    assert top[0]["session_id"] == "alice/a1" and top[0]["activation"] == pytest.approx(0.91)
+    assert {t["session_id"] for t in xdb.top_tokens("motion", "bob/", 50)} == {"bob/b1"}
+    assert xdb.top_tokens("never-seen") == []
+
+
+# ---- the routes ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def client(xdb: XDB) -> Iterator[tuple[TestClient, list[Tenant]]]:
+    app = FastAPI()
+    install_error_handling(app)
+    app.include_router(browse_router(xdb))
+    caller = [Tenant("alice")]
+    app.dependency_overrides[request_tenant] = lambda: caller[0]
+    with TestClient(app) as c:
+        yield c, caller
+
+
+def test_a_tenant_browses_only_its_own(client: tuple[TestClient, list[Tenant]]) -> None:
+    http, caller = client
+    sessions = http.get("/v1/xdb/sessions").json()["data"]
+    assert {s["session_id"] for s in sessions} == {"a1", "raw"}
+    turns = http.get("/v1/xdb/sessions/a1/turns").json()
+    assert turns["session_id"] == "a1" and len(turns["turns"]) == 3
+    assert http.get("/v1/xdb/sessions/b1/turns").status_code == 404  # bob's, as alice names it
+    assert http.get("/v1/xdb/sessions/..%2Fbob%2Fb1/turns").status_code == 404
+    top = http.get("/v1/xdb/concepts/motion/top_tokens", params={"limit": 100}).json()["data"]
+    assert top and {t["session_id"] for t in top} == {"a1"}
+    caller[0] = Tenant("bob")
+    assert [s["session_id"] for s in http.get("/v1/xdb/sessions").json()["data"]] == ["b1"]
+
+
+@pytest.mark.parametrize("path, param", [("/v1/xdb/sessions?limit=0", "limit"),
+                                         ("/v1/xdb/sessions?limit=1001", "limit"),
+                                         ("/v1/xdb/concepts/motion/top_tokens?limit=x", "limit")])
+def test_bad_browse_queries_are_400_naming_the_param(client: tuple[TestClient, list[Tenant]], path: str,
+                                                     param: str) -> None:
+    response = client[0].get(path)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_the_audit_head_and_a_verification(client: tuple[TestClient, list[Tenant]], xdb: XDB) -> None:
+    http, _ = client
+    before = http.get("/v1/xdb/audit").json()
+    seq, head = xdb.audit_head()
+    assert (before["head_seq"], before["head_sha256"], before["last_verification"]) == (seq, head, None)
+    verdict = http.post("/v1/xdb/audit/verify", json={}).json()
+    assert verdict["ok"] and verdict["records_checked"] == seq + 1 and verdict["first_bad"] is None
+    assert http.get("/v1/xdb/audit").json()["last_verification"] == verdict
