@@ -38,6 +38,10 @@ The interface the server uses:
     xdb.interactions(run_id, pattern=, after_turn=, last=)
     xdb.save_meta_knowledge(run_id, ...) ; xdb.meta_knowledge(run_id)
     xdb.purge_run(run_id) -> {"interaction_log": n, "meta_knowledge": n}   # deletes one run's rows
+    xdb.runs(prefix, limit) ; xdb.save_run_report(run_id, png) ; xdb.run_report(run_id) -> bytes | None
+    xdb.sessions_overview(prefix, limit, query) ; xdb.session_turns(session_id) ; xdb.top_tokens(concept, prefix)
+        # what the experience browser reads (xdb/browse.py): a turn is the server's `system` row with
+        # metadata {"turn": {cache report + usage}} written after each reply, and the rows before it
     xdb.verify_audit() / xdb.audit.verify_audit(data_dir) -> AuditReport(ok, records_checked, first_bad)
     xdb.audit_head() -> (seq, hex hash)            # the last head, as anchored in audit/audit.head
     xdb.export(out=None, fmt="parquet"|"jsonl", session_id=, since=, prefix=) -> manifest
