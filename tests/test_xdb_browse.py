@@ -28,7 +28,8 @@ def blocks(**tokens: int) -> list[dict[str, Any]]:
     return [{"name": n, "tokens": t, "sha256": f"{n}{t}"} for n, t in tokens.items()]
 
 
-def report(mode: str = "cag", first_changed: str | None = "state", compactions: int = 0, **tokens: int) -> dict[str, Any]:
+def report(mode: str = "cag", first_changed: str | None = "state", compactions: int = 0,
+           **tokens: int) -> dict[str, Any]:
     return {"mode": mode, "blocks": blocks(**(tokens or {"identity": 10, "state": 5, "query": 3})),
             "first_changed_block": first_changed, "compactions": compactions}
 
