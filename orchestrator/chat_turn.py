@@ -29,7 +29,7 @@ class TurnDriver(Protocol):
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool = False,
                       completion_tokens: int | None = None, tools: Sequence[dict[str, Any]] = (),
-                      namespace: str = "") -> Prepared: ...
+                      namespace: str = "", label: str | None = None) -> Prepared: ...
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
     def rollback(self, prepared: Prepared) -> None: ...
@@ -38,8 +38,9 @@ class TurnDriver(Protocol):
 class ChatTurn:
     def __init__(self, driver: TurnDriver, spec: ContextSpec | None, messages: list[dict[str, Any]],
                  lock: asyncio.Lock | None, completion_tokens: int | None = None,
-                 tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> None:
+                 tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> None:
         self._driver = driver
+        self._label = label  # the session the client named without `context.session_id`
         self._namespace = namespace  # the tenant's id prefix
         self._completion_tokens = completion_tokens  # the prompt is kept within the window less this
         self._tools = tools
@@ -58,7 +59,7 @@ class ChatTurn:
         try:
             self._prepared = await self._driver.prepare(self._spec, self._messages,
                                                         completion_tokens=self._completion_tokens, tools=self._tools,
-                                                        namespace=self._namespace)
+                                                        namespace=self._namespace, label=self._label)
         except BaseException:
             self._release_lock()
             raise

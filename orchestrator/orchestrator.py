@@ -36,6 +36,7 @@ from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
+from orchestrator.named_sessions import NamedSessions
 from orchestrator.prepared import Prepared
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
@@ -102,29 +103,36 @@ class Orchestrator:
         self.retriever = retriever
         self.summarize = summarize
         self.formatters = FormatterRegistry()
+        self.named = NamedSessions(config.max_sessions)
         self.render_cache = RenderCache(max_chars=config.cache_max_chars)
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 
     async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
                       force_compaction: bool = False, completion_tokens: int | None = None,
-                      tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> Prepared:
+                      tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> Prepared:
         """`completion_tokens`: the request's max_tokens (None: `default_completion_tokens`); `tools`:
         the client's own, which the chat template renders into the prompt too. `namespace`: the
         prefix of the ids this request's tenant owns (the server scopes `spec.session_id` itself); a
-        request without a session gets its generated id and its Codex index under it."""
+        request without a session gets its generated id and its Codex index under it. `label`: the
+        (scoped) session a request without `context.session_id` was named by its client (a header,
+        `prompt_cache_key`): its id, and the last request's hashes to report the first changed block."""
         with tracer.start_as_current_span("ahc.prompt.assemble") as span:
-            prepared = await self._prepare(spec, messages, force_compaction, completion_tokens, tools, namespace)
+            prepared = await self._prepare(spec, messages, force_compaction, completion_tokens, tools, namespace,
+                                           label)
             if span.is_recording():
                 span.set_attributes(prompt_attributes(prepared))
             return prepared
 
     async def _prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool,
-                       completion_tokens: int | None, tools: Sequence[dict[str, Any]], namespace: str) -> Prepared:
+                       completion_tokens: int | None, tools: Sequence[dict[str, Any]], namespace: str,
+                       label: str | None = None) -> Prepared:
         if spec is None:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
-            return self._passthrough(messages, namespace)
+            return self._passthrough(messages, namespace, label)
+        if spec.session_id is not None:
+            label = None  # a session the server keeps: its own State and hashes
         codex = tuple(spec.documents())
         self.limits.check([(doc.id, doc.text) for doc in codex])
         budget = self.prompt_budget(completion_tokens)
@@ -162,16 +170,17 @@ class Orchestrator:
                 compactions.append(done)
         actions += plan.actions
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
-                             first_changed(plan.prompt.blocks, session.last_hashes if session else None), actions,
+                             first_changed(plan.prompt.blocks,
+                                           session.last_hashes if session else self.named.last_hashes(label)), actions,
                              report_entries(codex, plan.rendition, plan.mode == "cag"))
-        session_id = spec.session_id or namespace + new_session_id()
+        session_id = spec.session_id or label or namespace + new_session_id()
         karma = plan.karma
         stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
                         plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
                         stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
                         prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted,
-                        compactions=tuple(compactions))
+                        compactions=tuple(compactions), named=label is not None)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -271,11 +280,11 @@ class Orchestrator:
             param="context", code="context_length_exceeded")
 
     def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]], completion_tokens: int | None = None,
-             tools: Sequence[dict[str, Any]] = (), namespace: str = "") -> ChatTurn:
+             tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> ChatTurn:
         """One request's life: `async with orchestrator.turn(spec, messages, max_tokens) as turn: ...`,
         then `await turn.commit(reply)`; anything else rolls the session back."""
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return ChatTurn(self, spec, messages, lock, completion_tokens, tools, namespace)
+        return ChatTurn(self, spec, messages, lock, completion_tokens, tools, namespace, label)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
@@ -307,27 +316,33 @@ class Orchestrator:
         under = prompt.tokens < threshold * self.max_model_len
         return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
 
-    def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "") -> Prepared:
+    def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "", label: str | None = None) -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
-        query are recorded as a sessionless request's with `context` are."""
+        query are recorded as a sessionless request's with `context` are; under `label` when the client
+        named its session."""
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
-        report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256, None)
-        return Prepared(messages, report, namespace + new_session_id(), None, list(turns), prompt, query=query,
-                        namespace=namespace)
+        report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
+                             first_changed(prompt.blocks, self.named.last_hashes(label)))
+        return Prepared(messages, report, label or namespace + new_session_id(), None, list(turns), prompt,
+                        query=query, namespace=namespace, named=label is not None)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it
         triggered stays: that is a State of its own). What the cache holds is no longer known."""
         if prepared.session is not None:
             prepared.session.last_hashes = None
+        elif prepared.named:
+            self.named.forget(prepared.session_id)
 
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any:
         """After the response: the request's turns, the query and the reply join the session's State,
         which is persisted; returns the store's receipt (a future when it saves in the background)."""
         session = prepared.session
         if session is None:
+            if prepared.named:
+                self.named.remember(prepared.session_id, prepared.prompt.hashes())
             return None
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()

@@ -38,6 +38,7 @@ class Prepared:
     # Codex documents without a condensed rendition that would have kept the Codex in the prompt.
     condense_wanted: tuple[CodexDoc, ...] = ()
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
+    named: bool = False  # session_id named by the client (header, prompt_cache_key), its State not kept
 
     @property
     def actions(self) -> list[str]:

@@ -16,12 +16,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from ahc.limits import MESSAGE_MAX_CHARS
+from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.vram_governor import GovernorRejected
@@ -30,6 +30,7 @@ from server.chat_telemetry import ChatTelemetry
 from server.errors import error_response
 from server.request_context import current_session, current_tenant, current_usage
 from server.runtime import Runtime
+from server.session_key import HEADER, header_value, session_key
 from server.stream_reply import ReplyAccumulator
 
 
@@ -37,6 +38,8 @@ class ChatRequest(ChatCompletionRequest):
     """vLLM's chat request with AHC's `context` (sent by the `openai` client in `extra_body`)."""
 
     context: ContextSpec | None = None
+    # OpenAI's key for requests that share a prefix: here it names the session (server/session_key.py).
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
 
     @field_validator("messages")
     @classmethod
@@ -99,6 +102,9 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
     oc = runtime.config.orchestrator
     await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
     tenant = current_tenant.get()
+    key = session_key(request.context.session_id if request.context else None, raw_request.headers.get(HEADER),
+                      request.prompt_cache_key)
+    label = tenant.scope(key.session_id) if key.session_id is not None and not key.keeps_state else None
     spec = request.context
     if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
         spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
@@ -107,7 +113,7 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
     # The orchestrator keeps the prompt within the window less the reply's budget, and the template
     # renders the client's tools into the prompt too.
     async with runtime.orchestrator.turn(spec, body["messages"], requested_completion_tokens(body),
-                                         body.get("tools") or (), tenant.prefix) as turn:
+                                         body.get("tools") or (), tenant.prefix, label) as turn:
         telemetry.turn = turn
         if turn.prepared.condense_wanted and oc.codex_condense:
             runtime.condenser.want(turn.prepared.condense_wanted, tenant.prefix)
@@ -136,7 +142,7 @@ class TurnStream(StreamingResponse):
     def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime, telemetry: ChatTelemetry) -> None:
         super().__init__(stream_with_report(source.body_iterator, turn, runtime), status_code=source.status_code,
                          background=source.background)
-        self.raw_headers = source.raw_headers
+        self.raw_headers = [*source.raw_headers, (HEADER.lower().encode(), session_header(turn).encode("latin-1"))]
         self._turn = turn
         self._telemetry = telemetry
 
@@ -158,7 +164,7 @@ class TurnStream(StreamingResponse):
 def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
     """The request vLLM gets: the client's, with the orchestrator's messages and tools. Validated again,
     since vLLM's validators read the messages and tools together."""
-    data = {key: value for key, value in body.items() if key != "context"}
+    data = {key: value for key, value in body.items() if key not in ("context", "prompt_cache_key")}
     data["messages"] = turn.messages
     if turn.prepared.extra_tools:
         tools = list(data.get("tools") or [])
@@ -168,6 +174,11 @@ def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+def session_header(turn: ChatTurn) -> str:
+    """The session's id for the `X-Session-ID` response header, as the client names it."""
+    return header_value(current_tenant.get().unscope(turn.session_id))
 
 
 def report_json(turn: ChatTurn) -> dict[str, Any]:
@@ -190,6 +201,7 @@ async def finish_json(response: Response | None, turn: ChatTurn, runtime: Runtim
     reply = data["choices"][0]["message"] if data.get("choices") else None
     await settle(turn, reply, runtime)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    headers[HEADER] = session_header(turn)
     return JSONResponse(data, status_code=200, headers=headers)
 
 

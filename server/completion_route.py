@@ -1,9 +1,10 @@
 """`POST /v1/completions` (OpenAI's legacy text completions) through AHC's admission and recording.
 
-vLLM's own handler serves it; in front of it, the route makes the request a session of its own in XDB
-(each prompt an `input` row, every generated token an `output` row, all under one session id, even for
-a batch of prompts), and reserves the KV blocks its prompts and completions will take, as chat does:
-short of blocks it waits, then answers 429 with Retry-After instead of pushing vLLM into preemption.
+vLLM's own handler serves it; in front of it, the route makes the request a session in XDB (each
+prompt an `input` row, every generated token an `output` row, all under one session id, even for a
+batch of prompts: the session the client names in `X-Session-ID` or `prompt_cache_key`, else a new
+one), and reserves the KV blocks its prompts and completions will take, as chat does: short of blocks
+it waits, then answers 429 with Retry-After instead of pushing vLLM into preemption.
 The reservation is released when the response, JSON or stream, is over.
 """
 
@@ -23,6 +24,7 @@ from orchestrator.orchestrator import new_session_id
 from server.admission import choices, max_new_tokens, wait_for_recording
 from server.request_context import current_session, current_tenant
 from server.runtime import Runtime
+from server.session_key import HEADER, header_value, session_key
 
 PATH = "/v1/completions"
 
@@ -62,25 +64,30 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
     body = request.model_dump(exclude_unset=True)
     blocks = sum(runtime.governor.blocks_needed(n, 0, max_new_tokens(body, max_model_len, n), choices(body))
                  for n in lengths)
+    named = session_key(None, raw_request.headers.get(HEADER), (request.model_extra or {}).get("prompt_cache_key"))
     reservation = await runtime.governor.admit(blocks)
     try:
-        session = current_tenant.get().scope(new_session_id())
-        record_prompts(runtime, session, prompts)
+        tenant = current_tenant.get()
+        session = tenant.scope(named.session_id if named.session_id is not None else new_session_id())
+        record_prompts(runtime, session, prompts, fresh=named.session_id is None)
         current_session.set(session)  # the engine's outputs of every prompt go to this session
         response = await create_completion(request, raw_request)
     except BaseException:
         reservation.release()
         raise
+    response.headers[HEADER] = header_value(tenant.unscope(session))
     if isinstance(response, StreamingResponse):
         return ReleasingStream(response, reservation.release)
     reservation.release()
     return response
 
 
-def record_prompts(runtime: Runtime, session: str, prompts: list[str | list[int]]) -> None:
-    """Each prompt as an `input` row of the request's session (token ids are decoded)."""
+def record_prompts(runtime: Runtime, session: str, prompts: list[str | list[int]], fresh: bool = True) -> None:
+    """Each prompt as an `input` row of the request's session (token ids are decoded). `fresh`: an id
+    made for this request, so no rows to continue from; one the client named may have some."""
     recorder = runtime.recorder
-    recorder.xdb.start_session(session)
+    if fresh:
+        recorder.xdb.start_session(session)
     events: list[tuple[str, str | None, str, dict[str, Any] | None]] = [
         ("input", "user", p if isinstance(p, str) else runtime.tokenizer.decode(p),
          {"prompt_index": i, "endpoint": "completions"} | ({"prompt_token_ids": len(p)} if isinstance(p, list) else {}))

@@ -88,7 +88,7 @@ class Recorder:
                 for tick, (event, role, content, meta) in zip(ticks, events)]
 
     def record_inputs(self, prepared: Prepared) -> None:
-        if prepared.session is None:  # the request's id was made for it: nothing stored to look up
+        if prepared.session is None and not prepared.named:  # an id made for it: nothing stored to look up
             self.xdb.start_session(prepared.session_id)
         turns = new_input_turns(prepared)
         events = [(EVENT_OF_ROLE[t.role], t.role, t.content,

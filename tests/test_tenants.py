@@ -169,3 +169,18 @@ def test_stored_responses_and_several_tenants_are_refused(monkeypatch: pytest.Mo
         check_tenancy(TenantKeys.build(["one", "two"]))
     monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")
     check_tenancy(TenantKeys.build(["one", "two"]))
+
+
+def test_a_header_session_is_the_tenants_own(two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    for key in (ALICE, BOB):
+        response = client.post("/v1/chat/completions", headers={**auth(key), "X-Session-ID": "shared-name"},
+                               json={"model": "tiny", "max_tokens": 3,
+                                     "messages": [{"role": "user", "content": f"I am {key}"}]})
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Session-ID"] == "shared-name"  # as the tenant named it
+    runtime.xdb.writer.flush()
+    for key in (ALICE, BOB):
+        rows = client.get("/v1/xdb/recall", headers=auth(key),
+                          params={"session_id": "shared-name", "event_types": "input"}).json()["data"]
+        assert [r["content"] for r in rows] == [f"I am {key}"]

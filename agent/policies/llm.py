@@ -97,7 +97,9 @@ class LLMPolicy:
         request = dict(model=self.config.model, messages=turn.messages, tools=self._tools,
                        tool_choice=self.config.tool_choice, max_tokens=self.config.max_tokens,
                        temperature=self.config.temperature, seed=self.config.seed * 100_003 + turn.turn,
-                       extra_body={"context": turn.context})
+                       extra_body={"context": turn.context},
+                       # The session in the header too: what a router in front of several servers hashes.
+                       extra_headers={"X-Session-ID": turn.context["session_id"]})
         if self.config.parallel_tool_calls is not None:
             request["parallel_tool_calls"] = self.config.parallel_tool_calls
         if self.config.logit_bias:
