@@ -161,6 +161,23 @@ class RetentionConfig(_Strict):
     delete_after_days: float | None = Field(default=None, gt=0)
 
 
+class LakeConfig(_Strict):
+    """`xdb.backend: ducklake`: the shared DuckLake every replica ships its committed rows to (catalog in
+    PostgreSQL, data as Parquet files under a directory all replicas reach)."""
+
+    # The libpq connection string of the catalog's PostgreSQL database, e.g.
+    # "dbname=ahc host=127.0.0.1 port=5433 user=ahc".
+    catalog: str | None = None
+    # The shared directory the lake's Parquet files go to.
+    data_path: str | None = None
+    # Names this replica (its writer) in the lake: every row it ships carries it. Unique per data dir.
+    replica_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    # Rows committed locally reach the lake within this (a session State save ships at once).
+    ship_interval_s: float = Field(default=0.5, gt=0)
+    # At most this many rows of one table per lake transaction; a backlog goes in several.
+    ship_batch_rows: int = Field(default=100_000, gt=0)
+
+
 class XDBConfig(_Strict):
     """The experience database: its storage quotas and its writer's batching (xdb.XDB.open takes it)."""
 
@@ -194,6 +211,21 @@ class XDBConfig(_Strict):
     # CPU and their threads' hold on the GIL stay out of the process that streams tokens; a service
     # that dies is started again and sent the rows it had not committed. False: all in one process.
     service_process: bool = True
+    # `duckdb`: the data dir's files only. `ducklake`: those files as each replica's local buffer, and
+    # what they commit shipped to the shared DuckLake in `lake` (xdb/lake.py).
+    backend: Literal["duckdb", "ducklake"] = "duckdb"
+    lake: LakeConfig = Field(default_factory=LakeConfig)
+
+    @model_validator(mode="after")
+    def _lake_when_ducklake(self) -> XDBConfig:
+        if self.backend == "ducklake":
+            missing = [f"xdb.lake.{name}" for name in ("replica_id", "catalog", "data_path")
+                       if not getattr(self.lake, name)]
+            if missing:
+                raise ValueError(f"xdb.backend ducklake needs {', '.join(missing)} (AHC_XDB__LAKE__"
+                                 f"{missing[0].rsplit('.', 1)[1].upper()}=...): the replica's name in the lake, "
+                                 "the catalog's PostgreSQL connection string and the shared data directory")
+        return self
 
 
 class LensConfig(_Strict):
