@@ -9,6 +9,9 @@ from typing import Any
 from orchestrator.blocks import Block
 
 PASSTHROUGH = "passthrough"  # a request without `context`: sent as the client wrote it
+# `first_changed_block` of a session's first turn on a server other than the one that served it last
+# (a failover, or a router that moved it): its prefix is cached over there, nothing is cached here.
+REPLICA = "replica"
 
 
 @dataclass
@@ -25,7 +28,7 @@ class CacheReport:
 
     def cached_estimate(self) -> int:
         """Tokens of the blocks above the first changed one: what the prefix cache should still hold."""
-        if self.first_changed_block is None and self.mode == PASSTHROUGH:
+        if (self.first_changed_block is None and self.mode == PASSTHROUGH) or self.first_changed_block == REPLICA:
             return 0
         cached = 0
         for block in self.blocks:

@@ -18,9 +18,9 @@ from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
 from ahc.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, INPUT_TOKENS, SESSION_ID
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
-from orchestrator.blocks import first_changed
+from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import PromptMeter, RenderChat
-from orchestrator.cache_report import PASSTHROUGH, CacheReport
+from orchestrator.cache_report import PASSTHROUGH, REPLICA, CacheReport
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.codex_renditions import (
     CONDENSE_ACTION,
@@ -170,8 +170,7 @@ class Orchestrator:
                 compactions.append(done)
         actions += plan.actions
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
-                             first_changed(plan.prompt.blocks,
-                                           session.last_hashes if session else self.named.last_hashes(label)), actions,
+                             changed_since(plan.prompt.blocks, session, self.named.last_hashes(label)), actions,
                              report_entries(codex, plan.rendition, plan.mode == "cag"))
         session_id = spec.session_id or label or namespace + new_session_id()
         karma = plan.karma
@@ -346,6 +345,7 @@ class Orchestrator:
             return None
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()
+        session.moved_from = None
         if prepared.stored_query is not None:
             session.turns.append(Turn(role="user", content=prepared.stored_query))
         session.turns.append(Turn.from_message(reply))
@@ -388,6 +388,14 @@ def prompt_attributes(prepared: Prepared) -> dict[str, Any]:
     if report.governor:
         attributes[GOVERNOR_ACTIONS] = list(report.governor)
     return attributes
+
+
+def changed_since(blocks: list[Block], session: Session | None, named: dict[str, str] | None) -> str | None:
+    """`first_changed_block` against the session's last request (a kept session's, else a named one's);
+    `replica` when the session's last request was served by another server."""
+    if session is not None and session.moved_from is not None:
+        return REPLICA
+    return first_changed(blocks, session.last_hashes if session else named)
 
 
 def new_session_id() -> str:

@@ -28,11 +28,15 @@ class Session:
     compacted_turns: int = 0
     karma: list[KarmaEntry] = field(default_factory=list)         # in the Karma block
     staged_karma: list[KarmaEntry] = field(default_factory=list)  # in State turns (orchestrator/karma.py)
+    # The server (replica) that saved this State last. Loaded by another, the prefix its hashes describe
+    # is in that one's cache, not here: `moved_from` says so until this server's first turn commits.
+    replica: str | None = None
+    moved_from: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({
             "session_id": self.session_id, "turns": [t.to_message() for t in self.turns],
-            "summary": self.summary, "last_hashes": self.last_hashes,
+            "summary": self.summary, "last_hashes": self.last_hashes, "replica": self.replica,
             "compactions": self.compactions, "compacted_turns": self.compacted_turns,
             "karma": [k.model_dump() for k in self.karma],
             "staged_karma": [k.model_dump() for k in self.staged_karma],
@@ -42,7 +46,7 @@ class Session:
     def from_json(cls, text: str) -> Session:
         data = json.loads(text)
         return cls(session_id=data["session_id"], turns=[Turn.from_message(m) for m in data["turns"]],
-                   summary=data.get("summary"), last_hashes=data.get("last_hashes"),
+                   summary=data.get("summary"), last_hashes=data.get("last_hashes"), replica=data.get("replica"),
                    compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0),
                    karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],
                    staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])])
@@ -73,8 +77,9 @@ class SessionStore:
 
     def __init__(self, load: Callable[[str], str | None] | None = None,
                  save: Callable[[str, str], None] | None = None, max_sessions: int = 10_000,
-                 on_evict: Callable[[str], object] | None = None) -> None:
+                 on_evict: Callable[[str], object] | None = None, replica: str | None = None) -> None:
         self._load, self._save = load, save
+        self.replica = replica  # this server's name among several sharing one store (None: alone)
         self.max_sessions = max_sessions
         self._on_evict = on_evict
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -109,7 +114,10 @@ class SessionStore:
         entry = self._entry(session_id)
         if entry.session is None:
             stored = self._load(session_id) if self._load else None
-            entry.session = Session.from_json(stored) if stored else Session(session_id)
+            session = Session.from_json(stored) if stored else Session(session_id)
+            if self.replica is not None and session.replica not in (None, self.replica):
+                session.moved_from = session.replica
+            entry.session = session
         return entry.session
 
     def forget(self, session_id: str) -> None:
@@ -123,6 +131,7 @@ class SessionStore:
         """Persist; returns what the save callable returns (the server's is a Future to await)."""
         if self._save is None:
             return None
+        session.replica = self.replica
         receipt = self._save(session.session_id, session.to_json())
         entry = self._entries.get(session.session_id)
         if entry is not None:

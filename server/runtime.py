@@ -89,7 +89,9 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
 
     sessions = SessionStore(load_state,
                             lambda sid, state: background.submit(xdb.save_session_state, sid, state),
-                            oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid))
+                            oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid),
+                            # In a cluster a session may come back on another replica: its State says so.
+                            replica=config.xdb.lake.replica_id if config.xdb.backend == "ducklake" else None)
 
     async def summarize_state(messages: list[dict[str, Any]]) -> str:
         return await hidden.summarize(messages, oc.compaction_max_tokens)

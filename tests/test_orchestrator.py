@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -234,6 +235,23 @@ def test_sessions_persist_and_resume(counter) -> None:
     fourth = run(again.prepare(staged, [{"role": "user", "content": "four"}]))
     assert fourth.report.first_changed_block == "state" and fourth.messages[-1]["content"] == "four"
 
+
+
+def test_a_session_resumed_on_another_replica_reports_the_move_once(counter) -> None:
+    saved: dict[str, str] = {}  # the store the replicas share (the lake, in a cluster)
+    spec = parse_context({**CONTEXT, "session_id": "moving"})
+    on_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
+    on_a.commit(run(on_a.prepare(spec, [{"role": "user", "content": "one"}])), {"role": "assistant", "content": "1"})
+    again_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
+    assert run(again_a.prepare(spec, [{"role": "user", "content": "x"}])).report.first_changed_block == "state"
+    on_b = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="b"))
+    moved = run(on_b.prepare(spec, [{"role": "user", "content": "two"}]))
+    assert moved.report.first_changed_block == "replica" and moved.report.cached_estimate() == 0
+    assert [m["content"] for m in moved.messages[1:]] == ["one", "1", "two"]  # the State came along
+    on_b.commit(moved, {"role": "assistant", "content": "2"})
+    after = run(on_b.prepare(spec, [{"role": "user", "content": "three"}]))
+    assert after.report.first_changed_block == "state" and after.report.cached_estimate() > 0
+    assert json.loads(saved["moving"])["replica"] == "b"
 
 def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
     saved: dict[str, str] = {}

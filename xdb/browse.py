@@ -89,6 +89,8 @@ def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str |
     block = turn.get("first_changed_block")
     if block is None:
         return None
+    if block == "replica":
+        return "the session moved here from another replica, whose cache holds its prefix"
     if turn.get("compactions"):
         return "the State was compacted"
     if previous.get("mode") != turn.get("mode"):
