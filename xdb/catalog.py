@@ -155,8 +155,16 @@ class LocalPostgres:
     def _ensure_database(self) -> None:
         if self._psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{self.user}'") != "1":
             self._psql(f"CREATE ROLE {self.user} LOGIN")
-        if self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'") != "1":
-            self._psql(f"CREATE DATABASE {self.database} OWNER {self.user}")
+        self.create_database(self.database)
+
+    def create_database(self, name: str) -> str:
+        """Another database of the lake's role in this cluster (kept if it exists): a second lake, or a
+        fresh one per test. Returns its connection string."""
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise ValueError(f"database name {name!r}: use lower-case letters, digits and _")
+        if self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'") != "1":
+            self._psql(f"CREATE DATABASE {name} OWNER {self.user}")
+        return f"dbname={name} host=127.0.0.1 port={self.port} user={self.user}"
 
     def stop(self) -> None:
         """Stop the server if this object started it (a fast shutdown: open sessions are ended)."""

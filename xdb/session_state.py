@@ -13,7 +13,9 @@ anyway; the snapshots are only the orchestrator's working copy.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -23,6 +25,17 @@ from xdb.audit import AuditEvent
 from xdb.sql import one_int, transaction
 
 KEEP_VERSIONS = 16
+
+
+@dataclass(frozen=True)
+class StateVersion:
+    """One intact stored State: its version, its JSON, when it was saved (naive UTC) and, when it came
+    from the shared lake (`xdb.backend: ducklake`), the replica that saved it (None: this data dir)."""
+
+    version: int
+    state_json: str
+    created_at: dt.datetime
+    replica: str | None = None
 
 
 def save_session_state(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str,
@@ -48,13 +61,20 @@ def load_verified(cur: duckdb.DuckDBPyConnection, session_id: str,
                   version: int | None = None) -> tuple[str | None, list[int]]:
     """The newest version whose SHA-256 matches its bytes (or exactly `version`), and the newer
     versions skipped because theirs did not."""
-    rows = cur.execute("SELECT version, state_json, sha256 FROM session_states WHERE session_id = ? "
+    found, corrupt = newest_intact(cur, session_id, version)
+    return (found.state_json if found is not None else None), corrupt
+
+
+def newest_intact(cur: duckdb.DuckDBPyConnection, session_id: str,
+                  version: int | None = None) -> tuple[StateVersion | None, list[int]]:
+    """`load_verified` with the version's number and time."""
+    rows = cur.execute("SELECT version, state_json, sha256, created_at FROM session_states WHERE session_id = ? "
                        "AND (? IS NULL OR version = ?) ORDER BY version DESC",
                        [session_id, version, version]).fetchall()
     corrupt: list[int] = []
-    for number, state_json, digest in rows:
+    for number, state_json, digest, created_at in rows:
         if hashlib.sha256(state_json.encode()).hexdigest() == digest:
-            return state_json, corrupt
+            return StateVersion(int(number), state_json, created_at), corrupt
         corrupt.append(int(number))
     if version is not None and corrupt:
         raise Conflict(f"version {version} of session {session_id!r} is corrupted (its SHA-256 does not match)")

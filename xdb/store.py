@@ -24,10 +24,12 @@ from ahc.errors import InvalidRequest, NotFound
 from xdb import browse, compression, documents, export, fidelity, insights, interactions, retention, session_state, tags
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
+from xdb.lake import Lake
+from xdb.lake_reads import newer
+from xdb.lake_session import LakeTicks, ResumableTickBook
 from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
-from xdb.ticks import TickBook
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 log = logging.getLogger("ahc.xdb")
@@ -58,7 +60,10 @@ class XDB:
         self.summarize, self.hot_seconds = summarize, config.hot_seconds
         self.compress_at, self.retention = config.compress_at, config.retention
         self.max_document_bytes = config.max_document_bytes
-        self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
+        self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
+        # `xdb.backend: ducklake`: the shared lake (xdb/lake.py) and the last ticks learnt from it.
+        self.lake: Lake | None = None
+        self._lake_ticks = LakeTicks(config.max_tick_sessions)
         self._compress_lock = threading.Lock()
         self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
         self.tag_cache = TagCache()
@@ -95,7 +100,16 @@ class XDB:
                 audit.close()
             conn.close()
             raise
-        return cls(data_dir, conn, audit, concepts, writer, config, summarize)
+        xdb = cls(data_dir, conn, audit, concepts, writer, config, summarize)
+        if config.backend == "ducklake" and not read_only:
+            try:
+                xdb.lake = Lake.open(config.lake, conn, audit.conn if audit is not None else None,
+                                     threads=config.threads)
+                xdb.lake.start()
+            except BaseException:
+                xdb.close()
+                raise
+        return xdb
 
     def close(self) -> None:
         """Flush and commit everything queued, then close both files."""
@@ -106,9 +120,13 @@ class XDB:
             if self.writer is not None:
                 self.writer.close()
         finally:
-            if self.audit is not None:
-                self.audit.close()
-            self.conn.close()
+            try:
+                if self.lake is not None:
+                    self.lake.close()  # after the writer's last commit: its rows go in the last ship
+            finally:
+                if self.audit is not None:
+                    self.audit.close()
+                self.conn.close()
 
     def __enter__(self) -> XDB:
         return self
@@ -195,10 +213,12 @@ class XDB:
         self._ticks.start_session(session_id)
 
     def committed_tick(self, session_id: str) -> int:
-        """The last tick the file holds for a session (-1: none): one primary-key lookup."""
+        """The last tick the file holds for a session (-1: none): one primary-key lookup. In ducklake
+        mode at least the lake's last tick for it, as learnt when its State was loaded."""
         with self.cursor() as cur:
             row = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()
-        return int(row[0]) if row else -1
+        local = int(row[0]) if row else -1
+        return local if self.lake is None else max(local, self._lake_ticks.get(session_id))
 
     def audit_event(self, action: str, details: dict[str, Any]) -> None:
         """Chain a system event (a deletion or rewrite of stored rows) in the audit log; what
@@ -436,21 +456,53 @@ class XDB:
                 "warm_quota_bytes": self.warm_quota_bytes, "pinned_bytes": fidelity.pinned_bytes(cur),
                 "writer": None if self.writer is None else {
                     "queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written},
+                **({"lake": self.lake.status()} if self.lake is not None else {}),
             }
 
     # -- the orchestrator's and the discovery agent's tables --------------------------------------
     def save_session_state(self, session_id: str, state_json: str) -> int:
+        """Store a new State version. In ducklake mode it is in the lake when this returns (shipped with
+        every row committed before it), or LakeUnavailable is raised (it stays stored locally)."""
         with self.cursor() as cur:
-            return session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
+            version = session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
+        if self.lake is not None:
+            self.lake.ship_now()
+        return version
 
     def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
+        """The newest intact State (or exactly `version`, of this data dir's). In ducklake mode the
+        newest of this data dir's and the lake's, any replica's; see `load_session_state_verified`."""
+        if self.lake is not None and version is None:
+            return self._resume_from_lake(session_id)[0]
         with self.cursor() as cur:
             return session_state.load_session_state(cur, session_id, version)
 
+    def _resume_from_lake(self, session_id: str) -> tuple[str | None, list[int]]:
+        """The newest intact State of the local file and the lake, by created_at then version; the
+        session's ticks move past the largest tick any replica shipped for it, so they continue."""
+        assert self.lake is not None
+        with self.cursor() as cur:
+            local, corrupt = session_state.newest_intact(cur, session_id)
+        remote, remote_corrupt, lake_tick = self.lake.session_resume(session_id)
+        if remote_corrupt:
+            log.warning("session %r: %d newer State version(s) in the lake fail their SHA-256 check; skipped",
+                        session_id, remote_corrupt)
+        if lake_tick >= 0:
+            self._lake_ticks.learn(session_id, lake_tick)
+            self._ticks.advance(session_id, lake_tick)
+        chosen = newer(local, remote)
+        if chosen is not None and chosen.replica is not None and chosen.replica != self.lake.replica:
+            log.info("session %r resumes from replica %r's State (version %d)", session_id, chosen.replica,
+                     chosen.version)
+        return (chosen.state_json if chosen is not None else None), corrupt
+
     def load_session_state_verified(self, session_id: str) -> tuple[str | None, list[int]]:
         """The newest intact State and the newer versions skipped as corrupted (logged here)."""
-        with self.cursor() as cur:
-            state, corrupt = session_state.load_verified(cur, session_id)
+        if self.lake is not None:
+            state, corrupt = self._resume_from_lake(session_id)
+        else:
+            with self.cursor() as cur:
+                state, corrupt = session_state.load_verified(cur, session_id)
         if corrupt:
             log.warning("session %r: State versions %s fail their SHA-256 check; loaded the newest intact one",
                         session_id, corrupt)
@@ -462,7 +514,10 @@ class XDB:
 
     def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
         with self.cursor() as cur:
-            return session_state.rollback(cur, session_id, version, audit=self.audit_event)
+            result = session_state.rollback(cur, session_id, version, audit=self.audit_event)
+        if self.lake is not None:
+            self.lake.ship_now()  # the restored State is the newest, in the lake too
+        return result
 
     def sessions(self, prefix: str = "", limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
@@ -516,6 +571,40 @@ class XDB:
     def run_report(self, run_id: str, id_prefix: str = "") -> bytes | None:
         with self.cursor() as cur:
             return interactions.report(cur, run_id, id_prefix)
+
+    # -- the shared lake (`xdb.backend: ducklake`; xdb/lake.py) -------------------------------------
+    def _need_lake(self) -> Lake:
+        if self.lake is None:
+            raise ValueError("no lake: this XDB's backend is duckdb (set xdb.backend: ducklake), or it was "
+                             "opened read-only")
+        return self.lake
+
+    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+                    **kwargs: Any) -> list[dict[str, Any]]:
+        """Every replica's timesteps matching the filters (as `recall`, less after_id), each with `replica`."""
+        return self._need_lake().recall(filters, session_prefix=session_prefix, **kwargs)
+
+    def lake_concepts(self, query: str | None = None) -> list[dict[str, Any]]:
+        return self._need_lake().concepts(query)
+
+    def lake_tags(self, tag_type: str | None = None) -> list[dict[str, Any]]:
+        return self._need_lake().tags(tag_type)
+
+    def lake_ship_now(self) -> dict[str, int]:
+        """Commit what the writer holds, then ship everything to the lake; the rows shipped per table."""
+        if self.writer is not None:
+            self.writer.flush()
+        return self._need_lake().ship_now()
+
+    def lake_status(self) -> dict[str, Any] | None:
+        return self.lake.status() if self.lake is not None else None
+
+    def verify_lake_audit(self) -> dict[str, AuditReport]:
+        """Every replica's audit chain in the lake (this one's shipped up to now first)."""
+        lake = self._need_lake()
+        if self.writer is not None:
+            self.lake_ship_now()
+        return lake.verify_audit()
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:

@@ -1,0 +1,167 @@
+"""`xdb.backend: ducklake`: one shared experience lake for a cluster of replicas.
+
+Several `ahc serve` replicas (each its own process and its own data dir) run behind a session-affinity
+router. Each keeps the embedded XDB files as its local hot buffer — the per-token write path is the
+same as with `duckdb` — and a shipper thread (xdb/lake_shipper.py) copies what it has committed into a
+shared DuckLake: the catalog in PostgreSQL (`xdb.lake.catalog`, a libpq connection string), the data
+as Parquet files under `xdb.lake.data_path`. Every lake row carries its `replica` (`xdb.lake.replica_id`).
+
+    xdb = XDB.open(data_dir, XDBConfig(backend="ducklake", lake=LakeConfig(catalog=..., data_path=...,
+                                                                          replica_id="r1")))
+    xdb.lake.ship_now() -> {table: rows}       # ship everything committed so far, now
+    xdb.lake.recall(filters | **filters)       # every replica's timesteps, each with `replica`
+    xdb.lake.concepts(query) ; xdb.lake.tags(tag_type)
+    xdb.lake.verify_audit() -> {replica: AuditReport}   # every replica's hash chain, recomputed
+    xdb.lake.status() -> {replica, rows_shipped, ships, last_ship_at, last_error, watermarks}
+    (the same as XDB / RemoteXDB methods: lake_recall, lake_concepts, lake_tags, verify_lake_audit,
+    lake_ship_now, lake_status; `xdb.lake` is None with the duckdb backend)
+
+Durability, precisely. When a reply completes:
+  - its token rows are committed in the replica's local files (the audit log, then experience.duckdb),
+    exactly as with the duckdb backend: the server flushes the writer before the reply's last chunk;
+  - they are in the lake within `ship_interval_s` (0.5 s) of that local commit while the lake is
+    reachable — or sooner: saving the session's State ships everything pending with it;
+  - the session's State is in the lake before the reply completes: `save_session_state` commits it
+    locally, then ships it and every row committed before it in one lake transaction, and raises
+    LakeUnavailable (a 503) if the lake cannot take it.
+Rows a replica has committed locally but not yet shipped (lake down, or the replica stopped within the
+interval) are never lost while its data dir is: shipping resumes from the lake's watermarks at the next
+cycle or the next start, and a row is never shipped twice (rows and watermarks commit together).
+Losing a replica's disk before a ship loses at most the last `ship_interval_s` of its tokens, never a
+completed session State.
+
+Resuming a session elsewhere: `load_session_state` returns the newest intact State among the local
+file's and the lake's (by created_at, then version: clocks of the replicas are assumed in step) and
+moves the session's ticks past the largest tick any replica shipped for it, so ticks continue.
+
+What the lake does not follow: deletions and rewrites in the local files (compression of old rows,
+retention, `delete_session`, `purge_run`, pruned State versions) stay local — the lake keeps the
+history as it was shipped, and the audit events recording them are shipped like any audit record;
+documents, time windows and compressed records are not shipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ahc.config import LakeConfig
+from xdb.audit import AuditReport
+from xdb.lake_reads import lake_concepts, lake_recall, lake_tags, last_tick, newest_state, verify_lake_audit
+from xdb.lake_schema import attach_lake
+from xdb.lake_shipper import LakeShipper, LakeUnavailable
+from xdb.recall import RecallFilters
+from xdb.session_state import StateVersion
+
+__all__ = ["Lake", "LakeUnavailable", "attach_lake"]
+
+
+class Lake:
+    """The shared lake as one replica sees it: its own in-memory DuckDB with the lake attached (so lake
+    queries never take the experience file's threads), and the shipper thread, started by `start()`."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, config: LakeConfig, alias: str,
+                 shipper: LakeShipper | None) -> None:
+        self.conn, self.config, self.alias, self.shipper = conn, config, alias, shipper
+        assert config.replica_id is not None
+        self.replica: str = config.replica_id
+
+    @classmethod
+    def open(cls, config: LakeConfig, experience: duckdb.DuckDBPyConnection | None = None,
+             audit: duckdb.DuckDBPyConnection | None = None, *, alias: str = "lake",
+             threads: int | None = None) -> Lake:
+        """Attach the lake (creating its tables if new). With `experience` (the XDB's connection) a
+        shipper is made for that file and `audit` (the audit log's connection); `start()` starts it.
+        An unreachable catalog, or a data dir behind what its replica id already shipped, raises
+        ValueError."""
+        if not (config.catalog and config.data_path and config.replica_id):
+            raise ValueError("xdb.lake needs catalog, data_path and replica_id")
+        conn = duckdb.connect()
+        try:
+            if threads:
+                conn.execute(f"SET threads = {int(threads)}")
+            attach_lake(conn, config.catalog, Path(config.data_path), alias)
+            shipper = None
+            if experience is not None:
+                shipper = LakeShipper(conn, alias, config.replica_id, experience, audit,
+                                      interval_s=config.ship_interval_s, batch_rows=config.ship_batch_rows)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, config, alias, shipper)
+
+    def start(self) -> None:
+        """Read the watermarks (checking the data dir is not behind them) and start shipping."""
+        if self.shipper is not None:
+            try:
+                self.shipper.start()
+            except duckdb.Error as exc:
+                raise ValueError(f"the lake's watermarks for replica {self.replica!r} could not be read: "
+                                 f"{exc}") from exc
+
+    def close(self) -> None:
+        """Stop shipping after a last ship (see LakeShipper.stop), then detach."""
+        try:
+            if self.shipper is not None:
+                self.shipper.stop()
+        finally:
+            self.conn.close()
+
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cur = self.conn.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor for a lake read; a catalog that fails becomes LakeUnavailable."""
+        with self.cursor() as cur:
+            try:
+                yield cur
+            except duckdb.Error as exc:
+                raise LakeUnavailable(f"reading the lake failed: {' '.join(str(exc).split())}") from exc
+
+    # -- shipping ---------------------------------------------------------------------------------------
+    def ship_now(self) -> dict[str, int]:
+        """Ship everything committed locally so far; the rows shipped per table. Raises LakeUnavailable."""
+        if self.shipper is None:
+            raise ValueError("this XDB was opened read-only: nothing to ship")
+        return self.shipper.ship_now()
+
+    def status(self) -> dict[str, Any]:
+        if self.shipper is None:
+            return {"replica": self.replica, "running": False}
+        return self.shipper.status()
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+               **kwargs: Any) -> list[dict[str, Any]]:
+        f = RecallFilters.parse(filters, **kwargs)
+        with self._reading() as cur:
+            return lake_recall(cur, self.alias, f, session_prefix)
+
+    def concepts(self, query: str | None = None) -> list[dict[str, Any]]:
+        with self._reading() as cur:
+            return lake_concepts(cur, self.alias, query)
+
+    def tags(self, tag_type: str | None = None) -> list[dict[str, Any]]:
+        with self._reading() as cur:
+            return lake_tags(cur, self.alias, tag_type)
+
+    def verify_audit(self) -> dict[str, AuditReport]:
+        with self._reading() as cur:
+            return verify_lake_audit(cur, self.alias)
+
+    def session_resume(self, session_id: str) -> tuple[StateVersion | None, int, int]:
+        """The session's newest intact State in the lake, how many newer ones were corrupt, and the
+        largest tick any replica shipped for it (-1: none)."""
+        with self._reading() as cur:
+            state, corrupt = newest_state(cur, self.alias, session_id)
+            return state, corrupt, last_tick(cur, self.alias, session_id)

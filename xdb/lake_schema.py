@@ -1,0 +1,205 @@
+"""The shared lake's tables, and attaching it: DuckDB's `ducklake` extension with its catalog in PostgreSQL.
+
+Every table mirrors a local append-only table (or the audit log's) with a `replica` column first: the
+replica that recorded the row. DuckLake has no primary keys, indexes or sequences, so a row's key is
+(replica, its local id). Fixed-size ARRAY columns become LISTs (DuckLake has no ARRAY type).
+The tables whose local rows change in place (`tags`, `concept_hierarchy`) are shipped as a new row
+per change, with `shipped_at` ordering a key's versions; `lake_watermarks` (append-only: one row per
+table a ship advanced) says how far each replica's tables are shipped; `session_ticks` holds each
+session's last tick as of each ship that carried its rows, so ticks continue across replicas.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import duckdb
+
+from ahc.config import cache_dir
+
+# Each table: (name, local table, source file, shipping mode, lake columns without `replica`).
+#   mode "id":      an ascending id committed in id order (the writer's, the audit's): watermark = last id
+#   mode "rowid":   a table with a primary key, so DuckDB never renumbers its rowids, and rowids follow
+#                   commit order: watermark = last rowid
+#   mode "mutable": rows updated in place: each changed row (its hash differs) is shipped again
+Mode = Literal["id", "rowid", "mutable"]
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    name: str
+    mode: Mode
+    columns: tuple[tuple[str, str], ...]  # (column, lake type), as the local table names them
+    order: str = "id"                     # mode "id": the ascending column
+    key: tuple[str, ...] = ("id",)        # mode "mutable": what identifies a row
+    audit: bool = False                   # in audit/audit.duckdb, not experience.duckdb
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.columns)
+
+
+_TIMESTEP_COLUMNS = (
+    ("session_id", "VARCHAR"), ("tick", "BIGINT"), ("event_type", "VARCHAR"), ("role", "VARCHAR"),
+    ("content", "VARCHAR"), ("token_id", "INTEGER"), ("request_id", "VARCHAR"), ("concept_ids", "INTEGER[]"),
+    ("concept_values", "FLOAT[]"), ("activation_source", "VARCHAR"), ("created_at", "TIMESTAMP"),
+    ("metadata", "VARCHAR"))
+
+TABLES: tuple[LakeTable, ...] = (
+    LakeTable("timesteps", "id", (("id", "BIGINT"), *_TIMESTEP_COLUMNS)),
+    LakeTable("concepts", "id", (("id", "INTEGER"), ("name", "VARCHAR"))),
+    LakeTable("tags", "mutable", (
+        ("id", "BIGINT"), ("name", "VARCHAR"), ("tag_type", "VARCHAR"), ("concept_id", "VARCHAR"),
+        ("entity_type", "VARCHAR"), ("bud_status", "VARCHAR"), ("created_at", "TIMESTAMP"),
+        ("created_by", "VARCHAR"), ("description", "VARCHAR"))),
+    LakeTable("tag_applications", "rowid", (
+        ("id", "BIGINT"), ("tag_id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"),
+        ("timestep_id", "BIGINT"), ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"),
+        ("confidence", "DOUBLE"), ("source", "VARCHAR"), ("created_at", "TIMESTAMP"), ("note", "VARCHAR"))),
+    LakeTable("comments", "rowid", (
+        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"), ("timestep_id", "BIGINT"),
+        ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"), ("content", "VARCHAR"),
+        ("created_at", "TIMESTAMP"), ("updated_at", "TIMESTAMP"))),
+    LakeTable("compaction_records", "rowid", (
+        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("created_at", "TIMESTAMP"), ("range_start", "BIGINT"),
+        ("range_end", "BIGINT"), ("timesteps_compacted", "BIGINT"), ("tokens_before", "BIGINT"),
+        ("tokens_after", "BIGINT"), ("summary", "VARCHAR"), ("summary_concept_tags", "VARCHAR[]"),
+        ("top_k_activations", "VARCHAR"), ("trigger", "VARCHAR"), ("result_level", "INTEGER"))),
+    LakeTable("session_states", "rowid", (
+        ("session_id", "VARCHAR"), ("version", "INTEGER"), ("state_json", "VARCHAR"), ("sha256", "VARCHAR"),
+        ("created_at", "TIMESTAMP"))),
+    LakeTable("interaction_log", "rowid", (
+        ("turn_id", "BIGINT"), ("run_id", "VARCHAR"), ("timestamp", "TIMESTAMP"), ("journal_entry", "VARCHAR"),
+        ("tool_call_json", "VARCHAR"), ("tool_result_json", "VARCHAR"), ("token_count", "INTEGER"))),
+    LakeTable("meta_knowledge", "rowid", (
+        ("version_id", "BIGINT"), ("run_id", "VARCHAR"), ("theorems_json", "VARCHAR"),
+        ("negative_knowledge", "VARCHAR"), ("last_compacted_turn", "BIGINT"), ("created_at", "TIMESTAMP"))),
+    LakeTable("concept_hierarchy", "mutable", (
+        ("concept", "VARCHAR"), ("display_name", "VARCHAR"), ("parent", "VARCHAR"), ("source", "VARCHAR"),
+        ("updated_at", "TIMESTAMP"), ("threshold", "FLOAT")), key=("concept",)),
+    LakeTable("audit_records", "id", (
+        ("seq", "BIGINT"), ("timestep_id", "BIGINT"), *_TIMESTEP_COLUMNS[:11],  # session_id .. created_at
+        ("metadata", "VARCHAR"), ("steering", "VARCHAR"), ("prev_hash", "BLOB"), ("record_hash", "BLOB")),
+        order="seq", audit=True),
+    LakeTable("audit_concepts", "id", (
+        ("id", "INTEGER"), ("name", "VARCHAR"), ("prev_hash", "BLOB"), ("hash", "BLOB")), audit=True),
+)
+BY_NAME = {t.name: t for t in TABLES}
+
+# Tables of the lake's own.
+EXTRA_DDL = (
+    "CREATE TABLE IF NOT EXISTS {a}.lake_watermarks (replica VARCHAR, table_name VARCHAR, shipped_to BIGINT, "
+    "shipped_at TIMESTAMP)",
+    "CREATE TABLE IF NOT EXISTS {a}.session_ticks (replica VARCHAR, session_id VARCHAR, last_tick BIGINT, "
+    "shipped_at TIMESTAMP)",
+)
+# Up to this many rows an insert is kept in the catalog itself rather than as a Parquet file of its
+# own: the small per-ship inserts (watermarks, States, tags) then make no files.
+INLINING_ROW_LIMIT = 100
+CREATE_ATTEMPTS = 10
+
+
+def lake_ddl(alias: str) -> list[str]:
+    statements = []
+    for table in TABLES:
+        extra = ", shipped_at TIMESTAMP, row_hash UBIGINT" if table.mode == "mutable" else ""
+        cols = ", ".join(f"{name} {kind}" for name, kind in table.columns)
+        statements.append(f"CREATE TABLE IF NOT EXISTS {alias}.{table.name} (replica VARCHAR, {cols}{extra})")
+    return statements + [ddl.format(a=alias) for ddl in EXTRA_DDL]
+
+
+# -- the extensions ---------------------------------------------------------------------------------
+def extension_file(package: str, name: str) -> Path:
+    """The extension binary a `duckdb-extension-<package>` wheel carries for this DuckDB release."""
+    module = importlib.import_module(f"duckdb_extension_{package}")
+    root = Path(module.__path__[0]) / "extensions"
+    wanted = root / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    if wanted.is_file():
+        return wanted
+    found = sorted(p.parent.name for p in root.glob(f"v*/{name}.duckdb_extension"))
+    raise RuntimeError(f"duckdb-extension-{package} has {found} but DuckDB is v{duckdb.__version__}: "
+                       f"install duckdb-extension-{package}=={duckdb.__version__}")
+
+
+def postgres_extension() -> Path:
+    """The postgres extension loads only under its internal name, `postgres_scanner`: a copy of the
+    wheel's binary under that name in the cache directory (made once per DuckDB release)."""
+    source = extension_file("postgres", "postgres")
+    target = cache_dir() / "duckdb-extensions" / f"v{duckdb.__version__}" / "postgres_scanner.duckdb_extension"
+    if not target.is_file() or target.stat().st_size != source.stat().st_size:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
+        os.close(fd)
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)  # another process copying at the same time leaves the same bytes
+    return target
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def load_extensions(conn: duckdb.DuckDBPyConnection) -> None:
+    """LOAD ducklake and postgres by path from their PyPI wheels (no network: never INSTALL)."""
+    conn.execute(f"LOAD {_sql_string(str(extension_file('ducklake', 'ducklake')))}")
+    conn.execute(f"LOAD {_sql_string(str(postgres_extension()))}")
+
+
+def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | Path, alias: str = "lake") -> None:
+    """Load the extensions, ATTACH 'ducklake:postgres:<catalog>' AS <alias> (DATA_PATH ...) and create
+    the lake's tables where missing. Several replicas may do this at once: a creation that loses the
+    race is retried (it then finds the tables made). A catalog that cannot be reached raises ValueError."""
+    if not alias.isidentifier():
+        raise ValueError(f"lake alias {alias!r} is not an identifier")
+    load_extensions(conn)
+    data_dir = Path(data_path).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    attach = (f"ATTACH {_sql_string('ducklake:postgres:' + catalog)} AS {alias} "
+              f"(DATA_PATH {_sql_string(str(data_dir) + os.sep)}, DATA_INLINING_ROW_LIMIT {INLINING_ROW_LIMIT})")
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            conn.execute(attach)
+            break
+        except duckdb.Error as exc:
+            detail = " ".join(str(exc).split())
+            # Replicas attaching a new catalog at once race to initialise it; the losers find it made.
+            if ("duplicate key" in detail or "already exists" in detail) and attempt < CREATE_ATTEMPTS - 1:
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            raise ValueError(f"cannot attach the DuckLake catalog {catalog!r} (data path {data_dir}): "
+                             f"{detail}") from exc
+    create_tables(conn, alias)
+
+
+def create_tables(conn: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:
+    for attempt in range(CREATE_ATTEMPTS):
+        conn.execute("BEGIN")
+        try:
+            for ddl in lake_ddl(alias):
+                conn.execute(ddl)
+            conn.execute("COMMIT")
+            return
+        except duckdb.TransactionException:
+            # Another replica created a table first: its commit won; look again.
+            rollback(conn)
+            if attempt == CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+        except BaseException:
+            rollback(conn)
+            raise
+
+
+def rollback(conn: duckdb.DuckDBPyConnection) -> None:
+    """End a transaction that failed; a COMMIT that failed has ended it already."""
+    try:
+        conn.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
