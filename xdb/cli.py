@@ -66,18 +66,30 @@ def recall_command(
 
 @app.command("verify-audit")
 def verify_audit_command(
-    data_dir: DataDir,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="XDB directory (holds experience.duckdb).")
+                        ] = None,
     seq_from: Annotated[int | None, typer.Option(help="Verify from this record (via the nearest checkpoint).")] = None,
     seq_to: Annotated[int | None, typer.Option(help="Verify up to this record.")] = None,
     expect_head: Annotated[str | None, typer.Option(
         help="SEQ:HASH noted earlier (the log line or gauge): that record must still be on the chain "
              "with that hash.")] = None,
+    lake_catalog: Annotated[str | None, typer.Option(
+        "--lake-catalog", help="Also (or instead) verify every replica's chain in this DuckLake: its PostgreSQL "
+                               "catalog, a libpq string such as 'dbname=ahc host=127.0.0.1 port=5433 user=ahc'.")
+                            ] = None,
+    lake_data_path: Annotated[Path | None, typer.Option(
+        "--lake-data-path", help="With --lake-catalog: the lake's data path (default: the one its catalog names).")
+                              ] = None,
 ) -> None:
-    """Check the audit log's hash chain and its anchor (audit/audit.head); exit 1 naming the first
-    bad record or the head mismatch, 2 on bad usage."""
+    """Check the audit log's hash chain and its anchor (audit/audit.head), and/or every replica's chain
+    in a shared lake; exit 1 naming the first bad record or the head mismatch, 2 on bad usage."""
     from xdb.audit import parse_head, verify_audit
 
-    if not data_dir.is_dir():
+    if data_dir is None and lake_catalog is None:
+        _fail("give --data-dir, --lake-catalog or both", 2)
+    if lake_data_path is not None and lake_catalog is None:
+        _fail("--lake-data-path needs --lake-catalog", 2)
+    if data_dir is not None and not data_dir.is_dir():
         _fail(f"--data-dir {data_dir} is not a directory", 2)
     if seq_from is not None and seq_to is not None and seq_from > seq_to:
         _fail("--seq-from must not be after --seq-to", 2)
@@ -87,13 +99,42 @@ def verify_audit_command(
             expected = parse_head(expect_head)
         except ValueError as exc:
             _fail(f"--expect-head: {exc}", 2)
+    if data_dir is not None:
+        try:
+            report = verify_audit(data_dir, seq_from, seq_to, expect_head=expected)
+        except ValueError as exc:
+            _fail(str(exc))
+        if not report.ok:
+            _fail(report.first_bad or "audit log is not intact")
+        typer.echo(f"audit log intact: {report.records_checked} records verified")
+    if lake_catalog is not None:
+        _verify_lake(lake_catalog, lake_data_path)
+
+
+def _verify_lake(catalog: str, data_path: Path | None) -> None:
+    import duckdb
+
+    from xdb.lake_reads import verify_lake_audit
+    from xdb.lake_schema import attach_lake
+
+    conn = duckdb.connect()
     try:
-        report = verify_audit(data_dir, seq_from, seq_to, expect_head=expected)
-    except ValueError as exc:
-        _fail(str(exc))
-    if not report.ok:
-        _fail(report.first_bad or "audit log is not intact")
-    typer.echo(f"audit log intact: {report.records_checked} records verified")
+        try:
+            attach_lake(conn, catalog, data_path, read_only=True)
+            reports = verify_lake_audit(conn.cursor(), "lake")
+        except (ValueError, duckdb.Error) as exc:
+            _fail(str(exc))
+    finally:
+        conn.close()
+    bad = [report.first_bad or f"replica {replica!r}: not intact" for replica, report in reports.items()
+           if not report.ok]
+    for replica, report in reports.items():
+        if report.ok:
+            typer.echo(f"lake audit chain of replica {replica!r} intact: {report.records_checked} records verified")
+    if bad:
+        _fail("; ".join(bad))
+    if not reports:
+        typer.echo("lake holds no audit records")
 
 
 @app.command("backup")

@@ -152,17 +152,29 @@ def load_extensions(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute(f"LOAD {_sql_string(str(postgres_extension()))}")
 
 
-def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | Path, alias: str = "lake") -> None:
+def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | Path | None = None,
+                alias: str = "lake", *, read_only: bool = False) -> None:
     """Load the extensions, ATTACH 'ducklake:postgres:<catalog>' AS <alias> (DATA_PATH ...) and create
     the lake's tables where missing. Several replicas may do this at once: a creation that loses the
-    race is retried (it then finds the tables made). A catalog that cannot be reached raises ValueError."""
+    race is retried (it then finds the tables made). `read_only` attaches an existing lake as it is
+    (its data path is the one its catalog names; `data_path` may be None). A catalog that cannot be
+    reached, or a data path other than the catalog's, raises ValueError."""
     if not alias.isidentifier():
         raise ValueError(f"lake alias {alias!r} is not an identifier")
+    if data_path is None and not read_only:
+        raise ValueError("attaching a lake for writing needs its data path")
     load_extensions(conn)
-    data_dir = Path(data_path).expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    attach = (f"ATTACH {_sql_string('ducklake:postgres:' + catalog)} AS {alias} "
-              f"(DATA_PATH {_sql_string(str(data_dir) + os.sep)}, DATA_INLINING_ROW_LIMIT {INLINING_ROW_LIMIT})")
+    options = [f"DATA_INLINING_ROW_LIMIT {INLINING_ROW_LIMIT}"]
+    where = ""
+    if data_path is not None:
+        data_dir = Path(data_path).expanduser().resolve()
+        if not read_only:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        options.insert(0, f"DATA_PATH {_sql_string(str(data_dir) + os.sep)}")
+        where = f" (data path {data_dir})"
+    if read_only:
+        options.append("READ_ONLY")
+    attach = f"ATTACH {_sql_string('ducklake:postgres:' + catalog)} AS {alias} ({', '.join(options)})"
     for attempt in range(CREATE_ATTEMPTS):
         try:
             conn.execute(attach)
@@ -173,9 +185,9 @@ def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | 
             if ("duplicate key" in detail or "already exists" in detail) and attempt < CREATE_ATTEMPTS - 1:
                 time.sleep(0.05 * (attempt + 1))
                 continue
-            raise ValueError(f"cannot attach the DuckLake catalog {catalog!r} (data path {data_dir}): "
-                             f"{detail}") from exc
-    create_tables(conn, alias)
+            raise ValueError(f"cannot attach the DuckLake catalog {catalog!r}{where}: {detail}") from exc
+    if not read_only:
+        create_tables(conn, alias)
 
 
 def create_tables(conn: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:

@@ -30,10 +30,10 @@ from typing import Any
 from ahc.config import XDBConfig
 from ahc.errors import Unavailable
 from xdb import service
+from xdb.lake_session import ResumableTickBook
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
-from xdb.ticks import TickBook
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 
 log = logging.getLogger("ahc.xdb")
@@ -371,7 +371,9 @@ class RemoteXDB:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
-        self._ticks = TickBook(self.committed_tick, config.max_tick_sessions)
+        self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
+        # `xdb.backend: ducklake`: the service ships to the lake; `lake` reads it through the service.
+        self.lake = RemoteLake(self) if config.backend == "ducklake" else None
         self._closed = False
 
     def close(self) -> None:
@@ -467,8 +469,10 @@ class RemoteXDB:
     def document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("document", *args, **kwargs)
 
-    def load_session_state_verified(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("load_session_state_verified", *args, **kwargs)
+    def load_session_state_verified(self, session_id: str) -> Any:
+        found = self._call("load_session_state_verified", session_id)
+        self._resume_ticks(session_id)
+        return found
 
     def session_versions(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("session_versions", *args, **kwargs)
@@ -530,8 +534,17 @@ class RemoteXDB:
     def save_session_state(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("save_session_state", *args, **kwargs)
 
-    def load_session_state(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("load_session_state", *args, **kwargs)
+    def load_session_state(self, session_id: str, version: int | None = None) -> Any:
+        state = self._call("load_session_state", session_id, version)
+        if version is None:
+            self._resume_ticks(session_id)
+        return state
+
+    def _resume_ticks(self, session_id: str) -> None:
+        """In ducklake mode loading a State may have learnt (in the service) that another replica went
+        further in the session's ticks: this process's tick book moves past them too."""
+        if self.lake is not None:
+            self._ticks.advance(session_id, self.committed_tick(session_id))
 
     def log_interaction(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("log_interaction", *args, **kwargs)
@@ -560,3 +573,47 @@ class RemoteXDB:
 
     def audit_event(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("audit_event", *args, **kwargs)
+
+    # -- the shared lake (xdb/lake.py), read and shipped in the service ---------------------------------
+    def lake_recall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("lake_recall", *args, **kwargs)
+
+    def lake_concepts(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("lake_concepts", *args, **kwargs)
+
+    def lake_tags(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("lake_tags", *args, **kwargs)
+
+    def lake_ship_now(self) -> Any:
+        return self._call_after_flush("lake_ship_now")
+
+    def lake_status(self) -> Any:
+        return self._call("lake_status")
+
+    def verify_lake_audit(self) -> Any:
+        return self._call_after_flush("verify_lake_audit")
+
+
+class RemoteLake:
+    """`RemoteXDB.lake`: the service's lake (`XDB.lake`), each call made in the service."""
+
+    def __init__(self, xdb: RemoteXDB) -> None:
+        self._xdb = xdb
+
+    def recall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._xdb.lake_recall(*args, **kwargs)
+
+    def concepts(self, query: str | None = None) -> Any:
+        return self._xdb.lake_concepts(query)
+
+    def tags(self, tag_type: str | None = None) -> Any:
+        return self._xdb.lake_tags(tag_type)
+
+    def ship_now(self) -> Any:
+        return self._xdb.lake_ship_now()
+
+    def status(self) -> Any:
+        return self._xdb.lake_status()
+
+    def verify_audit(self) -> Any:
+        return self._xdb.verify_lake_audit()

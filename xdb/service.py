@@ -44,6 +44,7 @@ METHODS = frozenset({
     "rollback_session", "sessions", "delete_session",
     "recall_page", "timestep", "surprising", "related_concepts", "sessions_overview", "session_turns", "top_tokens",
     "runs", "save_run_report", "run_report",
+    "lake_recall", "lake_concepts", "lake_tags", "lake_ship_now", "lake_status", "verify_lake_audit",
 })
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"
