@@ -1,0 +1,332 @@
+"""`xdb.backend: ducklake`: replicas shipping to one shared DuckLake, on a real PostgreSQL catalog
+(LocalPostgres), real DuckLake files and real XDB data dirs."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ahc.config import LakeConfig, XDBConfig
+from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
+from xdb.catalog import LocalPostgres, free_port, postgres_available
+from xdb.cli import app as xdb_cli
+from xdb.lake import LakeUnavailable
+from xdb.lake_schema import attach_lake
+
+ROOT = Path(__file__).resolve().parents[1]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[LocalPostgres]:
+    if not postgres_available():
+        message = ("PostgreSQL's initdb/pg_ctl/psql were not found (install the Debian package `postgresql`): "
+                   "the DuckLake tests need a real catalog")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    # As root the cluster runs as the `postgres` user, who cannot enter pytest's own (0700) temp dirs.
+    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-"))
+    directory.chmod(0o755)
+    server = LocalPostgres(directory).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def lake(pg: LocalPostgres, tmp_path: Path) -> LakeConfig:
+    """A fresh lake (its own catalog database and data path) for each test; replica ids set per XDB."""
+    dsn = pg.create_database(f"lake_{os.getpid()}_{next(_names)}")
+    return LakeConfig(catalog=dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
+
+
+def config(lake: LakeConfig, replica: str, **lake_fields: object) -> XDBConfig:
+    return XDBConfig(backend="ducklake", lake=lake.model_copy(update={"replica_id": replica, **lake_fields}))
+
+
+def record(xdb: XDB, session: str, n: int, text: str = "tok") -> range:
+    ticks = xdb.next_ticks(session, n)
+    xdb.writer.submit(TokenBatch(session, ticks, [f"{text}{t}" for t in ticks], token_ids=list(ticks),
+                                 request_id=f"{session}-req"))
+    xdb.writer.flush()
+    return ticks
+
+
+_observers: dict[str, duckdb.DuckDBPyConnection] = {}
+
+
+def lake_sql(lake: LakeConfig, sql: str) -> list[tuple[object, ...]]:
+    """Run SQL on the lake from a connection of the test's own (a third replica's view), attached once
+    per lake."""
+    assert lake.catalog is not None
+    if lake.catalog not in _observers:
+        conn = duckdb.connect()
+        attach_lake(conn, lake.catalog, lake.data_path)
+        _observers[lake.catalog] = conn
+    with _observers[lake.catalog].cursor() as cur:
+        return cur.execute(sql).fetchall()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_observers() -> Iterator[None]:
+    yield
+    for conn in _observers.values():
+        conn.close()
+    _observers.clear()
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_two_replicas_ship_and_recall_sees_both(lake: LakeConfig, tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        record(a, "sa", 50, "alpha")
+        record(b, "sb", 30, "beta")
+        b.writer.submit([TimestepRow("sb", b.next_ticks("sb")[0], "input", "user", "hello from b")])
+        b.writer.flush()
+        # Nobody asks: the shippers' threads bring both replicas' rows within their interval.
+        wait_for(lambda: len(a.lake_recall(limit=1000)) == 81)
+
+        rows = a.lake_recall(session_id="sb", limit=1000)
+        assert {r["replica"] for r in rows} == {"B"} and len(rows) == 31
+        assert [r["tick"] for r in rows] == list(range(31))
+        hello = b.lake_recall(text="hello")
+        assert [(r["replica"], r["content"], r["event_type"], r["tick"]) for r in hello] == [
+            ("B", "hello from b", "input", 30)]
+        ranged = a.lake_recall(session_id="sa", tick_from=10, tick_to=12)
+        assert [(r["replica"], r["tick"], r["content"]) for r in ranged] == [("A", t, f"alpha{t}") for t in (10, 11, 12)]
+        assert len(a.lake_recall(event_types=["output"], limit=1000)) == 80
+        assert len(a.lake_recall(limit=7)) == 7
+        # Each replica's ids are its own: (replica, id) names a row.
+        ids = lake_sql(lake, "SELECT replica, count(*), count(DISTINCT id), min(id), max(id) FROM lake.timesteps "
+                             "GROUP BY 1 ORDER BY 1")
+        assert ids == [("A", 50, 50, 0, 49), ("B", 31, 31, 0, 30)]
+        status = a.lake_status()
+        assert status is not None and status["replica"] == "A" and status["last_error"] is None
+        assert a.state()["lake"]["watermarks"]["timesteps"] == 49
+
+
+def test_concepts_and_tags_across_replicas(lake: LakeConfig, tmp_path: Path) -> None:
+    high_low = np.array([[0.9, 0.2], [0.9, 0.2], [0.1, 0.8], [0.1, 0.8]], dtype=np.float32)
+    index = np.array([[0, 1]] * 4, dtype=np.int32)
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        # The same concept names in another order: each replica gives "alpha" a different id.
+        for xdb, session, names in ((a, "ca", ("alpha", "beta")), (b, "cb", ("beta", "alpha"))):
+            ticks = xdb.next_ticks(session, 4)
+            xdb.writer.submit(TokenBatch(session, ticks, ["w"] * 4, concept_names=names, concept_index=index,
+                                         concept_values=high_low))
+            xdb.writer.flush()
+        a.tag("hot", session_id="ca", tick_range=(0, 1))
+        b.tag("hot", session_id="cb", tick=3)
+        a.register_concepts([{"id": "alpha", "name": "Alpha", "parent": None}])
+        a.lake_ship_now()
+        a.register_concepts([{"id": "alpha", "name": "Alpha (v2)", "parent": None}])  # rewritten in place
+        a.lake_ship_now()
+        b.lake_ship_now()
+
+        strong = a.lake_recall(concept="alpha", min_activation=0.5)
+        assert sorted((r["replica"], r["tick"]) for r in strong) == [("A", 0), ("A", 1), ("B", 2), ("B", 3)]
+        assert sorted(round(r["concept_activations"]["alpha"], 3) for r in strong) == [0.8, 0.8, 0.9, 0.9]
+        assert len(a.lake_recall(concept="alpha", max_activation=0.5)) == 4
+        assert len(a.lake_recall(concept="alpha")) == 8
+        assert a.lake_recall(concept="nobody") == []
+
+        hot = a.lake_recall(tags=["hot"])
+        assert sorted((r["replica"], r["tick"]) for r in hot) == [("A", 0), ("A", 1), ("B", 3)]
+        assert all(r["tags"] == ["hot"] for r in hot)
+
+        concepts = {c["name"]: c for c in a.lake_concepts()}
+        assert concepts["alpha"]["replicas"] == ["A", "B"] and concepts["alpha"]["display_name"] == "Alpha (v2)"
+        assert concepts["beta"]["replicas"] == ["A", "B"]
+        tags = {t["name"]: t for t in a.lake_tags()}
+        assert tags["hot"]["applications"] == 2 and {r["replica"] for r in tags["hot"]["replicas"]} == {"A", "B"}
+        # The rewrite is a second version; idle cycles add nothing.
+        a.lake_ship_now()
+        assert lake_sql(lake, "SELECT count(*) FROM lake.concept_hierarchy WHERE replica = 'A'") == [(2,)]
+
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    from ahc.config import LakeConfig, XDBConfig
+    from xdb import XDB, TokenBatch
+    data_dir, dsn, data_path, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    lake = LakeConfig(catalog=dsn, data_path=data_path, replica_id="K", ship_interval_s=0.01, ship_batch_rows=500)
+    xdb = XDB.open(data_dir, XDBConfig(backend="ducklake", lake=lake, batch_rows=5_000))
+    for start in range(0, n, 5_000):
+        ticks = xdb.next_ticks("killed", 5_000)
+        xdb.writer.submit(TokenBatch("killed", ticks, [f"t{t}" for t in ticks]))
+    xdb.writer.flush()
+    print("committed", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_shipping_is_exactly_once_across_a_kill(lake: LakeConfig, tmp_path: Path) -> None:
+    n = 40_000
+    assert lake.catalog is not None and lake.data_path is not None
+    child = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path / "k"), lake.catalog, lake.data_path, str(n)],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "committed"
+
+        def shipped() -> int:
+            return int(lake_sql(lake, "SELECT count(*) FROM lake.timesteps")[0][0])  # type: ignore[call-overload]
+        wait_for(lambda: shipped() >= 2_000, timeout=60)
+    finally:
+        child.send_signal(signal.SIGKILL)  # mid-way: between cycles, or inside one
+        child.wait()
+    before = shipped()
+    assert before < n, "the child shipped everything before it was killed: nothing was tested"
+
+    with XDB.open(tmp_path / "k", config(lake, "K", ship_batch_rows=10_000)) as again:
+        again.lake_ship_now()
+        reports = again.verify_lake_audit()
+    counts = lake_sql(lake, "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM lake.timesteps "
+                            "WHERE replica = 'K'")
+    assert counts == [(n, n, 0, n - 1)]
+    audit = lake_sql(lake, "SELECT count(*), count(DISTINCT seq) FROM lake.audit_records WHERE replica = 'K'")
+    assert audit == [(n, n)]
+    assert lake_sql(lake, "SELECT max(last_tick) FROM lake.session_ticks WHERE session_id = 'killed'") == [(n - 1,)]
+    assert reports["K"].ok and reports["K"].records_checked == n
+
+
+def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+    if not postgres_available():
+        pytest.skip("PostgreSQL not installed (Debian package `postgresql`)")
+    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
+    directory.chmod(0o755)
+    server = LocalPostgres(directory).start()
+    port = server.port
+    try:
+        lake = LakeConfig(catalog=server.dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
+        with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+            record(a, "s", 100)
+            a.save_session_state("s", '{"turn": 1}')
+            server.stop()
+            record(a, "s", 100)  # the writer goes on: the local files take everything
+            with pytest.raises(LakeUnavailable):
+                a.save_session_state("s", '{"turn": 2}')
+            assert a.load_session_state("s", version=2) == '{"turn": 2}'  # stored here all the same
+            assert a.lake_status()["last_error"]  # type: ignore[index]
+            server = LocalPostgres(directory, port=port).start()
+            wait_for(lambda: a.lake_status()["last_error"] is None, timeout=30)  # type: ignore[index]
+            a.lake_ship_now()
+            assert a.lake.session_resume("s")[0].state_json == '{"turn": 2}'  # type: ignore[union-attr]
+        counts = lake_sql(lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps WHERE replica = 'A'")
+        assert counts == [(200, 200)]
+        assert lake_sql(lake, "SELECT count(*) FROM lake.session_states") == [(2,)]
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        assert b.load_session_state("s") is None
+        assert record(a, "s", 10) == range(0, 10)
+        a.save_session_state("s", '{"turn": 1}')  # in the lake when this returns: no waiting below
+
+        assert b.load_session_state_verified("s") == ('{"turn": 1}', [])
+        assert record(b, "s", 3) == range(10, 13)  # after A's ticks, not from 0
+        b.save_session_state("s", '{"turn": 2}')
+
+        # Back on A, which still holds the session's ticks in memory: they move past B's.
+        assert a.load_session_state("s") == '{"turn": 2}'
+        assert a.next_ticks("s", 2) == range(13, 15)
+        assert a.committed_tick("s") == 12
+
+        # A State whose bytes no longer match its SHA-256 is skipped for the newest intact one.
+        lake_sql(lake, "UPDATE lake.session_states SET state_json = '{\"turn\": 666}' WHERE replica = 'B'")
+        assert a.load_session_state("s") == '{"turn": 1}'
+        rows = a.lake_recall(session_id="s", limit=100)
+        assert [(r["replica"], r["tick"]) for r in rows] == [("A", t) for t in range(10)] + [("B", t) for t in (10, 11, 12)]
+
+
+def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
+    with RemoteXDB(tmp_path / "r", config(lake, "R")) as remote, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        assert remote.lake is not None
+        ticks = remote.next_ticks("rs", 5)
+        remote.writer.submit(TokenBatch("rs", ticks, [f"r{t}" for t in ticks]))
+        remote.writer.flush()  # as the server does before a reply's last chunk
+        remote.save_session_state("rs", '{"on": "R"}')  # ships the rows with the State, in the service
+        assert [r["replica"] for r in remote.lake.recall(session_id="rs")] == ["R"] * 5
+
+        assert b.load_session_state("rs") == '{"on": "R"}'
+        assert record(b, "rs", 4) == range(5, 9)
+        b.save_session_state("rs", '{"on": "B"}')
+        assert remote.load_session_state("rs") == '{"on": "B"}'
+        assert remote.next_ticks("rs", 1) == range(9, 10)  # the server's own tick book moved on
+        assert remote.lake.verify_audit()["R"].ok
+        assert remote.lake_status()["replica"] == "R"
+
+
+def test_verify_lake_audit_checks_every_chain_and_names_a_tampered_row(lake: LakeConfig, tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        record(a, "sa", 20)
+        a.purge_run("nothing")  # an audit event record, shipped like the rest
+        record(b, "sb", 10)
+        b.lake_ship_now()
+        reports = a.verify_lake_audit()
+        assert reports["A"].ok and reports["A"].records_checked == 21
+        assert reports["B"].ok and reports["B"].records_checked == 10
+
+        lake_sql(lake, "UPDATE lake.audit_records SET content = 'rewritten' WHERE replica = 'A' AND seq = 3")
+        reports = b.lake.verify_audit()  # type: ignore[union-attr]
+        assert not reports["A"].ok and "replica 'A' audit record seq=3: hash mismatch" in str(reports["A"].first_bad)
+        assert reports["B"].ok
+
+    assert lake.catalog is not None
+    result = CliRunner().invoke(xdb_cli, ["verify-audit", "--lake-catalog", lake.catalog])
+    assert result.exit_code == 1 and "seq=3" in result.output and "replica 'B' intact: 10 records" in result.output
+    lake_sql(lake, "DELETE FROM lake.audit_records WHERE replica = 'B' AND seq = 4")
+    result = CliRunner().invoke(xdb_cli, ["verify-audit", "--lake-catalog", lake.catalog,
+                                          "--data-dir", str(tmp_path / "b")])
+    assert result.exit_code == 1 and "audit log intact: 10 records" in result.output
+    assert "replica 'B' audit record seq=4: missing" in result.output
+
+
+def test_bad_lake_config_is_a_clear_value_error(lake: LakeConfig, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="xdb.backend ducklake needs xdb.lake.replica_id"):
+        XDBConfig(backend="ducklake", lake=lake)
+    with pytest.raises(ValueError, match="replica_id"):
+        XDBConfig(backend="ducklake", lake=lake.model_copy(update={"replica_id": "bad id!"}).model_dump())
+    unreachable = LakeConfig(catalog=f"dbname=ahc host=127.0.0.1 port={free_port()} user=ahc connect_timeout=2",
+                             data_path=str(tmp_path / "nowhere"), replica_id="r")
+    with pytest.raises(ValueError, match="cannot attach the DuckLake catalog"):
+        XDB.open(tmp_path / "u", XDBConfig(backend="ducklake", lake=unreachable))
+    XDB.open(tmp_path / "u").close()  # the local files were closed again
+
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+        record(a, "s", 5)
+    with pytest.raises(ValueError, match="each data dir needs a replica id of its own"):
+        XDB.open(tmp_path / "fresh", config(lake, "A"))
+    with pytest.raises(ValueError, match="does not match existing data path"):
+        XDB.open(tmp_path / "c", config(lake, "C", data_path=str(tmp_path / "elsewhere")))
+
+
+def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "x") as xdb:
+        assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state()
+        with pytest.raises(ValueError, match="backend is duckdb"):
+            xdb.lake_recall()
