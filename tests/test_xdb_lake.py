@@ -115,7 +115,8 @@ def test_two_replicas_ship_and_recall_sees_both(lake: LakeConfig, tmp_path: Path
         assert [(r["replica"], r["content"], r["event_type"], r["tick"]) for r in hello] == [
             ("B", "hello from b", "input", 30)]
         ranged = a.lake_recall(session_id="sa", tick_from=10, tick_to=12)
-        assert [(r["replica"], r["tick"], r["content"]) for r in ranged] == [("A", t, f"alpha{t}") for t in (10, 11, 12)]
+        assert [(r["replica"], r["tick"], r["content"]) for r in ranged] == [("A", t, f"alpha{t}")
+                                                                             for t in (10, 11, 12)]
         assert len(a.lake_recall(event_types=["output"], limit=1000)) == 80
         assert len(a.lake_recall(limit=7)) == 7
         # Each replica's ids are its own: (replica, id) names a row.
@@ -260,7 +261,8 @@ def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, t
         lake_sql(lake, "UPDATE lake.session_states SET state_json = '{\"turn\": 666}' WHERE replica = 'B'")
         assert a.load_session_state("s") == '{"turn": 1}'
         rows = a.lake_recall(session_id="s", limit=100)
-        assert [(r["replica"], r["tick"]) for r in rows] == [("A", t) for t in range(10)] + [("B", t) for t in (10, 11, 12)]
+        assert [(r["replica"], r["tick"]) for r in rows] == ([("A", t) for t in range(10)]
+                                                             + [("B", t) for t in (10, 11, 12)])
 
 
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
