@@ -1,0 +1,1 @@
+"""Several `ahc serve` replicas behind vLLM's router: session affinity by the `X-Session-ID` header."""
