@@ -158,6 +158,57 @@ def serve(
         sys.exit(0)
 
 
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[MODEL] [OPTIONS] [AHC SERVE / VLLM SERVE FLAGS]",
+             epilog="Other flags go to every replica's `ahc serve` unchanged. Ctrl-C stops the whole cluster.")
+@clean_errors
+def cluster(
+    ctx: typer.Context,
+    replicas: Annotated[int, typer.Option(help="How many `ahc serve` replicas.")] = 2,
+    data_dir: Annotated[str, typer.Option(
+        help="The cluster's files: catalog/, lake/, replica-N/xdb and the logs.")] = ".cache/cluster",
+    config: Annotated[str | None, typer.Option(help="Each replica's AHC config (a file or a bundled example).")] = None,
+    host: Annotated[str, typer.Option(help="The router's bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The router's port: what clients use.")] = 8000,
+    replica_base_port: Annotated[int | None, typer.Option(
+        help="Replica N listens on this + N (default: free ports).")] = None,
+    policy: Annotated[str, typer.Option(
+        help="consistent_hash (each X-Session-ID stays on one replica) or round_robin.")] = "consistent_hash",
+    lake: Annotated[bool, typer.Option(
+        "--lake/--no-lake", help="One experience lake for all replicas (DuckLake, catalog in PostgreSQL).")] = True,
+    catalog: Annotated[str | None, typer.Option(
+        help="The lake catalog's PostgreSQL (libpq string); default: one started under --data-dir.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Every replica requires this key.")] = None,
+) -> None:
+    """A local cluster: vLLM's router in front of several AHC replicas sharing one experience lake."""
+    import signal
+    import threading
+
+    from server.cluster.local_cluster import LocalCluster, cluster_spec_from_cli
+
+    passed = list(ctx.args)
+    model = passed.pop(0) if passed and not passed[0].startswith("-") else None
+    spec = cluster_spec_from_cli(data_dir, replicas, model, config, host, port, replica_base_port, policy, lake,
+                                 catalog, api_key, passed)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with LocalCluster(spec) as running:
+        typer.echo(f"router on {running.url} ({spec.policy}) in front of "
+                   + ", ".join(r.base_url for r in running.replicas)
+                   + (f"; lake {running.lake_path} with catalog {running.dsn}" if spec.lake else ""))
+        reported: set[int] = set()
+        try:
+            while not stop.wait(1.0):
+                for i, replica in enumerate(running.replicas):
+                    if i not in reported and replica.process.poll() is not None:
+                        reported.add(i)
+                        typer.echo(f"replica {i} exited (see {replica.log}); the router sends its sessions "
+                                   "to the others", err=True)
+        except KeyboardInterrupt:
+            pass
+
+
 @app.command()
 @clean_errors
 def bench(

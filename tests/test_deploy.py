@@ -236,6 +236,41 @@ def test_compose_runs_ahc_on_the_gpus_with_its_volumes() -> None:
         assert re.search(r":v?\d+\.\d+\.\d+$", image), f"{image}: pin a release"
 
 
+
+def test_cluster_compose_routes_by_session_to_replicas_sharing_one_lake() -> None:
+    from ahc.config import AHCConfig
+    from server.cluster.router import RouterSpec, router_command
+
+    spec = yaml.safe_load((DEPLOY / "compose.cluster.yml").read_text())
+    services = spec["services"]
+    replicas = sorted(name for name in services if name.startswith("replica-"))
+    assert replicas == ["replica-0", "replica-1"]
+    router = services["router"]
+    urls = tuple(f"http://{name}:{SERVER_PORT}" for name in replicas)
+    # The router runs with the flags `ahc cluster` gives it, so the two never drift apart.
+    expected = router_command(RouterSpec(worker_urls=urls, host="0.0.0.0", port=SERVER_PORT, metrics_host="0.0.0.0",
+                                         worker_startup_timeout_s=1800), executable="vllm-router")
+    assert router["entrypoint"] + router["command"] == expected
+    assert router["image"] == services["replica-0"]["image"] == "ahc:gpu"
+    assert [p.rsplit(":", 2)[-2:] for p in router["ports"]] == [[str(SERVER_PORT), str(SERVER_PORT)]]
+    ids, gpus = set(), set()
+    for name in replicas:
+        replica = services[name]
+        env = dict(item.split("=", 1) for item in replica["environment"] if "=" in item)
+        # What each replica's `ahc serve` reads from these variables is a valid lake configuration.
+        lake = AHCConfig.model_validate({"xdb": {"backend": env["AHC_XDB__BACKEND"], "lake": {
+            "catalog": env["AHC_XDB__LAKE__CATALOG"], "data_path": env["AHC_XDB__LAKE__DATA_PATH"],
+            "replica_id": env["AHC_XDB__LAKE__REPLICA_ID"]}}}).xdb.lake
+        assert "host=catalog" in (lake.catalog or "") and lake.replica_id == name
+        volumes = mounts(replica)
+        assert volumes[lake.data_path] == "lake" and volumes["/data"] == f"{name}-data"
+        ids.add(lake.replica_id)
+        (device,) = replica["deploy"]["resources"]["reservations"]["devices"]
+        gpus.add(tuple(device["device_ids"]))
+        assert replica["depends_on"]["catalog"]["condition"] == "service_healthy"
+    assert len(ids) == len(gpus) == len(replicas), "each replica its own id and GPU"
+    assert re.search(r":\d+$", services["catalog"]["image"]), "pin the catalog's PostgreSQL release"
+
 def test_compose_prometheus_scrapes_the_ahc_service() -> None:
     prometheus = compose()["services"]["prometheus"]
     config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
