@@ -29,6 +29,15 @@ from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# `local`: this server's own XDB; `cluster`: the shared lake, every replica's rows (xdb.backend ducklake).
+Scope = Annotated[Literal["local", "cluster"], Query(description="local: this server's XDB; cluster: the lake")]
+
+
+class RecallQuery(RecallFilters):
+    """Recall's query string: the filters, and where to look (one query model: FastAPI takes no other
+    query parameter beside one)."""
+
+    scope: Literal["local", "cluster"] = "local"
 
 
 def _tag_ref(tag: str | int) -> str | int:
@@ -145,13 +154,37 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     def comment(body: CommentBody, tenant: Caller) -> Any:
         return unscoped(tenant, xdb.comment(body.content, **body.where(tenant)))
 
+    def need_lake() -> None:
+        if getattr(xdb, "lake", None) is None:
+            raise InvalidRequest("scope=cluster reads the shared lake: this server runs without one "
+                                 "(xdb.backend: duckdb)", param="scope")
+
     @router.get("/recall")
-    def recall(filters: Annotated[RecallFilters, Query()], tenant: Caller) -> Any:
+    def recall(query: Annotated[RecallQuery, Query()], tenant: Caller) -> Any:
         """Matching rows oldest first, each with its tags and comments; `has_more` and `next_after_id`
-        (pass it as `after_id`) page through the rest."""
+        (pass it as `after_id`) page through the rest. `scope=cluster`: every replica's rows from the
+        lake, each with its `replica` (ids are per replica), up to `limit`."""
+        filters = RecallFilters.model_validate(query.model_dump(exclude={"scope"}, exclude_unset=True))
         scoped = filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
+        if query.scope == "cluster":
+            need_lake()
+            rows = xdb.lake_recall(scoped, session_prefix=tenant.prefix)
+            return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
         page = xdb.recall_page(scoped, session_prefix=tenant.prefix)
         return {"object": "list", **page, "data": tenant.unscope_rows(page["data"], "session_id")}
+
+    @router.get("/lake")
+    def lake_status() -> Any:
+        """The shared lake as this replica ships to it: replica id, rows shipped, last ship, last error."""
+        need_lake()
+        return xdb.lake_status()
+
+    @router.get("/tags")
+    def tags_list(scope: Annotated[Literal["cluster"], Query(description="the lake's tags, every replica's")],
+                  tag_type: Annotated[str | None, Query(max_length=TAG_MAX_CHARS)] = None) -> Any:
+        """Every tag name in the lake with each replica's applications of it."""
+        need_lake()
+        return {"object": "list", "data": xdb.lake_tags(tag_type)}
 
     @router.get("/timesteps/{timestep_id}")
     def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
@@ -166,8 +199,13 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.get("/concepts")
     def concepts(q: str | None = None,
-                 parent: Annotated[str | None, Query(description='children of this concept ("" for roots)')] = None
-                 ) -> Any:
+                 parent: Annotated[str | None, Query(description='children of this concept ("" for roots)')] = None,
+                 scope: Scope = "local") -> Any:
+        if scope == "cluster":
+            need_lake()
+            if parent is not None:
+                raise InvalidRequest("parent is not available with scope=cluster", param="parent")
+            return {"object": "list", "data": xdb.lake_concepts(q)}
         return {"object": "list", "data": xdb.concepts_list(q, parent)}
 
     @router.get("/concepts/{concept}/related")

@@ -237,3 +237,14 @@ def test_an_over_long_field_is_400_naming_it(client: TestClient, path: str, body
 def test_a_comment_at_its_cap_is_stored(client: TestClient) -> None:
     assert client.post("/v1/xdb/comment", json={"session_id": "s1", "tick": 0,
                                                "content": "x" * COMMENT_MAX_CHARS}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/xdb/recall?scope=cluster", "/v1/xdb/concepts?scope=cluster",
+                                  "/v1/xdb/tags?scope=cluster", "/v1/xdb/lake"])
+def test_cluster_reads_without_a_lake_are_400_naming_scope(client: TestClient, path: str) -> None:
+    assert error(client.get(path), 400)["param"] == "scope"
+
+
+def test_scope_is_local_or_cluster(client: TestClient) -> None:
+    assert error(client.get("/v1/xdb/recall?scope=everywhere"), 400)["param"] == "scope"
+    assert client.get("/v1/xdb/recall?scope=local&session_id=s1").json()["data"]
