@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "serve": "bench.serve",
     "retrieval": "bench.retrieval",
     "agents": "bench.agents",
+    "cluster": "bench.cluster",
 }
 
 

@@ -1,0 +1,230 @@
+"""A cluster on this machine, loopback only: PostgreSQL from Debian (the lake's catalog, run as its own
+user), DuckLake, two tiny `ahc serve` replicas and vLLM's router hashing `X-Session-ID`.
+
+Asserted: 8 interleaved sessions x 10 turns through the router each stay on one replica and keep the
+hit ratio of one replica alone (within 0.05), while a round-robin router over the same replicas in the
+same run scores far lower; then one replica is killed (SIGKILL) under load: the router stops sending to
+it, its server-kept sessions continue on the other from the State in the lake (reported as
+`first_changed_block: "replica"`), no completed reply is lost from the lake, and every replica's audit
+chain verifies there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ahc.config import LakeConfig
+from ahc.server_process import TINY_MODEL, free_port
+from bench.cluster import (
+    HEADER,
+    ClusterLoad,
+    chat,
+    first_token_s,
+    hit_ratio,
+    holders,
+    model_of,
+    run_load,
+    system_prompt,
+)
+from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
+from server.cluster.router import RouterProcess
+from xdb.catalog import postgres_available
+from xdb.lake import Lake
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+LOAD = ClusterLoad(sessions=8, turns=10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if not postgres_available():
+        message = "PostgreSQL is not installed (Debian package `postgresql`)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    # Under /tmp: PostgreSQL runs as the `postgres` user when the tests run as root, and must reach it.
+    data_dir = tmp_path_factory.mktemp("cluster")
+    spec = ClusterSpec(data_dir, replicas=2, model=str(TINY_MODEL), config="cpu-tiny", port=free_port())
+    with LocalCluster(spec) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def lake(cluster: LocalCluster) -> Iterator[Lake]:
+    assert cluster.dsn is not None
+    reader = Lake.open(LakeConfig(catalog=cluster.dsn, data_path=str(cluster.lake_path), replica_id="test-reader"))
+    yield reader
+    reader.close()
+
+
+def test_affinity_keeps_sessions_on_one_replica_and_round_robin_loses_the_cache(cluster: LocalCluster) -> None:
+    model = model_of(cluster.url)
+    names = [f"s{i}" for i in range(LOAD.sessions)]
+    single = run_load(cluster.replicas[0].base_url, model, [f"single-{n}" for n in names], LOAD)
+    affinity = run_load(cluster.url, model, [f"affinity-{n}" for n in names], LOAD)
+    rr_spec = dataclasses.replace(cluster.router_spec(), policy="round_robin", port=free_port(),
+                                  metrics_port=free_port())
+    with RouterProcess(rr_spec, cluster.data_dir / "router-round-robin.log") as rr:
+        round_robin = run_load(rr.url, model, [f"rr-{n}" for n in names], LOAD)
+    ratios = {"single": hit_ratio(single), "affinity": hit_ratio(affinity), "round_robin": hit_ratio(round_robin)}
+    print(f"hit ratios over {LOAD.sessions} sessions x {LOAD.turns} turns: {ratios}")
+    pinned = holders(cluster.replicas, [f"affinity-{n}" for n in names])
+    assert all(len(where) == 1 for where in pinned.values()), pinned
+    assert {where[0] for where in pinned.values()} == {0, 1}, "both replicas serve some sessions"
+    spread = holders(cluster.replicas, [f"rr-{n}" for n in names])
+    assert sum(len(where) == 2 for where in spread.values()) >= LOAD.sessions - 1, spread
+    assert abs(ratios["affinity"] - ratios["single"]) <= 0.05
+    assert ratios["single"] > 0.7
+    assert ratios["round_robin"] <= ratios["affinity"] - 0.1
+    # After its first turn an affinity session's every turn extends the prefix it left on its replica.
+    assert {r.first_changed_block for r in affinity if r.turn > 0} == {"state"}
+
+
+class Background:
+    """Ordinary clients sending turns through the router until stopped; what completed, and what failed."""
+
+    def __init__(self, url: str, model: str, sessions: int) -> None:
+        self.url, self.model = url, model
+        self.names = [f"bg-{i}" for i in range(sessions)]
+        self.completed: dict[str, int] = dict.fromkeys(self.names, 0)  # completion tokens of completed replies
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Background:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        histories = {n: [{"role": "system", "content": system_prompt(n, 40, 1)}] for n in self.names}
+        with httpx.Client(base_url=self.url, timeout=120) as http:
+            turn = 0
+            while not self._stop.is_set():
+                for name in self.names:
+                    histories[name].append({"role": "user", "content": f"Background turn {turn}."})
+                    try:
+                        reply = chat(http, self.model, name, histories[name], 4)
+                    except (RuntimeError, httpx.HTTPError) as exc:  # cut off by the kill: never completed
+                        self.failures.append(f"{name}: {exc}")
+                        histories[name].pop()
+                        continue
+                    histories[name].append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]
+                                            or "-"})
+                    self.completed[name] += reply["usage"]["completion_tokens"]
+                turn += 1
+
+
+def lake_outputs(lake: Lake, session: str) -> list[dict]:
+    return lake.recall(session_id=session, event_types="output", limit=10_000)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.5)
+
+
+def test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies(cluster: LocalCluster,
+                                                                            lake: Lake) -> None:
+    model = model_of(cluster.url)
+    sessions = [f"kept-{i}" for i in range(4)]
+    contexts = {s: {"session_id": s, "identity": system_prompt(s, 60, 2)} for s in sessions}
+    completed: dict[str, int] = dict.fromkeys(sessions, 0)
+    with httpx.Client(base_url=cluster.url, timeout=120) as http:
+        for question in ("Where is the first particle?", "And the second one?"):
+            for s in sessions:
+                reply = chat(http, model, s, [{"role": "user", "content": question}], 4, contexts[s])
+                completed[s] += reply["usage"]["completion_tokens"]
+    where = holders(cluster.replicas, sessions)
+    victim = where[sessions[0]][0]
+    moved = [s for s in sessions if where[s] == [victim]]
+    survivor = cluster.replicas[1 - victim]
+
+    with Background(cluster.url, model, sessions=3) as background:
+        time.sleep(2)
+        killed = time.monotonic()
+        cluster.kill(victim)
+        seconds, report = first_token_s(cluster.url, model, moved[0], contexts[moved[0]], "Still there?", killed)
+        print(f"failover: first token {seconds:.2f} s after the kill")
+        assert report["first_changed_block"] == "replica" and report["session_id"] == moved[0]
+        state = next(b for b in report["blocks"] if b["name"] == "state")
+        assert state["tokens"] > 0  # the two turns the dead replica served came from the lake
+        assert seconds < 30
+        time.sleep(3)  # the load goes on through the survivor alone
+    assert sum(background.completed.values()) > 0
+
+    # Every moved session goes on at the survivor; the router sends nothing to the dead replica.
+    with httpx.Client(base_url=cluster.url, timeout=120) as http:
+        for s in moved[1:]:
+            reply = chat(http, model, s, [{"role": "user", "content": "And now?"}], 4, contexts[s])
+            assert reply["context"]["first_changed_block"] == "replica"
+    after = holders([survivor], moved)
+    assert all(after[s] == [0] for s in moved)
+
+    # The killed replica comes back on its data dir: what it had committed but not shipped goes to the lake.
+    cluster.restart(victim)
+    assert cluster.replicas[victim].http().get("/health").status_code == 200
+    for s in sessions:  # every reply completed before the kill is in the lake (States shipped with them)
+        assert len(lake_outputs(lake, s)) >= completed[s], s
+    for name, tokens in background.completed.items():
+        wait_for(lambda name=name, tokens=tokens: len(lake_outputs(lake, name)) >= tokens, 30,
+                 f"{name}'s completed replies in the lake")
+    rows = lake.recall(event_types="output", limit=100_000)
+    keys = [(r["replica"], r["id"]) for r in rows]
+    assert len(keys) == len(set(keys)), "a row shipped twice"
+    assert {r["replica"] for r in rows} == {replica_id(0), replica_id(1)}
+    chains = lake.verify_audit()
+    assert set(chains) >= {replica_id(0), replica_id(1)}
+    assert all(report.ok and report.records_checked > 0 for report in chains.values()), chains
+
+
+def test_cluster_reads_see_every_replica(cluster: LocalCluster) -> None:
+    """Any replica answers cluster-wide recall from the lake, its own rows and the other's."""
+    with httpx.Client(base_url=cluster.url, timeout=60) as http:
+        for s in ("read-a", "read-b", "read-c", "read-d"):
+            chat(http, model_of(cluster.url), s, [{"role": "user", "content": f"Hello from {s}"}], 2)
+    wait_for(lambda: all(_cluster_recall(r.base_url, "read-") >= 4 for r in cluster.replicas), 30,
+             "every replica sees all four sessions' inputs")
+
+
+def _cluster_recall(base_url: str, prefix: str) -> int:
+    response = httpx.get(f"{base_url}/v1/xdb/recall", params={"scope": "cluster", "event_types": "input",
+                                                               "text": "Hello from", "limit": 1000}, timeout=60)
+    response.raise_for_status()
+    rows = response.json()["data"]
+    assert all("replica" in r for r in rows)
+    return len({r["session_id"] for r in rows if r["session_id"].startswith(prefix)})
+
+
+def test_the_router_passes_errors_and_the_context_field_through(cluster: LocalCluster) -> None:
+    model = model_of(cluster.url)
+    with httpx.Client(base_url=cluster.url, timeout=60) as http:
+        bad = http.post("/v1/chat/completions", headers={HEADER: "err-1"},
+                        json={"model": model, "messages": [{"role": "user", "content": "x"}],
+                              "context": {"session_id": "err-1", "codex": [{"id": 5}]}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("context.codex.0")
+        conflict = http.post("/v1/chat/completions", headers={HEADER: "a"},
+                             json={"model": model, "messages": [{"role": "user", "content": "x"}],
+                                   "context": {"session_id": "b"}})
+        assert conflict.status_code == 400 and conflict.json()["error"]["param"] == HEADER
+        with http.stream("POST", "/v1/chat/completions", headers={HEADER: "stream-1"},
+                         json={"model": model, "stream": True, "max_tokens": 3,
+                               "messages": [{"role": "user", "content": "x"}],
+                               "context": {"session_id": "stream-1"}}) as stream:
+            assert stream.headers["x-session-id"] == "stream-1"
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and '"context"' in lines[0]
