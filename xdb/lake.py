@@ -69,6 +69,7 @@ class Lake:
         self.conn, self.config, self.alias, self.shipper = conn, config, alias, shipper
         assert config.replica_id is not None
         self.replica: str = config.replica_id
+        self._concept_names: dict[tuple[str, int], str] = {}  # (replica, id) -> name: fixed once recorded
 
     @classmethod
     def open(cls, config: LakeConfig, experience: duckdb.DuckDBPyConnection | None = None,
@@ -145,7 +146,7 @@ class Lake:
                **kwargs: Any) -> list[dict[str, Any]]:
         f = RecallFilters.parse(filters, **kwargs)
         with self._reading() as cur:
-            return lake_recall(cur, self.alias, f, session_prefix)
+            return lake_recall(cur, self.alias, f, session_prefix, self._concept_names)
 
     def concepts(self, query: str | None = None) -> list[dict[str, Any]]:
         with self._reading() as cur:

@@ -97,14 +97,17 @@ def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
     return f"SELECT * FROM ({' UNION '.join(branches)}) {page}", params * len(branches)
 
 
-def _concept_names(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]) -> dict[tuple[str, int], str]:
-    replicas = sorted({r[0] for r in rows if r[9]})
-    if not replicas:
-        return {}
-    params: list[Any] = []
-    found = cur.execute(f"SELECT replica, id, name FROM {a}.concepts WHERE replica IN ({_strings(replicas, params)})",
-                        params).fetchall()
-    return {(r, int(cid)): name for r, cid, name in found}
+def _concept_names(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row],
+                   cache: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+    """The names of the concept ids the rows hold, per replica. A replica's (id, name) pairs never change,
+    so `cache` keeps them: only a replica with an id not seen before is read again."""
+    missing = sorted({r[0] for r in rows if r[9] and any(c is not None and (r[0], c) not in cache for c in r[9])})
+    if missing:
+        params: list[Any] = []
+        found = cur.execute(f"SELECT replica, id, name FROM {a}.concepts WHERE replica IN "
+                            f"({_strings(missing, params)})", params).fetchall()
+        cache.update({(r, int(cid)): name for r, cid, name in found})
+    return cache
 
 
 def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]
@@ -142,15 +145,16 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]
     return {k: sorted(v) for k, v in tags.items()}, comments
 
 
-def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
-                session_prefix: str = "") -> list[dict[str, Any]]:
+def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, session_prefix: str = "",
+                concept_names: dict[tuple[str, int], str] | None = None) -> list[dict[str, Any]]:
     """Timesteps of every replica matching the filters (as `XDB.recall` takes them, less `after_id`),
-    oldest first, each with its `replica`, concept activations, tags and comments."""
+    oldest first, each with its `replica`, concept activations, tags and comments. `concept_names`:
+    a cache of (replica, concept id) -> name kept between calls."""
     query = build_lake_query(cur, a, f, session_prefix)
     if query is None:
         return []
     rows = cur.execute(*query).fetchall()
-    names = _concept_names(cur, a, rows)
+    names = _concept_names(cur, a, rows, {} if concept_names is None else concept_names)
     tags, comments = _annotations(cur, a, rows)
     out = []
     for row in rows:
