@@ -212,6 +212,46 @@ def test_shipping_is_exactly_once_across_a_kill(lake: LakeConfig, tmp_path: Path
     assert reports["K"].ok and reports["K"].records_checked == n
 
 
+def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: LakeConfig, tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "a", config(lake, "A", ship_interval_s=3600.0)) as a:
+        assert a.lake is not None and a.lake.shipper is not None
+        record(a, "s", 5)
+        tag = a.create_tag("late")["id"]
+        insert = ("INSERT INTO tag_applications (tag_id, session_id, target_type, range_start, range_end, confidence, "
+                  f"source, created_at) VALUES ({tag}, 's', 'range', ?, ?, 1.0, 'manual', now()) RETURNING id")
+        with a.cursor() as slow, a.cursor() as fast:
+            # A transaction takes the smaller id but commits after one that took the next.
+            slow.execute("BEGIN")
+            first = slow.execute(insert, [0, 1]).fetchall()[0][0]
+            second = fast.execute(insert, [2, 3]).fetchall()[0][0]
+            assert second == first + 1
+            a.lake_ship_now()  # ships `second`; `first` is an open gap below the watermark
+            slow.execute("COMMIT")
+        a.lake.shipper.reload()  # as after a restart: the open gap comes back from the lake
+        a.lake_ship_now()
+        assert lake_sql(lake, "SELECT id FROM lake.tag_applications ORDER BY id") == [(first,), (second,)]
+
+        # The newest rows deleted and the file checkpointed: new ids still follow the shipped ones.
+        for turn in range(3):
+            a.log_interaction("run", journal_entry=f"turn {turn}")
+        a.lake_ship_now()
+        a.purge_run("run")
+        with a.cursor() as cur:
+            cur.execute("CHECKPOINT")
+        a.log_interaction("run", journal_entry="after the purge")
+        # A deleted session's State versions are numbered from 1 again: a new version all the same.
+        a.save_session_state("s", '{"turn": 1}')
+        a.delete_session("s")
+        a.save_session_state("s", '{"turn": "again"}')
+        a.lake_ship_now()
+        a.lake_ship_now()
+    entries = lake_sql(lake, "SELECT journal_entry FROM lake.interaction_log ORDER BY turn_id")
+    assert entries == [("turn 0",), ("turn 1",), ("turn 2",), ("after the purge",)]
+    states = lake_sql(lake, "SELECT version, state_json FROM lake.session_states ORDER BY created_at")
+    assert states == [(1, '{"turn": 1}'), (1, '{"turn": "again"}')]
+    assert lake_sql(lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps") == [(5, 5)]
+
+
 def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     if not postgres_available():
         pytest.skip("PostgreSQL not installed (Debian package `postgresql`)")

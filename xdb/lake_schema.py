@@ -3,10 +3,12 @@
 Every table mirrors a local append-only table (or the audit log's) with a `replica` column first: the
 replica that recorded the row. DuckLake has no primary keys, indexes or sequences, so a row's key is
 (replica, its local id). Fixed-size ARRAY columns become LISTs (DuckLake has no ARRAY type).
-The tables whose local rows change in place (`tags`, `concept_hierarchy`) are shipped as a new row
-per change, with `shipped_at` ordering a key's versions; `lake_watermarks` (append-only: one row per
-table a ship advanced) says how far each replica's tables are shipped; `session_ticks` holds each
-session's last tick as of each ship that carried its rows, so ticks continue across replicas.
+The tables shipped by key (`tags` and `concept_hierarchy`, whose rows change in place, and
+`session_states`) get a new row per change, with `shipped_at` ordering a key's versions and
+`row_hash` naming the version; `lake_watermarks` (append-only: one row per table a ship moved on)
+says how far each replica's tables are shipped, with the ids still open below that (`open_gaps`);
+`session_ticks` holds each session's last tick as of each ship that carried its rows, so ticks
+continue across replicas.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ import duckdb
 
 from ahc.config import cache_dir
 
-# Each table: (name, local table, source file, shipping mode, lake columns without `replica`).
-#   mode "id":      an ascending id committed in id order (the writer's, the audit's): watermark = last id
-#   mode "rowid":   a table with a primary key, so DuckDB never renumbers its rowids, and rowids follow
-#                   commit order: watermark = last rowid
-#   mode "mutable": rows updated in place: each changed row (its hash differs) is shipped again
-Mode = Literal["id", "rowid", "mutable"]
+# How a table's rows are found for shipping (xdb/lake_shipper.py):
+#   "id":    an id committed in id order (the one writer thread's; the audit's seq): watermark = last id
+#   "seq":   an id from a sequence, taken by concurrent transactions that may commit out of order:
+#            watermark = last id, plus the ids below it not seen yet (open gaps, rechecked for a while)
+#   "keyed": rows named by `key` whose `identity` columns may change (or a key come back after a
+#            delete): every row whose identity hash differs from the one last shipped goes again
+# (DuckDB's rowid would follow commit order, but it restarts below rows already shipped once the
+# table's last row groups are deleted and checkpointed.)
+Mode = Literal["id", "seq", "keyed"]
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,18 @@ class LakeTable:
     name: str
     mode: Mode
     columns: tuple[tuple[str, str], ...]  # (column, lake type), as the local table names them
-    order: str = "id"                     # mode "id": the ascending column
-    key: tuple[str, ...] = ("id",)        # mode "mutable": what identifies a row
+    order: str = "id"                     # modes id and seq: the id column
+    key: tuple[str, ...] = ("id",)        # mode keyed: what names a row
+    identity: tuple[str, ...] = ()        # mode keyed: the columns hashed to tell versions apart (all)
     audit: bool = False                   # in audit/audit.duckdb, not experience.duckdb
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(c for c, _ in self.columns)
+
+    @property
+    def hashed(self) -> tuple[str, ...]:
+        return self.identity or self.names
 
 
 _TIMESTEP_COLUMNS = (
@@ -55,33 +65,35 @@ _TIMESTEP_COLUMNS = (
 TABLES: tuple[LakeTable, ...] = (
     LakeTable("timesteps", "id", (("id", "BIGINT"), *_TIMESTEP_COLUMNS)),
     LakeTable("concepts", "id", (("id", "INTEGER"), ("name", "VARCHAR"))),
-    LakeTable("tags", "mutable", (
+    LakeTable("tags", "keyed", (
         ("id", "BIGINT"), ("name", "VARCHAR"), ("tag_type", "VARCHAR"), ("concept_id", "VARCHAR"),
         ("entity_type", "VARCHAR"), ("bud_status", "VARCHAR"), ("created_at", "TIMESTAMP"),
         ("created_by", "VARCHAR"), ("description", "VARCHAR"))),
-    LakeTable("tag_applications", "rowid", (
+    LakeTable("tag_applications", "seq", (
         ("id", "BIGINT"), ("tag_id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"),
         ("timestep_id", "BIGINT"), ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"),
         ("confidence", "DOUBLE"), ("source", "VARCHAR"), ("created_at", "TIMESTAMP"), ("note", "VARCHAR"))),
-    LakeTable("comments", "rowid", (
+    LakeTable("comments", "seq", (
         ("id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"), ("timestep_id", "BIGINT"),
         ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"), ("content", "VARCHAR"),
         ("created_at", "TIMESTAMP"), ("updated_at", "TIMESTAMP"))),
-    LakeTable("compaction_records", "rowid", (
+    LakeTable("compaction_records", "seq", (
         ("id", "BIGINT"), ("session_id", "VARCHAR"), ("created_at", "TIMESTAMP"), ("range_start", "BIGINT"),
         ("range_end", "BIGINT"), ("timesteps_compacted", "BIGINT"), ("tokens_before", "BIGINT"),
         ("tokens_after", "BIGINT"), ("summary", "VARCHAR"), ("summary_concept_tags", "VARCHAR[]"),
         ("top_k_activations", "VARCHAR"), ("trigger", "VARCHAR"), ("result_level", "INTEGER"))),
-    LakeTable("session_states", "rowid", (
+    LakeTable("session_states", "keyed", (
         ("session_id", "VARCHAR"), ("version", "INTEGER"), ("state_json", "VARCHAR"), ("sha256", "VARCHAR"),
-        ("created_at", "TIMESTAMP"))),
-    LakeTable("interaction_log", "rowid", (
+        ("created_at", "TIMESTAMP")), key=("session_id", "version"), identity=("sha256", "created_at")),
+    LakeTable("interaction_log", "seq", (
         ("turn_id", "BIGINT"), ("run_id", "VARCHAR"), ("timestamp", "TIMESTAMP"), ("journal_entry", "VARCHAR"),
-        ("tool_call_json", "VARCHAR"), ("tool_result_json", "VARCHAR"), ("token_count", "INTEGER"))),
-    LakeTable("meta_knowledge", "rowid", (
+        ("tool_call_json", "VARCHAR"), ("tool_result_json", "VARCHAR"), ("token_count", "INTEGER")),
+        order="turn_id"),
+    LakeTable("meta_knowledge", "seq", (
         ("version_id", "BIGINT"), ("run_id", "VARCHAR"), ("theorems_json", "VARCHAR"),
-        ("negative_knowledge", "VARCHAR"), ("last_compacted_turn", "BIGINT"), ("created_at", "TIMESTAMP"))),
-    LakeTable("concept_hierarchy", "mutable", (
+        ("negative_knowledge", "VARCHAR"), ("last_compacted_turn", "BIGINT"), ("created_at", "TIMESTAMP")),
+        order="version_id"),
+    LakeTable("concept_hierarchy", "keyed", (
         ("concept", "VARCHAR"), ("display_name", "VARCHAR"), ("parent", "VARCHAR"), ("source", "VARCHAR"),
         ("updated_at", "TIMESTAMP"), ("threshold", "FLOAT")), key=("concept",)),
     LakeTable("audit_records", "id", (
@@ -96,7 +108,7 @@ BY_NAME = {t.name: t for t in TABLES}
 # Tables of the lake's own.
 EXTRA_DDL = (
     "CREATE TABLE IF NOT EXISTS {a}.lake_watermarks (replica VARCHAR, table_name VARCHAR, shipped_to BIGINT, "
-    "shipped_at TIMESTAMP)",
+    "shipped_at TIMESTAMP, open_gaps VARCHAR)",
     "CREATE TABLE IF NOT EXISTS {a}.session_ticks (replica VARCHAR, session_id VARCHAR, last_tick BIGINT, "
     "shipped_at TIMESTAMP)",
 )
@@ -109,7 +121,7 @@ CREATE_ATTEMPTS = 10
 def lake_ddl(alias: str) -> list[str]:
     statements = []
     for table in TABLES:
-        extra = ", shipped_at TIMESTAMP, row_hash UBIGINT" if table.mode == "mutable" else ""
+        extra = ", shipped_at TIMESTAMP, row_hash UBIGINT" if table.mode == "keyed" else ""
         cols = ", ".join(f"{name} {kind}" for name, kind in table.columns)
         statements.append(f"CREATE TABLE IF NOT EXISTS {alias}.{table.name} (replica VARCHAR, {cols}{extra})")
     return statements + [ddl.format(a=alias) for ddl in EXTRA_DDL]
@@ -142,14 +154,14 @@ def postgres_extension() -> Path:
     return target
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
 def load_extensions(conn: duckdb.DuckDBPyConnection) -> None:
     """LOAD ducklake and postgres by path from their PyPI wheels (no network: never INSTALL)."""
-    conn.execute(f"LOAD {_sql_string(str(extension_file('ducklake', 'ducklake')))}")
-    conn.execute(f"LOAD {_sql_string(str(postgres_extension()))}")
+    conn.execute(f"LOAD {sql_string(str(extension_file('ducklake', 'ducklake')))}")
+    conn.execute(f"LOAD {sql_string(str(postgres_extension()))}")
 
 
 def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | Path | None = None,
@@ -170,11 +182,11 @@ def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | 
         data_dir = Path(data_path).expanduser().resolve()
         if not read_only:
             data_dir.mkdir(parents=True, exist_ok=True)
-        options.insert(0, f"DATA_PATH {_sql_string(str(data_dir) + os.sep)}")
+        options.insert(0, f"DATA_PATH {sql_string(str(data_dir) + os.sep)}")
         where = f" (data path {data_dir})"
     if read_only:
         options.append("READ_ONLY")
-    attach = f"ATTACH {_sql_string('ducklake:postgres:' + catalog)} AS {alias} ({', '.join(options)})"
+    attach = f"ATTACH {sql_string('ducklake:postgres:' + catalog)} AS {alias} ({', '.join(options)})"
     for attempt in range(CREATE_ATTEMPTS):
         try:
             conn.execute(attach)

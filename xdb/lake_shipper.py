@@ -11,16 +11,24 @@ together. A commit whose outcome is unknown (the catalog went away during COMMIT
 read the watermarks back from the lake first. The writer is never waited on: the shipper only reads
 committed rows, through cursors of its own.
 
-Watermarks (see xdb/lake_schema.py for each table's mode): an id committed in id order (timesteps and
-concepts, from the one writer thread; audit records and concepts, committed in seq order), the rowid
-of a table with a primary key (DuckDB appends a transaction's rows at commit, so rowids follow commit
-order even when a sequence's ids do not, and never renumbers the rows of a table with an index), and
-for the two tables updated in place (tags, concept_hierarchy) each row's hash: a row whose hash differs
-from the one last shipped goes again as a new version.
+What a table has shipped (see xdb/lake_schema.py for each table's mode):
+  - "id" tables (timesteps and concepts, committed by the one writer thread in id order; the audit's
+    records and concepts, committed in seq order): the last id shipped. Rows past it are a prefix.
+  - "seq" tables (ids from a sequence; two transactions may commit out of order, a tag applied by a
+    request while the writer's batch, which took smaller ids for its automatic tags, still commits):
+    the last id shipped and the ids below it not seen yet, the open gaps. Each cycle reads the rows
+    past the watermark and those in the open gaps; a gap still empty after GAP_TIMEOUT_S is taken for
+    ids that were rolled back or deleted before shipping, and closed. The gaps are stored with the
+    watermark (lake_watermarks.open_gaps), so a restart goes on checking them.
+  - "keyed" tables (tags and concept_hierarchy, updated in place; session_states, whose versions are
+    pruned and, after a session is deleted, numbered again): the hash of each row's identity columns
+    as last shipped, per key. A count and hash sum over the identity columns spares reading the
+    table when nothing changed; else each row whose hash differs goes again as a new version.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -28,14 +36,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from ahc.errors import Unavailable
-from xdb.lake_schema import TABLES, LakeTable, rollback
+from xdb.lake_schema import TABLES, LakeTable, rollback, sql_string
 
 log = logging.getLogger("ahc.xdb.lake")
 
 LOG_EVERY_S = 60.0  # a failing lake is logged when its error changes, else at most this often
+# An open gap (ids below a "seq" table's watermark not seen committed) is rechecked this long: longer
+# than any transaction of XDB's (the writer's batch waits at most 60 s for the audit).
+GAP_TIMEOUT_S = 300.0
+MAX_GAPS = 256     # a table with more open gaps drops its oldest (ids deleted before shipping, most likely)
+
+Gap = tuple[int, int, float]  # first id, last id, monotonic deadline
 
 
 class LakeUnavailable(Unavailable):
@@ -47,8 +62,9 @@ class LakeUnavailable(Unavailable):
 class _Batch:
     table: LakeTable
     rows: pa.Table
-    watermark: int | None = None                 # modes id / rowid: the new watermark
-    hashes: dict[tuple[Any, ...], int] = field(default_factory=dict)  # mode mutable: key -> hash shipped
+    watermark: int | None = None   # modes id and seq: the new watermark, recorded with `gaps`
+    gaps: list[Gap] = field(default_factory=list)
+    hashes: dict[tuple[Any, ...], int] | None = None  # mode keyed: every local key's hash once shipped
 
 
 def _select_list(table: LakeTable) -> str:
@@ -70,6 +86,7 @@ class LakeShipper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.watermarks: dict[str, int] = {}
+        self._gaps: dict[str, list[Gap]] = {}
         self._hashes: dict[str, dict[tuple[Any, ...], int]] = {}
         self._fingerprints: dict[str, tuple[Any, ...]] = {}
         self._stale = True              # watermarks to be read from the lake before the next cycle
@@ -126,6 +143,12 @@ class LakeShipper:
                 if not more:
                     return shipped
 
+    def reload(self) -> None:
+        """Forget what this process knows of the lake's watermarks: the next cycle reads them back, as
+        a restart does (after a failed ship this happens by itself)."""
+        with self._lock:
+            self._stale = True
+
     def _cycle(self) -> tuple[dict[str, int], bool]:
         try:
             if self._stale:
@@ -139,7 +162,7 @@ class LakeShipper:
             raise LakeUnavailable(f"shipping to the lake failed: {self.last_error}") from exc
         self.last_error = None
         counts = {b.table.name: b.rows.num_rows for b in batches if b.rows.num_rows}
-        full = any(b.rows.num_rows >= self.batch_rows for b in batches if b.table.mode != "mutable")
+        full = any(b.rows.num_rows >= self.batch_rows for b in batches if b.table.mode != "keyed")
         return counts, full
 
     def _failed(self, exc: Exception) -> None:
@@ -150,22 +173,38 @@ class LakeShipper:
             self._logged = (self.last_error, time.monotonic())
 
     def _load(self) -> None:
-        """Watermarks and shipped row hashes as the lake holds them; checks the local files are not
-        behind them (a new data dir under a replica id that already shipped would be skipped)."""
+        """Watermarks, open gaps and shipped row hashes as the lake holds them; checks the local files
+        are not behind them (a new data dir under a replica id that already shipped would be skipped)."""
         a, cur = self.alias, self._lake
-        rows = cur.execute(f"SELECT table_name, max(shipped_to) FROM {a}.lake_watermarks WHERE replica = ? "
-                           "GROUP BY 1", [self.replica]).fetchall()
-        watermarks = {name: int(to) for name, to in rows}
+        rows = cur.execute(f"SELECT table_name, arg_max(shipped_to, shipped_at), arg_max(open_gaps, shipped_at) "
+                           f"FROM {a}.lake_watermarks WHERE replica = ? GROUP BY 1", [self.replica]).fetchall()
+        watermarks = {name: int(to) for name, to, _ in rows}
+        until = time.monotonic() + GAP_TIMEOUT_S
+        gaps = {name: [(int(lo), int(hi), until) for lo, hi in json.loads(found)] for name, _, found in rows if found}
         hashes: dict[str, dict[tuple[Any, ...], int]] = {}
         for table in TABLES:
-            if table.mode == "mutable":
-                keys = ", ".join(table.key)
-                found = cur.execute(f"SELECT {keys}, arg_max(row_hash, shipped_at) FROM {a}.{table.name} "
-                                    f"WHERE replica = ? GROUP BY {keys}", [self.replica]).fetchall()
-                hashes[table.name] = {tuple(r[:-1]): int(r[-1]) for r in found}
+            if table.mode == "keyed":
+                hashes[table.name] = self._shipped_hashes(table)
         self._check_not_behind(watermarks)
-        self.watermarks, self._hashes, self._fingerprints = watermarks, hashes, {}
+        self.watermarks, self._gaps, self._hashes, self._fingerprints = watermarks, gaps, hashes, {}
         self._stale = False
+
+    def _shipped_hashes(self, table: LakeTable) -> dict[tuple[Any, ...], int]:
+        """The hash last shipped for each key the local table holds now."""
+        keys = ", ".join(table.key)
+        local = self._local.execute(f"SELECT DISTINCT {keys} FROM {table.name}").to_arrow_table()
+        if not local.num_rows:
+            return {}
+        self._lake.register("xdb_local_keys", local)
+        try:
+            on = " AND ".join(f"l.{k} = k.{k}" for k in table.key)
+            found = self._lake.execute(
+                f"SELECT {', '.join('l.' + k for k in table.key)}, arg_max(l.row_hash, l.shipped_at) "
+                f"FROM {self.alias}.{table.name} l SEMI JOIN xdb_local_keys k ON {on} WHERE l.replica = ? "
+                f"GROUP BY {', '.join('l.' + k for k in table.key)}", [self.replica]).fetchall()
+        finally:
+            self._lake.unregister("xdb_local_keys")
+        return {tuple(r[:-1]): int(r[-1]) for r in found}
 
     def _check_not_behind(self, watermarks: dict[str, int]) -> None:
         meta = self._local.execute("SELECT value FROM xdb_meta WHERE key = 'last_timestep_id'").fetchone()
@@ -202,66 +241,88 @@ class LakeShipper:
         return batches
 
     def _read_table(self, cur: duckdb.DuckDBPyConnection, table: LakeTable) -> _Batch | None:
-        n, cols = self.batch_rows, _select_list(table)
+        if table.mode == "keyed":
+            return self._read_keyed(cur, table)
+        n, cols, order = self.batch_rows, _select_list(table), table.order
+        # A sequence starts at 1: before anything is shipped, 0 is the watermark (no gap at id 0).
+        wm = self.watermarks.get(table.name, -1 if table.mode == "id" else 0)
         if table.mode == "id":
-            wm = self.watermarks.get(table.name, -1)
-            rows = cur.execute(f"SELECT {cols} FROM {table.name} WHERE {table.order} > {wm} "
-                               f"ORDER BY {table.order} LIMIT {n}").to_arrow_table()
-            if not rows.num_rows:
-                return None
-            return _Batch(table, rows, int(rows.column(table.order)[-1].as_py()))
-        if table.mode == "rowid":
-            wm = self.watermarks.get(table.name, -1)
-            rows = cur.execute(f"SELECT rowid AS xdb_rowid, {cols} FROM {table.name} WHERE rowid > {wm} "
-                               f"ORDER BY rowid LIMIT {n}").to_arrow_table()
-            if not rows.num_rows:
-                return None
-            last = int(rows.column("xdb_rowid")[-1].as_py())
-            return _Batch(table, rows.drop_columns(["xdb_rowid"]), last)
-        return self._read_mutable(cur, table)
+            rows = cur.execute(f"SELECT {cols} FROM {table.name} WHERE {order} > {wm} "
+                               f"ORDER BY {order} LIMIT {n}").to_arrow_table()
+            return _Batch(table, rows, int(rows.column(order)[-1].as_py())) if rows.num_rows else None
+        now = time.monotonic()
+        gaps = [g for g in self._gaps.get(table.name, []) if g[2] > now]
+        where = " OR ".join([f"{order} > {wm}", *(f"{order} BETWEEN {lo} AND {hi}" for lo, hi, _ in gaps)])
+        rows = cur.execute(f"SELECT {cols} FROM {table.name} WHERE {where} ORDER BY {order} "
+                           f"LIMIT {n}").to_arrow_table()
+        ids = np.asarray(rows.column(order).to_numpy(), dtype=np.int64) if rows.num_rows else np.zeros(0, np.int64)
+        new_wm, new_gaps = advance(wm, gaps, ids, now + GAP_TIMEOUT_S)
+        if len(new_gaps) > MAX_GAPS:
+            log.warning("lake shipper: %s has %d ids below its watermark not seen; dropping the oldest gaps",
+                        table.name, len(new_gaps))
+            new_gaps = sorted(new_gaps, key=lambda g: g[2])[-MAX_GAPS:]
+        if rows.num_rows or new_gaps != self._gaps.get(table.name, []):
+            return _Batch(table, rows, new_wm, sorted(new_gaps))
+        return None
 
-    def _read_mutable(self, cur: duckdb.DuckDBPyConnection, table: LakeTable) -> _Batch | None:
-        """The rows whose hash differs from the version last shipped (or that were never shipped). A
-        fingerprint of the whole table (count and hash sum) spares reading it when nothing changed."""
-        names = ", ".join(table.names)
-        fingerprint = tuple(cur.execute(f"SELECT count(*), CAST(sum(hash({names})) AS VARCHAR) "
+    def _read_keyed(self, cur: duckdb.DuckDBPyConnection, table: LakeTable) -> _Batch | None:
+        """The rows whose identity hash differs from the version last shipped (or that were never
+        shipped). A count and hash sum over the identity columns spares reading more when nothing
+        changed; then keys and hashes are read, and only the changed rows in full."""
+        identity = f"hash({', '.join(table.hashed)})"
+        fingerprint = tuple(cur.execute(f"SELECT count(*), CAST(sum({identity}) AS VARCHAR) "
                                         f"FROM {table.name}").fetchone() or ())
         if self._fingerprints.get(table.name) == fingerprint:
             return None
-        rows = cur.execute(f"SELECT {_select_list(table)}, hash({names}) AS row_hash "
-                           f"FROM {table.name}").to_arrow_table()
+        keys = ", ".join(table.key)
+        current = cur.execute(f"SELECT {keys}, {identity} AS row_hash FROM {table.name}").to_arrow_table()
         shipped = self._hashes.get(table.name, {})
-        keys = list(zip(*(rows.column(k).to_pylist() for k in table.key)))
-        hashes = rows.column("row_hash").to_pylist()
-        changed = [shipped.get(key) != h for key, h in zip(keys, hashes)]
-        new = {key: int(h) for key, h, c in zip(keys, hashes, changed) if c}
-        self._fingerprints[table.name] = fingerprint  # stale too if the lake write fails (reset by _load)
-        if not new:
+        key_columns = [current.column(k).to_pylist() for k in table.key]
+        hashes = {tuple(parts): int(h) for *parts, h in zip(*key_columns, current.column("row_hash").to_pylist())}
+        changed = [key for key, h in hashes.items() if shipped.get(key) != h]
+        self._fingerprints[table.name] = fingerprint  # reset with the rest if the lake write fails
+        if not changed:
+            self._hashes[table.name] = hashes  # keys deleted locally are forgotten
             return None
-        return _Batch(table, rows.filter(pa.array(changed)), hashes=new)
+        wanted = pa.table({k: pa.array([key[i] for key in changed], current.schema.field(k).type)
+                           for i, k in enumerate(table.key)})
+        cur.register("xdb_changed", wanted)
+        try:
+            on = " AND ".join(f"t.{k} = c.{k}" for k in table.key)
+            cols = ", ".join(f"CAST(t.{name} AS {kind}) AS {name}" if kind.endswith("[]") else f"t.{name}"
+                             for name, kind in table.columns)
+            rows = cur.execute(f"SELECT {cols}, hash({', '.join('t.' + c for c in table.hashed)}) AS row_hash "
+                               f"FROM {table.name} t SEMI JOIN xdb_changed c ON {on}").to_arrow_table()
+        finally:
+            cur.unregister("xdb_changed")
+        return _Batch(table, rows, hashes=hashes)
 
     def _write_lake(self, batches: list[_Batch]) -> None:
-        a, cur, replica = self.alias, self._lake, self.replica.replace("'", "''")
+        a, cur, replica = self.alias, self._lake, sql_string(self.replica)
         marks = []
         cur.execute("BEGIN")
         try:
             for b in batches:
                 names = ", ".join(b.table.names)
+                if b.watermark is not None:
+                    gaps = json.dumps([[lo, hi] for lo, hi, _ in b.gaps]) if b.gaps else None
+                    marks.append(f"({replica}, '{b.table.name}', {int(b.watermark)}, now(), "
+                                 f"{'NULL' if gaps is None else sql_string(gaps)})")
+                if not b.rows.num_rows:
+                    continue
                 cur.register("xdb_ship", b.rows)
                 try:
-                    if b.table.mode == "mutable":
+                    if b.table.mode == "keyed":
                         cur.execute(f"INSERT INTO {a}.{b.table.name} (replica, {names}, shipped_at, row_hash) "
-                                    f"SELECT '{replica}', {names}, now(), row_hash FROM xdb_ship")
+                                    f"SELECT {replica}, {names}, now(), row_hash FROM xdb_ship")
                     else:
                         cur.execute(f"INSERT INTO {a}.{b.table.name} (replica, {names}) "
-                                    f"SELECT '{replica}', {names} FROM xdb_ship")
+                                    f"SELECT {replica}, {names} FROM xdb_ship")
                     if b.table.name == "timesteps":
-                        cur.execute(f"INSERT INTO {a}.session_ticks SELECT '{replica}', session_id, max(tick), now() "
+                        cur.execute(f"INSERT INTO {a}.session_ticks SELECT {replica}, session_id, max(tick), now() "
                                     "FROM xdb_ship GROUP BY session_id")
                 finally:
                     cur.unregister("xdb_ship")
-                if b.watermark is not None:
-                    marks.append(f"('{replica}', '{b.table.name}', {int(b.watermark)}, now())")
             if marks:
                 cur.execute(f"INSERT INTO {a}.lake_watermarks VALUES {', '.join(marks)}")
             cur.execute("COMMIT")
@@ -271,8 +332,9 @@ class LakeShipper:
         for b in batches:
             if b.watermark is not None:
                 self.watermarks[b.table.name] = b.watermark
-            if b.hashes:
-                self._hashes.setdefault(b.table.name, {}).update(b.hashes)
+                self._gaps[b.table.name] = b.gaps
+            if b.hashes is not None:
+                self._hashes[b.table.name] = b.hashes
         self.rows_shipped += sum(b.rows.num_rows for b in batches)
         self.ships += 1
         self.last_ship_at = time.time()
@@ -281,3 +343,27 @@ class LakeShipper:
         return {"replica": self.replica, "rows_shipped": self.rows_shipped, "ships": self.ships,
                 "last_ship_at": self.last_ship_at, "last_error": self.last_error,
                 "watermarks": dict(self.watermarks), "running": self._thread is not None}
+
+
+def advance(watermark: int, gaps: list[Gap], ids: np.ndarray, until: float) -> tuple[int, list[Gap]]:
+    """A "seq" table's watermark and open gaps once the rows `ids` (sorted, read past the watermark
+    and in the gaps) are shipped: the ids skipped past the old watermark open new gaps (deadline
+    `until`), and each id found in a gap closes that id."""
+    above = ids[ids > watermark]
+    found_below = ids[ids <= watermark]
+    left: list[Gap] = []
+    for lo, hi, deadline in gaps:
+        inside = found_below[(found_below >= lo) & (found_below <= hi)]
+        start = lo
+        for i in inside.tolist():
+            if i > start:
+                left.append((start, i - 1, deadline))
+            start = i + 1
+        if start <= hi:
+            left.append((start, hi, deadline))
+    if above.size:
+        run = np.concatenate([[watermark], above])
+        for i in np.nonzero(np.diff(run) > 1)[0].tolist():
+            left.append((int(run[i]) + 1, int(run[i + 1]) - 1, until))
+        watermark = int(above[-1])
+    return watermark, left
