@@ -179,6 +179,9 @@ def cluster(
         "--lake/--no-lake", help="One experience lake for all replicas (DuckLake, catalog in PostgreSQL).")] = True,
     catalog: Annotated[str | None, typer.Option(
         help="The lake catalog's PostgreSQL (libpq string); default: one started under --data-dir.")] = None,
+    catalog_dir: Annotated[str | None, typer.Option(
+        help="Where that PostgreSQL keeps its files (default DATA_DIR/catalog); as root, a directory the "
+             "`postgres` user can reach.")] = None,
     api_key: Annotated[str | None, typer.Option(help="Every replica requires this key.")] = None,
 ) -> None:
     """A local cluster: vLLM's router in front of several AHC replicas sharing one experience lake."""
@@ -190,7 +193,7 @@ def cluster(
     passed = list(ctx.args)
     model = passed.pop(0) if passed and not passed[0].startswith("-") else None
     spec = cluster_spec_from_cli(data_dir, replicas, model, config, host, port, replica_base_port, policy, lake,
-                                 catalog, api_key, passed)
+                                 catalog, catalog_dir, api_key, passed)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with LocalCluster(spec) as running:

@@ -4,7 +4,8 @@ replicas and vLLM's router in front of them.
     with LocalCluster(ClusterSpec(data_dir, replicas=2, model="...")) as cluster:
         client = openai.OpenAI(base_url=cluster.url + "/v1", default_headers={"X-Session-ID": "agent-1"})
 
-Layout under `data_dir`: `catalog/` (PostgreSQL, unless `catalog` names a running one), `lake/` (the
+Layout under `data_dir`: `catalog/` (PostgreSQL, unless `catalog` names a running one or `catalog_dir`
+puts it elsewhere), `lake/` (the
 lake's Parquet files), `replica-<i>/xdb` (each replica's local XDB, its hot buffer) with its log
 `replica-<i>/server.log`, and `router.log`. Replica i listens on `replica_base_port + i`, the router on
 `port`. The replicas are started together (their model loads overlap), then the router, which hashes
@@ -38,7 +39,10 @@ class ClusterSpec:
     replica_base_port: int | None = None  # replica i on this + i; None: free ports
     policy: Policy = "consistent_hash"
     lake: bool = True  # one experience lake (xdb.backend ducklake); False: each replica its own XDB
-    catalog: str | None = None  # a running PostgreSQL's libpq string; None: one started under data_dir
+    catalog: str | None = None  # a running PostgreSQL's libpq string; None: one started in catalog_dir
+    # Where that PostgreSQL keeps its files (default data_dir/catalog). As root it runs as the `postgres`
+    # user, who must be able to reach it: not under a 0700 home or temp directory.
+    catalog_dir: Path | None = None
     serve_args: tuple[str, ...] = ()  # further `ahc serve` / `vllm serve` flags for every replica
     api_key: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # for every replica, on top of this process's
@@ -87,7 +91,7 @@ class LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.spec.lake and self.dsn is None:
-                self.catalog = LocalPostgres(self.data_dir / "catalog").start()
+                self.catalog = LocalPostgres(self.spec.catalog_dir or self.data_dir / "catalog").start()
                 self.dsn = self.catalog.dsn
             self.replicas = self._start_replicas()
             self.router = RouterProcess(self.router_spec(), self.data_dir / "router.log").start()
@@ -162,10 +166,11 @@ class LocalCluster:
 
 def cluster_spec_from_cli(data_dir: str, replicas: int, model: str | None, config: str | None, host: str,
                           port: int, replica_base_port: int | None, policy: str, lake: bool, catalog: str | None,
-                          api_key: str | None, serve_args: Sequence[str]) -> ClusterSpec:
+                          catalog_dir: str | None, api_key: str | None, serve_args: Sequence[str]) -> ClusterSpec:
     """What `ahc cluster` was given, checked (a ValueError names what is wrong)."""
     if policy not in ("consistent_hash", "round_robin"):
         raise ValueError(f"--policy must be consistent_hash or round_robin, not {policy!r}")
     return ClusterSpec(Path(data_dir), replicas=replicas, model=model, config=config, host=host, port=port,
                        replica_base_port=replica_base_port, policy=policy,  # type: ignore[arg-type]
-                       lake=lake, catalog=catalog, api_key=api_key, serve_args=tuple(serve_args))
+                       lake=lake, catalog=catalog, catalog_dir=Path(catalog_dir) if catalog_dir else None,
+                       api_key=api_key, serve_args=tuple(serve_args))
