@@ -54,8 +54,23 @@ The interface the server uses:
     RemoteXDB(data_dir, config, on_commit=, on_restart=)  # the same, with the files, the writer and the
         # audit in a process of their own (xdb/service.py); what `ahc serve` uses
 
+    The shared lake, `xdb.backend: ducklake` (xdb/lake.py; config xdb.lake: catalog, data_path,
+    replica_id, ship_interval_s, ship_batch_rows): the files above stay each replica's local buffer,
+    and a shipper thread copies what they commit into one DuckLake (catalog in PostgreSQL, Parquet
+    under data_path) every ship_interval_s, every row with its `replica`, exactly once.
+    xdb.lake                                         # None with the duckdb backend (or read-only)
+    xdb.lake_ship_now() -> {table: rows}             # flush, then ship everything now
+    xdb.lake_recall(filters | **filters)             # every replica's timesteps (no after_id; + `replica`)
+    xdb.lake_concepts(query) ; xdb.lake_tags(tag_type) ; xdb.lake_status()
+    xdb.verify_lake_audit() -> {replica: AuditReport}   # every replica's chain in the lake, recomputed
+    (xdb.lake.recall / concepts / tags / ship_now / status / verify_audit: the same; RemoteXDB too)
+        # save_session_state ships the State (with every row committed before it) before it returns,
+        # or raises LakeUnavailable (503); load_session_state returns the newest State of any replica
+        # and moves the session's ticks past every replica's. xdb.catalog.LocalPostgres: a local catalog.
+
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
-(ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped.
+(ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped,
+lake.LakeUnavailable (Unavailable: the lake cannot be reached now; nothing local is lost).
 Every read runs on its own cursor of the writer's connection, so any thread may call them.
 """
 
