@@ -19,8 +19,10 @@ as Parquet files under `xdb.lake.data_path`. Every lake row carries its `replica
 Durability, precisely. When a reply completes:
   - its token rows are committed in the replica's local files (the audit log, then experience.duckdb),
     exactly as with the duckdb backend: the server flushes the writer before the reply's last chunk;
-  - they are in the lake within `ship_interval_s` (0.5 s) of that local commit while the lake is
-    reachable — or sooner: saving the session's State ships everything pending with it;
+  - they are in the lake within `ship_interval_s` (0.5 s) of that local commit, plus the time of at most
+    two ships (a ship is one lake transaction, tens of milliseconds for a cycle's rows), while the
+    lake is reachable and keeps up; sooner when the session's State is saved, which ships everything
+    pending with it;
   - the session's State is in the lake before the reply completes: `save_session_state` commits it
     locally, then ships it and every row committed before it in one lake transaction, and raises
     LakeUnavailable (a 503) if the lake cannot take it.
