@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -108,10 +109,18 @@ def test_tags_comments_and_bad_filters(server, client, model_name) -> None:
     assert [t["id"] for t in tagged] == [row["id"]] and "important" in tagged[0]["tags"]
 
 
-def test_audit_log_is_not_reachable_over_http(server) -> None:
+def test_audit_log_records_are_not_reachable_over_http(server) -> None:
+    """Only the chain's head and its verification are served (the browser's audit page), never a record."""
     with server.http() as http:
-        for path in ("/v1/xdb/audit", "/audit/audit.duckdb", "/v1/xdb/verify-audit"):
-            assert http.get(path).status_code == 404
+        for path in ("/audit/audit.duckdb", "/v1/xdb/audit/audit.duckdb", "/v1/xdb/verify-audit",
+                     "/v1/xdb/audit/records", "/v1/xdb/audit/1"):
+            assert http.get(path).status_code == 404, path
+        summary = http.get("/v1/xdb/audit").json()
+        assert set(summary) == {"head_seq", "head_sha256", "last_verification"}
+        assert isinstance(summary["head_seq"], int) and len(summary["head_sha256"]) == 64
+        verified = http.post("/v1/xdb/audit/verify").json()
+        assert verified["ok"] is True and isinstance(verified["records_checked"], int)
+        assert "content" not in json.dumps(verified) and "content" not in json.dumps(summary)
 
 
 @pytest.mark.slow
