@@ -66,3 +66,16 @@ def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
                               "--data-dir", str(tmp_path / "xdb")))
     assert "line 1" in line and "tenant:key" in line
     assert not (tmp_path / "xdb").exists()  # nothing opened, nothing written
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (["--replicas", "0"], "replicas must be 1 to 64"),
+    (["--policy", "random"], "--policy must be consistent_hash or round_robin"),
+    (["--port", "70000"], "port 70000 is not a usable port"),
+])
+def test_cluster_bad_options_exit_1_with_one_line(args: list[str], problem: str, tmp_path) -> None:
+    result = subprocess.run([AHC, "cluster", "--data-dir", str(tmp_path), *args], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and problem in result.stderr
+    assert not (tmp_path / "catalog").exists(), "nothing started"
