@@ -84,16 +84,24 @@ class Lake:
         if not (config.catalog and config.data_path and config.replica_id):
             raise ValueError("xdb.lake needs catalog, data_path and replica_id")
         conn = duckdb.connect()
+        ship_conn = None
         try:
             if threads:
                 conn.execute(f"SET threads = {int(threads)}")
             attach_lake(conn, config.catalog, Path(config.data_path), alias)
             shipper = None
             if experience is not None:
-                shipper = LakeShipper(conn, alias, config.replica_id, experience, audit,
+                # The shipper's own DuckDB, on one thread: all its work then runs on the shipper's
+                # thread, which yields the CPU to the writer (see LakeShipper), and reads keep theirs.
+                ship_conn = duckdb.connect()
+                ship_conn.execute("SET threads = 1")
+                attach_lake(ship_conn, config.catalog, Path(config.data_path), alias)
+                shipper = LakeShipper(ship_conn, alias, config.replica_id, experience, audit,
                                       interval_s=config.ship_interval_s, batch_rows=config.ship_batch_rows)
         except BaseException:
             conn.close()
+            if ship_conn is not None:
+                ship_conn.close()
             raise
         return cls(conn, config, alias, shipper)
 

@@ -7,6 +7,7 @@ temporary directory.
     ingest_rows_per_s      {duckdb, ducklake}: token rows through XDB's writer (TokenBatch, 32 rows
                            a part as the server's recorder sends them), submit to flushed; with
                            ducklake the shipper runs alongside at its interval
+    ducklake_catch_up      what the shipper had left when the writer was done, and how long it took
     ship_rows_per_s        a backlog of `rows` timesteps (and their audit records) shipped by
                            `ship_now()` in `ship_batch_rows` transactions: timestep rows a second
     recall_ms              lake recall over `recall_rows` rows generated in the lake with SQL (4
@@ -129,7 +130,14 @@ def run(rows: int = 200_000, recall_rows: int = 1_000_000, *, catalog: str | Non
         plain.close()
         log(f"ingest {rows} rows, backend ducklake (shipping every {lake_config.ship_interval_s} s)")
         lake_rate, lake_xdb = _ingest(work / "ducklake", XDBConfig(backend="ducklake", lake=lake_config), rows)
-        lake_xdb.close()
+        try:
+            assert lake_xdb.lake is not None
+            began = time.perf_counter()
+            left = lake_xdb.lake.ship_now()  # what the shipper had not caught up with when the writer was done
+            result["ducklake_catch_up"] = {"seconds": round(time.perf_counter() - began, 2),
+                                           "timesteps": left.get("timesteps", 0)}
+        finally:
+            lake_xdb.close()
         result["ingest_rows_per_s"] = {"duckdb": round(plain_rate), "ducklake": round(lake_rate)}
 
         log(f"ship a backlog of {rows} rows")
@@ -146,6 +154,8 @@ def run(rows: int = 200_000, recall_rows: int = 1_000_000, *, catalog: str | Non
         result["ship_seconds"] = round(elapsed, 2)
         result["ship_batch_rows"] = paused.ship_batch_rows
 
+        if not recall_rows:
+            return result
         log(f"generate {recall_rows} rows in the lake, then recall")
         # A lake of their own when the catalog is ours; else added to the given lake (its rows counted).
         recall_lake = lake_config.model_copy(update={"replica_id": "bench-reader"})

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ LOG_EVERY_S = 60.0  # a failing lake is logged when its error changes, else at m
 # An open gap (ids below a "seq" table's watermark not seen committed) is rechecked this long: longer
 # than any transaction of XDB's (the writer's batch waits at most 60 s for the audit).
 GAP_TIMEOUT_S = 300.0
+# The shipper's thread runs at this niceness (Linux: per thread): on a busy machine the writer's
+# threads, which the server's recording waits on, come first; the lake catches up when they idle.
+SHIPPER_NICE = 10
 MAX_GAPS = 256     # a table with more open gaps drops its oldest (ids deleted before shipping, most likely)
 
 Gap = tuple[int, int, float]  # first id, last id, monotonic deadline
@@ -74,11 +78,14 @@ def _select_list(table: LakeTable) -> str:
 
 
 class LakeShipper:
+    """Ships through `lake`, a DuckDB connection of its own with the lake attached (closed by `stop`)."""
+
     def __init__(self, lake: duckdb.DuckDBPyConnection, alias: str, replica: str,
                  experience: duckdb.DuckDBPyConnection, audit: duckdb.DuckDBPyConnection | None, *,
                  interval_s: float = 0.5, batch_rows: int = 100_000) -> None:
         self.alias, self.replica = alias, replica
         self.interval_s, self.batch_rows = interval_s, batch_rows
+        self._conn = lake
         self._lake = lake.cursor()
         self._local = experience.cursor()
         self._audit = audit.cursor() if audit is not None else None
@@ -120,15 +127,26 @@ class LakeShipper:
             for cur in (self._lake, self._local, self._audit):
                 if cur is not None:
                     cur.close()
+            self._conn.close()
 
     def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SHIPPER_NICE)
+        except (AttributeError, OSError):  # not Linux: the thread keeps the process's priority
+            pass
         while not self._stop.wait(self.interval_s):
-            try:
-                self.ship_now()
-            except LakeUnavailable:
-                pass  # logged by the cycle; tried again next interval
-            except Exception:  # the thread must go on: a bug here must not stop shipping for good
-                log.exception("lake shipper cycle failed")
+            more = True
+            while more and not self._stop.is_set():
+                try:
+                    # One transaction at a time, so a caller's ship_now (a State being saved) waits
+                    # for one cycle of a backlog, not for all of it.
+                    with self._lock:
+                        _, more = self._cycle()
+                except LakeUnavailable:
+                    break  # logged by the cycle; tried again next interval
+                except Exception:  # the thread must go on: a bug here must not stop shipping for good
+                    log.exception("lake shipper cycle failed")
+                    break
 
     # -- shipping ----------------------------------------------------------------------------------
     def ship_now(self) -> dict[str, int]:
