@@ -53,7 +53,7 @@ import duckdb
 
 from ahc.config import LakeConfig
 from xdb.audit import AuditReport
-from xdb.lake_reads import lake_concepts, lake_recall, lake_tags, last_tick, newest_state, verify_lake_audit
+from xdb.lake_reads import NameCache, lake_concepts, lake_recall, lake_tags, last_tick, newest_state, verify_lake_audit
 from xdb.lake_schema import attach_lake
 from xdb.lake_shipper import LakeShipper, LakeUnavailable
 from xdb.recall import RecallFilters
@@ -71,7 +71,7 @@ class Lake:
         self.conn, self.config, self.alias, self.shipper = conn, config, alias, shipper
         assert config.replica_id is not None
         self.replica: str = config.replica_id
-        self._concept_names: dict[tuple[str, int], str] = {}  # (replica, id) -> name: fixed once recorded
+        self._names = NameCache()  # (replica, id) -> name of concepts and tags: fixed once recorded
 
     @classmethod
     def open(cls, config: LakeConfig, experience: duckdb.DuckDBPyConnection | None = None,
@@ -156,7 +156,7 @@ class Lake:
                **kwargs: Any) -> list[dict[str, Any]]:
         f = RecallFilters.parse(filters, **kwargs)
         with self._reading() as cur:
-            return lake_recall(cur, self.alias, f, session_prefix, self._concept_names)
+            return lake_recall(cur, self.alias, f, session_prefix, self._names)
 
     def concepts(self, query: str | None = None) -> list[dict[str, Any]]:
         with self._reading() as cur:

@@ -6,8 +6,10 @@ temporary directory.
 
     ingest_rows_per_s      {duckdb, ducklake}: token rows through XDB's writer (TokenBatch, 32 rows
                            a part as the server's recorder sends them), submit to flushed; with
-                           ducklake the shipper runs alongside at its interval
-    ducklake_catch_up      what the shipper had left when the writer was done, and how long it took
+                           ducklake the shipper runs alongside at its interval. The median of
+                           `ingest_rounds` rounds, the backends alternated
+    ducklake_catch_up      per round: what the shipper had left when the writer was done, and how long
+                           shipping it took
     ship_rows_per_s        a backlog of `rows` timesteps (and their audit records) shipped by
                            `ship_now()` in `ship_batch_rows` transactions: timestep rows a second
     recall_ms              lake recall over `recall_rows` rows generated in the lake with SQL (4
@@ -113,7 +115,7 @@ def _recall(lake: Lake, repeats: int) -> dict[str, dict[str, float]]:
 
 
 def run(rows: int = 200_000, recall_rows: int = 1_000_000, *, catalog: str | None = None,
-        data_path: Path | None = None, recall_files: int = 10, repeats: int = 20,
+        data_path: Path | None = None, recall_files: int = 10, repeats: int = 20, ingest_rounds: int = 3,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="ahc-lake-bench-"))
     work.chmod(0o755)  # as root, the throwaway PostgreSQL runs as `postgres` under it
@@ -125,20 +127,27 @@ def run(rows: int = 200_000, recall_rows: int = 1_000_000, *, catalog: str | Non
         lake_config = LakeConfig(catalog=catalog, data_path=str(data_path or work / "lake"), replica_id="bench-a")
         result: dict[str, Any] = {"rows": rows, "recall_rows": recall_rows}
 
-        log(f"ingest {rows} rows, backend duckdb")
-        plain_rate, plain = _ingest(work / "duckdb", XDBConfig(), rows)
-        plain.close()
-        log(f"ingest {rows} rows, backend ducklake (shipping every {lake_config.ship_interval_s} s)")
-        lake_rate, lake_xdb = _ingest(work / "ducklake", XDBConfig(backend="ducklake", lake=lake_config), rows)
-        try:
-            assert lake_xdb.lake is not None
-            began = time.perf_counter()
-            left = lake_xdb.lake.ship_now()  # what the shipper had not caught up with when the writer was done
-            result["ducklake_catch_up"] = {"seconds": round(time.perf_counter() - began, 2),
-                                           "timesteps": left.get("timesteps", 0)}
-        finally:
-            lake_xdb.close()
-        result["ingest_rows_per_s"] = {"duckdb": round(plain_rate), "ducklake": round(lake_rate)}
+        rates: dict[str, list[float]] = {"duckdb": [], "ducklake": []}
+        catch_up = []
+        for rnd in range(ingest_rounds):  # alternated, so both see the same machine
+            log(f"ingest {rows} rows, backend duckdb (round {rnd + 1})")
+            rate, plain = _ingest(work / f"duckdb-{rnd}", XDBConfig(), rows)
+            plain.close()
+            rates["duckdb"].append(rate)
+            log(f"ingest {rows} rows, backend ducklake (round {rnd + 1})")
+            replica = lake_config.model_copy(update={"replica_id": f"bench-a{rnd}"})
+            rate, lake_xdb = _ingest(work / f"ducklake-{rnd}", XDBConfig(backend="ducklake", lake=replica), rows)
+            try:
+                assert lake_xdb.lake is not None
+                began = time.perf_counter()
+                left = lake_xdb.lake.ship_now()  # what the shipper had not caught up with when the writer was done
+                catch_up.append({"seconds": round(time.perf_counter() - began, 2), "rows_left": left})
+            finally:
+                lake_xdb.close()
+            rates["ducklake"].append(rate)
+        result["ingest_rows_per_s"] = {k: round(statistics.median(v)) for k, v in rates.items()}
+        result["ingest_rows_per_s_each"] = {k: [round(x) for x in v] for k, v in rates.items()}
+        result["ducklake_catch_up"] = catch_up
 
         log(f"ship a backlog of {rows} rows")
         paused = lake_config.model_copy(update={"replica_id": "bench-b", "ship_interval_s": 3600.0})
@@ -185,11 +194,12 @@ def main() -> None:
     parser.add_argument("--recall-rows", type=int, default=1_000_000)
     parser.add_argument("--recall-files", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--ingest-rounds", type=int, default=3)
     parser.add_argument("--catalog", help="an existing lake's catalog (default: a throwaway PostgreSQL)")
     parser.add_argument("--data-path", type=Path)
     args = parser.parse_args()
     result = run(args.rows, args.recall_rows, catalog=args.catalog, data_path=args.data_path,
-                 recall_files=args.recall_files, repeats=args.repeats,
+                 recall_files=args.recall_files, repeats=args.repeats, ingest_rounds=args.ingest_rounds,
                  log=lambda message: print(message, flush=True))
     print(json.dumps(result, indent=2))
 

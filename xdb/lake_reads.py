@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -25,6 +26,15 @@ from xdb.sql import Row, one
 
 LAKE_COLUMNS = ("replica", *COLUMNS)
 VERIFY_CHUNK = 200_000
+
+
+@dataclass
+class NameCache:
+    """(replica, id) -> name of concepts and tags: fixed once a replica has recorded them, so a lake
+    reader keeps them between calls and reads only a replica with an id it has not seen."""
+
+    concepts: dict[tuple[str, int], str] = field(default_factory=dict)
+    tags: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def _lit(text: str) -> str:
@@ -97,20 +107,19 @@ def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
     return f"SELECT * FROM ({' UNION '.join(branches)}) {page}", params * len(branches)
 
 
-def _concept_names(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row],
-                   cache: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
-    """The names of the concept ids the rows hold, per replica. A replica's (id, name) pairs never change,
-    so `cache` keeps them: only a replica with an id not seen before is read again."""
-    missing = sorted({r[0] for r in rows if r[9] and any(c is not None and (r[0], c) not in cache for c in r[9])})
+def _names(cur: duckdb.DuckDBPyConnection, a: str, table: str, wanted: set[tuple[str, int]],
+           cache: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+    """`cache` with the names of the (replica, id) pairs wanted: the replicas with one not cached are read."""
+    missing = sorted({replica for replica, i in wanted if (replica, i) not in cache})
     if missing:
         params: list[Any] = []
-        found = cur.execute(f"SELECT replica, id, name FROM {a}.concepts WHERE replica IN "
+        found = cur.execute(f"SELECT DISTINCT replica, id, name FROM {a}.{table} WHERE replica IN "
                             f"({_strings(missing, params)})", params).fetchall()
-        cache.update({(r, int(cid)): name for r, cid, name in found})
+        cache.update({(r, int(i)): name for r, i, name in found})
     return cache
 
 
-def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]
+def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row], tag_names: dict[tuple[str, int], str]
                  ) -> tuple[dict[tuple[str, int], list[str]], dict[tuple[str, int], list[dict[str, Any]]]]:
     """Tag names and comments per recalled row: on it (same replica and id), on its reply, or on a
     tick range of its session (whichever replica applied them)."""
@@ -118,11 +127,11 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]
         return {}, {}
     params: list[Any] = []
     sessions = _strings(sorted({r[2] for r in rows}), params)
-    apps = cur.execute(f"""
-        WITH names AS (SELECT replica, id, arg_max(name, shipped_at) AS name FROM {a}.tags GROUP BY ALL)
-        SELECT x.replica, x.target_type, x.timestep_id, x.event_id, x.session_id, x.range_start, x.range_end, n.name
-        FROM {a}.tag_applications x JOIN names n ON n.replica = x.replica AND n.id = x.tag_id
-        WHERE x.session_id IN ({sessions}) OR x.session_id IS NULL""", params).fetchall()
+    found = cur.execute(f"""
+        SELECT replica, target_type, timestep_id, event_id, session_id, range_start, range_end, tag_id
+        FROM {a}.tag_applications WHERE session_id IN ({sessions}) OR session_id IS NULL""", params).fetchall()
+    names = _names(cur, a, "tags", {(x[0], int(x[7])) for x in found}, tag_names)
+    apps = [(*x[:7], names[(x[0], int(x[7]))]) for x in found if (x[0], int(x[7])) in names]
     notes = cur.execute(f"""
         SELECT replica, target_type, timestep_id, event_id, session_id, range_start, range_end, id, content, created_at
         FROM {a}.comments WHERE session_id IN ({sessions}) ORDER BY created_at, replica, id""", params).fetchall()
@@ -146,16 +155,17 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row]
 
 
 def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, session_prefix: str = "",
-                concept_names: dict[tuple[str, int], str] | None = None) -> list[dict[str, Any]]:
+                cache: NameCache | None = None) -> list[dict[str, Any]]:
     """Timesteps of every replica matching the filters (as `XDB.recall` takes them, less `after_id`),
-    oldest first, each with its `replica`, concept activations, tags and comments. `concept_names`:
-    a cache of (replica, concept id) -> name kept between calls."""
+    oldest first, each with its `replica`, concept activations, tags and comments."""
+    cache = cache or NameCache()
     query = build_lake_query(cur, a, f, session_prefix)
     if query is None:
         return []
     rows = cur.execute(*query).fetchall()
-    names = _concept_names(cur, a, rows, {} if concept_names is None else concept_names)
-    tags, comments = _annotations(cur, a, rows)
+    names = _names(cur, a, "concepts", {(r[0], int(c)) for r in rows for c in (r[9] or ()) if c is not None},
+                   cache.concepts)
+    tags, comments = _annotations(cur, a, rows, cache.tags)
     out = []
     for row in rows:
         rec = dict(zip(LAKE_COLUMNS, row))
