@@ -372,3 +372,17 @@ def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
         assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state()
         with pytest.raises(ValueError, match="backend is duckdb"):
             xdb.lake_recall()
+
+
+def test_open_gaps_follow_the_ids_seen() -> None:
+    from xdb.lake_shipper import advance
+
+    ids = np.array
+    assert advance(0, [], ids([1, 2, 3]), 9.0) == (3, [])
+    # 4 and 6..7 skipped: open; a later read finds 6 in its gap and 9 past the watermark.
+    wm, gaps = advance(3, [], ids([5, 8]), 9.0)
+    assert (wm, gaps) == (8, [(4, 4, 9.0), (6, 7, 9.0)])
+    wm, gaps = advance(wm, gaps, ids([6, 9]), 20.0)
+    assert (wm, sorted(gaps)) == (9, [(4, 4, 9.0), (7, 7, 9.0)])
+    assert advance(9, [(4, 4, 9.0)], ids([4]), 30.0) == (9, [])
+    assert advance(-1, [], ids([], dtype=np.int64), 1.0) == (-1, [])

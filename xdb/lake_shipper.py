@@ -279,8 +279,9 @@ class LakeShipper:
             log.warning("lake shipper: %s has %d ids below its watermark not seen; dropping the oldest gaps",
                         table.name, len(new_gaps))
             new_gaps = sorted(new_gaps, key=lambda g: g[2])[-MAX_GAPS:]
-        if rows.num_rows or new_gaps != self._gaps.get(table.name, []):
-            return _Batch(table, rows, new_wm, sorted(new_gaps))
+        new_gaps.sort()
+        if rows.num_rows or new_gaps != sorted(self._gaps.get(table.name, [])):
+            return _Batch(table, rows, new_wm, new_gaps)
         return None
 
     def _read_keyed(self, cur: duckdb.DuckDBPyConnection, table: LakeTable) -> _Batch | None:
