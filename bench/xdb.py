@@ -165,6 +165,10 @@ def recall_latencies_ms(work: Path) -> dict[str, list[float]]:
     return out
 
 
+LAKE_WRITE_ROWS = 200_000
+LAKE_RECALL_ROWS = 1_000_000
+
+
 def run() -> BenchResult:
     work = Path(tempfile.mkdtemp(prefix="ahc-bench-xdb-"))
     try:
@@ -187,10 +191,12 @@ def run() -> BenchResult:
         "recall_p95_ms": round(float(np.percentile(every, 95)), 2), "rows": RECALL_ROWS,
         **{f"recall_{name}_p95_ms": round(float(np.percentile(ts, 95)), 2) for name, ts in latencies.items()},
     }
-    return BenchResult("xdb", figures, {"writer_over_raw": round(max(columns) / max(raw), 3),
-                                        "writer_timesteprow_over_raw": round(max(objects) / max(raw), 3),
-                                        "writer_over_raw_1thread": round(max(columns) / max(raw_1), 3)},
-                       notes={"writer": "TokenBatch columns → Arrow → audit chain (SHA-256 per row) and "
+    ratios = {"writer_over_raw": round(max(columns) / max(raw), 3),
+              "writer_timesteprow_over_raw": round(max(objects) / max(raw), 3),
+              "writer_over_raw_1thread": round(max(columns) / max(raw_1), 3)}
+    lake_notes = lake_figures(figures, ratios)
+    return BenchResult("xdb", figures, ratios,
+                       notes={**lake_notes, "writer": "TokenBatch columns → Arrow → audit chain (SHA-256 per row) and "
                                         "experience insert, overlapped; the experience commits after the audit",
                               "writer_timesteprow": "the same rows as TimestepRow objects, 1,000 a submit",
                               "raw": "the same rows pre-converted to Arrow, inserted into the same columns "
@@ -206,3 +212,27 @@ def _fresh(work: Path, name: str) -> Path:
     path = work / name
     path.mkdir(parents=True)
     return path
+
+
+def lake_figures(figures: dict[str, float | int], ratios: dict[str, float]) -> dict[str, str]:
+    """The DuckLake backend, measured in the same run (xdb/lake_bench.py): the writer's rows/s with the
+    duckdb and the ducklake backends alternated, the shipper's rows/s into the lake, and lake recall at
+    LAKE_RECALL_ROWS rows. Needs PostgreSQL (Debian's `postgresql`); without it the note says so."""
+    from xdb import lake_bench
+    from xdb.catalog import postgres_available
+
+    if not postgres_available():
+        return {"lake": "not measured: PostgreSQL is not installed (Debian package `postgresql`)"}
+    lake = lake_bench.run(rows=LAKE_WRITE_ROWS, recall_rows=LAKE_RECALL_ROWS, log=lambda _: None)
+    ingest = lake["ingest_rows_per_s"]
+    recall_p95 = {name: ms["p95_ms"] for name, ms in lake["recall_ms"].items()}
+    figures.update({"duckdb_backend_writer_rows_per_s": ingest["duckdb"],
+                    "ducklake_backend_writer_rows_per_s": ingest["ducklake"],
+                    "lake_ship_rows_per_s": lake["ship_rows_per_s"], "lake_rows": lake["recall_lake_rows"],
+                    "lake_recall_p95_ms": max(recall_p95.values()),
+                    **{f"lake_recall_{name}_p95_ms": p95 for name, p95 in recall_p95.items()}})
+    ratios["ducklake_over_duckdb_writer"] = round(ingest["ducklake"] / ingest["duckdb"], 3)
+    return {"lake": f"{LAKE_WRITE_ROWS:,} token rows through the writer per backend (median of alternated "
+                    f"rounds, the shipper running alongside with ducklake); a backlog shipped by ship_now(); "
+                    f"recall over {lake['recall_lake_rows']:,} rows generated in the lake (p95 per filter, "
+                    "lake_recall_p95_ms the slowest filter's)"}
