@@ -31,14 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def pg() -> Iterator[LocalPostgres]:
+def require_postgres() -> None:
+    """Skip without PostgreSQL's binaries, but fail in CI (CI=true), where they must be installed."""
     if not postgres_available():
         message = ("PostgreSQL's initdb/pg_ctl/psql were not found (install the Debian package `postgresql`): "
                    "the DuckLake tests need a real catalog")
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[LocalPostgres]:
+    require_postgres()
     # As root the cluster runs as the `postgres` user, who cannot enter pytest's own (0700) temp dirs.
     directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-"))
     directory.chmod(0o755)
@@ -253,8 +258,7 @@ def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: La
 
 
 def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
-    if not postgres_available():
-        pytest.skip("PostgreSQL not installed (Debian package `postgresql`)")
+    require_postgres()
     directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
     directory.chmod(0o755)
     server = LocalPostgres(directory).start()
