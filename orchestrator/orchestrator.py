@@ -138,7 +138,7 @@ class Orchestrator:
         budget = self.prompt_budget(completion_tokens)
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
-        session = self.sessions.get(spec.session_id) if spec.session_id else None
+        session = await self.sessions.aget(spec.session_id) if spec.session_id else None
         # Compaction counts the State's tokens first: long turns are counted off the event loop.
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         actions: list[str] = []

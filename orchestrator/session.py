@@ -7,6 +7,7 @@ per session keeps its turns in request order when a client sends concurrently.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class _Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: Session | None = None
     saving: Any = None  # the last save's receipt, when the save callable returns a future
+    stored: str | None = None  # the State as this server last loaded or saved it
 
     def busy(self) -> bool:
         """In use: its lock held or awaited (a released lock wakes its next waiter before that waiter
@@ -113,12 +115,30 @@ class SessionStore:
     def get(self, session_id: str) -> Session:
         entry = self._entry(session_id)
         if entry.session is None:
-            stored = self._load(session_id) if self._load else None
-            session = Session.from_json(stored) if stored else Session(session_id)
-            if self.replica is not None and session.replica not in (None, self.replica):
-                session.moved_from = session.replica
-            entry.session = session
+            self._take(entry, session_id, self._load(session_id) if self._load else None)
+        assert entry.session is not None
         return entry.session
+
+    async def aget(self, session_id: str) -> Session:
+        """`get`, reading the store on a worker thread. Among several servers (`replica` set) a session
+        held in memory is read again too: another replica may have served it since (a failover, then
+        its way back), and its State there is newer than the one held here."""
+        entry = self._entry(session_id)
+        if self._load is None or (entry.session is not None and self.replica is None):
+            return self.get(session_id)
+        if isinstance(entry.saving, concurrent.futures.Future):  # this server's last save first (its
+            await asyncio.wait([asyncio.wrap_future(entry.saving)])  # failure is the turn's that made it)
+        stored = await asyncio.to_thread(self._load, session_id)
+        if entry.session is None or (stored is not None and stored != entry.stored):
+            self._take(entry, session_id, stored)
+        assert entry.session is not None
+        return entry.session
+
+    def _take(self, entry: _Entry, session_id: str, stored: str | None) -> None:
+        session = Session.from_json(stored) if stored else Session(session_id)
+        if self.replica is not None and session.replica not in (None, self.replica):
+            session.moved_from = session.replica
+        entry.session, entry.stored = session, stored
 
     def forget(self, session_id: str) -> None:
         """Drop the State held in memory (not its lock): the next turn loads what is stored, e.g. after a
@@ -132,8 +152,9 @@ class SessionStore:
         if self._save is None:
             return None
         session.replica = self.replica
-        receipt = self._save(session.session_id, session.to_json())
+        state = session.to_json()
+        receipt = self._save(session.session_id, state)
         entry = self._entries.get(session.session_id)
         if entry is not None:
-            entry.saving = receipt
+            entry.saving, entry.stored = receipt, state
         return receipt

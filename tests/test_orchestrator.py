@@ -253,6 +253,21 @@ def test_a_session_resumed_on_another_replica_reports_the_move_once(counter) -> 
     assert after.report.first_changed_block == "state" and after.report.cached_estimate() > 0
     assert json.loads(saved["moving"])["replica"] == "b"
 
+
+def test_a_session_back_on_a_replica_that_held_it_takes_the_newer_state(counter) -> None:
+    saved: dict[str, str] = {}
+    spec = parse_context({**CONTEXT, "session_id": "back"})
+    on_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
+    on_b = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="b"))
+    on_a.commit(run(on_a.prepare(spec, [{"role": "user", "content": "one"}])), {"role": "assistant", "content": "1"})
+    on_b.commit(run(on_b.prepare(spec, [{"role": "user", "content": "two"}])), {"role": "assistant", "content": "2"})
+    back = run(on_a.prepare(spec, [{"role": "user", "content": "three"}]))  # a still holds "one" in memory
+    assert [m["content"] for m in back.messages[1:]] == ["one", "1", "two", "2", "three"]
+    assert back.report.first_changed_block == "replica"
+    on_a.commit(back, {"role": "assistant", "content": "3"})
+    again = run(on_a.prepare(spec, [{"role": "user", "content": "four"}]))
+    assert again.report.first_changed_block == "state"
+
 def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
     saved: dict[str, str] = {}
     evicted: list[str] = []
