@@ -176,8 +176,25 @@ def run(load: ClusterLoad | None = None, data_dir: Path | None = None) -> BenchR
             return measure(cluster, load)
 
 
-def measure(cluster: LocalCluster, load: ClusterLoad) -> BenchResult:
-    model = model_of(cluster.url)
+@dataclass(frozen=True)
+class Routing:
+    """One load three ways: on one replica alone, through the affinity router, through round robin; and
+    for the routed loads, which replicas recorded each session."""
+
+    single: list[TurnRecord]
+    affinity: list[TurnRecord]
+    round_robin: list[TurnRecord]
+    pinned: dict[str, list[int]]
+    spread: dict[str, list[int]]
+
+    def hit_ratios(self) -> dict[str, float]:
+        return {"single": hit_ratio(self.single), "affinity": hit_ratio(self.affinity),
+                "round_robin": hit_ratio(self.round_robin)}
+
+
+def compare_routing(cluster: LocalCluster, model: str, load: ClusterLoad) -> Routing:
+    """The same load (new session names and prompts each time) on replica 0 directly, through the
+    cluster's router, and through a round-robin router started over the same replicas."""
     names = [f"s{i}" for i in range(load.sessions)]
     single = run_load(cluster.replicas[0].base_url, model, [f"single-{n}" for n in names], load)
     affinity = run_load(cluster.url, model, [f"affinity-{n}" for n in names], load)
@@ -185,18 +202,24 @@ def measure(cluster: LocalCluster, load: ClusterLoad) -> BenchResult:
                                   metrics_port=free_port())
     with RouterProcess(rr_spec, cluster.data_dir / "router-round-robin.log") as rr:
         round_robin = run_load(rr.url, model, [f"rr-{n}" for n in names], load)
-    pinned = holders(cluster.replicas, [f"affinity-{n}" for n in names])
-    spread = holders(cluster.replicas, [f"rr-{n}" for n in names])
+    return Routing(single, affinity, round_robin, holders(cluster.replicas, [f"affinity-{n}" for n in names]),
+                   holders(cluster.replicas, [f"rr-{n}" for n in names]))
+
+
+def measure(cluster: LocalCluster, load: ClusterLoad) -> BenchResult:
+    model = model_of(cluster.url)
+    routing = compare_routing(cluster, model, load)
+    ratios_ = routing.hit_ratios()
     failover_s = failover(cluster, model)
-    figures = {"single_hit_ratio": hit_ratio(single), "affinity_hit_ratio": hit_ratio(affinity),
-               "round_robin_hit_ratio": hit_ratio(round_robin),
-               "affinity_sessions_on_one_replica": sum(len(v) == 1 for v in pinned.values()),
-               "round_robin_sessions_on_one_replica": sum(len(v) == 1 for v in spread.values()),
+    figures = {"single_hit_ratio": ratios_["single"], "affinity_hit_ratio": ratios_["affinity"],
+               "round_robin_hit_ratio": ratios_["round_robin"],
+               "affinity_sessions_on_one_replica": sum(len(v) == 1 for v in routing.pinned.values()),
+               "round_robin_sessions_on_one_replica": sum(len(v) == 1 for v in routing.spread.values()),
                "sessions": load.sessions, "turns": load.turns, "failover_first_token_s": failover_s}
     # The tokens each setup had to prefill: what round robin costs in engine time.
-    missed = {k: 1 - figures[f"{k}_hit_ratio"] for k in ("single", "affinity", "round_robin")}
-    ratios = {"affinity_over_single": figures["affinity_hit_ratio"] / max(figures["single_hit_ratio"], 1e-9),
-              "round_robin_over_affinity": figures["round_robin_hit_ratio"] / max(figures["affinity_hit_ratio"], 1e-9),
+    missed = {k: 1 - v for k, v in ratios_.items()}
+    ratios = {"affinity_over_single": ratios_["affinity"] / max(ratios_["single"], 1e-9),
+              "round_robin_over_affinity": ratios_["round_robin"] / max(ratios_["affinity"], 1e-9),
               "round_robin_prefill_over_affinity": missed["round_robin"] / max(missed["affinity"], 1e-9)}
     return BenchResult("cluster", figures, ratios)
 

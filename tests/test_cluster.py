@@ -11,7 +11,6 @@ chain verifies there.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -29,15 +28,13 @@ from bench.cluster import (
     HEADER,
     ClusterLoad,
     chat,
+    compare_routing,
     first_token_s,
-    hit_ratio,
     holders,
     model_of,
-    run_load,
     system_prompt,
 )
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
-from server.cluster.router import RouterProcess
 from xdb.catalog import postgres_available
 from xdb.lake import Lake
 
@@ -75,26 +72,17 @@ def lake(cluster: LocalCluster) -> Iterator[Lake]:
 
 
 def test_affinity_keeps_sessions_on_one_replica_and_round_robin_loses_the_cache(cluster: LocalCluster) -> None:
-    model = model_of(cluster.url)
-    names = [f"s{i}" for i in range(LOAD.sessions)]
-    single = run_load(cluster.replicas[0].base_url, model, [f"single-{n}" for n in names], LOAD)
-    affinity = run_load(cluster.url, model, [f"affinity-{n}" for n in names], LOAD)
-    rr_spec = dataclasses.replace(cluster.router_spec(), policy="round_robin", port=free_port(),
-                                  metrics_port=free_port())
-    with RouterProcess(rr_spec, cluster.data_dir / "router-round-robin.log") as rr:
-        round_robin = run_load(rr.url, model, [f"rr-{n}" for n in names], LOAD)
-    ratios = {"single": hit_ratio(single), "affinity": hit_ratio(affinity), "round_robin": hit_ratio(round_robin)}
+    routing = compare_routing(cluster, model_of(cluster.url), LOAD)
+    ratios = routing.hit_ratios()
     print(f"hit ratios over {LOAD.sessions} sessions x {LOAD.turns} turns: {ratios}")
-    pinned = holders(cluster.replicas, [f"affinity-{n}" for n in names])
-    assert all(len(where) == 1 for where in pinned.values()), pinned
-    assert {where[0] for where in pinned.values()} == {0, 1}, "both replicas serve some sessions"
-    spread = holders(cluster.replicas, [f"rr-{n}" for n in names])
-    assert sum(len(where) == 2 for where in spread.values()) >= LOAD.sessions - 1, spread
+    assert all(len(where) == 1 for where in routing.pinned.values()), routing.pinned
+    assert {where[0] for where in routing.pinned.values()} == {0, 1}, "both replicas serve some sessions"
+    assert sum(len(where) == 2 for where in routing.spread.values()) >= LOAD.sessions - 1, routing.spread
     assert abs(ratios["affinity"] - ratios["single"]) <= 0.05
     assert ratios["single"] > 0.7
     assert ratios["round_robin"] <= ratios["affinity"] - 0.1
     # After its first turn an affinity session's every turn extends the prefix it left on its replica.
-    assert {r.first_changed_block for r in affinity if r.turn > 0} == {"state"}
+    assert {r.first_changed_block for r in routing.affinity if r.turn > 0} == {"state"}
 
 
 class Background:

@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ahc.server_process import free_port
 from server.cluster.router import RouterProcess, RouterSpec, router_command, router_executable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,12 +99,6 @@ def worker_app(name: str) -> Starlette:
     return Starlette(routes=[Route("/health", health), Route("/v1/models", models),
                              Route("/attempts", attempts_route),
                              Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
