@@ -8,9 +8,12 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from server.cluster.local_cluster import LocalCluster
 
 from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_STREAMS
 from universe.cli import Backend
@@ -186,7 +189,6 @@ def cluster(
 ) -> None:
     """A local cluster: vLLM's router in front of several AHC replicas sharing one experience lake."""
     import signal
-    import threading
 
     from server.cluster.local_cluster import LocalCluster, cluster_spec_from_cli
 
@@ -194,22 +196,30 @@ def cluster(
     model = passed.pop(0) if passed and not passed[0].startswith("-") else None
     spec = cluster_spec_from_cli(data_dir, replicas, model, config, host, port, replica_base_port, policy, lake,
                                  catalog, catalog_dir, api_key, passed)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with LocalCluster(spec) as running:
-        typer.echo(f"router on {running.url} ({spec.policy}) in front of "
-                   + ", ".join(r.base_url for r in running.replicas)
-                   + (f"; lake {running.lake_path} with catalog {running.dsn}" if spec.lake else ""))
-        reported: set[int] = set()
-        try:
-            while not stop.wait(1.0):
-                for i, replica in enumerate(running.replicas):
-                    if i not in reported and replica.process.poll() is not None:
-                        reported.add(i)
-                        typer.echo(f"replica {i} exited (see {replica.log}); the router sends its sessions "
-                                   "to the others", err=True)
-        except KeyboardInterrupt:
-            pass
+    # SIGTERM as Ctrl-C: leaving the `with` stops the router, the replicas (they drain) and the catalog.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with LocalCluster(spec) as running:
+            typer.echo(f"router on {running.url} ({spec.policy}) in front of "
+                       + ", ".join(r.base_url for r in running.replicas)
+                       + (f"; lake {running.lake_path} with catalog {running.dsn}" if spec.lake else ""))
+            watch_replicas(running)
+    except KeyboardInterrupt:
+        typer.echo("cluster stopped", err=True)
+
+
+def watch_replicas(running: LocalCluster) -> None:
+    """Until interrupted: say once when a replica exits (the router sends its sessions to the others)."""
+    import time
+
+    reported: set[int] = set()
+    while True:
+        time.sleep(1.0)
+        for i, replica in enumerate(running.replicas):
+            if i not in reported and replica.process.poll() is not None:
+                reported.add(i)
+                typer.echo(f"replica {i} exited (see {replica.log}); the router sends its sessions to the others",
+                           err=True)
 
 
 @app.command()

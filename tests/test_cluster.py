@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -20,10 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from ahc.config import LakeConfig
-from ahc.server_process import TINY_MODEL, free_port
+from ahc.server_process import AHC, TINY_MODEL, child_env, free_port
 from bench.cluster import (
     HEADER,
     ClusterLoad,
@@ -226,3 +229,33 @@ def test_the_router_passes_errors_and_the_context_field_through(cluster: LocalCl
             assert stream.headers["x-session-id"] == "stream-1"
             lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and '"context"' in lines[0]
+
+
+def test_ahc_cluster_starts_and_stops_everything_on_sigterm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="ahc-test-cli-cluster-"))
+    data_dir.chmod(0o755)  # the catalog runs as `postgres` when the tests run as root
+    port = free_port()
+    log = tmp_path_factory.mktemp("cli-cluster") / "cluster.log"
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        with log.open("w") as out:
+            process = subprocess.Popen([AHC, "cluster", str(TINY_MODEL), "--config", "cpu-tiny", "--replicas", "1",
+                                        "--port", str(port), "--data-dir", str(data_dir)],
+                                       stdout=out, stderr=subprocess.STDOUT, env=child_env())
+        wait_for(lambda: "router on" in log.read_text() or process.poll() is not None, 600, "the cluster up")
+        assert process.poll() is None, log.read_text()[-3000:]
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={HEADER: "cli-1"}, timeout=120,
+                           json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200 and reply.headers["x-session-id"] == "cli-1"
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert len(children) >= 2  # the replica and the router
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 0, log.read_text()[-3000:]
+        assert "cluster stopped" in log.read_text()
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        postmaster = data_dir / "catalog" / "pgdata" / "postmaster.pid"
+        assert not postmaster.exists(), "the catalog's PostgreSQL was stopped"
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
