@@ -27,7 +27,6 @@ bench command takes no per-bench options).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import os
@@ -47,6 +46,7 @@ import numpy as np
 from ahc.config import OrchestratorConfig, cache_dir, load_config
 from ahc.server_process import ServerProcess, ensure_model, start_server
 from bench.device import engine_device
+from bench.load_spec import overridden
 from bench.models import MODELS
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
@@ -96,18 +96,7 @@ class AgentLoad:
 
 def load_from_env(spec: str | None) -> AgentLoad:
     """`AgentLoad` with the fields named in `spec` ("sessions=4,turns=3") changed."""
-    load = AgentLoad()
-    if not spec:
-        return load
-    types = {f.name: type(getattr(load, f.name)) for f in dataclasses.fields(load)}
-    changes: dict[str, Any] = {}
-    for item in spec.split(","):
-        name, _, value = item.partition("=")
-        name = name.strip()
-        if name not in types:
-            raise ValueError(f"{LOAD_ENV}: unknown field {name!r}; choose from {', '.join(types)}")
-        changes[name] = types[name](value.strip())
-    return dataclasses.replace(load, **changes)
+    return overridden(AgentLoad(), spec, LOAD_ENV)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from ahc.server_process import TINY_MODEL, ServerProcess, free_port
+from bench.load_spec import overridden
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from server.cluster.local_cluster import ClusterSpec, LocalCluster
@@ -61,15 +62,7 @@ class TurnRecord:
 
 
 def load_from_env() -> ClusterLoad:
-    text = os.environ.get(LOAD_ENV, "")
-    fields = {f.name: f.type for f in dataclasses.fields(ClusterLoad)}
-    values: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
-        if key not in fields:
-            raise ValueError(f"{LOAD_ENV}: unknown field {key!r}; fields: {', '.join(fields)}")
-        values[key] = int(value)
-    return ClusterLoad(**values)
+    return overridden(ClusterLoad(), os.environ.get(LOAD_ENV), LOAD_ENV)
 
 
 def system_prompt(name: str, words: int, seed: int) -> str:
