@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from ahc.config import LakeConfig
+from xdb import sql
 from xdb.audit import AuditReport
 from xdb.lake_reads import NameCache, lake_concepts, lake_recall, lake_tags, last_tick, newest_state, verify_lake_audit
 from xdb.lake_schema import attach_lake
@@ -122,13 +124,8 @@ class Lake:
         finally:
             self.conn.close()
 
-    @contextlib.contextmanager
-    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        cur = self.conn.cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
+    def cursor(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return sql.cursor(self.conn)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -26,6 +26,16 @@ def one_int(result: duckdb.DuckDBPyConnection) -> int:
 
 
 @contextmanager
+def cursor(conn: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of its own on `conn` (any thread may read through one), closed after use."""
+    cur = conn.cursor()
+    try:
+        yield cur
+    finally:
+        cur.close()
+
+
+@contextmanager
 def transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """BEGIN … COMMIT on a cursor, rolled back if anything in it (the COMMIT included) fails."""
     cur.execute("BEGIN")

@@ -12,8 +12,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,19 @@ import duckdb
 
 from ahc.config import XDBConfig
 from ahc.errors import InvalidRequest, NotFound
-from xdb import browse, compression, documents, export, fidelity, insights, interactions, retention, session_state, tags
+from xdb import (
+    browse,
+    compression,
+    documents,
+    export,
+    fidelity,
+    insights,
+    interactions,
+    retention,
+    session_state,
+    sql,
+    tags,
+)
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
 from xdb.lake import Lake
@@ -193,13 +205,8 @@ class XDB:
                                        "source_audit_head": manifest["audit_head"]})
         return {"export_id": manifest["id"], "rows": loaded, "data_dir": str(data_dir)}
 
-    @contextmanager
-    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        cur = self.conn.cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
+    def cursor(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return sql.cursor(self.conn)
 
     # -- recording -----------------------------------------------------------------------------
     def next_ticks(self, session_id: str, n: int = 1) -> range:
