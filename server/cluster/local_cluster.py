@@ -18,14 +18,11 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from ahc.config import CHECKOUT
 from ahc.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
-from server.cluster.router import RouterProcess, RouterSpec
+from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from xdb.catalog import LocalPostgres
-
-Policy = Literal["consistent_hash", "round_robin"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +47,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 64:
             raise ValueError(f"replicas must be 1 to 64, not {self.replicas}")
-        if self.policy not in ("consistent_hash", "round_robin"):
-            raise ValueError(f"policy must be consistent_hash or round_robin, not {self.policy!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         for name, port in (("port", self.port), ("replica_base_port", self.replica_base_port)):
             if port is not None and not 1 <= port <= 65535 - self.replicas:
                 raise ValueError(f"{name} {port} is not a usable port")
@@ -168,8 +165,8 @@ def cluster_spec_from_cli(data_dir: str, replicas: int, model: str | None, confi
                           port: int, replica_base_port: int | None, policy: str, lake: bool, catalog: str | None,
                           catalog_dir: str | None, api_key: str | None, serve_args: Sequence[str]) -> ClusterSpec:
     """What `ahc cluster` was given, checked (a ValueError names what is wrong)."""
-    if policy not in ("consistent_hash", "round_robin"):
-        raise ValueError(f"--policy must be consistent_hash or round_robin, not {policy!r}")
+    if policy not in POLICIES:  # said here with the flag's name; ClusterSpec checks it for Python callers
+        raise ValueError(f"--policy must be {' or '.join(POLICIES)}, not {policy!r}")
     return ClusterSpec(Path(data_dir), replicas=replicas, model=model, config=config, host=host, port=port,
                        replica_base_port=replica_base_port, policy=policy,  # type: ignore[arg-type]
                        lake=lake, catalog=catalog, catalog_dir=Path(catalog_dir) if catalog_dir else None,
