@@ -11,7 +11,6 @@ chain verifies there.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from postgres import require_postgres
 
 from ahc.config import LakeConfig
 from ahc.server_process import AHC, TINY_MODEL, child_env, free_port
@@ -38,7 +38,6 @@ from bench.cluster import (
     system_prompt,
 )
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
-from xdb.catalog import postgres_available
 from xdb.lake import Lake
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -48,11 +47,7 @@ LOAD = ClusterLoad(sessions=8, turns=10)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if not postgres_available():
-        message = "PostgreSQL is not installed (Debian package `postgresql`)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_postgres()
     data_dir = tmp_path_factory.mktemp("cluster")
     # As root PostgreSQL runs as the `postgres` user, who cannot enter pytest's own (0700) temp dirs.
     catalog_dir = Path(tempfile.mkdtemp(prefix="ahc-test-catalog-"))

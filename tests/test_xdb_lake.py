@@ -18,27 +18,18 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
+from postgres import require_postgres
 from typer.testing import CliRunner
 
 from ahc.config import LakeConfig, XDBConfig
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
-from xdb.catalog import LocalPostgres, free_port, postgres_available
+from xdb.catalog import LocalPostgres, free_port
 from xdb.cli import app as xdb_cli
 from xdb.lake import LakeUnavailable
 from xdb.lake_schema import attach_lake
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
-
-
-def require_postgres() -> None:
-    """Skip without PostgreSQL's binaries, but fail in CI (CI=true), where they must be installed."""
-    if not postgres_available():
-        message = ("PostgreSQL's initdb/pg_ctl/psql were not found (install the Debian package `postgresql`): "
-                   "the DuckLake tests need a real catalog")
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
