@@ -22,6 +22,8 @@ class CacheReport:
     first_changed_block: str | None  # the first block whose hash differs from the session's last request
     governor: list[str] = field(default_factory=list)  # actions, in the order they were taken
     codex: tuple[dict[str, Any], ...] = ()  # per Codex document: its source and the rendition used
+    mode_switches: int = 0  # the session's changes of Codex placement so far, this request's included
+    switched: tuple[str, str] | None = None  # this request's change of placement (from, to)
 
     def note(self, action: str) -> None:
         self.governor.append(action)
@@ -40,7 +42,7 @@ class CacheReport:
     def to_json(self, session_id: str) -> dict[str, Any]:
         report = {"mode": self.mode, "blocks": [block.report() for block in self.blocks],
                   "prefix_sha256": self.prefix_sha256, "first_changed_block": self.first_changed_block,
-                  "governor": list(self.governor), "session_id": session_id}
+                  "governor": list(self.governor), "session_id": session_id, "mode_switches": self.mode_switches}
         if self.codex:
             report["codex"] = [dict(entry) for entry in self.codex]
         return report

@@ -3,12 +3,17 @@
 The summary joins the Karma block (after the karma entries), the condensed turns leave the State, and
 the most recent `compaction_keep_turns` turns stay verbatim. Karma entries staged in State turns are
 promoted to the Karma block first, so no entry is ever condensed. The caller stores the snapshot in XDB.
+
+The summary call continues the session's own prompt: its blocks and State exactly as last sent, then
+the instruction as a final user turn. That prompt is in the prefix cache (the session's last request
+and its reply), so the engine prefills only the instruction. Where it cannot fit the window (a State
+that grew past what the trigger allows), the old turns go as a transcript in a fresh prompt instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -26,6 +31,31 @@ tracer = trace.get_tracer(__name__)
 SUMMARY_INSTRUCTION = (
     "Condense the conversation below into a short list of the facts, decisions and open questions it "
     "established. Keep numbers, names and results exactly. Reply with the list only.")
+CONTINUED_INSTRUCTION = (
+    "Condense our conversation so far (the summary of earlier turns included) into a short list of the "
+    "facts, decisions and open questions it established. Keep numbers, names and results exactly. Reply "
+    "with the list only.")
+
+
+@dataclass(frozen=True)
+class SummaryCall:
+    """What the served model is asked to condense: chat messages, and the tools the chat template
+    renders with them (the session's own, so a continued prompt matches the cached one)."""
+
+    messages: list[dict[str, Any]]
+    tools: tuple[dict[str, Any], ...] = ()
+    continued: bool = False  # the session's prompt as last sent, then the instruction
+
+
+@dataclass(frozen=True)
+class SummaryReply:
+    text: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # read from the prefix cache: the whole continued prompt but the instruction
+
+
+# A summarizer may return the bare text (tests, a library user's own model call).
+Summarize = Callable[[SummaryCall], Awaitable["SummaryReply | str"]]
 
 
 @dataclass(frozen=True)
@@ -36,6 +66,19 @@ class Compaction:
     tokens_before: int  # State tokens before (the summary so far included)
     tokens_after: int  # State tokens after: the new summary and the turns kept
     summary: str
+    continued: bool = False  # the summary call continued the session's cached prompt
+    prompt_tokens: int = 0  # of the summary call, as the engine counted them (0: not known)
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CompactionCall:
+    """How to ask for this compaction's summary: `continuation`, the session's last prompt as it
+    would be sent again now (None when it does not fit the window with the instruction and the
+    summary's tokens); otherwise the transcript of the old turns."""
+
+    continuation: list[dict[str, Any]] | None = None
+    tools: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
 
 def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
@@ -43,6 +86,7 @@ def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
 
 
 def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any]]:
+    """A fresh prompt: the instruction and the old turns as a transcript."""
     transcript = "\n".join(f"{t.role}: {t.content}" + "".join(f" [called {n}({a})]" for _, n, a in t.tool_calls)
                            for t in old)
     earlier = f"Summary so far: {session.summary}\n\n" if session.summary else ""
@@ -50,12 +94,23 @@ def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any
             {"role": "user", "content": f"{earlier}{transcript}"}]
 
 
+def continued_request(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The session's prompt as last sent, then the instruction as the final user turn."""
+    return [*prompt, {"role": "user", "content": CONTINUED_INSTRUCTION}]
+
+
+def summary_call(session: Session, old: Sequence[Turn], how: CompactionCall) -> SummaryCall:
+    if how.continuation is not None:
+        return SummaryCall(continued_request(how.continuation), how.tools, continued=True)
+    return SummaryCall(summary_request(session, old))
+
+
 async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
-                  counter: TokenCounter, summarize: Callable[[list[dict[str, Any]]], Awaitable[str]],
-                  force: bool = False, keep: int | None = None) -> Compaction | None:
+                  counter: TokenCounter, summarize: Summarize, force: bool = False, keep: int | None = None,
+                  how: CompactionCall | None = None) -> Compaction | None:
     """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
     VRAM governor, or by a prompt over its budget); what it did, or None. `keep` overrides
-    `compaction_keep_turns` (0 when even the kept turns do not fit)."""
+    `compaction_keep_turns` (0 when even the kept turns do not fit); `how`: the call to make."""
     if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
         return None
     groups = turn_groups(tuple(session.turns))
@@ -65,13 +120,18 @@ async def compact(session: Session, incoming: Sequence[Turn], config: Orchestrat
         return None
     old = [t for group in old_groups for t in group]
     before = state_tokens(session.turns, counter) + counter.count(session.summary or "")
+    call = summary_call(session, old, how or CompactionCall())
     with tracer.start_as_current_span("ahc.compaction", attributes={SESSION_ID: session.session_id,
-                                                                   "ahc.compaction.turns": len(old)}):
-        summary = (await summarize(summary_request(session, old))).strip()
+                                                                   "ahc.compaction.turns": len(old),
+                                                                   "ahc.compaction.continued": call.continued}):
+        answer = await summarize(call)
+    reply = answer if isinstance(answer, SummaryReply) else SummaryReply(answer)
+    summary = reply.text.strip()
     session.summary = summary or session.summary
     session.turns = session.turns[len(old):]
     promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block
     session.compactions += 1
     session.compacted_turns += len(old_groups)
     after = state_tokens(session.turns, counter) + counter.count(session.summary or "")
-    return Compaction(len(old), before, after, session.summary or "")
+    return Compaction(len(old), before, after, session.summary or "", call.continued, reply.prompt_tokens,
+                      reply.cached_tokens)

@@ -8,8 +8,9 @@ of the two happens, exactly once, whatever becomes of the request."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -19,9 +20,10 @@ from ahc.errors import InvalidRequest
 from ahc.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, INPUT_TOKENS, SESSION_ID
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import Block, first_changed
-from orchestrator.budget import PromptMeter, RenderChat
+from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, REPLICA, CacheReport
 from orchestrator.chat_turn import ChatTurn
+from orchestrator.codex_placement import RAG, Placement, codex_key, decide, moved
 from orchestrator.codex_renditions import (
     CONDENSE_ACTION,
     CONDENSED,
@@ -30,7 +32,7 @@ from orchestrator.codex_renditions import (
     report_entries,
     wanting_rendition,
 )
-from orchestrator.compaction import Compaction, compact
+from orchestrator.compaction import CONTINUED_INSTRUCTION, Compaction, CompactionCall, Summarize, compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
@@ -46,8 +48,6 @@ from orchestrator.turn import Turn
 TURN_DROPS = ("ctc_depth", "ctc_prune_turns")  # governor actions that drop State turns
 
 tracer = trace.get_tracer(__name__)  # the API's no-op until a tracer provider is installed
-
-Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 
 class Retriever(Protocol):
@@ -71,6 +71,8 @@ class _Request:
     codex: tuple[CodexDoc, ...] = ()
     namespace: str = ""
     retrieved: tuple[Excerpt, ...] | None = None
+    placement: Placement | None = None  # where the Codex sits in this request's prompt
+    compacts: bool = False  # the State can be compacted: room is kept for the summary call
 
 
 @dataclass
@@ -88,6 +90,7 @@ class _Plan:
     overhead: int = 0
     rendition: str = FULL  # of the Codex documents that have a condensed one
     wanted: tuple[CodexDoc, ...] = ()  # documents a condensed rendition would have helped
+    excerpts: tuple[Excerpt, ...] = ()  # in the Query block (RAG)
 
 
 class Orchestrator:
@@ -141,45 +144,62 @@ class Orchestrator:
         session = await self.sessions.aget(spec.session_id) if spec.session_id else None
         # Compaction counts the State's tokens first: long turns are counted off the event loop.
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
+        can_compact = session is not None and self.summarize is not None
+        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
+                           codex, namespace, compacts=can_compact)
+        request.placement = await self._placement(request)
+        decided = request.placement
         actions: list[str] = []
         compactions: list[Compaction] = []
-        can_compact = session is not None and self.summarize is not None
-        if session is not None and self.summarize is not None:
-            done = await compact(session, new_turns, self.config, self.config.compaction_tokens(self.max_model_len),
-                                 self.counter, self.summarize, force_compaction)
+
+        async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
+            assert session is not None and self.summarize is not None
+            done = await compact(session, new_turns, self.config, threshold, self.counter, self.summarize, force,
+                                 keep, await self._compaction_call(request))
             if done is not None:
                 actions.append("compaction")
                 compactions.append(done)
-        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
-                           codex, namespace)
-        # Over the budget (or with the State crowding out the excerpts), the State is compacted, then
-        # compacted again down to no verbatim turns; only a prompt that fits neither way is refused.
+
+        if can_compact:
+            await compacted(self.config.compaction_tokens(self.max_model_len), force_compaction)
+        # Over the budget, crowding out the excerpts, or leaving no room for the next compaction's call,
+        # the State is compacted, then compacted again down to no verbatim turns; a prompt that still
+        # does not fit moves its Codex (condensed, then RAG); only one that fits no way is refused.
         keeps = [self.config.compaction_keep_turns, 0] if can_compact else []
         while True:
             plan = await self._plan(request)
-            if plan.fits and not plan.starved:
+            if plan.fits and not plan.starved and not (keeps and self._crowded(plan, request)):
                 break
-            if not keeps:
-                if plan.fits:  # served without excerpts: the model still has `query_archive`
-                    break
+            if keeps:
+                await compacted(0, True, keeps.pop(0))
+                continue
+            if plan.fits:  # served without excerpts (the model still has `query_archive`), or crowded
+                break
+            assert request.placement is not None
+            step = moved(request.placement.rendition, codex, spec.mode)
+            if step is None:
                 raise self._too_large(plan, budget, self.max_model_len - budget)
-            assert session is not None and self.summarize is not None
-            done = await compact(session, new_turns, self.config, 0, self.counter, self.summarize, True, keeps.pop(0))
-            if done is not None:
-                actions.append("compaction")
-                compactions.append(done)
+            request.placement = replace(request.placement, rendition=step)
         actions += plan.actions
+        placement = request.placement
+        assert placement is not None
+        # Against the placement the session's last turn had (its first turn: the one decided for it).
+        before = session.placement if session is not None and session.placement is not None else decided.rendition
+        switched = (before, placement.rendition) if before != placement.rendition else None
+        switches = (session.mode_switches if session is not None else 0) + (switched is not None)
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
                              changed_since(plan.prompt.blocks, session, self.named.last_hashes(label)), actions,
-                             report_entries(codex, plan.rendition, plan.mode == "cag"))
+                             report_entries(codex, plan.rendition, plan.mode == "cag"), switches, switched)
         session_id = spec.session_id or label or namespace + new_session_id()
         karma = plan.karma
-        stored_query = formatter.query(query, (), karma.fresh) if query is not None else None
+        # A RAG turn's excerpts stay in State with its question: from the next turn on they are part of
+        # the cached prefix (and counted, and condensed, by compaction like any turn).
+        stored_query = formatter.query(query, plan.excerpts, karma.fresh) if query is not None else None
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
                         plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
                         stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
                         prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted,
-                        compactions=tuple(compactions), named=label is not None)
+                        compactions=tuple(compactions), named=label is not None, placement=placement)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -192,34 +212,16 @@ class Orchestrator:
 
     async def _plan(self, r: _Request) -> _Plan:
         """One try at the prompt with the session's State as it is now."""
-        session, spec, formatter = r.session, r.spec, r.formatter
-        karma = plan_karma(spec.karma, session, self.config.karma_staging)
-        if karma.fresh and r.query is None:  # no Query block to carry them this time
-            karma = karma.all_in_block()
-        state = tuple(session.turns if session else ()) + tuple(r.new_turns)
-        inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
-                            codex=r.codex, karma=karma.block, staged_karma=karma.fresh,
-                            summary=session.summary if session else None, state=state, query=r.query)
-        # Everything below is synchronous: its long texts are counted on a worker thread first.
+        spec, formatter, placement = r.spec, r.formatter, r.placement
+        assert placement is not None
+        inp, karma = self._input(r, query=r.query, new_turns=r.new_turns)
         await prefetch(inp, formatter, self.counter, self.render_cache)
-        mode = self._mode(spec, inp, formatter, r)
-        rendition, condense_actions = FULL, []
-        wanted: tuple[CodexDoc, ...] = ()
-        if r.codex and self._needs_room(spec, mode, inp, formatter, r):
-            # Room before RAG: the Codex's condensed renditions, where the documents have them.
-            wanted = wanting_rendition(r.codex)
-            condensed = replace(inp, codex=condensed_codex(r.codex))
-            if condensed.codex != inp.codex:
-                await prefetch(condensed, formatter, self.counter, self.render_cache)
-                if not self._needs_room(spec, self._mode(spec, condensed, formatter, r), condensed, formatter, r):
-                    inp, mode, rendition, condense_actions = condensed, "cag", CONDENSED, [CONDENSE_ACTION]
-        extra_tools: list[dict[str, Any]] = []
+        condense_actions = [CONDENSE_ACTION] if placement.rendition == CONDENSED else []
+        wanted = wanting_rendition(r.codex) if placement.rendition == RAG and spec.mode == "auto" else ()
+        extra_tools = self._extra_tools(r)
         starved = False
-        if mode == "rag":
-            inp = replace(inp, include_codex=False)
-            if self.retriever is not None and r.codex:
-                extra_tools.append(self.retriever.tool())
-                inp, starved = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
+        if placement.mode == "rag" and extra_tools:
+            inp, starved = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
         governed, ctc_actions = self._govern(inp, formatter)
         if karma.block != karma.entries and any(a.startswith(TURN_DROPS) for a in ctc_actions):
             # The dropped turns may carry staged karma: every entry goes back in the Karma block.
@@ -227,24 +229,85 @@ class Orchestrator:
             governed, ctc_actions = self._govern(replace(inp, karma=karma.block, staged_karma=()), formatter)
         prompt = assemble(governed, formatter, self.counter, self.render_cache)
         tokens = self.meter.tokens(prompt, (*r.tools, *extra_tools))
-        return _Plan(mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools,
+        return _Plan(placement.mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools,
                      condense_actions + ctc_actions, self.meter.overhead(prompt, (*r.tools, *extra_tools)),
-                     rendition, wanted)
+                     CONDENSED if placement.rendition == CONDENSED else FULL, wanted, governed.excerpts)
 
-    def _needs_room(self, spec: ContextSpec, mode: str, inp: AssemblyInput, formatter: Formatter,
-                    r: _Request) -> bool:
-        """auto: the Codex would be left out for RAG; cag: the whole prompt is over the budget."""
-        if spec.mode == "auto":
-            return mode == "rag"
-        if spec.mode == "cag":
-            return self.meter.tokens(assemble(inp, formatter, self.counter, self.render_cache), r.tools) > r.budget
-        return False
+    def _input(self, r: _Request, query: str | None, new_turns: Sequence[Turn]) -> tuple[AssemblyInput, KarmaPlan]:
+        """The blocks of the request's prompt with its placement of the Codex and the State as it is now
+        (`new_turns` and `query`: the request's own, or none for the prompt its session last sent)."""
+        session, spec, placement = r.session, r.spec, r.placement
+        assert placement is not None
+        karma = plan_karma(spec.karma, session, self.config.karma_staging)
+        if karma.fresh and query is None:  # no Query block to carry them this time
+            karma = karma.all_in_block()
+        codex = condensed_codex(r.codex) if placement.rendition == CONDENSED else r.codex
+        inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
+                            codex=codex, karma=karma.block, staged_karma=karma.fresh,
+                            summary=session.summary if session else None,
+                            state=tuple(session.turns if session else ()) + tuple(new_turns), query=query,
+                            include_codex=placement.mode == "cag")
+        return inp, karma
+
+    def _extra_tools(self, r: _Request) -> list[dict[str, Any]]:
+        """`query_archive` for a RAG prompt with a Codex to search."""
+        assert r.placement is not None
+        if r.placement.mode == "rag" and self.retriever is not None and r.codex:
+            return [self.retriever.tool()]
+        return []
+
+    async def _placement(self, r: _Request) -> Placement:
+        """The session's placement while its Codex is the one it was decided for, else decided anew."""
+        spec, formatter = r.spec, r.formatter
+        threshold = spec.cag_threshold if spec.cag_threshold is not None else self.config.cag_threshold
+        key = codex_key(r.codex, spec.mode, threshold, formatter.name)
+        session = r.session
+        if session is not None and session.placement is not None and session.placement_key == key:
+            return Placement(session.placement, key)
+        for docs in (r.codex, condensed_codex(r.codex)):  # long ones counted off the event loop
+            await self.render_cache.prefetch_text_block((formatter.name, "codex", docs), partial(formatter.codex, docs),
+                                                        self.counter, "codex", sum(len(doc.text) for doc in docs))
+
+        def tokens(docs: tuple[CodexDoc, ...]) -> int:
+            return self.render_cache.text_block((formatter.name, "codex", docs), lambda: formatter.codex(docs),
+                                                self.counter, "codex").tokens
+
+        return Placement(decide(r.codex, spec.mode, threshold * self.max_model_len, tokens), key)
+
+    def _summary_room(self) -> int:
+        """What a compaction's call adds to the session's prompt: its instruction and its summary."""
+        cost = self.meter.cost
+        return (self.counter.count(CONTINUED_INSTRUCTION) + cost.per_message + BOUNDARY_SLACK
+                + self.config.compaction_max_tokens)
+
+    def _crowded(self, plan: _Plan, r: _Request) -> bool:
+        """This prompt, its reply and the next compaction's call would not fit the window together: the
+        State is compacted now, while that call can still continue the cached prompt."""
+        reserve = self.max_model_len - r.budget
+        return plan.tokens + reserve + self._summary_room() > self.max_model_len
+
+    async def _compaction_call(self, r: _Request) -> CompactionCall:
+        """The session's prompt as its last request sent it, with this request's tools (an agent's
+        tools do not change between turns): the summary call continues it, so it is read from the
+        prefix cache. A transcript instead when that prompt and the call's room exceed the window."""
+        session = r.session
+        if session is None or not session.turns:
+            return CompactionCall()
+        inp, _ = self._input(r, query=None, new_turns=())
+        await prefetch(inp, r.formatter, self.counter, self.render_cache)
+        governed, _ = self._govern(inp, r.formatter)
+        prompt = assemble(governed, r.formatter, self.counter, self.render_cache)
+        tools = (*r.tools, *self._extra_tools(r))
+        if self.meter.tokens(prompt, tools) + self._summary_room() > self.max_model_len:
+            return CompactionCall()
+        return CompactionCall(prompt.messages, tuple(tools))
 
     async def _excerpts(self, inp: AssemblyInput, formatter: Formatter, r: _Request,
                         tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool]:
         """The retrieved excerpts that fit what the budget leaves, best first, and never more tokens
-        than the Codex they stand for (else CAG would have been the smaller prompt). True as well when
-        the best excerpt was left out for want of room that compacting the State would give."""
+        than the Codex they stand for (else CAG would have been the smaller prompt). Excerpts an earlier
+        turn still in State delivered are not sent again. True as well when the best excerpt was left
+        out for want of room that compacting the State would give."""
         if r.retrieved is None:  # retrieval depends on the query alone: once per request
             assert self.retriever is not None
             # Without a session, the index of the namespace's requests without one.
@@ -253,21 +316,26 @@ class Orchestrator:
                                                               scope, r.namespace))
         if not r.retrieved or r.query is None:
             return inp, False
-        codex = self.counter.count(formatter.codex(inp.codex))
+        delivered = "\n".join(turn.content for turn in inp.state if turn.role == "user")
+        fresh = [excerpt for excerpt in r.retrieved if excerpt.text.strip() not in delivered]
+        if not fresh:
+            return inp, False
+        codex = self.counter.count(formatter.codex(r.codex))
         bare = assemble(inp, formatter, self.counter, self.render_cache)
-        room = min(codex, r.budget - self.meter.tokens(bare, tools))
+        # The excerpts join the State: they leave room for the next compaction's call like the State does.
+        room = min(codex, r.budget - self.meter.tokens(bare, tools) - (self._summary_room() if r.compacts else 0))
         query_tokens = self.counter.count(formatter.query(r.query, (), inp.staged_karma))
 
         def cost(excerpts: Sequence[Excerpt]) -> int:
             return self.counter.count(formatter.query(r.query or "", excerpts, inp.staged_karma)) - query_tokens
 
         chosen: list[Excerpt] = []
-        for excerpt in r.retrieved:
+        for excerpt in fresh:
             if cost([*chosen, excerpt]) <= room:
                 chosen.append(excerpt)
-        best = cost(r.retrieved[:1])
+        best = cost(fresh[:1])
         state_tokens = next(b.tokens for b in bare.blocks if b.name == "state")
-        starved = r.retrieved[0] not in chosen and best <= min(codex, room + state_tokens)
+        starved = fresh[0] not in chosen and best <= min(codex, room + state_tokens)
         return replace(inp, excerpts=tuple(chosen)), starved
 
     def _too_large(self, plan: _Plan, budget: int, reserve: int) -> InvalidRequest:
@@ -305,16 +373,6 @@ class Orchestrator:
         limits = ctc_limits(self.config, self.max_model_len)
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
-    def _mode(self, spec: ContextSpec, inp: AssemblyInput, formatter: Formatter, r: _Request) -> str:
-        """auto: CAG while the prompt is under the threshold (the request's, else the config's) and
-        within the budget."""
-        if spec.mode != "auto":
-            return spec.mode
-        prompt = assemble(inp, formatter, self.counter, self.render_cache)
-        threshold = spec.cag_threshold if spec.cag_threshold is not None else self.config.cag_threshold
-        under = prompt.tokens < threshold * self.max_model_len
-        return "cag" if under and self.meter.tokens(prompt, r.tools) <= r.budget else "rag"
-
     def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "", label: str | None = None) -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
@@ -351,6 +409,9 @@ class Orchestrator:
         session.turns.append(Turn.from_message(reply))
         if prepared.karma is not None:
             commit_karma(session, prepared.karma)
+        if prepared.placement is not None:
+            session.placement, session.placement_key = prepared.placement.rendition, prepared.placement.key
+            session.mode_switches = prepared.report.mode_switches
         return self.sessions.save(session)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.assembler import AssembledPrompt
 from orchestrator.cache_report import CacheReport
+from orchestrator.codex_placement import Placement
 from orchestrator.compaction import Compaction
 from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.karma import KarmaPlan
@@ -39,6 +40,7 @@ class Prepared:
     condense_wanted: tuple[CodexDoc, ...] = ()
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
     named: bool = False  # session_id named by the client (header, prompt_cache_key), its State not kept
+    placement: Placement | None = None  # where the Codex sits; the session keeps it when the turn commits
 
     @property
     def actions(self) -> list[str]:

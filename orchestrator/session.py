@@ -33,6 +33,11 @@ class Session:
     # is in that one's cache, not here: `moved_from` says so until this server's first turn commits.
     replica: str | None = None
     moved_from: str | None = None
+    # Where the Codex sits (orchestrator/codex_placement.py), the Codex it was decided for, and how
+    # often that changed.
+    placement: str | None = None
+    placement_key: str | None = None
+    mode_switches: int = 0
 
     def to_json(self) -> str:
         return json.dumps({
@@ -41,6 +46,7 @@ class Session:
             "compactions": self.compactions, "compacted_turns": self.compacted_turns,
             "karma": [k.model_dump() for k in self.karma],
             "staged_karma": [k.model_dump() for k in self.staged_karma],
+            "placement": self.placement, "placement_key": self.placement_key, "mode_switches": self.mode_switches,
         }, sort_keys=True)
 
     @classmethod
@@ -50,7 +56,9 @@ class Session:
                    summary=data.get("summary"), last_hashes=data.get("last_hashes"), replica=data.get("replica"),
                    compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0),
                    karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],
-                   staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])])
+                   staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])],
+                   placement=data.get("placement"), placement_key=data.get("placement_key"),
+                   mode_switches=data.get("mode_switches", 0))
 
 
 @dataclass

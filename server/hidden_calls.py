@@ -7,6 +7,7 @@ experience; the compaction itself is recorded as a system event.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +15,19 @@ from server.tracing import engine_trace_headers
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.tokenizers.protocol import TokenizerLike
 
 
 # Their request ids start with this, so the metrics tell them from the agents' requests.
 HIDDEN_REQUEST_PREFIX = "ahc-hidden-"
+
+
+@dataclass(frozen=True)
+class HiddenReply:
+    text: str
+    prompt_tokens: int
+    cached_tokens: int  # read from the prefix cache
 
 
 @dataclass
@@ -27,15 +36,20 @@ class HiddenCaller:
     tokenizer: TokenizerLike  # with a chat template
     max_model_len: int
     chat_template: str | None = None  # the one vLLM was given, else the tokenizer's own
+    # vLLM's chat handler, once its app is built: a call that continues an agent's prompt must be
+    # rendered exactly as that prompt was (vLLM's message normalisation, tools, template kwargs) for
+    # its token ids, and so its prefix cache, to match. Before that: the tokenizer's template.
+    serving: OpenAIServingChat | None = None
 
     async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:
+        return (await self.complete(messages, max_tokens)).text
+
+    async def complete(self, messages: list[dict[str, Any]], max_tokens: int,
+                       tools: Sequence[dict[str, Any]] = ()) -> HiddenReply:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 chat_template=self.chat_template)
-        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
-            ids = list(ids["input_ids"])
+        ids = await self.render(messages, tools)
         budget = self.max_model_len - max_tokens - 1
         if len(ids) > budget:  # keep the instruction's head and the transcript's most recent end
             ids = ids[:64] + ids[len(ids) - (budget - 64):]
@@ -47,4 +61,23 @@ class HiddenCaller:
                                                  request_id=f"{HIDDEN_REQUEST_PREFIX}{uuid.uuid4().hex}",
                                                  trace_headers=engine_trace_headers(None)):
             final = output
-        return final.outputs[0].text if final is not None else ""
+        if final is None:
+            return HiddenReply("", len(ids), 0)
+        return HiddenReply(final.outputs[0].text, len(ids), final.num_cached_tokens or 0)
+
+    async def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> list[int]:
+        """The prompt's token ids, as vLLM's chat handler renders a request with these messages and tools."""
+        if self.serving is not None:
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+            from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+            request = ChatCompletionRequest(messages=messages, tools=list(tools) or None)
+            rendered = await self.serving.render_chat_request(request)
+            if isinstance(rendered, ErrorResponse):
+                raise ValueError(f"the hidden call's prompt cannot be rendered: {rendered.error.message}")
+            return list(rendered[1][0]["prompt_token_ids"])
+        ids = self.tokenizer.apply_chat_template(messages, tools=list(tools) or None, add_generation_prompt=True,
+                                                 tokenize=True, chat_template=self.chat_template)
+        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
+            ids = list(ids["input_ids"])
+        return ids

@@ -96,6 +96,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
                 xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
         await init_app_state(runtime.engine, app.state, args, supported_tasks)
+        runtime.hidden.serving = app.state.openai_serving_chat  # renders hidden calls as vLLM renders chats
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
             access_log=False, timeout_keep_alive=5,

@@ -67,6 +67,18 @@ class AHCMetrics:
             "(where the reusable cached prefix ends; 'query' means everything above the question was reused)",
             m + ["first_changed_block"], registry=r)
         self.compactions = Counter("ahc_compactions", "State compactions", m, registry=r)
+        # The summary calls apart: `continued` (true: the call continued the session's cached prompt and
+        # should prefill only its instruction; false: a transcript in a fresh prompt).
+        self.compaction_prompt_tokens = Counter(
+            "ahc_compaction_prompt_tokens", "Prompt tokens of compaction summary calls", m + ["continued"],
+            registry=r)
+        self.compaction_cached_tokens = Counter(
+            "ahc_compaction_cached_tokens", "Prompt tokens of compaction summary calls read from the prefix cache",
+            m + ["continued"], registry=r)
+        self.context_mode_switches = Counter(
+            "ahc_context_mode_switches",
+            "Changes of a session's Codex placement (full, condensed, rag): a Codex that changed, or one that "
+            "could not fit beside a compacted State", m + ["from_placement", "to_placement"], registry=r)
         self.session_wait_seconds = Histogram(
             "ahc_session_wait_seconds",
             "How long a session's turn was held back so as not to evict a hot session's cached prefix",
@@ -167,10 +179,18 @@ class AHCMetrics:
             self.context_block_tokens.labels(model_name=name, block=block.name).observe(block.tokens)
         if report.first_changed_block is not None:
             self.cache_breaks.labels(model_name=name, first_changed_block=report.first_changed_block).inc()
+        if report.switched is not None:
+            self.context_mode_switches.labels(model_name=name, from_placement=report.switched[0],
+                                              to_placement=report.switched[1]).inc()
         for action in report.governor:
             self.governor_actions.labels(model_name=name, action=action.split(":", 1)[0]).inc()
             if action == "compaction" or action == "vram_compact":
                 self.one(self.compactions).inc()
+
+    def record_compaction_call(self, prompt_tokens: int, cached_tokens: int, continued: bool) -> None:
+        label = "true" if continued else "false"
+        self.compaction_prompt_tokens.labels(model_name=self.model_name, continued=label).inc(prompt_tokens)
+        self.compaction_cached_tokens.labels(model_name=self.model_name, continued=label).inc(cached_tokens)
 
     def _device_memory(self) -> DeviceMemory:
         if self._geometry is None:

@@ -125,6 +125,10 @@ class Recorder:
         turn = {"mode": report.mode, "blocks": [b.report() for b in report.blocks],
                 "first_changed_block": report.first_changed_block, "governor": list(report.governor),
                 "prefix_sha256": report.prefix_sha256, "compactions": len(prepared.compactions),
+                # The summary calls' own prefill, apart from the turn's (continued: read from the cache).
+                "compaction_prompt_tokens": sum(c.prompt_tokens for c in prepared.compactions),
+                "compaction_cached_tokens": sum(c.cached_tokens for c in prepared.compactions),
+                "mode_switches": report.mode_switches,
                 "prompt_tokens": usage.prompt_tokens if usage else None,
                 "cached_tokens": usage.cached_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,

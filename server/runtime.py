@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ahc.config import AHCConfig, resolve_path
+from orchestrator.compaction import SummaryCall, SummaryReply
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
@@ -53,6 +54,7 @@ class Runtime:
     keys: TenantKeys  # empty: no key, one local tenant
     codex: CodexResolver  # Codex entries by reference, and stored condensed renditions
     condenser: CodexCondenser  # makes the renditions (requests ask only when codex_condense is on)
+    hidden: HiddenCaller  # the server's own calls to the model (compaction summaries, renditions)
     token_process: TokenProcess | None = None
 
     def close(self) -> None:
@@ -93,8 +95,10 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
                             # In a cluster a session may come back on another replica: its State says so.
                             replica=config.xdb.lake.replica_id if config.xdb.backend == "ducklake" else None)
 
-    async def summarize_state(messages: list[dict[str, Any]]) -> str:
-        return await hidden.summarize(messages, oc.compaction_max_tokens)
+    async def summarize_state(call: SummaryCall) -> SummaryReply:
+        reply = await hidden.complete(call.messages, oc.compaction_max_tokens, call.tools)
+        metrics.record_compaction_call(reply.prompt_tokens, reply.cached_tokens, call.continued)
+        return SummaryReply(reply.text, reply.prompt_tokens, reply.cached_tokens)
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -122,5 +126,5 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file),
-                   codex=codex, condenser=condenser,
+                   codex=codex, condenser=condenser, hidden=hidden,
                    token_process=token_process)
