@@ -561,3 +561,102 @@ def test_without_max_tokens_the_default_reply_room_is_kept(counter, tokenizer) -
     assert orch.prompt_budget(MAX_TOKENS) == WINDOW - MAX_TOKENS
     with pytest.raises(InvalidRequest, match="max_tokens"):
         orch.prompt_budget(WINDOW)
+
+
+def test_compaction_continues_the_session_prompt_as_last_sent(counter, tokenizer) -> None:
+    """The summary call is the session's last prompt (blocks and State exactly as sent), its reply, then
+    the instruction: the engine reads all but the instruction from the prefix cache."""
+    calls = []
+
+    async def summarize(call):
+        calls.append(call)
+        return "Summary: " + words(20, len(calls))
+
+    orch = budgeted(counter, tokenizer, summarize)
+    spec = parse_context({**tiny_session(3), "session_id": "cont", "mode": "auto"})
+    sent: list[list[dict]] = []
+    for turn in range(40):
+        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        if calls and "compaction" in prepared.actions:
+            break
+        sent.append(prepared.messages)
+        orch.commit(prepared, {"role": "assistant", "content": words(8, turn)})
+    call = calls[0]
+    assert call.continued and call.tools == ()
+    last = sent[-1]
+    assert call.messages[:len(last)] == last  # the previous prompt, byte for byte
+    assert call.messages[len(last)] == {"role": "assistant", "content": words(8, len(sent) - 1)}
+    assert call.messages[-1]["role"] == "user" and "Condense" in call.messages[-1]["content"]
+    # It fit the window with its summary: the trigger left room for it.
+    rendered = tokenizer.apply_chat_template(call.messages, add_generation_prompt=True, tokenize=True)
+    assert len(rendered) + OrchestratorConfig().compaction_max_tokens <= WINDOW
+
+
+def test_a_prompt_too_long_to_continue_is_summarised_as_a_transcript(counter, tokenizer) -> None:
+    calls = []
+
+    async def summarize(call):
+        calls.append(call)
+        return "Summary."
+
+    orch = budgeted(counter, tokenizer, summarize)
+    orch.config = OrchestratorConfig(max_chars=10**7)  # no character cap: the State stays as long as it is
+    spec = parse_context({**tiny_session(3), "session_id": "huge-state", "mode": "cag"})
+    session = orch.sessions.get("huge-state")
+    # Longer than the window: a client's history sent to a server that kept none, or a smaller window now.
+    session.turns = [Turn(role="user" if i % 2 == 0 else "assistant", content=words(120, i)) for i in range(16)]
+    run(orch.prepare(spec, [{"role": "user", "content": "q"}], False, MAX_TOKENS))
+    assert calls and not calls[0].continued
+    assert calls[0].messages[0]["content"].startswith("Condense the conversation below")
+
+
+def test_auto_keeps_its_decision_until_the_codex_changes(counter, tokenizer) -> None:
+    orch = budgeted(counter, tokenizer, None)
+    small = {**tiny_session(3), "session_id": "keep", "mode": "auto"}
+    first = run(orch.prepare(parse_context(small), [{"role": "user", "content": "q0"}], False, MAX_TOKENS))
+    orch.commit(first, {"role": "assistant", "content": "a0"})
+    assert first.report.mode == "cag" and first.report.mode_switches == 0
+    big = {**small, "codex": [{"id": f"doc{i}", "text": words(105, 10 + i)} for i in range(8)]}
+    second = run(orch.prepare(parse_context(big), [{"role": "user", "content": "q1"}], False, MAX_TOKENS))
+    orch.commit(second, {"role": "assistant", "content": "a1"})
+    assert second.report.mode == "rag" and second.report.mode_switches == 1
+    assert second.report.switched == ("full", "rag")
+    third = run(orch.prepare(parse_context(big), [{"role": "user", "content": "q2"}], False, MAX_TOKENS))
+    assert third.report.mode == "rag" and third.report.mode_switches == 1 and third.report.switched is None
+    assert third.report.to_json("keep")["mode_switches"] == 1
+
+
+def test_a_codex_that_cannot_fit_beside_a_compacted_state_moves_once(counter, tokenizer) -> None:
+    """Under the threshold but too large for the window once the identity and the question are in: the
+    session moves to the condensed rendition (one switch), and stays there."""
+    async def summarize(call):
+        return "Summary."
+
+    orch = budgeted(counter, tokenizer, summarize)
+    codex = [{"id": "doc0", "text": words(820, 5), "condensed": words(150, 6)}]
+    spec = parse_context({"identity": words(250, 1), "codex": codex, "session_id": "move", "mode": "auto",
+                          "cag_threshold": 0.9})
+    reports = []
+    for turn in range(6):
+        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        orch.commit(prepared, {"role": "assistant", "content": words(8, turn)})
+        reports.append(prepared.report)
+    assert [r.codex[0]["rendition"] for r in reports] == ["condensed"] * 6
+    assert [r.mode_switches for r in reports] == [1] * 6 and reports[0].switched == ("full", "condensed")
+    assert orch.sessions.get("move").placement == "condensed"
+
+
+def test_rag_excerpts_join_the_state_once(counter, tokenizer) -> None:
+    """A RAG turn's excerpts stay in State with its question (so the next turn reads them from the cache),
+    and an excerpt already there is not sent again."""
+    orch = budgeted(counter, tokenizer, None)
+    orch.retriever = FixedRetriever(chars=200)
+    spec = parse_context({**tiny_session(3), "session_id": "excerpts", "mode": "rag"})
+    first = run(orch.prepare(spec, [{"role": "user", "content": "which rule?"}], False, MAX_TOKENS))
+    assert "Archive excerpts" in first.messages[-1]["content"]
+    orch.commit(first, {"role": "assistant", "content": "this one"})
+    second = run(orch.prepare(spec, [{"role": "user", "content": "and then?"}], False, MAX_TOKENS))
+    # The first turn's question as sent, excerpts and all, is now State: a prefix of the second prompt.
+    assert second.messages[1] == first.messages[-1]
+    assert second.messages[-1]["content"] == "and then?"  # every excerpt is in State already
+
