@@ -72,7 +72,7 @@ class HiddenCaller:
             from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
             request = ChatCompletionRequest(messages=messages, tools=list(tools) or None)
-            rendered = await self.serving.render_chat_request(request)
+            rendered = await self.serving.online_renderer.render_chat(request)  # no model check, no request log
             if isinstance(rendered, ErrorResponse):
                 raise ValueError(f"the hidden call's prompt cannot be rendered: {rendered.error.message}")
             return list(rendered[1][0]["prompt_token_ids"])
