@@ -72,3 +72,29 @@ def test_a_session_past_the_window_holds_its_mode_and_its_cache(client, model_na
     prompt = after["ahc_compaction_prompt_tokens_total"] - before.get("ahc_compaction_prompt_tokens_total", 0)
     cached = after["ahc_compaction_cached_tokens_total"] - before.get("ahc_compaction_cached_tokens_total", 0)
     assert prompt > 0 and cached / prompt >= 0.8, (prompt, cached)
+
+
+TOOL = {"type": "function", "function": {"name": "probe", "description": "Read one cell of the ring.",
+                                         "parameters": {"type": "object", "properties": {"cell": {"type": "string"}},
+                                                        "required": ["cell"]}}}
+
+
+def test_a_summary_call_continues_a_prompt_with_tools_and_tool_calls(client, model_name, server) -> None:
+    """The summary call is rendered as vLLM renders the session's requests (tools in the system turn, a
+    call's arguments as JSON): the engine reads it from the prefix cache up to the instruction."""
+    before = scrape_metrics(server.base_url, continued="true")
+    compactions = 0
+    for turn in range(16):
+        call = {"id": f"call-{turn}", "type": "function",
+                "function": {"name": "probe", "arguments": f'{{"cell": "c{turn}"}}'}}
+        reply = client.chat.completions.create(
+            model=model_name, max_tokens=REPLY_TOKENS, temperature=0, tools=[TOOL],
+            messages=[{"role": "assistant", "content": "", "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": f"call-{turn}", "content": words(25, 300 + turn)},
+                      {"role": "user", "content": words(20, 200 + turn)}],
+            extra_body={"context": {**CONTEXT, "session_id": "long-tools"}})
+        compactions += "compaction" in reply.to_dict()["context"]["governor"]
+    after = scrape_metrics(server.base_url, continued="true")
+    prompt = after["ahc_compaction_prompt_tokens_total"] - before.get("ahc_compaction_prompt_tokens_total", 0)
+    cached = after["ahc_compaction_cached_tokens_total"] - before.get("ahc_compaction_cached_tokens_total", 0)
+    assert compactions >= 2 and prompt > 0 and cached / prompt >= 0.8, (compactions, prompt, cached)
