@@ -85,6 +85,17 @@ def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
     return sum(counter.count(t.content) + sum(counter.count(a) for _, _, a in t.tool_calls) for t in turns)
 
 
+def kept_groups(groups: Sequence[tuple[Turn, ...]], keep: int, keep_tokens: int | None, counter: TokenCounter) -> int:
+    """How many of the newest turn groups stay verbatim: at most `keep`, and at most `keep_tokens`."""
+    kept, tokens = 0, 0
+    for group in reversed(groups):
+        tokens += state_tokens(group, counter)
+        if kept == keep or (keep_tokens is not None and tokens > keep_tokens):
+            break
+        kept += 1
+    return kept
+
+
 def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any]]:
     """A fresh prompt: the instruction and the old turns as a transcript."""
     transcript = "\n".join(f"{t.role}: {t.content}" + "".join(f" [called {n}({a})]" for _, n, a in t.tool_calls)
@@ -107,15 +118,17 @@ def summary_call(session: Session, old: Sequence[Turn], how: CompactionCall) -> 
 
 async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Summarize, force: bool = False, keep: int | None = None,
-                  how: CompactionCall | None = None) -> Compaction | None:
+                  how: CompactionCall | None = None, keep_tokens: int | None = None) -> Compaction | None:
     """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
     VRAM governor, or by a prompt over its budget); what it did, or None. `keep` overrides
-    `compaction_keep_turns` (0 when even the kept turns do not fit); `how`: the call to make."""
+    `compaction_keep_turns` (0 when even the kept turns do not fit); `keep_tokens`: the most tokens the
+    kept turns may hold, so that a compaction leaves room for more than a turn or two (turns carrying
+    long tool results or excerpts); `how`: the call to make."""
     if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
         return None
     groups = turn_groups(tuple(session.turns))
     keep = config.compaction_keep_turns if keep is None else keep
-    old_groups = groups[:-keep] if keep else groups
+    old_groups = groups[:len(groups) - kept_groups(groups, keep, keep_tokens, counter)]
     if not old_groups:
         return None
     old = [t for group in old_groups for t in group]

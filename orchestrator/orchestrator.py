@@ -155,7 +155,7 @@ class Orchestrator:
         async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
             assert session is not None and self.summarize is not None
             done = await compact(session, new_turns, self.config, threshold, self.counter, self.summarize, force,
-                                 keep, await self._compaction_call(request))
+                                 keep, await self._compaction_call(request), self._state_room(request) // 2)
             if done is not None:
                 actions.append("compaction")
                 compactions.append(done)
@@ -280,6 +280,14 @@ class Orchestrator:
         return (self.counter.count(CONTINUED_INSTRUCTION) + cost.per_message + BOUNDARY_SLACK
                 + self.config.compaction_max_tokens)
 
+    def _state_room(self, r: _Request) -> int:
+        """The tokens the State may take in this request's prompt, with room left for the reply and the
+        next compaction's call. A compaction keeps at most half of it verbatim, and a RAG turn's
+        excerpts (which join the State) take at most a quarter, so several turns fit between compactions."""
+        inp, _ = self._input(r, query=r.query, new_turns=())
+        bare = assemble(replace(inp, state=()), r.formatter, self.counter, self.render_cache)
+        return max(r.budget - self.meter.tokens(bare, (*r.tools, *self._extra_tools(r))) - self._summary_room(), 0)
+
     def _crowded(self, plan: _Plan, r: _Request) -> bool:
         """This prompt, its reply and the next compaction's call would not fit the window together: the
         State is compacted now, while that call can still continue the cached prompt."""
@@ -320,22 +328,24 @@ class Orchestrator:
         fresh = [excerpt for excerpt in r.retrieved if excerpt.text.strip() not in delivered]
         if not fresh:
             return inp, False
-        codex = self.counter.count(formatter.codex(r.codex))
         bare = assemble(inp, formatter, self.counter, self.render_cache)
-        # The excerpts join the State: they leave room for the next compaction's call like the State does.
-        room = min(codex, r.budget - self.meter.tokens(bare, tools) - (self._summary_room() if r.compacts else 0))
         query_tokens = self.counter.count(formatter.query(r.query, (), inp.staged_karma))
 
         def cost(excerpts: Sequence[Excerpt]) -> int:
             return self.counter.count(formatter.query(r.query or "", excerpts, inp.staged_karma)) - query_tokens
 
+        best = cost(fresh[:1])
+        limit = self.counter.count(formatter.codex(r.codex))
+        room = r.budget - self.meter.tokens(bare, tools)
+        if r.compacts:  # the excerpts join the State: a share of its room (the best one at least)
+            limit = min(limit, max(self._state_room(r) // 4, best))
+            room -= self._summary_room()
         chosen: list[Excerpt] = []
         for excerpt in fresh:
-            if cost([*chosen, excerpt]) <= room:
+            if cost([*chosen, excerpt]) <= min(limit, room):
                 chosen.append(excerpt)
-        best = cost(fresh[:1])
         state_tokens = next(b.tokens for b in bare.blocks if b.name == "state")
-        starved = fresh[0] not in chosen and best <= min(codex, room + state_tokens)
+        starved = fresh[0] not in chosen and best <= min(limit, room + state_tokens)
         return replace(inp, excerpts=tuple(chosen)), starved
 
     def _too_large(self, plan: _Plan, budget: int, reserve: int) -> InvalidRequest:
