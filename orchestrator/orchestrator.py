@@ -90,7 +90,8 @@ class _Plan:
     overhead: int = 0
     rendition: str = FULL  # of the Codex documents that have a condensed one
     wanted: tuple[CodexDoc, ...] = ()  # documents a condensed rendition would have helped
-    excerpts: tuple[Excerpt, ...] = ()  # in the Query block (RAG)
+    excerpts: tuple[Excerpt, ...] = ()  # in the Query block (RAG), kept in State with the turn
+    passing: int = 0  # tokens of excerpts in the Query that do not join the State
 
 
 class Orchestrator:
@@ -219,9 +220,9 @@ class Orchestrator:
         condense_actions = [CONDENSE_ACTION] if placement.rendition == CONDENSED else []
         wanted = wanting_rendition(r.codex) if placement.rendition == RAG and spec.mode == "auto" else ()
         extra_tools = self._extra_tools(r)
-        starved = False
+        starved, kept = False, False
         if placement.mode == "rag" and extra_tools:
-            inp, starved = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
+            inp, starved, kept = await self._excerpts(inp, formatter, r, (*r.tools, *extra_tools))
         governed, ctc_actions = self._govern(inp, formatter)
         if karma.block != karma.entries and any(a.startswith(TURN_DROPS) for a in ctc_actions):
             # The dropped turns may carry staged karma: every entry goes back in the Karma block.
@@ -231,7 +232,8 @@ class Orchestrator:
         tokens = self.meter.tokens(prompt, (*r.tools, *extra_tools))
         return _Plan(placement.mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools,
                      condense_actions + ctc_actions, self.meter.overhead(prompt, (*r.tools, *extra_tools)),
-                     CONDENSED if placement.rendition == CONDENSED else FULL, wanted, governed.excerpts)
+                     CONDENSED if placement.rendition == CONDENSED else FULL, wanted,
+                     governed.excerpts if kept else (), self._tokens_of(governed.excerpts, kept, governed, formatter))
 
     def _input(self, r: _Request, query: str | None, new_turns: Sequence[Turn]) -> tuple[AssemblyInput, KarmaPlan]:
         """The blocks of the request's prompt with its placement of the Codex and the State as it is now
@@ -280,6 +282,13 @@ class Orchestrator:
         return (self.counter.count(CONTINUED_INSTRUCTION) + cost.per_message + BOUNDARY_SLACK
                 + self.config.compaction_max_tokens)
 
+    def _tokens_of(self, excerpts: tuple[Excerpt, ...], kept: bool, inp: AssemblyInput, formatter: Formatter) -> int:
+        """Tokens the excerpts add to the Query, when they do not join the State."""
+        if kept or not excerpts or inp.query is None:
+            return 0
+        return (self.counter.count(formatter.query(inp.query, excerpts, inp.staged_karma))
+                - self.counter.count(formatter.query(inp.query, (), inp.staged_karma)))
+
     def _state_room(self, r: _Request) -> int:
         """The tokens the State may take in this request's prompt, with room left for the reply and the
         next compaction's call. A compaction keeps at most half of it verbatim, and a RAG turn's
@@ -292,7 +301,7 @@ class Orchestrator:
         """This prompt, its reply and the next compaction's call would not fit the window together: the
         State is compacted now, while that call can still continue the cached prompt."""
         reserve = self.max_model_len - r.budget
-        return plan.tokens + reserve + self._summary_room() > self.max_model_len
+        return plan.tokens - plan.passing + reserve + self._summary_room() > self.max_model_len
 
     async def _compaction_call(self, r: _Request) -> CompactionCall:
         """The session's prompt as its last request sent it, with this request's tools (an agent's
@@ -311,11 +320,13 @@ class Orchestrator:
         return CompactionCall(prompt.messages, tuple(tools))
 
     async def _excerpts(self, inp: AssemblyInput, formatter: Formatter, r: _Request,
-                        tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool]:
+                        tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool, bool]:
         """The retrieved excerpts that fit what the budget leaves, best first, and never more tokens
         than the Codex they stand for (else CAG would have been the smaller prompt). Excerpts an earlier
-        turn still in State delivered are not sent again. True as well when the best excerpt was left
-        out for want of room that compacting the State would give."""
+        turn still in State delivered are not sent again. Then: whether the best excerpt was left out
+        for want of room that compacting the State would give, and whether the excerpts join the State
+        with their turn (a session's, when one takes at most a quarter of the State's room: a window
+        too small for that would compact every turn, so its excerpts stay in the Query alone)."""
         if r.retrieved is None:  # retrieval depends on the query alone: once per request
             assert self.retriever is not None
             # Without a session, the index of the namespace's requests without one.
@@ -323,11 +334,11 @@ class Orchestrator:
             r.retrieved = tuple(await self.retriever.retrieve(r.codex, r.query or "", self.config.rag_top_k,
                                                               scope, r.namespace))
         if not r.retrieved or r.query is None:
-            return inp, False
+            return inp, False, False
         delivered = "\n".join(turn.content for turn in inp.state if turn.role == "user")
         fresh = [excerpt for excerpt in r.retrieved if excerpt.text.strip() not in delivered]
         if not fresh:
-            return inp, False
+            return inp, False, False
         bare = assemble(inp, formatter, self.counter, self.render_cache)
         query_tokens = self.counter.count(formatter.query(r.query, (), inp.staged_karma))
 
@@ -337,8 +348,9 @@ class Orchestrator:
         best = cost(fresh[:1])
         limit = self.counter.count(formatter.codex(r.codex))
         room = r.budget - self.meter.tokens(bare, tools)
-        if r.compacts:  # the excerpts join the State: a share of its room (the best one at least)
-            limit = min(limit, max(self._state_room(r) // 4, best))
+        kept = r.compacts and best <= self._state_room(r) // 4
+        if kept:  # the excerpts join the State: a share of its room, so several turns fit between compactions
+            limit = min(limit, self._state_room(r) // 4)
             room -= self._summary_room()
         chosen: list[Excerpt] = []
         for excerpt in fresh:
@@ -346,7 +358,7 @@ class Orchestrator:
                 chosen.append(excerpt)
         state_tokens = next(b.tokens for b in bare.blocks if b.name == "state")
         starved = fresh[0] not in chosen and best <= min(limit, room + state_tokens)
-        return replace(inp, excerpts=tuple(chosen)), starved
+        return replace(inp, excerpts=tuple(chosen)), starved, kept
 
     def _too_large(self, plan: _Plan, budget: int, reserve: int) -> InvalidRequest:
         sizes = ", ".join(f"{b.name} {b.tokens:,}" for b in plan.prompt.blocks)

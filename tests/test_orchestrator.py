@@ -649,7 +649,10 @@ def test_a_codex_that_cannot_fit_beside_a_compacted_state_moves_once(counter, to
 def test_rag_excerpts_join_the_state_once(counter, tokenizer) -> None:
     """A RAG turn's excerpts stay in State with its question (so the next turn reads them from the cache),
     and an excerpt already there is not sent again."""
-    orch = budgeted(counter, tokenizer, None)
+    async def summarize(call):
+        return "Summary."
+
+    orch = budgeted(counter, tokenizer, summarize)
     orch.retriever = FixedRetriever(chars=200)
     spec = parse_context({**tiny_session(3), "session_id": "excerpts", "mode": "rag"})
     first = run(orch.prepare(spec, [{"role": "user", "content": "which rule?"}], False, MAX_TOKENS))
@@ -660,3 +663,22 @@ def test_rag_excerpts_join_the_state_once(counter, tokenizer) -> None:
     assert second.messages[1] == first.messages[-1]
     assert second.messages[-1]["content"] == "and then?"  # every excerpt is in State already
 
+
+
+def test_excerpts_too_large_for_the_state_stay_in_the_query(counter, tokenizer) -> None:
+    """In a window where one excerpt would take over a quarter of the State's room, keeping excerpts
+    would compact every turn: they go in the Query alone, and the State keeps the bare question."""
+    async def summarize(call):
+        return "Summary."
+
+    orch = budgeted(counter, tokenizer, summarize)
+    orch.retriever = FixedRetriever(chars=2400)  # ~450 tokens an excerpt
+    codex = [{"id": f"doc{i}", "text": words(500, 10 + i)} for i in range(3)]
+    spec = parse_context({**tiny_session(3), "codex": codex, "session_id": "big-excerpts", "mode": "rag"})
+    first = run(orch.prepare(spec, [{"role": "user", "content": words(30, 7)}], False, MAX_TOKENS))
+    orch.commit(first, {"role": "assistant", "content": "a"})
+    assert first.stored_query == words(30, 7)
+    assert first.stored_query != first.messages[-1]["content"]  # the excerpts were sent
+    second = run(orch.prepare(spec, [{"role": "user", "content": words(30, 8)}], False, MAX_TOKENS))
+    assert "compaction" not in second.actions  # the passing excerpts did not crowd the State
+    assert "Archive excerpts" in second.messages[-1]["content"]
