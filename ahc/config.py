@@ -112,6 +112,10 @@ class OrchestratorConfig(_Strict):
     compaction_threshold: float = Field(0.5, gt=0, le=1)
     compaction_threshold_tokens: int | None = Field(None, gt=0)
     compaction_keep_turns: int = Field(4, ge=0)
+    # ...and those turns take at most this share of the State's room in the window: every compaction
+    # re-prefills the turns it keeps (the summary before them changed), and the more it keeps, the
+    # sooner the next one comes. An agent's turn with long tool results may be kept as none.
+    compaction_keep_share: float = Field(0.125, ge=0, le=1)
     compaction_max_tokens: int = Field(128, gt=0)
     # The prompt budget is max_model_len minus the request's completion budget (max_tokens or
     # max_completion_tokens). A request that names none still gets this much room for its reply:

@@ -156,7 +156,8 @@ class Orchestrator:
         async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
             assert session is not None and self.summarize is not None
             done = await compact(session, new_turns, self.config, threshold, self.counter, self.summarize, force,
-                                 keep, await self._compaction_call(request), self._state_room(request) // 2)
+                                 keep, await self._compaction_call(request),
+                                 int(self._state_room(request) * self.config.compaction_keep_share))
             if done is not None:
                 actions.append("compaction")
                 compactions.append(done)
@@ -291,8 +292,9 @@ class Orchestrator:
 
     def _state_room(self, r: _Request) -> int:
         """The tokens the State may take in this request's prompt, with room left for the reply and the
-        next compaction's call. A compaction keeps at most half of it verbatim, and a RAG turn's
-        excerpts (which join the State) take at most a quarter, so several turns fit between compactions."""
+        next compaction's call. A compaction keeps at most `compaction_keep_share` of it verbatim, and a
+        RAG turn's excerpts (which join the State) take at most a quarter, so several turns fit between
+        compactions."""
         inp, _ = self._input(r, query=r.query, new_turns=())
         bare = assemble(replace(inp, state=()), r.formatter, self.counter, self.render_cache)
         return max(r.budget - self.meter.tokens(bare, (*r.tools, *self._extra_tools(r))) - self._summary_room(), 0)
