@@ -152,15 +152,16 @@ def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **para
         time.sleep(0.05)
 
 
-def scrape_metrics(base_url: str, **labels: str) -> dict[str, float]:
-    """The server's /metrics: every unlabelled sample, and every `ahc_` one summed over its series (those
-    matching `labels` where given, e.g. kind="agent")."""
+def scrape_metrics(base_url: str, summed: tuple[str, ...] = ("ahc_",), **labels: str) -> dict[str, float]:
+    """The server's /metrics: every unlabelled sample, and every one whose name starts with one of
+    `summed` (vLLM's are labelled by engine and model, e.g. "vllm:prefix_cache_") summed over its
+    series (those matching `labels` where given, e.g. kind="agent")."""
     from prometheus_client.parser import text_string_to_metric_families
 
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
         for sample in family.samples:
-            if sample.name.startswith("ahc_"):
+            if sample.name.startswith(summed):
                 if all(sample.labels.get(k, v) == v for k, v in labels.items()):
                     samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
             elif not sample.labels:

@@ -1,23 +1,28 @@
 """`ahc bench activations`: decode tokens/s with in-engine concept capture on vs off, in one run.
 
 Two servers, same random model (the 6x512 Llama the orchestrator bench uses, so the forward is not all
-overhead as with the tiny one), same load: BATCH concurrent streaming greedy completions of MAX_TOKENS
+overhead as with the tiny one), same load: `batch` concurrent streaming greedy completions of `max_tokens`
 tokens each (`ignore_eos`), short prompts so prefill is negligible. Decode tokens/s is counted in the
 window where every stream is decoding (the last first-token to the first last-token).
 
 Both servers are up together and measured in alternating rounds (plain, capture, capture, plain, ...):
 this machine's background load drifts by more than the effect measured, and alternating puts the
 drift on both sides alike (the idle server sits on the other side of every round too). A warm-up
-round each, then ROUNDS measured rounds each; the median round is reported.
+round each, then `rounds` measured rounds each; the median round is reported.
+
+The load is `ActivationsLoad`'s defaults; `BENCH_ACTIVATIONS_LOAD="batch=2,max_tokens=16,rounds=1"`
+overrides fields: `batch` concurrent streams of `max_tokens` tokens, `rounds` measured rounds a server.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -27,15 +32,28 @@ import openai
 from ahc.config import cache_dir
 from ahc.server_process import AHC, child_env, ensure_model, start_server
 from bench.device import engine_device
+from bench.load_spec import overridden
 from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 
-BATCH = 8
-MAX_TOKENS = 192
-ROUNDS = 10
+LOAD_ENV = "BENCH_ACTIVATIONS_LOAD"
 LENS_LAYER = 3
 EXAMPLES = resources.files("lens").joinpath("examples/tiny-demo/examples.json")
+
+
+@dataclass(frozen=True)
+class ActivationsLoad:
+    """Concurrent streams, the tokens each decodes, and the measured rounds on each server."""
+
+    batch: int = 8
+    max_tokens: int = 192
+    rounds: int = 10
+
+
+def load_from_env(spec: str | None) -> ActivationsLoad:
+    """`ActivationsLoad` with the fields named in `spec` ("batch=2,rounds=1") changed."""
+    return overridden(ActivationsLoad(), spec, LOAD_ENV)
 
 
 def ensure_pack(model_dir: Path, out: Path, layer: int = LENS_LAYER) -> Path:
@@ -47,20 +65,20 @@ def ensure_pack(model_dir: Path, out: Path, layer: int = LENS_LAYER) -> Path:
     return out
 
 
-def stream_times(client: openai.OpenAI, model: str, seed: int) -> list[float]:
+def stream_times(client: openai.OpenAI, model: str, seed: int, max_tokens: int) -> list[float]:
     """Arrival time of every token of one streaming completion."""
     times: list[float] = []
     for chunk in client.completions.create(model=model, prompt=f"Cell {seed}: particles move and collide",
-                                           max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                           max_tokens=max_tokens, temperature=0, stream=True,
                                            extra_body={"ignore_eos": True}):
         if chunk.choices and chunk.choices[0].text is not None:
             times.append(time.perf_counter())
     return times
 
 
-def decode_round(client: openai.OpenAI, model: str) -> float:
-    with ThreadPoolExecutor(BATCH) as pool:
-        streams = list(pool.map(lambda i: stream_times(client, model, i), range(BATCH)))
+def decode_round(client: openai.OpenAI, model: str, load: ActivationsLoad) -> float:
+    with ThreadPoolExecutor(load.batch) as pool:
+        streams = list(pool.map(lambda i: stream_times(client, model, i, load.max_tokens), range(load.batch)))
     start = max(s[0] for s in streams)
     end = min(s[-1] for s in streams)
     tokens = sum(1 for s in streams for t in s if start < t <= end)
@@ -72,17 +90,17 @@ def has_activations(base_url: str) -> bool:
     return bool(rows["data"] and rows["data"][0]["concept_activations"])
 
 
-def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool]:
+def measure(model_dir: Path, pack: Path, load: ActivationsLoad) -> tuple[list[float], list[float], bool]:
     """Rounds of plain and capture decode tokens/s, and whether capture (only) recorded activations."""
     with tempfile.TemporaryDirectory() as tmp:
         servers = []
         try:
             for name, lens in (("plain", "off"), ("capture", str(pack))):
                 servers.append(start_server(Path(tmp) / name, model=model_dir, lens=lens,
-                                            extra=["--max-num-seqs", str(BATCH)]))
+                                            extra=["--max-num-seqs", str(load.batch)]))
             clients = [s.client(timeout=600) for s in servers]
             model = clients[0].models.list().data[0].id
-            rounds = alternating_rounds([lambda c=c: decode_round(c, model) for c in clients], ROUNDS)
+            rounds = alternating_rounds([lambda c=c: decode_round(c, model, load) for c in clients], load.rounds)
             right = not has_activations(servers[0].base_url) and has_activations(servers[1].base_url)
         finally:
             for server in servers:
@@ -90,17 +108,18 @@ def measure(model_dir: Path, pack: Path) -> tuple[list[float], list[float], bool
     return rounds[0], rounds[1], right
 
 
-def run() -> BenchResult:
+def run(load: ActivationsLoad | None = None) -> BenchResult:
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
     model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODELS["bench-6x512"])
     pack = ensure_pack(model_dir, cache_dir() / "lenses" / "bench-6x512")
-    plain_rounds, capture_rounds, right = measure(model_dir, pack)
+    plain_rounds, capture_rounds, right = measure(model_dir, pack, load)
     if not right:
         raise RuntimeError("activations bench: the capture server recorded no activations, or the plain one did")
     plain, capture = statistics.median(plain_rounds), statistics.median(capture_rounds)
     # Each capture round against the plain round next to it: the drift-robust view of the same ratio.
     paired = statistics.median(c / p for c, p in zip(capture_rounds, plain_rounds))
     figures = {"decode_tok_per_s_capture": capture, "decode_tok_per_s_plain": plain,
-               "batch": BATCH, "max_tokens": MAX_TOKENS, "rounds": ROUNDS}
+               "batch": load.batch, "max_tokens": load.max_tokens, "rounds": load.rounds}
     return BenchResult("activations", figures, {"capture_over_plain": capture / plain},
                        {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": engine_device(),
                         "lens": f"tiny-demo concepts at layer {LENS_LAYER}, k=10",

@@ -163,6 +163,7 @@ def model_of(base_url: str, api_key: str | None = None) -> str:
 def run(load: ClusterLoad | None = None, data_dir: Path | None = None) -> BenchResult:
     load = load or load_from_env()
     with tempfile.TemporaryDirectory(prefix="ahc-bench-cluster-") as tmp:
+        Path(tmp).chmod(0o755)  # as root, the catalog's PostgreSQL runs as `postgres` under it
         spec = ClusterSpec(Path(data_dir or tmp), replicas=2, model=str(TINY_MODEL), config="cpu-tiny",
                            port=free_port())
         with LocalCluster(spec) as cluster:
@@ -202,8 +203,12 @@ def compare_routing(cluster: LocalCluster, model: str, load: ClusterLoad) -> Rou
 def measure(cluster: LocalCluster, load: ClusterLoad) -> BenchResult:
     model = model_of(cluster.url)
     routing = compare_routing(cluster, model, load)
+    return result_of(load, routing, failover(cluster, model))
+
+
+def result_of(load: ClusterLoad, routing: Routing, failover_s: float) -> BenchResult:
+    """The bench's figures and ratios from one routing comparison and one failover time."""
     ratios_ = routing.hit_ratios()
-    failover_s = failover(cluster, model)
     figures = {"single_hit_ratio": ratios_["single"], "affinity_hit_ratio": ratios_["affinity"],
                "round_robin_hit_ratio": ratios_["round_robin"],
                "affinity_sessions_on_one_replica": sum(len(v) == 1 for v in routing.pinned.values()),

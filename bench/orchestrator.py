@@ -9,13 +9,20 @@ the assembly p99 at a ~100k-token context when every block is cached.
 Then prompt density: a session whose Codex (stored once in XDB, named by reference) is too large for
 its CAG threshold, sent as the Codex's condensed rendition, against the same session with the Codex
 marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and both hit ratios.
+
+The load is `OrchestratorLoad`'s defaults; `BENCH_ORCHESTRATOR_LOAD="turns=4,density_turns=2,assembly_tokens=8000"`
+overrides fields (the bench command takes no per-bench options): `turns` of the session both clients run,
+`density_turns` of each density session, `assembly_tokens` of the context prepare() is timed on (the
+prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds` timed prepare() calls.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +33,39 @@ import openai
 from ahc.config import OrchestratorConfig, cache_dir, load_config
 from ahc.server_process import ensure_model, start_server
 from bench.device import engine_device
+from bench.load_spec import overridden
 from bench.models import MODELS
 from bench.result import BenchResult
+from orchestrator.turn import Turn
 
-TURNS = 30
+LOAD_ENV = "BENCH_ORCHESTRATOR_LOAD"
 REPLY_TOKENS = 16
 MODEL_FLAGS = MODELS["bench-6x512"]
 WORDS = ("particle collision ring cell symbol left right moves splits merges period class window "
          "rule table experiment prediction counterexample theorem").split()
+ASSEMBLY_WINDOW = 131072
+# The share of `assembly_tokens` the assembled prompt must reach, or the figure is not the one named.
+ASSEMBLY_MIN_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class OrchestratorLoad:
+    """The session both clients run, the density sessions, and the context prepare() is timed on."""
+
+    turns: int = 30
+    density_turns: int = 8
+    assembly_tokens: int = 100_000
+    assembly_rounds: int = 300
+
+    def __post_init__(self) -> None:
+        if self.turns < 2 or self.density_turns < 1 or self.assembly_rounds < 1:
+            # TTFT is the median over the turns after the first, which nothing could have cached.
+            raise ValueError(f"{LOAD_ENV}: turns must be at least 2, density_turns and assembly_rounds at least 1")
+
+
+def load_from_env(spec: str | None) -> OrchestratorLoad:
+    """`OrchestratorLoad` with the fields named in `spec` ("turns=4,density_turns=2") changed."""
+    return overridden(OrchestratorLoad(), spec, LOAD_ENV)
 
 
 def text_of(n_words: int, seed: int) -> str:
@@ -41,12 +73,12 @@ def text_of(n_words: int, seed: int) -> str:
     return " ".join(rng.choice(WORDS, n_words))
 
 
-def session_content() -> tuple[str, list[dict], list[str], dict[int, dict]]:
+def session_content(turns: int) -> tuple[str, list[dict], list[str], dict[int, dict]]:
     # ~2 tokens a word with the model's tokenizer: identity ~300 tokens, codex ~2k, a turn's input ~60.
     identity = "You are a careful scientist. " + text_of(140, 1)
     codex = [{"id": f"doc{i}", "text": text_of(250, 10 + i)} for i in range(4)]
-    questions = [f"Turn {t}: " + text_of(25, 100 + t) for t in range(TURNS)]
-    karma_at = {t: {"id": f"k{t}", "text": f"Fact {t}: " + text_of(12, 200 + t)} for t in range(3, TURNS, 5)}
+    questions = [f"Turn {t}: " + text_of(25, 100 + t) for t in range(turns)]
+    karma_at = {t: {"id": f"k{t}", "text": f"Fact {t}: " + text_of(12, 200 + t)} for t in range(3, turns, 5)}
     return identity, codex, questions, karma_at
 
 
@@ -93,8 +125,8 @@ def stream_ttft(client: openai.OpenAI, **kwargs) -> tuple[float, str, Any]:
     return (ttft if ttft is not None else time.perf_counter() - start), "".join(text), usage
 
 
-def run_ours(client: openai.OpenAI, model: str) -> TurnLog:
-    identity, codex, questions, karma_at = session_content()
+def run_ours(client: openai.OpenAI, model: str, turns: int) -> TurnLog:
+    identity, codex, questions, karma_at = session_content(turns)
     karma, log = [], TurnLog()
     for turn, question in enumerate(questions):
         if turn in karma_at:
@@ -106,8 +138,8 @@ def run_ours(client: openai.OpenAI, model: str) -> TurnLog:
     return log
 
 
-def run_naive(client: openai.OpenAI, model: str) -> TurnLog:
-    identity, codex, questions, karma_at = session_content()
+def run_naive(client: openai.OpenAI, model: str, turns: int) -> TurnLog:
+    identity, codex, questions, karma_at = session_content(turns)
     karma, history, log = [], [], TurnLog()
     for turn, question in enumerate(questions):
         if turn in karma_at:
@@ -123,12 +155,11 @@ def run_naive(client: openai.OpenAI, model: str) -> TurnLog:
     return log
 
 
-DENSITY_TURNS = 8
 # The session's own cag_threshold: its ~3k-token Codex needs room from the first turn.
 DENSITY_THRESHOLD = 0.3
 
 
-def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any) -> dict[str, Any]:
+def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, turns: int) -> dict[str, Any]:
     """One Codex document, condensed once by the served model; then a session on the rendition (CAG)
     and one on the verbatim document (RAG), turn by turn."""
     identity, codex_text = "You are a careful scientist. " + text_of(140, 1), text_of(1500, 77)
@@ -142,7 +173,7 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any) 
     reports: dict[str, list[dict[str, Any]]] = {}
     for name, verbatim in (("condensed", False), ("verbatim", True)):
         logs[name], reports[name] = TurnLog(), []
-        for turn in range(DENSITY_TURNS):
+        for turn in range(turns):
             context = {"session_id": f"bench-density-{name}", "identity": identity, "cag_threshold": DENSITY_THRESHOLD,
                        "codex": [{"document": doc["id"], "verbatim": verbatim}]}
             start = time.perf_counter()
@@ -163,14 +194,35 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any) 
         "density_prompt_tokens": sum(logs["condensed"].prompt),
         "density_rag_prompt_tokens": sum(logs["verbatim"].prompt), "density_condense_s": condense_s},
         "ratios": {"density_condensed_over_full": condensed_tokens / full_tokens},
-        "notes": {"density": f"{DENSITY_TURNS} turns per session, Codex one ~3k-token document, cag_threshold "
+        "notes": {"density": f"{turns} turns per session, Codex one ~3k-token document, cag_threshold "
                              f"{DENSITY_THRESHOLD}; modes {[r['mode'] for r in dense]} vs "
                              f"{[r['mode'] for r in reports['verbatim']]}; the rendition is a random model's "
                              "text, so its length (not its content) is what this measures"}}
 
 
-def assembly_p99_ms(model_dir: Path) -> float:
-    """Orchestrator.prepare on a session holding ~100k tokens, every block unchanged (cached)."""
+def assembly_content(tokens: int, count: Callable[[str], int]) -> tuple[dict[str, Any], list[Turn]]:
+    """A session's `context` and State whose texts add up to about `tokens` tokens: a ~600-token
+    Identity and 40 karma entries, then Codex documents (~5k tokens each) up to half of what is left,
+    then State turns (~250 each) up to the rest, ending on a reply as a kept session's State does. The
+    chat template adds a few tokens a message."""
+    identity = text_of(300, 1)
+    karma = [{"id": f"k{i}", "text": text_of(20, 50 + i)} for i in range(40)]
+    left = tokens - count(identity) - sum(count(k["text"]) for k in karma)
+    codex: list[dict[str, str]] = []
+    used = 0
+    while used < left / 2:
+        codex.append({"id": f"d{len(codex)}", "text": text_of(2500, len(codex))})
+        used += count(codex[-1]["text"])
+    state: list[Turn] = []
+    while used < left or len(state) % 2:
+        state.append(Turn(role="assistant" if len(state) % 2 else "user", content=text_of(120, 1000 + len(state))))
+        used += count(state[-1].content)
+    return {"session_id": "big", "identity": identity, "mode": "cag", "codex": codex, "karma": karma}, state
+
+
+def assembly_p99_ms(model_dir: Path, load: OrchestratorLoad) -> tuple[float, int]:
+    """Orchestrator.prepare's p99 on a session holding about `load.assembly_tokens` tokens, every block
+    unchanged (cached), and the prompt's tokens."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -179,17 +231,17 @@ def assembly_p99_ms(model_dir: Path) -> float:
     from orchestrator.orchestrator import Orchestrator
     from orchestrator.session import SessionStore
     from orchestrator.token_counter import TokenCounter
-    from orchestrator.turn import Turn
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    counter = TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
-    orch = Orchestrator(OrchestratorConfig(compaction_threshold_tokens=10**9), 131072, counter, SessionStore())
-    spec = parse_context({"session_id": "big", "identity": text_of(300, 1), "mode": "cag",
-                          "codex": [{"id": f"d{i}", "text": text_of(2500, i)} for i in range(16)],
-                          "karma": [{"id": f"k{i}", "text": text_of(20, 50 + i)} for i in range(40)]})
-    session = orch.sessions.get("big")
-    session.turns = [Turn(role="user" if i % 2 == 0 else "assistant", content=text_of(120, 1000 + i))
-                     for i in range(400)]
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    orch = Orchestrator(OrchestratorConfig(compaction_threshold_tokens=10**9), ASSEMBLY_WINDOW, TokenCounter(encode),
+                        SessionStore())
+    context, state = assembly_content(load.assembly_tokens, lambda text: len(encode(text)))
+    spec = parse_context(context)
+    orch.sessions.get("big").turns = state
     messages = [{"role": "user", "content": "next question"}]
 
     async def once() -> float:
@@ -199,28 +251,30 @@ def assembly_p99_ms(model_dir: Path) -> float:
 
     async def measure() -> tuple[list[float], int]:
         first = await orch.prepare(spec, messages)
-        tokens = first.prompt.tokens
-        return [await once() for _ in range(300)], tokens
+        return [await once() for _ in range(load.assembly_rounds)], first.prompt.tokens
 
     times, tokens = asyncio.run(measure())
-    if tokens < 90_000:
-        raise RuntimeError(f"assembly benchmark context too small: {tokens} tokens")
-    return float(np.percentile(times, 99) * 1000)
+    if tokens < ASSEMBLY_MIN_SHARE * load.assembly_tokens:
+        raise RuntimeError(f"assembly benchmark context too small: {tokens} tokens for {load.assembly_tokens}")
+    return float(np.percentile(times, 99) * 1000), tokens
 
 
-def run() -> BenchResult:
+def run(load: OrchestratorLoad | None = None) -> BenchResult:
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
     model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODEL_FLAGS)
     block_size = load_config("cpu-tiny").engine.block_size
+    assembly_ms, assembly_tokens = assembly_p99_ms(model_dir, load)  # first: it needs no server, and fails fast
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp) / "xdb", model=model_dir, lens="off", extra=["--max-model-len", "8192"])
         try:
             client = server.client(timeout=600)
             model = client.models.list().data[0].id
-            naive = run_naive(client, model)
-            ours = run_ours(client, model)
+            naive = run_naive(client, model, load.turns)
+            ours = run_ours(client, model, load.turns)
             from transformers import AutoTokenizer
 
-            density = run_density(server, client, model, AutoTokenizer.from_pretrained(model_dir))
+            density = run_density(server, client, model, AutoTokenizer.from_pretrained(model_dir),
+                                  load.density_turns)
         finally:
             server.stop()
     # Turn 0 of each run has nothing cached by construction; the steady state is what agents live in.
@@ -232,14 +286,16 @@ def run() -> BenchResult:
         "hit_ratio_warm": ours.hit_ratio(1), "naive_hit_ratio_warm": naive.hit_ratio(1),
         "hit_ratio_ceiling": ours.ceiling(block_size),
         "ttft_p50_ms": ours_p50, "naive_ttft_p50_ms": naive_p50,
-        "assembly_p99_ms": assembly_p99_ms(model_dir), "turns": TURNS,
+        "assembly_p99_ms": assembly_ms, "assembly_prompt_tokens": assembly_tokens, "turns": load.turns,
         "prompt_tokens": sum(ours.prompt), "naive_prompt_tokens": sum(naive.prompt),
         **density["figures"],
     }
     notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": engine_device(),
-             "session": f"{TURNS} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from turn 3, "
-                        f"~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
+             "session": f"{load.turns} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from "
+                        f"turn 3, ~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
              "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn(),
+             "assembly": f"prepare() p99 over {load.assembly_rounds} calls on a kept session of "
+                         f"{assembly_tokens:,} prompt tokens (half Codex, half State), every block unchanged",
              **density["notes"]}
     return BenchResult("orchestrator", figures, {"ttft_naive_over_ours": naive_p50 / ours_p50, **density["ratios"]},
                        notes)

@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "retrieval": "bench.retrieval",
     "agents": "bench.agents",
     "cluster": "bench.cluster",
+    "long-session": "bench.long_session",
 }
 
 

@@ -7,32 +7,50 @@ The corpus is synthetic (seeded sentences over a fixed vocabulary), sized to abo
 the default 200-token chunk size, so runs are comparable across machines. The reference is the
 embedding model alone on the same chunks: a sync (chunk, embed, insert, index) is measured against it,
 and a search's database half against the whole search.
+
+`ahc bench retrieval` runs `RetrievalLoad`'s defaults; `BENCH_RETRIEVAL_LOAD="chunks=20,queries=5"`
+overrides fields: ~`chunks` chunks synced, `queries` searches timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.load_spec import overridden
 from bench.result import BenchResult
 from orchestrator.retrieval.codex_index import CodexIndex, _fuse
 from orchestrator.retrieval.embedder import Embedder
 
 CHUNKS, QUERIES = 2000, 200
-# `ahc bench retrieval` (and so `make bench`) runs a quarter of the corpus: embedding dominates and scales
-# with the chunks, and 2,000 of them take minutes on a small CPU.
-RUN_CHUNKS, RUN_QUERIES = 500, 100
+LOAD_ENV = "BENCH_RETRIEVAL_LOAD"
 _WORDS = ("engine valve pressure rotor sensor bearing seal pump turbine filter controller manual "
           "schedule operator shift supervisor fault reset logbook coolant gasket flange torque "
           "calibration voltage relay breaker inverter battery cable conduit alarm threshold sample "
           "river harbour market village forest mountain winter summer lantern signal bridge "
           "chapter reader author letter archive library record ledger merchant voyage").split()
+
+
+@dataclass(frozen=True)
+class RetrievalLoad:
+    """`ahc bench retrieval`'s corpus and searches. A quarter of the standalone run's corpus: embedding
+    dominates and scales with the chunks, and 2,000 of them take minutes on a small CPU."""
+
+    chunks: int = 500
+    queries: int = 100
+
+
+def load_from_env(spec: str | None) -> RetrievalLoad:
+    """`RetrievalLoad` with the fields named in `spec` ("chunks=20,queries=5") changed."""
+    return overridden(RetrievalLoad(), spec, LOAD_ENV)
 
 
 def corpus(chunks: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -113,10 +131,11 @@ def measure(chunks: int = CHUNKS, queries: int = QUERIES, device: str = "cpu", t
     return figures
 
 
-def run() -> BenchResult:
+def run(load: RetrievalLoad | None = None) -> BenchResult:
     """`ahc bench retrieval`: the numeric figures, their ratios to the reference, the rest as notes."""
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
     with tempfile.TemporaryDirectory(prefix="ahc-bench-retrieval-") as work:
-        measured = measure(RUN_CHUNKS, RUN_QUERIES, db=Path(work) / "rag.duckdb")
+        measured = measure(load.chunks, load.queries, db=Path(work) / "rag.duckdb")
     notes = {key: str(measured.pop(key)) for key in ("device", "threads", "hnsw_used")}
     notes["sync"] = "chunk + embed every chunk + insert + build the fts and HNSW indexes"
     notes["embed"] = "the model alone on 256 of the same chunks (the reference)"

@@ -5,7 +5,8 @@ vLLM runs `python -m vllm.entrypoints.openai.api_server` with the very flags `ah
 engine (server/engine_args.py over configs/cpu-tiny.yaml); AHC runs as a user runs it: every token,
 input and reply recorded into XDB, concept activations captured in the engine (a lens pack built for
 the bench model). The load is a profile (bench/serve_profiles.py): concurrent streaming chat clients,
-every reply exactly `max_tokens` long (`ignore_eos`), short distinct prompts.
+every reply exactly `max_tokens` long (`ignore_eos`), short distinct prompts;
+`BENCH_SERVE_LOAD="clients=2,requests=1,max_tokens=16,rounds=1"` changes those fields of the profile.
 
 Both servers are up together and measured in alternating rounds, so the machine's drift falls on both
 alike. Per server: completion tokens per second of wall time and the API process's CPU per generated
@@ -38,7 +39,7 @@ from bench.device import engine_device
 from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
-from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_ROUNDS, SCALING_STREAMS, Profile
+from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, SCALING_STREAMS, Profile, profile_named
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from xdb.service import PROCESS_TITLE
 
@@ -46,12 +47,13 @@ MAX_MODEL_LEN = 2048
 RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
 
 
-def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None) -> ServerProcess:
+def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
+               max_model_len: int = MAX_MODEL_LEN) -> ServerProcess:
     """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model."""
     from server.engine_args import vllm_cli_args
 
     port = free_port()
-    overrides = {"engine.max_model_len": MAX_MODEL_LEN, "engine.max_num_seqs": max_num_seqs}
+    overrides = {"engine.max_model_len": max_model_len, "engine.max_num_seqs": max_num_seqs}
     config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
@@ -187,7 +189,7 @@ def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
 
 def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
     """AHC and vLLM side by side under `profile`'s load."""
-    prof = PROFILES[profile]
+    prof = profile_named(profile)
     n_rounds, load = rounds or prof.rounds, load_of(prof)
     with side_by_side(prof, prof.max_num_seqs) as sides:
         results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
@@ -209,7 +211,7 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResul
 def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
     """The profile's load on a server already running; its CPU per token only with `target.pid`. An AHC
     server (its replies name their XDB session) has its recording checked too."""
-    prof = PROFILES[profile]
+    prof = profile_named(profile)
     n_rounds, load = rounds or prof.rounds, load_of(prof)
     side = Side("", target)
     results = alternating_rounds([lambda: side.measure(load)], n_rounds)[0]
@@ -225,7 +227,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
                 streams: Sequence[int] = SCALING_STREAMS) -> BenchResult:
     """Tokens/s, API CPU per token and ITL p99 at each number of concurrent streams, for AHC and vLLM
     (or the one server at `target`); figures are named `..._at_N` for N streams."""
-    prof = PROFILES[profile]
+    prof = profile_named(profile)
     n_rounds = rounds or SCALING_ROUNDS
     max_num_seqs = max(prof.max_num_seqs or 0, *streams)
     figures: dict[str, float | int] = {"max_tokens": prof.max_tokens, "requests_per_client": prof.requests,

@@ -1,20 +1,45 @@
 """The universe simulators side by side: numba (and Triton) against the numpy reference, same run,
-same rule, same grids. The ratio numba/numpy is the figure that travels."""
+same rule, same grids. The ratio numba/numpy is the figure that travels.
+
+The CPU load is `UniverseLoad`'s defaults; `BENCH_UNIVERSE_LOAD="grids=16,steps=8,rounds=1"` overrides
+fields: `grids` x `length` cells run `steps` steps, best of `rounds`, for numpy and numba; `interpret_*`
+the same for Triton's CPU interpreter where there is no GPU (a GPU run keeps its own size).
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from bench.load_spec import overridden
 from bench.result import BenchResult
 
-GRIDS, LENGTH, STEPS = 256, 1024, 64          # 16.8M cell-updates a run
+LOAD_ENV = "BENCH_UNIVERSE_LOAD"
 GPU_GRIDS, GPU_LENGTH, GPU_STEPS = 4096, 4096, 256
-INTERPRET_GRIDS, INTERPRET_LENGTH, INTERPRET_STEPS = 2, 2048, 32  # Triton's CPU interpreter is slow
 RULE = "kinetic"
-ROUNDS = 5
 ALL = ("numpy", "numba", "triton")
+
+
+@dataclass(frozen=True)
+class UniverseLoad:
+    """The grids each CPU backend runs (16.8M cell-updates a run by default), and Triton's interpreter's."""
+
+    grids: int = 256
+    length: int = 1024
+    steps: int = 64
+    rounds: int = 5
+    # Triton's CPU interpreter is slow: a correctness path, sized apart.
+    interpret_grids: int = 2
+    interpret_length: int = 2048
+    interpret_steps: int = 32
+
+
+def load_from_env(spec: str | None) -> UniverseLoad:
+    """`UniverseLoad` with the fields named in `spec` ("grids=16,rounds=1") changed."""
+    return overridden(UniverseLoad(), spec, LOAD_ENV)
 
 
 def cells_per_second(backends: list[str], states: np.ndarray, steps: int, rounds: int) -> dict[str, float]:
@@ -36,10 +61,11 @@ def cells_per_second(backends: list[str], states: np.ndarray, steps: int, rounds
     return {backend: states.size * steps / seconds for backend, seconds in best.items()}
 
 
-def run(backends: list[str] | None = None) -> BenchResult:
+def run(backends: list[str] | None = None, load: UniverseLoad | None = None) -> BenchResult:
     from universe.device import gpu_available
     from universe.sampling import random_states
 
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
     wanted = list(backends or ALL)
     if "auto" in wanted:
         from universe.simulate import resolve_backend
@@ -48,12 +74,12 @@ def run(backends: list[str] | None = None) -> BenchResult:
     if "numba" in wanted and "numpy" not in wanted:
         wanted.append("numpy")  # the ratio needs its reference, measured in the same run
     rng = np.random.default_rng(0)
-    states = random_states(rng, GRIDS, LENGTH)
-    figures: dict[str, float | int] = {"grids": GRIDS, "length": LENGTH, "steps": STEPS}
+    states = random_states(rng, load.grids, load.length)
+    figures: dict[str, float | int] = {"grids": load.grids, "length": load.length, "steps": load.steps}
     notes = {"rule": RULE, "numpy": "reference: one vectorised numpy step at a time",
              "numba": "bit-sliced: 64 cells per uint64 word, multiplexer-tree rule, threads over grids"}
     cpu = [backend for backend in ("numpy", "numba") if backend in wanted]
-    for backend, speed in cells_per_second(cpu, states, STEPS, ROUNDS).items():
+    for backend, speed in cells_per_second(cpu, states, load.steps, load.rounds).items():
         figures[f"{backend}_cells_per_s"] = speed
     if "numba" in wanted:
         import numba
@@ -62,14 +88,14 @@ def run(backends: list[str] | None = None) -> BenchResult:
     if "triton" in wanted:
         if gpu_available():
             big = random_states(rng, GPU_GRIDS, GPU_LENGTH)
-            figures["triton_cells_per_s"] = cells_per_second(["triton"], big, GPU_STEPS, ROUNDS)["triton"]
+            figures["triton_cells_per_s"] = cells_per_second(["triton"], big, GPU_STEPS, load.rounds)["triton"]
             notes["triton"] = f"GPU, {GPU_GRIDS} grids x {GPU_LENGTH} cells x {GPU_STEPS} steps"
         else:
-            small = random_states(rng, INTERPRET_GRIDS, INTERPRET_LENGTH)
-            speed = cells_per_second(["triton"], small, INTERPRET_STEPS, 1)["triton"]
+            small = random_states(rng, load.interpret_grids, load.interpret_length)
+            speed = cells_per_second(["triton"], small, load.interpret_steps, 1)["triton"]
             figures["triton_interpret_cells_per_s"] = speed
-            notes["triton"] = (f"no GPU: Triton's CPU interpreter on {INTERPRET_GRIDS} grids x "
-                               f"{INTERPRET_LENGTH} cells x {INTERPRET_STEPS} steps (a correctness path, "
+            notes["triton"] = (f"no GPU: Triton's CPU interpreter on {load.interpret_grids} grids x "
+                               f"{load.interpret_length} cells x {load.interpret_steps} steps (a correctness path, "
                                "not a speed one); see kernels/README.md for the GPU estimate")
     ratios = {}
     if "numba_cells_per_s" in figures and "numpy_cells_per_s" in figures:

@@ -1,9 +1,14 @@
 """XDB: our writer (Arrow batches + audit chain + experience insert) against a raw DuckDB Arrow
 insert of the same rows into the same columns, then recall p95 per filter over 10M token rows
-(generated directly in DuckDB, as hours of agents would have written them; `BENCH_XDB_ROWS` to change).
+(generated directly in DuckDB, as hours of agents would have written them).
 
 The writer is measured two ways on the same rows: as TokenBatch columns (how a reply's generated
 tokens are meant to arrive) and as TimestepRow objects (one Python object a row).
+
+The load is `XDBLoad`'s defaults; `BENCH_XDB_LOAD="write_rows=20000,recall_rows=100000"` overrides
+fields: `write_rows` through each writer, `rounds` alternated rounds of the writers (and of the lake's
+backends), `recall_rows` generated for recall, `recall_queries` timed queries a filter, and the DuckLake
+backend's `lake_write_rows` and `lake_recall_rows`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -19,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.config import XDBConfig
+from bench.load_spec import overridden
 from bench.result import BenchResult
 from xdb import XDB, TimestepRow
 from xdb.concepts import ConceptIndex
@@ -26,15 +33,37 @@ from xdb.rows import TIMESTEP_COLUMNS, TokenBatch, batch_to_arrow
 from xdb.schema import MIGRATIONS, TOP_K
 from xdb.store import default_threads
 
-# 10 batches: the writer is a three-stage pipeline, so a run of 4 batches (200k rows) spent a third
-# of its time filling and draining it rather than measuring its steady rate.
-WRITE_ROWS = 500_000
-RECALL_ROWS = int(os.environ.get("BENCH_XDB_ROWS", "10000000"))
+LOAD_ENV = "BENCH_XDB_LOAD"
+# The page query reads 100 rows after an id up to 10,000 rows before the end.
+MIN_RECALL_ROWS = 20_000
 TURN = 64  # tokens a session writes before the next one takes its turn
 BATCH = 50_000
 SESSIONS = 16
 WORDS = ["the", " cat", "ing", " sat", ".", " on", " mat", " A", " moves", " right"]
 CONCEPTS = [f"concept-{i}" for i in range(256)]
+
+
+@dataclass(frozen=True)
+class XDBLoad:
+    """The rows each writer takes and recall runs over, locally and in the lake."""
+
+    # 10 batches: the writer is a three-stage pipeline, so a run of 4 batches (200k rows) spent a third
+    # of its time filling and draining it rather than measuring its steady rate.
+    write_rows: int = 500_000
+    rounds: int = 3
+    recall_rows: int = 10_000_000
+    recall_queries: int = 20
+    lake_write_rows: int = 200_000
+    lake_recall_rows: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.recall_rows < MIN_RECALL_ROWS:
+            raise ValueError(f"{LOAD_ENV}: recall_rows must be at least {MIN_RECALL_ROWS:,}")
+
+
+def load_from_env(spec: str | None) -> XDBLoad:
+    """`XDBLoad` with the fields named in `spec` ("write_rows=20000") changed."""
+    return overridden(XDBLoad(), spec, LOAD_ENV)
 
 
 def token_batches(n: int, chunk: int = 1000, seed: int = 0) -> list[TokenBatch]:
@@ -128,13 +157,13 @@ def generate_rows(data_dir: Path, n: int) -> None:
     con.close()
 
 
-def recall_latencies_ms(work: Path) -> dict[str, list[float]]:
-    generate_rows(work / "recall", RECALL_ROWS)
+def recall_latencies_ms(work: Path, rows: int, queries_per_filter: int) -> dict[str, list[float]]:
+    generate_rows(work / "recall", rows)
     xdb = XDB.open(work / "recall", XDBConfig(batch_rows=100_000, max_queue_rows=2_000_000))
     for s in range(SESSIONS):
         xdb.tag("interesting", session_id=f"s{s}", tick_range=(1000 * s, 1000 * s + 50))
-    last_tick = RECALL_ROWS // SESSIONS - TURN
-    span_ms = RECALL_ROWS  # one row a millisecond
+    last_tick = rows // SESSIONS - TURN
+    span_ms = rows  # one row a millisecond
     now = time.time()
 
     def at(fraction: float) -> str:
@@ -149,52 +178,49 @@ def recall_latencies_ms(work: Path) -> dict[str, list[float]]:
                                        session_id=f"s{i % 16}", limit=100),
         "text": lambda i: dict(text=" moves", session_id=f"s{i % 16}", limit=100),
         "time_range": lambda i: dict(time_from=at(i / 20), time_to=at(i / 20 + 0.01), limit=100),
-        "page": lambda i: dict(session_id=f"s{i % 16}", after_id=(i * 499_979) % (RECALL_ROWS - 10_000), limit=100),
+        "page": lambda i: dict(session_id=f"s{i % 16}", after_id=(i * 499_979) % (rows - 10_000), limit=100),
     }
     out: dict[str, list[float]] = {}
     for name, make in queries.items():
         xdb.recall(make(0))  # warm: the first query of a kind reads its columns from disk
         times = []
-        for i in range(20):
+        for i in range(queries_per_filter):
             start = time.perf_counter()
-            rows = xdb.recall(make(i))
+            found = xdb.recall(make(i))
             times.append((time.perf_counter() - start) * 1000)
-            assert rows, name
+            assert found, name
         out[name] = times
     xdb.close()
     return out
 
 
-LAKE_WRITE_ROWS = 200_000
-LAKE_RECALL_ROWS = 1_000_000
-
-
-def run() -> BenchResult:
+def run(load: XDBLoad | None = None) -> BenchResult:
+    load = load or load_from_env(os.environ.get(LOAD_ENV))
     work = Path(tempfile.mkdtemp(prefix="ahc-bench-xdb-"))
     try:
-        batches = token_batches(WRITE_ROWS)
+        batches = token_batches(load.write_rows)
         rows = [as_rows(b) for b in batches]
         # Interleave the sides and keep each one's best, so machine noise hits them alike.
         raw, raw_1, columns, objects = [], [], [], []
-        for i in range(3):
+        for i in range(load.rounds):
             raw.append(raw_rows_per_s(batches, _fresh(work, f"raw{i}")))
             raw_1.append(raw_rows_per_s(batches, _fresh(work, f"raw1-{i}"), threads=1))
             columns.append(writer_rows_per_s(batches, _fresh(work, f"cols{i}")))
             objects.append(writer_rows_per_s(rows, _fresh(work, f"rows{i}")))
-        latencies = recall_latencies_ms(work)
+        latencies = recall_latencies_ms(work, load.recall_rows, load.recall_queries)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     every = [t for ts in latencies.values() for t in ts]
     figures: dict[str, float | int] = {
         "writer_rows_per_s": round(max(columns)), "writer_timesteprow_rows_per_s": round(max(objects)),
         "raw_duckdb_rows_per_s": round(max(raw)), "raw_duckdb_1thread_rows_per_s": round(max(raw_1)),
-        "recall_p95_ms": round(float(np.percentile(every, 95)), 2), "rows": RECALL_ROWS,
+        "recall_p95_ms": round(float(np.percentile(every, 95)), 2), "rows": load.recall_rows,
         **{f"recall_{name}_p95_ms": round(float(np.percentile(ts, 95)), 2) for name, ts in latencies.items()},
     }
     ratios = {"writer_over_raw": round(max(columns) / max(raw), 3),
               "writer_timesteprow_over_raw": round(max(objects) / max(raw), 3),
               "writer_over_raw_1thread": round(max(columns) / max(raw_1), 3)}
-    lake_notes = lake_figures(figures, ratios)
+    lake_notes = lake_figures(figures, ratios, load)
     return BenchResult("xdb", figures, ratios,
                        notes={**lake_notes, "writer": "TokenBatch columns → Arrow → audit chain (SHA-256 per row) and "
                                         "experience insert, overlapped; the experience commits after the audit",
@@ -202,10 +228,10 @@ def run() -> BenchResult:
                               "raw": "the same rows pre-converted to Arrow, inserted into the same columns "
                                      "(DuckDB's default threads; raw_1thread: one thread, as XDB runs the "
                                      f"experience file here: xdb.store.default_threads() = {default_threads()})",
-                              "write_rows": str(WRITE_ROWS),
-                              "recall": f"{RECALL_ROWS:,} token rows generated in DuckDB ({SESSIONS} sessions, "
-                                        "10 of 256 concepts a token); 20 queries a filter after one warm-up; "
-                                        "goal p95 <= 50 ms a filter"})
+                              "write_rows": str(load.write_rows),
+                              "recall": f"{load.recall_rows:,} token rows generated in DuckDB ({SESSIONS} sessions, "
+                                        f"10 of 256 concepts a token); {load.recall_queries} queries a filter after "
+                                        "one warm-up; goal p95 <= 50 ms a filter"})
 
 
 def _fresh(work: Path, name: str) -> Path:
@@ -214,16 +240,17 @@ def _fresh(work: Path, name: str) -> Path:
     return path
 
 
-def lake_figures(figures: dict[str, float | int], ratios: dict[str, float]) -> dict[str, str]:
+def lake_figures(figures: dict[str, float | int], ratios: dict[str, float], load: XDBLoad) -> dict[str, str]:
     """The DuckLake backend, measured in the same run (xdb/lake_bench.py): the writer's rows/s with the
     duckdb and the ducklake backends alternated, the shipper's rows/s into the lake, and lake recall at
-    LAKE_RECALL_ROWS rows. Needs PostgreSQL (Debian's `postgresql`); without it the note says so."""
+    `load.lake_recall_rows` rows. Needs PostgreSQL (Debian's `postgresql`); without it the note says so."""
     from xdb import lake_bench
     from xdb.catalog import postgres_available
 
     if not postgres_available():
         return {"lake": "not measured: PostgreSQL is not installed (Debian package `postgresql`)"}
-    lake = lake_bench.run(rows=LAKE_WRITE_ROWS, recall_rows=LAKE_RECALL_ROWS, log=lambda _: None)
+    lake = lake_bench.run(rows=load.lake_write_rows, recall_rows=load.lake_recall_rows, repeats=load.recall_queries,
+                          ingest_rounds=load.rounds, log=lambda _: None)
     ingest = lake["ingest_rows_per_s"]
     recall_p95 = {name: ms["p95_ms"] for name, ms in lake["recall_ms"].items()}
     figures.update({"duckdb_backend_writer_rows_per_s": ingest["duckdb"],
@@ -232,7 +259,7 @@ def lake_figures(figures: dict[str, float | int], ratios: dict[str, float]) -> d
                     "lake_recall_p95_ms": max(recall_p95.values()),
                     **{f"lake_recall_{name}_p95_ms": p95 for name, p95 in recall_p95.items()}})
     ratios["ducklake_over_duckdb_writer"] = round(ingest["ducklake"] / ingest["duckdb"], 3)
-    return {"lake": f"{LAKE_WRITE_ROWS:,} token rows through the writer per backend (median of alternated "
+    return {"lake": f"{load.lake_write_rows:,} token rows through the writer per backend (median of alternated "
                     f"rounds, the shipper running alongside with ducklake); a backlog shipped by ship_now(); "
                     f"recall over {lake['recall_lake_rows']:,} rows generated in the lake (p95 per filter, "
                     "lake_recall_p95_ms the slowest filter's)"}

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_smoke import run_bench
 
 from bench.agents import (
-    LOAD_ENV,
     AgentLoad,
     AgentRound,
     CacheSize,
@@ -30,7 +26,6 @@ from bench.agents import (
 )
 from bench.registry import BENCHES
 
-AHC = str(Path(sys.executable).with_name("ahc"))
 FIGURES = {"ahc_hit_ratio", "fcfs_hit_ratio", "hit_ratio_ceiling", "ahc_tok_per_s", "fcfs_tok_per_s",
            "ahc_preemptions", "ahc_wait_p99_ms", "fcfs_preemptions", "fcfs_wait_p99_ms", "ahc_ttft_p50_ms",
            "ahc_ttft_p99_ms", "fcfs_ttft_p50_ms", "fcfs_ttft_p99_ms", "ahc_429s", "fcfs_429s",
@@ -173,15 +168,9 @@ def test_the_bench_is_registered() -> None:
 
 @pytest.mark.slow
 def test_bench_agents_end_to_end() -> None:
-    env = {**os.environ, LOAD_ENV: "sessions=4,turns=3,rounds=1,think_min_s=0.2,think_max_s=0.4"}
-    done = subprocess.run([AHC, "bench", "agents", "--json"], capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "agents"
+    result = run_bench("agents")
     figures, ratios = result["figures"], result["ratios"]
     assert FIGURES <= figures.keys() and RATIOS <= ratios.keys()
-    assert all(isinstance(v, int | float) and math.isfinite(v) for v in figures.values())
-    assert (figures["sessions"], figures["turns"]) == (4, 3)
     assert ratios["ahc_hit_over_ceiling"] == pytest.approx(figures["ahc_hit_ratio"] / figures["hit_ratio_ceiling"])
     assert ratios["ahc_tok_over_fcfs"] == pytest.approx(figures["ahc_tok_per_s"] / figures["fcfs_tok_per_s"])
     assert 0 < figures["hit_ratio_ceiling"] <= 1

@@ -6,11 +6,13 @@ hit ratio of one replica alone (within 0.05), while a round-robin router over th
 same run scores far lower; then one replica is killed (SIGKILL) under load: the router stops sending to
 it, its server-kept sessions continue on the other from the State in the lake (reported as
 `first_changed_block: "replica"`), no completed reply is lost from the lake, and every replica's audit
-chain verifies there.
+chain verifies there. `ahc bench cluster`'s result, built from that routing comparison and failover
+time, is checked against its entry in tests/bench_smoke.py (the bench itself is not run again).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from bench_smoke import check_result
 from postgres import require_postgres
 
 from ahc.config import LakeConfig
@@ -30,11 +33,13 @@ from ahc.server_process import AHC, TINY_MODEL, child_env, free_port
 from bench.cluster import (
     HEADER,
     ClusterLoad,
+    Routing,
     chat,
     compare_routing,
     first_token_s,
     holders,
     model_of,
+    result_of,
     system_prompt,
 )
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
@@ -69,8 +74,14 @@ def lake(cluster: LocalCluster) -> Iterator[Lake]:
     reader.close()
 
 
-def test_affinity_keeps_sessions_on_one_replica_and_round_robin_loses_the_cache(cluster: LocalCluster) -> None:
-    routing = compare_routing(cluster, model_of(cluster.url), LOAD)
+@pytest.fixture(scope="module")
+def routing(cluster: LocalCluster) -> Routing:
+    """The bench's routing comparison, run once: asserted here, and `ahc bench cluster`'s figures with the
+    failover time the failover test measures."""
+    return compare_routing(cluster, model_of(cluster.url), LOAD)
+
+
+def test_affinity_keeps_sessions_on_one_replica_and_round_robin_loses_the_cache(routing: Routing) -> None:
     ratios = routing.hit_ratios()
     print(f"hit ratios over {LOAD.sessions} sessions x {LOAD.turns} turns: {ratios}")
     assert all(len(where) == 1 for where in routing.pinned.values()), routing.pinned
@@ -133,8 +144,8 @@ def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.5)
 
 
-def test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies(cluster: LocalCluster,
-                                                                            lake: Lake) -> None:
+def test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies(cluster: LocalCluster, lake: Lake,
+                                                                            routing: Routing) -> None:
     model = model_of(cluster.url)
     sessions = [f"kept-{i}" for i in range(4)]
     contexts = {s: {"session_id": s, "identity": system_prompt(s, 60, 2)} for s in sessions}
@@ -159,6 +170,7 @@ def test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies(clus
         state = next(b for b in report["blocks"] if b["name"] == "state")
         assert state["tokens"] > 0  # the two turns the dead replica served came from the lake
         assert seconds < 30
+        check_result("cluster", json.loads(result_of(LOAD, routing, seconds).to_json()))
         time.sleep(3)  # the load goes on through the survivor alone
     assert sum(background.completed.values()) > 0
 

@@ -1,0 +1,100 @@
+"""Every registered benchmark's smoke run: the small load it runs at (its one environment variable) and
+the figures and ratios its JSON line must name. Shared by tests/test_bench_smoke.py and by the tests
+that already run a bench end to end, so that no bench runs twice in `make test`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from ahc.server_process import AHC
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """The environment that makes the bench's load small, the keys its result must have, and figures
+    whose values the small load sets (so a load that never reached the bench fails)."""
+
+    figures: frozenset[str]
+    ratios: frozenset[str]
+    env: dict[str, str] = field(default_factory=dict)
+    loaded: dict[str, int] = field(default_factory=dict)
+
+
+def smoke(figures: str, ratios: str, loaded: dict[str, int] | None = None, **env: str) -> Smoke:
+    return Smoke(frozenset(figures.split()), frozenset(ratios.split()), env, loaded or {})
+
+
+SMOKES: dict[str, Smoke] = {
+    "universe": smoke("numpy_cells_per_s numba_cells_per_s", "numba_over_numpy", {"grids": 16, "steps": 8},
+                      BENCH_UNIVERSE_LOAD="grids=16,length=256,steps=8,rounds=1,interpret_length=256,"
+                                          "interpret_steps=4"),
+    "xdb": smoke("writer_rows_per_s raw_duckdb_rows_per_s recall_p95_ms rows", "writer_over_raw", {"rows": 100_000},
+                 BENCH_XDB_LOAD="write_rows=20000,rounds=1,recall_rows=100000,recall_queries=3,"
+                                "lake_write_rows=2000,lake_recall_rows=20000"),
+    "orchestrator": smoke("hit_ratio naive_hit_ratio ttft_p50_ms naive_ttft_p50_ms assembly_p99_ms",
+                          "ttft_naive_over_ours", {"turns": 3},
+                          BENCH_ORCHESTRATOR_LOAD="turns=3,density_turns=2,assembly_tokens=8000,assembly_rounds=20"),
+    "activations": smoke("decode_tok_per_s_capture decode_tok_per_s_plain", "capture_over_plain",
+                         {"batch": 2, "max_tokens": 16, "rounds": 1},
+                         BENCH_ACTIVATIONS_LOAD="batch=2,max_tokens=16,rounds=1"),
+    "serve": smoke("ahc_tok_per_s vllm_tok_per_s ahc_cpu_us_per_token vllm_cpu_us_per_token ahc_itl_p99_ms "
+                   "vllm_itl_p99_ms", "ahc_over_vllm", {"batch": 2, "max_tokens": 16, "rounds": 1},
+                   BENCH_SERVE_LOAD="clients=2,requests=1,max_tokens=16,rounds=1"),
+    "retrieval": smoke("sync_chunks_per_s embed_chunks_per_s search_p50_ms search_p95_ms db_and_fusion_p50_ms",
+                       "sync_over_embed db_and_fusion_share_of_search", {"queries": 5},
+                       BENCH_RETRIEVAL_LOAD="chunks=20,queries=5"),
+    "agents": smoke("ahc_hit_ratio fcfs_hit_ratio hit_ratio_ceiling ahc_tok_per_s fcfs_tok_per_s ahc_preemptions "
+                    "ahc_wait_p99_ms", "ahc_hit_over_ceiling ahc_tok_over_fcfs", {"sessions": 4, "turns": 3},
+                    BENCH_AGENTS_LOAD="sessions=4,turns=3,rounds=1,think_min_s=0.2,think_max_s=0.4"),
+    # Measured in-process on tests/test_cluster.py's own cluster, at that test's load.
+    "cluster": smoke("single_hit_ratio affinity_hit_ratio round_robin_hit_ratio failover_first_token_s",
+                     "affinity_over_single round_robin_over_affinity round_robin_prefill_over_affinity"),
+    "long-session": smoke("ahc_prefill_tokens client_prefill_tokens ahc_hit_ratio client_hit_ratio mode_switches "
+                          "compactions", "client_prefill_over_ahc", {"turns": 12},
+                          BENCH_LONG_SESSION_LOAD="turns=12,max_model_len=2048,model=tiny"),
+}
+
+
+def run_bench(name: str, timeout_s: int = 600) -> dict[str, Any]:
+    """`ahc bench NAME --json` at the bench's small load: its last stdout line, checked."""
+    # A session of its own, so that a bench cut off takes the servers it started with it.
+    process = subprocess.Popen([AHC, "bench", name, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, **SMOKES[name].env}, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _, stderr = kill_group(process)
+        raise AssertionError(f"`ahc bench {name}` gave no result in {timeout_s} s:\n{stderr[-4000:]}") from None
+    except BaseException:
+        kill_group(process)
+        raise
+    assert process.returncode == 0, stderr[-4000:]
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    check_result(name, result)
+    figures = result["figures"]
+    assert {k: figures.get(k) for k in SMOKES[name].loaded} == SMOKES[name].loaded, f"{name}: not at its small load"
+    return result
+
+
+def kill_group(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGKILL to the bench and every process it started; what it had written."""
+    os.killpg(process.pid, signal.SIGKILL)
+    return process.communicate()
+
+
+def check_result(name: str, result: dict[str, Any]) -> None:
+    """The result names the bench, has every key of its smoke entry, and every figure and ratio is a
+    finite number (a NaN or a string in a bench's JSON is a silent break)."""
+    assert result["bench"] == name
+    figures, ratios = result["figures"], result["ratios"]
+    expected = SMOKES[name]
+    assert expected.figures <= figures.keys(), f"{name}: no figures {sorted(expected.figures - figures.keys())}"
+    assert expected.ratios <= ratios.keys(), f"{name}: no ratios {sorted(expected.ratios - ratios.keys())}"
+    bad = {k: v for k, v in {**figures, **ratios}.items() if not isinstance(v, int | float) or not math.isfinite(v)}
+    assert not bad, f"{name}: not finite numbers: {bad}"

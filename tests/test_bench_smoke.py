@@ -1,0 +1,34 @@
+"""Every benchmark in bench/registry.py runs in `make test`: `ahc bench NAME --json` at a small load, its
+JSON line checked for the figures and ratios the bench reports. A bench registered without an entry in
+tests/bench_smoke.py fails here, so none goes unsmoked. The benches another test already runs end to
+end are checked there, against the same entries."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from bench_smoke import SMOKES, run_bench
+
+from bench.registry import BENCHES
+
+# Bench -> (test module, test function) that runs it and checks its result against SMOKES.
+ELSEWHERE: dict[str, tuple[str, str]] = {
+    "universe": ("test_universe_cli", "test_ahc_bench_universe_json_has_every_backend"),
+    "agents": ("test_agents_bench", "test_bench_agents_end_to_end"),
+    "cluster": ("test_cluster", "test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies"),
+}
+
+
+@pytest.mark.parametrize("name", list(BENCHES))
+def test_every_registered_bench_has_a_smoke_run(name: str) -> None:
+    assert name in SMOKES, f"bench {name!r} has no entry in tests/bench_smoke.py SMOKES: give it a small load"
+    if name in ELSEWHERE:
+        module, test = ELSEWHERE[name]
+        assert callable(getattr(importlib.import_module(module), test, None)), f"{module}.{test} is gone"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in BENCHES if name not in ELSEWHERE])
+def test_bench_runs_at_a_small_load(name: str) -> None:
+    run_bench(name)

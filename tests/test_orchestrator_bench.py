@@ -1,0 +1,27 @@
+"""`ahc bench orchestrator`'s assembly phase at its full size, without an engine: the ~100k-token session
+must still be one the orchestrator accepts for its window (the smoke run times only a small one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.orchestrator import ASSEMBLY_MIN_SHARE, ASSEMBLY_WINDOW, OrchestratorLoad, assembly_p99_ms, load_from_env
+
+
+def test_the_full_assembly_context_fits_the_window_and_is_as_large_as_named(tiny_model_dir: Path) -> None:
+    load = OrchestratorLoad(assembly_rounds=3)
+    p99_ms, tokens = assembly_p99_ms(tiny_model_dir, load)
+    assert ASSEMBLY_MIN_SHARE * load.assembly_tokens <= tokens < ASSEMBLY_WINDOW
+    assert p99_ms > 0
+
+
+def test_load_from_env_overrides_named_fields_and_refuses_a_load_without_warm_turns() -> None:
+    assert load_from_env(None) == OrchestratorLoad()
+    load = load_from_env("turns=3,assembly_tokens=8000")
+    assert (load.turns, load.assembly_tokens, load.density_turns) == (3, 8000, OrchestratorLoad().density_turns)
+    with pytest.raises(ValueError, match="turns must be at least 2"):
+        load_from_env("turns=1")
+    with pytest.raises(ValueError, match="unknown field 'turn'"):
+        load_from_env("turn=3")
