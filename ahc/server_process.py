@@ -12,7 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,21 @@ def scrape_metrics(base_url: str, summed: tuple[str, ...] = ("ahc_",), **labels:
             elif not sample.labels:
                 samples[sample.name] = sample.value
     return samples
+
+
+def start_together(starts: Sequence[Callable[[], ServerProcess]]) -> list[ServerProcess]:
+    """Servers started at once (start-up is mostly waiting), in order; one failing stops the others and
+    its error is raised."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = [pool.submit(start) for start in starts]
+    servers, errors = [], []
+    for future in futures:
+        try:
+            servers.append(future.result())
+        except Exception as exc:  # noqa: BLE001 - re-raised once the others are stopped
+            errors.append(exc)
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
+    return servers

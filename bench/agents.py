@@ -34,8 +34,8 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,10 @@ import httpx
 import numpy as np
 
 from ahc.config import OrchestratorConfig, cache_dir, load_config
-from ahc.server_process import ServerProcess, ensure_model, start_server
+from ahc.server_process import ServerProcess, ensure_model, start_server, start_together
 from bench.device import engine_device
 from bench.load_spec import overridden
-from bench.models import MODELS
+from bench.models import MODELS, model_max_len
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
@@ -405,24 +405,8 @@ def start_pair(model_dir: Path, tmp: Path, size: CacheSize, fcfs_env: dict[str, 
     # may still compact a State to admit a turn, as it would for any agent.
     common = {"AHC_ORCHESTRATOR__COMPACTION_THRESHOLD_TOKENS": str(size.max_model_len)}
     envs = {"ahc": common, "fcfs": {**common, **fcfs_env}}
-    with ThreadPoolExecutor(len(envs)) as pool:
-        futures = [pool.submit(start_server, tmp / name / "xdb", model=model_dir, lens="off", extra=extra, env=env)
-                   for name, env in envs.items()]
-    servers, errors = [], []
-    for future in futures:
-        try:
-            servers.append(future.result())
-        except Exception as exc:  # noqa: BLE001 - re-raised once the other server is stopped
-            errors.append(exc)
-    if errors:
-        for server in servers:
-            server.stop()
-        raise errors[0]
-    return servers
-
-
-def model_max_len(model_dir: Path) -> int:
-    return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
+    return start_together([partial(start_server, tmp / name / "xdb", model=model_dir, lens="off", extra=extra, env=env)
+                           for name, env in envs.items()])
 
 
 def sizing(model_dir: Path, load: AgentLoad, block_size: int) -> tuple[CacheSize, int]:

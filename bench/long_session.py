@@ -27,7 +27,6 @@ overrides fields (the bench command takes no per-bench options).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -43,12 +42,12 @@ from typing import Any
 import httpx
 
 from ahc.config import cache_dir, load_config
-from ahc.server_process import TINY_MODEL, ServerProcess, ensure_model, scrape_metrics, start_server
+from ahc.server_process import TINY_MODEL, ServerProcess, ensure_model, scrape_metrics, start_server, start_together
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
 from bench.history_trim import Count
 from bench.load_spec import overridden
-from bench.models import MODELS
+from bench.models import MODELS, model_max_len
 from bench.result import BenchResult
 from bench.serve import start_vllm
 from bench.session_clients import (
@@ -203,7 +202,7 @@ def model_dir_of(load: LongSessionLoad) -> Path:
 
 
 def check_window(model_dir: Path, max_model_len: int) -> None:
-    longest = int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
+    longest = model_max_len(model_dir)
     if max_model_len > longest:
         raise ValueError(f"{LOAD_ENV}: max_model_len {max_model_len} is past the model's {longest} positions")
 
@@ -215,19 +214,8 @@ def start_both(model_dir: Path, tmp: Path, max_model_len: int) -> tuple[ServerPr
         lambda: start_server(tmp / "ahc" / "xdb", model=model_dir, lens="off",
                              extra=["--max-model-len", str(max_model_len)]),
         lambda: start_vllm(model_dir, tmp / "vllm", max_model_len=max_model_len)]
-    with ThreadPoolExecutor(len(starts)) as pool:
-        futures = [pool.submit(start) for start in starts]
-    servers, errors = [], []
-    for future in futures:
-        try:
-            servers.append(future.result())
-        except Exception as exc:  # noqa: BLE001 - re-raised once the other server is stopped
-            errors.append(exc)
-    if errors:
-        for server in servers:
-            server.stop()
-        raise errors[0]
-    return servers[0], servers[1]
+    ahc, vllm = start_together(starts)
+    return ahc, vllm
 
 
 def stop_all(servers: Sequence[ServerProcess]) -> None:

@@ -3,6 +3,9 @@ a name stands for one set of sizes, whichever benchmark builds it first."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 MODELS: dict[str, tuple[str, ...]] = {
     # Larger than the tests' tiny model, so the forward is not all overhead.
     "bench-6x512": ("--layers", "6", "--hidden", "512", "--heads", "8", "--kv-heads", "2", "--intermediate", "1024",
@@ -11,3 +14,8 @@ MODELS: dict[str, tuple[str, ...]] = {
     "bench-2x64": ("--layers", "2", "--hidden", "64", "--heads", "1", "--kv-heads", "1", "--intermediate", "128",
                    "--max-position", "4096"),
 }
+
+
+def model_max_len(model_dir: Path) -> int:
+    """The longest window a model directory's config allows."""
+    return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
