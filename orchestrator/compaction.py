@@ -79,6 +79,9 @@ class CompactionCall:
 
     continuation: list[dict[str, Any]] | None = None
     tools: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # The most tokens the kept turns may hold, so that a compaction leaves room for more than a turn or
+    # two (turns carrying long tool results or excerpts); None: no limit but the count of turns.
+    keep_tokens: int | None = None
 
 
 def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
@@ -118,22 +121,22 @@ def summary_call(session: Session, old: Sequence[Turn], how: CompactionCall) -> 
 
 async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Summarize, force: bool = False, keep: int | None = None,
-                  how: CompactionCall | None = None, keep_tokens: int | None = None) -> Compaction | None:
+                  how: Callable[[], Awaitable[CompactionCall]] | None = None) -> Compaction | None:
     """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
     VRAM governor, or by a prompt over its budget); what it did, or None. `keep` overrides
-    `compaction_keep_turns` (0 when even the kept turns do not fit); `keep_tokens`: the most tokens the
-    kept turns may hold, so that a compaction leaves room for more than a turn or two (turns carrying
-    long tool results or excerpts); `how`: the call to make."""
+    `compaction_keep_turns` (0 when even the kept turns do not fit); `how` makes the call to send, and
+    is asked only when the State is to be compacted (most requests are not)."""
     if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
         return None
+    plan = await how() if how is not None else CompactionCall()
     groups = turn_groups(tuple(session.turns))
     keep = config.compaction_keep_turns if keep is None else keep
-    old_groups = groups[:len(groups) - kept_groups(groups, keep, keep_tokens, counter)]
+    old_groups = groups[:len(groups) - kept_groups(groups, keep, plan.keep_tokens, counter)]
     if not old_groups:
         return None
     old = [t for group in old_groups for t in group]
     before = state_tokens(session.turns, counter) + counter.count(session.summary or "")
-    call = summary_call(session, old, how or CompactionCall())
+    call = summary_call(session, old, plan)
     with tracer.start_as_current_span("ahc.compaction", attributes={SESSION_ID: session.session_id,
                                                                    "ahc.compaction.turns": len(old),
                                                                    "ahc.compaction.continued": call.continued}):

@@ -156,8 +156,7 @@ class Orchestrator:
         async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
             assert session is not None and self.summarize is not None
             done = await compact(session, new_turns, self.config, threshold, self.counter, self.summarize, force,
-                                 keep, await self._compaction_call(request),
-                                 int(self._state_room(request) * self.config.compaction_keep_share))
+                                 keep, partial(self._compaction_call, request))
             if done is not None:
                 actions.append("compaction")
                 compactions.append(done)
@@ -234,7 +233,7 @@ class Orchestrator:
         return _Plan(placement.mode, prompt, tokens, tokens <= r.budget, starved, karma, extra_tools,
                      condense_actions + ctc_actions, self.meter.overhead(prompt, (*r.tools, *extra_tools)),
                      CONDENSED if placement.rendition == CONDENSED else FULL, wanted,
-                     governed.excerpts if kept else (), self._tokens_of(governed.excerpts, kept, governed, formatter))
+                     governed.excerpts if kept else (), self._passing_tokens(governed, kept, formatter))
 
     def _input(self, r: _Request, query: str | None, new_turns: Sequence[Turn]) -> tuple[AssemblyInput, KarmaPlan]:
         """The blocks of the request's prompt with its placement of the Codex and the State as it is now
@@ -283,11 +282,11 @@ class Orchestrator:
         return (self.counter.count(CONTINUED_INSTRUCTION) + cost.per_message + BOUNDARY_SLACK
                 + self.config.compaction_max_tokens)
 
-    def _tokens_of(self, excerpts: tuple[Excerpt, ...], kept: bool, inp: AssemblyInput, formatter: Formatter) -> int:
+    def _passing_tokens(self, inp: AssemblyInput, kept: bool, formatter: Formatter) -> int:
         """Tokens the excerpts add to the Query, when they do not join the State."""
-        if kept or not excerpts or inp.query is None:
+        if kept or not inp.excerpts or inp.query is None:
             return 0
-        return (self.counter.count(formatter.query(inp.query, excerpts, inp.staged_karma))
+        return (self.counter.count(formatter.query(inp.query, inp.excerpts, inp.staged_karma))
                 - self.counter.count(formatter.query(inp.query, (), inp.staged_karma)))
 
     def _state_room(self, r: _Request) -> int:
@@ -310,16 +309,17 @@ class Orchestrator:
         tools do not change between turns): the summary call continues it, so it is read from the
         prefix cache. A transcript instead when that prompt and the call's room exceed the window."""
         session = r.session
+        keep_tokens = int(self._state_room(r) * self.config.compaction_keep_share)
         if session is None or not session.turns:
-            return CompactionCall()
+            return CompactionCall(keep_tokens=keep_tokens)
         inp, _ = self._input(r, query=None, new_turns=())
         await prefetch(inp, r.formatter, self.counter, self.render_cache)
         governed, _ = self._govern(inp, r.formatter)
         prompt = assemble(governed, r.formatter, self.counter, self.render_cache)
         tools = (*r.tools, *self._extra_tools(r))
         if self.meter.tokens(prompt, tools) + self._summary_room() > self.max_model_len:
-            return CompactionCall()
-        return CompactionCall(prompt.messages, tuple(tools))
+            return CompactionCall(keep_tokens=keep_tokens)
+        return CompactionCall(prompt.messages, tuple(tools), keep_tokens)
 
     async def _excerpts(self, inp: AssemblyInput, formatter: Formatter, r: _Request,
                         tools: Sequence[dict[str, Any]]) -> tuple[AssemblyInput, bool, bool]:
@@ -350,9 +350,10 @@ class Orchestrator:
         best = cost(fresh[:1])
         limit = self.counter.count(formatter.codex(r.codex))
         room = r.budget - self.meter.tokens(bare, tools)
-        kept = r.compacts and best <= self._state_room(r) // 4
+        share = self._state_room(r) // 4 if r.compacts else 0
+        kept = r.compacts and best <= share
         if kept:  # the excerpts join the State: a share of its room, so several turns fit between compactions
-            limit = min(limit, self._state_room(r) // 4)
+            limit = min(limit, share)
             room -= self._summary_room()
         chosen: list[Excerpt] = []
         for excerpt in fresh:
