@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.compaction import SummaryReply
 from server.tracing import engine_trace_headers
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -21,13 +22,6 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
 
 # Their request ids start with this, so the metrics tell them from the agents' requests.
 HIDDEN_REQUEST_PREFIX = "ahc-hidden-"
-
-
-@dataclass(frozen=True)
-class HiddenReply:
-    text: str
-    prompt_tokens: int
-    cached_tokens: int  # read from the prefix cache
 
 
 @dataclass
@@ -45,7 +39,7 @@ class HiddenCaller:
         return (await self.complete(messages, max_tokens)).text
 
     async def complete(self, messages: list[dict[str, Any]], max_tokens: int,
-                       tools: Sequence[dict[str, Any]] = ()) -> HiddenReply:
+                       tools: Sequence[dict[str, Any]] = ()) -> SummaryReply:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -62,8 +56,8 @@ class HiddenCaller:
                                                  trace_headers=engine_trace_headers(None)):
             final = output
         if final is None:
-            return HiddenReply("", len(ids), 0)
-        return HiddenReply(final.outputs[0].text, len(ids), final.num_cached_tokens or 0)
+            return SummaryReply("", len(ids), 0)
+        return SummaryReply(final.outputs[0].text, len(ids), final.num_cached_tokens or 0)
 
     async def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> list[int]:
         """The prompt's token ids, as vLLM's chat handler renders a request with these messages and tools."""

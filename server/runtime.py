@@ -98,7 +98,7 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
     async def summarize_state(call: SummaryCall) -> SummaryReply:
         reply = await hidden.complete(call.messages, oc.compaction_max_tokens, call.tools)
         metrics.record_compaction_call(reply.prompt_tokens, reply.cached_tokens, call.continued)
-        return SummaryReply(reply.text, reply.prompt_tokens, reply.cached_tokens)
+        return reply
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
