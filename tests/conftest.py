@@ -11,7 +11,7 @@ import pytest
 from vllm.config import VllmConfig
 
 from ahc.config import AHCConfig, load_config
-from ahc.server_process import TINY_MODEL, ServerProcess, child_env, start_server
+from ahc.server_process import REAL_CONFIG, REAL_MODEL, TINY_MODEL, ServerProcess, child_env, start_server
 
 API_KEY = "test-key"
 
@@ -36,6 +36,28 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def client(server: ServerProcess) -> openai.OpenAI:
     return server.client()
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory):
+    """One `ahc serve` of the real model (SmolLM2-135M-Instruct, its lens on) per test session: the
+    real-model tier (marker `real_model`)."""
+    if not (REAL_MODEL / "config.json").exists():
+        raise RuntimeError("the real model is missing: run `make setup` (ahc model pull smollm2-135m)")
+    srv = start_server(tmp_path_factory.mktemp("serve-real") / "xdb", model=REAL_MODEL, config=REAL_CONFIG,
+                       api_key=API_KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def real_client(real_server: ServerProcess) -> openai.OpenAI:
+    return real_server.client(timeout=300)
+
+
+@pytest.fixture(scope="session")
+def real_model_name(real_client: openai.OpenAI) -> str:
+    return real_client.models.list().data[0].id
 
 
 @pytest.fixture(scope="session")
