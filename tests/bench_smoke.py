@@ -58,14 +58,18 @@ SMOKES: dict[str, Smoke] = {
     "long-session": smoke("ahc_prefill_tokens client_prefill_tokens ahc_hit_ratio client_hit_ratio mode_switches "
                           "compactions", "client_prefill_over_ahc", {"turns": 12},
                           BENCH_LONG_SESSION_LOAD="turns=12,max_model_len=2048,model=tiny"),
+    "quality": smoke("accuracy_none accuracy_cag accuracy_rag accuracy_condensed prompt_tokens_none cached_tokens_none "
+                     "prompt_tokens_cag cached_tokens_cag prompt_tokens_rag cached_tokens_rag prompt_tokens_condensed "
+                     "cached_tokens_condensed", "codex_condensed_over_full", {"questions": 3, "documents": 1},
+                     BENCH_QUALITY_LOAD="questions=3,documents=1,filler=6"),
 }
 
 
-def run_bench(name: str, timeout_s: int = 600) -> dict[str, Any]:
-    """`ahc bench NAME --json` at the bench's small load: its last stdout line, checked."""
+def run_bench(name: str, timeout_s: int = 600, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`ahc bench NAME --json` at the bench's small load (`env` over it): its last stdout line, checked."""
     # A session of its own, so that a bench cut off takes the servers it started with it.
     process = subprocess.Popen([AHC, "bench", name, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, **SMOKES[name].env}, start_new_session=True)
+                               text=True, env={**os.environ, **SMOKES[name].env, **(env or {})}, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -56,6 +56,13 @@ def real_client(real_server: ServerProcess) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
+def real_no_whitespace_bias() -> dict[str, int]:
+    """The real model pretty-prints tool-call JSON (four spaces a level, a token each); banning
+    whitespace-only tokens halves a call's tokens where a test only needs it parsed."""
+    return whitespace_bias(REAL_MODEL)
+
+
+@pytest.fixture(scope="session")
 def real_model_name(real_client: openai.OpenAI) -> str:
     return real_client.models.list().data[0].id
 
@@ -69,9 +76,13 @@ def model_name(client: openai.OpenAI) -> str:
 def no_whitespace_bias() -> dict[str, int]:
     """logit_bias banning whitespace-only tokens. A random model pads tool-call JSON with every space
     the grammar allows (vLLM's tool structural tags allow any); the tests check plumbing, not style."""
+    return whitespace_bias(TINY_MODEL)
+
+
+def whitespace_bias(model: Path) -> dict[str, int]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(model)
     return {str(i): -100 for i in range(len(tokenizer))
             if (text := tokenizer.decode([i])) and not text.strip()}
 

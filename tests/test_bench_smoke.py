@@ -17,6 +17,7 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "universe": ("test_universe_cli", "test_ahc_bench_universe_json_has_every_backend"),
     "agents": ("test_agents_bench", "test_bench_agents_end_to_end"),
     "cluster": ("test_cluster", "test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies"),
+    "quality": ("test_quality_bench", "test_the_quality_bench_runs_on_the_real_model_server"),
 }
 
 

@@ -3,6 +3,8 @@ them, and a malformed law is refused naming its node."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,22 @@ def test_schema_lists_every_law_kind_and_op() -> None:
     for op in ("count", "count_pattern", "transition_indicator", "neighbor_config", "coordinate_class", "cell",
                "add", "lt", "and", "at", "next", "always", "eventually"):
         assert op in ops
+
+
+def test_the_bounded_law_schema_admits_shallow_laws_and_refuses_deep_ones() -> None:
+    import jsonschema
+
+    from universe.laws.schema import bounded_law_schema
+
+    schema = bounded_law_schema(depth=1, max_args=2)
+    shallow = {"law": "holds", "expr": {"op": "ge", "args": [{"op": "count", "symbol": "A"}, 0]}}
+    jsonschema.validate(shallow, schema)
+    parse_law(shallow)  # what the grammar admits, the harness's parser reads
+    deep = {"law": "holds", "expr": {"op": "not", "expr": {"op": "ge", "args": [{"op": "count", "symbol": "A"}, 0]}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(deep, schema)
+    with pytest.raises(jsonschema.ValidationError):  # max_args
+        jsonschema.validate({"law": "holds", "expr": {"op": "and", "args": [True, True, True]}}, schema)
+    assert "description" not in json.dumps(schema)
+    with pytest.raises(ValueError, match="depth"):
+        bounded_law_schema(depth=-1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from universe.laws.ast import MAX_REACH, OPS
@@ -82,3 +84,34 @@ def law_defs() -> dict[str, Any]:
 
 
 LAW_SCHEMA: dict[str, Any] = {"$defs": law_defs(), "$ref": "#/$defs/law"}
+
+
+def bounded_law_schema(depth: int = 2, max_args: int = 3) -> dict[str, Any]:
+    """The law language with expressions nested at most `depth` deep, `max_args` children each, and no
+    descriptions: for small windows and small models. A recursive `expr` lets a grammar-constrained
+    model nest `and` inside `and` until its token budget runs out (measured on a 135M model: every call
+    cut off mid-JSON); unrolled, every law the grammar allows ends within a few hundred tokens."""
+    if depth < 0 or max_args < 1:
+        raise ValueError(f"depth must be ≥ 0 and max_args ≥ 1, got {depth} and {max_args}")
+    defs = _strip_descriptions(law_defs())
+    defs["expr"]["oneOf"][2]["properties"]["op"] = {"$ref": "#/$defs/op"}  # the long enum once, not per level
+    leaf_object = copy.deepcopy(defs["expr"]["oneOf"][2])
+    del leaf_object["properties"]["args"], leaf_object["properties"]["expr"]
+    levels: dict[str, Any] = {"expr0": {"oneOf": [{"type": "integer"}, {"type": "boolean"}, leaf_object]}}
+    for level in range(1, depth + 1):
+        node = copy.deepcopy(defs["expr"]["oneOf"][2])
+        child = {"$ref": f"#/$defs/expr{level - 1}"}
+        node["properties"]["args"] = {"type": "array", "items": child, "minItems": 1, "maxItems": max_args}
+        node["properties"]["expr"] = child
+        levels[f"expr{level}"] = {"oneOf": [*levels["expr0"]["oneOf"], node]}
+    law = json.loads(json.dumps(defs["law"]).replace('"#/$defs/expr"', f'"#/$defs/expr{depth}"'))
+    op = {"type": "string", "enum": OPS}
+    return {"$defs": {"op": op, **levels, "law": law}, "$ref": "#/$defs/law"}
+
+
+def _strip_descriptions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip_descriptions(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [_strip_descriptions(v) for v in schema]
+    return schema
