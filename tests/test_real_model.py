@@ -164,3 +164,59 @@ def test_the_discovery_agents_llm_policy_runs_10_turns_with_every_call_parsed(
     # The journal went to the server's XDB (its agent routes), and the session's tokens are there too.
     assert store.kind == "http"
     assert recall_until(real_server, 1, timeout=5, session_id=session, event_types="output")
+
+
+COLOURS = {"red", "blue", "green", "yellow", "orange", "purple", "pink", "white", "black", "brown", "grey",
+           "gray", "violet", "indigo"}
+
+
+def test_the_lens_marks_tokens_a_person_would_agree_with(
+        real_server: ServerProcess, real_client: openai.OpenAI, real_model_name: str) -> None:
+    session = "real-lens"
+    for question in ["Name five colours of the rainbow.", "Count from one to ten using digits."]:
+        real_client.chat.completions.create(
+            model=real_model_name, max_tokens=40, temperature=0, messages=[{"role": "user", "content": question}],
+            extra_headers={"X-Session-ID": session})
+    rows = recall_until(real_server, 60, timeout=5, session_id=session, event_types="output")
+    assert rows and all(len(r["concept_activations"]) <= 10 for r in rows)
+
+    def strongest(concept: str) -> list[str]:
+        """This session's tokens that activate `concept` most, strongest first (their text)."""
+        scored = [(r["concept_activations"][concept], r["content"])
+                  for r in rows if concept in r["concept_activations"]]
+        return [text.strip().lower() for _, text in sorted(scored, reverse=True)[:5]]
+
+    colours = strongest("colours")
+    assert sum(any(c in t for c in COLOURS) for t in colours) >= 3, colours
+    numbers = strongest("numbers")
+    words = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"}
+    assert sum(any(ch.isdigit() for ch in t) or t in words for t in numbers) >= 3, numbers
+
+
+def test_the_experience_browser_shows_a_recorded_session(
+        real_server: ServerProcess, real_client: openai.OpenAI, real_model_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from browser import launched
+
+    session = "real-browser"
+    replies = [real_client.chat.completions.create(
+        model=real_model_name, max_tokens=16, temperature=0, messages=[{"role": "user", "content": question}],
+        extra_body={"context": {"session_id": session, "identity": IDENTITY}}).choices[0].message.content or ""
+        for question in ["What is Rome known for?", "And Paris?"]]
+    deadline = time.monotonic() + 5
+    with real_server.http() as http:
+        while len(http.get(f"/v1/xdb/sessions/{session}/turns").json()["turns"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    with launched() as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.goto(f"{real_server.base_url}/ui/")
+        page.fill("#api-key", real_server.api_key)
+        page.click("#key-form button[type=submit]")
+        page.click(f'#sessions tr[data-session="{session}"] a')
+        page.locator(".turns section.turn").nth(1).wait_for()
+        assert page.locator(".turns section.turn").count() == 2
+        shown = page.locator(".turns").inner_text()
+        page.locator("#turn-1 .tok[data-concept]").first.wait_for()  # tokens coloured by the lens
+        page.screenshot(path=str(tmp_path / "real-session.png"), full_page=True)
+    for reply in replies:  # the model's own words, as it said them
+        assert " ".join(reply.split()[:3]) in " ".join(shown.split()), (reply, shown[:500])
