@@ -9,11 +9,15 @@ STAMP := $(VENV)/.ahc-$(EXTRAS)-installed
 TINY := .cache/models/tiny/model.safetensors
 TINY_LENS := .cache/lenses/tiny-demo/lens.json
 REAL_MODEL_FILE := .cache/models/smollm2-135m/model.safetensors
+# Its concept lens; layer and method chosen by `ahc lens sweep` (held-out AUC per layer, lens/evaluate.py):
+# rerun it when the examples change.
+REAL_LENS := .cache/lenses/smollm2-135m/lens.json
+REAL_LENS_EXAMPLES := configs/lenses/smollm2-135m/examples.json
 CONFIG ?= configs/cpu-small.yaml
 
 .PHONY: setup run test test-fast lint bench clean
 
-setup: $(STAMP) $(TINY) $(TINY_LENS) $(REAL_MODEL_FILE)
+setup: $(STAMP) $(TINY) $(TINY_LENS) $(REAL_MODEL_FILE) $(REAL_LENS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +43,11 @@ $(REAL_MODEL_FILE): ahc/model_pull.py ahc/data/chatml_tools.jinja | $(STAMP)
 $(TINY_LENS): $(TINY)
 	$(BIN)/ahc lens train --model .cache/models/tiny --examples configs/lenses/tiny-demo/examples.json \
 		--layer 1 --out .cache/lenses/tiny-demo
+
+# Prints each concept's held-out AUC next to a shuffled-label control's (tests/test_lens_real.py checks them).
+$(REAL_LENS): $(REAL_MODEL_FILE) $(REAL_LENS_EXAMPLES)
+	$(BIN)/ahc lens train --model $(dir $(REAL_MODEL_FILE)) --examples $(REAL_LENS_EXAMPLES) \
+		--layer 15 --method logistic --out $(dir $(REAL_LENS))
 
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)

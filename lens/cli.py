@@ -39,6 +39,45 @@ def train(
     except (ValueError, FileNotFoundError, OSError) as exc:
         _fail(str(exc) or type(exc).__name__)
     typer.echo(f"{out} ({pack.n_concepts} concepts, layer {pack.layer}, {pack.method})")
+    if "heldout" in pack.extra:
+        from lens.evaluate import heldout_table
+
+        for line in heldout_table(pack.extra["heldout"]):
+            typer.echo(line)
+
+
+@app.command("sweep")
+def sweep(
+    model: Annotated[Path, typer.Option(help="Model directory (HF format, with config.json).")],
+    examples: Annotated[Path, typer.Option(help="JSON file of concepts with example and held-out texts.")],
+    layers: Annotated[str, typer.Option(help="Comma-separated hidden_states indices; default every 3rd.")] = "",
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = "means,logistic",
+) -> None:
+    """Held-out AUC of every (layer, method), to choose the pack's layer by measurement."""
+    from lens.train import METHODS
+
+    chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
+    if not chosen_methods or any(m not in METHODS for m in chosen_methods):
+        raise typer.BadParameter(f"must be among {', '.join(METHODS)}", param_hint="--methods")
+    try:
+        chosen_layers = [int(x) for x in layers.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter("must be comma-separated integers", param_hint="--layers") from None
+    try:
+        from lens.evaluate import choose, sweep_table
+        from lens.evaluate import sweep as run_sweep
+        from lens.pack import model_fingerprint
+        from lens.train import load_examples
+
+        num_layers = model_fingerprint(model)["num_layers"]
+        rows = run_sweep(str(model), load_examples(examples), chosen_layers or list(range(0, num_layers + 1, 3)),
+                         chosen_methods)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        _fail(str(exc) or type(exc).__name__)
+    for line in sweep_table(rows):
+        typer.echo(line)
+    best = choose(rows, num_layers)
+    typer.echo(f"chosen: --layer {best.layer} --method {best.method} (mean held-out AUC {best.mean_auc:.3f})")
 
 
 @app.command("show")

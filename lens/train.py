@@ -6,6 +6,10 @@ Examples file (JSON):
                   {"id": "motion-right", "name": "Moving right", "parent": "motion",
                    "examples": ["the block moves right", ...]}, ...]}
 
+A concept may also list `heldout` texts: never trained on, they measure the pack (lens/evaluate.py:
+each concept's held-out ROC-AUC, and a control trained on shuffled labels), and the figures go into
+the pack's `extra.heldout`.
+
 A concept without examples of its own (a parent) takes the union of its descendants' examples.
 Each text's feature is the mean over its tokens of the hidden state at `layer` (transformers'
 `output_hidden_states` index) from a CPU float32 forward.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ class ConceptExamples:
     name: str
     parent: str | None
     examples: list[str]
+    heldout: list[str] = field(default_factory=list)
 
 
 def load_examples(path: str | Path) -> list[ConceptExamples]:
@@ -58,14 +63,28 @@ def load_examples(path: str | Path) -> list[ConceptExamples]:
     for i, c in enumerate(concepts):
         if not isinstance(c, dict) or not isinstance(c.get("id"), str):
             raise ValueError(f"{p}: concepts[{i}].id: must be a string")
-        examples = c.get("examples", [])
-        if not isinstance(examples, list) or not all(isinstance(t, str) and t.strip() for t in examples):
-            raise ValueError(f"{p}: concepts[{i}].examples: must be a list of non-empty strings")
+        texts = {}
+        for key in ("examples", "heldout"):
+            texts[key] = c.get(key, [])
+            if not isinstance(texts[key], list) or not all(isinstance(t, str) and t.strip() for t in texts[key]):
+                raise ValueError(f"{p}: concepts[{i}].{key}: must be a list of non-empty strings")
         parent = c.get("parent")
         if parent is not None and not isinstance(parent, str):
             raise ValueError(f"{p}: concepts[{i}].parent: must be a concept id or null")
-        out.append(ConceptExamples(c["id"], str(c.get("name") or c["id"]), parent, list(examples)))
+        out.append(ConceptExamples(c["id"], str(c.get("name") or c["id"]), parent, list(texts["examples"]),
+                                   list(texts["heldout"])))
+    leaked = {t for c in out for t in c.heldout} & {t for c in out for t in c.examples}
+    if leaked:
+        raise ValueError(f"{p}: heldout: {sorted(leaked)[0]!r} is also a training example")
     return out
+
+
+def heldout_members(concepts: Sequence[ConceptExamples]) -> tuple[list[str], list[list[int]]]:
+    """concept_members over the held-out texts (a parent takes its descendants'); ([], []) when the
+    file has none."""
+    if not any(c.heldout for c in concepts):
+        return [], []
+    return concept_members([replace(c, examples=c.heldout) for c in concepts])
 
 
 def concept_members(concepts: Sequence[ConceptExamples]) -> tuple[list[str], list[list[int]]]:
@@ -106,6 +125,12 @@ def concept_members(concepts: Sequence[ConceptExamples]) -> tuple[list[str], lis
 def text_features(model_dir: str | Path, texts: Sequence[str], layer: int,
                   batch_size: int = 16) -> np.ndarray:
     """[len(texts), hidden] float32: per text, the mean over its tokens of hidden_states[layer]."""
+    return layer_features(model_dir, texts, [layer], batch_size)[layer]
+
+
+def layer_features(model_dir: str | Path, texts: Sequence[str], layers: Sequence[int],
+                   batch_size: int = 16) -> dict[int, np.ndarray]:
+    """text_features for several layers from one forward per batch (a layer sweep)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,17 +141,19 @@ def text_features(model_dir: str | Path, texts: Sequence[str], layer: int,
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers
-    if not 0 <= layer <= n_layers:
-        raise ValueError(f"layer: must be in 0..{n_layers} for this model, got {layer}")
-    feats = []
+    for layer in layers:
+        if not 0 <= layer <= n_layers:
+            raise ValueError(f"layer: must be in 0..{n_layers} for this model, got {layer}")
+    feats: dict[int, list] = {layer: [] for layer in layers}
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):
             batch = tokenizer(list(texts[start:start + batch_size]), return_tensors="pt", padding=True)
             out = model(**batch, output_hidden_states=True, use_cache=False)
-            h = out.hidden_states[layer].to(torch.float32)
             mask = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
-            feats.append((h * mask).sum(1) / mask.sum(1).clamp(min=1))
-    return torch.cat(feats).numpy().astype(np.float32)
+            for layer in layers:
+                h = out.hidden_states[layer].to(torch.float32)
+                feats[layer].append((h * mask).sum(1) / mask.sum(1).clamp(min=1))
+    return {layer: torch.cat(f).numpy().astype(np.float32) for layer, f in feats.items()}
 
 
 def fit_means(features: np.ndarray, members: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +246,10 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
     if not 0 <= layer <= fingerprint["num_layers"]:
         raise ValueError(f"layer: must be in 0..{fingerprint['num_layers']} for this model, got {layer}")
     texts, members = concept_members(concepts)
-    features = text_features(model_dir, texts, layer)
+    held_texts, held_members = heldout_members(concepts)
+    # One model load and forward for both: the held-out texts only measure the fitted directions.
+    all_features = text_features(model_dir, texts + held_texts, layer)
+    features, held_features = all_features[:len(texts)], all_features[len(texts):]
     directions, biases = fit(features, members, method)
     parents = [c.parent for c in concepts]
     # A token is tagged with a concept as it is recorded when it activates it as strongly as the
@@ -231,6 +261,11 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
                              "features": "mean over tokens",
                              "token_sets": {c.id: ids for c, ids in zip(concepts, token_sets(model_dir, texts, members))
                                             if ids}}
+    if held_texts:
+        from lens.evaluate import heldout_report
+
+        extra["heldout"] = heldout_report([c.id for c in concepts], directions, biases, features, members,
+                                          held_features, held_members, method).to_json()
     return LensPack(concept_ids=[c.id for c in concepts], names=[c.name for c in concepts], layer=layer,
                     directions=directions, biases=biases, model=fingerprint,
                     parents=parents if any(p is not None for p in parents) else None,
