@@ -26,7 +26,7 @@ def train(
     method: Annotated[str, typer.Option(help="means (difference of class means) or logistic.")] = "means",
 ) -> None:
     """Build a lens pack from labelled example texts (transformers forward on the CPU)."""
-    from lens.train import METHODS
+    from lens.probes import METHODS
 
     if method not in METHODS:
         raise typer.BadParameter(f"must be one of {', '.join(METHODS)}", param_hint="--method")
@@ -54,7 +54,7 @@ def sweep(
     methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = "means,logistic",
 ) -> None:
     """Held-out AUC of every (layer, method), to choose the pack's layer by measurement."""
-    from lens.train import METHODS
+    from lens.probes import METHODS
 
     chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
     if not chosen_methods or any(m not in METHODS for m in chosen_methods):
@@ -65,9 +65,9 @@ def sweep(
         raise typer.BadParameter("must be comma-separated integers", param_hint="--layers") from None
     try:
         from lens.evaluate import choose, sweep_table
-        from lens.evaluate import sweep as run_sweep
         from lens.pack import model_fingerprint
         from lens.train import load_examples
+        from lens.train import sweep as run_sweep
 
         num_layers = model_fingerprint(model)["num_layers"]
         rows = run_sweep(str(model), load_examples(examples), chosen_layers or list(range(0, num_layers + 1, 3)),

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # lens.train imports this module (lazily) to report held-out figures
-    from lens.train import ConceptExamples
+from lens.probes import fit
 
 
 def roc_auc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
@@ -110,8 +109,6 @@ def heldout_report(concept_ids: Sequence[str], directions: np.ndarray, biases: n
     """The fitted directions' held-out AUC per concept, and the control's: `method` refitted on the
     same training features with shuffled labels, averaged over `shuffles` seeded permutations (one
     shuffle's AUC per concept swings by ±0.1 or more on a dozen texts)."""
-    from lens.train import fit
-
     auc = concept_aucs(affine_scores(held_features, directions, biases), held_members)
     rng = np.random.default_rng(seed)
     control = np.zeros(len(concept_ids))
@@ -128,28 +125,6 @@ class SweepRow:
     mean_auc: float
     min_auc: float
     mean_control_auc: float
-
-
-def sweep(model_dir: str, concepts: Sequence[ConceptExamples], layers: Sequence[int], methods: Sequence[str],
-          shuffles: int = 10) -> list[SweepRow]:
-    """Held-out figures for every (layer, method): to choose the pack's layer by measurement. One
-    forward per batch of texts serves every layer."""
-    from lens.train import concept_members, fit, heldout_members, layer_features
-
-    texts, members = concept_members(concepts)
-    held_texts, held_members = heldout_members(concepts)
-    if not held_texts:
-        raise ValueError("examples: a sweep needs held-out texts (`heldout` lists)")
-    feats = layer_features(model_dir, texts + held_texts, layers)
-    ids = [c.id for c in concepts]
-    rows = []
-    for layer in layers:
-        train, held = feats[layer][:len(texts)], feats[layer][len(texts):]
-        for method in methods:
-            d, b = fit(train, members, method)
-            r = heldout_report(ids, d, b, train, members, held, held_members, method, shuffles)
-            rows.append(SweepRow(layer, method, r.mean_auc, min(r.auc), r.mean_control_auc))
-    return rows
 
 
 def choose(rows: Sequence[SweepRow], num_layers: int, tie: float = 0.005) -> SweepRow:

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from lens.evaluate import SweepRow, heldout_report
 from lens.pack import LensPack, model_fingerprint
-
-METHODS = ("means", "logistic")
+from lens.probes import METHODS, fit
 
 
 @dataclass
@@ -156,56 +156,6 @@ def layer_features(model_dir: str | Path, texts: Sequence[str], layers: Sequence
     return {layer: torch.cat(f).numpy().astype(np.float32) for layer, f in feats.items()}
 
 
-def fit_means(features: np.ndarray, members: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Difference of class means, scaled so the concept mean scores +0.5 and the rest's −0.5."""
-    x = np.asarray(features, dtype=np.float64)
-    directions, biases = [], []
-    for m in members:
-        inside = np.zeros(len(x), dtype=bool)
-        inside[list(m)] = True
-        mu_in, mu_out = x[inside].mean(0), x[~inside].mean(0)
-        d = mu_in - mu_out
-        norm2 = float(d @ d)
-        w = d / norm2 if norm2 > 0 else d
-        directions.append(w)
-        biases.append(-float(w @ (mu_in + mu_out) / 2))
-    return np.asarray(directions, dtype=np.float32), np.asarray(biases, dtype=np.float32)
-
-
-def fit_logistic(features: np.ndarray, members: Sequence[Sequence[int]], l2: float = 1e-2,
-                 iterations: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """One-vs-rest logistic probes (class-balanced, L2 on the standardised weights)."""
-    import torch
-
-    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
-    mean, std = x.mean(0), x.std(0, unbiased=False).clamp(min=1e-8)
-    z = (x - mean) / std
-    directions, biases = [], []
-    for m in members:
-        y = torch.zeros(len(x), dtype=torch.float64)
-        y[list(m)] = 1.0
-        pos = float(y.sum())
-        weight = torch.where(y > 0, 0.5 / pos, 0.5 / (len(y) - pos))
-        w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
-        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], max_iter=iterations, line_search_fn="strong_wolfe")
-
-        def closure(opt=opt, w=w, b=b, weight=weight, y=y):
-            opt.zero_grad()
-            logits = z @ w + b
-            loss = (weight * torch.nn.functional.binary_cross_entropy_with_logits(
-                logits, y, reduction="none")).sum() + l2 * (w @ w)
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        with torch.no_grad():
-            raw_w = w / std
-            directions.append(raw_w.numpy())
-            biases.append(float(b - raw_w @ mean))
-    return np.asarray(directions, dtype=np.float32), np.asarray(biases, dtype=np.float32)
-
-
 def token_sets(model_dir: str | Path, texts: Sequence[str], members: Sequence[Sequence[int]],
                size: int = 32) -> list[list[int]]:
     """Per concept, the tokens of its texts that are relatively more frequent there than in the other
@@ -226,14 +176,6 @@ def token_sets(model_dir: str | Path, texts: Sequence[str], members: Sequence[Se
         distinctive = [t for t, n in inside.most_common() if n / n_in > outside[t] / n_out]
         sets.append(distinctive[:size])
     return sets
-
-
-def fit(features: np.ndarray, members: Sequence[Sequence[int]], method: str = "means"):
-    if method == "means":
-        return fit_means(features, members)
-    if method == "logistic":
-        return fit_logistic(features, members)
-    raise ValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
 
 
 def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExamples], layer: int,
@@ -262,11 +204,29 @@ def train_pack(model_dir: str | Path, examples: str | Path | Sequence[ConceptExa
                              "token_sets": {c.id: ids for c, ids in zip(concepts, token_sets(model_dir, texts, members))
                                             if ids}}
     if held_texts:
-        from lens.evaluate import heldout_report
-
         extra["heldout"] = heldout_report([c.id for c in concepts], directions, biases, features, members,
                                           held_features, held_members, method).to_json()
     return LensPack(concept_ids=[c.id for c in concepts], names=[c.name for c in concepts], layer=layer,
                     directions=directions, biases=biases, model=fingerprint,
                     parents=parents if any(p is not None for p in parents) else None,
                     method=method, extra=extra, thresholds=thresholds)
+
+
+def sweep(model_dir: str, concepts: Sequence[ConceptExamples], layers: Sequence[int], methods: Sequence[str],
+          shuffles: int = 10) -> list[SweepRow]:
+    """Held-out figures for every (layer, method): to choose the pack's layer by measurement. One
+    forward per batch of texts serves every layer."""
+    texts, members = concept_members(concepts)
+    held_texts, held_members = heldout_members(concepts)
+    if not held_texts:
+        raise ValueError("examples: a sweep needs held-out texts (`heldout` lists)")
+    feats = layer_features(model_dir, texts + held_texts, layers)
+    ids = [c.id for c in concepts]
+    rows = []
+    for layer in layers:
+        train, held = feats[layer][:len(texts)], feats[layer][len(texts):]
+        for method in methods:
+            d, b = fit(train, members, method)
+            r = heldout_report(ids, d, b, train, members, held, held_members, method, shuffles)
+            rows.append(SweepRow(layer, method, r.mean_auc, min(r.auc), r.mean_control_auc))
+    return rows

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from lens.evaluate import SweepRow, choose, concept_aucs, heldout_report, heldout_table, roc_auc, shuffled_members
-from lens.train import ConceptExamples, fit, heldout_members, load_examples, train_pack
+from lens.probes import fit
+from lens.train import ConceptExamples, heldout_members, load_examples, train_pack
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_EXAMPLES = REPO / "configs" / "lenses" / "smollm2-135m" / "examples.json"

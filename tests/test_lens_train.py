@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from lens import load_pack
-from lens.train import ConceptExamples, concept_members, fit, load_examples, text_features, train_pack
+from lens.probes import fit
+from lens.train import ConceptExamples, concept_members, load_examples, text_features, train_pack
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "configs" / "lenses" / "tiny-demo" / "examples.json"
