@@ -180,11 +180,15 @@ def test_the_lens_marks_tokens_a_person_would_agree_with(
     rows = recall_until(real_server, 60, timeout=5, session_id=session, event_types="output")
     assert rows and all(len(r["concept_activations"]) <= 10 for r in rows)
 
+    # A token's activations are those of the hidden state that produced it: the state that has just
+    # read the token before it. So the text a person judges is that earlier token's.
+    by_tick = {r["tick"]: r["content"] for r in rows}
+
     def strongest(concept: str) -> list[str]:
-        """This session's tokens that activate `concept` most, strongest first (their text)."""
-        scored = [(r["concept_activations"][concept], r["content"])
-                  for r in rows if concept in r["concept_activations"]]
-        return [text.strip().lower() for _, text in sorted(scored, reverse=True)[:5]]
+        """The tokens read just before this session's 5 rows that activate `concept` most."""
+        scored = sorted(((r["concept_activations"][concept], r["tick"]) for r in rows
+                         if concept in r["concept_activations"] and r["tick"] - 1 in by_tick), reverse=True)
+        return [by_tick[tick - 1].strip().lower() for _, tick in scored[:5]]
 
     colours = strongest("colours")
     assert sum(any(c in t for c in COLOURS) for t in colours) >= 3, colours
@@ -215,8 +219,9 @@ def test_the_experience_browser_shows_a_recorded_session(
         page.click(f'#sessions tr[data-session="{session}"] a')
         page.locator(".turns section.turn").nth(1).wait_for()
         assert page.locator(".turns section.turn").count() == 2
-        shown = page.locator(".turns").inner_text()
         page.locator("#turn-1 .tok[data-concept]").first.wait_for()  # tokens coloured by the lens
+        page.locator("#turn-2 .tok").first.wait_for()
+        shown = page.locator(".turns").inner_text()
         page.screenshot(path=str(tmp_path / "real-session.png"), full_page=True)
     for reply in replies:  # the model's own words, as it said them
         assert " ".join(reply.split()[:3]) in " ".join(shown.split()), (reply, shown[:500])
