@@ -9,12 +9,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from ahc.server_process import free_port
+from ahc.server_process import ServerProcess, free_port
 
 DEBIAN_PACKAGE = "chromium"
 # As root (CI) Chromium needs --no-sandbox; the closed network makes its background services fail loudly.
@@ -64,3 +65,23 @@ def served(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def wait_for_turns(server: ServerProcess, session: str, n: int, timeout: float = 10) -> None:
+    """Until the browser's read side lists `n` turns of `session` (recorded within 1 s of each reply)."""
+    with server.http() as http:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = http.get(f"/v1/xdb/sessions/{session}/turns").json()
+            if len(found["turns"]) >= n:
+                return
+            assert time.monotonic() < deadline, found
+            time.sleep(0.2)
+
+
+def sign_in(page: Any, server: ServerProcess) -> None:
+    """Open /ui/ and give the key the page asks for once (it sends it as a header from then on)."""
+    page.goto(f"{server.base_url}/ui/")
+    page.locator("#key-form").wait_for(state="visible")
+    page.fill("#api-key", server.api_key)
+    page.click("#key-form button[type=submit]")

@@ -199,23 +199,17 @@ def test_the_lens_marks_tokens_a_person_would_agree_with(
 
 def test_the_experience_browser_shows_a_recorded_session(
         real_server: ServerProcess, real_client: openai.OpenAI, real_model_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from browser import launched
+    from browser import launched, sign_in, wait_for_turns
 
     session = "real-browser"
     replies = [real_client.chat.completions.create(
         model=real_model_name, max_tokens=16, temperature=0, messages=[{"role": "user", "content": question}],
         extra_body={"context": {"session_id": session, "identity": IDENTITY}}).choices[0].message.content or ""
         for question in ["What is Rome known for?", "And Paris?"]]
-    deadline = time.monotonic() + 5
-    with real_server.http() as http:
-        while len(http.get(f"/v1/xdb/sessions/{session}/turns").json()["turns"]) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    wait_for_turns(real_server, session, 2)
     with launched() as browser:
         page = browser.new_page(viewport={"width": 1300, "height": 900})
-        page.goto(f"{real_server.base_url}/ui/")
-        page.fill("#api-key", real_server.api_key)
-        page.click("#key-form button[type=submit]")
+        sign_in(page, real_server)
         page.click(f'#sessions tr[data-session="{session}"] a')
         page.locator(".turns section.turn").nth(1).wait_for()
         assert page.locator(".turns section.turn").count() == 2

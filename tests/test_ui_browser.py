@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from browser import launched, served
+from browser import launched, served, sign_in, wait_for_turns
 from fastapi import FastAPI
 
 from agent.png import chart
@@ -212,32 +212,18 @@ def drive_session(server: ServerProcess) -> list[dict[str, Any]]:
     return reports
 
 
-def wait_for_turns(server: ServerProcess, n: int) -> None:
-    with server.http() as http:
-        deadline = time.monotonic() + 10
-        while True:
-            found = http.get(f"/v1/xdb/sessions/{SESSION}/turns").json()
-            if len(found["turns"]) >= n:
-                return
-            assert time.monotonic() < deadline, found
-            time.sleep(0.2)
-
-
 @pytest.mark.engine
 def test_a_real_session_page_by_page(server: ServerProcess, page: Any, tmp_path: Path) -> None:
     reports = drive_session(server)
     breaks = [r["first_changed_block"] for r in reports]
     assert breaks[2] == "karma" and reports[4]["mode"] == "rag" and breaks[4] == "codex", breaks
-    wait_for_turns(server, len(reports))
+    wait_for_turns(server, SESSION, len(reports))
     requests: list[Any] = []
     page.on("request", lambda r: requests.append(r))
 
     # The shell loads without the key; the page asks for it once and sends it as a header.
     assert httpx.get(f"{server.base_url}/v1/xdb/sessions").status_code == 401
-    page.goto(f"{server.base_url}/ui/")
-    page.locator("#key-form").wait_for(state="visible")
-    page.fill("#api-key", server.api_key)
-    page.click("#key-form button[type=submit]")
+    sign_in(page, server)
     page.locator(f'#sessions tr[data-session="{SESSION}"]').wait_for()
     row = page.locator(f'#sessions tr[data-session="{SESSION}"]').inner_text()
     assert "6" in row and "CAG" not in row and "RAG" in row  # the last turn's mode
