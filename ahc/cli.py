@@ -124,7 +124,7 @@ def model_pull(
 def serve(
     ctx: typer.Context,
     config: Annotated[str | None, typer.Option(
-        help="AHC's YAML config: a file, or a bundled example (cpu-tiny, gpu). Default: built-in defaults. "
+        help="AHC's YAML config: a file, or a bundled example (cpu-small, cpu-tiny, gpu). Default: built-in defaults. "
              "AHC_* environment variables override it (AHC_HOST, AHC_XDB__SERVICE_PROCESS, ...).")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,

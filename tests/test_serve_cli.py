@@ -82,7 +82,7 @@ def test_a_bad_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch, na
 def test_a_bundled_example_config_is_found_by_name_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_config("gpu").engine.gpu_memory_utilization == load_config("gpu.yaml").engine.gpu_memory_utilization
-    with pytest.raises(ValueError, match="bundled examples: cpu-tiny, gpu"):
+    with pytest.raises(ValueError, match="bundled examples: cpu-small, cpu-tiny, gpu"):
         load_config("no-such")
 
 
