@@ -164,3 +164,23 @@ def test_exports_over_http_list_download_and_stay_within_the_tenant(source: XDB)
         assert "ExportManifest" in json.dumps(client.get("/openapi.json").json())
     time.sleep(0)  # the export directories stay under the data dir for the operator
     assert (source.data_dir / "exports" / manifest["id"] / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_id_too_long_for_a_file_name_is_exported_under_a_stand_in_and_imported_as_itself(
+        tmp_path: Path, fmt: str) -> None:
+    long_id = "पन्ह पन्ह त्र र्च कृकृ ड्ड न्हृे إلا بسم الله" * 2  # 256 bytes quoted is past a file name's 255
+    with XDB.open(tmp_path / "source") as xdb:
+        xdb.writer.submit([TimestepRow(long_id, t, "output", content=f"t{t}") for t in xdb.next_ticks(long_id, 3)])
+        xdb.writer.submit([TimestepRow("short", t, "output", content="s") for t in xdb.next_ticks("short", 2)])
+        xdb.writer.flush()
+        manifest = xdb.export(tmp_path / "out", fmt)
+        before = recalls(xdb)
+    [(stand_in, value)] = manifest["long_ids"].items()
+    assert value == long_id and stand_in.startswith("sha256-")
+    parts = {Path(f["path"]).parent.name for f in manifest["tables"]["timesteps"]["files"]}
+    assert parts == {"session_id=short", f"session_id={stand_in}"}
+    XDB.import_export(tmp_path / "copy", tmp_path / "out")
+    with XDB.open(tmp_path / "copy") as copy:
+        assert recalls(copy) == before
+        assert [r["content"] for r in copy.recall({"session_id": long_id, "limit": 10})] == ["t0", "t1", "t2"]

@@ -5,7 +5,10 @@ original did.
 
 Files are laid out `<table>/session_id=<url-quoted id>/data_0.parquet` (Hive partitioning, which
 DuckDB, Spark, pandas and polars read as is); tables without a session (the concept vocabulary, tags,
-documents) are one file each. Sequence-backed ids are kept, and the sequences moved past them on import.
+documents) are one file each. An id whose quoted form would not fit a file name (255 bytes: a long id in
+a non-Latin script) is partitioned under a stand-in, `sha256-<digest>`, which the manifest's
+`long_ids` maps back to the id and import restores. Sequence-backed ids are kept, and the sequences
+moved past them on import.
 """
 
 from __future__ import annotations
@@ -96,10 +99,11 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
         raise InvalidRequest(f"export destination {out} is not empty", param="out")
     out.mkdir(parents=True, exist_ok=True)
     tables: dict[str, Any] = {}
+    long_ids: dict[str, str] = {}
     conn.execute("BEGIN TRANSACTION")
     try:
         for table in TABLES:
-            tables[table.name] = _export_table(conn, out, fmt, table, filters)
+            tables[table.name] = _export_table(conn, out, fmt, table, filters, long_ids)
     finally:
         conn.execute("ROLLBACK")
     manifest = {
@@ -110,16 +114,43 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
                     "since": filters.since.isoformat() if filters.since is not None else None},
         "audit_head": {"seq": audit_head[0], "hash": audit_head[1]},
         "rows": sum(t["rows"] for t in tables.values()), "tables": tables,
+        **({"long_ids": long_ids} if long_ids else {}),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return ExportResult(manifest["id"], out, manifest)
 
 
+# A partition directory is named `<column>=<url-quoted value>`, and a file name holds at most 255 bytes.
+NAME_MAX = 255
+
+
+def _stand_in(value: str) -> str:
+    return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def _long_values(conn: duckdb.DuckDBPyConnection, table: TableSpec, where: str, params: list[Any]) -> list[str]:
+    """The partition values of `table` whose directory name would be too long for the filesystem."""
+    column = table.session_column
+    rows = conn.execute(f"SELECT DISTINCT {column} FROM {table.name} WHERE {where} AND strlen({column}) * 3 + "
+                        f"{len(column or '') + 1} > {NAME_MAX}", params).fetchall()
+    return [v for (v,) in rows if len(f"{column}={urllib.parse.quote(v, safe='')}".encode()) > NAME_MAX]
+
+
 def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table: TableSpec,
-                  filters: ExportFilter) -> dict[str, Any]:
+                  filters: ExportFilter, long_ids: dict[str, str]) -> dict[str, Any]:
     where, params = filters.where(table)
     order = table.sequence_column or ("id" if table.name == "timesteps" else None)
-    query = f"SELECT * FROM {table.name} WHERE {where}" + (f" ORDER BY {order}" if order else "")
+    columns = "*"
+    if table.session_column is not None and (long := _long_values(conn, table, where, params)):
+        keys = {_stand_in(v): v for v in long}
+        long_ids.update(keys)
+        cases = " ".join("WHEN ? THEN ?" for _ in keys)
+        columns = f"* REPLACE (CASE {table.session_column} {cases} ELSE {table.session_column} END " \
+                  f"AS {table.session_column})"
+        query_params = [x for key, value in keys.items() for x in (value, key)] + params
+    else:
+        query_params = params
+    query = f"SELECT {columns} FROM {table.name} WHERE {where}" + (f" ORDER BY {order}" if order else "")
     count = conn.execute(f"SELECT count(*) FROM {table.name} WHERE {where}", params).fetchone()
     rows = int(count[0]) if count else 0
     files: list[dict[str, Any]] = []
@@ -127,26 +158,25 @@ def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table
         target = out / table.name
         if fmt == "parquet" and table.session_column is not None:
             conn.execute(f"COPY ({query}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY "
-                         f"({table.session_column}), FILENAME_PATTERN 'data_{{i}}')", params)
+                         f"({table.session_column}), FILENAME_PATTERN 'data_{{i}}')", query_params)
         elif fmt == "parquet":
             target.mkdir()
-            conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.parquet')}' (FORMAT parquet)", params)
+            conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.parquet')}' (FORMAT parquet)", query_params)
         else:
-            _export_jsonl(conn, target, table, query, where, params)
+            _export_jsonl(conn, target, table, query, query_params)
         files = [_file_entry(out, path) for path in sorted(target.rglob("*")) if path.is_file()]
     return {"rows": rows, "files": files, "partitioned_by": table.session_column}
 
 
-def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: TableSpec, query: str, where: str,
+def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: TableSpec, query: str,
                   params: list[Any]) -> None:
     """JSON lines with the Parquet layout (DuckDB partitions only Parquet and CSV writes)."""
     if table.session_column is None:
         target.mkdir()
         conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.jsonl')}' (FORMAT json)", params)
         return
-    keys = conn.execute(f"SELECT DISTINCT {table.session_column} FROM {table.name} WHERE {where} ORDER BY 1",
-                        params).fetchall()
     column = table.session_column
+    keys = conn.execute(f"SELECT DISTINCT {column} FROM ({query}) ORDER BY 1", params).fetchall()
     for (key,) in keys:
         part = target / f"{column}={urllib.parse.quote(key, safe='')}"
         part.mkdir(parents=True)
@@ -203,6 +233,10 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, A
             columns = [r[0] for r in conn.execute(f"DESCRIBE {table.name}").fetchall()]
             conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "
                          f"FROM {reader}('{pattern}'{hive})")
+            if entry["partitioned_by"] and manifest.get("long_ids"):
+                conn.executemany(f"UPDATE {table.name} SET {entry['partitioned_by']} = ? "
+                                 f"WHERE {entry['partitioned_by']} = ?",
+                                 [[value, key] for key, value in manifest["long_ids"].items()])
             loaded[table.name] = entry["rows"]
             if table.sequence is not None:
                 top = conn.execute(f"SELECT coalesce(max({table.sequence_column}), 0) FROM {table.name}").fetchone()
