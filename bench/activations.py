@@ -1,45 +1,43 @@
 """`ahc bench activations`: decode tokens/s with in-engine concept capture on vs off, in one run.
 
-Two servers, same random model (the 6x512 Llama the orchestrator bench uses, so the forward is not all
-overhead as with the tiny one), same load: `batch` concurrent streaming greedy completions of `max_tokens`
+Two servers, same model, same load: by default the random 6x512 Llama the orchestrator bench uses (the
+forward is not all overhead as with the tiny one); `model=smollm2-135m` serves the real model with its
+own lens pack. `batch` concurrent streaming greedy completions of `max_tokens`
 tokens each (`ignore_eos`), short prompts so prefill is negligible. Decode tokens/s is counted in the
 window where every stream is decoding (the last first-token to the first last-token).
 
 Both servers are up together and measured in alternating rounds (plain, capture, capture, plain, ...):
 this machine's background load drifts by more than the effect measured, and alternating puts the
 drift on both sides alike (the idle server sits on the other side of every round too). A warm-up
-round each, then `rounds` measured rounds each; the median round is reported.
+round each, then `rounds` measured rounds each; the figures are the median rounds, the ratio the
+median of each round pair's ratio.
 
 The load is `ActivationsLoad`'s defaults; `BENCH_ACTIVATIONS_LOAD="batch=2,max_tokens=16,rounds=1"`
-overrides fields: `batch` concurrent streams of `max_tokens` tokens, `rounds` measured rounds a server.
+overrides fields: `batch` concurrent streams of `max_tokens` tokens, `rounds` measured rounds a server,
+`model` one of bench/models.py's SERVED.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import httpx
 import openai
 
-from ahc.config import cache_dir
-from ahc.server_process import AHC, child_env, ensure_model, start_server
+from ahc.server_process import start_server
 from bench.device import engine_device
 from bench.load_spec import overridden
-from bench.models import MODELS
+from bench.models import ServedModel, served_model
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 
 LOAD_ENV = "BENCH_ACTIVATIONS_LOAD"
-LENS_LAYER = 3
-EXAMPLES = resources.files("lens").joinpath("examples/tiny-demo/examples.json")
 
 
 @dataclass(frozen=True)
@@ -48,21 +46,15 @@ class ActivationsLoad:
 
     batch: int = 8
     max_tokens: int = 192
-    rounds: int = 10
+    rounds: int = 16
+    model: str = "bench-6x512"
 
 
 def load_from_env(spec: str | None) -> ActivationsLoad:
     """`ActivationsLoad` with the fields named in `spec` ("batch=2,rounds=1") changed."""
-    return overridden(ActivationsLoad(), spec, LOAD_ENV)
-
-
-def ensure_pack(model_dir: Path, out: Path, layer: int = LENS_LAYER) -> Path:
-    """A lens pack of the tiny-demo concepts at `layer` of a bench model, built once."""
-    if not (out / "lens.json").exists():
-        subprocess.run([AHC, "lens", "train", "--model", str(model_dir), "--examples", str(EXAMPLES),
-                        "--layer", str(layer), "--out", str(out)], check=True, capture_output=True,
-                        env=child_env())
-    return out
+    load = overridden(ActivationsLoad(), spec, LOAD_ENV)
+    served_model(load.model, LOAD_ENV)  # an unknown model fails here, before any server starts
+    return load
 
 
 def stream_times(client: openai.OpenAI, model: str, seed: int, max_tokens: int) -> list[float]:
@@ -90,13 +82,14 @@ def has_activations(base_url: str) -> bool:
     return bool(rows["data"] and rows["data"][0]["concept_activations"])
 
 
-def measure(model_dir: Path, pack: Path, load: ActivationsLoad) -> tuple[list[float], list[float], bool]:
+def measure(served: ServedModel, load: ActivationsLoad) -> tuple[list[float], list[float], bool]:
     """Rounds of plain and capture decode tokens/s, and whether capture (only) recorded activations."""
+    model_dir, pack = served.ensure(), served.ensure_lens()
     with tempfile.TemporaryDirectory() as tmp:
         servers = []
         try:
             for name, lens in (("plain", "off"), ("capture", str(pack))):
-                servers.append(start_server(Path(tmp) / name, model=model_dir, lens=lens,
+                servers.append(start_server(Path(tmp) / name, model=model_dir, config=served.config, lens=lens,
                                             extra=["--max-num-seqs", str(load.batch)]))
             clients = [s.client(timeout=600) for s in servers]
             model = clients[0].models.list().data[0].id
@@ -110,19 +103,21 @@ def measure(model_dir: Path, pack: Path, load: ActivationsLoad) -> tuple[list[fl
 
 def run(load: ActivationsLoad | None = None) -> BenchResult:
     load = load or load_from_env(os.environ.get(LOAD_ENV))
-    model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODELS["bench-6x512"])
-    pack = ensure_pack(model_dir, cache_dir() / "lenses" / "bench-6x512")
-    plain_rounds, capture_rounds, right = measure(model_dir, pack, load)
+    served = served_model(load.model, LOAD_ENV)
+    plain_rounds, capture_rounds, right = measure(served, load)
     if not right:
         raise RuntimeError("activations bench: the capture server recorded no activations, or the plain one did")
     plain, capture = statistics.median(plain_rounds), statistics.median(capture_rounds)
-    # Each capture round against the plain round next to it: the drift-robust view of the same ratio.
+    # Each capture round against the plain round measured next to it: this machine's drift (the busy-
+    # polling engine core and the worker bound to one core share 2 cores) moves whole stretches of
+    # rounds by more than capture costs, and a ratio of the two medians keeps some of it.
     paired = statistics.median(c / p for c, p in zip(capture_rounds, plain_rounds))
     figures = {"decode_tok_per_s_capture": capture, "decode_tok_per_s_plain": plain,
                "batch": load.batch, "max_tokens": load.max_tokens, "rounds": load.rounds}
-    return BenchResult("activations", figures, {"capture_over_plain": capture / plain},
-                       {"model": "random Llama 6x512 (ahc tiny-model), float32", "device": engine_device(),
-                        "lens": f"tiny-demo concepts at layer {LENS_LAYER}, k=10",
-                        "paired_capture_over_plain": f"{paired:.3f}",
+    return BenchResult("activations", figures, {"capture_over_plain": paired},
+                       {"model": served.description, "device": engine_device(),
+                        "lens": f"{served.lens_examples} concepts at layer {served.lens_layer} "
+                                f"({served.lens_method}), k=10",
+                        "median_capture_over_median_plain": f"{capture / plain:.3f}",
                         "rounds_plain": ", ".join(f"{r:.1f}" for r in plain_rounds),
                         "rounds_capture": ", ".join(f"{r:.1f}" for r in capture_rounds)})

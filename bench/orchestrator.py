@@ -1,6 +1,7 @@
 """`ahc bench orchestrator`: an agent session through the orchestrator vs the same content sent naively.
 
-Both run against one server, in one run, on a random model larger than the tiny one (6 layers × 512):
+Both run against one server, in one run, by default on a random model larger than the tiny one (6 layers ×
+512); `model=smollm2-135m` runs it on the real model, whose replies (and condensed Codex) are its own text:
 ours sends only the new turn with a `session_id` (the server keeps the State, blocks in fixed order);
 the naive client puts a timestamp at the top of its system prompt and resends the whole history, as
 agent frameworks commonly do. Reported: hit ratio (cached / prompt tokens) and TTFT p50 of both, and
@@ -13,7 +14,8 @@ marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and b
 The load is `OrchestratorLoad`'s defaults; `BENCH_ORCHESTRATOR_LOAD="turns=4,density_turns=2,assembly_tokens=8000"`
 overrides fields (the bench command takes no per-bench options): `turns` of the session both clients run,
 `density_turns` of each density session, `assembly_tokens` of the context prepare() is timed on (the
-prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds` timed prepare() calls.
+prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds` timed prepare() calls,
+`model` one of bench/models.py's SERVED.
 """
 
 from __future__ import annotations
@@ -30,17 +32,16 @@ from typing import Any
 import numpy as np
 import openai
 
-from ahc.config import OrchestratorConfig, cache_dir, load_config
-from ahc.server_process import ensure_model, start_server
+from ahc.config import OrchestratorConfig, load_config
+from ahc.server_process import start_server
 from bench.device import engine_device
 from bench.load_spec import overridden
-from bench.models import MODELS
+from bench.models import MODELS, served_model
 from bench.result import BenchResult
 from orchestrator.turn import Turn
 
 LOAD_ENV = "BENCH_ORCHESTRATOR_LOAD"
 REPLY_TOKENS = 16
-MODEL_FLAGS = MODELS["bench-6x512"]
 WORDS = ("particle collision ring cell symbol left right moves splits merges period class window "
          "rule table experiment prediction counterexample theorem").split()
 ASSEMBLY_WINDOW = 131072
@@ -56,6 +57,7 @@ class OrchestratorLoad:
     density_turns: int = 8
     assembly_tokens: int = 100_000
     assembly_rounds: int = 300
+    model: str = "bench-6x512"
 
     def __post_init__(self) -> None:
         if self.turns < 2 or self.density_turns < 1 or self.assembly_rounds < 1:
@@ -65,7 +67,9 @@ class OrchestratorLoad:
 
 def load_from_env(spec: str | None) -> OrchestratorLoad:
     """`OrchestratorLoad` with the fields named in `spec` ("turns=4,density_turns=2") changed."""
-    return overridden(OrchestratorLoad(), spec, LOAD_ENV)
+    load = overridden(OrchestratorLoad(), spec, LOAD_ENV)
+    served_model(load.model, LOAD_ENV)  # an unknown model fails here, before any server starts
+    return load
 
 
 def text_of(n_words: int, seed: int) -> str:
@@ -74,7 +78,7 @@ def text_of(n_words: int, seed: int) -> str:
 
 
 def session_content(turns: int) -> tuple[str, list[dict], list[str], dict[int, dict]]:
-    # ~2 tokens a word with the model's tokenizer: identity ~300 tokens, codex ~2k, a turn's input ~60.
+    # With the random models' tokenizer (~2 tokens a word): identity ~300 tokens, codex ~2k, an input ~60.
     identity = "You are a careful scientist. " + text_of(140, 1)
     codex = [{"id": f"doc{i}", "text": text_of(250, 10 + i)} for i in range(4)]
     questions = [f"Turn {t}: " + text_of(25, 100 + t) for t in range(turns)]
@@ -157,12 +161,21 @@ def run_naive(client: openai.OpenAI, model: str, turns: int) -> TurnLog:
 
 # The session's own cag_threshold: its ~3k-token Codex needs room from the first turn.
 DENSITY_THRESHOLD = 0.3
+DENSITY_CODEX_TOKENS = 3000  # over the threshold's share of an 8k window, so only its rendition fits
 
 
-def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, turns: int) -> dict[str, Any]:
+def density_codex(tokenizer: Any) -> str:
+    """A Codex document of about DENSITY_CODEX_TOKENS tokens in the served model's tokenizer."""
+    sample = 1500
+    tokens = len(tokenizer.encode(text_of(sample, 77), add_special_tokens=False))
+    return text_of(round(sample * DENSITY_CODEX_TOKENS / tokens), 77)
+
+
+def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, turns: int,
+                real: bool) -> dict[str, Any]:
     """One Codex document, condensed once by the served model; then a session on the rendition (CAG)
     and one on the verbatim document (RAG), turn by turn."""
-    identity, codex_text = "You are a careful scientist. " + text_of(140, 1), text_of(1500, 77)
+    identity, codex_text = "You are a careful scientist. " + text_of(140, 1), density_codex(tokenizer)
     with server.http(timeout=1800) as http:
         doc = http.post("/v1/xdb/documents", json={"name": "density-codex", "content": codex_text}).json()
         start = time.perf_counter()
@@ -196,8 +209,10 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, 
         "ratios": {"density_condensed_over_full": condensed_tokens / full_tokens},
         "notes": {"density": f"{turns} turns per session, Codex one ~3k-token document, cag_threshold "
                              f"{DENSITY_THRESHOLD}; modes {[r['mode'] for r in dense]} vs "
-                             f"{[r['mode'] for r in reports['verbatim']]}; the rendition is a random model's "
-                             "text, so its length (not its content) is what this measures"}}
+                             f"{[r['mode'] for r in reports['verbatim']]}; "
+                             + ("the rendition is the model's own summary" if real else
+                                "the rendition is a random model's text, so its length (not its content) is "
+                                "what this measures")}}
 
 
 def assembly_content(tokens: int, count: Callable[[str], int]) -> tuple[dict[str, Any], list[Turn]]:
@@ -261,11 +276,13 @@ def assembly_p99_ms(model_dir: Path, load: OrchestratorLoad) -> tuple[float, int
 
 def run(load: OrchestratorLoad | None = None) -> BenchResult:
     load = load or load_from_env(os.environ.get(LOAD_ENV))
-    model_dir = ensure_model(cache_dir() / "models" / "bench-6x512", *MODEL_FLAGS)
-    block_size = load_config("cpu-tiny").engine.block_size
+    served = served_model(load.model, LOAD_ENV)
+    model_dir = served.ensure()
+    block_size = load_config(served.config).engine.block_size
     assembly_ms, assembly_tokens = assembly_p99_ms(model_dir, load)  # first: it needs no server, and fails fast
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp) / "xdb", model=model_dir, lens="off", extra=["--max-model-len", "8192"])
+        server = start_server(Path(tmp) / "xdb", model=model_dir, config=served.config, lens="off",
+                              extra=["--max-model-len", "8192"])
         try:
             client = server.client(timeout=600)
             model = client.models.list().data[0].id
@@ -274,7 +291,7 @@ def run(load: OrchestratorLoad | None = None) -> BenchResult:
             from transformers import AutoTokenizer
 
             density = run_density(server, client, model, AutoTokenizer.from_pretrained(model_dir),
-                                  load.density_turns)
+                                  load.density_turns, real=served.name not in MODELS)
         finally:
             server.stop()
     # Turn 0 of each run has nothing cached by construction; the steady state is what agents live in.
@@ -290,9 +307,10 @@ def run(load: OrchestratorLoad | None = None) -> BenchResult:
         "prompt_tokens": sum(ours.prompt), "naive_prompt_tokens": sum(naive.prompt),
         **density["figures"],
     }
-    notes = {"model": "random Llama 6x512 (ahc tiny-model)", "device": engine_device(),
-             "session": f"{load.turns} turns, identity ~300 tokens, codex ~2k, a karma entry every 5 turns from "
-                        f"turn 3, ~60-token inputs, {REPLY_TOKENS}-token replies, {block_size}-token KV blocks",
+    notes = {"model": served.description, "device": engine_device(),
+             "session": f"{load.turns} turns, identity 145 words, codex 4 x 250 words, a karma entry every 5 "
+                        f"turns from turn 3, 27-word inputs, {REPLY_TOKENS}-token replies, {block_size}-token "
+                        f"KV blocks; turn 0 {ours.prompt[0]} prompt tokens",
              "cached_over_prompt_per_turn": ours.per_turn(), "naive_cached_over_prompt_per_turn": naive.per_turn(),
              "assembly": f"prepare() p99 over {load.assembly_rounds} calls on a kept session of "
                          f"{assembly_tokens:,} prompt tokens (half Codex, half State), every block unchanged",

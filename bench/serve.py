@@ -32,11 +32,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ahc.config import cache_dir, load_config
-from ahc.server_process import AHC, ServerProcess, child_env, ensure_model, free_port, launch, start_server
-from bench.activations import ensure_pack
+from ahc.config import load_config
+from ahc.server_process import AHC, ServerProcess, child_env, free_port, launch, start_server
 from bench.device import engine_device
-from bench.models import MODELS
+from bench.models import SERVED
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, SCALING_STREAMS, Profile, profile_named
@@ -107,8 +106,8 @@ class Side:
 def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Side]]:
     """vLLM's server and AHC's on the profile's model, up together; AHC's audit chain is verified
     once both have stopped."""
-    model_dir = ensure_model(cache_dir() / "models" / profile.model, *MODELS[profile.model])
-    pack = ensure_pack(model_dir, cache_dir() / "lenses" / profile.model, profile.lens_layer)
+    served = SERVED[profile.model]
+    model_dir, pack = served.ensure(), served.ensure_lens()
     extra = ["--max-model-len", str(MAX_MODEL_LEN)]
     if max_num_seqs:
         extra += ["--max-num-seqs", str(max_num_seqs)]
@@ -202,7 +201,8 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResul
     ratios = {"ahc_over_vllm": figures["ahc_tok_per_s"] / figures["vllm_tok_per_s"],
               "ahc_cpu_over_vllm": figures["ahc_cpu_us_per_token"] / figures["vllm_cpu_us_per_token"]}
     notes = {**common_notes(prof, load, n_rounds),
-             "ahc": f"every token recorded in XDB with top-10 concept activations (lens at layer {prof.lens_layer})",
+             "ahc": "every token recorded in XDB with top-10 concept activations "
+                    f"(lens at layer {SERVED[prof.model].lens_layer})",
              "vllm": "python -m vllm.entrypoints.openai.api_server, same engine flags",
              **side_notes(ahc, results[1]), **side_notes(vllm, results[0])}
     return BenchResult("serve", figures, ratios, notes)

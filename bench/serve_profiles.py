@@ -18,12 +18,11 @@ LOAD_ENV = "BENCH_SERVE_LOAD"
 
 @dataclass(frozen=True)
 class Profile:
-    """A model (bench/models.py), its lens layer, and the load: `clients` concurrent streaming clients,
+    """A model (bench/models.py's SERVED, with its lens), and the load: `clients` concurrent streaming clients,
     each sending `requests` chat requests of `max_tokens` tokens one after another."""
 
     name: str
     model: str
-    lens_layer: int
     clients: int
     requests: int
     max_tokens: int
@@ -33,12 +32,12 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile("6x512", "bench-6x512", lens_layer=3, clients=8, requests=2, max_tokens=128, rounds=6, max_num_seqs=None,
+    Profile("6x512", "bench-6x512", clients=8, requests=2, max_tokens=128, rounds=6, max_num_seqs=None,
             description="random Llama 6x512 (ahc tiny-model), float32"),
     # On a GPU the engine makes tokens 50-500x faster than this CPU does on the 6x512 model, and the API
     # process's CPU per token decides throughput. A model this small brings the CPU engine as close to
     # that as it gets.
-    Profile("gpu-rate", "bench-2x64", lens_layer=1, clients=32, requests=1, max_tokens=256, rounds=6,
+    Profile("gpu-rate", "bench-2x64", clients=32, requests=1, max_tokens=256, rounds=6,
             max_num_seqs=64, description="random Llama 2x64 (ahc tiny-model), float32: the engine as fast as "
                                          "this CPU makes it"),
 )}

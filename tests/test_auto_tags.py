@@ -50,6 +50,22 @@ def test_tokens_over_a_threshold_are_tagged_as_written(xdb: XDB) -> None:
     assert "right" in xdb.recall({"session_id": "s", "tick_from": 2, "tick_to": 2})[0]["tags"]
 
 
+def test_a_batch_below_every_threshold_runs_no_tag_query(xdb: XDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    import xdb.writer as writer
+
+    xdb.register_concepts([*HIERARCHY[:2], {**HIERARCHY[2], "threshold": 0.75}, HIERARCHY[3]])
+    assert xdb.writer.auto_tag_floor == 0.5  # the lowest threshold
+    queries: list[int] = []
+    real = writer.insert_auto_tags
+    monkeypatch.setattr(writer, "insert_auto_tags", lambda conn: queries.append(1) or real(conn))
+    reply(xdb, "s", "r1", [{"right": 0.49, "count": 0.3}, {}])
+    xdb.writer.flush()
+    assert queries == [] and len(xdb.recall({"session_id": "s"})) == 2
+    reply(xdb, "s", "r2", [{"right": 0.5}])  # exactly the threshold: tagged
+    xdb.writer.flush()
+    assert queries == [1] and [r["tick"] for r in xdb.recall({"tags": "right"})] == [2]
+
+
 def test_thresholds_survive_a_restart_and_a_pack_without_them_turns_tagging_off(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
         xdb.register_concepts(HIERARCHY)

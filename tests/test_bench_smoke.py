@@ -33,3 +33,14 @@ def test_every_registered_bench_has_a_smoke_run(name: str) -> None:
 @pytest.mark.parametrize("name", [name for name in BENCHES if name not in ELSEWHERE])
 def test_bench_runs_at_a_small_load(name: str) -> None:
     run_bench(name)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_the_orchestrator_bench_runs_on_the_real_model() -> None:
+    # Its density session sizes the Codex by the served model's tokenizer and the model condenses it.
+    env = SMOKES["orchestrator"].env["BENCH_ORCHESTRATOR_LOAD"] + ",model=smollm2-135m"
+    result = run_bench("orchestrator", env={"BENCH_ORCHESTRATOR_LOAD": env})
+    assert result["notes"]["model"].startswith("SmolLM2-135M-Instruct")
+    figures = result["figures"]
+    assert figures["density_codex_tokens_condensed"] < figures["density_codex_tokens_full"]

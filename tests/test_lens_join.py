@@ -13,6 +13,7 @@ from server.capture.inbox import ActivationInbox
 from server.capture.side_channel import (
     ActivationReceiver,
     ActivationSender,
+    BundlingSender,
     StepActivations,
     completion_key,
     engine_key,
@@ -93,6 +94,37 @@ def test_the_side_channel_delivers_over_ipc(tmp_path) -> None:
     finally:
         sender.close()
         receiver.close()
+
+
+def test_the_worker_ships_steps_in_bundles_and_the_rest_on_close(tmp_path) -> None:
+    import torch
+
+    messages: list[StepActivations] = []
+    address = f"ipc://{tmp_path}/b"
+    receiver = ActivationReceiver(address, messages.append)
+    sender = BundlingSender(ActivationSender(address), on_host=True, interval_s=0.2)
+    try:
+        for position in range(3):  # three steps of two requests; row 1 of each step is not kept
+            values = torch.tensor([[position + 0.5, 0.1], [9.0, 8.0], [position + 1.5, 0.2]])
+            index = torch.tensor([[1, 0], [0, 1], [0, 1]])
+            sender.add(["a", "b"], [position, position], np.array([0, 2]), index, values, "hidden_state")
+        deadline = time.monotonic() + 5
+        while not messages and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(messages) == 1, "the three steps of one interval travel as one message"
+        got = messages[0]
+        assert got.keys == ["a", "b"] * 3 and got.positions == [0, 0, 1, 1, 2, 2]
+        assert got.concept_index.dtype == np.int32
+        np.testing.assert_array_equal(got.concept_index[:, 0], [1, 0] * 3)
+        np.testing.assert_allclose(got.concept_values[:, 0], [0.5, 1.5, 1.5, 2.5, 2.5, 3.5])
+        sender.add(["c"], [7], np.array([0]), torch.tensor([[1, 0]]), torch.tensor([[0.3, 0.1]]), "hidden_state")
+    finally:
+        sender.close()  # ships the step still pending before the interval is over
+    deadline = time.monotonic() + 5
+    while len(messages) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    receiver.close()
+    assert [m.keys for m in messages[1:]] == [["c"]]
 
 
 def test_unclaimed_requests_are_evicted() -> None:

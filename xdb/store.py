@@ -301,9 +301,9 @@ class XDB:
         if self.writer is None:
             return
         with self.cursor() as cur:
-            armed = cur.execute("SELECT count(*) > 0 FROM concept_hierarchy WHERE threshold IS NOT NULL").fetchone()
+            floor = cur.execute("SELECT min(threshold) FROM concept_hierarchy").fetchone()
         self.writer.on_auto_tags = self.tag_cache.invalidate
-        self.writer.auto_tags = bool(armed and armed[0])
+        self.writer.auto_tag_floor = None if floor is None or floor[0] is None else float(floor[0])
 
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:

@@ -96,12 +96,21 @@ def insert_auto_tags(conn: duckdb.DuckDBPyConnection) -> int:
         conn.execute("DROP TABLE xdb_fired")
 
 
+def reaches(table: pa.Table, floor: float | None) -> bool:
+    """Whether any activation in the batch is at least `floor` (None: no concept has a threshold)."""
+    if floor is None:
+        return False
+    top = pc.max(pc.list_flatten(table.column("concept_values"))).as_py()
+    return top is not None and top >= floor
+
+
 def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]],
-                 auto_tags: bool = False) -> int:
+                 auto_tag_floor: float | None = None) -> int:
     """Open a transaction on the experience file and insert one batch into it — rows, new concept
-    names, per-session last ticks and the last timestep id, and (`auto_tags`) the tags of concepts
-    over their thresholds — without committing: the caller commits (or rolls back) once the audit
-    has the batch. Rolls back itself if an insert fails. Returns how many tokens were auto-tagged."""
+    names, per-session last ticks and the last timestep id, and the tags of concepts over their
+    thresholds (`auto_tag_floor`: the lowest threshold; None, or no activation reaching it, runs no
+    tag query) — without committing: the caller commits (or rolls back) once the audit has the
+    batch. Rolls back itself if an insert fails. Returns how many tokens were auto-tagged."""
     cols = ", ".join(TIMESTEP_COLUMNS)
     conn.register("xdb_batch", table)
     if new_concepts:
@@ -120,7 +129,8 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             # A literal, not a scan of the batch: each statement over the registered table costs ms.
             last_id = int(pc.max(table.column("id")).as_py())
             conn.execute(f"INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', '{last_id}')")
-            return insert_auto_tags(conn) if auto_tags else 0
+            # The tag query is three statements over the batch (ms each): most batches fire nothing.
+            return insert_auto_tags(conn) if reaches(table, auto_tag_floor) else 0
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -220,8 +230,9 @@ class Writer:
         self.batch_rows, self.max_latency_s = batch_rows, max_latency_s
         self.max_queue_rows, self.submit_timeout_s = max_queue_rows, submit_timeout_s
         self.on_commit = on_commit
-        # Set while a lens pack with thresholds is registered; `on_auto_tags` hears of batches that fired.
-        self.auto_tags = False
+        # The lowest concept threshold while a lens pack with thresholds is registered (None: no
+        # auto tags); `on_auto_tags` hears of batches that fired.
+        self.auto_tag_floor: float | None = None
         self.on_auto_tags: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()
@@ -415,7 +426,7 @@ class Writer:
     def _experience_stage(self) -> None:
         while (item := self._to_experience.get()) is not None:
             table, added, audited = item
-            fired = insert_batch(self._conn, table, added, self.auto_tags)
+            fired = insert_batch(self._conn, table, added, self.auto_tag_floor)
             if not audited.wait(lambda: self._error is not None):
                 # The audit never got this batch (its stage says why): it must not exist here either.
                 self._conn.execute("ROLLBACK")

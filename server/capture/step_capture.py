@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lens.pack import LensPack, load_pack
-from server.capture.side_channel import ActivationSender, DeviceSender, StepActivations, engine_key
+from server.capture.side_channel import ActivationSender, BundlingSender, engine_key
 
 MODES = ("aux", "final", "logit_lens")
 
@@ -63,14 +63,13 @@ def choose_mode(model: Any, pack: LensPack, num_layers: int, source: str) -> str
 
 
 class StepCapture:
-    def __init__(self, pack: LensPack, mode: str, k: int, device: Any, sender: ActivationSender | DeviceSender,
+    def __init__(self, pack: LensPack, mode: str, k: int, device: Any, sender: BundlingSender,
                  vocab_size: int) -> None:
         import torch
 
         self.mode, self.sender = mode, sender
         self.k = min(k, pack.n_concepts)
         self.source = "logit_lens" if mode == "logit_lens" else "hidden_state"
-        self.on_host = torch.device(device).type == "cpu"
         self.directions = torch.from_numpy(pack.directions).to(device)
         self.biases = torch.from_numpy(pack.biases).to(device)
         if mode == "logit_lens":
@@ -92,10 +91,8 @@ class StepCapture:
             runner.use_aux_hidden_state_outputs = True
         if not ship:  # every rank must run the same graph; one ships
             return None
-        sender = ActivationSender(settings.ipc)
-        on_host = runner.device.type == "cpu"
-        return cls(pack, mode, settings.k, runner.device, sender if on_host else DeviceSender(sender),
-                   runner.model_config.get_vocab_size())
+        sender = BundlingSender(ActivationSender(settings.ipc), on_host=runner.device.type == "cpu")
+        return cls(pack, mode, settings.k, runner.device, sender, runner.model_config.get_vocab_size())
 
     def after_forward(self, runner: Any) -> None:
         """Called between execute_model (forward done, state stashed) and sample_tokens."""
@@ -122,11 +119,7 @@ class StepCapture:
         req_ids = runner.input_batch.req_ids
         keys = [engine_key(req_ids[i]) for i in rows]
         outs = [int(positions[i]) for i in rows]
-        if self.on_host:
-            self.sender.send(StepActivations(keys, outs, index.numpy()[rows].astype(np.int32),
-                                             values.numpy()[rows], self.source))
-        else:
-            self.sender.send(keys, outs, rows, index, values, self.source)
+        self.sender.add(keys, outs, rows, index, values, self.source)
 
     def scores(self, runner: Any, state: Any, n: int) -> Any:
         import torch
