@@ -124,7 +124,8 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
             turn.report.note("vram_reject")
             record_inputs(turn, runtime)
             raise
-        vllm_request = request if request.context is None else rewritten(body, turn)
+        vllm_request = salted(request if request.context is None else rewritten(body, turn),
+                              runtime.keys.cache_salt(tenant))
         record_inputs(turn, runtime)
         current_session.set(turn.session_id)
         response = await create_chat_completion(vllm_request, raw_request)
@@ -174,6 +175,11 @@ def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+def salted(request: ChatCompletionRequest, salt: str | None) -> ChatCompletionRequest:
+    """The request with its tenant's prefix-cache salt in place of the client's (None: left as sent)."""
+    return request if salt is None else request.model_copy(update={"cache_salt": salt})
 
 
 def session_header(turn: ChatTurn) -> str:

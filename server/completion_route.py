@@ -6,6 +6,11 @@ batch of prompts: the session the client names in `X-Session-ID` or `prompt_cach
 one), and reserves the KV blocks its prompts and completions will take, as chat does: short of blocks
 it waits, then answers 429 with Retry-After instead of pushing vLLM into preemption.
 The reservation is released when the response, JSON or stream, is over.
+
+Prompts are measured before anything else reads them: a token-id prompt by its length, a text by the
+tokenizer off the event loop (a very long one in the token-counting child process, since the
+tokenizer holds the GIL while it builds its result: a 20 MB text stalled every request for a second).
+One longer than the window is a 400 before vLLM tokenizes it again or the recorder decodes it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
+from ahc.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission import choices, max_new_tokens, wait_for_recording
 from server.request_context import current_session, current_tenant
@@ -58,9 +64,7 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
     oc, max_model_len = runtime.config.orchestrator, runtime.config.engine.max_model_len
     await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
     prompts = prompts_of(request)
-    encode = runtime.tokenizer.encode
-    lengths = [len(p) if isinstance(p, list) else len(await asyncio.to_thread(encode, p, add_special_tokens=False))
-               for p in prompts]
+    lengths = [await prompt_tokens(runtime, p, i, max_model_len) for i, p in enumerate(prompts)]
     body = request.model_dump(exclude_unset=True)
     blocks = sum(runtime.governor.blocks_needed(n, 0, max_new_tokens(body, max_model_len, n), choices(body))
                  for n in lengths)
@@ -71,7 +75,9 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
         session = tenant.scope(named.session_id if named.session_id is not None else new_session_id())
         record_prompts(runtime, session, prompts, fresh=named.session_id is None)
         current_session.set(session)  # the engine's outputs of every prompt go to this session
-        response = await create_completion(request, raw_request)
+        salt = runtime.keys.cache_salt(tenant)  # the tenant's, in place of the client's
+        response = await create_completion(request if salt is None else request.model_copy(update={"cache_salt": salt}),
+                                           raw_request)
     except BaseException:
         reservation.release()
         raise
@@ -80,6 +86,20 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
         return ReleasingStream(response, reservation.release)
     reservation.release()
     return response
+
+
+async def prompt_tokens(runtime: Runtime, prompt: str | list[int], index: int, window: int) -> int:
+    """The prompt's tokens; over the window it is a 400 (`context_length_exceeded`)."""
+    if isinstance(prompt, list):
+        tokens = len(prompt)
+    else:
+        # Without the special tokens vLLM adds: at the window's edge vLLM's own check still applies.
+        process, encode = runtime.token_process, runtime.orchestrator.counter.encode
+        tokens = await asyncio.to_thread(process.count if process is not None else lambda t: len(encode(t)), prompt)
+    if tokens > window:
+        raise InvalidRequest(f"prompt {index} is {tokens:,} tokens, over the model's {window:,}-token window",
+                             param="prompt", code="context_length_exceeded")
+    return tokens
 
 
 def record_prompts(runtime: Runtime, session: str, prompts: list[str | list[int]], fresh: bool = True) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.compaction import SummaryReply
+from server.request_context import current_tenant
+from server.tenants import TenantKeys
 from server.tracing import engine_trace_headers
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -34,6 +36,9 @@ class HiddenCaller:
     # rendered exactly as that prompt was (vLLM's message normalisation, tools, template kwargs) for
     # its token ids, and so its prefix cache, to match. Before that: the tokenizer's template.
     serving: OpenAIServingChat | None = None
+    # A call made for a tenant's request (a compaction, a condensed Codex) is salted as its requests
+    # are: it continues their cached prompt, and no other tenant learns from it.
+    keys: TenantKeys | None = None
 
     async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:
         return (await self.complete(messages, max_tokens)).text
@@ -50,8 +55,12 @@ class HiddenCaller:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        salt = self.keys.cache_salt(current_tenant.get()) if self.keys is not None else None
+        if salt is not None:
+            prompt["cache_salt"] = salt
         # In the trace of the compaction that asked for it, when one is being traced.
-        async for output in self.engine.generate({"prompt_token_ids": ids}, params,
+        async for output in self.engine.generate(prompt, params,
                                                  request_id=f"{HIDDEN_REQUEST_PREFIX}{uuid.uuid4().hex}",
                                                  trace_headers=engine_trace_headers(None)):
             final = output

@@ -76,7 +76,8 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
     oc = config.orchestrator
     max_model_len = config.engine.max_model_len
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
-    hidden = HiddenCaller(engine, tokenizer, max_model_len, chat_template)
+    keys = keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file)
+    hidden = HiddenCaller(engine, tokenizer, max_model_len, chat_template, keys=keys)
     rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag",  # one per session's Codex
                                 max_files=oc.rag_max_index_files)
     retriever = CodexRetriever(rag_indexes)
@@ -125,6 +126,6 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
                    sessions=session_admission,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
-                   keys=keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file),
+                   keys=keys,
                    codex=codex, condenser=condenser, hidden=hidden,
                    token_process=token_process)

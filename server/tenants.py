@@ -11,14 +11,21 @@ key, stores ids as the client sent them. With several keys, each tenant has its 
 given bare is named after its hash (`key-` and 12 hex digits), a keys file names them (`tenant:key`
 a line). To keep the data a single-key server stored when adding a second key, name the first key's
 tenant `default` in the keys file.
+
+The prefix cache is isolated the same way: with several tenants every engine request carries its
+tenant's `cache_salt` (an HMAC of the tenant's name under a secret made at start; a client's own salt
+is replaced), so a tenant's `cached_tokens` never tell it what another tenant's prompts hold. With one
+tenant the cache is shared and a client's salt is its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
+import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +83,17 @@ class TenantKeys:
     """The server's keys, by SHA-256 digest (a key is never kept or compared in the clear)."""
 
     by_digest: Mapping[bytes, Tenant]
+    # Salts differ from one start to the next: the prefix cache does not outlive the process either.
+    salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
     def tenant_for(self, key: str) -> Tenant | None:
         return self.by_digest.get(key_digest(key))
+
+    def cache_salt(self, tenant: Tenant) -> str | None:
+        """The prefix-cache salt of `tenant`'s engine requests; None with a single tenant (or none)."""
+        if len(self.by_digest) < 2:
+            return None
+        return hmac.new(self.salt_secret, tenant.name.encode(), hashlib.sha256).hexdigest()
 
     def __bool__(self) -> bool:
         return bool(self.by_digest)

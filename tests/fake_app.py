@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +15,7 @@ from types import SimpleNamespace
 from fake_engine import FakeEngine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from httpx import Response
 from vllm.config import VllmConfig
 
 from ahc.config import AHCConfig
@@ -55,3 +58,18 @@ def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, script: 
         # The app's lifespan froze the heap (vLLM's gc.freeze for serving): this test's objects would
         # otherwise stay for the whole session, and triton's nanobind reports them as leaks at exit.
         gc.unfreeze()
+
+
+def health_while_posting(client: TestClient, path: str, body: bytes) -> tuple[Response, list[float]]:
+    """POST `body` to `path` on a thread while this one asks /health every 10 ms: the response and each
+    round's latency less its sleep (a stall while this thread sleeps counts as well)."""
+    latencies: list[float] = []
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.post, path, content=body, headers={"content-type": "application/json"})
+        last = time.perf_counter()
+        while not pending.done():
+            assert client.get("/health").status_code == 200
+            time.sleep(0.01)
+            latencies.append(time.perf_counter() - last - 0.01)
+            last = time.perf_counter()
+        return pending.result(), latencies

@@ -75,6 +75,7 @@ class FakeRequest:
     sampling_params: SamplingParams
     kwargs: dict[str, Any]
     aborted: bool = False
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -126,7 +127,8 @@ class FakeEngine(EngineClient):
                        **kwargs: Any) -> AsyncGenerator[RequestOutput, None]:
         if self.dead:
             raise self.dead_error
-        request = FakeRequest(request_id, self._prompt_token_ids(prompt), sampling_params, kwargs)
+        request = FakeRequest(request_id, self._prompt_token_ids(prompt), sampling_params, kwargs,
+                              cache_salt=_cache_salt(prompt))
         self.requests.append(request)
         choices = [self._choice(i, sampling_params) for i in range(sampling_params.n)]
         steps = max(len(c.token_ids) for c in choices)
@@ -288,3 +290,10 @@ class FakeEngine(EngineClient):
 
     async def is_paused(self) -> bool:
         return False
+
+
+def _cache_salt(prompt: Any) -> str | None:
+    """The prefix-cache salt a prompt carries: a prompt dict's key, or an EngineCoreRequest's field."""
+    if isinstance(prompt, dict):
+        return prompt.get("cache_salt")
+    return getattr(prompt, "cache_salt", None)

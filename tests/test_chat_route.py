@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fake_app import ahc_app, serving
+from fake_app import ahc_app, health_while_posting, serving
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
@@ -532,29 +532,16 @@ def test_health_stays_fast_while_a_20_mb_codex_is_prepared(config: AHCConfig, vl
     tokenizer holds the GIL while it builds and frees its result, which in-process stalled every other
     thread, /health included, for 0.5 to 2.5 s; the server counts such a text in a child process. What
     is left on the event loop is the body's JSON parse (~40 ms)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     chars = 1_990_000  # under rag_max_document_chars; ten of them under rag_max_total_chars
     words = " ".join(f"w{i}" for i in range(chars // 6))[:chars]
     codex = [{"id": f"d{i}", "text": f"{i} {words}"[:chars]} for i in range(10)]
     # Serialized up front: the test's own json.dumps of 20 MB would hold the GIL too.
     body = json.dumps({**chat(), "context": {"session_id": "big", "mode": "cag", "codex": codex}}).encode()
-    latencies: list[float] = []
     with serving(config, vllm_config, tmp_path) as (client, runtime):
         assert runtime.token_process is not None
         # Once per server, the chat template is compiled and measured (tens of ms): not what is timed here.
         assert client.post("/v1/chat/completions", json={**chat(), "context": {}}).status_code == 200
-        with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(client.post, "/v1/chat/completions", content=body,
-                                  headers={"content-type": "application/json"})
-            last = time.perf_counter()
-            while not pending.done():
-                assert client.get("/health").status_code == 200
-                time.sleep(0.01)
-                # Each round less its sleep: a stall while this thread sleeps counts as well.
-                latencies.append(time.perf_counter() - last - 0.01)
-                last = time.perf_counter()
-            response = pending.result()
+        response, latencies = health_while_posting(client, "/v1/chat/completions", body)
         assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
         assert runtime.token_process.counted == 1  # the Codex was tokenized in the child
     assert len(latencies) > 100, latencies  # the request took long enough to be seen running

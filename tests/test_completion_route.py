@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_app import serving
+from fake_app import health_while_posting, serving
 from fastapi.testclient import TestClient
 
 from ahc.config import AHCConfig
@@ -83,3 +83,36 @@ def test_a_streamed_completion_is_recorded_and_released(served: tuple[TestClient
     outputs = runtime.xdb.recall({"session_id": row["session_id"], "event_types": "output"})
     assert "".join(r["content"] for r in outputs) == text
     assert runtime.governor.free_blocks() == BLOCKS
+
+
+@pytest.mark.parametrize("prompt", [[[5, 6, 7], list(range(3000))], ["fine", "w " * 5000]], ids=["token-ids", "text"])
+def test_a_prompt_over_the_window_is_400_before_it_is_decoded_or_recorded(served: tuple[TestClient, Runtime],
+                                                                          prompt: object,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    client, runtime = served
+    decoded: list[object] = []
+    monkeypatch.setattr(runtime.tokenizer, "decode", lambda *a, **k: decoded.append(a) or "")
+    before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
+    response = client.post("/v1/completions", json={"model": "tiny", "max_tokens": 4, "prompt": prompt})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert "prompt 1 is" in error["message"] and "2,048-token window" in error["message"]
+    assert decoded == [] and len(runtime.hidden.engine.requests) == before  # type: ignore[attr-defined]
+    assert runtime.governor.free_blocks() == BLOCKS
+
+
+@pytest.mark.slow
+def test_health_stays_fast_while_a_20_mb_completion_prompt_is_measured(served: tuple[TestClient, Runtime]) -> None:
+    """A 20M-character prompt is counted in the token process, not by the tokenizer on the server's
+    threads (which held the GIL, /health included, for 0.5 to 2.5 s), and refused as too long."""
+    client, runtime = served
+    assert runtime.token_process is not None
+    body = json.dumps({"model": "tiny", "max_tokens": 4,
+                       "prompt": " ".join(f"w{i}" for i in range(3_400_000))[:20_000_000]}).encode()
+    response, latencies = health_while_posting(client, "/v1/completions", body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert runtime.token_process.counted == 1
+    assert len(latencies) > 50, latencies
+    # As the chat route's 20 MB Codex: 60-70 ms at worst when idle; room for a busy machine.
+    assert max(latencies) < 0.25, f"/health took {max(latencies):.3f} s at worst during a 20 MB completion prompt"

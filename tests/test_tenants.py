@@ -6,6 +6,7 @@ her rows by their global ids. Bob's ids of the same names are his own."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fake_app import serving
 from fastapi.testclient import TestClient
 
 from ahc.config import AHCConfig
+from server.request_context import current_tenant
 from server.runtime import Runtime
 from server.tenants import LOCAL, Tenant, TenantKeys
 
@@ -184,3 +186,39 @@ def test_a_header_session_is_the_tenants_own(two_tenants: tuple[TestClient, Runt
         rows = client.get("/v1/xdb/recall", headers=auth(key),
                           params={"session_id": "shared-name", "event_types": "input"}).json()["data"]
         assert [r["content"] for r in rows] == [f"I am {key}"]
+
+
+def salts_sent(runtime: Runtime, since: int) -> list[str | None]:
+    return [r.cache_salt for r in runtime.hidden.engine.requests[since:]]  # type: ignore[attr-defined]
+
+
+def test_each_tenant_reads_only_its_own_prefix_cache(two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
+    chat(ALICE, client, None, "Hello", cache_salt="chosen-by-alice")  # a client's own salt is replaced
+    chat(ALICE, client, None, "Hello")
+    chat(BOB, client, None, "Hello")
+    done = client.post("/v1/completions", headers=auth(BOB), json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
+    assert done.status_code == 200, done.text
+    alice, alice_again, bob, bob_completion = salts_sent(runtime, before)
+    assert alice == alice_again and bob == bob_completion
+    assert alice and bob and alice != bob and "chosen-by-alice" not in (alice, bob)
+    assert ALICE not in alice and "alice" not in alice  # an HMAC: neither the key nor a name shows
+
+    async def hidden_call_for_alice() -> None:  # a compaction or a condensed Codex made for her request
+        current_tenant.set(runtime.keys.tenant_for(ALICE))  # type: ignore[arg-type]
+        await runtime.hidden.complete([{"role": "user", "content": "Summarize the session."}], 4)
+
+    asyncio.run(hidden_call_for_alice())
+    assert salts_sent(runtime, before)[-1] == alice
+
+
+def test_a_single_tenant_shares_one_cache_and_keeps_its_own_salt(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
+                                                                 tmp_path: Path) -> None:
+    with serving(config, vllm_config, tmp_path, api_key=[ALICE]) as (client, runtime):
+        chat(ALICE, client, None, "Hello")
+        chat(ALICE, client, None, "Hello", cache_salt="mine")
+        assert salts_sent(runtime, 0)[-2:] == [None, "mine"]
+    assert TenantKeys.build([ALICE]).cache_salt(LOCAL) is None
+    keys = TenantKeys.build([ALICE, BOB])
+    assert keys.cache_salt(Tenant("x")) != TenantKeys.build([ALICE, BOB]).cache_salt(Tenant("x"))  # per start

@@ -172,3 +172,38 @@ def test_the_audit_head_and_a_verification(client: tuple[TestClient, list[Tenant
     verdict = http.post("/v1/xdb/audit/verify", json={}).json()
     assert verdict["ok"] and verdict["records_checked"] == seq + 1 and verdict["first_bad"] is None
     assert http.get("/v1/xdb/audit").json()["last_verification"] == verdict
+    again = http.post("/v1/xdb/audit/verify", json={})
+    assert again.status_code == 429 and again.json()["error"]["code"] == "verification_cooldown"
+    assert int(again.headers["Retry-After"]) >= 1
+    assert http.get("/v1/xdb/audit").json()["last_verification"] == verdict  # the verdict stays readable
+
+
+def test_one_verification_at_a_time() -> None:
+    """A second request while one runs is a 429 at once, not a second re-hash of the whole chain."""
+    import threading
+
+    from ahc.errors import RateLimited
+    from server.browse_routes import AuditVerifier
+    from xdb.audit import AuditReport
+
+    release, entered = threading.Event(), threading.Event()
+
+    class SlowChain:  # stands in for a chain that takes long to re-hash
+        def verify_audit(self) -> AuditReport:
+            entered.set()
+            release.wait(10)
+            return AuditReport(True, 7)
+
+    verifier = AuditVerifier(SlowChain(), cooldown_s=0.0)  # type: ignore[arg-type]
+    first = threading.Thread(target=verifier.verify)
+    first.start()
+    assert entered.wait(10)
+    with pytest.raises(RateLimited) as running:
+        verifier.verify()
+    assert running.value.code == "verification_running"
+    release.set()
+    first.join()
+    assert verifier.last is not None and verifier.last.records_checked == 7
+    with pytest.raises(RateLimited) as soon:  # a long verification buys a wait ten times its length
+        verifier.verify()
+    assert soon.value.code == "verification_cooldown"
