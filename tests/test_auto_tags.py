@@ -57,7 +57,7 @@ def test_a_batch_below_every_threshold_runs_no_tag_query(xdb: XDB, monkeypatch: 
     assert xdb.writer.auto_tag_floor == 0.5  # the lowest threshold
     queries: list[int] = []
     real = writer.insert_auto_tags
-    monkeypatch.setattr(writer, "insert_auto_tags", lambda conn: queries.append(1) or real(conn))
+    monkeypatch.setattr(writer, "insert_auto_tags", lambda conn, fired: queries.append(len(fired)) or real(conn, fired))
     reply(xdb, "s", "r1", [{"right": 0.49, "count": 0.3}, {}])
     xdb.writer.flush()
     assert queries == [] and len(xdb.recall({"session_id": "s"})) == 2

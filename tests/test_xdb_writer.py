@@ -181,7 +181,7 @@ def test_a_batch_the_experience_file_refuses_is_replayed_from_the_audit(tmp_path
         xdb.writer.flush()
         real = writer.insert_batch
 
-        def refuse(conn, table, added, auto_tag_floor=None):
+        def refuse(conn, table, added, thresholds=None):
             raise OSError("experience disk full")
 
         monkeypatch.setattr(writer, "insert_batch", refuse)

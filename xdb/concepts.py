@@ -50,3 +50,12 @@ class ConceptIndex:
 
     def names(self) -> list[str]:
         return list(self._ids)
+
+    def by_id(self, values: dict[str, float], fill: float = float("nan")) -> np.ndarray:
+        """`values` (by concept name) as an array indexed by concept id, `fill` elsewhere."""
+        with self._lock:
+            out = np.full(self._next, fill)
+            for name, value in values.items():
+                if name in self._ids:
+                    out[self._ids[name]] = value
+        return out

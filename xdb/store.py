@@ -301,9 +301,10 @@ class XDB:
         if self.writer is None:
             return
         with self.cursor() as cur:
-            floor = cur.execute("SELECT min(threshold) FROM concept_hierarchy").fetchone()
+            rows = cur.execute("SELECT concept, threshold FROM concept_hierarchy "
+                               "WHERE threshold IS NOT NULL").fetchall()
         self.writer.on_auto_tags = self.tag_cache.invalidate
-        self.writer.auto_tag_floor = None if floor is None or floor[0] is None else float(floor[0])
+        self.writer.set_auto_tag_thresholds({name: float(t) for name, t in rows})
 
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:

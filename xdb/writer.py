@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,55 +62,67 @@ ToExperience = tuple[pa.Table, list[tuple[int, str]], "_Audited"]
 Item = TypeVar("Item")
 
 
-# Tokens whose activation of a concept reaches the concept's threshold (concept_hierarchy.threshold,
-# from the lens pack), with the concept's tag and its parent's: all in SQL over the batch.
-FIRED = """CREATE TEMP TABLE xdb_fired AS
-    SELECT u.id, u.session_id, u.tick, u.request_id, u.v, g.id AS tag_id, pg.id AS parent_tag_id
-    FROM (SELECT id, session_id, tick, request_id, unnest(concept_ids) AS cid, unnest(concept_values) AS v
-          FROM xdb_batch WHERE concept_ids IS NOT NULL) u
-    JOIN concepts c ON c.id = u.cid
-    JOIN concept_hierarchy h ON h.concept = c.name AND h.threshold IS NOT NULL AND u.v >= h.threshold
-    JOIN tags g ON g.tag_type = 'concept' AND g.concept_id = h.concept
-    LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent"""
-AUTO_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, confidence, source,
-                                          created_at)
-    SELECT tag_id, session_id, 'timestep', id, greatest(0.0, least(1.0, v)), 'auto', now() FROM xdb_fired"""
-# A parent concept is tagged over the span of each reply in which any of its children fired.
-INHERITED_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, range_start, range_end,
-                                               confidence, source, created_at)
-    SELECT parent_tag_id, session_id, 'range', min(tick), max(tick), greatest(0.0, least(1.0, max(v))),
+# The tags of the batch's tokens whose activation of a concept reaches its threshold
+# (concept_hierarchy.threshold, from the lens pack): AUTO on each such token, and INHERITED on the
+# parent concept over the span of each reply in which any of its children fired. One statement over
+# `xdb_fired`, the batch's (token, concept) pairs that `over_threshold` found in numpy: every statement
+# over a registered table costs ms of the writer's CPU, and with a lens that fires often this ran on
+# every batch (five statements: the largest part of capture's cost on a small model).
+AUTO_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, range_start, range_end,
+                                          confidence, source, created_at)
+    WITH fired AS (
+        SELECT u.id, u.session_id, u.tick, u.request_id, u.v, g.id AS tag_id, pg.id AS parent_tag_id
+        FROM xdb_fired u
+        JOIN concepts c ON c.id = u.cid
+        JOIN concept_hierarchy h ON h.concept = c.name AND h.threshold IS NOT NULL AND u.v >= h.threshold
+        JOIN tags g ON g.tag_type = 'concept' AND g.concept_id = h.concept
+        LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent)
+    SELECT tag_id, session_id, 'timestep', id, NULL, NULL, greatest(0.0, least(1.0, v)), 'auto', now() FROM fired
+    UNION ALL
+    SELECT parent_tag_id, session_id, 'range', NULL, min(tick), max(tick), greatest(0.0, least(1.0, max(v))),
            'inherited', now()
-    FROM xdb_fired WHERE parent_tag_id IS NOT NULL GROUP BY parent_tag_id, session_id, request_id"""
+    FROM fired WHERE parent_tag_id IS NOT NULL GROUP BY parent_tag_id, session_id, request_id"""
 
 
-def insert_auto_tags(conn: duckdb.DuckDBPyConnection) -> int:
-    """Within the batch's transaction: AUTO tags for the batch's tokens over their concepts'
-    thresholds, INHERITED range tags for their parents; returns how many tokens fired."""
-    conn.execute(FIRED)
+def over_threshold(table: pa.Table, thresholds: np.ndarray) -> pa.Table | None:
+    """The batch's (token, concept) pairs whose activation reaches the concept's threshold
+    (`thresholds[concept id]`, NaN: none), as `id, session_id, tick, request_id, cid, v`; None if
+    there are none. A superset by a hair: the SQL compares again, as the values are stored."""
+    ids_col, values_col = table.column("concept_ids"), table.column("concept_values")
+    if ids_col.null_count == len(ids_col):
+        return None
+    ids = ids_col.combine_chunks() if isinstance(ids_col, pa.ChunkedArray) else ids_col
+    cids = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(values_col).to_numpy(zero_copy_only=False).astype(np.float64)
+    known = (cids >= 0) & (cids < len(thresholds))  # NaN in `cids` (a null slot) compares False
+    limit = np.full(len(cids), np.nan)
+    limit[known] = thresholds[cids[known].astype(np.int64)]
+    hit = np.flatnonzero(values >= limit - 1e-6)
+    if not len(hit):
+        return None
+    rows = pc.list_parent_indices(ids).to_numpy()[hit]
+    picked = table.select(["id", "session_id", "tick", "request_id"]).take(pa.array(rows))
+    return picked.append_column("cid", pa.array(cids[hit].astype(np.int32))).append_column(
+        "v", pa.array(values[hit].astype(np.float32)))
+
+
+def insert_auto_tags(conn: duckdb.DuckDBPyConnection, fired: pa.Table) -> int:
+    """Within the batch's transaction: the AUTO and INHERITED tags of `fired` (`over_threshold`);
+    returns how many tag applications were made."""
+    conn.register("xdb_fired", fired)
     try:
-        fired = conn.execute("SELECT count(*) FROM xdb_fired").fetchone()
-        if fired and fired[0]:
-            conn.execute(AUTO_TAGS)
-            conn.execute(INHERITED_TAGS)
-        return int(fired[0]) if fired else 0
+        made = conn.execute(AUTO_TAGS).fetchone()
+        return int(made[0]) if made else 0
     finally:
-        conn.execute("DROP TABLE xdb_fired")
-
-
-def reaches(table: pa.Table, floor: float | None) -> bool:
-    """Whether any activation in the batch is at least `floor` (None: no concept has a threshold)."""
-    if floor is None:
-        return False
-    top = pc.max(pc.list_flatten(table.column("concept_values"))).as_py()
-    return top is not None and top >= floor
+        conn.unregister("xdb_fired")
 
 
 def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]],
-                 auto_tag_floor: float | None = None) -> int:
+                 thresholds: np.ndarray | None = None) -> int:
     """Open a transaction on the experience file and insert one batch into it — rows, new concept
     names, per-session last ticks and the last timestep id, and the tags of concepts over their
-    thresholds (`auto_tag_floor`: the lowest threshold; None, or no activation reaching it, runs no
-    tag query) — without committing: the caller commits (or rolls back) once the audit has the
+    thresholds (`thresholds[concept id]`; None: no concept has one; no activation reaching one runs
+    no tag statement) — without committing: the caller commits (or rolls back) once the audit has the
     batch. Rolls back itself if an insert fails. Returns how many tokens were auto-tagged."""
     cols = ", ".join(TIMESTEP_COLUMNS)
     conn.register("xdb_batch", table)
@@ -129,8 +142,8 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             # A literal, not a scan of the batch: each statement over the registered table costs ms.
             last_id = int(pc.max(table.column("id")).as_py())
             conn.execute(f"INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', '{last_id}')")
-            # The tag query is three statements over the batch (ms each): most batches fire nothing.
-            return insert_auto_tags(conn) if reaches(table, auto_tag_floor) else 0
+            fired = None if thresholds is None else over_threshold(table, thresholds)
+            return 0 if fired is None else insert_auto_tags(conn, fired)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -230,9 +243,11 @@ class Writer:
         self.batch_rows, self.max_latency_s = batch_rows, max_latency_s
         self.max_queue_rows, self.submit_timeout_s = max_queue_rows, submit_timeout_s
         self.on_commit = on_commit
-        # The lowest concept threshold while a lens pack with thresholds is registered (None: no
-        # auto tags); `on_auto_tags` hears of batches that fired.
-        self.auto_tag_floor: float | None = None
+        # Concept thresholds by name while a lens pack with thresholds is registered (None: no auto
+        # tags), and by concept id for the writer's thread; `on_auto_tags` hears of batches that fired.
+        self._auto_tag_thresholds: dict[str, float] | None = None
+        self._threshold_by_id: np.ndarray | None = None
+        self._thresholds_lock = threading.Lock()
         self.on_auto_tags: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()
@@ -311,6 +326,27 @@ class Writer:
         with self._cond:
             self._flush_target = max(self._flush_target, self._submitted)
             self._cond.notify_all()
+
+    def set_auto_tag_thresholds(self, thresholds: dict[str, float] | None) -> None:
+        """The concepts' thresholds (by name) from the batch committed next on; None or empty: none."""
+        with self._thresholds_lock:
+            self._auto_tag_thresholds = dict(thresholds) if thresholds else None
+            self._threshold_by_id = None
+
+    @property
+    def auto_tag_floor(self) -> float | None:
+        """The lowest threshold (None: no auto tags)."""
+        return min(self._auto_tag_thresholds.values()) if self._auto_tag_thresholds else None
+
+    def _thresholds_for(self, added: list[tuple[int, str]]) -> np.ndarray | None:
+        """By concept id, for a batch that registered `added` (new ids need their thresholds too)."""
+        with self._thresholds_lock:
+            by_name = self._auto_tag_thresholds
+            if by_name is None:
+                return None
+            if self._threshold_by_id is None or added:
+                self._threshold_by_id = self._concepts.by_id(by_name)
+            return self._threshold_by_id
 
     @property
     def alive(self) -> bool:
@@ -426,7 +462,7 @@ class Writer:
     def _experience_stage(self) -> None:
         while (item := self._to_experience.get()) is not None:
             table, added, audited = item
-            fired = insert_batch(self._conn, table, added, self.auto_tag_floor)
+            fired = insert_batch(self._conn, table, added, self._thresholds_for(added))
             if not audited.wait(lambda: self._error is not None):
                 # The audit never got this batch (its stage says why): it must not exist here either.
                 self._conn.execute("ROLLBACK")
