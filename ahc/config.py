@@ -100,6 +100,9 @@ class OrchestratorConfig(_Strict):
     # SHA-256 and the model. False: never made (renditions a client sends inline are still used).
     codex_condense: bool = True
     codex_condense_ratio: float = Field(0.3, gt=0, lt=1)
+    # What condensing may cost each tenant: prompt and completion tokens of its renditions' model calls
+    # over a rolling hour, in whole windows (16 x an 8k window: 131k tokens an hour).
+    codex_condense_windows_per_hour: float = Field(16.0, gt=0)
     rag_top_k: int = Field(4, gt=0, le=32)
     rag_max_documents: int = Field(1000, gt=0)
     rag_max_document_chars: int = Field(2_000_000, gt=0)

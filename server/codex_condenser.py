@@ -8,18 +8,23 @@ so it survives restarts, is versioned and audited like any document, and renders
 every time after: the prefix stays cached.
 
 A request that finds none wanted goes on without it (RAG this time); the rendition is made in the
-background, once however many requests ask, and the session's next turn uses it.
+background, once however many requests ask, and the session's next turn uses it. Each call is
+admitted first (server/hidden_admission.py): within its tenant's budget, one at a time, and with its
+KV blocks reserved; one refused is made by a later request that asks again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+from ahc.errors import RateLimited
 from orchestrator.context_spec import CodexDoc, StoredCodexDoc
 from server.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256
+from server.hidden_admission import HiddenAdmission
 from xdb import XDBClient
 
 log = logging.getLogger("ahc.codex")
@@ -29,20 +34,23 @@ INSTRUCTION = (
     "most {budget} tokens. Keep every fact, name, number, unit, rule, constraint and API signature exactly; "
     "drop examples, repetition, pleasantries and prose. Output only the condensed document.")
 MIN_TOKENS = 16
+PROMPT_OVERHEAD = 64  # the instruction and the chat template's tokens around the source
 
 Generate = Callable[[list[dict[str, Any]], int], Awaitable[str]]
 
 
 class CodexCondenser:
     def __init__(self, generate: Generate, count: Callable[[str], int], xdb: XDBClient, resolver: CodexResolver,
-                 ratio: float, max_model_len: int) -> None:
-        """`generate(messages, max_tokens)`: a hidden call to the served model; `count`: tokens of a text."""
+                 ratio: float, max_model_len: int, admission: HiddenAdmission | None = None) -> None:
+        """`generate(messages, max_tokens)`: a hidden call to the served model; `count`: tokens of a text;
+        `admission`: what each call passes first (None: nothing, for a unit test of one piece)."""
         self.generate = generate
         self.count = count
         self.xdb = xdb
         self.resolver = resolver
         self.ratio = ratio
         self.max_model_len = max_model_len
+        self.admission = admission
         self._running: dict[tuple[str, str], asyncio.Task[Rendition | None]] = {}
 
     def want(self, docs: tuple[CodexDoc, ...], prefix: str) -> None:
@@ -65,8 +73,11 @@ class CodexCondenser:
 
     def _done(self, key: tuple[str, str], task: asyncio.Task[Rendition | None]) -> None:
         self._running.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("condensing Codex document failed: %r", task.exception())
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, RateLimited):
+            log.info("a Codex document was not condensed now: %s", error)
+        elif error is not None:
+            log.warning("condensing Codex document failed: %r", error)
 
     async def condense(self, doc: CodexDoc, prefix: str) -> Rendition | None:
         """The document's rendition: the stored one, else a new one made and stored now. None when the
@@ -77,12 +88,14 @@ class CodexCondenser:
             return existing
         source_tokens = await asyncio.to_thread(self.count, doc.text)
         budget = max(int(source_tokens * self.ratio), MIN_TOKENS)
-        if source_tokens + budget + 64 > self.max_model_len:  # the whole source must fit the call's window
+        prompt_tokens = source_tokens + PROMPT_OVERHEAD
+        if prompt_tokens + budget > self.max_model_len:  # the whole source must fit the call's window
             log.info("Codex document %r (%d tokens) is too long to condense in one call", doc.id, source_tokens)
             return None
         messages = [{"role": "system", "content": INSTRUCTION.format(budget=budget)},
                     {"role": "user", "content": doc.text}]
-        text = (await self.generate(messages, budget)).strip()
+        async with self._admitted(prefix, prompt_tokens, budget):
+            text = (await self.generate(messages, budget)).strip()
         if not text or await asyncio.to_thread(self.count, text) >= source_tokens:
             log.info("the condensed rendition of %r was no shorter than its source; not stored", doc.id)
             return None
@@ -94,6 +107,14 @@ class CodexCondenser:
         rendition = Rendition(stored["content"], f"{stored['id'].removeprefix(prefix)}@{stored['version']}")
         self.resolver.remember_rendition(prefix, sha, rendition)
         return rendition
+
+    @asynccontextmanager
+    async def _admitted(self, prefix: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
+        if self.admission is None:
+            yield
+            return
+        async with self.admission.admitted(prefix, prompt_tokens, max_tokens):
+            yield
 
     def cancel(self) -> None:
         """At shutdown: renditions under way are dropped (nothing is stored half-made)."""

@@ -22,6 +22,7 @@ from server.admission import session_admission as build_session_admission
 from server.capture.capture_setup import CaptureSetup
 from server.codex_condenser import CodexCondenser
 from server.codex_resolver import CodexResolver
+from server.hidden_admission import HiddenAdmission, TenantBudget
 from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
@@ -118,8 +119,9 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
     session_admission = build_session_admission(config, metrics)
     recorder = Recorder(xdb, tokenizer, background, capture)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
+    hidden_admission = HiddenAdmission(governor, TenantBudget(int(oc.codex_condense_windows_per_hour * max_model_len)))
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,
-                               oc.codex_condense_ratio, max_model_len)
+                               oc.codex_condense_ratio, max_model_len, hidden_admission)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
