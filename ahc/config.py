@@ -208,6 +208,11 @@ class XDBConfig(_Strict):
     # Rows younger than this stay HOT: never compressed, whatever the quota.
     hot_seconds: float = Field(default=3600.0, ge=0)
     max_document_bytes: int = Field(default=1 << 20, gt=0)
+    # Exports (POST /v1/xdb/exports) are deleted this long after they were made, or sooner, oldest
+    # first, when their bytes and the recorded rows' pass quota_bytes; each tenant holds at most
+    # max_exports_per_tenant at a time and makes one at a time.
+    export_ttl_s: float = Field(default=86_400.0, gt=0)
+    max_exports_per_tenant: int = Field(default=4, gt=0)
     # The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived.
     batch_rows: int = Field(default=50_000, gt=0)
     max_latency_s: float = Field(default=1.0, gt=0)

@@ -107,7 +107,8 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...
     app.include_router(agent_router(runtime.xdb))
     app.include_router(context_router(runtime.retriever))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
-    app.include_router(export_router(runtime.xdb))
+    app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
+                                     runtime.config.xdb.export_ttl_s))
     app.include_router(browse_router(runtime.xdb))
     install_ui(app, model=runtime.config.model_name, auth_required=bool(runtime.keys),
                version=package_version("ahc"))

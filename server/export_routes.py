@@ -3,12 +3,20 @@
 
 An export is each table's rows as Parquet (or JSON lines) partitioned by session, under
 DATA_DIR/exports/<id>/, with a manifest: row counts, each file's SHA-256, the audit head at export
-time. A tenant exports, lists and downloads its own sessions' rows and documents only.
+time. A tenant exports, lists, downloads and deletes its own sessions' rows and documents only.
+
+An export is a full copy, so it is bounded: a tenant makes one at a time and holds at most
+`xdb.max_exports_per_tenant` (429 past either, with when to retry), each is deleted
+`xdb.export_ttl_s` after it was made, and their bytes count against `xdb.quota_bytes` (the oldest
+go first). Manifests name files relative to the export, never the server's own paths.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +24,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.errors import NotFound
+from ahc.errors import NotFound, RateLimited
 from ahc.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
 from server.request_context import Caller
@@ -56,7 +64,8 @@ class ExportManifest(BaseModel):
     audit_head: AuditHead  # the audit chain's head when the export was taken
     rows: int
     tables: dict[str, ExportTable]
-    path: str  # the export's directory on the server
+    bytes: int  # of its files
+    expires_at: str  # when the server deletes it
 
 
 class ExportList(BaseModel):
@@ -64,9 +73,43 @@ class ExportList(BaseModel):
     data: list[ExportManifest]
 
 
-def export_router(xdb: XDBClient) -> APIRouter:
+class ExportDeleted(BaseModel):
+    id: str
+    object: Literal["export"] = "export"
+    deleted: bool = True
+
+
+class TenantExports:
+    """One export at a time per tenant, and at most `limit` held."""
+
+    def __init__(self, limit: int, ttl_s: float) -> None:
+        self.limit, self.ttl_s = limit, ttl_s
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def making(self, tenant: Tenant, held: list[dict[str, Any]]) -> Iterator[None]:
+        if len(held) >= self.limit:
+            oldest = _expires_at(held[-1], self.ttl_s) - dt.datetime.now(dt.UTC)
+            raise RateLimited(f"this tenant holds {len(held)} exports, the most it may; delete one "
+                              "(DELETE /v1/xdb/exports/{id}) or wait for the oldest to expire",
+                              retry_after_s=max(1, round(oldest.total_seconds())), code="export_limit")
+        with self._lock:
+            if tenant.name in self._running:
+                raise RateLimited("this tenant's previous export is still being made; retry when it is done",
+                                  retry_after_s=5, code="export_running")
+            self._running.add(tenant.name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.discard(tenant.name)
+
+
+def export_router(xdb: XDBClient, max_per_tenant: int = 4, ttl_s: float = 86_400.0) -> APIRouter:
     """Plain `def` handlers: FastAPI runs them on its thread pool, off the event loop."""
     router = APIRouter(prefix="/v1/xdb/exports", tags=["xdb"], route_class=AHCRoute)
+    bounds = TenantExports(max_per_tenant, ttl_s)
 
     def manifest(export_id: str, tenant: Tenant) -> dict[str, Any]:
         for found in xdb.exports(tenant.prefix):
@@ -77,17 +120,25 @@ def export_router(xdb: XDBClient) -> APIRouter:
     @router.post("")
     def create(body: ExportBody, tenant: Caller) -> ExportManifest:
         since = body.since.isoformat() if body.since is not None else None
-        made = xdb.export(None, body.format, session_id=tenant.scope_opt(body.session_id), since=since,
-                          prefix=tenant.prefix)
-        return ExportManifest.model_validate(_shown(made, tenant, body.session_id))
+        with bounds.making(tenant, xdb.exports(tenant.prefix)):
+            made = xdb.export(None, body.format, session_id=tenant.scope_opt(body.session_id), since=since,
+                              prefix=tenant.prefix)
+        return ExportManifest.model_validate(_shown(manifest(made["id"], tenant), tenant, ttl_s, body.session_id))
 
     @router.get("")
     def listing(tenant: Caller) -> ExportList:
-        return ExportList(data=[ExportManifest.model_validate(_shown(m, tenant)) for m in xdb.exports(tenant.prefix)])
+        return ExportList(data=[ExportManifest.model_validate(_shown(m, tenant, ttl_s))
+                                for m in xdb.exports(tenant.prefix)])
 
     @router.get("/{export_id}")
     def one(export_id: str, tenant: Caller) -> ExportManifest:
-        return ExportManifest.model_validate(_shown(manifest(export_id, tenant), tenant))
+        return ExportManifest.model_validate(_shown(manifest(export_id, tenant), tenant, ttl_s))
+
+    @router.delete("/{export_id}")
+    def delete(export_id: str, tenant: Caller) -> ExportDeleted:
+        if not xdb.delete_export(export_id, tenant.prefix):
+            raise NotFound(f"export {export_id!r} not found")
+        return ExportDeleted(id=export_id)
 
     @router.get("/{export_id}/files/{path:path}", response_class=FileResponse)
     def download(export_id: str, path: str, tenant: Caller) -> FileResponse:
@@ -101,9 +152,17 @@ def export_router(xdb: XDBClient) -> APIRouter:
     return router
 
 
-def _shown(manifest: dict[str, Any], tenant: Tenant, session_id: str | None = None) -> dict[str, Any]:
-    """A manifest as the tenant sees it: its session filter as it named it, not the stored prefix."""
+def _expires_at(manifest: dict[str, Any], ttl_s: float) -> dt.datetime:
+    made = dt.datetime.fromisoformat(manifest["created_at"].replace("Z", "+00:00"))
+    return made + dt.timedelta(seconds=ttl_s)
+
+
+def _shown(manifest: dict[str, Any], tenant: Tenant, ttl_s: float, session_id: str | None = None) -> dict[str, Any]:
+    """A manifest as the tenant sees it: its session filter as it named it, not the stored prefix, and
+    neither the prefix nor the export's path on the server."""
     filters = dict(manifest["filters"])
     if filters.get("session_id") is not None:
         filters["session_id"] = session_id or filters["session_id"].removeprefix(tenant.prefix)
-    return {**{k: v for k, v in manifest.items() if k != "prefix"}, "filters": filters}
+    expires = _expires_at(manifest, ttl_s).isoformat().replace("+00:00", "Z")
+    return {**{k: v for k, v in manifest.items() if k not in ("prefix", "path")}, "filters": filters,
+            "expires_at": expires}

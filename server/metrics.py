@@ -167,7 +167,8 @@ class AHCMetrics:
     def record_storage_pass(self, report: dict[str, Any]) -> None:
         """What one storage pass (quota, retention) did: XDB.compact's report."""
         quota = report.get("quota_bytes")
-        self.one(self.xdb_quota_ratio).set(report["usage_bytes"] / quota if quota else 0.0)
+        used = report["usage_bytes"] + report.get("export_bytes", 0)  # exports count against the quota too
+        self.one(self.xdb_quota_ratio).set(used / quota if quota else 0.0)
         for level, rows in report.get("compressed_rows", {}).items():
             self.xdb_compressed_rows.labels(model_name=self.model_name, level=level).inc(rows)
         self.one(self.xdb_deleted_sessions).inc(len(report.get("deleted_sessions", ())))

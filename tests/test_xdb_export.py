@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -20,7 +21,7 @@ from fastapi.testclient import TestClient
 from server.errors import install_error_handling
 from server.export_routes import export_router
 from xdb import XDB, TimestepRow
-from xdb.audit import verify_audit
+from xdb.audit import EVENT_TYPE, verify_audit
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 SESSIONS = ("s1", "tenant:b/s2", "s 3=x%")  # ids a path cannot hold as they are
@@ -154,9 +155,11 @@ def test_exports_over_http_list_download_and_stay_within_the_tenant(source: XDB)
         entry = manifest["tables"]["timesteps"]["files"][0]
         file = client.get(f"/v1/xdb/exports/{manifest['id']}/files/{entry['path']}")
         assert file.status_code == 200 and hashlib.sha256(file.content).hexdigest() == entry["sha256"]
-        rows = duckdb.connect().execute("SELECT count(*) FROM read_parquet(?)", [str(Path(manifest["path"]) /
-                                                                                     entry["path"])]).fetchone()
+        where = source.data_dir / "exports" / manifest["id"] / entry["path"]
+        rows = duckdb.connect().execute("SELECT count(*) FROM read_parquet(?)", [str(where)]).fetchone()
         assert rows == (40,)
+        assert "path" not in manifest and str(source.data_dir) not in made.text  # no server paths shown
+        assert manifest["bytes"] == sum(f["bytes"] for t in manifest["tables"].values() for f in t["files"])
         assert client.get(f"/v1/xdb/exports/{manifest['id']}/files/../../experience.duckdb").status_code == 404
         assert client.get("/v1/xdb/exports/exp-nope").json()["error"]["type"] == "not_found_error"
         bad = client.post("/v1/xdb/exports", json={"format": "csv"})
@@ -164,6 +167,66 @@ def test_exports_over_http_list_download_and_stay_within_the_tenant(source: XDB)
         assert "ExportManifest" in json.dumps(client.get("/openapi.json").json())
     time.sleep(0)  # the export directories stay under the data dir for the operator
     assert (source.data_dir / "exports" / manifest["id"] / "manifest.json").is_file()
+
+
+def test_exports_are_bounded_one_at_a_time_deletable_and_expire(source: XDB) -> None:
+    import threading
+
+    app = FastAPI()
+    install_error_handling(app)
+    app.include_router(export_router(source, max_per_tenant=2, ttl_s=3600))
+    with TestClient(app) as client:
+        first = client.post("/v1/xdb/exports", json={"session_id": "s1"}).json()
+        second = client.post("/v1/xdb/exports", json={}).json()
+        assert first["expires_at"] > first["created_at"]
+        full = client.post("/v1/xdb/exports", json={})
+        assert full.status_code == 429 and full.json()["error"]["code"] == "export_limit"
+        assert 3500 < int(full.headers["Retry-After"]) <= 3600
+        gone = client.delete(f"/v1/xdb/exports/{first['id']}")
+        assert gone.status_code == 200 and gone.json() == {"id": first["id"], "object": "export", "deleted": True}
+        assert client.delete(f"/v1/xdb/exports/{first['id']}").status_code == 404
+        assert client.get(f"/v1/xdb/exports/{first['id']}").status_code == 404
+        assert not (source.data_dir / "exports" / first["id"]).exists()
+        # While one is being made, the same tenant's next is refused at once.
+        started, release = threading.Event(), threading.Event()
+        real_export = source.export
+
+        def slow_export(*args, **kwargs):  # type: ignore[no-untyped-def]
+            started.set()
+            release.wait(10)
+            return real_export(*args, **kwargs)
+
+        source.export = slow_export  # type: ignore[method-assign]
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(client.post, "/v1/xdb/exports", json={})
+                assert started.wait(10)
+                busy = client.post("/v1/xdb/exports", json={})
+                release.set()
+                assert pending.result().status_code == 200
+        finally:
+            del source.export
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "export_running"
+    assert [e["id"] for e in source.exports()][1:] == [second["id"]]
+    events = [json.loads(r[0]) for r in source.audit.conn.execute(  # type: ignore[union-attr]
+        "SELECT content FROM audit_records WHERE event_type = ? ORDER BY seq", [EVENT_TYPE]).fetchall()]
+    assert [e["id"] for e in events if e.get("action") == "export_deleted"] == [first["id"]], events
+
+
+def test_the_storage_pass_expires_old_exports_and_counts_them_against_the_quota(source: XDB) -> None:
+    old, new = source.export(), source.export()
+    manifest_path = Path(old["path"]) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["created_at"] = "2020-01-01T00:00:00Z"  # made long ago
+    manifest_path.write_text(json.dumps(manifest))
+    report = source.compact()
+    assert report["deleted_exports"] == [old["id"]] and report["export_bytes"] == new["bytes"] > 0
+    assert [e["id"] for e in source.exports()] == [new["id"]]
+    # Over the quota, the exports go first (they are copies), before any recorded row is compressed.
+    source.quota_bytes = report["usage_bytes"] + new["bytes"] // 2
+    report = source.compact()
+    assert report["deleted_exports"] == [new["id"]] and source.exports() == []
+    assert report["compressed_record_ids"] == [] and report["export_bytes"] == 0
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

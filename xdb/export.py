@@ -249,3 +249,12 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, A
         conn.execute("ROLLBACK")
         raise
     return manifest, loaded
+
+
+def export_bytes(manifest: dict[str, Any]) -> int:
+    """The bytes an export's files hold, as its manifest lists them."""
+    return sum(f["bytes"] for table in manifest["tables"].values() for f in table["files"])
+
+
+def created_at(manifest: dict[str, Any]) -> dt.datetime:
+    return dt.datetime.fromisoformat(manifest["created_at"].replace("Z", "+00:00"))

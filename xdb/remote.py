@@ -492,6 +492,9 @@ class RemoteXDB:
     def exports(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("exports", *args, **kwargs)
 
+    def delete_export(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("delete_export", *args, **kwargs)
+
     def find_document(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("find_document", *args, **kwargs)
 

@@ -40,7 +40,7 @@ METHODS = frozenset({
     "add_document", "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission",
     "compact", "cold_records", "state", "save_session_state", "load_session_state", "log_interaction",
     "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
-    "audit_event", "backup", "export", "exports", "load_session_state_verified", "session_versions",
+    "audit_event", "backup", "export", "exports", "delete_export", "load_session_state_verified", "session_versions",
     "rollback_session", "sessions", "delete_session",
     "recall_page", "timestep", "surprising", "related_concepts", "sessions_overview", "session_turns", "top_tokens",
     "runs", "save_run_report", "run_report",

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -72,6 +73,7 @@ class XDB:
         self.summarize, self.hot_seconds = summarize, config.hot_seconds
         self.compress_at, self.retention = config.compress_at, config.retention
         self.max_document_bytes = config.max_document_bytes
+        self.export_ttl_s = config.export_ttl_s
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
         # `xdb.backend: ducklake`: the shared lake (xdb/lake.py) and the last ticks learnt from it.
         self.lake: Lake | None = None
@@ -176,17 +178,49 @@ class XDB:
             result = export.export_rows(cur, dest, fmt, filters, self.audit_head(), export_id)
         self.audit_event("export", {"id": result.id, "path": str(dest), "rows": result.manifest["rows"],
                                     "session_id": session_id, "since": since, "prefix": prefix})
-        return {**result.manifest, "path": str(dest)}
+        return {**result.manifest, "path": str(dest), "bytes": export.export_bytes(result.manifest)}
 
-    def exports(self, prefix: str = "") -> list[dict[str, Any]]:
-        """The exports under DATA_DIR/exports made for this tenant's prefix, newest first (manifests
-        only: files are not re-hashed)."""
+    def exports(self, prefix: str | None = "") -> list[dict[str, Any]]:
+        """The exports under DATA_DIR/exports made for this tenant's prefix (None: every tenant's),
+        newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""
         found = []
-        for path in sorted((self.data_dir / "exports").glob(f"*/{export.MANIFEST}"), reverse=True):
+        for path in (self.data_dir / "exports").glob(f"*/{export.MANIFEST}"):
             manifest = json.loads(path.read_text())
-            if manifest.get("prefix", "") == prefix:
-                found.append({**manifest, "path": str(path.parent)})
-        return found
+            if prefix is None or manifest.get("prefix", "") == prefix:
+                found.append({**manifest, "path": str(path.parent), "bytes": export.export_bytes(manifest)})
+        # By the time each was made (to the microsecond): ids made in the same second sort at random.
+        return sorted(found, key=lambda m: (export.created_at(m), m["id"]), reverse=True)
+
+    def delete_export(self, export_id: str, prefix: str = "", reason: str = "deleted") -> bool:
+        """Remove one of the tenant's exports (its files and manifest); False if it has none of that
+        id. The removal is an audit event."""
+        for found in self.exports(prefix):
+            if found["id"] == export_id:
+                shutil.rmtree(found["path"])
+                self.audit_event("export_deleted", {"id": export_id, "prefix": prefix, "bytes": found["bytes"],
+                                                    "reason": reason})
+                return True
+        return False
+
+    def expire_exports(self, ttl_s: float, over_bytes: int | None = None) -> list[str]:
+        """Delete every export older than `ttl_s`, then, while the exports hold more than `over_bytes`
+        (None: no limit), the oldest: they are copies, and go before any recorded row is compressed."""
+        deleted = []
+        now = dt.datetime.now(dt.UTC)
+        kept = []
+        for found in self.exports(None):
+            if (now - export.created_at(found)).total_seconds() > ttl_s:
+                self.delete_export(found["id"], found.get("prefix", ""), "expired")
+                deleted.append(found["id"])
+            else:
+                kept.append(found)
+        held = sum(found["bytes"] for found in kept)
+        while over_bytes is not None and kept and held > over_bytes:
+            oldest = kept.pop()
+            self.delete_export(oldest["id"], oldest.get("prefix", ""), "over quota")
+            deleted.append(oldest["id"])
+            held -= oldest["bytes"]
+        return deleted
 
     @classmethod
     def import_export(cls, data_dir: Path | str, src: Path | str) -> dict[str, Any]:
@@ -439,11 +473,17 @@ class XDB:
             deleted = []
             if self.retention.delete_after_days is not None:
                 deleted = retention.delete_expired_sessions(cur, self.retention.delete_after_days, self.audit_event)
+            # Exports count against the quota first: they are copies of what is recorded.
+            room = None if self.quota_bytes is None else max(
+                int(self.quota_bytes * self.compress_at) - compression.usage_bytes(cur), 0)
+            deleted_exports = self.expire_exports(self.export_ttl_s, room)
+            export_bytes = sum(e["bytes"] for e in self.exports(None))
             if self.quota_bytes is not None:
                 made += compression.enforce_quota(cur, int(self.quota_bytes * self.compress_at), summarize,
                                                   self.hot_seconds, audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
+                    "deleted_exports": deleted_exports, "export_bytes": export_bytes,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 
     def cold_records(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -461,6 +501,7 @@ class XDB:
                 "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
                 "fidelity": fidelity.fidelity_counts(cur, self.hot_seconds),
                 "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes,
+                "export_bytes": sum(e["bytes"] for e in self.exports(None)),
                 "warm_quota_bytes": self.warm_quota_bytes, "pinned_bytes": fidelity.pinned_bytes(cur),
                 "writer": None if self.writer is None else {
                     "queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written},
