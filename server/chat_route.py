@@ -122,11 +122,11 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
                         runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")
-            record_inputs(turn, runtime)
+            await record_inputs(turn, runtime)
             raise
         vllm_request = salted(request if request.context is None else rewritten(body, turn),
                               runtime.keys.cache_salt(tenant))
-        record_inputs(turn, runtime)
+        await record_inputs(turn, runtime)
         current_session.set(turn.session_id)
         response = await create_chat_completion(vllm_request, raw_request)
         if isinstance(response, StreamingResponse):
@@ -192,8 +192,10 @@ def report_json(turn: ChatTurn) -> dict[str, Any]:
     return turn.report.to_json(current_tenant.get().unscope(turn.session_id))
 
 
-def record_inputs(turn: ChatTurn, runtime: Runtime) -> None:
+async def record_inputs(turn: ChatTurn, runtime: Runtime) -> None:
     runtime.metrics.record_context(turn.report)
+    if turn.prepared.session is not None or turn.prepared.named:  # may have rows from before
+        await runtime.recorder.know_session(turn.session_id)
     runtime.recorder.record_inputs(turn.prepared)
 
 

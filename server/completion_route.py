@@ -73,6 +73,8 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
     try:
         tenant = current_tenant.get()
         session = tenant.scope(named.session_id if named.session_id is not None else new_session_id())
+        if named.session_id is not None:
+            await runtime.recorder.know_session(session)
         record_prompts(runtime, session, prompts, fresh=named.session_id is None)
         current_session.set(session)  # the engine's outputs of every prompt go to this session
         salt = runtime.keys.cache_salt(tenant)  # the tenant's, in place of the client's

@@ -78,6 +78,12 @@ class Recorder:
                 log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
                             self.queue.backlog_rows, self.xdb.writer.queue_depth())
 
+    async def know_session(self, session_id: str) -> None:
+        """Look a session's last tick up off the event loop, once, so recording its rows never waits
+        on the database there (a session named by the client may have rows from before)."""
+        if not self.xdb.ticks_known(session_id):
+            await asyncio.to_thread(self.xdb.load_ticks, session_id)
+
     def rows(self, session_id: str, events: list[tuple[str, str | None, str, dict[str, Any] | None]],
              request_id: str | None = None) -> list[TimestepRow]:
         if not events:

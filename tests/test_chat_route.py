@@ -549,3 +549,30 @@ def test_health_stays_fast_while_a_20_mb_codex_is_prepared(config: AHCConfig, vl
     # The bound leaves room for a busy one, whose scheduler adds stalls of its own.
     assert max(latencies) < 0.25, (f"/health took {max(latencies):.3f} s at worst while a 20 MB Codex was "
                                    f"prepared (median {sorted(latencies)[len(latencies) // 2]:.4f} s)")
+
+
+@pytest.mark.parametrize("how", ["context", "header", "completions"])
+def test_a_session_named_for_the_first_time_is_looked_up_off_the_event_loop(served: tuple[TestClient, Runtime],
+                                                                            how: str) -> None:
+    """Its last tick is a database read (a round trip to the XDB process); on the event loop it would stall
+    every other request for as long as the database takes."""
+    client, runtime = served
+    on_loop: list[bool] = []
+    ticks = runtime.xdb._ticks  # type: ignore[attr-defined]
+    lookup = ticks._lookup
+
+    def watched(session_id: str) -> int:
+        on_loop.append(asyncio._get_running_loop() is not None)
+        return lookup(session_id)
+
+    ticks._lookup = watched
+    session = f"first-time-{how}"
+    if how == "context":
+        done = client.post("/v1/chat/completions", json=chat(session))
+    elif how == "header":
+        done = client.post("/v1/chat/completions", json=chat(), headers={"X-Session-ID": session})
+    else:
+        done = client.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
+                           headers={"X-Session-ID": session})
+    assert done.status_code == 200, done.text
+    assert on_loop and not any(on_loop), on_loop

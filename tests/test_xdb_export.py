@@ -118,6 +118,31 @@ def test_an_import_refuses_a_tampered_export_or_a_used_xdb(source: XDB, tmp_path
         assert copy.recall({}) == []  # nothing half-imported
 
 
+def test_an_import_reads_only_the_listed_files_and_checks_their_counts(source: XDB, tmp_path: Path) -> None:
+    source.export(tmp_path / "out")
+    # A file dropped beside the listed ones (with a row of its own) is not read.
+    listed = next((tmp_path / "out" / "timesteps").rglob("*.parquet"))
+    stray = tmp_path / "out" / "timesteps" / "session_id=stray" / "data_0.parquet"
+    stray.parent.mkdir()
+    duckdb.connect().execute(f"COPY (SELECT * REPLACE (999_999 AS id) FROM read_parquet('{listed}') LIMIT 1) "
+                             f"TO '{stray}' (FORMAT parquet)")
+    XDB.import_export(tmp_path / "copy", tmp_path / "out")
+    with XDB.open(tmp_path / "copy") as copy:
+        assert recalls(copy) == recalls(source) and copy.recall({"session_id": "stray"}) == []
+    # A manifest whose counts do not match its (intact) files imports nothing.
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest["tables"]["timesteps"]["rows"] += 1
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="loaded 120 rows where the manifest counts 121"):
+        XDB.import_export(tmp_path / "copy2", tmp_path / "out")
+    with XDB.open(tmp_path / "copy2") as copy:
+        assert copy.recall({}) == []
+    manifest["tables"]["timesteps"]["files"][0]["path"] = "../../source/experience.duckdb"
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="outside the export"):
+        XDB.import_export(tmp_path / "copy3", tmp_path / "out")
+
+
 def test_the_cli_exports_and_imports_a_stopped_servers_data(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "data") as xdb:
         fill(xdb, 10)

@@ -204,9 +204,12 @@ def read_manifest(src: Path) -> dict[str, Any]:
         raise ValueError(f"{src} is not an XDB export (no readable {MANIFEST}: {exc})") from None
     if manifest.get("export_version") != EXPORT_VERSION:
         raise ValueError(f"{src}: unsupported export version {manifest.get('export_version')!r}")
+    root = src.resolve()
     for table in manifest["tables"].values():
         for entry in table["files"]:
             path = src / entry["path"]
+            if not path.resolve().is_relative_to(root):
+                raise ValueError(f"{src}: the manifest names a file outside the export: {entry['path']!r}")
             if not path.is_file() or _file_entry(src, path)["sha256"] != entry["sha256"]:
                 raise ValueError(f"{src}: {entry['path']} is missing or does not match its SHA-256 in the manifest")
     return manifest
@@ -214,7 +217,8 @@ def read_manifest(src: Path) -> dict[str, Any]:
 
 def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """Load an export into an XDB whose tables are empty (one transaction): its manifest (every file
-    checked against it first) and the rows loaded per table."""
+    checked against it first) and the rows loaded per table. Only the files the manifest lists are
+    read (a file dropped beside them is not), and each table must load the rows the manifest counts."""
     manifest = read_manifest(src)
     busy = [t.name for t in TABLES if conn.execute(f"SELECT count(*) > 0 FROM {t.name}").fetchone() == (True,)]
     if busy:
@@ -226,13 +230,15 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, A
             entry = manifest["tables"].get(table.name)
             if not entry or not entry["rows"]:
                 continue
-            parquet = manifest["format"] == "parquet"
-            reader = "read_parquet" if parquet else "read_json"
-            pattern = _sql_path(src / table.name) + "/**/*." + ("parquet" if parquet else "jsonl")
+            reader = "read_parquet" if manifest["format"] == "parquet" else "read_json"
+            files = ", ".join(f"'{_sql_path(src / f['path'])}'" for f in entry["files"])
             hive = ", hive_partitioning = true, hive_types_autocast = false" if entry["partitioned_by"] else ""
             columns = [r[0] for r in conn.execute(f"DESCRIBE {table.name}").fetchall()]
-            conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "
-                         f"FROM {reader}('{pattern}'{hive})")
+            inserted = conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "
+                                    f"FROM {reader}([{files}]{hive})").fetchone()
+            if inserted is None or inserted[0] != entry["rows"]:
+                raise ValueError(f"{src}: {table.name} loaded {inserted[0] if inserted else 0:,} rows where the "
+                                 f"manifest counts {entry['rows']:,}; nothing was imported")
             if entry["partitioned_by"] and manifest.get("long_ids"):
                 conn.executemany(f"UPDATE {table.name} SET {entry['partitioned_by']} = ? "
                                  f"WHERE {entry['partitioned_by']} = ?",

@@ -399,6 +399,14 @@ class RemoteXDB:
     def next_ticks(self, session_id: str, n: int = 1) -> range:
         return self._ticks.next_ticks(session_id, n)
 
+    def ticks_known(self, session_id: str) -> bool:
+        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
+        return self._ticks.knows(session_id)
+
+    def load_ticks(self, session_id: str) -> None:
+        """Look the session's last tick up now (from a thread, off the event loop)."""
+        self._ticks.load(session_id)
+
     def start_session(self, session_id: str) -> None:
         self._ticks.start_session(session_id)
 

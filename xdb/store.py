@@ -248,6 +248,14 @@ class XDB:
         tick stored for it (across restarts and compression)."""
         return self._ticks.next_ticks(session_id, n)
 
+    def ticks_known(self, session_id: str) -> bool:
+        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
+        return self._ticks.knows(session_id)
+
+    def load_ticks(self, session_id: str) -> None:
+        """Look the session's last tick up now (from a thread, off the event loop)."""
+        self._ticks.load(session_id)
+
     def start_session(self, session_id: str) -> None:
         """A session id just made (a fresh random one), so no rows anywhere: its ticks start at 0
         without the lookup `next_ticks` would make on the event loop. No effect on a known session."""

@@ -41,6 +41,21 @@ class TickBook:
         with self._lock:
             self._last.setdefault(session_id, -1)
 
+    def knows(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._last
+
+    def load(self, session_id: str) -> None:
+        """Look a session's last tick up now, so its next reservation makes no lookup: call it from a
+        thread where the lookup (a database read) may wait. No effect on a known session."""
+        if self.knows(session_id):
+            return
+        last = self._lookup(session_id)
+        with self._lock:
+            self._last.setdefault(session_id, last)  # a reservation made meanwhile knew better
+            if len(self._last) > self.max_sessions:
+                self._trim()
+
     def __len__(self) -> int:
         return len(self._last)
 
