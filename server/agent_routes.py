@@ -111,17 +111,17 @@ def agent_router(xdb: XDBClient) -> APIRouter:
 
     @router.get("/runs")
     def runs(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-        return {"object": "list", "data": tenant.unscope_rows(xdb.runs(tenant.prefix, limit), "run_id")}
+        return {"object": "list", "data": tenant.unscope_rows(xdb.runs(tenant.owner, limit), "run_id")}
 
     @router.put("/runs/{run_id:path}/report")
     def save_report(run_id: RunIdPath, body: ReportBody, tenant: Caller) -> Any:
         png = decode_png(body.png_base64)
-        doc = xdb.save_run_report(tenant.scope(run_id), png, tenant.prefix)
+        doc = xdb.save_run_report(tenant.scope(run_id), png, tenant.owner)
         return {"run_id": run_id, "version": doc["version"], "bytes": len(png)}
 
     @router.get("/runs/{run_id:path}/report.png", response_class=Response)
     def report(run_id: RunIdPath, tenant: Caller) -> Response:
-        png = xdb.run_report(tenant.scope(run_id), tenant.prefix)
+        png = xdb.run_report(tenant.scope(run_id), tenant.owner)
         if png is None:
             raise NotFound(f"run {run_id!r} has no report", param="run_id")
         # A later upload replaces the report under the same URL: the browser must ask again.

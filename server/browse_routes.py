@@ -83,7 +83,7 @@ def browse_router(xdb: XDBClient) -> APIRouter:
     def sessions(tenant: Caller, q: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> Any:
         """Turns, prompt/cached/generated tokens, hit ratio, last activity, last mode, pinned/submitted."""
-        rows = xdb.sessions_overview(tenant.prefix, limit, q or None)
+        rows = xdb.sessions_overview(tenant.owner, limit, q or None)
         return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
 
     # `:path` so an id with an escaped "/" (decoded before routing) still reaches the route.
@@ -94,7 +94,7 @@ def browse_router(xdb: XDBClient) -> APIRouter:
 
     @router.get("/concepts/{concept}/top_tokens")
     def top_tokens(concept: str, tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> Any:
-        rows = xdb.top_tokens(concept, tenant.prefix, limit)
+        rows = xdb.top_tokens(concept, tenant.owner, limit)
         return {"object": "list", "concept": concept, "data": tenant.unscope_rows(rows, "session_id")}
 
     @router.get("/audit")

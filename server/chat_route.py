@@ -109,14 +109,14 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
     if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
         spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
     if spec is not None:  # documents named by reference read from XDB, with their stored renditions
-        spec = await runtime.codex.resolve(spec, tenant.prefix)
+        spec = await runtime.codex.resolve(spec, tenant.owner)
     # The orchestrator keeps the prompt within the window less the reply's budget, and the template
     # renders the client's tools into the prompt too.
     async with runtime.orchestrator.turn(spec, body["messages"], requested_completion_tokens(body),
                                          body.get("tools") or (), tenant.prefix, label) as turn:
         telemetry.turn = turn
         if turn.prepared.condense_wanted and oc.codex_condense:
-            runtime.condenser.want(turn.prepared.condense_wanted, tenant.prefix)
+            runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
         try:
             await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len, runtime.sessions,
                         runtime.metrics.one(runtime.metrics.session_wait_seconds))

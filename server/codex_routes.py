@@ -35,7 +35,7 @@ def codex_router(xdb: XDBClient, resolver: CodexResolver, condenser: CodexConden
         doc = await source(doc_id, version, tenant)
         path = rendition_path(resolver.model, doc["content_hash"])
         try:
-            rendition = await asyncio.to_thread(xdb.find_document, path=path, id_prefix=tenant.prefix)
+            rendition = await asyncio.to_thread(xdb.find_document, path=path, id_prefix=tenant.owner)
         except NotFound:
             raise NotFound(f"document {doc_id!r} version {doc['version']} has no condensed rendition for "
                            f"{resolver.model!r}; POST here to make one") from None
@@ -45,12 +45,12 @@ def codex_router(xdb: XDBClient, resolver: CodexResolver, condenser: CodexConden
     async def condense(doc_id: str, tenant: Caller, version: Version = None) -> Any:
         """Make the rendition now with the served model (or return the stored one)."""
         doc = await source(doc_id, version, tenant)
-        made = await condenser.rendition_for(source_document({**doc, "id": doc_id}), tenant.prefix)
+        made = await condenser.rendition_for(source_document({**doc, "id": doc_id}), tenant.owner)
         if made is None:
             raise Conflict(f"the served model's rendition of {doc_id!r} version {doc['version']} was no shorter "
                            "than the document (or the document is too long for one call); nothing was stored")
         stored = await asyncio.to_thread(xdb.find_document, path=rendition_path(resolver.model, doc["content_hash"]),
-                                         id_prefix=tenant.prefix)
+                                         id_prefix=tenant.owner)
         return unscoped(tenant, stored, "id")
 
     return router

@@ -112,7 +112,7 @@ def export_router(xdb: XDBClient, max_per_tenant: int = 4, ttl_s: float = 86_400
     bounds = TenantExports(max_per_tenant, ttl_s)
 
     def manifest(export_id: str, tenant: Tenant) -> dict[str, Any]:
-        for found in xdb.exports(tenant.prefix):
+        for found in xdb.exports(tenant.owner):
             if found["id"] == export_id:
                 return dict(found)
         raise NotFound(f"export {export_id!r} not found")
@@ -120,15 +120,15 @@ def export_router(xdb: XDBClient, max_per_tenant: int = 4, ttl_s: float = 86_400
     @router.post("")
     def create(body: ExportBody, tenant: Caller) -> ExportManifest:
         since = body.since.isoformat() if body.since is not None else None
-        with bounds.making(tenant, xdb.exports(tenant.prefix)):
+        with bounds.making(tenant, xdb.exports(tenant.owner)):
             made = xdb.export(None, body.format, session_id=tenant.scope_opt(body.session_id), since=since,
-                              prefix=tenant.prefix)
+                              prefix=tenant.owner)
         return ExportManifest.model_validate(_shown(manifest(made["id"], tenant), tenant, ttl_s, body.session_id))
 
     @router.get("")
     def listing(tenant: Caller) -> ExportList:
         return ExportList(data=[ExportManifest.model_validate(_shown(m, tenant, ttl_s))
-                                for m in xdb.exports(tenant.prefix)])
+                                for m in xdb.exports(tenant.owner)])
 
     @router.get("/{export_id}")
     def one(export_id: str, tenant: Caller) -> ExportManifest:
@@ -136,7 +136,7 @@ def export_router(xdb: XDBClient, max_per_tenant: int = 4, ttl_s: float = 86_400
 
     @router.delete("/{export_id}")
     def delete(export_id: str, tenant: Caller) -> ExportDeleted:
-        if not xdb.delete_export(export_id, tenant.prefix):
+        if not xdb.delete_export(export_id, tenant.owner):
             raise NotFound(f"export {export_id!r} not found")
         return ExportDeleted(id=export_id)
 

@@ -81,7 +81,7 @@ def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolEx
     @router.get("")
     async def listing(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                       after: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> SessionList:
-        rows = await asyncio.to_thread(xdb.sessions, tenant.prefix, limit + 1, tenant.scope_opt(after))
+        rows = await asyncio.to_thread(xdb.sessions, tenant.owner, limit + 1, tenant.scope_opt(after))
         data = [SessionInfo(**{**row, "session_id": tenant.unscope(row["session_id"])}) for row in rows[:limit]]
         return SessionList(data=data, has_more=len(rows) > limit)
 

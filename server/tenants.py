@@ -12,6 +12,14 @@ given bare is named after its hash (`key-` and 12 hex digits), a keys file names
 a line). To keep the data a single-key server stored when adding a second key, name the first key's
 tenant `default` in the keys file.
 
+Among other tenants, `default` is a tenant like the others, not a superuser: it owns exactly the ids
+without a "/" (any id with one may be another tenant's), and an id it names with a "/" is refused
+(it would be another tenant's id). Every filter of the data layer takes the tenant's `owner` for this
+(xdb/owner.py), so no listing, lookup by name or SHA-256, export or recall reaches past it.
+
+The operator: the `default` tenant alone may use what spans every tenant's rows without reading them
+(compressing every released row, resolving evidence submissions on the shared buds).
+
 The prefix cache is isolated the same way: with several tenants every engine request carries its
 tenant's `cache_salt` (an HMAC of the tenant's name under a secret made at start; a client's own salt
 is replaced), so a tenant's `cached_tokens` never tell it what another tenant's prompts hold. With one
@@ -29,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ahc.errors import InvalidRequest
+from xdb.owner import FLAT, owns
+
 DEFAULT = "default"
 # The separator cannot occur in a tenant name, so one tenant's prefix never starts another's.
 SEPARATOR = "/"
@@ -38,20 +49,34 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 @dataclass(frozen=True)
 class Tenant:
     name: str
+    among_others: bool = False  # the server has other tenants
 
     @property
     def prefix(self) -> str:
+        """What this tenant's stored ids start with."""
         return "" if self.name == DEFAULT else self.name + SEPARATOR
+
+    @property
+    def owner(self) -> str:
+        """Which stored ids are this tenant's, for the data layer's filters (xdb/owner.py)."""
+        return FLAT if self.name == DEFAULT and self.among_others else self.prefix
+
+    @property
+    def operator(self) -> bool:
+        return self.name == DEFAULT
 
     def scope(self, local_id: str) -> str:
         """The stored id of one of this tenant's ids."""
+        if self.owner == FLAT and SEPARATOR in local_id:
+            raise InvalidRequest(f"id {local_id[:80]!r}: with several tenants, the default tenant's ids may not "
+                                 f"contain {SEPARATOR!r} (such an id is another tenant's)")
         return self.prefix + local_id
 
     def scope_opt(self, local_id: str | None) -> str | None:
         return None if local_id is None else self.scope(local_id)
 
     def owns(self, stored_id: str | None) -> bool:
-        return stored_id is not None and stored_id.startswith(self.prefix)
+        return owns(self.owner, stored_id)
 
     def unscope(self, stored_id: str) -> str:
         """The id as this tenant named it. Only ever called on ids the tenant owns."""
@@ -114,6 +139,7 @@ class TenantKeys:
         pairs += named
         by_digest: dict[bytes, Tenant] = {}
         names: set[str] = set()
+        among_others = len(pairs) > 1
         for name, key in pairs:
             digest = key_digest(key)
             if digest in by_digest:
@@ -122,7 +148,7 @@ class TenantKeys:
             if name in names:
                 raise ValueError(f"api keys: tenant {name!r} has more than one key")
             names.add(name)
-            by_digest[digest] = Tenant(name)
+            by_digest[digest] = Tenant(name, among_others)
         return cls(by_digest)
 
 

@@ -69,7 +69,7 @@ class Target(_Body):
     def where(self, tenant: Tenant) -> dict[str, Any]:
         """The target as XDB names it: the session is the tenant's, and so must be a row named by id."""
         return dict(timestep_id=self.timestep_id, session_id=tenant.scope_opt(self.session_id), tick=self.tick,
-                    event_id=self.event_id, tick_range=self.tick_range, session_prefix=tenant.prefix)
+                    event_id=self.event_id, tick_range=self.tick_range, session_prefix=tenant.owner)
 
 
 class TagBody(Target):
@@ -168,9 +168,9 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         scoped = filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
         if query.scope == "cluster":
             need_lake()
-            rows = xdb.lake_recall(scoped, session_prefix=tenant.prefix)
+            rows = xdb.lake_recall(scoped, session_prefix=tenant.owner)
             return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
-        page = xdb.recall_page(scoped, session_prefix=tenant.prefix)
+        page = xdb.recall_page(scoped, session_prefix=tenant.owner)
         return {"object": "list", **page, "data": tenant.unscope_rows(page["data"], "session_id")}
 
     @router.get("/lake")
@@ -188,7 +188,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.get("/timesteps/{timestep_id}")
     def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.timestep(timestep_id, session_prefix=tenant.prefix))
+        return unscoped(tenant, xdb.timestep(timestep_id, session_prefix=tenant.owner))
 
     @router.get("/surprising")
     def surprising(session_id: Annotated[str, Query(min_length=1, max_length=ID_MAX_CHARS)], tenant: Caller,
@@ -213,7 +213,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
                          session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
         """Concepts most often active in the same tokens as `concept` (in the caller's sessions)."""
         return {"object": "list", "concept": concept, "data": xdb.related_concepts(
-            concept, limit, tenant.scope_opt(session_id), tenant.prefix)}
+            concept, limit, tenant.scope_opt(session_id), tenant.owner)}
 
     @router.get("/comments")
     def comments(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
@@ -249,10 +249,10 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     def cold_records(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
         """Compressed records, newest first."""
-        if tenant.prefix and session_id is None:
+        if tenant.owner and session_id is None:
             raise InvalidRequest("session_id is required (records are listed per session)", param="session_id")
         rows = xdb.cold_records(tenant.scope_opt(session_id), limit)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id") if tenant.prefix else rows}
+        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id") if tenant.owner else rows}
 
     @router.get("/buds")
     def buds(status: BudStatusName | None = None) -> Any:
@@ -269,11 +269,11 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
                                   ] = None) -> Any:
         if path is not None:
             try:
-                found = [xdb.find_document(path=path, id_prefix=tenant.prefix)]
+                found = [xdb.find_document(path=path, id_prefix=tenant.owner)]
             except NotFound:
                 found = []
             return {"object": "list", "data": tenant.unscope_rows(found, "id")}
-        return {"object": "list", "data": tenant.unscope_rows(xdb.documents(doc_type, q, tenant.prefix), "id")}
+        return {"object": "list", "data": tenant.unscope_rows(xdb.documents(doc_type, q, tenant.owner), "id")}
 
     @router.get("/documents/{doc_id}")
     def document(doc_id: str, tenant: Caller,
@@ -286,7 +286,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.post("/documents")
     def add_document(body: DocumentBody, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.add_document(**body.model_dump(), id_prefix=tenant.prefix), "id")
+        return unscoped(tenant, xdb.add_document(**body.model_dump(), id_prefix=tenant.owner), "id")
 
     @router.post("/documents/{doc_id}")
     def update_document(doc_id: str, body: DocumentUpdate, tenant: Caller) -> Any:
@@ -298,7 +298,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.post("/compact")
     def compact(body: CompactBody, tenant: Caller) -> Any:
-        if tenant.prefix and body.compress_released:
+        if body.compress_released and not tenant.operator:
             raise PermissionDenied("compress_released compresses every tenant's released rows: only the server's "
                                    "default tenant may ask for it", param="compress_released")
         result = xdb.compact(**{**body.model_dump(), "session_id": tenant.scope_opt(body.session_id)},
@@ -315,7 +315,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
 
 def _default_tenant_only(tenant: Tenant, what: str) -> None:
-    if tenant.prefix:
+    if not tenant.operator:
         raise PermissionDenied(f"{what} spans every tenant's sessions (buds are the server's shared vocabulary): "
                                "only the server's default tenant may use it")
 

@@ -17,6 +17,7 @@ import duckdb
 
 from ahc.errors import NotFound
 from xdb.concepts import ConceptIndex
+from xdb.owner import owned_named
 
 TURN_ROWS = "event_type = 'system' AND starts_with(metadata, '{\"turn\":')"
 # A message row's text past this is cut in a turn listing (the row itself stays whole in recall).
@@ -36,7 +37,7 @@ def tenant_of(session_id: str) -> str:
 OVERVIEW = f"""
     WITH t AS (
         SELECT session_id, tick, created_at, CAST(metadata AS JSON) -> 'turn' AS m FROM timesteps
-        WHERE {TURN_ROWS} AND starts_with(session_id, $prefix)),
+        WHERE {TURN_ROWS} AND {owned_named('session_id')}),
     agg AS (
         SELECT session_id, count(*) AS turns, sum((m ->> 'prompt_tokens')::BIGINT) AS prompt,
                sum((m ->> 'cached_tokens')::BIGINT) AS cached, sum((m ->> 'completion_tokens')::BIGINT) AS generated,
@@ -44,17 +45,17 @@ OVERVIEW = f"""
         FROM t GROUP BY session_id),
     win AS (
         SELECT session_id, bool_or(pinned) AS pinned, bool_or(len(submission_ids) > 0) AS submitted
-        FROM time_windows WHERE starts_with(session_id, $prefix) GROUP BY session_id)
+        FROM time_windows WHERE {owned_named('session_id')} GROUP BY session_id)
     SELECT s.session_id, s.last_tick, agg.turns, agg.prompt, agg.cached, agg.generated, agg.last_at, agg.mode,
            win.pinned, win.submitted
     FROM session_ticks s LEFT JOIN agg USING (session_id) LEFT JOIN win USING (session_id)
-    WHERE starts_with(s.session_id, $prefix) AND ($q IS NULL OR contains(s.session_id, $q))
+    WHERE {owned_named('s.session_id')} AND ($q IS NULL OR contains(s.session_id, $q))
     ORDER BY agg.last_at DESC NULLS LAST, s.session_id LIMIT $limit"""
 
 
 def sessions_overview(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 200,
                       query: str | None = None) -> list[dict[str, Any]]:
-    """Sessions (one tenant's: ids starting with `prefix`), the most recently active first: turns,
+    """Sessions (one tenant's: `prefix` is its owner, xdb/owner.py), the most recently active first: turns,
     tokens, cache hit ratio, last activity, the last turn's mode, pinned or submitted windows."""
     rows = cur.execute(OVERVIEW, {"prefix": prefix, "q": query, "limit": limit}).fetchall()
     out = []
@@ -153,9 +154,9 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
             "last_tick": last_tick[0] if last_tick else None}
 
 
-TOP_TOKENS = """
+TOP_TOKENS = f"""
     SELECT id, session_id, tick, content, array_extract(concept_values, array_position(concept_ids, $cid)) AS v
-    FROM timesteps WHERE array_contains(concept_ids, $cid) AND starts_with(session_id, $prefix)
+    FROM timesteps WHERE array_contains(concept_ids, $cid) AND {owned_named('session_id')}
     ORDER BY v DESC, id LIMIT $limit"""
 
 

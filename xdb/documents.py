@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound, PayloadTooLarge
+from xdb.owner import build_prefix, owned
 from xdb.sql import Row
 
 
@@ -54,12 +55,13 @@ def _check(content: str, max_bytes: int) -> str:
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
                  summary: str | None = None, max_bytes: int, id_prefix: str = "") -> dict[str, Any]:
-    """A new document; its id is `id_prefix` (its tenant's) followed by a fresh one."""
+    """A new document; its id is its tenant's prefix (`id_prefix` is the tenant's owner, xdb/owner.py)
+    followed by a fresh one."""
     if not name or not name.strip():
         raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
     digest = _check(content, max_bytes)
-    doc_id = f"{id_prefix}doc-{uuid.uuid4().hex[:12]}"
+    doc_id = f"{build_prefix(id_prefix)}doc-{uuid.uuid4().hex[:12]}"
     cur.execute("INSERT INTO documents VALUES (?, 1, ?, ?, ?, ?, ?, now(), now(), ?, ?, ?)",
                 [doc_id, kind, name, path, content, digest, source, summary, list(tags or [])])
     return get_document(cur, doc_id)
@@ -95,12 +97,14 @@ def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, pat
                   version: int | None = None, sha256: str | None = None, id_prefix: str = "",
                   with_content: bool = True) -> dict[str, Any]:
     """One tenant's document version: by id or name (`key`) or by `path`, at `version`, or the version
-    whose content has `sha256`, else the latest. A name two documents share is an error naming their ids."""
-    where = ["starts_with(id, ?)"]
-    params: list[Any] = [id_prefix]
+    whose content has `sha256`, else the latest. A name two documents share is an error naming their ids.
+    `id_prefix`: the tenant's owner (xdb/owner.py); no other tenant's document is ever found."""
+    condition, params = owned("id", id_prefix)
+    where = [condition]
+    prefix = build_prefix(id_prefix)
     if key is not None:
         where.append("(id = ? OR name = ?)")
-        params += [id_prefix + key, key]
+        params += [prefix + key, key]
     if path is not None:
         where.append("path = ?")
         params.append(path)
@@ -118,10 +122,10 @@ def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, pat
         f"with sha256 {sha256}" if sha256 is not None else None) if part)
     if not rows:
         raise NotFound(f"document {wanted} not found")
-    by_id = [r for r in rows if r[0] == id_prefix + (key or "")] if key is not None else []
+    by_id = [r for r in rows if r[0] == prefix + (key or "")] if key is not None else []
     ids = {r[0] for r in rows}
     if not by_id and key is not None and len(ids) > 1:
-        names = ", ".join(sorted(i.removeprefix(id_prefix) for i in ids))
+        names = ", ".join(sorted(i.removeprefix(prefix) for i in ids))
         raise InvalidRequest(f"document name {key!r} is shared by {names}: name one by its id")
     return _doc((by_id or rows)[0], with_content)
 
@@ -135,13 +139,15 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
 
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
                    query: str | None = None, id_prefix: str = "") -> list[dict[str, Any]]:
-    """The latest version of each document, without content; `query` searches name, path and text."""
+    """The latest version of each of the owner's documents (`id_prefix`, xdb/owner.py), without content;
+    `query` searches name, path and text."""
     if doc_type is not None:
         doc_type = DocumentType(doc_type).value
+    condition, params = owned("id", id_prefix)
     rows = cur.execute(
         f"SELECT {', '.join(COLUMNS)} FROM documents "
         "QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
-        "AND starts_with(id, ?) AND (? IS NULL OR doc_type = ?) "
+        f"AND {condition} AND (? IS NULL OR doc_type = ?) "
         "AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' OR content ILIKE '%' || ? || '%') "
-        "ORDER BY name, id", [id_prefix, doc_type, doc_type] + [query] * 4).fetchall()
+        "ORDER BY name, id", params + [doc_type, doc_type] + [query] * 4).fetchall()
     return [_doc(r, with_content=False) for r in rows]

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import duckdb
 
 from ahc.errors import InvalidRequest
+from xdb.owner import owned
 
 Format = Literal["parquet", "jsonl"]
 MANIFEST = "manifest.json"
@@ -63,15 +64,16 @@ TABLES: tuple[TableSpec, ...] = (
 class ExportFilter:
     session_id: str | None = None  # one session (a run, for the discovery agent's tables)
     since: dt.datetime | None = None  # rows created at or after this (UTC)
-    prefix: str = ""  # one tenant's sessions and documents
+    prefix: str = ""  # one tenant's sessions and documents: its owner (xdb/owner.py)
 
     def where(self, table: TableSpec) -> tuple[str, list[Any]]:
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         key = table.session_column or table.id_column
         if key is not None and self.prefix:
-            clauses.append(f"starts_with({key}, ?)")
-            params.append(self.prefix)
+            condition, owner_params = owned(key, self.prefix)
+            clauses.append(condition)
+            params += owner_params
         if self.session_id is not None and table.session_column is not None:
             clauses.append(f"{table.session_column} = ?")
             params.append(self.session_id)

@@ -9,6 +9,7 @@ import duckdb
 
 from ahc.errors import NotFound
 from xdb.concepts import ConceptIndex
+from xdb.owner import owned
 
 # Each output token's top activation against the mean and spread of every earlier token's in its
 # session (a running z-score), largest deviations first. The first few tokens of a session have no
@@ -43,7 +44,7 @@ RELATED = """
     SELECT u.cid, count(*) AS together, avg(u.v) AS mean_activation FROM (
         SELECT unnest(concept_ids) AS cid, unnest(concept_values) AS v FROM timesteps
         WHERE array_contains(concept_ids, ?) AND (? IS NULL OR session_id = ?)
-          AND starts_with(session_id, ?)) u
+          AND {owned}) u
     WHERE u.cid IS NOT NULL AND u.cid != ?
     GROUP BY u.cid ORDER BY together DESC, mean_activation DESC, u.cid LIMIT ?"""
 
@@ -54,10 +55,12 @@ def related_concepts(cur: duckdb.DuckDBPyConnection, concept: str, concepts: Con
     cid = concepts.id_of(concept)
     if cid is None:
         raise NotFound(f"concept {concept!r} has not been seen")
-    rows = cur.execute(RELATED, [cid, session_id, session_id, session_prefix, cid, limit]).fetchall()
+    condition, owner_params = owned("session_id", session_prefix)
+    rows = cur.execute(RELATED.format(owned=condition), [cid, session_id, session_id, *owner_params, cid, limit]
+                       ).fetchall()
     total = cur.execute("SELECT count(*) FROM timesteps WHERE array_contains(concept_ids, ?) "
-                        "AND (? IS NULL OR session_id = ?) AND starts_with(session_id, ?)",
-                        [cid, session_id, session_id, session_prefix]).fetchone()
+                        f"AND (? IS NULL OR session_id = ?) AND {condition}",
+                        [cid, session_id, session_id, *owner_params]).fetchone()
     seen = int(total[0]) if total else 0
     return [{"concept": concepts.name_of(other), "together": int(n), "share": n / seen if seen else 0.0,
              "mean_activation": float(mean)} for other, n, mean in rows]

@@ -13,6 +13,7 @@ import duckdb
 from ahc.errors import InvalidRequest
 from xdb import documents
 from xdb.audit import AuditEvent
+from xdb.owner import owned
 from xdb.sql import Row, one_int, transaction
 
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
@@ -93,16 +94,17 @@ def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str, audit: AuditEvent | N
 
 
 def runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-    """The runs whose id starts with `prefix` (one tenant's), most recently active first: turns and
+    """The runs of one tenant (`prefix`: its owner, xdb/owner.py), most recently active first: turns and
     knowledge versions counted, first and last activity, the latest snapshot's theorem count, and
-    whether a report is stored (`report_name`, a document whose id starts with `prefix`)."""
+    whether a report is stored (`report_name`, one of the tenant's documents)."""
+    condition, params = owned("run_id", prefix)
     rows = cur.execute(
         "WITH events AS ("
-        " SELECT run_id, timestamp AS t, 1 AS turn, 0 AS version FROM interaction_log WHERE starts_with(run_id, ?)"
+        f" SELECT run_id, timestamp AS t, 1 AS turn, 0 AS version FROM interaction_log WHERE {condition}"
         " UNION ALL"
-        " SELECT run_id, created_at, 0, 1 FROM meta_knowledge WHERE starts_with(run_id, ?)) "
+        f" SELECT run_id, created_at, 0, 1 FROM meta_knowledge WHERE {condition}) "
         "SELECT run_id, sum(turn), sum(version), min(t), max(t) FROM events GROUP BY run_id "
-        "ORDER BY max(t) DESC, run_id LIMIT ?", [prefix, prefix, limit]).fetchall()
+        "ORDER BY max(t) DESC, run_id LIMIT ?", [*params, *params, limit]).fetchall()
     ids = [r[0] for r in rows]
     theorems = _theorem_counts(cur, ids)
     reported = _reported(cur, ids, prefix)
@@ -131,9 +133,10 @@ def _count_list(text: str | None) -> int:
 
 def _reported(cur: duckdb.DuckDBPyConnection, run_ids: list[str], prefix: str) -> set[str]:
     names = {report_name(run_id): run_id for run_id in run_ids}
-    found = cur.execute("SELECT DISTINCT name FROM documents WHERE starts_with(id, ?) "
+    condition, params = owned("id", prefix)
+    found = cur.execute(f"SELECT DISTINCT name FROM documents WHERE {condition} "
                         "AND list_contains(?::VARCHAR[], name) AND list_contains(tags, ?)",
-                        [prefix, list(names), REPORT_TAG]).fetchall()
+                        [*params, list(names), REPORT_TAG]).fetchall()
     return {names[name] for (name,) in found}
 
 
@@ -158,8 +161,9 @@ def check_png(png: bytes) -> None:
 
 
 def _report_id(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str) -> str | None:
-    row = cur.execute("SELECT id FROM documents WHERE starts_with(id, ?) AND name = ? AND list_contains(tags, ?) "
-                      "ORDER BY updated_at DESC LIMIT 1", [id_prefix, report_name(run_id), REPORT_TAG]).fetchone()
+    condition, params = owned("id", id_prefix)
+    row = cur.execute(f"SELECT id FROM documents WHERE {condition} AND name = ? AND list_contains(tags, ?) "
+                      "ORDER BY updated_at DESC LIMIT 1", [*params, report_name(run_id), REPORT_TAG]).fetchone()
     return None if row is None else str(row[0])
 
 

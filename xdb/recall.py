@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ahc.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
+from xdb.owner import owned
 from xdb.schema import INT64_MAX
 from xdb.sql import Row
 
@@ -205,12 +206,12 @@ def _escape_like(text: str) -> str:
 def conditions(f: RecallFilters, concepts: ConceptIndex,
                session_prefix: str = "") -> tuple[list[str], list[Any]] | None:
     """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing.
-    `session_prefix`: only sessions whose id starts with it (one tenant's)."""
+    `session_prefix`: only one tenant's sessions (its owner, xdb/owner.py)."""
     where: list[str] = []
     params: list[Any] = []
     if session_prefix:
-        where.append("starts_with(t.session_id, ?)")
-        params.append(session_prefix)
+        condition, params = owned("t.session_id", session_prefix)
+        where.append(condition)
     if f.session_id is not None:
         where.append("t.session_id = ?")
         params.append(f.session_id)
@@ -373,8 +374,9 @@ def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: Con
 def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: ConceptIndex, tag_cache: TagCache,
              session_prefix: str = "") -> dict[str, Any] | None:
     """One row by id, with its tags and comments (None: no such row, or another tenant's)."""
-    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id = ? AND starts_with(session_id, ?)",
-                       [timestep_id, session_prefix]).fetchall()
+    condition, params = owned("session_id", session_prefix)
+    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id = ? AND {condition}",
+                       [timestep_id, *params]).fetchall()
     if not rows:
         return None
     tags = tags_for(cur, rows, tag_cache.names(cur))

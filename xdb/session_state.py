@@ -22,6 +22,7 @@ import duckdb
 
 from ahc.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.owner import owned
 from xdb.sql import one_int, transaction
 
 KEEP_VERSIONS = 16
@@ -122,15 +123,16 @@ def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, la
 
 def list_sessions(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100,
                   after: str | None = None) -> list[dict[str, Any]]:
-    """The sessions whose id starts with `prefix` (one tenant's), in id order from `after`: each with
+    """One tenant's sessions (`prefix`: its owner, xdb/owner.py), in id order from `after`: each with
     its last tick and its stored State versions."""
-    rows = cur.execute("""
+    condition, params = owned("session_id", prefix)
+    rows = cur.execute(f"""
         SELECT session_id, t.last_tick, s.latest, s.n, s.updated_at
         FROM session_ticks t FULL OUTER JOIN (SELECT session_id, max(version) latest, count(*) n,
                                                      max(created_at) updated_at
                                               FROM session_states GROUP BY 1) s USING (session_id)
-        WHERE starts_with(session_id, ?) AND (? IS NULL OR session_id > ?)
-        ORDER BY session_id LIMIT ?""", [prefix, after, after, limit]).fetchall()
+        WHERE {condition} AND (? IS NULL OR session_id > ?)
+        ORDER BY session_id LIMIT ?""", [*params, after, after, limit]).fetchall()
     return [{"session_id": sid, "last_tick": tick, "latest_version": latest, "versions": n or 0,
              "updated_at": at.isoformat() + "Z" if at is not None else None}
             for sid, tick, latest, n, at in rows]

@@ -10,6 +10,7 @@ import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.owner import owns
 from xdb.schema import INT64_MAX
 from xdb.sql import Row, one, transaction
 
@@ -77,7 +78,7 @@ def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target, session_prefi
     tenant's); a single tick becomes its timestep id. Raises NotFound, the same for a row that is
     missing and one of another tenant."""
     resolved = _resolve_target(cur, target)
-    if not (resolved.session_id or "").startswith(session_prefix):
+    if not owns(session_prefix, resolved.session_id or ""):
         what = {"timestep": f"timestep {target.timestep_id}", "event": f"event (request) {target.event_id!r}"}
         raise NotFound(f"{what.get(target.kind, 'target')} not found")
     return resolved
