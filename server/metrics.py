@@ -103,6 +103,9 @@ class AHCMetrics:
             "ahc_prefill_seconds_per_token", "The engine's measured seconds per computed prompt token, queueing "
             "included (0 until a long enough prefill was seen): what session-aware admission weighs a wait against",
             m, registry=r)
+        self.lake_deferred_states = Counter(
+            "ahc_lake_deferred_states", "Session States stored locally while the experience lake could not take "
+            "them (shipped once it is back; the reply was not failed)", m, registry=r)
         self.corrupt_session_states = Counter(
             "ahc_session_states_corrupt", "Stored session State versions skipped on load because their bytes no "
             "longer match their SHA-256 (the newest intact version was loaded instead)", m, registry=r)
@@ -118,6 +121,7 @@ class AHCMetrics:
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
         for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
                        self.xdb_service_restarts, self.xdb_quota_ratio, self.xdb_deleted_sessions,
+                       self.lake_deferred_states,
                        self.corrupt_session_states,
                        self.audit_head_seq, self.chat_template_prefix_stable):
             self.one(metric)

@@ -4,6 +4,7 @@ engine and the experience database. The launcher starts, serves and stops; route
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from server.recorder import Recorder, RecordingEngine
 from server.tenants import TenantKeys
 from server.token_process import TokenProcess
 from xdb import XDBClient
+from xdb.lake import LakeUnavailable
+
+log = logging.getLogger("ahc.server")
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
@@ -92,7 +96,7 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
         return state
 
     sessions = SessionStore(load_state,
-                            lambda sid, state: background.submit(xdb.save_session_state, sid, state),
+                            lambda sid, state: background.submit(save_state, xdb, metrics, sid, state),
                             oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid),
                             # In a cluster a session may come back on another replica: its State says so.
                             replica=config.xdb.lake.replica_id if config.xdb.backend == "ducklake" else None)
@@ -131,3 +135,16 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
                    keys=keys,
                    codex=codex, condenser=condenser, hidden=hidden,
                    token_process=token_process)
+
+
+def save_state(xdb: XDBClient, metrics: AHCMetrics, session_id: str, state: str) -> None:
+    """A session's new State, stored before its reply completes. With the experience lake down it is
+    stored locally all the same, and the reply stands: failing it (a 503) made the router and the
+    client retry, and each retry appended the turn to the State again. The lake's shipper takes the
+    State there once the lake is back; until then another replica would resume an older one."""
+    try:
+        xdb.save_session_state(session_id, state)
+    except LakeUnavailable as exc:
+        metrics.one(metrics.lake_deferred_states).inc()
+        log.warning("session %r: its State is stored here but not yet in the lake (%s); it is shipped once the "
+                    "lake is back", session_id, exc)

@@ -576,3 +576,30 @@ def test_a_session_named_for_the_first_time_is_looked_up_off_the_event_loop(serv
                            headers={"X-Session-ID": session})
     assert done.status_code == 200, done.text
     assert on_loop and not any(on_loop), on_loop
+
+
+def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503
+    after the turn had joined the State: the client retried, and every retry appended the turn again."""
+    from xdb.lake import LakeUnavailable
+
+    client, runtime = served
+    store = runtime.xdb.save_session_state
+
+    def lake_down(session_id: str, state: str) -> int:
+        store(session_id, state)  # committed locally, as XDB does before it ships
+        raise LakeUnavailable("the lake's catalog refused the connection")
+
+    monkeypatch.setattr(runtime.xdb, "save_session_state", lake_down)
+    for question in ("First question?", "Second question?"):
+        done = client.post("/v1/chat/completions", json=chat("lake-down", question))
+        assert done.status_code == 200, done.text
+    stored = runtime.xdb.load_session_state("lake-down")
+    assert stored is not None
+    users = [t["content"] for t in json.loads(stored)["turns"] if t["role"] == "user"]
+    assert users == ["First question?", "Second question?"]  # each turn once
+    assert "ahc_lake_deferred_states_total" in client.get("/metrics").text
+    deferred = [line for line in client.get("/metrics").text.splitlines()
+                if line.startswith("ahc_lake_deferred_states_total")]
+    assert deferred and float(deferred[0].split()[-1]) == 2.0

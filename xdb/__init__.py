@@ -65,8 +65,9 @@ The interface the server uses:
     xdb.verify_lake_audit() -> {replica: AuditReport}   # every replica's chain in the lake, recomputed
     (xdb.lake.recall / concepts / tags / ship_now / status / verify_audit: the same; RemoteXDB too)
         # save_session_state ships the State (with every row committed before it) before it returns,
-        # or raises LakeUnavailable (503); load_session_state returns the newest State of any replica
-        # and moves the session's ticks past every replica's. xdb.catalog.LocalPostgres: a local catalog.
+        # or raises LakeUnavailable (stored locally all the same); load_session_state returns the newest
+        # State of any replica and moves the session's ticks past every replica's.
+        # xdb.catalog.LocalPostgres: a local catalog.
 
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
 (ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped,

@@ -23,9 +23,11 @@ Durability, precisely. When a reply completes:
     two ships (a ship is one lake transaction, tens of milliseconds for a cycle's rows), while the
     lake is reachable and keeps up; sooner when the session's State is saved, which ships everything
     pending with it;
-  - the session's State is in the lake before the reply completes: `save_session_state` commits it
-    locally, then ships it and every row committed before it in one lake transaction, and raises
-    LakeUnavailable (a 503) if the lake cannot take it.
+  - the session's State is in the lake before the reply completes while the lake is up:
+    `save_session_state` commits it locally, then ships it and every row committed before it in one
+    lake transaction, and raises LakeUnavailable if the lake cannot take it. The server lets the reply
+    stand then (the State is stored locally, and failing the reply made clients retry and append the
+    turn again): the shipper takes the State to the lake once it is back.
 Rows a replica has committed locally but not yet shipped (lake down, or the replica stopped within the
 interval) are never lost while its data dir is: shipping resumes from the lake's watermarks at the next
 cycle or the next start, and a row is never shipped twice (rows and watermarks commit together).
