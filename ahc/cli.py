@@ -211,6 +211,7 @@ def cluster(
     import signal
 
     from server.cluster.local_cluster import LocalCluster, cluster_spec_from_cli
+    from xdb.lake_schema import redacted
 
     passed = list(ctx.args)
     model = passed.pop(0) if passed and not passed[0].startswith("-") else None
@@ -220,9 +221,9 @@ def cluster(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with LocalCluster(spec) as running:
+            lake_note = f"; lake {running.lake_path} with catalog {redacted(running.dsn or '')}" if spec.lake else ""
             typer.echo(f"router on {running.url} ({spec.policy}) in front of "
-                       + ", ".join(r.base_url for r in running.replicas)
-                       + (f"; lake {running.lake_path} with catalog {running.dsn}" if spec.lake else ""))
+                       + ", ".join(r.base_url for r in running.replicas) + lake_note)
             watch_replicas(running)
     except KeyboardInterrupt:
         typer.echo("cluster stopped", err=True)

@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 
 from ahc.config import LakeConfig, XDBConfig
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
-from xdb.catalog import LocalPostgres, free_port
+from xdb.catalog import LocalPostgres, free_port, postgres_bin
 from xdb.cli import app as xdb_cli
 from xdb.lake import LakeUnavailable
-from xdb.lake_schema import attach_lake
+from xdb.lake_schema import attach_lake, redacted
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
@@ -381,3 +381,84 @@ def test_open_gaps_follow_the_ids_seen() -> None:
     assert (wm, sorted(gaps)) == (9, [(4, 4, 9.0), (7, 7, 9.0)])
     assert advance(9, [(4, 4, 9.0)], ids([4]), 30.0) == (9, [])
     assert advance(-1, [], ids([], dtype=np.int64), 1.0) == (-1, [])
+
+
+# -- the catalog's access: passwords, private files, no password in any DSN or log -------------------------
+def connects_without_password(server: LocalPostgres, user: str, host: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PGPASSFILE": "/nonexistent", "PGCONNECT_TIMEOUT": "5"}
+    env.pop("PGPASSWORD", None)
+    return subprocess.run([postgres_bin("psql"), "-X", "-w", "-h", host, "-p", str(server.port), "-U", user,
+                           "-d", "postgres", "-c", "SELECT 1"], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_the_catalog_asks_every_connection_for_a_password_kept_in_a_private_file(pg: LocalPostgres,
+                                                                                 lake: LakeConfig,
+                                                                                 tmp_path: Path) -> None:
+    assert "password" not in pg.dsn and f"passfile={pg.passfile}" in pg.dsn
+    assert pg.passfile.stat().st_mode & 0o777 == 0o600 and pg.directory.stat().st_mode & 0o777 == 0o700
+    for user, host in (("ahc", "127.0.0.1"), ("postgres", "127.0.0.1"), ("postgres", str(pg.socket_dir))):
+        refused = connects_without_password(pg, user, host)
+        assert refused.returncode != 0 and "password" in refused.stderr, (user, host, refused.stderr)
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:  # the lake's own connection reads the passfile
+        record(a, "s", 3)
+        a.lake_ship_now()
+    assert Path(lake.data_path).stat().st_mode & 0o777 == 0o700  # the lake's Parquet files: nobody else's
+    assert redacted("dbname=a password=s3cret user=b") == "dbname=a password=*** user=b"
+    assert redacted("postgresql://ahc:s3cret@127.0.0.1/ahc") == "postgresql://ahc:***@127.0.0.1/ahc"
+    with pytest.raises(ValueError) as refused_attach:
+        attach_lake(duckdb.connect(), "dbname=nope host=127.0.0.1 port=1 user=x password=s3cret", tmp_path / "d")
+    assert "s3cret" not in str(refused_attach.value) and "password=***" in str(refused_attach.value)
+
+
+def test_a_catalog_made_with_trust_moves_to_passwords_at_its_next_start() -> None:
+    require_postgres()
+    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-trust-"))
+    directory.chmod(0o755)
+    server = LocalPostgres(directory).start()
+    try:
+        server.stop()
+        hba = server.pgdata / "pg_hba.conf"  # as an older AHC left it: trust, and no password file
+        hba.write_text(hba.read_text().replace("scram-sha-256", "trust"))
+        server.passfile.unlink()
+        server = LocalPostgres(directory).start()
+        rules = [line for line in hba.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        assert server.passfile.exists() and rules and not any("trust" in line for line in rules)
+        refused = connects_without_password(server, "postgres", "127.0.0.1")
+        assert refused.returncode != 0 and "password" in refused.stderr
+        con = duckdb.connect()
+        attach_lake(con, server.dsn, directory / "lake-data")  # the lake role's new password works
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(lake: LakeConfig,
+                                                                               tmp_path: Path) -> None:
+    """Recomputed from genesis, an edited lake chain whose every hash was recomputed too verifies; the
+    replica's own anchored head (its data dir's audit.head, out of the lake's reach) catches it."""
+    from xdb.audit import GENESIS, RECORD_COLUMNS, chain
+    from xdb.schema import TOP_K
+
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+        record(a, "sa", 12)
+        a.lake_ship_now()
+    assert lake.catalog is not None
+    anchored = ["verify-audit", "--lake-catalog", lake.catalog, "--replica", f"A={tmp_path / 'a'}"]
+    result = CliRunner().invoke(xdb_cli, anchored)
+    assert result.exit_code == 0 and "anchored to its own audit head" in result.output, result.output
+
+    lake_sql(lake, "UPDATE lake.audit_records SET content = 'forged' WHERE replica = 'A' AND seq = 3")
+    cols = ", ".join(f"CAST({c} AS {'INTEGER' if c == 'concept_ids' else 'FLOAT'}[{TOP_K}]) AS {c}"
+                     if c in ("concept_ids", "concept_values") else c for c in RECORD_COLUMNS)
+    conn = _observers[lake.catalog]
+    rows = conn.execute(f"SELECT {cols} FROM lake.audit_records WHERE replica = 'A' ORDER BY seq").to_arrow_table()
+    hashes = chain(GENESIS, rows)
+    for seq, prev, digest in zip(rows.column("seq").to_pylist(), [GENESIS, *hashes[:-1]], hashes):
+        conn.execute("UPDATE lake.audit_records SET prev_hash = ?, record_hash = ? WHERE replica = 'A' AND seq = ?",
+                     [prev, digest, seq])
+    unanchored = CliRunner().invoke(xdb_cli, ["verify-audit", "--lake-catalog", lake.catalog])
+    assert unanchored.exit_code == 0 and "unanchored" in unanchored.output  # the rewrite passes on its own
+    result = CliRunner().invoke(xdb_cli, anchored)
+    assert result.exit_code == 1 and "differs from the replica's own anchored head" in result.output, result.output
+    bad = CliRunner().invoke(xdb_cli, ["verify-audit", "--lake-catalog", lake.catalog, "--replica", "A"])
+    assert bad.exit_code == 2 and "NAME=DATA_DIR" in bad.output

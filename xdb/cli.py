@@ -80,6 +80,9 @@ def verify_audit_command(
     lake_data_path: Annotated[Path | None, typer.Option(
         "--lake-data-path", help="With --lake-catalog: the lake's data path (default: the one its catalog names).")
                               ] = None,
+    replica: Annotated[list[str] | None, typer.Option(
+        "--replica", help="With --lake-catalog: NAME=DATA_DIR, a replica's own data directory; its lake chain "
+                          "must match the head its audit log anchored there (repeatable).")] = None,
 ) -> None:
     """Check the audit log's hash chain and its anchor (audit/audit.head), and/or every replica's chain
     in a shared lake; exit 1 naming the first bad record or the head mismatch, 2 on bad usage."""
@@ -87,8 +90,9 @@ def verify_audit_command(
 
     if data_dir is None and lake_catalog is None:
         _fail("give --data-dir, --lake-catalog or both", 2)
-    if lake_data_path is not None and lake_catalog is None:
-        _fail("--lake-data-path needs --lake-catalog", 2)
+    if (lake_data_path is not None or replica) and lake_catalog is None:
+        _fail("--lake-data-path and --replica need --lake-catalog", 2)
+    anchors = _replica_anchors(replica or [])
     if data_dir is not None and not data_dir.is_dir():
         _fail(f"--data-dir {data_dir} is not a directory", 2)
     if seq_from is not None and seq_to is not None and seq_from > seq_to:
@@ -108,29 +112,54 @@ def verify_audit_command(
             _fail(report.first_bad or "audit log is not intact")
         typer.echo(f"audit log intact: {report.records_checked} records verified")
     if lake_catalog is not None:
-        _verify_lake(lake_catalog, lake_data_path)
+        _verify_lake(lake_catalog, lake_data_path, anchors)
 
 
-def _verify_lake(catalog: str, data_path: Path | None) -> None:
+def _replica_anchors(specs: list[str]) -> dict[str, list[tuple[int, bytes]]]:
+    """`NAME=DATA_DIR` each: the heads that replica's audit log anchored (exit 2 on a bad one)."""
+    from xdb.audit import HEAD_FILE, read_heads
+
+    anchors = {}
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        if not sep or not name or not directory:
+            _fail(f"--replica {spec!r}: expected NAME=DATA_DIR", 2)
+        try:
+            heads = read_heads(Path(directory) / "audit" / HEAD_FILE)
+        except ValueError as exc:
+            _fail(f"--replica {name}: {exc}")
+        if heads is None:
+            _fail(f"--replica {name}: {directory} holds no audit/{HEAD_FILE}", 2)
+        else:
+            anchors[name] = heads
+    return anchors
+
+
+def _verify_lake(catalog: str, data_path: Path | None, anchors: dict[str, list[tuple[int, bytes]]]) -> None:
     import duckdb
 
-    from xdb.lake_reads import verify_lake_audit
-    from xdb.lake_schema import attach_lake
+    from xdb.lake_reads import check_lake_anchor, verify_lake_audit
+    from xdb.lake_schema import attach_lake, redacted
 
     conn = duckdb.connect()
     try:
         try:
             attach_lake(conn, catalog, data_path, read_only=True)
             reports = verify_lake_audit(conn.cursor(), "lake")
+            anchored = {name: check_lake_anchor(conn.cursor(), "lake", name, heads) for name, heads in anchors.items()}
         except (ValueError, duckdb.Error) as exc:
-            _fail(str(exc))
+            _fail(redacted(str(exc)))
     finally:
         conn.close()
-    bad = [report.first_bad or f"replica {replica!r}: not intact" for replica, report in reports.items()
-           if not report.ok]
-    for replica, report in reports.items():
+    bad = [report.first_bad or f"replica {name!r}: not intact" for name, report in reports.items() if not report.ok]
+    bad += [report.first_bad or f"replica {name!r}: not anchored" for name, report in anchored.items()
+            if not report.ok and reports.get(name, report).ok]
+    for name, report in reports.items():
         if report.ok:
-            typer.echo(f"lake audit chain of replica {replica!r} intact: {report.records_checked} records verified")
+            how = "anchored to its own audit head" if name in anchored else \
+                "unanchored: give --replica NAME=DATA_DIR to check it against the replica's own audit head"
+            typer.echo(f"lake audit chain of replica {name!r} intact: {report.records_checked} records verified "
+                       f"({how})")
     if bad:
         _fail("; ".join(bad))
     if not reports:

@@ -293,6 +293,27 @@ def _verify_replica(cur: duckdb.DuckDBPyConnection, a: str, replica: str, chunk:
     return AuditReport(True, checked)
 
 
+def check_lake_anchor(cur: duckdb.DuckDBPyConnection, a: str, replica: str,
+                      heads: list[tuple[int, bytes]]) -> AuditReport:
+    """The replica's chain in the lake against the heads its own audit log anchored (DATA_DIR/audit/
+    audit.head): the newest head the lake has shipped past must be the lake's record hash at that seq.
+    Recomputed from genesis alone, a lake chain rewritten as a whole verifies; against the replica's own
+    head it cannot (every hash from an edit on differs, and the head file is out of the lake's reach)."""
+    last = one(cur.execute(f"SELECT max(seq) FROM {a}.audit_records WHERE replica = ?", [replica]))[0]
+    if last is None:
+        return AuditReport(False, 0, f"replica {replica!r} has no audit records in the lake")
+    shipped = [(seq, head) for seq, head in heads if seq <= int(last)]
+    if not shipped:
+        return AuditReport(True, 0)  # the lake holds less than the first anchored checkpoint: nothing to compare
+    seq, head = shipped[-1]
+    row = cur.execute(f"SELECT record_hash FROM {a}.audit_records WHERE replica = ? AND seq = ?",
+                      [replica, seq]).fetchone()
+    if row is None or bytes(row[0]) != head:
+        return AuditReport(False, 0, f"replica {replica!r} audit record seq={seq}: the lake's chain differs from "
+                                     "the replica's own anchored head (audit.head): rewritten in the lake")
+    return AuditReport(True, seq + 1)
+
+
 def newer(local: StateVersion | None, lake: StateVersion | None) -> StateVersion | None:
     """The newer of a session's local and lake States (by created_at, then version); the local one on a tie."""
     if lake is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -164,6 +165,15 @@ def load_extensions(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute(f"LOAD {sql_string(str(postgres_extension()))}")
 
 
+_PASSWORDS = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)
+
+
+def redacted(text: str) -> str:
+    """`text` with the password of any PostgreSQL connection string in it (`password=…`, or the
+    `postgresql://user:…@host` form) replaced by `***`: what may be logged or shown."""
+    return _PASSWORDS.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***{m.group(4)}", text)
+
+
 def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | Path | None = None,
                 alias: str = "lake", *, read_only: bool = False) -> None:
     """Load the extensions, ATTACH 'ducklake:postgres:<catalog>' AS <alias> (DATA_PATH ...) and create
@@ -182,6 +192,8 @@ def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | 
         data_dir = Path(data_path).expanduser().resolve()
         if not read_only:
             data_dir.mkdir(parents=True, exist_ok=True)
+            if data_dir.stat().st_uid == os.geteuid():
+                data_dir.chmod(0o700)  # the lake's Parquet files are every replica's records: nobody else's
         options.insert(0, f"DATA_PATH {sql_string(str(data_dir) + os.sep)}")
         where = f" (data path {data_dir})"
     if read_only:
@@ -197,7 +209,7 @@ def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | 
             if ("duplicate key" in detail or "already exists" in detail) and attempt < CREATE_ATTEMPTS - 1:
                 time.sleep(0.05 * (attempt + 1))
                 continue
-            raise ValueError(f"cannot attach the DuckLake catalog {catalog!r}{where}: {detail}") from exc
+            raise ValueError(redacted(f"cannot attach the DuckLake catalog {catalog!r}{where}: {detail}")) from exc
     if not read_only:
         create_tables(conn, alias)
 

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.errors import Unavailable
-from xdb.lake_schema import TABLES, LakeTable, rollback, sql_string
+from xdb.lake_schema import TABLES, LakeTable, redacted, rollback, sql_string
 
 log = logging.getLogger("ahc.xdb.lake")
 
@@ -144,8 +144,8 @@ class LakeShipper:
                         _, more = self._cycle()
                 except LakeUnavailable:
                     break  # logged by the cycle; tried again next interval
-                except Exception:  # the thread must go on: a bug here must not stop shipping for good
-                    log.exception("lake shipper cycle failed")
+                except Exception as exc:  # the thread must go on: a bug must not stop shipping for good
+                    log.error("lake shipper cycle failed: %s", redacted(f"{type(exc).__name__}: {exc}"))
                     break
 
     # -- shipping ----------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ class LakeShipper:
         return counts, full
 
     def _failed(self, exc: Exception) -> None:
-        self.last_error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        self.last_error = redacted(" ".join(f"{type(exc).__name__}: {exc}".split()))
         message, at = self._logged
         if message != self.last_error or time.monotonic() - at > LOG_EVERY_S:
             log.error("lake shipper (replica %s): %s", self.replica, self.last_error)
