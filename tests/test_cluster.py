@@ -50,6 +50,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 LOAD = ClusterLoad(sessions=8, turns=10)
 
 
+EVIL = {"Origin": "http://evil.example"}  # a web page's request
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     require_postgres()
@@ -236,6 +239,10 @@ def test_the_router_passes_errors_and_the_context_field_through(cluster: LocalCl
             assert stream.headers["x-session-id"] == "stream-1"
             lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and '"context"' in lines[0]
+        # The router's own routes stay behind the guard; nothing grants a web page CORS access.
+        assert http.post(f"/add_worker?url=http://127.0.0.1:{free_port()}", headers=EVIL).status_code == 404
+        assert http.get("/list_workers").status_code == 404
+        assert "access-control-allow-origin" not in http.get("/v1/models", headers=EVIL).headers
 
 
 def test_ahc_cluster_starts_and_stops_everything_on_sigterm(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -254,6 +261,9 @@ def test_ahc_cluster_starts_and_stops_everything_on_sigterm(tmp_path_factory: py
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={HEADER: "cli-1"}, timeout=120,
                            json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200 and reply.headers["x-session-id"] == "cli-1"
+        assert "access-control-allow-origin" not in reply.headers
+        assert httpx.post(f"http://127.0.0.1:{port}/add_worker?url=http://127.0.0.1:{free_port()}",
+                          headers=EVIL, timeout=30).status_code == 404
         children = psutil.Process(process.pid).children(recursive=True)
         assert len(children) >= 2  # the replica and the router
         process.send_signal(signal.SIGTERM)

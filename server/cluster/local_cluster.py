@@ -7,9 +7,11 @@ replicas and vLLM's router in front of them.
 Layout under `data_dir`: `catalog/` (PostgreSQL, unless `catalog` names a running one or `catalog_dir`
 puts it elsewhere), `lake/` (the
 lake's Parquet files), `replica-<i>/xdb` (each replica's local XDB, its hot buffer) with its log
-`replica-<i>/server.log`, and `router.log`. Replica i listens on `replica_base_port + i`, the router on
-`port`. The replicas are started together (their model loads overlap), then the router, which hashes
-`X-Session-ID` (`consistent_hash`) so each session stays on the replica that holds its prefix.
+`replica-<i>/server.log`, and `router.log`. Replica i listens on `replica_base_port + i`, the router on a
+private loopback port, and a guard (server/cluster/router_guard.py) on `port`: clients reach the API's
+routes, never the router's own (add_worker, ...). The replicas are started together (their model loads
+overlap), then the router, which hashes `X-Session-ID` (`consistent_hash`) so each session stays on the
+replica that holds its prefix.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from ahc.config import CHECKOUT
 from ahc.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
+from server.cluster.router_guard import GuardServer
 from xdb.catalog import LocalPostgres
 
 
@@ -69,6 +72,7 @@ class LocalCluster:
         self.dsn = spec.catalog
         self.replicas: list[ServerProcess] = []
         self.router: RouterProcess | None = None
+        self.guard: GuardServer | None = None
 
     @property
     def url(self) -> str:
@@ -92,15 +96,18 @@ class LocalCluster:
                 self.dsn = self.catalog.dsn
             self.replicas = self._start_replicas()
             self.router = RouterProcess(self.router_spec(), self.data_dir / "router.log").start()
+            # Clients reach the router through the guard only: its own routes (add_worker, ...) stay private.
+            self.guard = GuardServer(self.router.spec.url, self.spec.host, self.spec.port).start()
         except BaseException:
             self.stop()
             raise
         return self
 
     def router_spec(self) -> RouterSpec:
+        # On a private loopback port, behind the guard on the cluster's port (server/cluster/router_guard.py).
         # The router always serves its own metrics too: a port of its own, so two routers can share a host.
         return RouterSpec(worker_urls=tuple(r.base_url for r in self.replicas), policy=self.spec.policy,
-                          host=self.spec.host, port=self.spec.port, metrics_port=free_port())
+                          host="127.0.0.1", port=free_port(), metrics_port=free_port())
 
     def replica_env(self, index: int) -> dict[str, str]:
         env = dict(self.spec.env)
@@ -151,6 +158,9 @@ class LocalCluster:
         process.wait()
 
     def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard = None
         if self.router is not None:
             self.router.stop()
             self.router = None
