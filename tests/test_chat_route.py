@@ -600,6 +600,6 @@ def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple
     users = [t["content"] for t in json.loads(stored)["turns"] if t["role"] == "user"]
     assert users == ["First question?", "Second question?"]  # each turn once
     assert "ahc_lake_deferred_states_total" in client.get("/metrics").text
-    deferred = [line for line in client.get("/metrics").text.splitlines()
-                if line.startswith("ahc_lake_deferred_states_total")]
-    assert deferred and float(deferred[0].split()[-1]) == 2.0
+    counted = [sample.value for metric in runtime.metrics.lake_deferred_states.collect()
+               for sample in metric.samples if sample.name.endswith("_total")]
+    assert counted == [2.0]
