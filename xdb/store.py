@@ -202,9 +202,10 @@ class XDB:
                 return True
         return False
 
-    def expire_exports(self, ttl_s: float, over_bytes: int | None = None) -> list[str]:
+    def expire_exports(self, ttl_s: float, over_bytes: int | None = None) -> tuple[list[str], int]:
         """Delete every export older than `ttl_s`, then, while the exports hold more than `over_bytes`
-        (None: no limit), the oldest: they are copies, and go before any recorded row is compressed."""
+        (None: no limit), the oldest: they are copies, and go before any recorded row is compressed.
+        Returns the deleted ids and the bytes the exports kept hold."""
         deleted = []
         now = dt.datetime.now(dt.UTC)
         kept = []
@@ -220,7 +221,7 @@ class XDB:
             self.delete_export(oldest["id"], oldest.get("prefix", ""), "over quota")
             deleted.append(oldest["id"])
             held -= oldest["bytes"]
-        return deleted
+        return deleted, held
 
     @classmethod
     def import_export(cls, data_dir: Path | str, src: Path | str) -> dict[str, Any]:
@@ -484,8 +485,7 @@ class XDB:
             # Exports count against the quota first: they are copies of what is recorded.
             room = None if self.quota_bytes is None else max(
                 int(self.quota_bytes * self.compress_at) - compression.usage_bytes(cur), 0)
-            deleted_exports = self.expire_exports(self.export_ttl_s, room)
-            export_bytes = sum(e["bytes"] for e in self.exports(None))
+            deleted_exports, export_bytes = self.expire_exports(self.export_ttl_s, room)
             if self.quota_bytes is not None:
                 made += compression.enforce_quota(cur, int(self.quota_bytes * self.compress_at), summarize,
                                                   self.hot_seconds, audit=self.audit_event)
