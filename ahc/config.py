@@ -187,6 +187,8 @@ class LakeConfig(_Strict):
     ship_interval_s: float = Field(default=0.5, gt=0)
     # At most this many rows of one table per lake transaction; a backlog goes in several.
     ship_batch_rows: int = Field(default=100_000, gt=0)
+    # Another replica's deletion of a session reaches this replica's own copies within this.
+    tombstone_poll_s: float = Field(default=2.0, gt=0)
 
 
 class XDBConfig(_Strict):

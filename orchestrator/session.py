@@ -137,7 +137,8 @@ class SessionStore:
         if isinstance(entry.saving, concurrent.futures.Future):  # this server's last save first (its
             await asyncio.wait([asyncio.wrap_future(entry.saving)])  # failure is the turn's that made it)
         stored = await asyncio.to_thread(self._load, session_id)
-        if entry.session is None or (stored is not None and stored != entry.stored):
+        # A State stored before and gone now was deleted (on any replica): the session starts afresh.
+        if entry.session is None or stored != entry.stored:
             self._take(entry, session_id, stored)
         assert entry.session is not None
         return entry.session

@@ -221,6 +221,34 @@ def _cluster_recall(base_url: str, prefix: str) -> int:
     return len({r["session_id"] for r in rows if r["session_id"].startswith(prefix)})
 
 
+def test_a_session_deleted_on_one_replica_is_gone_from_every_replica(cluster: LocalCluster) -> None:
+    """Served on one replica, then on the other (which holds it in memory and in its own files), then
+    deleted on the first: the next turn anywhere starts afresh, and the word said is found nowhere."""
+    model, session, secret = model_of(cluster.url), "gone-1", "xylophone"
+    context = {"session_id": session, "identity": "You keep notes."}
+    first, second = (r.http(timeout=120) for r in cluster.replicas)
+    try:
+        chat(first, model, session, [{"role": "user", "content": f"The password is {secret}."}], 2, context)
+        reply = chat(second, model, session, [{"role": "user", "content": "Noted?"}], 2, context)
+        assert next(b for b in reply["context"]["blocks"] if b["name"] == "state")["tokens"] > 0  # resumed
+
+        deleted = first.delete(f"/v1/context/sessions/{session}")
+        assert deleted.status_code == 200, deleted.text
+        recalled = first.get("/v1/xdb/recall", params={"scope": "cluster", "text": secret}).raise_for_status()
+        assert recalled.json()["data"] == []
+
+        # The second replica still held the session in memory and in its files: neither comes back.
+        reply = chat(second, model, session, [{"role": "user", "content": "What was the password?"}], 2, context)
+        assert next(b for b in reply["context"]["blocks"] if b["name"] == "state")["tokens"] == 0
+        wait_for(lambda: not second.get("/v1/xdb/recall", params={"session_id": session, "text": secret})
+                 .raise_for_status().json()["data"], 30, "the second replica's own copies deleted")
+        again = second.get("/v1/xdb/recall", params={"session_id": session, "text": "What was the password"})
+        assert again.raise_for_status().json()["data"], "the turn after the deletion is recorded"
+    finally:
+        first.close()
+        second.close()
+
+
 def test_the_router_passes_errors_and_the_context_field_through(cluster: LocalCluster) -> None:
     model = model_of(cluster.url)
     with httpx.Client(base_url=cluster.url, timeout=60) as http:

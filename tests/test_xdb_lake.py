@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from postgres import require_postgres
 from typer.testing import CliRunner
 
 from ahc.config import LakeConfig, XDBConfig
+from ahc.errors import NotFound
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
 from xdb.catalog import LocalPostgres, free_port, postgres_bin
 from xdb.cli import app as xdb_cli
@@ -244,8 +246,9 @@ def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: La
     entries = lake_sql(lake, "SELECT journal_entry FROM lake.interaction_log ORDER BY turn_id")
     assert entries == [("turn 0",), ("turn 1",), ("turn 2",), ("after the purge",)]
     states = lake_sql(lake, "SELECT version, state_json FROM lake.session_states ORDER BY created_at")
-    assert states == [(1, '{"turn": 1}'), (1, '{"turn": "again"}')]
-    assert lake_sql(lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps") == [(5, 5)]
+    assert states == [(1, '{"turn": "again"}')]  # the deletion's tombstone took the first one from the lake
+    # The session's tokens went with it: its deletion reached the lake.
+    assert lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE session_id = 's'") == [(0,)]
 
 
 def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
@@ -268,7 +271,7 @@ def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path
             server = LocalPostgres(directory, port=port).start()
             wait_for(lambda: a.lake_status()["last_error"] is None, timeout=30)  # type: ignore[index]
             a.lake_ship_now()
-            assert a.lake.session_resume("s")[0].state_json == '{"turn": 2}'  # type: ignore[union-attr]
+            assert a.lake.session_resume("s").state.state_json == '{"turn": 2}'  # type: ignore[union-attr]
         counts = lake_sql(lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps WHERE replica = 'A'")
         assert counts == [(200, 200)]
         assert lake_sql(lake, "SELECT count(*) FROM lake.session_states") == [(2,)]
@@ -298,6 +301,71 @@ def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, t
         rows = a.lake_recall(session_id="s", limit=100)
         assert [(r["replica"], r["tick"]) for r in rows] == ([("A", t) for t in range(10)]
                                                              + [("B", t) for t in (10, 11, 12)])
+
+
+def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_path: Path) -> None:
+    """A session served on A then B, deleted on B: the lake loses its rows, no replica resumes its old
+    State, A's own copies go, and the session can start again under the same id."""
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
+        record(a, "s", 10, "secret")
+        a.save_session_state("s", '{"turn": 1, "said": "secret"}')
+        assert b.load_session_state("s") == '{"turn": 1, "said": "secret"}'
+        record(b, "s", 5, "secret")
+        b.save_session_state("s", '{"turn": 2, "said": "secret"}')
+        record(a, "other", 3)
+        a.save_session_state("other", '{"kept": true}')
+
+        deleted = b.delete_session("s")
+        assert deleted["timesteps"] == 5 and deleted["session_states"] == 1
+        b.lake_ship_now()  # the tombstone, and the lake's rows of the session gone with it
+        assert lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE session_id = 's'") == [(0,)]
+        assert lake_sql(lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
+        assert b.lake_recall(text="secret") == []
+        assert b.load_session_state("s") is None  # neither the lake's State nor A's
+
+        # A has not polled yet: its local State is older than the tombstone, so it is not resumed.
+        assert a.load_session_state("s") is None
+        assert a.lake.follow_tombstones() == 1  # type: ignore[union-attr]
+        assert a.recall(session_id="s") == []
+        with pytest.raises(NotFound):
+            a.session_versions("s")
+        assert a.lake.follow_tombstones() == 0  # type: ignore[union-attr]  # once
+        assert a.load_session_state("other") == '{"kept": true}'
+        assert len(a.recall(session_id="other")) == 3
+        assert a.audit is not None
+        events = [json.loads(c) for (c,) in a.audit.conn.execute(
+            "SELECT content FROM audit_records WHERE event_type = 'xdb_event' ORDER BY seq").fetchall()]
+        [event] = [e for e in events if e["action"] == "delete_session"]
+        assert event["reason"] == "tombstone" and event["tombstone"]["replica"] == "B"
+
+        # The same id starts afresh: a new State, ticks after the deleted ones.
+        assert record(a, "s", 2, "fresh") == range(15, 17)
+        a.save_session_state("s", '{"turn": 1, "said": "fresh"}')
+        assert b.load_session_state("s") == '{"turn": 1, "said": "fresh"}'
+        assert [r["content"] for r in b.lake_recall(session_id="s")] == ["fresh15", "fresh16"]
+
+
+def test_a_deletion_made_while_the_lake_is_down_still_sticks(pg: LocalPostgres, tmp_path: Path) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
+    directory.chmod(0o755)
+    server = LocalPostgres(directory).start()
+    port = server.port
+    try:
+        lake = LakeConfig(catalog=server.dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
+        with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+            record(a, "s", 4)
+            a.save_session_state("s", '{"turn": 1}')
+            server.stop()
+            a.delete_session("s")
+            server = LocalPostgres(directory, port=port).start()
+            a.lake.shipper.reload()  # type: ignore[union-attr]
+            # Before the tombstone is shipped, the lake's older State is not taken.
+            assert a.load_session_state("s") is None
+            a.lake_ship_now()
+            assert lake_sql(lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:

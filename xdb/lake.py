@@ -38,10 +38,15 @@ Resuming a session elsewhere: `load_session_state` returns the newest intact Sta
 file's and the lake's (by created_at, then version: clocks of the replicas are assumed in step) and
 moves the session's ticks past the largest tick any replica shipped for it, so ticks continue.
 
-What the lake does not follow: deletions and rewrites in the local files (compression of old rows,
-retention, `delete_session`, `purge_run`, pruned State versions) stay local — the lake keeps the
-history as it was shipped, and the audit events recording them are shipped like any audit record;
-documents, time windows and compressed records are not shipped.
+Deleting a session sticks: `delete_session` (and retention) leaves a tombstone that is shipped like
+any row; the lake transaction that ships it deletes the session's rows up to then (every replica's),
+lake reads and State loading leave out anything older, and each other replica deletes its own copies
+when its shipper next sees it (within `tombstone_poll_s`). A tombstone made while the lake is down
+goes with the next ship; until then the replica that made it ignores the lake's older State itself.
+What the lake does not follow: the other rewrites in the local files (compression of old rows,
+`purge_run`, pruned State versions) stay local — the lake keeps the history as it was shipped, and
+the audit events recording them are shipped like any audit record; documents, time windows and
+compressed records are not shipped.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +64,18 @@ import duckdb
 from ahc.config import LakeConfig
 from xdb import sql
 from xdb.audit import AuditReport
-from xdb.lake_reads import NameCache, lake_concepts, lake_recall, lake_tags, last_tick, newest_state, verify_lake_audit
+from xdb.lake_reads import (
+    NameCache,
+    lake_concepts,
+    lake_recall,
+    lake_tags,
+    last_tick,
+    newest_state,
+    tombstoned_at,
+    verify_lake_audit,
+)
 from xdb.lake_schema import attach_lake
-from xdb.lake_shipper import LakeShipper, LakeUnavailable
+from xdb.lake_shipper import ApplyTombstone, LakeShipper, LakeUnavailable
 from xdb.recall import RecallFilters
 from xdb.session_state import StateVersion
 
@@ -80,7 +96,7 @@ class Lake:
     @classmethod
     def open(cls, config: LakeConfig, experience: duckdb.DuckDBPyConnection | None = None,
              audit: duckdb.DuckDBPyConnection | None = None, *, alias: str = "lake",
-             threads: int | None = None) -> Lake:
+             threads: int | None = None, on_tombstone: ApplyTombstone | None = None) -> Lake:
         """Attach the lake (creating its tables if new). With `experience` (the XDB's connection) a
         shipper is made for that file and `audit` (the audit log's connection); `start()` starts it.
         An unreachable catalog, or a data dir behind what its replica id already shipped, raises
@@ -101,7 +117,8 @@ class Lake:
                 ship_conn.execute("SET threads = 1")
                 attach_lake(ship_conn, config.catalog, Path(config.data_path), alias)
                 shipper = LakeShipper(ship_conn, alias, config.replica_id, experience, audit,
-                                      interval_s=config.ship_interval_s, batch_rows=config.ship_batch_rows)
+                                      interval_s=config.ship_interval_s, batch_rows=config.ship_batch_rows,
+                                      tombstone_poll_s=config.tombstone_poll_s, on_tombstone=on_tombstone)
         except BaseException:
             conn.close()
             if ship_conn is not None:
@@ -145,6 +162,15 @@ class Lake:
             raise ValueError("this XDB was opened read-only: nothing to ship")
         return self.shipper.ship_now()
 
+    def follow_tombstones(self) -> int:
+        """Apply now the deletions other replicas shipped (the shipper does it every `tombstone_poll_s`)."""
+        if self.shipper is None:
+            raise ValueError("this XDB was opened read-only: nothing to delete")
+        try:
+            return self.shipper.follow_tombstones()
+        except duckdb.Error as exc:
+            raise LakeUnavailable(f"reading the lake's tombstones failed: {' '.join(str(exc).split())}") from exc
+
     def status(self) -> dict[str, Any]:
         if self.shipper is None:
             return {"replica": self.replica, "running": False}
@@ -169,9 +195,23 @@ class Lake:
         with self._reading() as cur:
             return verify_lake_audit(cur, self.alias)
 
-    def session_resume(self, session_id: str) -> tuple[StateVersion | None, int, int]:
-        """The session's newest intact State in the lake, how many newer ones were corrupt, and the
-        largest tick any replica shipped for it (-1: none)."""
+    def session_resume(self, session_id: str, deleted_at: datetime | None = None) -> Resume:
+        """What the lake holds to resume a session: see Resume. `deleted_at` is when this replica last
+        saw the session deleted: no State saved up to then (or up to the lake's own tombstone) is taken."""
         with self._reading() as cur:
-            state, corrupt = newest_state(cur, self.alias, session_id)
-            return state, corrupt, last_tick(cur, self.alias, session_id)
+            lake_deleted = tombstoned_at(cur, self.alias, session_id)
+            cutoff = max((t for t in (deleted_at, lake_deleted) if t is not None), default=None)
+            state, corrupt = newest_state(cur, self.alias, session_id, cutoff)
+            return Resume(state, corrupt, last_tick(cur, self.alias, session_id), lake_deleted)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The session's newest intact State in the lake (after its last deletion), how many newer ones
+    were corrupt, the largest tick any replica shipped for it (-1: none), and when a replica last
+    deleted it (None: never)."""
+
+    state: StateVersion | None
+    corrupt: int
+    last_tick: int
+    deleted_at: datetime | None

@@ -85,7 +85,9 @@ def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
         if terms is None:
             return None
         where += terms[0]
-    sql_where = (" WHERE " + " AND ".join(where)) if where else ""
+    where.append(f"NOT EXISTS (SELECT 1 FROM {a}.session_tombstones d WHERE d.session_id = t.session_id "
+                 "AND d.deleted_at >= t.created_at)")
+    sql_where = " WHERE " + " AND ".join(where)
     cols = ", ".join(f"t.{c}" for c in LAKE_COLUMNS)
     page = f"ORDER BY created_at, replica, id LIMIT {f.limit}" + (f" OFFSET {int(f.offset)}" if f.offset else "")
     if not f.tags:
@@ -223,11 +225,20 @@ def lake_tags(cur: duckdb.DuckDBPyConnection, a: str, tag_type: str | None = Non
 
 
 # -- resuming a session ------------------------------------------------------------------------------
-def newest_state(cur: duckdb.DuckDBPyConnection, a: str, session_id: str) -> tuple[StateVersion | None, int]:
+def tombstoned_at(cur: duckdb.DuckDBPyConnection, a: str, session_id: str) -> dt.datetime | None:
+    """When any replica last deleted the session (None: never)."""
+    found = one(cur.execute(f"SELECT max(deleted_at) FROM {a}.session_tombstones WHERE session_id = ?",
+                            [session_id]))[0]
+    return found if isinstance(found, dt.datetime) else None
+
+
+def newest_state(cur: duckdb.DuckDBPyConnection, a: str, session_id: str,
+                 after: dt.datetime | None = None) -> tuple[StateVersion | None, int]:
     """The session's newest intact State in the lake, of whichever replica (by created_at, then
-    version), and how many newer ones failed their SHA-256 check."""
+    version), saved after `after` (a deletion), and how many newer ones failed their SHA-256 check."""
     rows = cur.execute(f"SELECT replica, version, state_json, sha256, created_at FROM {a}.session_states "
-                       "WHERE session_id = ? ORDER BY created_at DESC, version DESC, replica", [session_id]).fetchall()
+                       "WHERE session_id = ? AND created_at > ? ORDER BY created_at DESC, version DESC, replica",
+                       [session_id, after or dt.datetime.min]).fetchall()
     for skipped, (replica, version, state_json, digest, created_at) in enumerate(rows):
         if hashlib.sha256(state_json.encode()).hexdigest() == digest:
             return StateVersion(int(version), state_json, created_at, replica), skipped

@@ -8,7 +8,10 @@ The tables shipped by key (`tags` and `concept_hierarchy`, whose rows change in 
 `row_hash` naming the version; `lake_watermarks` (append-only: one row per table a ship moved on)
 says how far each replica's tables are shipped, with the ids still open below that (`open_gaps`);
 `session_ticks` holds each session's last tick as of each ship that carried its rows, so ticks
-continue across replicas.
+continue across replicas. `session_tombstones` are the sessions each replica deleted (by request or
+retention): the rows of the session up to the tombstone's time are deleted from the lake in the same
+transaction that ships it, every lake read leaves them out, and every other replica deletes its own
+copies (see LakeShipper).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ TABLES: tuple[LakeTable, ...] = (
     LakeTable("concept_hierarchy", "keyed", (
         ("concept", "VARCHAR"), ("display_name", "VARCHAR"), ("parent", "VARCHAR"), ("source", "VARCHAR"),
         ("updated_at", "TIMESTAMP"), ("threshold", "FLOAT")), key=("concept",)),
+    LakeTable("session_tombstones", "seq", (
+        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("deleted_at", "TIMESTAMP"), ("reason", "VARCHAR"))),
     LakeTable("audit_records", "id", (
         ("seq", "BIGINT"), ("timestep_id", "BIGINT"), *_TIMESTEP_COLUMNS[:11],  # session_id .. created_at
         ("metadata", "VARCHAR"), ("steering", "VARCHAR"), ("prev_hash", "BLOB"), ("record_hash", "BLOB")),
@@ -105,6 +110,9 @@ TABLES: tuple[LakeTable, ...] = (
         ("id", "INTEGER"), ("name", "VARCHAR"), ("prev_hash", "BLOB"), ("hash", "BLOB")), audit=True),
 )
 BY_NAME = {t.name: t for t in TABLES}
+# The lake tables that hold a session's content, dated by `created_at`: a tombstone removes the rows of
+# its session up to its time from each (session_ticks stay, so ticks continue past a deletion).
+TOMBSTONED = ("timesteps", "tag_applications", "comments", "compaction_records", "session_states")
 
 # Tables of the lake's own.
 EXTRA_DDL = (

@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,8 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.errors import Unavailable
-from xdb.lake_schema import TABLES, LakeTable, redacted, rollback, sql_string
+from xdb.lake_schema import TABLES, TOMBSTONED, LakeTable, redacted, rollback, sql_string
+from xdb.retention import Tombstone
 
 log = logging.getLogger("ahc.xdb.lake")
 
@@ -55,6 +57,7 @@ SHIPPER_NICE = 10
 MAX_GAPS = 256     # a table with more open gaps drops its oldest (ids deleted before shipping, most likely)
 
 Gap = tuple[int, int, float]  # first id, last id, monotonic deadline
+ApplyTombstone = Callable[[Tombstone], dict[str, int]]  # deletes the local copies; rows deleted per table
 
 
 class LakeUnavailable(Unavailable):
@@ -82,9 +85,13 @@ class LakeShipper:
 
     def __init__(self, lake: duckdb.DuckDBPyConnection, alias: str, replica: str,
                  experience: duckdb.DuckDBPyConnection, audit: duckdb.DuckDBPyConnection | None, *,
-                 interval_s: float = 0.5, batch_rows: int = 100_000) -> None:
+                 interval_s: float = 0.5, batch_rows: int = 100_000, tombstone_poll_s: float = 2.0,
+                 on_tombstone: ApplyTombstone | None = None) -> None:
         self.alias, self.replica = alias, replica
         self.interval_s, self.batch_rows = interval_s, batch_rows
+        self.tombstone_poll_s, self.on_tombstone = tombstone_poll_s, on_tombstone
+        self._applied: set[tuple[str, int]] | None = None  # other replicas' tombstones applied here
+        self._next_poll = 0.0
         self._conn = lake
         self._lake = lake.cursor()
         self._local = experience.cursor()
@@ -147,6 +154,51 @@ class LakeShipper:
                 except Exception as exc:  # the thread must go on: a bug must not stop shipping for good
                     log.error("lake shipper cycle failed: %s", redacted(f"{type(exc).__name__}: {exc}"))
                     break
+            if time.monotonic() >= self._next_poll and not self._stop.is_set():
+                self._next_poll = time.monotonic() + self.tombstone_poll_s
+                try:
+                    with self._lock:
+                        self._follow_tombstones()
+                except Exception as exc:  # a lake that is down, or a local write conflict: next poll
+                    log.warning("applying other replicas' deletions failed (tried again in %.0f s): %s",
+                                self.tombstone_poll_s, redacted(f"{type(exc).__name__}: {exc}"))
+
+    # -- other replicas' deletions -------------------------------------------------------------------
+    def follow_tombstones(self) -> int:
+        """Apply now every tombstone another replica has shipped and this one has not applied; how many."""
+        with self._lock:
+            return self._follow_tombstones()
+
+    def _follow_tombstones(self) -> int:
+        """Each new tombstone: this replica's copies of the session up to its time are deleted (the
+        local rows by `on_tombstone`, then those it shipped to the lake after the tombstone went in)."""
+        if self.on_tombstone is None:
+            return 0
+        if self._applied is None:
+            self._applied = {(str(r), int(i)) for r, i in
+                             self._local.execute("SELECT replica, id FROM applied_tombstones").fetchall()}
+        found = self._lake.execute(f"SELECT replica, id, session_id, deleted_at, reason FROM {self.alias}."
+                                   "session_tombstones WHERE replica <> ? ORDER BY deleted_at, replica, id",
+                                   [self.replica]).fetchall()
+        fresh = [Tombstone(str(r), int(i), str(s), at, str(why)) for r, i, s, at, why in found
+                 if (str(r), int(i)) not in self._applied]
+        for stone in fresh:
+            deleted = self.on_tombstone(stone)
+            self._delete_in_lake([(stone.session_id, stone.deleted_at)], only_mine=True)
+            self._applied.add((stone.replica, stone.id))
+            if deleted:
+                log.info("session %r deleted on replica %r: %d row(s) deleted here", stone.session_id,
+                         stone.replica, sum(deleted.values()))
+        return len(fresh)
+
+    def _delete_in_lake(self, sessions: list[tuple[str, Any]], *, only_mine: bool = False) -> None:
+        """Delete the sessions' rows up to each one's time from the lake's content tables (in the
+        caller's transaction, if any): every replica's, or only this one's."""
+        mine = f" AND replica = {sql_string(self.replica)}" if only_mine else ""
+        for session_id, deleted_at in sessions:
+            for table in TOMBSTONED:
+                self._lake.execute(f"DELETE FROM {self.alias}.{table} WHERE session_id = ? AND created_at <= ?{mine}",
+                                   [session_id, deleted_at])
 
     # -- shipping ----------------------------------------------------------------------------------
     def ship_now(self) -> dict[str, int]:
@@ -337,6 +389,8 @@ class LakeShipper:
                     else:
                         cur.execute(f"INSERT INTO {a}.{b.table.name} (replica, {names}) "
                                     f"SELECT {replica}, {names} FROM xdb_ship")
+                    if b.table.name == "session_tombstones":
+                        self._delete_in_lake(cur.execute("SELECT session_id, deleted_at FROM xdb_ship").fetchall())
                     if b.table.name == "timesteps":
                         cur.execute(f"INSERT INTO {a}.session_ticks SELECT {replica}, session_id, max(tick), now() "
                                     "FROM xdb_ship GROUP BY session_id")

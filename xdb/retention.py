@@ -11,6 +11,7 @@ transaction that deletes, as compression's are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import duckdb
@@ -71,10 +72,61 @@ def delete_expired_sessions(cur: duckdb.DuckDBPyConnection, delete_after_days: f
 
 def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: AuditEvent | None = None,
                    **why: object) -> dict[str, int]:
-    """Every row of one session, in one transaction chained in the audit log; rows deleted per table."""
+    """Every row of one session, in one transaction chained in the audit log, and its tombstone (which
+    the shared lake and the other replicas follow); rows deleted per table."""
     with transaction(cur):
         deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id]))
                    for table in SESSION_TABLES}
+        cur.execute("INSERT INTO session_tombstones (session_id, deleted_at, reason) VALUES (?, ?, ?)",
+                    [session_id, hot_cutoff(0.0), str(why.get("reason", "request"))])
         if audit is not None:
             audit("delete_session", {"session_id": session_id, **why, "deleted": deleted})
     return deleted
+
+
+# A session's rows written up to a tombstone's time, per table (the column that dates a row). Its tick
+# counter stays: rows recorded after the deletion continue the ticks, as on the replica that deleted.
+DATED = (("timesteps", "created_at"), ("tag_applications", "created_at"), ("comments", "created_at"),
+         ("time_windows", "created_at"), ("compressed_records", "created_at"),
+         ("compaction_records", "created_at"), ("session_states", "created_at"))
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """Another replica's deletion of a session, as the lake holds it."""
+
+    replica: str
+    id: int
+    session_id: str
+    deleted_at: datetime
+    reason: str
+
+
+def apply_tombstone(cur: duckdb.DuckDBPyConnection, stone: Tombstone,
+                    audit: AuditEvent | None = None) -> dict[str, int]:
+    """Delete this file's rows of the session written up to the tombstone (once per tombstone), in one
+    transaction chained in the audit log; rows deleted per table ({} when applied before)."""
+    with transaction(cur):
+        if cur.execute("SELECT 1 FROM applied_tombstones WHERE replica = ? AND id = ?",
+                       [stone.replica, stone.id]).fetchone() is not None:
+            return {}
+        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {column} <= ?",
+                                              [stone.session_id, stone.deleted_at]))
+                   for table, column in DATED}
+        cur.execute("INSERT INTO applied_tombstones VALUES (?, ?, ?, ?, ?)",
+                    [stone.replica, stone.id, stone.session_id, stone.deleted_at, hot_cutoff(0.0)])
+        if audit is not None and any(deleted.values()):
+            audit("delete_session", {"session_id": stone.session_id, "reason": "tombstone",
+                                     "tombstone": {"replica": stone.replica, "id": stone.id,
+                                                   "reason": stone.reason,
+                                                   "deleted_at": stone.deleted_at.isoformat() + "Z"},
+                                     "deleted": deleted})
+    return deleted
+
+
+def tombstoned_at(cur: duckdb.DuckDBPyConnection, session_id: str) -> datetime | None:
+    """When this file last saw the session deleted (its own deletion or one applied), or None."""
+    row = cur.execute("SELECT max(deleted_at) FROM (SELECT deleted_at FROM session_tombstones WHERE session_id = ? "
+                      "UNION ALL SELECT deleted_at FROM applied_tombstones WHERE session_id = ?)",
+                      [session_id, session_id]).fetchone()
+    return None if row is None else row[0]

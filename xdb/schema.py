@@ -106,6 +106,18 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # The activation at which a token gets the concept's tag automatically (NULL: never).
         "ALTER TABLE concept_hierarchy ADD COLUMN threshold FLOAT",
     ]),
+    (4, [
+        # A deleted session's mark: with the shared lake, every replica and every read drops the
+        # session's rows written up to `deleted_at` (its State included), so a deletion sticks.
+        "CREATE SEQUENCE tombstone_ids START 1",
+        """CREATE TABLE session_tombstones (
+            id BIGINT PRIMARY KEY DEFAULT nextval('tombstone_ids'), session_id VARCHAR NOT NULL,
+            deleted_at TIMESTAMP NOT NULL, reason VARCHAR NOT NULL)""",
+        # Other replicas' tombstones (as the lake names them) already applied to this file's rows.
+        """CREATE TABLE applied_tombstones (
+            replica VARCHAR NOT NULL, id BIGINT NOT NULL, session_id VARCHAR NOT NULL,
+            deleted_at TIMESTAMP NOT NULL, applied_at TIMESTAMP NOT NULL, PRIMARY KEY (replica, id))""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

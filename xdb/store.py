@@ -37,7 +37,7 @@ from xdb import (
 )
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
-from xdb.lake import Lake
+from xdb.lake import Lake, LakeUnavailable
 from xdb.lake_reads import newer
 from xdb.lake_session import LakeTicks, ResumableTickBook
 from xdb.recall import RecallFilters, TagCache, recall, timestep
@@ -118,7 +118,7 @@ class XDB:
         if config.backend == "ducklake" and not read_only:
             try:
                 xdb.lake = Lake.open(config.lake, conn, audit.conn if audit is not None else None,
-                                     threads=config.threads)
+                                     threads=config.threads, on_tombstone=xdb._apply_tombstone)
                 xdb.lake.start()
             except BaseException:
                 xdb.close()
@@ -540,7 +540,11 @@ class XDB:
         assert self.lake is not None
         with self.cursor() as cur:
             local, corrupt = session_state.newest_intact(cur, session_id)
-        remote, remote_corrupt, lake_tick = self.lake.session_resume(session_id)
+            deleted_here = retention.tombstoned_at(cur, session_id)
+        resume = self.lake.session_resume(session_id, deleted_here)
+        remote, remote_corrupt, lake_tick = resume.state, resume.corrupt, resume.last_tick
+        if local is not None and resume.deleted_at is not None and local.created_at <= resume.deleted_at:
+            local = None  # another replica deleted the session since: this copy goes at the next poll
         if remote_corrupt:
             log.warning("session %r: %d newer State version(s) in the lake fail their SHA-256 check; skipped",
                         session_id, remote_corrupt)
@@ -580,16 +584,40 @@ class XDB:
         with self.cursor() as cur:
             return session_state.list_sessions(cur, prefix, limit, after)
 
+    def _apply_tombstone(self, stone: retention.Tombstone) -> dict[str, int]:
+        """Another replica deleted a session: delete this file's rows of it up to then (the lake shipper's
+        callback; queued rows are written first, so none of them comes back after)."""
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()
+        with self._compress_lock, self.cursor() as cur:
+            return retention.apply_tombstone(cur, stone, self.audit_event)
+
     def delete_session(self, session_id: str) -> dict[str, int]:
         """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
         if self.writer is not None and self.writer.queue_depth():
             self.writer.flush()  # its queued rows are deleted too, not written after
         with self._compress_lock, self.cursor() as cur:
-            if cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM session_states "
-                           "WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone() is None:
+            here = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM "
+                               "session_states WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone()
+            if here is None and not self._in_lake(session_id):
                 raise NotFound(f"session {session_id!r} not found")
             # Its tick counter goes on: rows of a session that comes back never reuse a deleted tick.
-            return retention.delete_session(cur, session_id, self.audit_event, reason="request")
+            deleted = retention.delete_session(cur, session_id, self.audit_event, reason="request")
+        if self.lake is not None:
+            try:
+                self.lake.ship_now()  # the tombstone, and the lake's rows with it, gone before this returns
+            except LakeUnavailable:
+                log.warning("session %r deleted here; the lake is unreachable, its tombstone goes with the next "
+                            "ship", session_id)
+        return deleted
+
+    def _in_lake(self, session_id: str) -> bool:
+        """Whether another replica shipped anything of the session since its last deletion (a cluster's
+        DELETE may reach a replica that never served it)."""
+        if self.lake is None:
+            return False
+        resume = self.lake.session_resume(session_id)
+        return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
 
     def log_interaction(self, run_id: str, **fields: Any) -> int:
         with self.cursor() as cur:
