@@ -25,13 +25,13 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.errors import InvalidRequest, NotFound
 from server.errors import AHCRoute
-from server.request_context import Caller
+from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 from xdb.interactions import REPORT_MAX_BYTES
 from xdb.schema import INT32_MAX, INT64_MAX
@@ -80,48 +80,49 @@ def agent_router(xdb: XDBClient) -> APIRouter:
     """The routes over one XDB. Plain `def` handlers run on FastAPI's thread pool, off the event loop.
     A run is the calling tenant's: its id goes in scoped and comes back as the tenant named it."""
     router = APIRouter(prefix="/v1/xdb", tags=["agent"], route_class=AHCRoute)
+    views = TenantViews(xdb)
 
     @router.post("/interactions")
-    def log_interaction(body: InteractionBody, tenant: Caller) -> Any:
-        return {"turn_id": xdb.log_interaction(tenant.scope(body.run_id), **body.model_dump(exclude={"run_id"}))}
+    def log_interaction(body: InteractionBody, view: TenantXDB = Depends(views)) -> Any:
+        return {"turn_id": view.log_interaction(body.run_id, **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/interactions")
-    def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)], tenant: Caller,
+    def interactions(run_id: Annotated[str, Query(min_length=1, max_length=256)],
                      pattern: str | None = None,
                      after_turn: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
-                     last: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
-        rows = xdb.interactions(tenant.scope(run_id), pattern=pattern or None, after_turn=after_turn, last=last)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "run_id")}
+                     last: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+                     view: TenantXDB = Depends(views)) -> Any:
+        rows = view.interactions(run_id, pattern=pattern or None, after_turn=after_turn, last=last)
+        return {"object": "list", "data": rows}
 
     @router.post("/meta_knowledge")
-    def save_meta_knowledge(body: KnowledgeBody, tenant: Caller) -> Any:
-        return {"version_id": xdb.save_meta_knowledge(tenant.scope(body.run_id),
-                                                      **body.model_dump(exclude={"run_id"}))}
+    def save_meta_knowledge(body: KnowledgeBody, view: TenantXDB = Depends(views)) -> Any:
+        return {"version_id": view.save_meta_knowledge(body.run_id, **body.model_dump(exclude={"run_id"}))}
 
     @router.get("/meta_knowledge")
-    def meta_knowledge(run_id: Annotated[str, Query(min_length=1, max_length=256)], tenant: Caller,
-                       all: bool = False) -> Any:  # noqa: A002 (the query parameter's name)
-        rows = xdb.meta_knowledge(tenant.scope(run_id), latest=not all)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "run_id")}
+    def meta_knowledge(run_id: Annotated[str, Query(min_length=1, max_length=256)],
+                       all: bool = False,  # noqa: A002 (the query parameter's name)
+                       view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "data": view.meta_knowledge(run_id, latest=not all)}
 
     # `:path` so a run id with an escaped `/` (%2F, decoded before routing) still reaches this route.
     @router.delete("/runs/{run_id:path}")
-    def purge(run_id: str, tenant: Caller) -> Any:
-        return {"run_id": run_id, "deleted": xdb.purge_run(tenant.scope(run_id))}
+    def purge(run_id: str, view: TenantXDB = Depends(views)) -> Any:
+        return {"run_id": run_id, "deleted": view.purge_run(run_id)}
 
     @router.get("/runs")
-    def runs(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-        return {"object": "list", "data": tenant.unscope_rows(xdb.runs(tenant.owner, limit), "run_id")}
+    def runs(limit: Annotated[int, Query(ge=1, le=1000)] = 100, view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "data": view.runs(limit)}
 
     @router.put("/runs/{run_id:path}/report")
-    def save_report(run_id: RunIdPath, body: ReportBody, tenant: Caller) -> Any:
+    def save_report(run_id: RunIdPath, body: ReportBody, view: TenantXDB = Depends(views)) -> Any:
         png = decode_png(body.png_base64)
-        doc = xdb.save_run_report(tenant.scope(run_id), png, tenant.owner)
+        doc = view.save_run_report(run_id, png)
         return {"run_id": run_id, "version": doc["version"], "bytes": len(png)}
 
     @router.get("/runs/{run_id:path}/report.png", response_class=Response)
-    def report(run_id: RunIdPath, tenant: Caller) -> Response:
-        png = xdb.run_report(tenant.scope(run_id), tenant.owner)
+    def report(run_id: RunIdPath, view: TenantXDB = Depends(views)) -> Response:
+        png = view.run_report(run_id)
         if png is None:
             raise NotFound(f"run {run_id!r} has no report", param="run_id")
         # A later upload replaces the report under the same URL: the browser must ask again.

@@ -19,12 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from ahc.errors import RateLimited
 from ahc.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
-from server.request_context import Caller
+from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
 
@@ -78,24 +78,23 @@ def browse_router(xdb: XDBClient) -> APIRouter:
     """Plain `def` handlers: each runs on FastAPI's thread pool, off the event loop."""
     router = APIRouter(prefix="/v1/xdb", tags=["browse"], route_class=AHCRoute)
     verifier = AuditVerifier(xdb)
+    views = TenantViews(xdb)
 
     @router.get("/sessions")
-    def sessions(tenant: Caller, q: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
-                 limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> Any:
+    def sessions(q: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 200, view: TenantXDB = Depends(views)) -> Any:
         """Turns, prompt/cached/generated tokens, hit ratio, last activity, last mode, pinned/submitted."""
-        rows = xdb.sessions_overview(tenant.owner, limit, q or None)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+        return {"object": "list", "data": view.sessions_overview(limit, q or None)}
 
     # `:path` so an id with an escaped "/" (decoded before routing) still reaches the route.
     @router.get("/sessions/{session_id:path}/turns")
-    def session_turns(session_id: str, tenant: Caller) -> Any:
-        found = xdb.session_turns(tenant.scope(session_id))
-        return {**found, "session_id": session_id}
+    def session_turns(session_id: str, view: TenantXDB = Depends(views)) -> Any:
+        return view.session_turns(session_id)
 
     @router.get("/concepts/{concept}/top_tokens")
-    def top_tokens(concept: str, tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> Any:
-        rows = xdb.top_tokens(concept, tenant.owner, limit)
-        return {"object": "list", "concept": concept, "data": tenant.unscope_rows(rows, "session_id")}
+    def top_tokens(concept: str, limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+                   view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "concept": concept, "data": view.top_tokens(concept, limit)}
 
     @router.get("/audit")
     def audit() -> Any:

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.errors import NotFound, RateLimited
 from ahc.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
-from server.request_context import Caller
+from server.tenant_xdb import TenantViews, TenantXDB
 from server.tenants import Tenant
 from xdb import XDBClient
 
@@ -110,39 +110,32 @@ def export_router(xdb: XDBClient, max_per_tenant: int = 4, ttl_s: float = 86_400
     """Plain `def` handlers: FastAPI runs them on its thread pool, off the event loop."""
     router = APIRouter(prefix="/v1/xdb/exports", tags=["xdb"], route_class=AHCRoute)
     bounds = TenantExports(max_per_tenant, ttl_s)
-
-    def manifest(export_id: str, tenant: Tenant) -> dict[str, Any]:
-        for found in xdb.exports(tenant.owner):
-            if found["id"] == export_id:
-                return dict(found)
-        raise NotFound(f"export {export_id!r} not found")
+    views = TenantViews(xdb)
 
     @router.post("")
-    def create(body: ExportBody, tenant: Caller) -> ExportManifest:
+    def create(body: ExportBody, view: TenantXDB = Depends(views)) -> ExportManifest:
         since = body.since.isoformat() if body.since is not None else None
-        with bounds.making(tenant, xdb.exports(tenant.owner)):
-            made = xdb.export(None, body.format, session_id=tenant.scope_opt(body.session_id), since=since,
-                              prefix=tenant.owner)
-        return ExportManifest.model_validate(_shown(manifest(made["id"], tenant), tenant, ttl_s, body.session_id))
+        with bounds.making(view.tenant, view.exports()):
+            made = view.export(body.format, body.session_id, since)
+        return ExportManifest.model_validate(_shown(made, ttl_s))
 
     @router.get("")
-    def listing(tenant: Caller) -> ExportList:
-        return ExportList(data=[ExportManifest.model_validate(_shown(m, tenant, ttl_s))
-                                for m in xdb.exports(tenant.owner)])
+    def listing(view: TenantXDB = Depends(views)) -> ExportList:
+        return ExportList(data=[ExportManifest.model_validate(_shown(m, ttl_s)) for m in view.exports()])
 
     @router.get("/{export_id}")
-    def one(export_id: str, tenant: Caller) -> ExportManifest:
-        return ExportManifest.model_validate(_shown(manifest(export_id, tenant), tenant, ttl_s))
+    def one(export_id: str, view: TenantXDB = Depends(views)) -> ExportManifest:
+        return ExportManifest.model_validate(_shown(view.export_manifest(export_id), ttl_s))
 
     @router.delete("/{export_id}")
-    def delete(export_id: str, tenant: Caller) -> ExportDeleted:
-        if not xdb.delete_export(export_id, tenant.owner):
+    def delete(export_id: str, view: TenantXDB = Depends(views)) -> ExportDeleted:
+        if not view.delete_export(export_id):
             raise NotFound(f"export {export_id!r} not found")
         return ExportDeleted(id=export_id)
 
     @router.get("/{export_id}/files/{path:path}", response_class=FileResponse)
-    def download(export_id: str, path: str, tenant: Caller) -> FileResponse:
-        found = manifest(export_id, tenant)
+    def download(export_id: str, path: str, view: TenantXDB = Depends(views)) -> FileResponse:
+        found = view.export_manifest(export_id)
         # Only a file the manifest lists: a path is never joined to the directory unchecked.
         listed = {f["path"] for table in found["tables"].values() for f in table["files"]} | {"manifest.json"}
         if path not in listed:
@@ -157,12 +150,7 @@ def _expires_at(manifest: dict[str, Any], ttl_s: float) -> dt.datetime:
     return made + dt.timedelta(seconds=ttl_s)
 
 
-def _shown(manifest: dict[str, Any], tenant: Tenant, ttl_s: float, session_id: str | None = None) -> dict[str, Any]:
-    """A manifest as the tenant sees it: its session filter as it named it, not the stored prefix, and
-    neither the prefix nor the export's path on the server."""
-    filters = dict(manifest["filters"])
-    if filters.get("session_id") is not None:
-        filters["session_id"] = session_id or filters["session_id"].removeprefix(tenant.prefix)
+def _shown(manifest: dict[str, Any], ttl_s: float) -> dict[str, Any]:
+    """A tenant's manifest as it is shown: without the export's path on the server, with its expiry."""
     expires = _expires_at(manifest, ttl_s).isoformat().replace("+00:00", "Z")
-    return {**{k: v for k, v in manifest.items() if k not in ("prefix", "path")}, "filters": filters,
-            "expires_at": expires}
+    return {**{k: v for k, v in manifest.items() if k != "path"}, "expires_at": expires}

@@ -13,14 +13,14 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
 from server.errors import AHCRoute
-from server.request_context import Caller
+from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
 
@@ -73,38 +73,39 @@ class SessionDeleted(BaseModel):
 def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolExecutor,
                    rag_indexes: ScopedIndexes) -> APIRouter:
     router = APIRouter(prefix="/v1/context/sessions", tags=["context"], route_class=AHCRoute)
+    views = TenantViews(xdb)
 
     async def ordered(fn: Any, *args: Any) -> Any:
         """On the worker the State saves use, so a save submitted earlier lands first."""
         return await asyncio.wrap_future(background.submit(fn, *args))
 
     @router.get("")
-    async def listing(tenant: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                      after: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> SessionList:
-        rows = await asyncio.to_thread(xdb.sessions, tenant.owner, limit + 1, tenant.scope_opt(after))
-        data = [SessionInfo(**{**row, "session_id": tenant.unscope(row["session_id"])}) for row in rows[:limit]]
-        return SessionList(data=data, has_more=len(rows) > limit)
+    async def listing(limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                      after: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                      view: TenantXDB = Depends(views)) -> SessionList:
+        rows = await asyncio.to_thread(view.sessions, limit + 1, after)
+        return SessionList(data=[SessionInfo(**row) for row in rows[:limit]], has_more=len(rows) > limit)
 
     @router.get("/{session_id}/versions")
-    async def versions(session_id: str, tenant: Caller) -> VersionList:
-        rows = await asyncio.to_thread(xdb.session_versions, tenant.scope(session_id))
+    async def versions(session_id: str, view: TenantXDB = Depends(views)) -> VersionList:
+        rows = await asyncio.to_thread(view.session_versions, session_id)
         return VersionList(session_id=session_id, data=[StateVersion(**row) for row in rows])
 
     @router.post("/{session_id}/rollback")
-    async def rollback(session_id: str, body: RollbackBody, tenant: Caller) -> RollbackResult:
-        scoped = tenant.scope(session_id)
-        async with store.lock(scoped):
-            result = await ordered(xdb.rollback_session, scoped, body.version)
-            store.forget(scoped)  # the next turn loads the restored State
-        return RollbackResult(**{**result, "session_id": session_id})
+    async def rollback(session_id: str, body: RollbackBody, view: TenantXDB = Depends(views)) -> RollbackResult:
+        stored = view.stored_id(session_id)
+        async with store.lock(stored):
+            result = await ordered(view.rollback_session, session_id, body.version)
+            store.forget(stored)  # the next turn loads the restored State
+        return RollbackResult(**result)
 
     @router.delete("/{session_id}")
-    async def delete(session_id: str, tenant: Caller) -> SessionDeleted:
-        scoped = tenant.scope(session_id)
-        async with store.lock(scoped):
-            rows = await ordered(xdb.delete_session, scoped)
-            store.forget(scoped)
-        await ordered(rag_indexes.drop, scoped)
+    async def delete(session_id: str, view: TenantXDB = Depends(views)) -> SessionDeleted:
+        stored = view.stored_id(session_id)
+        async with store.lock(stored):
+            rows = await ordered(view.delete_session, session_id)
+            store.forget(stored)
+        await ordered(rag_indexes.drop, stored)
         return SessionDeleted(id=session_id, deleted=True, rows=rows)
 
     return router

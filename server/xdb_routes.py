@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ahc.errors import InvalidRequest, NotFound, PermissionDenied
@@ -22,6 +22,8 @@ from ahc.limits import (
 )
 from server.errors import AHCRoute
 from server.request_context import Caller
+from server.tenant_xdb import Target as TagTarget
+from server.tenant_xdb import TenantViews, TenantXDB
 from server.tenants import Tenant
 from xdb import XDBClient
 from xdb.documents import DocumentType
@@ -66,10 +68,8 @@ class Target(_Body):
     event_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick_range: tuple[Tick, Tick] | None = None
 
-    def where(self, tenant: Tenant) -> dict[str, Any]:
-        """The target as XDB names it: the session is the tenant's, and so must be a row named by id."""
-        return dict(timestep_id=self.timestep_id, session_id=tenant.scope_opt(self.session_id), tick=self.tick,
-                    event_id=self.event_id, tick_range=self.tick_range, session_prefix=tenant.owner)
+    def target(self) -> TagTarget:
+        return TagTarget(self.timestep_id, self.session_id, self.tick, self.event_id, self.tick_range)
 
 
 class TagBody(Target):
@@ -140,19 +140,19 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     """The `/v1/xdb/*` routes over one XDB; `summarize` writes compaction summaries (the served model).
     Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop.
 
-    Sessions and documents are the calling tenant's: ids go in scoped and come back as the tenant
-    named them (server/tenants.py). Concepts, tag names and buds are the server's shared vocabulary."""
+    Sessions and documents are the calling tenant's, reached through its view (server/tenant_xdb.py).
+    Concepts, tag names and buds are the server's shared vocabulary."""
     router = APIRouter(prefix="/v1/xdb", tags=["xdb"], route_class=AHCRoute)
+    views = TenantViews(xdb)
 
     @router.post("/tag")
-    def tag(body: TagBody, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.tag(body.tag, **body.where(tenant), tag_type=body.tag_type,
-                                        confidence=body.confidence, source=body.source, note=body.note,
-                                        description=body.description))
+    def tag(body: TagBody, view: TenantXDB = Depends(views)) -> Any:
+        return view.tag(body.tag, body.target(), tag_type=body.tag_type, confidence=body.confidence,
+                        source=body.source, note=body.note, description=body.description)
 
     @router.post("/comment")
-    def comment(body: CommentBody, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.comment(body.content, **body.where(tenant)))
+    def comment(body: CommentBody, view: TenantXDB = Depends(views)) -> Any:
+        return view.comment(body.content, body.target())
 
     def need_lake() -> None:
         if getattr(xdb, "lake", None) is None:
@@ -160,18 +160,15 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
                                  "(xdb.backend: duckdb)", param="scope")
 
     @router.get("/recall")
-    def recall(query: Annotated[RecallQuery, Query()], tenant: Caller) -> Any:
+    def recall(query: Annotated[RecallQuery, Query()], view: TenantXDB = Depends(views)) -> Any:
         """Matching rows oldest first, each with its tags and comments; `has_more` and `next_after_id`
         (pass it as `after_id`) page through the rest. `scope=cluster`: every replica's rows from the
         lake, each with its `replica` (ids are per replica), up to `limit`."""
         filters = RecallFilters.model_validate(query.model_dump(exclude={"scope"}, exclude_unset=True))
-        scoped = filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
         if query.scope == "cluster":
             need_lake()
-            rows = xdb.lake_recall(scoped, session_prefix=tenant.owner)
-            return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
-        page = xdb.recall_page(scoped, session_prefix=tenant.owner)
-        return {"object": "list", **page, "data": tenant.unscope_rows(page["data"], "session_id")}
+            return {"object": "list", "data": view.lake_recall(filters)}
+        return {"object": "list", **view.recall_page(filters)}
 
     @router.get("/lake")
     def lake_status() -> Any:
@@ -187,15 +184,14 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return {"object": "list", "data": xdb.lake_tags(tag_type)}
 
     @router.get("/timesteps/{timestep_id}")
-    def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.timestep(timestep_id, session_prefix=tenant.owner))
+    def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], view: TenantXDB = Depends(views)) -> Any:
+        return view.timestep(timestep_id)
 
     @router.get("/surprising")
-    def surprising(session_id: Annotated[str, Query(min_length=1, max_length=ID_MAX_CHARS)], tenant: Caller,
-                   limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> Any:
+    def surprising(session_id: Annotated[str, Query(min_length=1, max_length=ID_MAX_CHARS)],
+                   limit: Annotated[int, Query(ge=1, le=1000)] = 20, view: TenantXDB = Depends(views)) -> Any:
         """The session's output tokens whose top activation deviates most from its running mean (z)."""
-        return {"object": "list", "session_id": session_id,
-                "data": xdb.surprising(tenant.scope(session_id), limit)}
+        return {"object": "list", "session_id": session_id, "data": view.surprising(session_id, limit)}
 
     @router.get("/concepts")
     def concepts(q: str | None = None,
@@ -209,28 +205,26 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return {"object": "list", "data": xdb.concepts_list(q, parent)}
 
     @router.get("/concepts/{concept}/related")
-    def related_concepts(concept: str, tenant: Caller, limit: Annotated[int, Query(ge=1, le=100)] = 10,
-                         session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
+    def related_concepts(concept: str, limit: Annotated[int, Query(ge=1, le=100)] = 10,
+                         session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                         view: TenantXDB = Depends(views)) -> Any:
         """Concepts most often active in the same tokens as `concept` (in the caller's sessions)."""
-        return {"object": "list", "concept": concept, "data": xdb.related_concepts(
-            concept, limit, tenant.scope_opt(session_id), tenant.owner)}
+        return {"object": "list", "concept": concept, "data": view.related_concepts(concept, limit, session_id)}
 
     @router.get("/comments")
-    def comments(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
-        rows = [r for r in xdb.comments(tenant.scope_opt(session_id)) if tenant.owns(r["session_id"])]
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+    def comments(session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                 view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "data": view.comments(session_id)}
 
     @router.get("/windows")
-    def windows(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None) -> Any:
+    def windows(session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                view: TenantXDB = Depends(views)) -> Any:
         """Pinned (WARM) and SUBMITTED windows."""
-        rows = [w for w in xdb.windows(tenant.scope_opt(session_id)) if tenant.owns(w["session_id"])]
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id")}
+        return {"object": "list", "data": view.windows(session_id)}
 
     @router.delete("/pin/{window_id}")
-    def unpin(window_id: Annotated[int, Path(ge=0, le=INT64_MAX)], tenant: Caller) -> Any:
-        if not any(w["id"] == window_id and tenant.owns(w["session_id"]) for w in xdb.windows()):
-            raise NotFound(f"window {window_id} not found")
-        return unscoped(tenant, xdb.unpin(window_id))
+    def unpin(window_id: Annotated[int, Path(ge=0, le=INT64_MAX)], view: TenantXDB = Depends(views)) -> Any:
+        return view.unpin(window_id)
 
     @router.post("/evidence")
     def submit_evidence(body: EvidenceBody, tenant: Caller) -> Any:
@@ -246,13 +240,10 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return {"object": "list", "data": xdb.resolve_submission(submission_id, body.accepted)}
 
     @router.get("/cold_records")
-    def cold_records(tenant: Caller, session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
-                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    def cold_records(session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100, view: TenantXDB = Depends(views)) -> Any:
         """Compressed records, newest first."""
-        if tenant.owner and session_id is None:
-            raise InvalidRequest("session_id is required (records are listed per session)", param="session_id")
-        rows = xdb.cold_records(tenant.scope_opt(session_id), limit)
-        return {"object": "list", "data": tenant.unscope_rows(rows, "session_id") if tenant.owner else rows}
+        return {"object": "list", "data": view.cold_records(session_id, limit)}
 
     @router.get("/buds")
     def buds(status: BudStatusName | None = None) -> Any:
@@ -263,49 +254,45 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return xdb.set_bud_status(body.tag, body.status)
 
     @router.get("/documents")
-    def documents(tenant: Caller, doc_type: DocumentType | None = None, q: str | None = None,
+    def documents(doc_type: DocumentType | None = None, q: str | None = None,
                   path: Annotated[str | None, Query(min_length=1, max_length=NOTE_MAX_CHARS,
                                                     description="the document at this path (its latest version)")
-                                  ] = None) -> Any:
+                                  ] = None, view: TenantXDB = Depends(views)) -> Any:
         if path is not None:
             try:
-                found = [xdb.find_document(path=path, id_prefix=tenant.owner)]
+                found = [view.find_document(path)]
             except NotFound:
                 found = []
-            return {"object": "list", "data": tenant.unscope_rows(found, "id")}
-        return {"object": "list", "data": tenant.unscope_rows(xdb.documents(doc_type, q, tenant.owner), "id")}
+            return {"object": "list", "data": found}
+        return {"object": "list", "data": view.documents(doc_type, q)}
 
     @router.get("/documents/{doc_id}")
-    def document(doc_id: str, tenant: Caller,
-                 version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None) -> Any:
-        return unscoped(tenant, xdb.document(tenant.scope(doc_id), version=version), "id")
+    def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+                 view: TenantXDB = Depends(views)) -> Any:
+        return view.document(doc_id, version)
 
     @router.get("/documents/{doc_id}/versions")
-    def document_versions(doc_id: str, tenant: Caller) -> Any:
-        return {"object": "list", "data": tenant.unscope_rows(xdb.document_versions(tenant.scope(doc_id)), "id")}
+    def document_versions(doc_id: str, view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "data": view.document_versions(doc_id)}
 
     @router.post("/documents")
-    def add_document(body: DocumentBody, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.add_document(**body.model_dump(), id_prefix=tenant.owner), "id")
+    def add_document(body: DocumentBody, view: TenantXDB = Depends(views)) -> Any:
+        return view.add_document(**body.model_dump())
 
     @router.post("/documents/{doc_id}")
-    def update_document(doc_id: str, body: DocumentUpdate, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.update_document(tenant.scope(doc_id), **body.model_dump()), "id")
+    def update_document(doc_id: str, body: DocumentUpdate, view: TenantXDB = Depends(views)) -> Any:
+        return view.update_document(doc_id, **body.model_dump())
 
     @router.post("/pin")
-    def pin(body: PinBody, tenant: Caller) -> Any:
-        return unscoped(tenant, xdb.pin(tenant.scope(body.session_id), body.tick_from, body.tick_to, body.reason))
+    def pin(body: PinBody, view: TenantXDB = Depends(views)) -> Any:
+        return view.pin(body.session_id, body.tick_from, body.tick_to, body.reason)
 
     @router.post("/compact")
-    def compact(body: CompactBody, tenant: Caller) -> Any:
-        if body.compress_released and not tenant.operator:
+    def compact(body: CompactBody, view: TenantXDB = Depends(views)) -> Any:
+        if body.compress_released and not view.tenant.operator:
             raise PermissionDenied("compress_released compresses every tenant's released rows: only the server's "
                                    "default tenant may ask for it", param="compress_released")
-        result = xdb.compact(**{**body.model_dump(), "session_id": tenant.scope_opt(body.session_id)},
-                             summarize=summarize)
-        if result.get("compaction") is not None:
-            result["compaction"] = unscoped(tenant, result["compaction"])
-        return result
+        return view.compact(body.session_id, summarize, **body.model_dump(exclude={"session_id"}))
 
     @router.get("/state")
     def state() -> Any:
@@ -320,7 +307,3 @@ def _default_tenant_only(tenant: Tenant, what: str) -> None:
                                "only the server's default tenant may use it")
 
 
-def unscoped(tenant: Tenant, row: dict[str, Any], key: str = "session_id") -> dict[str, Any]:
-    """One XDB row with its id handed back as the tenant named it (`Tenant.unscope` refuses an id the
-    tenant does not own: the lookup was scoped, so that would be a bug, a 500)."""
-    return tenant.unscope_rows([row], key)[0]

@@ -1,11 +1,16 @@
 """Standing load check: many concurrent streaming sessions with `context` against one real server, then
 every completed reply's tokens in XDB and the audit chain intact after a SIGTERM.
 
+The sessions belong to two tenants (half each), while a third tenant exports its data and asks for
+audit verifications in a loop: nothing but deliberate 429/503 refusals anywhere, every completed reply
+recorded, and each tenant sees exactly its own sessions.
+
 Figures (TTFT percentiles, replies, tokens, deliberate refusals) are printed (`pytest -s`) and written to
 `load.json` under the test's tmp_path, so a run can be compared with the last."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -27,7 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 DURATION_S = 60.0
 SESSIONS = 32
 MAX_TOKENS = 16
-API_KEY = "load-key"
+TENANTS = {"alice": "alice-key", "bob": "bob-key"}
+THIRD_PARTY = ("carol", "carol-key")  # exports and verifies, runs no session
 # A deliberate refusal asks the client to come back; honouring it (bounded) keeps the loop from
 # hammering a server that said it is full, without one long Retry-After eating the whole run.
 MAX_BACKOFF_S = 2.0
@@ -41,6 +47,7 @@ CODEX = [{"id": "ring", "text": "A ring of 64 cells. Particle A moves right one 
 @dataclass
 class SessionResult:
     session_id: str
+    tenant: str
     replies: int = 0
     completion_tokens: int = 0
     ttft: list[float] = field(default_factory=list)
@@ -48,9 +55,19 @@ class SessionResult:
     errors: list[str] = field(default_factory=list)
 
 
+def tenant_of(index: int) -> str:
+    return sorted(TENANTS)[index % len(TENANTS)]
+
+
+def as_tenant(server: ServerProcess, tenant: str) -> ServerProcess:
+    key = THIRD_PARTY[1] if tenant == THIRD_PARTY[0] else TENANTS[tenant]
+    return dataclasses.replace(server, api_key=key)
+
+
 def run_session(server: ServerProcess, model: str, index: int, deadline: float) -> SessionResult:
     """Turns back to back until the deadline; a turn started before it runs to completion."""
-    result = SessionResult(f"load-{index:02d}")
+    result = SessionResult(f"load-{index:02d}", tenant_of(index))
+    server = as_tenant(server, result.tenant)
     context = {"session_id": result.session_id,
                "identity": f"You are observer {index}, who watches a ring of cells.",
                "codex": CODEX,
@@ -102,6 +119,42 @@ def run_session(server: ServerProcess, model: str, index: int, deadline: float) 
     return result
 
 
+@dataclass
+class ThirdParty:
+    """What the exporting, verifying tenant got: successes and deliberate refusals by route, errors."""
+
+    done: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+
+
+def export_and_verify(server: ServerProcess, stop: threading.Event, out: ThirdParty) -> None:
+    """Export everything the tenant holds, delete the export, ask for an audit verification; again."""
+    with as_tenant(server, THIRD_PARTY[0]).http(timeout=120) as http:
+        while not stop.is_set():
+            for route, call in (("export", lambda: http.post("/v1/xdb/exports", json={"format": "parquet"})),
+                                ("verify", lambda: http.post("/v1/xdb/audit/verify"))):
+                response = call()
+                if response.status_code in (429, 503) and "retry-after" in response.headers:
+                    out.refused[route] += 1
+                elif response.status_code != 200:
+                    out.errors.append(f"{route}: {response.status_code} {response.text[:200]}")
+                else:
+                    out.done[route] += 1
+                    if route == "export":
+                        gone = http.delete(f"/v1/xdb/exports/{response.json()['id']}")
+                        if gone.status_code != 200:
+                            out.errors.append(f"delete export: {gone.status_code} {gone.text[:200]}")
+            stop.wait(0.5)
+
+
+def sessions_seen(server: ServerProcess, tenant: str) -> set[str]:
+    with as_tenant(server, tenant).http() as http:
+        response = http.get("/v1/context/sessions", params={"limit": 1000})
+    assert response.status_code == 200, response.text
+    return {row["session_id"] for row in response.json()["data"]}
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile; inf for no values, so an empty run fails the finiteness check."""
     if not values:
@@ -114,9 +167,12 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
     if not (TINY_MODEL / "config.json").exists():
         raise RuntimeError("the tiny model is missing: run `make setup` first")
     data_dir = tmp_path / "xdb"
-    server = start_server(data_dir, api_key=API_KEY)
+    keys = tmp_path / "keys.txt"
+    keys.write_text("".join(f"{name}: {key}\n" for name, key in [*TENANTS.items(), THIRD_PARTY]))
+    server = start_server(data_dir, extra=["--api-keys-file", str(keys)])
+    third = ThirdParty()
     try:
-        with server.client() as probe:
+        with as_tenant(server, "alice").client() as probe:
             model = probe.models.list().data[0].id
         results: list[SessionResult | None] = [None] * SESSIONS
         deadline = time.monotonic() + DURATION_S
@@ -125,26 +181,39 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
             try:
                 results[i] = run_session(server, model, i, deadline)
             except Exception as exc:  # noqa: BLE001 - an unexpected failure must reach the assertions
-                results[i] = SessionResult(f"load-{i:02d}", errors=[f"{type(exc).__name__}: {exc}"])
+                results[i] = SessionResult(f"load-{i:02d}", tenant_of(i), errors=[f"{type(exc).__name__}: {exc}"])
 
+        def background() -> None:
+            try:
+                export_and_verify(server, stop, third)
+            except Exception as exc:  # noqa: BLE001 - an unexpected failure must reach the assertions
+                third.errors.append(f"{type(exc).__name__}: {exc}")
+
+        stop = threading.Event()
         threads = [threading.Thread(target=worker, args=(i,), name=f"load-{i}") for i in range(SESSIONS)]
+        exporter = threading.Thread(target=background, name="load-exporter")
         began = time.monotonic()
+        exporter.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        stop.set()
+        exporter.join()
         wall = time.monotonic() - began
         done = [r for r in results if r is not None]
 
         # Every completed reply's tokens are in XDB, and nothing else is recorded as output.
         missing = {}
         for r in done:
-            rows = recall_until(server, r.completion_tokens, timeout=RECALL_TIMEOUT_S, session_id=r.session_id,
-                                event_types="output", limit=10_000)
+            rows = recall_until(as_tenant(server, r.tenant), r.completion_tokens, timeout=RECALL_TIMEOUT_S,
+                                session_id=r.session_id, event_types="output", limit=10_000)
             requests = {row["request_id"] for row in rows}
             if len(rows) != r.completion_tokens or len(requests) != r.replies:
                 missing[r.session_id] = dict(rows=len(rows), tokens=r.completion_tokens,
                                              requests=len(requests), replies=r.replies)
+        # Each tenant sees exactly its own sessions; the third party, none.
+        seen = {name: sessions_seen(server, name) for name in [*TENANTS, THIRD_PARTY[0]]}
     finally:
         status = server.stop()
 
@@ -156,16 +225,21 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
         "ttft_p50_s": round(percentile(ttft, 50), 3), "ttft_p99_s": round(percentile(ttft, 99), 3),
         "refused_429": refused[429], "refused_503": refused[503],
         "errors": sum(len(r.errors) for r in done), "min_replies_per_session": min(r.replies for r in done),
-        "server_exit": status,
+        "server_exit": status, "exports": third.done["export"], "verifications": third.done["verify"],
+        "third_party_refused": sum(third.refused.values()),
     }
     (tmp_path / "load.json").write_text(json.dumps(figures, indent=2))
     print("\nload:", json.dumps(figures))
 
-    errors = [f"{r.session_id} {e}" for r in done for e in r.errors]
+    errors = [f"{r.session_id} {e}" for r in done for e in r.errors] + [f"third party {e}" for e in third.errors]
     assert not errors, f"{len(errors)} errors, first ones: {errors[:10]}\n{server.log_tail()}"
     assert len(done) == SESSIONS and all(r.replies >= 1 for r in done), figures
     assert math.isfinite(figures["ttft_p99_s"]), figures
     assert not missing, f"XDB output rows differ from the replies' usage: {missing}"
+    for name in TENANTS:
+        assert seen[name] == {r.session_id for r in done if r.tenant == name}, (name, seen[name])
+    assert seen[THIRD_PARTY[0]] == set(), seen[THIRD_PARTY[0]]
+    assert third.done["export"] >= 1 and third.done["verify"] >= 1, figures
     assert status == 0, f"server exited {status} on SIGTERM:\n{server.log_tail()}"
     verify = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir)], capture_output=True,
                             text=True, env=child_env())

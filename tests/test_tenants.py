@@ -16,6 +16,7 @@ from fake_app import serving
 from fastapi.testclient import TestClient
 
 from ahc.config import AHCConfig
+from ahc.errors import NotFound
 from server.request_context import current_tenant
 from server.runtime import Runtime
 from server.tenants import LOCAL, Tenant, TenantKeys
@@ -300,3 +301,44 @@ def duckdb_sessions(runtime: Runtime, export_id: str) -> set[str]:
     rows = duckdb.connect().execute("SELECT DISTINCT session_id FROM read_parquet(?, hive_partitioning = true)",
                                     [f"{where}/**/*.parquet"]).fetchall()
     return {r[0] for r in rows}
+
+
+# The routes over XDB: each reaches it through the calling tenant's view (server/tenant_xdb.py).
+XDB_ROUTE_MODULES = ("agent_routes", "browse_routes", "codex_routes", "export_routes", "session_routes",
+                     "xdb_routes")
+
+
+ID_SCOPING = {"scope", "scope_opt", "unscope", "unscope_rows", "owns", "owner", "prefix"}
+
+
+@pytest.mark.parametrize("module", XDB_ROUTE_MODULES)
+def test_no_xdb_route_scopes_an_id_by_hand(module: str) -> None:
+    """Scoping lives in one place: a route that scoped (or forgot to scope) an id itself could read past
+    its tenant. Every id a route passes to XDB goes through TenantXDB, so none of these names appear."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "server" / f"{module}.py").read_text()
+    by_hand = sorted({f"{node.attr} (line {node.lineno})" for node in ast.walk(ast.parse(source))
+                      if isinstance(node, ast.Attribute) and node.attr in ID_SCOPING
+                      and isinstance(node.value, ast.Name) and node.value.id == "tenant"})
+    assert not by_hand, f"server/{module}.py scopes ids by hand: {by_hand}"
+
+
+def test_a_tenants_view_hands_back_only_its_own_rows(tmp_path: Path) -> None:
+    from server.tenant_xdb import TenantXDB
+    from xdb import XDB
+
+    alice, bob = Tenant("alice", True), Tenant("bob", True)
+    with XDB.open(tmp_path / "x") as xdb:
+        mine, theirs = TenantXDB(xdb, alice), TenantXDB(xdb, bob)
+        doc = mine.add_document(name="notes", content="alpha beta")
+        other = theirs.add_document(name="notes", content="gamma")
+        assert not doc["id"].startswith("alice/")  # handed back as the tenant names it
+        assert [d["id"] for d in mine.documents(None, None)] == [doc["id"]]
+        assert mine.document(doc["id"])["content"] == "alpha beta"
+        with pytest.raises(NotFound):
+            theirs.document(doc["id"])
+        assert [d["id"] for d in theirs.documents(None, None)] == [other["id"]]
+        turn = mine.log_interaction("run-1", journal_entry="alice's")
+        assert turn >= 0 and [r["run_id"] for r in mine.runs(10)] == ["run-1"]
+        assert theirs.runs(10) == [] and theirs.interactions("run-1") == []

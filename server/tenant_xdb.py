@@ -1,0 +1,237 @@
+"""XDB as one tenant sees it: the one place where the ids a tenant names are scoped and unscoped.
+
+A tenant's ids (sessions, runs, documents) are stored as its prefix followed by the id it named, and
+handed back without it; listings are filtered by its owner string (server/tenants.py, xdb/owner.py).
+Routes take a `TenantXDB` (from the `TenantViews` dependency) instead of the XDB and the tenant, so no
+route scopes an id, unscopes a row or passes an owner by hand: a route that forgot one would read
+past its tenant without a sound. The view has no method that reaches past its tenant; what spans
+every tenant (the operator's compaction of released rows, evidence on the shared buds, the audit's
+head, concepts and buds, which are the server's shared vocabulary) stays on the XDB itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ahc.errors import InvalidRequest, NotFound
+from server.request_context import Caller
+from server.tenants import Tenant
+from xdb import XDBClient
+from xdb.documents import DocumentType
+from xdb.recall import RecallFilters
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a tag or comment is put on, as the tenant names it."""
+
+    timestep_id: int | None = None
+    session_id: str | None = None
+    tick: int | None = None
+    event_id: str | None = None
+    tick_range: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class TenantXDB:
+    xdb: XDBClient
+    tenant: Tenant
+
+    @property
+    def owner(self) -> str:
+        """Whose rows a service working for this tenant may read (the condenser's renditions)."""
+        return self.tenant.owner
+
+    # -- ids in and out ---------------------------------------------------------------------------
+    def stored_id(self, local_id: str) -> str:
+        """The id as XDB stores it (what in-memory state keyed like XDB, a session's lock, is keyed by)."""
+        return self.tenant.scope(local_id)
+
+    def shown_id(self, stored_id: str) -> str:
+        """A stored id of the tenant's as the tenant named it."""
+        return self.tenant.unscope(stored_id)
+
+    def _opt(self, local_id: str | None) -> str | None:
+        return self.tenant.scope_opt(local_id)
+
+    def _rows(self, rows: Iterable[dict[str, Any]], key: str = "session_id") -> list[dict[str, Any]]:
+        return self.tenant.unscope_rows(rows, key)
+
+    def _row(self, row: dict[str, Any], key: str = "session_id") -> dict[str, Any]:
+        """One row with its id handed back as the tenant named it (`Tenant.unscope` refuses an id the
+        tenant does not own: every lookup here is scoped, so that would be a bug, a 500)."""
+        return self._rows([row], key)[0]
+
+    def _owned(self, rows: Iterable[dict[str, Any]], key: str = "session_id") -> list[dict[str, Any]]:
+        return self._rows(r for r in rows if self.tenant.owns(r[key]))
+
+    def _where(self, target: Target) -> dict[str, Any]:
+        """A target as XDB names it: the session is the tenant's, and so must be a row named by id."""
+        return dict(timestep_id=target.timestep_id, session_id=self._opt(target.session_id), tick=target.tick,
+                    event_id=target.event_id, tick_range=target.tick_range, session_prefix=self.tenant.owner)
+
+    # -- recall, tags, comments, windows --------------------------------------------------------------
+    def recall_page(self, filters: RecallFilters) -> dict[str, Any]:
+        scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
+        page = self.xdb.recall_page(scoped, session_prefix=self.tenant.owner)
+        return {**page, "data": self._rows(page["data"])}
+
+    def lake_recall(self, filters: RecallFilters) -> list[dict[str, Any]]:
+        scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
+        return self._rows(self.xdb.lake_recall(scoped, session_prefix=self.tenant.owner))
+
+    def timestep(self, timestep_id: int) -> dict[str, Any]:
+        return self._row(self.xdb.timestep(timestep_id, session_prefix=self.tenant.owner))
+
+    def tag(self, tag: str | int, target: Target, **fields: Any) -> dict[str, Any]:
+        return self._row(self.xdb.tag(tag, **self._where(target), **fields))
+
+    def comment(self, content: str, target: Target) -> dict[str, Any]:
+        return self._row(self.xdb.comment(content, **self._where(target)))
+
+    def comments(self, session_id: str | None) -> list[dict[str, Any]]:
+        return self._owned(self.xdb.comments(self._opt(session_id)))
+
+    def surprising(self, session_id: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.surprising(self.stored_id(session_id), limit))
+
+    def related_concepts(self, concept: str, limit: int, session_id: str | None) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.xdb.related_concepts(concept, limit, self._opt(session_id),
+                                                               self.tenant.owner)
+        return rows
+
+    def top_tokens(self, concept: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.top_tokens(concept, self.tenant.owner, limit))
+
+    def windows(self, session_id: str | None) -> list[dict[str, Any]]:
+        """The tenant's pinned (WARM) and SUBMITTED windows."""
+        return self._owned(self.xdb.windows(self._opt(session_id)))
+
+    def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None) -> dict[str, Any]:
+        return self._row(self.xdb.pin(self.stored_id(session_id), tick_from, tick_to, reason))
+
+    def unpin(self, window_id: int) -> dict[str, Any]:
+        if not any(w["id"] == window_id and self.tenant.owns(w["session_id"]) for w in self.xdb.windows()):
+            raise NotFound(f"window {window_id} not found")
+        return self._row(self.xdb.unpin(window_id))
+
+    def cold_records(self, session_id: str | None, limit: int) -> list[dict[str, Any]]:
+        if self.tenant.owner and session_id is None:
+            raise InvalidRequest("session_id is required (records are listed per session)", param="session_id")
+        rows = self.xdb.cold_records(self._opt(session_id), limit)
+        return self._rows(rows) if self.tenant.owner else list(rows)
+
+    def compact(self, session_id: str | None, summarize: Callable[[str], str] | None,
+                **fields: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self.xdb.compact(session_id=self._opt(session_id), summarize=summarize, **fields)
+        if result.get("compaction") is not None:
+            result["compaction"] = self._row(result["compaction"])
+        return result
+
+    # -- documents ----------------------------------------------------------------------------------
+    def documents(self, doc_type: DocumentType | None, q: str | None) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.documents(doc_type, q, self.tenant.owner), "id")
+
+    def find_document(self, path: str) -> dict[str, Any]:
+        """The tenant's latest document at `path`; NotFound if it has none."""
+        return self._row(self.xdb.find_document(path=path, id_prefix=self.tenant.owner), "id")
+
+    def document(self, doc_id: str, version: int | None = None) -> dict[str, Any]:
+        return self._row(self.xdb.document(self.stored_id(doc_id), version=version), "id")
+
+    def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.document_versions(self.stored_id(doc_id)), "id")
+
+    def add_document(self, **fields: Any) -> dict[str, Any]:
+        return self._row(self.xdb.add_document(**fields, id_prefix=self.tenant.owner), "id")
+
+    def update_document(self, doc_id: str, **fields: Any) -> dict[str, Any]:
+        return self._row(self.xdb.update_document(self.stored_id(doc_id), **fields), "id")
+
+    # -- the discovery agent's runs --------------------------------------------------------------------
+    def log_interaction(self, run_id: str, **fields: Any) -> int:
+        return int(self.xdb.log_interaction(self.stored_id(run_id), **fields))
+
+    def interactions(self, run_id: str, **filters: Any) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.interactions(self.stored_id(run_id), **filters), "run_id")
+
+    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
+        return int(self.xdb.save_meta_knowledge(self.stored_id(run_id), **fields))
+
+    def meta_knowledge(self, run_id: str, latest: bool) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.meta_knowledge(self.stored_id(run_id), latest=latest), "run_id")
+
+    def purge_run(self, run_id: str) -> dict[str, int]:
+        deleted: dict[str, int] = self.xdb.purge_run(self.stored_id(run_id))
+        return deleted
+
+    def runs(self, limit: int) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.runs(self.tenant.owner, limit), "run_id")
+
+    def save_run_report(self, run_id: str, png: bytes) -> dict[str, Any]:
+        doc: dict[str, Any] = self.xdb.save_run_report(self.stored_id(run_id), png, self.tenant.owner)
+        return doc
+
+    def run_report(self, run_id: str) -> bytes | None:
+        png: bytes | None = self.xdb.run_report(self.stored_id(run_id), self.tenant.owner)
+        return png
+
+    # -- sessions --------------------------------------------------------------------------------------
+    def sessions(self, limit: int, after: str | None) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.sessions(self.tenant.owner, limit, self._opt(after)))
+
+    def sessions_overview(self, limit: int, q: str | None) -> list[dict[str, Any]]:
+        return self._rows(self.xdb.sessions_overview(self.tenant.owner, limit, q))
+
+    def session_turns(self, session_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.xdb.session_turns(self.stored_id(session_id))
+        return {**found, "session_id": session_id}
+
+    def session_versions(self, session_id: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.xdb.session_versions(self.stored_id(session_id))
+        return rows
+
+    def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
+        result: dict[str, Any] = self.xdb.rollback_session(self.stored_id(session_id), version)
+        return {**result, "session_id": session_id}
+
+    def delete_session(self, session_id: str) -> dict[str, int]:
+        deleted: dict[str, int] = self.xdb.delete_session(self.stored_id(session_id))
+        return deleted
+
+    # -- exports ---------------------------------------------------------------------------------------
+    def exports(self) -> list[dict[str, Any]]:
+        """The tenant's exports, newest first, each manifest's session filter as the tenant named it."""
+        return [self._manifest(m) for m in self.xdb.exports(self.tenant.owner)]
+
+    def export_manifest(self, export_id: str) -> dict[str, Any]:
+        for found in self.exports():
+            if found["id"] == export_id:
+                return found
+        raise NotFound(f"export {export_id!r} not found")
+
+    def export(self, fmt: str, session_id: str | None, since: str | None) -> dict[str, Any]:
+        made = self.xdb.export(None, fmt, session_id=self._opt(session_id), since=since, prefix=self.tenant.owner)
+        return self.export_manifest(made["id"])
+
+    def _manifest(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        filters = dict(manifest["filters"])
+        if filters.get("session_id") is not None:
+            filters["session_id"] = self.shown_id(filters["session_id"])
+        return {**{k: v for k, v in manifest.items() if k != "prefix"}, "filters": filters}
+
+    def delete_export(self, export_id: str) -> bool:
+        return bool(self.xdb.delete_export(export_id, self.tenant.owner))
+
+
+class TenantViews:
+    """FastAPI dependency over one XDB: the calling tenant's view of it (`view: TenantXDB =
+    Depends(views)`). Async, so the tenant is read on the request's own task."""
+
+    def __init__(self, xdb: XDBClient) -> None:
+        self.xdb = xdb
+
+    async def __call__(self, tenant: Caller) -> TenantXDB:
+        return TenantXDB(self.xdb, tenant)
