@@ -5,8 +5,9 @@
                                       inputs, tool calls and results, governor actions, compactions
     GET  /concepts/{concept}/top_tokens ?limit=  the caller's tokens that activated the concept most
     GET  /audit                       the audit chain's head and the last verification's result
-    POST /audit/verify                verify the whole chain now (the result is kept for GET /audit);
-                                      one at a time, and not again within a cooldown (429 + Retry-After)
+    POST /audit/verify                verify the chain now, from where the last intact verification
+                                      ended (the whole of it at first and hourly; the result is kept
+                                      for GET /audit); one at a time, not again within a cooldown (429)
 
 The audit's records themselves stay out of reach: only the head (already on /metrics) and a verdict.
 """
@@ -14,6 +15,7 @@ The audit's records themselves stay out of reach: only the head (already on /met
 from __future__ import annotations
 
 import datetime as dt
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -35,20 +37,27 @@ class Verification:
     first_bad: str | None
     finished_at: str
     seconds: float
+    from_seq: int  # the first record re-hashed: 0 for the whole chain, else where the last one ended
 
 
 class AuditVerifier:
     """Runs one verification at a time and remembers the last verdict for the audit page.
 
-    A verification re-hashes the whole chain (about 4 µs a record: minutes at 100M records). Any
-    tenant may ask for one; a request while one runs, or within `cooldown_s` (at least ten times the
-    last one's duration) after it, is a 429 with the seconds to wait."""
+    Re-hashing the whole chain takes about 4 µs a record (minutes at 100M records), so a verification
+    goes on from where the last intact one ended: the concept and checkpoint chains whole, the records
+    from the checkpoint before that point, and the anchor. The whole chain is re-hashed by the first
+    verification, after a broken one, once `full_every_s` has passed since the last whole one, and at
+    every start of the server (and by `ahc xdb verify-audit`). Any tenant may ask for one; a request
+    while one runs, or within `cooldown_s` (at least ten times the last one's duration) after it, is a
+    429 with the seconds to wait."""
 
-    def __init__(self, xdb: XDBClient, cooldown_s: float = 10.0) -> None:
+    def __init__(self, xdb: XDBClient, cooldown_s: float = 10.0, full_every_s: float = 3600.0) -> None:
         self._xdb = xdb
         self._lock = threading.Lock()
-        self.cooldown_s = cooldown_s
+        self.cooldown_s, self.full_every_s = cooldown_s, full_every_s
         self._ready_at = 0.0  # monotonic time the next verification may start
+        self._verified_through = -1  # the last seq an intact verification covered (-1: none yet)
+        self._full_at = -math.inf  # monotonic time of the last whole-chain verification
         self.last: Verification | None = None
 
     def verify(self) -> Verification:
@@ -62,12 +71,20 @@ class AuditVerifier:
                                   f"verify again in {wait:.0f} s", retry_after_s=max(1, round(wait)),
                                   code="verification_cooldown")
             started = time.monotonic()
-            report = self._xdb.verify_audit()
+            full = self._verified_through < 0 or started - self._full_at >= self.full_every_s
+            from_seq = 0 if full else self._verified_through + 1
+            head_seq, _ = self._xdb.audit_head()  # the snapshot the check reads holds at least this much
+            report = self._xdb.verify_audit(None if full else from_seq)
             seconds = time.monotonic() - started
+            if report.ok:
+                self._verified_through = max(self._verified_through, head_seq)
+                self._full_at = started if full else self._full_at
+            else:
+                self._verified_through = -1  # the next one re-hashes everything
             self.last = Verification(ok=report.ok, records_checked=report.records_checked,
                                      first_bad=report.first_bad,
                                      finished_at=dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
-                                     seconds=round(seconds, 3))
+                                     seconds=round(seconds, 3), from_seq=from_seq)
             self._ready_at = time.monotonic() + max(self.cooldown_s, 10 * seconds)
             return self.last
         finally:

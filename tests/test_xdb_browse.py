@@ -4,6 +4,7 @@ XDB file: sessions at a glance, a session turn by turn, a concept's strongest to
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,26 @@ def test_the_audit_head_and_a_verification(client: tuple[TestClient, list[Tenant
     assert http.get("/v1/xdb/audit").json()["last_verification"] == verdict  # the verdict stays readable
 
 
+def test_a_verification_goes_on_from_where_the_last_one_ended(xdb: XDB) -> None:
+    """The second re-hashes only the records committed since the first (with the checkpoint and concept
+    chains whole); a broken chain makes the next one whole again; and so does the hour."""
+    from server.browse_routes import AuditVerifier
+
+    verifier = AuditVerifier(xdb, cooldown_s=0.0)
+    first = verifier.verify()
+    seq, _ = xdb.audit_head()
+    assert first.ok and first.from_seq == 0 and first.records_checked == seq + 1
+    xdb.writer.submit(TokenBatch("carol/c1", xdb.next_ticks("carol/c1", 5), ["y"] * 5))
+    xdb.writer.flush()
+    time.sleep(10 * first.seconds + 0.05)  # the cooldown: ten times the last one's length
+    second = verifier.verify()
+    assert second.ok and second.from_seq == seq + 1
+    assert second.records_checked == 5  # from the checkpoint that ended at seq, not from genesis
+    verifier.full_every_s = 0.0
+    time.sleep(10 * second.seconds + 0.05)
+    assert verifier.verify().from_seq == 0
+
+
 def test_one_verification_at_a_time() -> None:
     """A second request while one runs is a 429 at once, not a second re-hash of the whole chain."""
     import threading
@@ -189,7 +210,10 @@ def test_one_verification_at_a_time() -> None:
     release, entered = threading.Event(), threading.Event()
 
     class SlowChain:  # stands in for a chain that takes long to re-hash
-        def verify_audit(self) -> AuditReport:
+        def audit_head(self) -> tuple[int, str]:
+            return 6, "00"
+
+        def verify_audit(self, seq_from: int | None = None) -> AuditReport:
             entered.set()
             release.wait(10)
             return AuditReport(True, 7)
