@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
+from pydantic import ConfigDict
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -35,10 +36,22 @@ from server.session_key import HEADER, header_value, session_key
 PATH = "/v1/completions"
 
 
+def _prompt_required(schema: dict[str, Any]) -> None:
+    schema["required"] = sorted({*schema.get("required", []), "prompt"})
+
+
+class CompletionBody(CompletionRequest):
+    """vLLM's request as AHC serves it: `prompt` is required, as in OpenAI's API (vLLM's model leaves it
+    optional for prompt embeddings, which AHC does not enable: a body without one is a 400 either
+    way). Only the OpenAPI document changes, so clients and fuzzers generated from it send a prompt."""
+
+    model_config = ConfigDict(json_schema_extra=_prompt_required)
+
+
 def install_completion_route(app: FastAPI, runtime: Runtime) -> None:
     """Ahead of vLLM's route on the same path (Starlette matches routes in order)."""
 
-    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+    async def completions(request: CompletionBody, raw_request: Request) -> Response:
         return await serve_completion(request, raw_request, runtime)
 
     route = APIRoute(PATH, completions, methods=["POST"], name="ahc_completions", response_model=None)

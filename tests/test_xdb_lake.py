@@ -251,33 +251,49 @@ def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: La
     assert lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE session_id = 's'") == [(0,)]
 
 
+class LakeThatGoesAway:
+    """A lake on a PostgreSQL of the test's own, stopped and started again on the same port."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        require_postgres()
+        self.directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
+        self.directory.chmod(0o755)  # as root the cluster runs as `postgres`
+        self.server = LocalPostgres(self.directory).start()
+        self.port = self.server.port
+        self.lake = LakeConfig(catalog=self.server.dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        self.server = LocalPostgres(self.directory, port=self.port).start()
+
+    def __enter__(self) -> LakeThatGoesAway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
-    require_postgres()
-    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
-    directory.chmod(0o755)
-    server = LocalPostgres(directory).start()
-    port = server.port
-    try:
-        lake = LakeConfig(catalog=server.dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
-        with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+    with LakeThatGoesAway(tmp_path) as pg:
+        with XDB.open(tmp_path / "a", config(pg.lake, "A")) as a:
             record(a, "s", 100)
             a.save_session_state("s", '{"turn": 1}')
-            server.stop()
+            pg.stop()
             record(a, "s", 100)  # the writer goes on: the local files take everything
             with pytest.raises(LakeUnavailable):
                 a.save_session_state("s", '{"turn": 2}')
             assert a.load_session_state("s", version=2) == '{"turn": 2}'  # stored here all the same
             assert a.lake_status()["last_error"]  # type: ignore[index]
-            server = LocalPostgres(directory, port=port).start()
+            pg.start()
             wait_for(lambda: a.lake_status()["last_error"] is None, timeout=30)  # type: ignore[index]
             a.lake_ship_now()
             assert a.lake.session_resume("s").state.state_json == '{"turn": 2}'  # type: ignore[union-attr]
-        counts = lake_sql(lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps WHERE replica = 'A'")
+        counts = lake_sql(pg.lake, "SELECT count(*), count(DISTINCT id) FROM lake.timesteps WHERE replica = 'A'")
         assert counts == [(200, 200)]
-        assert lake_sql(lake, "SELECT count(*) FROM lake.session_states") == [(2,)]
-    finally:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+        assert lake_sql(pg.lake, "SELECT count(*) FROM lake.session_states") == [(2,)]
 
 
 def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, tmp_path: Path) -> None:
@@ -345,27 +361,18 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         assert [r["content"] for r in b.lake_recall(session_id="s")] == ["fresh15", "fresh16"]
 
 
-def test_a_deletion_made_while_the_lake_is_down_still_sticks(pg: LocalPostgres, tmp_path: Path) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-down-"))
-    directory.chmod(0o755)
-    server = LocalPostgres(directory).start()
-    port = server.port
-    try:
-        lake = LakeConfig(catalog=server.dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
-        with XDB.open(tmp_path / "a", config(lake, "A")) as a:
-            record(a, "s", 4)
-            a.save_session_state("s", '{"turn": 1}')
-            server.stop()
-            a.delete_session("s")
-            server = LocalPostgres(directory, port=port).start()
-            a.lake.shipper.reload()  # type: ignore[union-attr]
-            # Before the tombstone is shipped, the lake's older State is not taken.
-            assert a.load_session_state("s") is None
-            a.lake_ship_now()
-            assert lake_sql(lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
-    finally:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> None:
+    with LakeThatGoesAway(tmp_path) as pg, XDB.open(tmp_path / "a", config(pg.lake, "A")) as a:
+        record(a, "s", 4)
+        a.save_session_state("s", '{"turn": 1}')
+        pg.stop()
+        a.delete_session("s")  # here at once; the tombstone waits for the lake
+        pg.start()
+        a.lake.shipper.reload()  # type: ignore[union-attr]
+        # Before the tombstone is shipped, the lake's older State is not taken.
+        assert a.load_session_state("s") is None
+        a.lake_ship_now()
+        assert lake_sql(pg.lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
 
 
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
