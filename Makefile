@@ -60,10 +60,12 @@ test: setup lint
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -n auto -m "not engine and not slow and not real_model" tests
 
-# ruff: style, import order, common bugs; mypy --strict on the packages typed so far.
+# ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
+# mypy --strict on the packages typed so far.
 MYPY_STRICT := xdb orchestrator universe
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/mypy --strict --follow-imports=silent --ignore-missing-imports $(MYPY_STRICT)
 
 bench: setup
