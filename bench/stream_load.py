@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
 import psutil
 
 
@@ -112,14 +113,9 @@ def cpu_us_per_token(cpu_s: float, tokens: int) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100), interpolating linearly between order statistics (numpy's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """numpy's q-th percentile (0-100, linear between order statistics); NaN for no values, so a run
+    that measured nothing shows as such instead of raising."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 def latency_ms(rounds: Sequence[Round]) -> dict[str, float]:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from matplotlib.image import imsave
 
 from agent.loop import DiscoveryRun, RunConfig
-from agent.png import write_png
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore, StoreUnavailable
 from server.agent_routes import agent_router
@@ -62,7 +62,7 @@ def tenants(app: FastAPI) -> Tenants:
 
 def png_bytes(tmp_path: Path, shade: int = 0) -> bytes:
     path = tmp_path / f"chart-{shade}.png"
-    write_png(path, np.full((4, 6, 3), shade, dtype=np.uint8))
+    imsave(path, np.full((4, 6, 3), shade, dtype=np.uint8), format="png")
     return path.read_bytes()
 
 

@@ -20,7 +20,7 @@ import pytest
 from browser import launched, served, sign_in, wait_for_turns
 from fastapi import FastAPI
 
-from agent.png import chart
+from agent.chart import chart
 from ahc.server_process import ServerProcess
 from server.agent_routes import agent_router
 from server.browse_routes import browse_router

@@ -23,12 +23,13 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ahc.server_process import free_port
 
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 60
@@ -58,12 +59,6 @@ def postgres_available() -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalPostgres:
