@@ -241,10 +241,10 @@ def _fresh(work: Path, name: str) -> Path:
 
 
 def lake_figures(figures: dict[str, float | int], ratios: dict[str, float], load: XDBLoad) -> dict[str, str]:
-    """The DuckLake backend, measured in the same run (xdb/lake_bench.py): the writer's rows/s with the
+    """The DuckLake backend, measured in the same run (bench/lake.py): the writer's rows/s with the
     duckdb and the ducklake backends alternated, the shipper's rows/s into the lake, and lake recall at
     `load.lake_recall_rows` rows. Needs PostgreSQL (Debian's `postgresql`); without it the note says so."""
-    from xdb import lake_bench
+    from bench import lake as lake_bench
     from xdb.catalog import postgres_available
 
     if not postgres_available():

@@ -1,8 +1,7 @@
 """Measuring the DuckLake backend: what shipping costs the writer, how fast the shipper fills the lake,
-and how recall over the lake answers at scale. `run(...)` returns the figures (the benchmark CLI can
-call it); `python -m xdb.lake_bench [--rows N] [--recall-rows N] [--catalog DSN --data-path DIR]`
-prints them as JSON. Without a catalog a throwaway PostgreSQL (LocalPostgres) is started in a
-temporary directory.
+and how recall over the lake answers at scale. `run(...)` returns the figures; `ahc bench xdb` runs it
+beside the duckdb backend (its load's `lake_*` fields). Without a catalog a throwaway PostgreSQL
+(LocalPostgres) is started in a temporary directory.
 
     ingest_rows_per_s      {duckdb, ducklake}: token rows through XDB's writer (TokenBatch, 32 rows
                            a part as the server's recorder sends them), submit to flushed; with
@@ -18,8 +17,6 @@ temporary directory.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -186,22 +183,3 @@ def run(rows: int = 200_000, recall_rows: int = 1_000_000, *, catalog: str | Non
             pg.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Measure the DuckLake backend (see xdb/lake_bench.py).")
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--recall-rows", type=int, default=1_000_000)
-    parser.add_argument("--recall-files", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--ingest-rounds", type=int, default=3)
-    parser.add_argument("--catalog", help="an existing lake's catalog (default: a throwaway PostgreSQL)")
-    parser.add_argument("--data-path", type=Path)
-    args = parser.parse_args()
-    result = run(args.rows, args.recall_rows, catalog=args.catalog, data_path=args.data_path,
-                 recall_files=args.recall_files, repeats=args.repeats, ingest_rounds=args.ingest_rounds,
-                 log=lambda message: print(message, flush=True))
-    print(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()
