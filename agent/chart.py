@@ -6,6 +6,7 @@ first, lines with markers over them, a percent axis, the turn numbers thinned to
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,8 @@ def _rgb(color: Color) -> tuple[float, float, float]:
     return color[0] / 255, color[1] / 255, color[2] / 255
 
 
-def chart(path: Path, turns: list[int], lines: dict[str, tuple[list[float], Color]],
-          bars: dict[str, tuple[list[float | None], Color]], width: int = 760, height: int = 420) -> None:
+def chart(path: Path, turns: list[int], lines: Mapping[str, tuple[Sequence[float], Color]],
+          bars: Mapping[str, tuple[Sequence[float | None], Color]], width: int = 760, height: int = 420) -> None:
     """Values in [0, 1] against turn numbers, `width` x `height` pixels; a missing bar value is no bar."""
     fig = Figure(figsize=(width / 100, height / 100), dpi=100, layout="constrained")
     ax = fig.add_subplot()
@@ -33,8 +34,8 @@ def chart(path: Path, turns: list[int], lines: dict[str, tuple[list[float], Colo
     for k, (name, (values, color)) in enumerate(lines.items()):
         # Earlier lines are drawn wider, so a later one running on top leaves them visible.
         wide = len(lines) - 1 - k
-        ax.plot(x, values, color=_rgb(color), linewidth=1.5 + 2 * wide, marker="o", markersize=4 + 2 * wide,
-                label=name)
+        ax.plot(x, np.asarray(values, dtype=float), color=_rgb(color), linewidth=1.5 + 2 * wide, marker="o",
+                markersize=4 + 2 * wide, label=name)
     every = max(1, -(-len(turns) // MAX_TURN_LABELS))
     ax.set_xticks(x[::every], [str(t) for t in turns[::every]])
     ax.set_xlim(-0.6, max(len(turns), 1) - 0.4)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ahc.errors import InvalidRequest, NotFound
 from server.request_context import Caller
@@ -212,7 +212,7 @@ class TenantXDB:
                 return found
         raise NotFound(f"export {export_id!r} not found")
 
-    def export(self, fmt: str, session_id: str | None, since: str | None) -> dict[str, Any]:
+    def export(self, fmt: Literal["parquet", "jsonl"], session_id: str | None, since: str | None) -> dict[str, Any]:
         made = self.xdb.export(None, fmt, session_id=self._opt(session_id), since=since, prefix=self.tenant.owner)
         return self.export_manifest(made["id"])
 

@@ -114,6 +114,7 @@ class LakeShipper:
     def start(self) -> None:
         with self._lock:
             self._load()
+        self._poll_tombstones()  # deletions made elsewhere while this replica was down, before any read
         self._thread = threading.Thread(target=self._run, name="xdb-lake-shipper", daemon=True)
         self._thread.start()
 
@@ -155,13 +156,16 @@ class LakeShipper:
                     log.error("lake shipper cycle failed: %s", redacted(f"{type(exc).__name__}: {exc}"))
                     break
             if time.monotonic() >= self._next_poll and not self._stop.is_set():
-                self._next_poll = time.monotonic() + self.tombstone_poll_s
-                try:
-                    with self._lock:
-                        self._follow_tombstones()
-                except Exception as exc:  # a lake that is down, or a local write conflict: next poll
-                    log.warning("applying other replicas' deletions failed (tried again in %.0f s): %s",
-                                self.tombstone_poll_s, redacted(f"{type(exc).__name__}: {exc}"))
+                self._poll_tombstones()
+
+    def _poll_tombstones(self) -> None:
+        self._next_poll = time.monotonic() + self.tombstone_poll_s
+        try:
+            with self._lock:
+                self._follow_tombstones()
+        except Exception as exc:  # a lake that is down, or a local write conflict: the next poll
+            log.warning("applying other replicas' deletions failed (tried again in %.0f s): %s",
+                        self.tombstone_poll_s, redacted(f"{type(exc).__name__}: {exc}"))
 
     # -- other replicas' deletions -------------------------------------------------------------------
     def follow_tombstones(self) -> int:
