@@ -12,9 +12,13 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from agent.policies.base import Policy
+    from agent.run_store import RunStore
 
 
 class PolicyName(str, Enum):
@@ -80,7 +84,8 @@ def discover(
 
 
 def _policy_and_store(policy: PolicyName, base_url: str, api_key: str | None, model: str | None, data_dir: Path,
-                      max_tokens: int | None, temperature: float, tool_choice: str, seed: int, rule: str):
+                      max_tokens: int | None, temperature: float, tool_choice: str, seed: int,
+                      rule: str) -> tuple[Policy, RunStore]:
     """The policy, and where its history goes: the server's XDB when it has the agent routes, else a
     local XDB under --data-dir (DuckDB allows one writing process per file)."""
     from agent.loop import run_id_for

@@ -10,7 +10,7 @@ seen going to two symbols, and *complete* when every pair was seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class TableView:
 
     @property
     def seen(self) -> np.ndarray:
-        return self.counts.sum(axis=2) > 0
+        return cast(np.ndarray, self.counts.sum(axis=2) > 0)  # numpy types a sum over an axis as Any
 
     @property
     def conflicts(self) -> int:

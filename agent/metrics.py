@@ -39,7 +39,10 @@ class TurnMetrics:
 
     @property
     def hit_ratio(self) -> float | None:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+        if not self.prompt_tokens:
+            return None
+        assert self.cached_tokens is not None  # both come from the same usage, or neither
+        return self.cached_tokens / self.prompt_tokens
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +65,7 @@ class Referee:
             return 0.0
         right = sum(int((simulate(s, theory, 1, "numpy")[1] == t).all(axis=1).sum())
                     for s, t in zip(self.states, self.truth))
-        return right / sum(s.shape[0] for s in self.states)
+        return right / sum(int(s.shape[0]) for s in self.states)
 
 
 def _as_rule(table: list[str] | None) -> Rule | None:

@@ -106,21 +106,25 @@ class HttpRunStore:
         self._call("GET", "/v1/xdb/interactions", params={"run_id": run_id, "last": 1})
 
     def log_interaction(self, run_id: str, **fields: Any) -> int:
-        return self._call("POST", "/v1/xdb/interactions", json={"run_id": run_id, **fields})["turn_id"]
+        turn_id: int = self._call("POST", "/v1/xdb/interactions", json={"run_id": run_id, **fields})["turn_id"]
+        return turn_id
 
     def interactions(self, run_id: str, *, pattern: str | None = None, last: int | None = None) -> list[Row]:
         params = {k: v for k, v in (("run_id", run_id), ("pattern", pattern), ("last", last)) if v is not None}
-        return self._call("GET", "/v1/xdb/interactions", params=params)["data"]
+        rows: list[Row] = self._call("GET", "/v1/xdb/interactions", params=params)["data"]
+        return rows
 
     def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
-        return self._call("POST", "/v1/xdb/meta_knowledge", json={"run_id": run_id, **fields})["version_id"]
+        version_id: int = self._call("POST", "/v1/xdb/meta_knowledge", json={"run_id": run_id, **fields})["version_id"]
+        return version_id
 
     def meta_knowledge(self, run_id: str) -> Row | None:
         rows = self._call("GET", "/v1/xdb/meta_knowledge", params={"run_id": run_id})["data"]
         return rows[0] if rows else None
 
     def purge(self, run_id: str) -> dict[str, int]:
-        return self._call("DELETE", f"/v1/xdb/runs/{_path_segment(run_id)}")["deleted"]
+        deleted: dict[str, int] = self._call("DELETE", f"/v1/xdb/runs/{_path_segment(run_id)}")["deleted"]
+        return deleted
 
     def save_report(self, run_id: str, png: bytes) -> None:
         # Base64 in JSON: the server takes no body but application/json (server/content_type.py).

@@ -29,9 +29,9 @@ QUERY_LOG_HITS = 5
 
 def _tool(name: str, description: str, properties: dict[str, Any], required: list[str],
           strict: bool = True) -> dict[str, Any]:
-    function = {"name": name, "description": description,
-                "parameters": {"type": "object", "properties": properties, "required": required,
-                               "additionalProperties": False}}
+    function: dict[str, Any] = {"name": name, "description": description,
+                                "parameters": {"type": "object", "properties": properties, "required": required,
+                                               "additionalProperties": False}}
     if strict:  # vLLM then constrains the arguments to the schema (structured outputs)
         function["strict"] = True
     return {"type": "function", "function": function}

@@ -8,18 +8,20 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
+    from bench.result import BenchResult
     from server.cluster.local_cluster import LocalCluster
 
 from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_STREAMS
 from universe.cli import Backend
 
 # An Enum, so that the help lists the profiles and typer rejects others as bad usage.
-ServeProfile = Enum("ServeProfile", {name: name for name in PROFILES}, type=str)
+# Its members come from PROFILES at run time, which mypy cannot read (hence the ignore).
+ServeProfile = Enum("ServeProfile", {name: name for name in PROFILES}, type=str)  # type: ignore[misc]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="AHC: a local inference server for long-running LLM agents.")
@@ -54,18 +56,22 @@ def _add_subcommands() -> None:
     app.add_typer(lens_app, name="lens")
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """End the command with exit 1 and one line on stderr."""
     one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
     typer.echo(f"error: {one_line}", err=True)
     raise typer.Exit(1)
 
 
-def clean_errors(fn: Callable) -> Callable:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def clean_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn expected failures (bad values, missing files) into exit 1 with one stderr line."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except (ValueError, FileNotFoundError, OSError) as exc:
@@ -310,7 +316,7 @@ def bench(
 
 
 def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: str | None, api_key: str | None,
-                pid: int | None, scaling: bool, plot: bool, results_dir: Path) -> list:
+                pid: int | None, scaling: bool, plot: bool, results_dir: Path) -> list[BenchResult]:
     """`ahc bench serve` with its options: the results to print (none when only redrawing the plot)."""
     from bench.result import BenchResult
     from bench.serve import plot_scaling, run, run_scaling, run_target

@@ -58,7 +58,9 @@ def chat_template(model: PulledModel) -> str:
 def _fingerprint(model: PulledModel) -> dict[str, Any]:
     """What the directory was built from: a new pin or template rebuilds it."""
     template = hashlib.sha256(chat_template(model).encode()).hexdigest()
-    return json.loads(json.dumps({**asdict(model), "template_sha256": template}))  # as read back from the file
+    # As read back from the file (through JSON and back).
+    fingerprint: dict[str, Any] = json.loads(json.dumps({**asdict(model), "template_sha256": template}))
+    return fingerprint
 
 
 def is_current(model: PulledModel, out: Path) -> bool:
@@ -119,14 +121,15 @@ def _convert(model: PulledModel, gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    logging.set_verbosity_error()  # a dtype hint and per-tensor progress bars: noise in `make setup`
-    logging.disable_progress_bar()
+    # A dtype hint and per-tensor progress bars: noise in `make setup`.
+    logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     weights = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     # transformers loads a GGUF as a quantized model; dequantized, it is a plain checkpoint, and the
     # quantization entry would make vLLM look for the GGUF file again.
-    weights.hf_quantizer = None
+    weights.hf_quantizer = None  # type: ignore[assignment]  # undeclared: mypy reads nn.Module.__setattr__
     if hasattr(weights.config, "quantization_config"):
         del weights.config.quantization_config
     tokenizer.chat_template = chat_template(model)

@@ -34,14 +34,14 @@ REAL_CONFIG = "cpu-small"
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 @dataclass
 class ServerProcess:
     """A running server: its process, where it listens, where it logs."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log: Path
     api_key: str | None = None
@@ -136,16 +136,17 @@ def ensure_model(path: Path, *size_flags: str) -> Path:
     return path
 
 
-def recall(server: ServerProcess, **params: Any) -> list[dict]:
+def recall(server: ServerProcess, **params: Any) -> list[dict[str, Any]]:
     """GET /v1/xdb/recall (up to 1000 rows)."""
     with server.http() as http:
         response = http.get("/v1/xdb/recall", params={"limit": 1000, **params})
     if response.status_code != 200:
         raise RuntimeError(f"recall answered {response.status_code}: {response.text}")
-    return response.json()["data"]
+    rows: list[dict[str, Any]] = response.json()["data"]
+    return rows
 
 
-def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **params: Any) -> list[dict]:
+def recall_until(server: ServerProcess, count: int, timeout: float = 1.0, **params: Any) -> list[dict[str, Any]]:
     """Recall until `count` rows are there or `timeout` passes: rows become queryable within 1 s of
     the response that produced them."""
     deadline = time.monotonic() + timeout

@@ -11,6 +11,11 @@ import json
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>",
                   "<|tool|>", "<|end|>"]
@@ -88,7 +93,7 @@ class TinyModelSpec:
         return self.hidden // self.heads
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     corpus = resources.files("ahc").joinpath("data/corpus.txt").read_text(encoding="utf-8")
@@ -106,10 +111,10 @@ def _train_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def _fast_tokenizer(tokenizer, max_position: int):
+def _fast_tokenizer(tokenizer: Tokenizer, max_position: int) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers leaves __init__ unannotated
         tokenizer_object=tokenizer,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
@@ -119,7 +124,7 @@ def _fast_tokenizer(tokenizer, max_position: int):
     )
 
 
-def build_tokenizer(spec: TinyModelSpec | None = None):
+def build_tokenizer(spec: TinyModelSpec | None = None) -> PreTrainedTokenizerFast:
     """The tiny model's tokenizer and chat template, in memory: what `build_tiny_model` saves, without
     the weights (training it takes milliseconds), for code that needs only a tokenizer."""
     spec = spec or TinyModelSpec()
@@ -146,7 +151,8 @@ def _build_weights(spec: TinyModelSpec, vocab: int, bos: int, eos: int, pad: int
         dtype="float32",
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    # Any: transformers leaves the model's __init__ unannotated, and its @wraps on .to() hides the bound self
+    model = cast(Any, LlamaForCausalLM)(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
 
 
@@ -159,7 +165,8 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(spec.vocab_size)
     _fast_tokenizer(tokenizer, spec.max_position).save_pretrained(out)
-    ids = {t: tokenizer.token_to_id(t) for t in ("<|bos|>", "<|eos|>", "<|pad|>")}
-    _build_weights(spec, tokenizer.get_vocab_size(), ids["<|bos|>"], ids["<|eos|>"], ids["<|pad|>"], out)
+    bos, eos, pad = (tokenizer.token_to_id(t) for t in ("<|bos|>", "<|eos|>", "<|pad|>"))
+    assert bos is not None and eos is not None and pad is not None  # special tokens: in every trained vocabulary
+    _build_weights(spec, tokenizer.get_vocab_size(), bos, eos, pad, out)
     (out / "ahc_tiny_model.json").write_text(json.dumps(asdict(spec), indent=2, sort_keys=True) + "\n")
     return out

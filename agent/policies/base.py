@@ -52,8 +52,10 @@ class ServerUnreachable(RuntimeError):
 class Policy(Protocol):
     name: str
     context_window: int | None  # the model's window in tokens; None without a model
-    reply_tokens: int  # tokens a reply may take (kept free in the window); 0 without a model
     prompt_size: str  # "full", or "compact" / "minimal" identity and tool schemas for small windows
+
+    @property
+    def reply_tokens(self) -> int: ...  # tokens a reply may take (kept free in the window); 0 without a model
 
     def attach(self, evidence: Evidence) -> None: ...  # the run's evidence (restored on resume)
     def tools(self) -> list[dict[str, Any]]: ...

@@ -57,6 +57,7 @@ class BaselinePolicy:
         if period is None:
             return Reply(note=f"No period up to {MAX_MODULUS} fits the evidence: {self._ruled_out()}.",
                          error="no candidate period left", stop=True)
+        assert view is not None  # a period comes with its view
         if not view.complete:
             return self._design(period, view)
         table = view.table()
@@ -121,6 +122,8 @@ class BaselinePolicy:
     # ---- learning from results -------------------------------------------------------------------
     def observe(self, entry: JournalEntry) -> None:
         period = self.pending.get("period")
+        if period is None:  # nothing asked yet: every call decide() makes comes with a period
+            return
         for call, result in zip(entry.calls, entry.results):
             if call.name == "evaluate_laws" and "error" in result:
                 self.falsified[period] = f"its laws could not be judged: {result['error'][:120]}"

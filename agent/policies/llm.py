@@ -132,6 +132,7 @@ class LLMPolicy:
 
     def summarize(self, transcript: str, knowledge: Knowledge) -> str:
         """The compaction's hidden call: no session, so it never enters the agent's own State."""
+        assert self.config.summary_tokens is not None  # connect() sets it
         budget = max(((self.context_window or 8192) - self.config.summary_tokens) * 3 // 2, 600)
         earlier = (f"Negative knowledge so far: {knowledge.negative_knowledge}\n\n"
                    if knowledge.negative_knowledge else "")
