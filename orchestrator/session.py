@@ -86,7 +86,7 @@ class SessionStore:
     `on_evict` is called with each dropped session's id, for what else is kept per session."""
 
     def __init__(self, load: Callable[[str], str | None] | None = None,
-                 save: Callable[[str, str], None] | None = None, max_sessions: int = 10_000,
+                 save: Callable[[str, str], object] | None = None, max_sessions: int = 10_000,
                  on_evict: Callable[[str], object] | None = None, replica: str | None = None) -> None:
         self._load, self._save = load, save
         self.replica = replica  # this server's name among several sharing one store (None: alone)

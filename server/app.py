@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 from importlib.metadata import version as package_version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -27,6 +27,9 @@ from server.runtime import Runtime
 from server.session_routes import session_router
 from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
+
+if TYPE_CHECKING:
+    from vllm.tasks import SupportedTask
 
 # Routes vLLM mounts that AHC does not serve on purpose. They are taken out of the app, not just put
 # behind the key: a keyless local server would otherwise serve them to anyone who can reach it.
@@ -93,7 +96,8 @@ def install_health_route(app: FastAPI, runtime: Runtime) -> None:
                                          include_in_schema=False))
 
 
-def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[str, ...], model_config: Any) -> FastAPI:
+def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[SupportedTask, ...],
+              model_config: Any) -> FastAPI:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 

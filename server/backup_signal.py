@@ -25,7 +25,7 @@ BACKUPS_DIR = "backups"
 
 def install_backup_signal(xdb: XDBClient, data_dir: Path) -> None:
     loop = asyncio.get_running_loop()
-    running: set[asyncio.Task[None]] = set()  # held, or the loop may drop a task mid-backup
+    running: set[asyncio.Task[Path | None]] = set()  # held, or the loop may drop a task mid-backup
 
     def start() -> None:
         if running:

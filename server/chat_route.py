@@ -10,8 +10,8 @@ streamed chunk. The turn commits when the reply completes and rolls back otherwi
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -141,7 +141,9 @@ class TurnStream(StreamingResponse):
     before the first chunk, when Starlette never starts the iterator and its cleanup would never run."""
 
     def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime, telemetry: ChatTelemetry) -> None:
-        super().__init__(stream_with_report(source.body_iterator, turn, runtime), status_code=source.status_code,
+        # vLLM's SSE chunks are str; Starlette types a body's chunks as any of str, bytes and memoryview.
+        chunks = cast("AsyncIterable[str | bytes]", source.body_iterator)
+        super().__init__(stream_with_report(chunks, turn, runtime), status_code=source.status_code,
                          background=source.background)
         self.raw_headers = [*source.raw_headers, (HEADER.lower().encode(), session_header(turn).encode("latin-1"))]
         self._turn = turn
@@ -204,6 +206,7 @@ async def finish_json(response: Response | None, turn: ChatTurn, runtime: Runtim
         return error_response(499, "client closed the request")
     if response.status_code != 200:
         return response
+    assert isinstance(response.body, bytes)  # a rendered JSONResponse's, never a memoryview
     data = json.loads(response.body)
     data["context"] = report_json(turn)
     reply = data["choices"][0]["message"] if data.get("choices") else None
@@ -226,7 +229,7 @@ async def settle(turn: ChatTurn, reply: dict[str, Any] | None, runtime: Runtime)
     await turn.commit(reply)
 
 
-async def stream_with_report(chunks: AsyncIterator[str | bytes], turn: ChatTurn,
+async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
                              runtime: Runtime) -> AsyncIterator[str | bytes]:
     """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply;
     the turn is settled before the final `[DONE]` goes out, and closed when the stream ends.

@@ -68,7 +68,7 @@ class CodexCondenser:
         if task is None:
             task = asyncio.create_task(self.condense(doc, prefix))
             self._running[key] = task
-            task.add_done_callback(lambda t, key=key: self._done(key, t))
+            task.add_done_callback(lambda t: self._done(key, t))
         return task
 
     def _done(self, key: tuple[str, str], task: asyncio.Task[Rendition | None]) -> None:

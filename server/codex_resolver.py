@@ -123,8 +123,9 @@ class CodexResolver:
         key = (meta["id"], meta["version"])
         known, doc = self._versions.get(key)
         if not known or doc is None:
-            doc = await asyncio.to_thread(self.xdb.document, meta["id"], version=meta["version"])
-            self._versions.put(key, doc, len(doc["content"]))
+            fetched: dict[str, Any] = await asyncio.to_thread(self.xdb.document, meta["id"], version=meta["version"])
+            self._versions.put(key, fetched, len(fetched["content"]))
+            doc = fetched
         return StoredCodexDoc(id=ref.id or doc["name"], text=doc["content"], verbatim=ref.verbatim,
                               document=doc["id"].removeprefix(prefix), version=doc["version"],
                               sha256=doc["content_hash"])

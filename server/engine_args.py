@@ -62,9 +62,10 @@ def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = No
         def error(self, message: str) -> NoReturn:  # a message for our one-line error, not usage and exit 2
             raise ValueError(message)
 
-    parser = make_arg_parser(Parser(prog="ahc serve", exit_on_error=False))
+    # vLLM leaves FlexibleArgumentParser.__init__ and parse_args unannotated.
+    parser = make_arg_parser(Parser(prog="ahc serve", exit_on_error=False))  # type: ignore[no-untyped-call]
     try:
-        namespace = parser.parse_args(vllm_cli_args(config, capture_flags))
+        namespace: Namespace = parser.parse_args(vllm_cli_args(config, capture_flags))
     except argparse.ArgumentError as exc:
         raise ValueError(f"invalid engine argument: {exc}") from exc
     except ValueError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.compaction import SummaryReply
 from server.request_context import current_tenant
@@ -19,6 +19,9 @@ from server.tracing import engine_trace_headers
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.inputs import TokensPrompt
+    from vllm.inputs.engine import TokensInput
+    from vllm.renderers.chat_utils import ChatCompletionMessageParam
     from vllm.tokenizers.protocol import TokenizerLike
 
 
@@ -55,7 +58,7 @@ class HiddenCaller:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        prompt: TokensPrompt = {"prompt_token_ids": ids}
         salt = self.keys.cache_salt(current_tenant.get()) if self.keys is not None else None
         if salt is not None:
             prompt["cache_salt"] = salt
@@ -78,9 +81,13 @@ class HiddenCaller:
             rendered = await self.serving.online_renderer.render_chat(request)  # no model check, no request log
             if isinstance(rendered, ErrorResponse):
                 raise ValueError(f"the hidden call's prompt cannot be rendered: {rendered.error.message}")
-            return list(rendered[1][0]["prompt_token_ids"])
-        ids = self.tokenizer.apply_chat_template(messages, tools=list(tools) or None, add_generation_prompt=True,
+            # vLLM types the input as any engine input; a text chat's is a TokensInput
+            return list(cast("TokensInput", rendered[1][0])["prompt_token_ids"])
+        # The messages are OpenAI chat dicts, which vLLM's signature names by its TypedDicts.
+        chat = cast("list[ChatCompletionMessageParam]", messages)
+        ids = self.tokenizer.apply_chat_template(chat, tools=list(tools) or None, add_generation_prompt=True,
                                                  tokenize=True, chat_template=self.chat_template)
-        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
-            ids = list(ids["input_ids"])
-        return ids
+        if isinstance(ids, list):
+            return ids
+        encoding: Any = ids  # newer transformers return a BatchEncoding, which vLLM's signature leaves out
+        return list(encoding["input_ids"])

@@ -46,6 +46,7 @@ class KVGeometry:
         devices = tuple(int(current_platform.device_id_to_physical_device_id(rank))
                         for rank in range(parallel.world_size)) if on_gpu else ()
         if cache.cache_dtype in ("auto", None):
+            assert isinstance(model.dtype, torch.dtype)  # ModelConfig's post-init resolves "auto" and names
             dtype_bytes = torch.empty((), dtype=model.dtype).element_size()
         else:
             dtype_bytes = 1 if "fp8" in str(cache.cache_dtype) else 2

@@ -11,6 +11,7 @@ import gc
 import logging
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.template_check import check_chat_template
@@ -28,6 +29,11 @@ from server.tracing import start_tracing
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
+
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from vllm.engine.protocol import EngineClient
+    from vllm.renderers.chat_utils import ChatCompletionMessageParam
+    from vllm.tokenizers.protocol import TokenizerLike
 
 
 async def serve(config: AHCConfig) -> None:
@@ -65,6 +71,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     metrics = AHCMetrics(KVStats(), config.model_name)
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
     xdb = open_xdb(config, metrics)
+    assert xdb.writer is not None  # opened for writing
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
     metrics.watch_xdb_files(Path(resolve_path(config.data_dir)), [Path(EXPERIENCE_FILE), AUDIT_FILE])
@@ -95,7 +102,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             quota_task = asyncio.create_task(enforce_quota_forever(
                 xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
-        await init_app_state(runtime.engine, app.state, args, supported_tasks)
+        # The recording wrapper stands in for the engine by delegation, which vLLM's nominal type cannot see.
+        await init_app_state(cast("EngineClient", runtime.engine), app.state, args, supported_tasks)
         runtime.hidden.serving = app.state.openai_serving_chat  # renders hidden calls as vLLM renders chats
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
@@ -140,11 +148,17 @@ def check_tenancy(keys: TenantKeys) -> None:
                          f"several tenants ({len(tenants)} configured)")
 
 
-def report_template(tokenizer, metrics: AHCMetrics, chat_template: str | None) -> None:
+def report_template(tokenizer: TokenizerLike, metrics: AHCMetrics, chat_template: str | None) -> None:
     """Warn when the chat template vLLM will use (`--chat-template`, loaded, else the model's) would
     break the prefix cache on every turn."""
-    check = check_chat_template(lambda messages, tools: tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True, chat_template=chat_template))
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        # The messages are OpenAI chat dicts, which vLLM's signature names by its TypedDicts.
+        chat = cast("list[ChatCompletionMessageParam]", messages)
+        prompt = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True,
+                                               chat_template=chat_template)
+        return cast(str, prompt)  # tokenize=False: the text, not token ids
+
+    check = check_chat_template(render)
     metrics.one(metrics.chat_template_prefix_stable).set(-1 if check.stable is None else int(check.stable))
     if not check.stable:
         logging.getLogger("ahc.serve").warning(

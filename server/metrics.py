@@ -6,12 +6,14 @@ counted (streamed or not, ours or a hidden orchestrator call) from the engine's 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from orchestrator.cache_report import CacheReport
 from orchestrator.prefill_cost import PrefillCost
@@ -20,7 +22,12 @@ from server.hidden_calls import HIDDEN_REQUEST_PREFIX
 from server.kv_geometry import DeviceMemory, KVGeometry, device_memory
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
     from vllm.config import VllmConfig
+    from vllm.v1.metrics.loggers import PerEngineStatLoggerFactory
+    from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 # Block sizes run from a one-line Identity to a Codex of a million tokens.
 BLOCK_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
@@ -139,7 +146,7 @@ class AHCMetrics:
         self.one(self.vram_used_bytes).set_function(lambda: self._device_memory().used_bytes)
         self.one(self.vram_total_bytes).set_function(lambda: self._device_memory().total_bytes)
 
-    def one(self, metric: Counter | Gauge) -> Any:
+    def one(self, metric: _Metric) -> _Metric:
         """The metric's one series (it has no label but the model's)."""
         return metric.labels(model_name=self.model_name)
 
@@ -166,7 +173,7 @@ class AHCMetrics:
         for name in files:
             path = data_dir / name
             self.xdb_bytes.labels(model_name=self.model_name, file=name.as_posix()).set_function(
-                lambda path=path: _size(path) + _size(path.with_name(path.name + ".wal")))
+                partial(_size_with_wal, path))
 
     def record_storage_pass(self, report: dict[str, Any]) -> None:
         """What one storage pass (quota, retention) did: XDB.compact's report."""
@@ -213,14 +220,14 @@ class AHCMetrics:
 class _Bridge:
     registry: CollectorRegistry
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield from self.registry.collect()
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
 
-def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], object]:
+def stat_logger_factory(metrics: AHCMetrics) -> PerEngineStatLoggerFactory:
     """A vLLM StatLoggerFactory that feeds `metrics` from the engine's per-iteration stats."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -229,7 +236,8 @@ def stat_logger_factory(metrics: AHCMetrics) -> Callable[[VllmConfig, int], obje
             self.vllm_config = vllm_config
             self.geometry: KVGeometry | None = None
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
+                   mm_cache_stats: MultiModalCacheStats | None = None, engine_idx: int = 0) -> None:
             if iteration_stats is not None:
                 for finished in iteration_stats.finished_requests:
                     metrics.record_request(finished.request_id, finished.num_prompt_tokens,
@@ -253,3 +261,7 @@ def _size(path: Path) -> float:
         return float(path.stat().st_size)
     except FileNotFoundError:
         return 0.0
+
+
+def _size_with_wal(path: Path) -> float:
+    return _size(path) + _size(path.with_name(path.name + ".wal"))

@@ -42,6 +42,8 @@ log = logging.getLogger("ahc.recorder")
 tracer = trace.get_tracer(__name__)
 
 EVENT_OF_ROLE = {"user": "input", "tool": "tool_result", "assistant": "input", "system": "system"}
+# A row to record: (event type, role, content, metadata).
+RowEvent = tuple[str, str | None, str, dict[str, Any] | None]
 
 
 class Recorder:
@@ -51,7 +53,10 @@ class Recorder:
         self.tokenizer = tokenizer
         self.background = background  # one ordered worker for small synchronous XDB writes
         self.capture = capture  # activations from the engine's lens, when on
-        self.queue = RecordQueue(xdb.writer, xdb.writer.max_queue_rows)
+        writer = xdb.writer
+        assert writer is not None  # the server opens its XDB for writing
+        self.writer = writer
+        self.queue = RecordQueue(writer, writer.max_queue_rows)
 
     def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
         """Hand rows to the writer without waiting; a full writer queue delays them, never drops them."""
@@ -59,7 +64,7 @@ class Recorder:
 
     @property
     def alive(self) -> bool:
-        return self.xdb.writer.alive
+        return self.writer.alive
 
     async def aflush(self, timeout: float = 10.0, session_id: str | None = None) -> None:
         """Wait, off the event loop, until every row accepted so far is committed. A disk that cannot keep
@@ -72,11 +77,11 @@ class Recorder:
             try:
                 await asyncio.wait_for(self.queue.drained(), timeout)
                 remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
-                await asyncio.to_thread(self.xdb.writer.flush, remaining)
+                await asyncio.to_thread(self.writer.flush, remaining)
             except (TimeoutError, FlushTimeout):
                 span.set_attribute("ahc.record.behind", True)
                 log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
-                            self.queue.backlog_rows, self.xdb.writer.queue_depth())
+                            self.queue.backlog_rows, self.writer.queue_depth())
 
     async def know_session(self, session_id: str) -> None:
         """Look a session's last tick up off the event loop, once, so recording its rows never waits
@@ -84,7 +89,7 @@ class Recorder:
         if not self.xdb.ticks_known(session_id):
             await asyncio.to_thread(self.xdb.load_ticks, session_id)
 
-    def rows(self, session_id: str, events: list[tuple[str, str | None, str, dict[str, Any] | None]],
+    def rows(self, session_id: str, events: list[RowEvent],
              request_id: str | None = None) -> list[TimestepRow]:
         if not events:
             return []
@@ -97,9 +102,9 @@ class Recorder:
         if prepared.session is None and not prepared.named:  # an id made for it: nothing stored to look up
             self.xdb.start_session(prepared.session_id)
         turns = new_input_turns(prepared)
-        events = [(EVENT_OF_ROLE[t.role], t.role, t.content,
-                   {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
-                  for t in turns]
+        events: list[RowEvent] = [(EVENT_OF_ROLE[t.role], t.role, t.content,
+                                   {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
+                                  for t in turns]
         if prepared.query is not None:
             events.append(("input", "user", prepared.query, None))
         for action in prepared.report.governor:
@@ -119,8 +124,9 @@ class Recorder:
     def record_reply(self, prepared: Prepared, reply: dict[str, Any] | None) -> None:
         if reply is None:
             return
-        events = [("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call.get("id")})
-                  for call in reply.get("tool_calls") or []]
+        events: list[RowEvent] = [
+            ("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call.get("id")})
+            for call in reply.get("tool_calls") or []]
         self.submit(self.rows(prepared.session_id, events))
 
     def record_turn(self, prepared: Prepared, usage: EngineUsage | None) -> None:
@@ -246,7 +252,7 @@ class RecordingEngine:
             kwargs["trace_headers"] = trace_headers
         return self._generate(xdb_session, current_usage.get(), (prompt, sampling_params, request_id, *args), kwargs)
 
-    async def _generate(self, xdb_session: str, usage: EngineUsage | None, args: tuple,
+    async def _generate(self, xdb_session: str, usage: EngineUsage | None, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
         from vllm.sampling_params import RequestOutputKind
 

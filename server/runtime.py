@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ahc.config import AHCConfig, resolve_path
 from orchestrator.compaction import SummaryCall, SummaryReply
@@ -36,8 +36,9 @@ from xdb.lake import LakeUnavailable
 log = logging.getLogger("ahc.server")
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
-    from vllm.engine.protocol import EngineClient
+    from vllm.renderers.chat_utils import ChatCompletionMessageParam
     from vllm.tokenizers.protocol import TokenizerLike
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Runtime:
         self.rag_indexes.close()
 
 
-def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metrics: AHCMetrics,
+def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
                   chat_template: str | None = None, keys: TenantKeys | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;
@@ -115,7 +116,9 @@ def build_runtime(config: AHCConfig, engine: EngineClient, xdb: XDBClient, metri
 
     def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         # The prompt the engine will see, so the orchestrator's budget counts the template's tokens too.
-        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+        # The messages are OpenAI chat dicts, which vLLM's signature names by its TypedDicts.
+        chat = cast("list[ChatCompletionMessageParam]", messages)
+        return str(tokenizer.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True,
                                                  chat_template=chat_template))
 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)

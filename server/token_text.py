@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
+    from tokenizers import Tokenizer
     from vllm.tokenizers.protocol import TokenizerLike
 
 
 
 class TokenTexts:
     def __init__(self, tokenizer: TokenizerLike) -> None:
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
         self._tokenizer = tokenizer
         self._stream = None
         self._ids: list[int] = []
@@ -26,7 +27,7 @@ class TokenTexts:
             self._stream = DecodeStream(skip_special_tokens=True)
 
     def step(self, token_id: int) -> str:
-        if self._stream is not None:
+        if self._stream is not None and self._backend is not None:  # set together
             return self._stream.step(self._backend, token_id) or ""
         # Slow tokenizers: decode the whole prefix and emit what grew (quadratic, but rare).
         self._ids.append(token_id)

@@ -29,9 +29,11 @@ def search_attributes(scope: str | None, k: int | None = None) -> dict[str, Any]
     return attributes
 
 
-class _Doc(Protocol):  # orchestrator.context_spec.CodexDoc
-    id: str
-    text: str
+class _Doc(Protocol):  # orchestrator.context_spec.CodexDoc; read-only, as its frozen fields are
+    @property
+    def id(self) -> str: ...
+    @property
+    def text(self) -> str: ...
 
 
 class CodexRetriever:

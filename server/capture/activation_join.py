@@ -89,7 +89,8 @@ class ActivationJoin:
             stop = start + 1
             while stop < upto and (self.rows[stop] is not None) == has:
                 stop += 1
-            index, values = self._arrays(self.rows[start:stop]) if has else (None, None)
+            # A run with activations has every row set: the filter narrows the type and drops nothing.
+            index, values = self._arrays([r for r in self.rows[start:stop] if r is not None]) if has else (None, None)
             runs.append(Run(self.ticks[start:stop], self.texts[start:stop], self.ids[start:stop],
                             self.times[start:stop], index, values))
             start = stop

@@ -32,6 +32,7 @@ def check_pack(config: AHCConfig) -> LensPack:
         raise ValueError(f"lens.pack: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"lens.pack {pack_dir}: {exc}") from None
+    assert config.model is not None  # serve() has the model from vLLM's flags before the capture starts
     model_dir = resolve_path(config.model)
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"lens.pack: cannot check the pack against model {config.model!r}: "
@@ -85,5 +86,6 @@ def start_capture(config: AHCConfig) -> CaptureSetup | None:
     if config.lens.source == "logit_lens" and not pack.extra.get("token_sets"):
         raise ValueError(f"lens.source: logit_lens needs a pack with token sets ({config.lens.pack} has none; "
                          "retrain it with `ahc lens train`)")
+    assert config.lens.pack is not None  # LensConfig's validator: enabled needs a pack
     return CaptureSetup(pack, str(Path(resolve_path(config.lens.pack)).resolve()), k, config.lens.source,
                         config.lens.finish_wait_s, inbox, receiver, socket_dir)

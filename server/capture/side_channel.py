@@ -72,7 +72,7 @@ class ActivationSender:
     def __init__(self, address: str) -> None:
         import zmq
 
-        self._context = zmq.Context.instance()
+        self._context: zmq.SyncContext = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, _HIGH_WATER_MARK)
         self._socket.setsockopt(zmq.LINGER, 1000)
@@ -143,7 +143,7 @@ class BundlingSender:
         host_values = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
         host_index.copy_(index, non_blocking=True)
         host_values.copy_(values, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event.__new__ unannotated
         event.record()
         return _Pending(keys, positions, host_index, host_values, rows, event)
 
@@ -184,7 +184,7 @@ class ActivationReceiver:
                  on_idle: Callable[[], None] = lambda: None, drain_interval_s: float = 0.05) -> None:
         import zmq
 
-        self._context = zmq.Context.instance()
+        self._context: zmq.SyncContext = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.RCVHWM, _HIGH_WATER_MARK)
         self._socket.setsockopt(zmq.LINGER, 0)
