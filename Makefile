@@ -62,7 +62,7 @@ test-fast: $(STAMP)
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.
-MYPY_STRICT := xdb orchestrator universe
+MYPY_STRICT := xdb orchestrator universe server agent ahc
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
