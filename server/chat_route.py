@@ -24,8 +24,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
-from orchestrator.vram_governor import GovernorRejected
-from server.admission import admit, requested_completion_tokens, wait_for_recording
+from server.admission.turn import admit, requested_completion_tokens, wait_for_recording
+from server.admission.vram_governor import GovernorRejected
 from server.chat_telemetry import ChatTelemetry
 from server.errors import error_response
 from server.request_context import current_session, current_tenant, current_usage
@@ -118,7 +118,7 @@ async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtim
         if turn.prepared.condense_wanted and oc.codex_condense:
             runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
         try:
-            await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len, runtime.sessions,
+            await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len, runtime.session_admission,
                         runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")

@@ -9,7 +9,7 @@ every time after: the prefix stays cached.
 
 A request that finds none wanted goes on without it (RAG this time); the rendition is made in the
 background, once however many requests ask, and the session's next turn uses it. Each call is
-admitted first (server/hidden_admission.py): within its tenant's budget, one at a time, and with its
+admitted first (server/admission/hidden.py): within its tenant's budget, one at a time, and with its
 KV blocks reserved; one refused is made by a later request that asks again.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from ahc.errors import RateLimited
 from orchestrator.context_spec import CodexDoc, StoredCodexDoc
+from server.admission.hidden import HiddenAdmission
 from server.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256
-from server.hidden_admission import HiddenAdmission
 from xdb import XDBClient
 
 log = logging.getLogger("ahc.codex")

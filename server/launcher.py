@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ahc.config import AHCConfig, resolve_path
-from orchestrator.template_check import check_chat_template
-from orchestrator.vram_governor import KVStats
+from server.admission.vram_governor import KVStats
 from server.backup_signal import install_backup_signal
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
@@ -24,6 +23,7 @@ from server.metrics import AHCMetrics, stat_logger_factory
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
+from server.template_check import check_chat_template
 from server.tenants import TenantKeys
 from server.tracing import start_tracing
 from xdb import XDB, XDBClient

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from orchestrator.cache_report import CacheReport
-from orchestrator.prefill_cost import PrefillCost
-from orchestrator.vram_governor import KVStats
+from server.admission.kv_geometry import DeviceMemory, KVGeometry, device_memory
+from server.admission.prefill_cost import PrefillCost
+from server.admission.vram_governor import KVStats
 from server.hidden_calls import HIDDEN_REQUEST_PREFIX
-from server.kv_geometry import DeviceMemory, KVGeometry, device_memory
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

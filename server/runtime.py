@@ -16,14 +16,13 @@ from orchestrator.compaction import SummaryCall, SummaryReply
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
-from orchestrator.session_admission import SessionAdmission
 from orchestrator.token_counter import TokenCounter
-from orchestrator.vram_governor import VramGovernor
-from server.admission import session_admission as build_session_admission
+from server.admission.hidden import HiddenAdmission, TenantBudget
+from server.admission.session_admission import Costs, SessionAdmission, offload_blocks
+from server.admission.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
 from server.codex_condenser import CodexCondenser
 from server.codex_resolver import CodexResolver
-from server.hidden_admission import HiddenAdmission, TenantBudget
 from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
@@ -51,7 +50,7 @@ class Runtime:
     orchestrator: Orchestrator
     retriever: CodexRetriever
     governor: VramGovernor
-    sessions: SessionAdmission | None  # None: first come, first served
+    session_admission: SessionAdmission | None  # None: first come, first served
     recorder: Recorder
     summarize_records: Callable[[str], str]  # XDB compression summaries, by the served model
     capture: CaptureSetup | None
@@ -70,6 +69,20 @@ class Runtime:
             self.token_process.close()
         self.background.shutdown(wait=True)
         self.rag_indexes.close()
+
+
+
+def build_session_admission(config: AHCConfig, metrics: AHCMetrics) -> SessionAdmission | None:
+    """Session-aware admission on the engine's measured cache, prefill rate and offload tier (what the
+    metrics read from the engine); None when the config turns it off (first come, first served)."""
+    oc, stats = config.orchestrator, metrics.kv_stats
+    if not oc.session_admission:
+        return None
+    offload_gib = config.engine.kv_offloading_size
+    costs = Costs(capacity_blocks=lambda: stats.total_blocks,
+                  prefill_s_per_block=lambda: metrics.prefill.s_per_block(stats.block_size),
+                  offload_blocks=lambda: offload_blocks(offload_gib, stats.bytes_per_block))
+    return SessionAdmission(costs, oc.session_hot_s, oc.session_max_wait_s, oc.session_wait_per_prefill)
 
 
 def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics,
@@ -132,7 +145,7 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
-                   sessions=session_admission,
+                   session_admission=session_admission,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys,

@@ -19,7 +19,7 @@ from httpx import Response
 from vllm.config import VllmConfig
 
 from ahc.config import AHCConfig
-from orchestrator.vram_governor import KVStats
+from server.admission.vram_governor import KVStats
 from server.app import build_app
 from server.engine_args import build_vllm_namespace
 from server.metrics import AHCMetrics

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.vram_governor import KVStats, VramGovernor
-from server.admission import choices, request_blocks
+from server.admission.turn import choices, request_blocks
+from server.admission.vram_governor import KVStats, VramGovernor
 
 
 def governor() -> VramGovernor:

@@ -10,10 +10,10 @@ import pytest
 
 from ahc.errors import RateLimited
 from orchestrator.context_spec import CodexDoc
-from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
+from server.admission.hidden import HOUR_S, HiddenAdmission, TenantBudget
+from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
 from server.codex_condenser import PROMPT_OVERHEAD, CodexCondenser
 from server.codex_resolver import CodexResolver
-from server.hidden_admission import HOUR_S, HiddenAdmission, TenantBudget
 from xdb import XDB
 
 MODEL = "tiny"

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from ahc.config import load_config
-from orchestrator.vram_governor import KVStats
-from server.kv_geometry import KVGeometry
+from server.admission.kv_geometry import KVGeometry
+from server.admission.vram_governor import KVStats
 from server.metrics import AHCMetrics
 
 GIB = 1 << 30
@@ -59,7 +59,7 @@ def test_a_bad_offloading_setting_is_refused(field: str, value: object) -> None:
 
 
 def test_gib_become_blocks_of_the_engines_geometry() -> None:
-    from server.admission import offload_blocks
+    from server.admission.session_admission import offload_blocks
 
     # 32 layers x 8 KV heads x 128 dims x K and V x 2 bytes = 128 KiB a token; 16-token blocks: 2 MiB.
     geometry = KVGeometry(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2, block_size=16, num_blocks=1000,
@@ -67,18 +67,18 @@ def test_gib_become_blocks_of_the_engines_geometry() -> None:
     metrics = AHCMetrics(KVStats())
     metrics.record_kv_usage(0.0, geometry)
     assert metrics.kv_stats.bytes_per_block == 2 << 20
-    assert offload_blocks(8, metrics.kv_stats) == 4096
-    assert offload_blocks(None, metrics.kv_stats) == 0
-    assert offload_blocks(8, KVStats()) == 0  # before the engine reports its geometry
+    assert offload_blocks(8, metrics.kv_stats.bytes_per_block) == 4096
+    assert offload_blocks(None, metrics.kv_stats.bytes_per_block) == 0
+    assert offload_blocks(8, KVStats().bytes_per_block) == 0  # before the engine reports its geometry
     # Two tensor-parallel ranks each hold half the heads; the buffer is the two ranks' together.
     split = KVGeometry(layers=32, kv_heads=4, head_dim=128, dtype_bytes=2, block_size=16, num_blocks=1000,
                        on_gpu=True, ranks=2)
     metrics.record_kv_usage(0.0, split)
-    assert offload_blocks(8, metrics.kv_stats) == 4096
+    assert offload_blocks(8, metrics.kv_stats.bytes_per_block) == 4096
 
 
 def test_the_admission_counts_the_configured_tier() -> None:
-    from server.admission import session_admission
+    from server.runtime import build_session_admission as session_admission
 
     config = load_config("cpu-tiny").with_overrides(**{"engine.kv_offloading_size": 0.5})
     metrics = AHCMetrics(KVStats(total_blocks=100, block_size=16, bytes_per_block=GIB // 1024))

@@ -37,7 +37,7 @@ def test_gpu_memory_is_read_from_the_engines_own_gpus(monkeypatch) -> None:
     """NVML numbers GPUs physically; the engine's may be any of them (CUDA_VISIBLE_DEVICES)."""
     import types
 
-    from server.kv_geometry import KVGeometry, device_memory
+    from server.admission.kv_geometry import KVGeometry, device_memory
 
     asked: list[int] = []
     fake = types.SimpleNamespace(

@@ -13,7 +13,7 @@ import pytest
 
 from ahc.model_pull import MODELS, chat_template, pull
 from ahc.server_process import AHC, REAL_MODEL, child_env
-from orchestrator.template_check import TOOL, WITH_TOOLS, check_chat_template
+from server.template_check import TOOL, WITH_TOOLS, check_chat_template
 
 MODEL = MODELS["smollm2-135m"]
 

@@ -17,7 +17,7 @@ from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
-from orchestrator.vram_governor import GovernorRejected, KVStats, VramGovernor
+from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from orchestrator.prefill_cost import PrefillCost
-from orchestrator.session_admission import Costs, SessionAdmission
+from server.admission.prefill_cost import PrefillCost
+from server.admission.session_admission import Costs, SessionAdmission
 
 
 class Clock:

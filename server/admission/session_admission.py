@@ -75,6 +75,14 @@ class Costs:
     offload_blocks: Callable[[], int] = lambda: 0  # the CPU tier's capacity (0: no offloading)
 
 
+def offload_blocks(gib: float | None, bytes_per_block: int) -> int:
+    """The GPU blocks an offload buffer of `gib` GiB holds (0 when off, or before the engine reports the
+    bytes a block takes)."""
+    if not gib or bytes_per_block <= 0:
+        return 0
+    return int(gib * (1 << 30)) // bytes_per_block
+
+
 class SessionAdmission:
     def __init__(self, costs: Costs, hot_s: float, max_wait_s: float, wait_per_prefill: float = 1.0,
                  poll_s: float = 0.02, clock: Callable[[], float] = time.monotonic) -> None:

@@ -12,13 +12,11 @@ from typing import Any
 from opentelemetry import trace
 from prometheus_client import Histogram
 
-from ahc.config import AHCConfig
 from ahc.errors import Unavailable
 from ahc.spans import GOVERNOR_ACTIONS, SESSION_ID
 from orchestrator.chat_turn import ChatTurn
-from orchestrator.session_admission import Costs, SessionAdmission
-from orchestrator.vram_governor import KVStats, VramGovernor
-from server.metrics import AHCMetrics
+from server.admission.session_admission import SessionAdmission
+from server.admission.vram_governor import VramGovernor
 from server.recorder import Recorder
 
 POLL_S = 0.05
@@ -49,27 +47,6 @@ async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], ma
                 span.set_attributes({SESSION_ID: turn.session_id, "ahc.governor.kv_blocks": blocks,
                                      GOVERNOR_ACTIONS: actions})
     turn.on_close(reservation.release)
-
-
-def session_admission(config: AHCConfig, metrics: AHCMetrics) -> SessionAdmission | None:
-    """Session-aware admission on the engine's measured cache, prefill rate and offload tier; None when
-    the config turns it off (first come, first served)."""
-    oc, stats = config.orchestrator, metrics.kv_stats
-    if not oc.session_admission:
-        return None
-    offload_gib = config.engine.kv_offloading_size
-    costs = Costs(capacity_blocks=lambda: stats.total_blocks,
-                  prefill_s_per_block=lambda: metrics.prefill.s_per_block(stats.block_size),
-                  offload_blocks=lambda: offload_blocks(offload_gib, stats))
-    return SessionAdmission(costs, oc.session_hot_s, oc.session_max_wait_s, oc.session_wait_per_prefill)
-
-
-def offload_blocks(gib: float | None, stats: KVStats) -> int:
-    """The GPU blocks an offload buffer of `gib` GiB holds (0 when off, or before the engine reports the
-    bytes a block takes)."""
-    if not gib or stats.bytes_per_block <= 0:
-        return 0
-    return int(gib * (1 << 30)) // stats.bytes_per_block
 
 
 async def _admit_session(turn: ChatTurn, sessions: SessionAdmission, governor: VramGovernor, body: dict[str, Any],

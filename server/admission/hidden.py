@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from ahc.errors import RateLimited
-from orchestrator.vram_governor import VramGovernor
+from server.admission.vram_governor import VramGovernor
 
 HOUR_S = 3600.0
 
