@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ahc.config import LakeConfig, XDBConfig
-from xdb.catalog import LocalPostgres
+from server.cluster.catalog import LocalPostgres
 from xdb.lake import Lake
 from xdb.rows import TokenBatch
 from xdb.store import XDB

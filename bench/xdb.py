@@ -245,7 +245,7 @@ def lake_figures(figures: dict[str, float | int], ratios: dict[str, float], load
     duckdb and the ducklake backends alternated, the shipper's rows/s into the lake, and lake recall at
     `load.lake_recall_rows` rows. Needs PostgreSQL (Debian's `postgresql`); without it the note says so."""
     from bench import lake as lake_bench
-    from xdb.catalog import postgres_available
+    from server.cluster.catalog import postgres_available
 
     if not postgres_available():
         return {"lake": "not measured: PostgreSQL is not installed (Debian package `postgresql`)"}

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from xdb.catalog import postgres_available
+from server.cluster.catalog import postgres_available
 
 
 def require_postgres() -> None:

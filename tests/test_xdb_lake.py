@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 from ahc.config import LakeConfig, XDBConfig
 from ahc.errors import NotFound
 from ahc.server_process import free_port
+from server.cluster.catalog import LocalPostgres, postgres_bin
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
-from xdb.catalog import LocalPostgres, postgres_bin
 from xdb.cli import app as xdb_cli
 from xdb.lake import LakeUnavailable
 from xdb.lake_schema import attach_lake, redacted

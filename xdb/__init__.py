@@ -67,7 +67,7 @@ The interface the server uses:
         # save_session_state ships the State (with every row committed before it) before it returns,
         # or raises LakeUnavailable (stored locally all the same); load_session_state returns the newest
         # State of any replica and moves the session's ticks past every replica's.
-        # xdb.catalog.LocalPostgres: a local catalog.
+        # server.cluster.catalog.LocalPostgres: a local catalog.
 
 Errors: RecallFilterError (ValueError, .param), tags.NotFound (LookupError), DocumentTooLarge
 (ValueError), fidelity.QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped,

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from ahc.config import CHECKOUT
 from ahc.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
+from server.cluster.catalog import LocalPostgres
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
-from xdb.catalog import LocalPostgres
 
 
 @dataclass(frozen=True)
