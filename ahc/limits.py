@@ -12,7 +12,7 @@ from __future__ import annotations
 
 ID_MAX_CHARS = 256                # session, Codex document and karma entry ids
 
-# The chat request's context (orchestrator/context_spec.py) and messages (server/chat_route.py).
+# The chat request's context (orchestrator/context_spec.py) and messages (server/chat/protocol.py).
 IDENTITY_MAX_CHARS = 200_000      # a system prompt; ~50k tokens, more than any window we serve leaves for it
 KARMA_TEXT_MAX_CHARS = 20_000     # one fact or lesson; each is kept word for word in every prompt
 KARMA_MAX_ENTRIES = 10_000

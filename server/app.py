@@ -15,7 +15,7 @@ from server.agent_routes import agent_router
 from server.auth import ApiKeyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.browse_routes import browse_router
-from server.chat_route import install_chat_route
+from server.chat.api_router import install_chat_route
 from server.codex_routes import codex_router
 from server.completion_route import install_completion_route
 from server.content_type import JsonBodyMiddleware

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from ahc.config import AHCConfig
 from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
-from server import chat_route
+from server.chat import serving as chat_route
 from server.runtime import Runtime
 from xdb import XDB
 

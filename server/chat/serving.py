@@ -1,10 +1,8 @@
-"""`POST /v1/chat/completions` with the orchestrator in front of vLLM's own handler.
-
-The route validates the request (vLLM's `ChatCompletionRequest` plus AHC's `context`), lets the
-orchestrator rewrite its messages from `context` (or leaves them as sent) inside a `ChatTurn`, admits
-it against the KV cache, then hands a normal request to vLLM's chat handler. vLLM's response comes
-back unchanged except for the cache report (`context`), which goes into the JSON body or the first
-streamed chunk. The turn commits when the reply completes and rolls back otherwise.
+"""The chat pipeline: the orchestrator rewrites the request's messages from `context` (or leaves them
+as sent) inside a `ChatTurn`, the turn is admitted against the KV cache, vLLM's chat handler generates,
+and the reply settles into the session's State. vLLM's response comes back unchanged except for the
+cache report (`context`), which goes into the JSON body or the first streamed chunk. The turn commits
+when the reply completes and rolls back otherwise.
 """
 
 from __future__ import annotations
@@ -13,125 +11,79 @@ import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
-from server.admission.turn import admit, requested_completion_tokens, wait_for_recording
+from server.admission.turn import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
+from server.chat.protocol import ChatCall
 from server.chat_telemetry import ChatTelemetry
 from server.errors import error_response
 from server.request_context import current_session, current_tenant, current_usage
 from server.runtime import Runtime
-from server.session_key import HEADER, header_value, session_key
+from server.session_key import HEADER, header_value
 from server.stream_reply import ReplyAccumulator
 
 
-class ChatRequest(ChatCompletionRequest):
-    """vLLM's chat request with AHC's `context` (sent by the `openai` client in `extra_body`)."""
+class ChatService:
+    """The work of one chat request, step by step: prepare → admit → generate → settle."""
 
-    context: ContextSpec | None = None
-    # OpenAI's key for requests that share a prefix: here it names the session (server/session_key.py).
-    prompt_cache_key: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
-    @field_validator("messages")
-    @classmethod
-    def _message_sizes(cls, messages: list[Any]) -> list[Any]:
-        """Each message's text within MESSAGE_MAX_CHARS (ahc/limits.py): a message may be a pasted
-        document, but not the whole body's worth of one."""
-        for i, message in enumerate(messages):
-            chars = _content_chars(message.get("content") if isinstance(message, dict) else None)
-            if chars > MESSAGE_MAX_CHARS:
-                raise ValueError(f"messages.{i}.content is {chars:,} characters, over the limit of "
-                                 f"{MESSAGE_MAX_CHARS:,}")
-        return messages
+    async def serve(self, call: ChatCall, raw_request: Request, telemetry: ChatTelemetry) -> Response:
+        runtime, oc = self.runtime, self.runtime.config.orchestrator
+        await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+        spec = await self.resolve(call)
+        async with runtime.orchestrator.turn(spec, call.messages, call.max_tokens, call.tools, call.tenant.prefix,
+                                             call.label) as turn:
+            telemetry.turn = turn
+            self.prepare(turn, call)
+            await self.admit(turn, call)
+            response = await self.generate(turn, call, raw_request)
+            if isinstance(response, StreamingResponse):  # settled by the stream, when it ends
+                return TurnStream(response, turn.hand_over(), runtime, telemetry)
+            return await finish_json(response, turn, runtime)
 
+    async def resolve(self, call: ChatCall) -> ContextSpec | None:
+        """Documents named by reference, read from XDB with their stored renditions."""
+        if call.spec is None:
+            return None
+        return await self.runtime.codex.resolve(call.spec, call.tenant.owner)
 
-def _content_chars(content: Any) -> int:
-    """A message content's characters: a string, or the text of its parts."""
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        return sum(len(part.get("text") or "") for part in content
-                   if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return 0
+    def prepare(self, turn: ChatTurn, call: ChatCall) -> None:
+        """The orchestrator has prepared the turn on entering it; a Codex it could not fit whole gets
+        its condensed rendition made in the background, for the turns after this one."""
+        if turn.prepared.condense_wanted and self.runtime.config.orchestrator.codex_condense:
+            self.runtime.condenser.want(turn.prepared.condense_wanted, call.tenant.owner)
 
-
-def install_chat_route(app: FastAPI, runtime: Runtime) -> None:
-    """Put our route ahead of vLLM's on the same path (Starlette matches routes in order)."""
-
-    async def chat_completions(request: ChatRequest, raw_request: Request) -> Response:
-        return await handle_chat(request, raw_request, runtime)
-
-    route = APIRoute("/v1/chat/completions", chat_completions, methods=["POST"], name="ahc_chat_completions",
-                     response_model=None)
-    for shadowed in app.router.routes:
-        # vLLM's route is never reached; left in the OpenAPI document it would replace ours there, and the
-        # document would describe a body without `context`.
-        if isinstance(shadowed, APIRoute) and shadowed.path == route.path and "POST" in shadowed.methods:
-            shadowed.include_in_schema = False
-    app.router.routes.insert(0, route)
-
-
-async def handle_chat(request: ChatRequest, raw_request: Request, runtime: Runtime) -> Response:
-    """The request under its log line and trace span, which a streamed response carries to its end."""
-    telemetry = ChatTelemetry(raw_request.headers)
-    try:
-        with telemetry.current():
-            response = await serve_turn(request, raw_request, runtime, telemetry)
-    except BaseException as exc:
-        telemetry.end(exc)
-        raise
-    if not isinstance(response, TurnStream):
-        telemetry.end()
-    return response
-
-
-async def serve_turn(request: ChatRequest, raw_request: Request, runtime: Runtime,
-                     telemetry: ChatTelemetry) -> Response:
-    from vllm.entrypoints.openai.chat_completion.api_router import create_chat_completion
-
-    body = await raw_request.json()  # already parsed once by FastAPI; Starlette keeps it
-    oc = runtime.config.orchestrator
-    await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
-    tenant = current_tenant.get()
-    key = session_key(request.context.session_id if request.context else None, raw_request.headers.get(HEADER),
-                      request.prompt_cache_key)
-    label = tenant.scope(key.session_id) if key.session_id is not None and not key.keeps_state else None
-    spec = request.context
-    if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
-        spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
-    if spec is not None:  # documents named by reference read from XDB, with their stored renditions
-        spec = await runtime.codex.resolve(spec, tenant.owner)
-    # The orchestrator keeps the prompt within the window less the reply's budget, and the template
-    # renders the client's tools into the prompt too.
-    async with runtime.orchestrator.turn(spec, body["messages"], requested_completion_tokens(body),
-                                         body.get("tools") or (), tenant.prefix, label) as turn:
-        telemetry.turn = turn
-        if turn.prepared.condense_wanted and oc.codex_condense:
-            runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
+    async def admit(self, turn: ChatTurn, call: ChatCall) -> None:
+        runtime = self.runtime
         try:
-            await admit(turn, runtime.governor, body, runtime.config.engine.max_model_len, runtime.session_admission,
-                        runtime.metrics.one(runtime.metrics.session_wait_seconds))
+            await admit(turn, runtime.governor, call.body, runtime.config.engine.max_model_len,
+                        runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")
             await record_inputs(turn, runtime)
             raise
-        vllm_request = salted(request if request.context is None else rewritten(body, turn),
-                              runtime.keys.cache_salt(tenant))
-        await record_inputs(turn, runtime)
+
+    async def generate(self, turn: ChatTurn, call: ChatCall, raw_request: Request) -> Response | None:
+        """vLLM's own handler on the orchestrator's request (the client's, when it sent no context),
+        with the tenant's prefix-cache salt; the turn's inputs are recorded first."""
+        from vllm.entrypoints.openai.chat_completion.api_router import create_chat_completion
+
+        request = call.request if call.request.context is None else rewritten(call.body, turn)
+        vllm_request = salted(request, self.runtime.keys.cache_salt(call.tenant))
+        await record_inputs(turn, self.runtime)
         current_session.set(turn.session_id)
-        response = await create_chat_completion(vllm_request, raw_request)
-        if isinstance(response, StreamingResponse):
-            return TurnStream(response, turn.hand_over(), runtime, telemetry)
-        return await finish_json(response, turn, runtime)
+        response: Response | None = await create_chat_completion(vllm_request, raw_request)
+        return response
 
 
 class TurnStream(StreamingResponse):

@@ -1,0 +1,91 @@
+"""The chat request as AHC takes it, and what one request asks for once it is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, field_validator
+from starlette.datastructures import Headers
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
+from orchestrator.context_spec import ContextSpec
+from server.admission.turn import requested_completion_tokens
+from server.session_key import HEADER, SessionKey, session_key
+from server.tenants import Tenant
+
+
+class ChatRequest(ChatCompletionRequest):
+    """vLLM's chat request with AHC's `context` (sent by the `openai` client in `extra_body`)."""
+
+    context: ContextSpec | None = None
+    # OpenAI's key for requests that share a prefix: here it names the session (server/session_key.py).
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
+
+    @field_validator("messages")
+    @classmethod
+    def _message_sizes(cls, messages: list[Any]) -> list[Any]:
+        """Each message's text within MESSAGE_MAX_CHARS (ahc/limits.py): a message may be a pasted
+        document, but not the whole body's worth of one."""
+        for i, message in enumerate(messages):
+            chars = _content_chars(message.get("content") if isinstance(message, dict) else None)
+            if chars > MESSAGE_MAX_CHARS:
+                raise ValueError(f"messages.{i}.content is {chars:,} characters, over the limit of "
+                                 f"{MESSAGE_MAX_CHARS:,}")
+        return messages
+
+
+def _content_chars(content: Any) -> int:
+    """A message content's characters: a string, or the text of its parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content
+                   if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return 0
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """One chat request, read once: the validated request, the body as the client sent it (the
+    orchestrator keeps the client's messages and tools byte for byte, which vLLM's typed messages do
+    not), the calling tenant, and the session it names (the `context`'s, scoped to the tenant)."""
+
+    request: ChatRequest
+    body: dict[str, Any]
+    tenant: Tenant
+    key: SessionKey
+    spec: ContextSpec | None  # with its session id scoped to the tenant; None: no `context`
+
+    @classmethod
+    def read(cls, request: ChatRequest, body: dict[str, Any], headers: Headers, tenant: Tenant) -> ChatCall:
+        key = session_key(request.context.session_id if request.context else None, headers.get(HEADER),
+                          request.prompt_cache_key)
+        spec = request.context
+        if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
+            spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
+        return cls(request, body, tenant, key, spec)
+
+    @property
+    def label(self) -> str | None:
+        """The stored id an ordinary client's turns are labelled with (a header or `prompt_cache_key`
+        session, whose State the client keeps); None when the server keeps it or none is named."""
+        if self.key.session_id is None or self.key.keeps_state:
+            return None
+        return self.tenant.scope(self.key.session_id)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.body["messages"]
+        return messages
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return list(self.body.get("tools") or ())
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The reply's budget the client asks for: the orchestrator keeps the prompt within the window
+        less this."""
+        return requested_completion_tokens(self.body)
