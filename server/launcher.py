@@ -132,8 +132,9 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
 def open_xdb(config: AHCConfig, metrics: AHCMetrics) -> XDBClient:
     data_dir = Path(resolve_path(config.data_dir))
     if config.xdb.service_process:
-        return RemoteXDB(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc,
-                         on_restart=metrics.one(metrics.xdb_service_restarts).inc)
+        remote = RemoteXDB(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc,
+                           on_restart=metrics.one(metrics.xdb_service_restarts).inc)
+        return cast(XDBClient, remote)  # it serves XDB's interface (xdb/interface.py), call for call
     return XDB.open(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc)
 
 

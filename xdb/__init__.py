@@ -75,6 +75,8 @@ lake.LakeUnavailable (Unavailable: the lake cannot be reached now; nothing local
 Every read runs on its own cursor of the writer's connection, so any thread may call them.
 """
 
+from typing import TYPE_CHECKING, TypeAlias
+
 from ahc.errors import NotFound
 from xdb.audit import AuditReport, verify_audit
 from xdb.documents import DocumentTooLarge, DocumentType
@@ -87,7 +89,12 @@ from xdb.tags import BudStatus, TagType
 from xdb.writer import WriterBackpressure, WriterStopped
 
 # What the server holds: the database in its own process (RemoteXDB, `ahc serve`'s default) or in this one.
-XDBClient = XDB | RemoteXDB
+# RemoteXDB serves XDB's own interface (the methods XDB marks, xdb/interface.py), so the type checker
+# reads every call through XDB's signatures.
+if TYPE_CHECKING:
+    XDBClient: TypeAlias = XDB
+else:
+    XDBClient = XDB | RemoteXDB
 
 __all__ = ["XDB", "RemoteXDB", "XDBClient",
            "TimestepRow", "TokenBatch", "RecallFilters", "RecallFilterError", "AuditReport", "verify_audit",

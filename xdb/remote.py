@@ -13,6 +13,7 @@ lost or written twice. `RemoteXDB` runs every other call in the service over a p
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import secrets
@@ -30,10 +31,12 @@ from typing import Any
 from ahc.config import XDBConfig
 from ahc.errors import Unavailable
 from xdb import service
+from xdb.interface import service_methods
 from xdb.lake_session import ResumableTickBook
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
+from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 
 log = logging.getLogger("ahc.xdb")
@@ -45,6 +48,7 @@ RESTART_ATTEMPTS = 5
 # A service that dies this often is failing on what it is sent (a full disk, a broken file), not
 # crashing by accident: recording stops (the server answers 503) rather than restarting it forever.
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
+SERVED = service_methods(XDB)
 
 
 class ServiceUnavailable(Unavailable):
@@ -414,136 +418,26 @@ class RemoteXDB:
         return int(self._call("committed_tick", session_id))
 
     # -- everything else runs in the service ------------------------------------------------------
-    def recall(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("recall", *args, **kwargs)
-
-    def recall_page(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("recall_page", *args, **kwargs)
-
-    def timestep(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("timestep", *args, **kwargs)
-
-    def surprising(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("surprising", *args, **kwargs)
-
-    def related_concepts(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("related_concepts", *args, **kwargs)
-
-    def sessions_overview(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("sessions_overview", *args, **kwargs)
-
-    def session_turns(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("session_turns", *args, **kwargs)
-
-    def top_tokens(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("top_tokens", *args, **kwargs)
-
-    def runs(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("runs", *args, **kwargs)
-
-    def save_run_report(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("save_run_report", *args, **kwargs)
-
-    def run_report(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("run_report", *args, **kwargs)
-
-    def concepts_list(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("concepts_list", *args, **kwargs)
-
-    def register_concepts(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("register_concepts", *args, **kwargs)
-
-    def buds(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("buds", *args, **kwargs)
-
-    def comments(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("comments", *args, **kwargs)
-
-    def tag(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("tag", *args, **kwargs)
-
-    def comment(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("comment", *args, **kwargs)
-
-    def create_tag(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("create_tag", *args, **kwargs)
-
-    def set_bud_status(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("set_bud_status", *args, **kwargs)
-
-    def documents(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("documents", *args, **kwargs)
-
-    def document(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("document", *args, **kwargs)
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """XDB's served methods (marked in xdb/store.py), called in the service; those that must see the
+        rows submitted before them flush the writer first. Methods with logic of their own here (ticks,
+        the writer's figures in `state`) are defined above and below and never reach this."""
+        kind = SERVED.get(name)
+        if kind is None:
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+        call = self._call_after_flush if kind == "after_flush" else self._call
+        return functools.partial(call, name)
 
     def load_session_state_verified(self, session_id: str) -> Any:
         found = self._call("load_session_state_verified", session_id)
         self._resume_ticks(session_id)
         return found
 
-    def session_versions(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("session_versions", *args, **kwargs)
-
-    def rollback_session(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("rollback_session", *args, **kwargs)
-
-    def sessions(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("sessions", *args, **kwargs)
-
-    def delete_session(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("delete_session", *args, **kwargs)
-
-    def export(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("export", *args, **kwargs)
-
-    def exports(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("exports", *args, **kwargs)
-
-    def delete_export(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("delete_export", *args, **kwargs)
-
-    def find_document(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("find_document", *args, **kwargs)
-
-    def document_versions(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("document_versions", *args, **kwargs)
-
-    def add_document(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("add_document", *args, **kwargs)
-
-    def update_document(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("update_document", *args, **kwargs)
-
-    def pin(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("pin", *args, **kwargs)
-
-    def unpin(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("unpin", *args, **kwargs)
-
-    def windows(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("windows", *args, **kwargs)
-
-    def submit_evidence(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("submit_evidence", *args, **kwargs)
-
-    def resolve_submission(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("resolve_submission", *args, **kwargs)
-
-    def compact(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("compact", *args, **kwargs)
-
-    def cold_records(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("cold_records", *args, **kwargs)
-
     def state(self) -> Any:
         state = self._call("state")
         state["writer"] = {"queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written,
                            "process_restarts": self.writer.restarts}
         return state
-
-    def save_session_state(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("save_session_state", *args, **kwargs)
 
     def load_session_state(self, session_id: str, version: int | None = None) -> Any:
         state = self._call("load_session_state", session_id, version)
@@ -557,52 +451,9 @@ class RemoteXDB:
         if self.lake is not None:
             self._ticks.advance(session_id, self.committed_tick(session_id))
 
-    def log_interaction(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("log_interaction", *args, **kwargs)
-
-    def interactions(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("interactions", *args, **kwargs)
-
-    def save_meta_knowledge(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("save_meta_knowledge", *args, **kwargs)
-
-    def meta_knowledge(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("meta_knowledge", *args, **kwargs)
-
-    def purge_run(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("purge_run", *args, **kwargs)
-
-    def verify_audit(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("verify_audit", *args, **kwargs)
-
-    def backup(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call_after_flush("backup", *args, **kwargs)
-
     def audit_head(self) -> tuple[int, str]:
         seq, head = self._call("audit_head")
         return int(seq), str(head)
-
-    def audit_event(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("audit_event", *args, **kwargs)
-
-    # -- the shared lake (xdb/lake.py), read and shipped in the service ---------------------------------
-    def lake_recall(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("lake_recall", *args, **kwargs)
-
-    def lake_concepts(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("lake_concepts", *args, **kwargs)
-
-    def lake_tags(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("lake_tags", *args, **kwargs)
-
-    def lake_ship_now(self) -> Any:
-        return self._call_after_flush("lake_ship_now")
-
-    def lake_status(self) -> Any:
-        return self._call("lake_status")
-
-    def verify_lake_audit(self) -> Any:
-        return self._call_after_flush("verify_lake_audit")
 
 
 class RemoteLake:

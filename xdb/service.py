@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ahc.config import XDBConfig
+from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import DatabaseInUse
 from xdb.store import XDB
@@ -34,18 +35,8 @@ from xdb.store import XDB
 log = logging.getLogger("ahc.xdb.service")
 
 # The XDB methods a caller may run in the service (everything but opening and closing it).
-METHODS = frozenset({
-    "committed_tick", "recall", "concepts_list", "register_concepts", "buds", "comments", "tag", "comment",
-    "create_tag", "set_bud_status", "documents", "document", "find_document", "document_versions",
-    "add_document", "update_document", "pin", "unpin", "windows", "submit_evidence", "resolve_submission",
-    "compact", "cold_records", "state", "save_session_state", "load_session_state", "log_interaction",
-    "interactions", "save_meta_knowledge", "meta_knowledge", "purge_run", "verify_audit", "audit_head",
-    "audit_event", "backup", "export", "exports", "delete_export", "load_session_state_verified", "session_versions",
-    "rollback_session", "sessions", "delete_session",
-    "recall_page", "timestep", "surprising", "related_concepts", "sessions_overview", "session_turns", "top_tokens",
-    "runs", "save_run_report", "run_report",
-    "lake_recall", "lake_concepts", "lake_tags", "lake_ship_now", "lake_status", "verify_lake_audit",
-})
+# The calls the service accepts: the methods XDB marks as served (xdb/interface.py).
+METHODS = frozenset(service_methods(XDB))
 CALLBACK = "<callback>"
 PROCESS_TITLE = "AHC::XDB"
 # The server never sends more than the writer's queue holds (it counts what is uncommitted), so a

@@ -37,6 +37,7 @@ from xdb import (
 )
 from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
+from xdb.interface import service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
 from xdb.lake_reads import newer
 from xdb.lake_session import LakeTicks, ResumableTickBook
@@ -148,6 +149,7 @@ class XDB:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @service_after_flush
     def backup(self, dest: Path | str) -> dict[str, Any]:
         """A consistent copy of the database while it is written: `dest` becomes a data directory
         `XDB.open` (or `ahc serve --data-dir`) takes as it is. The experience file is copied first, from
@@ -164,6 +166,7 @@ class XDB:
         seq = self.audit.copy_to((dest / AUDIT_FILE).parent)
         return {"path": str(dest), "audit_seq": seq}
 
+    @service_after_flush
     def export(self, out: Path | str | None = None, fmt: export.Format = "parquet", *, session_id: str | None = None,
                since: str | None = None, prefix: str = "") -> dict[str, Any]:
         """Rows as Parquet (or JSON lines) files partitioned by session, and a manifest; `out`
@@ -180,6 +183,7 @@ class XDB:
                                     "session_id": session_id, "since": since, "prefix": prefix})
         return {**result.manifest, "path": str(dest), "bytes": export.export_bytes(result.manifest)}
 
+    @service
     def exports(self, prefix: str | None = "") -> list[dict[str, Any]]:
         """The exports under DATA_DIR/exports made for this tenant's prefix (None: every tenant's),
         newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""
@@ -191,6 +195,7 @@ class XDB:
         # By the time each was made (to the microsecond): ids made in the same second sort at random.
         return sorted(found, key=lambda m: (export.created_at(m), m["id"]), reverse=True)
 
+    @service
     def delete_export(self, export_id: str, prefix: str = "", reason: str = "deleted") -> bool:
         """Remove one of the tenant's exports (its files and manifest); False if it has none of that
         id. The removal is an audit event."""
@@ -262,6 +267,7 @@ class XDB:
         without the lookup `next_ticks` would make on the event loop. No effect on a known session."""
         self._ticks.start_session(session_id)
 
+    @service
     def committed_tick(self, session_id: str) -> int:
         """The last tick the file holds for a session (-1: none): one primary-key lookup. In ducklake
         mode at least the lake's last tick for it, as learnt when its State was loaded."""
@@ -270,6 +276,7 @@ class XDB:
         local = int(row[0]) if row else -1
         return local if self.lake is None else max(local, self._lake_ticks.get(session_id))
 
+    @service
     def audit_event(self, action: str, details: dict[str, Any]) -> None:
         """Chain a system event (a deletion or rewrite of stored rows) in the audit log; what
         deletes calls this inside its transaction, before COMMIT. Read-only: nothing can be deleted."""
@@ -277,6 +284,7 @@ class XDB:
             self.audit.append_event(action, details)
 
     # -- reading -------------------------------------------------------------------------------
+    @service
     def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
                **kwargs: Any) -> list[dict[str, Any]]:
         """Timesteps matching the filters, oldest first, of the sessions whose id starts with
@@ -285,6 +293,7 @@ class XDB:
         with self.cursor() as cur:
             return recall(cur, f, self.concepts, self.tag_cache, session_prefix)
 
+    @service
     def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
                     **kwargs: Any) -> dict[str, Any]:
         """One page of recall: its rows, whether more follow, and the cursor (`after_id`) for the next."""
@@ -296,6 +305,7 @@ class XDB:
         return {"data": page, "has_more": len(rows) > f.limit,
                 "next_after_id": page[-1]["id"] if len(rows) > f.limit else None}
 
+    @service
     def timestep(self, timestep_id: int, session_prefix: str = "") -> dict[str, Any]:
         with self.cursor() as cur:
             found = timestep(cur, timestep_id, self.concepts, self.tag_cache, session_prefix)
@@ -303,27 +313,33 @@ class XDB:
             raise NotFound(f"timestep {timestep_id} not found")
         return found
 
+    @service
     def surprising(self, session_id: str, limit: int = 20) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return insights.surprising(cur, session_id, self.concepts, limit)
 
+    @service
     def related_concepts(self, concept: str, limit: int = 10, session_id: str | None = None,
                          session_prefix: str = "") -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return insights.related_concepts(cur, concept, self.concepts, limit, session_id, session_prefix)
 
+    @service
     def sessions_overview(self, prefix: str = "", limit: int = 200, query: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return browse.sessions_overview(cur, prefix, limit, query)
 
+    @service
     def session_turns(self, session_id: str) -> dict[str, Any]:
         with self.cursor() as cur:
             return browse.session_turns(cur, session_id)
 
+    @service
     def top_tokens(self, concept: str, prefix: str = "", limit: int = 50) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return browse.top_tokens(cur, concept, self.concepts, prefix, limit)
 
+    @service
     def concepts_list(self, query: str | None = None, parent: str | None = None) -> list[dict[str, Any]]:
         """Concepts (name contains `query`; children of `parent`, "" for the top level)."""
         with self.cursor() as cur:
@@ -332,6 +348,7 @@ class XDB:
             return found
         return [c for c in found if (c["parent"] or "") == parent]
 
+    @service
     def register_concepts(self, concepts: list[dict[str, Any]], source: str = "lens") -> None:
         """A lens pack's concepts and hierarchy ({"id", "name", "parent"} each)."""
         with self.cursor() as cur:
@@ -349,10 +366,12 @@ class XDB:
         self.writer.on_auto_tags = self.tag_cache.invalidate
         self.writer.set_auto_tag_thresholds({name: float(t) for name, t in rows})
 
+    @service
     def buds(self, status: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return tags.list_buds(cur, status)
 
+    @service
     def comments(self, session_id: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return tags.list_comments(cur, session_id)
@@ -369,6 +388,7 @@ class XDB:
             self.writer.flush(timeout=10)
             return tags.resolve_target(cur, target, session_prefix)
 
+    @service_after_flush
     def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
@@ -386,6 +406,7 @@ class XDB:
             finally:
                 self.tag_cache.invalidate()
 
+    @service_after_flush
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
                 tick: int | None = None, event_id: str | None = None,
                 tick_range: tuple[int, int] | None = None, session_prefix: str = "") -> dict[str, Any]:
@@ -394,6 +415,7 @@ class XDB:
                                   event_id=event_id, tick_range=tick_range)
             return tags.add_comment(cur, content, target)
 
+    @service
     def create_tag(self, name: str, tag_type: str = "custom", **fields: Any) -> dict[str, Any]:
         with self.cursor() as cur:
             try:
@@ -401,61 +423,74 @@ class XDB:
             finally:
                 self.tag_cache.invalidate()
 
+    @service
     def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
         with self.cursor() as cur:
             return tags.set_bud_status(cur, tag, status, self.audit_event)
 
     # -- documents -----------------------------------------------------------------------------
+    @service
     def documents(self, doc_type: str | None = None, query: str | None = None,
                   id_prefix: str = "") -> list[dict[str, Any]]:
         """The documents whose id starts with `id_prefix` (one tenant's)."""
         with self.cursor() as cur:
             return documents.list_documents(cur, doc_type, query, id_prefix)
 
+    @service
     def document(self, doc_id: str | None = None, *, path: str | None = None,
                  version: int | None = None) -> dict[str, Any]:
         with self.cursor() as cur:
             return documents.get_document(cur, doc_id, path=path, version=version)
 
+    @service
     def find_document(self, key: str | None = None, **where: Any) -> dict[str, Any]:
         with self.cursor() as cur:
             return documents.find_document(cur, key, **where)
 
+    @service
     def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return documents.document_versions(cur, doc_id)
 
+    @service
     def add_document(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
         with self.cursor() as cur:
             return documents.add_document(cur, name, content, max_bytes=self.max_document_bytes, **fields)
 
+    @service
     def update_document(self, doc_id: str, content: str, **fields: Any) -> dict[str, Any]:
         with self._documents_lock, self.cursor() as cur:
             return documents.update_document(cur, doc_id, content, max_bytes=self.max_document_bytes, **fields)
 
     # -- fidelity and compression ----------------------------------------------------------------
+    @service_after_flush
     def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None = None) -> dict[str, Any]:
         if self.writer is not None and self.writer.queue_depth():
             self.writer.flush()  # a session still on the writer's queue is one that exists
         with self.cursor() as cur:
             return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
 
+    @service
     def unpin(self, window_id: int) -> dict[str, Any]:
         with self.cursor() as cur:
             return fidelity.unpin(cur, window_id, self.audit_event)
 
+    @service
     def windows(self, session_id: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return fidelity.list_windows(cur, session_id)
 
+    @service
     def submit_evidence(self, bud: str | int, submission_id: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return fidelity.submit_evidence(cur, bud, submission_id)
 
+    @service
     def resolve_submission(self, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return fidelity.resolve_submission(cur, submission_id, accepted, self.audit_event)
 
+    @service_after_flush
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
                 trigger: str = "manual", tokens_after: int | None = None, tokens_before: int | None = None,
                 compress_released: bool = False, summarize: Callable[[str], str] | None = None) -> dict[str, Any]:
@@ -494,10 +529,12 @@ class XDB:
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
 
+    @service
     def cold_records(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return compression.cold_records(cur, session_id, limit)
 
+    @service
     def state(self) -> dict[str, Any]:
         with self.cursor() as cur:
             counts = one(cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
@@ -517,6 +554,7 @@ class XDB:
             }
 
     # -- the orchestrator's and the discovery agent's tables --------------------------------------
+    @service
     def save_session_state(self, session_id: str, state_json: str) -> int:
         """Store a new State version. In ducklake mode it is in the lake when this returns (shipped with
         every row committed before it), or LakeUnavailable is raised (it stays stored locally)."""
@@ -526,6 +564,7 @@ class XDB:
             self.lake.ship_now()
         return version
 
+    @service
     def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
         """The newest intact State (or exactly `version`, of this data dir's). In ducklake mode the
         newest of this data dir's and the lake's, any replica's; see `load_session_state_verified`."""
@@ -557,6 +596,7 @@ class XDB:
                      chosen.version)
         return (chosen.state_json if chosen is not None else None), corrupt
 
+    @service
     def load_session_state_verified(self, session_id: str) -> tuple[str | None, list[int]]:
         """The newest intact State and the newer versions skipped as corrupted (logged here)."""
         if self.lake is not None:
@@ -569,10 +609,12 @@ class XDB:
                         session_id, corrupt)
         return state, corrupt
 
+    @service
     def session_versions(self, session_id: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return session_state.versions(cur, session_id)
 
+    @service
     def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
         with self.cursor() as cur:
             result = session_state.rollback(cur, session_id, version, audit=self.audit_event)
@@ -580,6 +622,7 @@ class XDB:
             self.lake.ship_now()  # the restored State is the newest, in the lake too
         return result
 
+    @service
     def sessions(self, prefix: str = "", limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return session_state.list_sessions(cur, prefix, limit, after)
@@ -592,6 +635,7 @@ class XDB:
         with self._compress_lock, self.cursor() as cur:
             return retention.apply_tombstone(cur, stone, self.audit_event)
 
+    @service_after_flush
     def delete_session(self, session_id: str) -> dict[str, int]:
         """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
         if self.writer is not None and self.writer.queue_depth():
@@ -619,33 +663,40 @@ class XDB:
         resume = self.lake.session_resume(session_id)
         return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
 
+    @service
     def log_interaction(self, run_id: str, **fields: Any) -> int:
         with self.cursor() as cur:
             return interactions.log_interaction(cur, run_id, **fields)
 
+    @service
     def interactions(self, run_id: str | None = None, **filters: Any) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return interactions.interactions(cur, run_id, **filters)
 
+    @service
     def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
         with self.cursor() as cur:
             return interactions.save_meta_knowledge(cur, run_id, **fields)
 
+    @service
     def meta_knowledge(self, run_id: str | None = None, latest: bool = True) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return interactions.meta_knowledge(cur, run_id, latest=latest)
 
+    @service
     def purge_run(self, run_id: str) -> dict[str, int]:
         """Delete one run's `interaction_log` and `meta_knowledge` rows (chained in the audit log);
         returns the counts per table."""
         with self.cursor() as cur:
             return interactions.purge_run(cur, run_id, self.audit_event)
 
+    @service
     def runs(self, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
         """The runs whose id starts with `prefix`, most recently active first, with their counts."""
         with self.cursor() as cur:
             return interactions.runs(cur, prefix, limit)
 
+    @service
     def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
         not a PNG or is over interactions.REPORT_MAX_BYTES); returns the document without content."""
@@ -653,6 +704,7 @@ class XDB:
             doc = interactions.save_report(cur, run_id, png, id_prefix)
         return {k: v for k, v in doc.items() if k != "content"}
 
+    @service
     def run_report(self, run_id: str, id_prefix: str = "") -> bytes | None:
         with self.cursor() as cur:
             return interactions.report(cur, run_id, id_prefix)
@@ -664,26 +716,32 @@ class XDB:
                              "opened read-only")
         return self.lake
 
+    @service
     def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
                     **kwargs: Any) -> list[dict[str, Any]]:
         """Every replica's timesteps matching the filters (as `recall`, less after_id), each with `replica`."""
         return self._need_lake().recall(filters, session_prefix=session_prefix, **kwargs)
 
+    @service
     def lake_concepts(self, query: str | None = None) -> list[dict[str, Any]]:
         return self._need_lake().concepts(query)
 
+    @service
     def lake_tags(self, tag_type: str | None = None) -> list[dict[str, Any]]:
         return self._need_lake().tags(tag_type)
 
+    @service_after_flush
     def lake_ship_now(self) -> dict[str, int]:
         """Commit what the writer holds, then ship everything to the lake; the rows shipped per table."""
         if self.writer is not None:
             self.writer.flush()
         return self._need_lake().ship_now()
 
+    @service
     def lake_status(self) -> dict[str, Any] | None:
         return self.lake.status() if self.lake is not None else None
 
+    @service_after_flush
     def verify_lake_audit(self) -> dict[str, AuditReport]:
         """Every replica's audit chain in the lake (this one's shipped up to now first)."""
         lake = self._need_lake()
@@ -692,6 +750,7 @@ class XDB:
         return lake.verify_audit()
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
+    @service_after_flush
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
         if self.audit is None:
             raise ValueError("this XDB was opened read-only; use xdb.audit.verify_audit(data_dir)")
@@ -699,6 +758,7 @@ class XDB:
             self.writer.flush()
         return self.audit.verify(seq_from, seq_to)
 
+    @service
     def audit_head(self) -> tuple[int, str]:
         """The audit chain's last committed head, as anchored in audit/audit.head: (seq, hex hash);
         seq -1 for an empty log. Read-only, the head file's last line."""
