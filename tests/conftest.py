@@ -3,15 +3,21 @@ Helpers that start servers live in ahc/server_process.py, shared with the benchm
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import openai
 import pytest
-from vllm.config import VllmConfig
 
 from ahc.config import AHCConfig, load_config
 from ahc.server_process import REAL_CONFIG, REAL_MODEL, TINY_MODEL, ServerProcess, child_env, start_server
+
+if TYPE_CHECKING:
+    # Annotations only: vLLM's import takes seconds, paid by xdist's controller too, which runs no test.
+    import openai
+    from vllm.config import VllmConfig
 
 API_KEY = "test-key"
 
@@ -107,6 +113,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def heap_freeze_without_a_full_collection() -> Iterator[None]:
+    """The fake-engine app's lifespan freezes the heap (vLLM's freeze_gc_heap, as `ahc serve` does once) and
+    fake_app unfreezes it after each test, so every app start ran a full collection of the whole test
+    worker's heap first: most of an app test's set-up time. Here it only freezes; the garbage frozen with
+    it is unfrozen and collected after the test as before. `ahc serve` itself (engine tests) is unchanged."""
+    from vllm.entrypoints.launchers.utils import server_utils
+
+    freeze = server_utils.freeze_gc_heap
+    server_utils.freeze_gc_heap = gc.freeze
+    yield
+    server_utils.freeze_gc_heap = freeze
+
+
+@pytest.fixture(scope="session")
 def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AHCConfig:
     """cpu-tiny.yaml on the tiny model, lens off: the AHC config of the fake-engine app tests."""
     data_dir = tmp_path_factory.mktemp("fake-app") / "xdb"
@@ -115,7 +135,7 @@ def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AH
 
 
 @pytest.fixture(scope="session")
-def vllm_config(config: AHCConfig) -> VllmConfig:
+def vllm_config(config: AHCConfig, heap_freeze_without_a_full_collection: None) -> VllmConfig:
     """vLLM's engine config for `config` (seconds, once a session); starts no engine."""
     from fake_engine import engine_config
 

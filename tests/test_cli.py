@@ -6,25 +6,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 
 
 def ahc(*args: str) -> subprocess.CompletedProcess:
+    """The real `ahc` process: its exit status and stderr line are what these tests are about."""
     return subprocess.run([AHC, *args], capture_output=True, text=True, timeout=120)
+
+
+def ahc_here(*args: str) -> subprocess.CompletedProcess:
+    """`ahc ARGS...` in this process (cli_runner): the same exit code and output without a cold start.
+    The tests that use `ahc` above keep the real process's exit status and stderr covered."""
+    return cli_runner.ahc(*args)
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["tiny-model"], ["bench"]])
 def test_help_on_every_subcommand(command: list[str]) -> None:
-    result = ahc(*command, "--help")
+    result = ahc_here(*command, "--help")
     assert result.returncode == 0
     assert "Usage" in result.stdout
 
 
 def test_bad_usage_exits_2() -> None:
     assert ahc("no-such-command").returncode == 2
-    assert ahc("tiny-model", "x", "--layers", "many").returncode == 2
+    assert ahc_here("tiny-model", "x", "--layers", "many").returncode == 2
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -50,12 +58,12 @@ def test_invalid_config_exits_1_naming_the_field(tmp_path: Path) -> None:
 
 
 def test_bad_tiny_model_spec_exits_1(tmp_path: Path) -> None:
-    assert "multiple of heads" in one_error_line(ahc("tiny-model", str(tmp_path / "m"), "--hidden", "100",
-                                                      "--heads", "3"))
+    assert "multiple of heads" in one_error_line(ahc_here("tiny-model", str(tmp_path / "m"), "--hidden", "100",
+                                                           "--heads", "3"))
 
 
 def test_unknown_bench_exits_1() -> None:
-    assert "unknown benchmark" in one_error_line(ahc("bench", "warp"))
+    assert "unknown benchmark" in one_error_line(ahc_here("bench", "warp"))
 
 
 def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
@@ -74,8 +82,8 @@ def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
     (["--port", "70000"], "port 70000 is not a usable port"),
 ])
 def test_cluster_bad_options_exit_1_with_one_line(args: list[str], problem: str, tmp_path) -> None:
-    result = subprocess.run([AHC, "cluster", "--data-dir", str(tmp_path), *args], capture_output=True, text=True,
-                            timeout=120)
+    # The real process: should the options pass by mistake, a cluster starts in it, not in this test worker.
+    result = ahc("cluster", "--data-dir", str(tmp_path), *args)
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and problem in result.stderr
     assert not (tmp_path / "catalog").exists(), "nothing started"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import invoke
 
 from lens import load_pack
 from lens.probes import fit
@@ -129,9 +129,10 @@ def test_train_rejects_a_layer_past_the_model(tiny_model_dir: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    code = "import sys; from lens.cli import app; app(sys.argv[1:])"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    # In this process: a subprocess would import torch and transformers again for each of its six runs.
+    from lens.cli import app
+
+    return invoke(app, *args)
 
 
 def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import cli_runner
 import numpy as np
 import pytest
 from aiohttp import web
@@ -24,11 +25,10 @@ from bench.serve import Side, plot_scaling, side_figures
 from bench.serve_profiles import PROFILES
 from bench.stream_load import Load, Reply, Round, Target, latency_ms, measure, parse_event, percentile, process_cpu_s
 
-AHC = str(Path(sys.executable).with_name("ahc"))
-
 
 def ahc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([AHC, *args], capture_output=True, text=True, timeout=120)
+    # In this process (cli_runner): the same exit codes and output; tests/test_cli.py runs the real process.
+    return cli_runner.ahc(*args)
 
 
 @pytest.mark.parametrize("q", [0, 1, 37.5, 50, 90, 99, 100])

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import cli_runner
 import duckdb
 import pyarrow as pa
 import pytest
@@ -88,14 +89,12 @@ def test_cli_verify_audit_exit_codes(logged: Path) -> None:
 
 
 def test_cli_recall_prints_json_lines(logged: Path) -> None:
-    out = subprocess.run([AHC, "xdb", "recall", "--data-dir", str(logged), "--tick-from", "3", "--tick-to", "4"],
-                         capture_output=True, text=True)
+    out = cli_runner.ahc("xdb", "recall", "--data-dir", str(logged), "--tick-from", "3", "--tick-to", "4")
     assert out.returncode == 0, out.stderr
     import json
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["tick"] for r in rows] == [3, 4] and rows[0]["concept_activations"] == {"joy": pytest.approx(0.3)}
-    bad = subprocess.run([AHC, "xdb", "recall", "--data-dir", str(logged), "--limit", "0"], capture_output=True,
-                         text=True)
+    bad = cli_runner.ahc("xdb", "recall", "--data-dir", str(logged), "--limit", "0")
     assert bad.returncode == 1 and "limit" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -140,8 +139,9 @@ def test_kill_9_keeps_every_committed_batch_and_the_chain(tmp_path: Path) -> Non
 # -- the anchor: every tamper vector, seen by `ahc xdb verify-audit` -----------------------------------
 
 def verify_cli(data_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir), *extra],
-                          capture_output=True, text=True)
+    # In this process (cli_runner), the same exit codes and stderr: test_cli_verify_audit_exit_codes runs
+    # the real `ahc` process.
+    return cli_runner.ahc("xdb", "verify-audit", "--data-dir", str(data_dir), *extra)
 
 
 def head_lines(data_dir: Path) -> list[str]:
