@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 import httpx
 
+from xdb.interactions import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
+
 Row = dict[str, Any]
 
 
@@ -55,20 +57,20 @@ class LocalRunStore:
         self.xdb = XDB.open(data_dir)
 
     def log_interaction(self, run_id: str, **fields: Any) -> int:
-        return self.xdb.log_interaction(run_id, **fields)
+        return self.xdb.write(log_interaction, run_id, **fields)
 
     def interactions(self, run_id: str, *, pattern: str | None = None, last: int | None = None) -> list[Row]:
-        return self.xdb.interactions(run_id, pattern=pattern, last=last)
+        return self.xdb.read(list_interactions, run_id, pattern=pattern, last=last)
 
     def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
-        return self.xdb.save_meta_knowledge(run_id, **fields)
+        return self.xdb.write(save_meta_knowledge, run_id, **fields)
 
     def meta_knowledge(self, run_id: str) -> Row | None:
-        rows = self.xdb.meta_knowledge(run_id)
+        rows = self.xdb.read(meta_knowledge, run_id)
         return rows[0] if rows else None
 
     def purge(self, run_id: str) -> dict[str, int]:
-        return self.xdb.purge_run(run_id)
+        return self.xdb.write(purge_run, run_id)
 
     def save_report(self, run_id: str, png: bytes) -> None:
         self.xdb.save_run_report(run_id, png)

@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 from ahc.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, CodexRef, ContextSpec, StoredCodexDoc
 from xdb import XDBClient
+from xdb.documents import find_document, get_document
 
 CONDENSED_TAG = "condensed"
 LONG_TEXT = 1 << 16  # characters past which hashing leaves the event loop
@@ -104,7 +105,7 @@ class CodexResolver:
         if known:
             return cached
         try:
-            doc = await asyncio.to_thread(self.xdb.find_document, path=rendition_path(self.model, source_sha256),
+            doc = await asyncio.to_thread(self.xdb.read, find_document, path=rendition_path(self.model, source_sha256),
                                           id_prefix=prefix)
         except LookupError:
             found = None
@@ -115,7 +116,7 @@ class CodexResolver:
 
     async def _stored(self, ref: CodexRef, prefix: str, index: int) -> StoredCodexDoc:
         try:
-            meta = await asyncio.to_thread(self.xdb.find_document, ref.document, version=ref.version,
+            meta = await asyncio.to_thread(self.xdb.read, find_document, ref.document, version=ref.version,
                                            sha256=ref.sha256, id_prefix=prefix, with_content=False)
         except LookupError as exc:
             raise InvalidRequest(f"context.codex.{index}: {exc.args[0] if exc.args else exc}",
@@ -123,7 +124,8 @@ class CodexResolver:
         key = (meta["id"], meta["version"])
         known, doc = self._versions.get(key)
         if not known or doc is None:
-            fetched: dict[str, Any] = await asyncio.to_thread(self.xdb.document, meta["id"], version=meta["version"])
+            fetched: dict[str, Any] = await asyncio.to_thread(self.xdb.read, get_document, meta["id"],
+                                                              version=meta["version"])
             self._versions.put(key, fetched, len(fetched["content"]))
             doc = fetched
         return StoredCodexDoc(id=ref.id or doc["name"], text=doc["content"], verbatim=ref.verbatim,

@@ -19,8 +19,22 @@ from ahc.errors import InvalidRequest, NotFound
 from server.request_context import Caller
 from server.tenants import Tenant
 from xdb import XDBClient
-from xdb.documents import DocumentType
+from xdb.browse import session_turns, sessions_overview
+from xdb.compression import cold_records
+from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
+from xdb.fidelity import list_windows, unpin
+from xdb.interactions import (
+    list_interactions,
+    list_runs,
+    log_interaction,
+    meta_knowledge,
+    purge_run,
+    run_report,
+    save_meta_knowledge,
+)
 from xdb.recall import RecallFilters
+from xdb.session_state import list_sessions, state_versions
+from xdb.tags import list_comments
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,7 @@ class TenantXDB:
         return self._row(self.xdb.comment(content, **self._where(target)))
 
     def comments(self, session_id: str | None) -> list[dict[str, Any]]:
-        return self._owned(self.xdb.comments(self._opt(session_id)))
+        return self._owned(self.xdb.read(list_comments, self._opt(session_id)))
 
     def surprising(self, session_id: str, limit: int) -> list[dict[str, Any]]:
         return self._rows(self.xdb.surprising(self.stored_id(session_id), limit))
@@ -107,20 +121,20 @@ class TenantXDB:
 
     def windows(self, session_id: str | None) -> list[dict[str, Any]]:
         """The tenant's pinned (WARM) and SUBMITTED windows."""
-        return self._owned(self.xdb.windows(self._opt(session_id)))
+        return self._owned(self.xdb.read(list_windows, self._opt(session_id)))
 
     def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None) -> dict[str, Any]:
         return self._row(self.xdb.pin(self.stored_id(session_id), tick_from, tick_to, reason))
 
     def unpin(self, window_id: int) -> dict[str, Any]:
-        if not any(w["id"] == window_id and self.tenant.owns(w["session_id"]) for w in self.xdb.windows()):
+        if not any(w["id"] == window_id and self.tenant.owns(w["session_id"]) for w in self.xdb.read(list_windows)):
             raise NotFound(f"window {window_id} not found")
-        return self._row(self.xdb.unpin(window_id))
+        return self._row(self.xdb.write(unpin, window_id))
 
     def cold_records(self, session_id: str | None, limit: int) -> list[dict[str, Any]]:
         if self.tenant.owner and session_id is None:
             raise InvalidRequest("session_id is required (records are listed per session)", param="session_id")
-        rows = self.xdb.cold_records(self._opt(session_id), limit)
+        rows = self.xdb.read(cold_records, self._opt(session_id), limit)
         return self._rows(rows) if self.tenant.owner else list(rows)
 
     def compact(self, session_id: str | None, summarize: Callable[[str], str] | None,
@@ -132,17 +146,17 @@ class TenantXDB:
 
     # -- documents ----------------------------------------------------------------------------------
     def documents(self, doc_type: DocumentType | None, q: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.documents(doc_type, q, self.tenant.owner), "id")
+        return self._rows(self.xdb.read(list_documents, doc_type, q, self.tenant.owner), "id")
 
     def find_document(self, path: str) -> dict[str, Any]:
         """The tenant's latest document at `path`; NotFound if it has none."""
-        return self._row(self.xdb.find_document(path=path, id_prefix=self.tenant.owner), "id")
+        return self._row(self.xdb.read(find_document, path=path, id_prefix=self.tenant.owner), "id")
 
     def document(self, doc_id: str, version: int | None = None) -> dict[str, Any]:
-        return self._row(self.xdb.document(self.stored_id(doc_id), version=version), "id")
+        return self._row(self.xdb.read(get_document, self.stored_id(doc_id), version=version), "id")
 
     def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.document_versions(self.stored_id(doc_id)), "id")
+        return self._rows(self.xdb.read(document_versions, self.stored_id(doc_id)), "id")
 
     def add_document(self, **fields: Any) -> dict[str, Any]:
         return self._row(self.xdb.add_document(**fields, id_prefix=self.tenant.owner), "id")
@@ -152,45 +166,45 @@ class TenantXDB:
 
     # -- the discovery agent's runs --------------------------------------------------------------------
     def log_interaction(self, run_id: str, **fields: Any) -> int:
-        return int(self.xdb.log_interaction(self.stored_id(run_id), **fields))
+        return int(self.xdb.write(log_interaction, self.stored_id(run_id), **fields))
 
     def interactions(self, run_id: str, **filters: Any) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.interactions(self.stored_id(run_id), **filters), "run_id")
+        return self._rows(self.xdb.read(list_interactions, self.stored_id(run_id), **filters), "run_id")
 
     def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
-        return int(self.xdb.save_meta_knowledge(self.stored_id(run_id), **fields))
+        return int(self.xdb.write(save_meta_knowledge, self.stored_id(run_id), **fields))
 
     def meta_knowledge(self, run_id: str, latest: bool) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.meta_knowledge(self.stored_id(run_id), latest=latest), "run_id")
+        return self._rows(self.xdb.read(meta_knowledge, self.stored_id(run_id), latest=latest), "run_id")
 
     def purge_run(self, run_id: str) -> dict[str, int]:
-        deleted: dict[str, int] = self.xdb.purge_run(self.stored_id(run_id))
+        deleted: dict[str, int] = self.xdb.write(purge_run, self.stored_id(run_id))
         return deleted
 
     def runs(self, limit: int) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.runs(self.tenant.owner, limit), "run_id")
+        return self._rows(self.xdb.read(list_runs, self.tenant.owner, limit), "run_id")
 
     def save_run_report(self, run_id: str, png: bytes) -> dict[str, Any]:
         doc: dict[str, Any] = self.xdb.save_run_report(self.stored_id(run_id), png, self.tenant.owner)
         return doc
 
     def run_report(self, run_id: str) -> bytes | None:
-        png: bytes | None = self.xdb.run_report(self.stored_id(run_id), self.tenant.owner)
+        png: bytes | None = self.xdb.read(run_report, self.stored_id(run_id), self.tenant.owner)
         return png
 
     # -- sessions --------------------------------------------------------------------------------------
     def sessions(self, limit: int, after: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.sessions(self.tenant.owner, limit, self._opt(after)))
+        return self._rows(self.xdb.read(list_sessions, self.tenant.owner, limit, self._opt(after)))
 
     def sessions_overview(self, limit: int, q: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.sessions_overview(self.tenant.owner, limit, q))
+        return self._rows(self.xdb.read(sessions_overview, self.tenant.owner, limit, q))
 
     def session_turns(self, session_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.xdb.session_turns(self.stored_id(session_id))
+        found: dict[str, Any] = self.xdb.read(session_turns, self.stored_id(session_id))
         return {**found, "session_id": session_id}
 
     def session_versions(self, session_id: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.xdb.session_versions(self.stored_id(session_id))
+        rows: list[dict[str, Any]] = self.xdb.read(state_versions, self.stored_id(session_id))
         return rows
 
     def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:

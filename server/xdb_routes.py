@@ -25,10 +25,11 @@ from server.request_context import Caller
 from server.tenant_xdb import Target as TagTarget
 from server.tenant_xdb import TenantViews, TenantXDB
 from server.tenants import Tenant
-from xdb import XDBClient
+from xdb import XDBClient, fidelity
 from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
 from xdb.schema import INT64_MAX
+from xdb.tags import list_buds, set_bud_status
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # `local`: this server's own XDB; `cluster`: the shared lake, every replica's rows (xdb.backend ducklake).
@@ -230,14 +231,14 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     def submit_evidence(body: EvidenceBody, tenant: Caller) -> Any:
         """Lock a bud's tagged rows as evidence for a submission (SUBMITTED: never compressed)."""
         _default_tenant_only(tenant, "evidence")
-        return {"object": "list", "data": xdb.submit_evidence(body.bud, body.submission_id)}
+        return {"object": "list", "data": xdb.write(fidelity.submit_evidence, body.bud, body.submission_id)}
 
     @router.post("/evidence/{submission_id}/resolve")
     def resolve_submission(submission_id: Annotated[str, Path(max_length=ID_MAX_CHARS)], body: ResolveBody,
                            tenant: Caller) -> Any:
         """Accepted: its windows stay pinned; rejected: released for compression."""
         _default_tenant_only(tenant, "evidence")
-        return {"object": "list", "data": xdb.resolve_submission(submission_id, body.accepted)}
+        return {"object": "list", "data": xdb.write(fidelity.resolve_submission, submission_id, body.accepted)}
 
     @router.get("/cold_records")
     def cold_records(session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
@@ -247,11 +248,11 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
     @router.get("/buds")
     def buds(status: BudStatusName | None = None) -> Any:
-        return {"object": "list", "data": xdb.buds(status)}
+        return {"object": "list", "data": xdb.read(list_buds, status)}
 
     @router.post("/buds")
     def bud_status(body: BudBody) -> Any:
-        return xdb.set_bud_status(body.tag, body.status)
+        return xdb.write(set_bud_status, body.tag, body.status)
 
     @router.get("/documents")
     def documents(doc_type: DocumentType | None = None, q: str | None = None,

@@ -23,6 +23,7 @@ from orchestrator.chat_turn import ChatTurn
 from server.chat import serving as chat_route
 from server.runtime import Runtime
 from xdb import XDB
+from xdb.browse import session_turns, sessions_overview
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
         else:
             bodies.append(response.json())
     runtime.xdb.writer.flush()
-    turns = runtime.xdb.session_turns("t1")["turns"]
+    turns = runtime.xdb.read(session_turns, "t1")["turns"]
     assert len(turns) == 2
     outputs = runtime.xdb.recall(session_id="t1", event_types=["output"], limit=1000)
     for turn, body in zip(turns, bodies):
@@ -89,7 +90,7 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
         assert len(mine) == usage["completion_tokens"] and {r["request_id"] for r in mine} == {turn["request_id"]}
     assert turns[0]["reason"] == "first turn: nothing cached yet"
     assert turns[1]["first_changed_block"] == "state" and turns[1]["reason"].startswith("state grew")
-    overview = {s["session_id"]: s for s in runtime.xdb.sessions_overview()}["t1"]
+    overview = {s["session_id"]: s for s in runtime.xdb.read(sessions_overview)}["t1"]
     assert overview["turns"] == 2 and overview["mode"] == "cag"
     assert overview["prompt_tokens"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
 

@@ -19,6 +19,7 @@ from orchestrator.token_counter import TokenCounter
 from server.codex_condenser import CodexCondenser
 from server.codex_resolver import CONDENSED_TAG, CodexResolver, rendition_path, text_sha256
 from xdb import XDB
+from xdb.documents import find_document, get_document
 
 MODEL = "tiny"
 LONG = " ".join(f"Rule {i}: a particle of kind {i % 7} moves {i % 3} cells to the right each step." for i in range(90))
@@ -75,23 +76,23 @@ def test_an_unresolved_reference_is_refused_by_the_orchestrator(counter) -> None
 def test_find_document_by_id_name_version_and_hash(xdb: XDB) -> None:
     doc = xdb.add_document("rules", "v1 text")
     xdb.update_document(doc["id"], "v2 text")
-    assert xdb.find_document("rules")["content"] == "v2 text"
-    assert xdb.find_document(doc["id"], version=1)["content"] == "v1 text"
-    assert xdb.find_document(sha256=hashlib.sha256(b"v1 text").hexdigest())["version"] == 1
-    assert "content" not in xdb.find_document("rules", with_content=False)
+    assert xdb.read(find_document, "rules")["content"] == "v2 text"
+    assert xdb.read(find_document, doc["id"], version=1)["content"] == "v1 text"
+    assert xdb.read(find_document, sha256=hashlib.sha256(b"v1 text").hexdigest())["version"] == 1
+    assert "content" not in xdb.read(find_document, "rules", with_content=False)
     with pytest.raises(NotFound, match="version 9"):
-        xdb.find_document("rules", version=9)
+        xdb.read(find_document, "rules", version=9)
     xdb.add_document("rules", "another document with the same name")
     with pytest.raises(InvalidRequest, match="shared by"):
-        xdb.find_document("rules")
-    assert xdb.find_document(doc["id"])["version"] == 2  # its id still names it
+        xdb.read(find_document, "rules")
+    assert xdb.read(find_document, doc["id"])["version"] == 2  # its id still names it
 
 
 def test_find_document_stays_within_the_tenant(xdb: XDB) -> None:
     xdb.add_document("secret", "tenant b's", id_prefix="b/")
     with pytest.raises(NotFound):
-        xdb.find_document("secret", id_prefix="a/")
-    assert xdb.find_document("secret", id_prefix="b/")["content"] == "tenant b's"
+        xdb.read(find_document, "secret", id_prefix="a/")
+    assert xdb.read(find_document, "secret", id_prefix="b/")["content"] == "tenant b's"
 
 
 # -- the resolver ----------------------------------------------------------------------------------
@@ -102,9 +103,9 @@ class Counting:
         self.xdb = xdb
         self.reads = 0
 
-    def document(self, *args, **kwargs):
-        self.reads += 1
-        return self.xdb.document(*args, **kwargs)
+    def read(self, fn, *args, **kwargs):
+        self.reads += fn is get_document
+        return self.xdb.read(fn, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.xdb, name)
@@ -177,7 +178,7 @@ def test_a_rendition_is_made_once_stored_as_a_document_and_found_by_the_next_req
 
     run(scenario())
     assert model.calls == [int(len(LONG.split()) * 0.3), int(len(LONG.split() + ["inline"]) * 0.3)]
-    stored = xdb.find_document(path=rendition_path(MODEL, text_sha256(LONG)))
+    stored = xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)))
     assert stored["content"] == model.reply and CONDENSED_TAG in stored["tags"]
     assert stored["source"] == f"{doc['id']}@1"
 
@@ -186,7 +187,7 @@ def test_a_rendition_no_shorter_than_its_source_is_not_stored(xdb: XDB) -> None:
     made = run(condenser(xdb, Model(LONG + " and more")).condense(CodexDoc(id="r", text=LONG), ""))
     assert made is None
     with pytest.raises(NotFound):
-        xdb.find_document(path=rendition_path(MODEL, text_sha256(LONG)))
+        xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)))
 
 
 def test_verbatim_documents_never_get_a_rendition(xdb: XDB) -> None:

@@ -18,6 +18,7 @@ from ahc.config import AHCConfig
 from ahc.errors import Conflict, NotFound
 from server.runtime import Runtime
 from xdb import XDB, TimestepRow
+from xdb.session_state import list_sessions, state_versions
 
 
 def state(n: int) -> str:
@@ -38,19 +39,19 @@ def xdb(tmp_path: Path) -> Iterator[XDB]:
 def test_versions_rollback_and_a_corrupted_snapshot(xdb: XDB) -> None:
     for n in (1, 2, 3):
         assert xdb.save_session_state("s", state(n)) == n
-    assert [(v["version"], v["intact"]) for v in xdb.session_versions("s")] == [(1, True), (2, True), (3, True)]
+    assert [(v["version"], v["intact"]) for v in xdb.read(state_versions, "s")] == [(1, True), (2, True), (3, True)]
     restored = xdb.rollback_session("s", 1)
     assert restored == {"session_id": "s", "version": 4, "restored_from": 1}
     assert xdb.load_session_state("s") == state(1)
     corrupt(xdb, "s", 4)
     assert xdb.load_session_state_verified("s") == (state(3), [4])  # the newest intact one, and what was skipped
-    assert [v["intact"] for v in xdb.session_versions("s")] == [True, True, True, False]
+    assert [v["intact"] for v in xdb.read(state_versions, "s")] == [True, True, True, False]
     with pytest.raises(Conflict, match="corrupted"):
         xdb.rollback_session("s", 4)
     with pytest.raises(NotFound):
         xdb.rollback_session("s", 9)
     with pytest.raises(NotFound):
-        xdb.session_versions("nobody")
+        xdb.read(state_versions, "nobody")
 
 
 def test_sessions_list_by_prefix_and_page(xdb: XDB) -> None:
@@ -58,9 +59,9 @@ def test_sessions_list_by_prefix_and_page(xdb: XDB) -> None:
         xdb.save_session_state(sid, state(1))
     xdb.writer.submit([TimestepRow("a/3", t, "output", content="x") for t in xdb.next_ticks("a/3", 2)])
     xdb.writer.flush()
-    page = xdb.sessions("a/", limit=2)
+    page = xdb.read(list_sessions, "a/", limit=2)
     assert [s["session_id"] for s in page] == ["a/1", "a/2"] and page[0]["latest_version"] == 1
-    rest = xdb.sessions("a/", after="a/2")
+    rest = xdb.read(list_sessions, "a/", after="a/2")
     assert rest == [{"session_id": "a/3", "last_tick": 1, "latest_version": None, "versions": 0, "updated_at": None}]
 
 

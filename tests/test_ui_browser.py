@@ -28,6 +28,7 @@ from server.errors import install_error_handling
 from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
+from xdb.interactions import log_interaction, save_meta_knowledge
 from xdb.rows import TokenBatch
 
 CONCEPTS = ["motion", "motion-left", "motion-right", "collision"]
@@ -99,9 +100,10 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
         write_session(xdb, "small", 2, 30)
         xdb.pin("small", 0, 10, reason="evidence")
         for i in range(3):
-            xdb.log_interaction("run-1", journal_entry=f"entry {i}: tried a collision", token_count=10)
-        xdb.save_meta_knowledge("run-1", theorems_json=json.dumps([{"name": "A moves right", "status": "proven"}]))
-        xdb.save_meta_knowledge("run-1", theorems_json=json.dumps([{"name": "A moves right", "status": "proven"},
+            xdb.write(log_interaction, "run-1", journal_entry=f"entry {i}: tried a collision", token_count=10)
+        xdb.write(save_meta_knowledge, "run-1",
+                  theorems_json=json.dumps([{"name": "A moves right", "status": "proven"}]))
+        xdb.write(save_meta_knowledge, "run-1", theorems_json=json.dumps([{"name": "A moves right", "status": "proven"},
                                                                    {"name": "B moves left", "status": "open"}]))
         xdb.save_run_report("run-1", report_png(tmp))
         app = FastAPI()

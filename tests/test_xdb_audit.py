@@ -18,6 +18,8 @@ import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash
+from xdb.interactions import log_interaction, purge_run, save_meta_knowledge
+from xdb.tags import set_bud_status
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 REPO = Path(__file__).resolve().parents[1]
@@ -308,14 +310,14 @@ def test_deletions_and_rewrites_are_chained_as_events(tmp_path: Path) -> None:
             xdb.writer.submit([TimestepRow("s", t, "output", content=f"t{t}", request_id=f"r{b}", created_at=0.0)
                                for t in ticks])
         xdb.writer.flush()
-        xdb.log_interaction("run", journal_entry="a")
-        xdb.log_interaction("run", journal_entry="b")
-        xdb.save_meta_knowledge("run", theorems_json="[]")
-        assert xdb.purge_run("run") == {"interaction_log": 2, "meta_knowledge": 1}
+        xdb.write(log_interaction, "run", journal_entry="a")
+        xdb.write(log_interaction, "run", journal_entry="b")
+        xdb.write(save_meta_knowledge, "run", theorems_json="[]")
+        assert xdb.write(purge_run, "run") == {"interaction_log": 2, "meta_knowledge": 1}
         for n in range(20):
             xdb.save_session_state("s", f'{{"n": {n}}}')
         xdb.create_tag("idea")
-        xdb.set_bud_status("idea", "ready")
+        xdb.write(set_bud_status, "idea", "ready")
         xdb.compact("s", compress_released=True)
         assert xdb.verify_audit().ok
     got = events(data)

@@ -19,7 +19,7 @@ from server.errors import install_error_handling
 from server.request_context import request_tenant
 from server.tenants import Tenant
 from xdb import XDB, TimestepRow
-from xdb.browse import break_reason
+from xdb.browse import break_reason, session_turns, sessions_overview
 from xdb.rows import TokenBatch
 
 CONCEPTS = ["motion", "collision"]
@@ -84,7 +84,7 @@ def xdb(tmp_path: Path) -> Iterator[XDB]:
 
 
 def test_sessions_at_a_glance(xdb: XDB) -> None:
-    found = {s["session_id"]: s for s in xdb.sessions_overview()}
+    found = {s["session_id"]: s for s in xdb.read(sessions_overview)}
     a1 = found["alice/a1"]
     assert (a1["tenant"], a1["turns"], a1["prompt_tokens"], a1["cached_tokens"], a1["generated_tokens"]) == \
         ("alice", 3, 420, 90, 9)
@@ -93,16 +93,16 @@ def test_sessions_at_a_glance(xdb: XDB) -> None:
     raw = found["alice/raw"]
     assert raw["turns"] == 0 and raw["generated_tokens"] == 7 and raw["last_activity"] and raw["hit_ratio"] is None
     # Most recently active first (sessions with turn records by their last turn).
-    order = [s["session_id"] for s in xdb.sessions_overview() if s["turns"]]
+    order = [s["session_id"] for s in xdb.read(sessions_overview) if s["turns"]]
     assert order == ["bob/b1", "alice/a1"]
-    assert {s["session_id"] for s in xdb.sessions_overview("alice/")} == {"alice/a1", "alice/raw"}
-    assert [s["session_id"] for s in xdb.sessions_overview(query="raw")] == ["alice/raw"]
-    assert len(xdb.sessions_overview(limit=1)) == 1
+    assert {s["session_id"] for s in xdb.read(sessions_overview, "alice/")} == {"alice/a1", "alice/raw"}
+    assert [s["session_id"] for s in xdb.read(sessions_overview, query="raw")] == ["alice/raw"]
+    assert len(xdb.read(sessions_overview, limit=1)) == 1
 
 
 def test_a_session_turn_by_turn(xdb: XDB) -> None:
     xdb.compact("alice/a1", up_to_tick=5, summary="what came before")  # as the server does: before the turn
-    found = xdb.session_turns("alice/a1")
+    found = xdb.read(session_turns, "alice/a1")
     turns = found["turns"]
     assert [t["index"] for t in turns] == [1, 2, 3]
     assert [(t["tick_from"], t["tick_to"]) for t in turns] == [(0, 5), (6, 11), (12, 15)]
@@ -116,9 +116,9 @@ def test_a_session_turn_by_turn(xdb: XDB) -> None:
     xdb.writer.submit([TimestepRow(session_id="alice/a1", tick=xdb.next_ticks("alice/a1", 1)[0], event_type="input",
                                    role="user", content="still thinking")])
     xdb.writer.flush()
-    assert [e["content"] for e in xdb.session_turns("alice/a1")["pending"]] == ["still thinking"]
+    assert [e["content"] for e in xdb.read(session_turns, "alice/a1")["pending"]] == ["still thinking"]
     with pytest.raises(LookupError):
-        xdb.session_turns("nobody")
+        xdb.read(session_turns, "nobody")
 
 
 def test_a_concepts_strongest_tokens(xdb: XDB) -> None:

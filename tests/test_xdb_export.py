@@ -21,6 +21,7 @@ from server.errors import install_error_handling
 from server.export_routes import export_router
 from xdb import XDB, TimestepRow
 from xdb.audit import EVENT_TYPE, verify_audit
+from xdb.documents import list_documents
 
 SESSIONS = ("s1", "tenant:b/s2", "s 3=x%")  # ids a path cannot hold as they are
 
@@ -78,7 +79,7 @@ def test_an_export_imported_into_an_empty_xdb_recalls_exactly_the_same(source: X
     with XDB.open(tmp_path / "copy") as copy:
         assert recalls(copy) == recalls(source)
         assert copy.load_session_state("s1") == source.load_session_state("s1")
-        assert copy.documents()[0]["name"] == "rules"
+        assert copy.read(list_documents)[0]["name"] == "rules"
         # Ids go on past the imported ones: a new tag and a new row do not collide.
         applied = copy.tag("later", session_id="s1", tick=1)
         assert (applied["tag"]["id"], applied["id"]) == (2, 3)  # after the imported tag and its 2 uses

@@ -28,8 +28,10 @@ from ahc.server_process import free_port
 from server.cluster.catalog import LocalPostgres, postgres_bin
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
 from xdb.cli import app as xdb_cli
+from xdb.interactions import log_interaction, purge_run
 from xdb.lake import LakeUnavailable
 from xdb.lake_schema import attach_lake, redacted
+from xdb.session_state import state_versions
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
@@ -232,12 +234,12 @@ def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: La
 
         # The newest rows deleted and the file checkpointed: new ids still follow the shipped ones.
         for turn in range(3):
-            a.log_interaction("run", journal_entry=f"turn {turn}")
+            a.write(log_interaction, "run", journal_entry=f"turn {turn}")
         a.lake_ship_now()
-        a.purge_run("run")
+        a.write(purge_run, "run")
         with a.cursor() as cur:
             cur.execute("CHECKPOINT")
-        a.log_interaction("run", journal_entry="after the purge")
+        a.write(log_interaction, "run", journal_entry="after the purge")
         # A deleted session's State versions are numbered from 1 again: a new version all the same.
         a.save_session_state("s", '{"turn": 1}')
         a.delete_session("s")
@@ -347,7 +349,7 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         assert a.lake.follow_tombstones() == 1  # type: ignore[union-attr]
         assert a.recall(session_id="s") == []
         with pytest.raises(NotFound):
-            a.session_versions("s")
+            a.read(state_versions, "s")
         assert a.lake.follow_tombstones() == 0  # type: ignore[union-attr]  # once
         assert a.load_session_state("other") == '{"kept": true}'
         assert len(a.recall(session_id="other")) == 3
@@ -380,26 +382,26 @@ def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> 
 
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "r", config(lake, "R")) as remote, XDB.open(tmp_path / "b", config(lake, "B")) as b:
-        assert remote.lake is not None
+        assert remote.lake_status() is not None
         ticks = remote.next_ticks("rs", 5)
         remote.writer.submit(TokenBatch("rs", ticks, [f"r{t}" for t in ticks]))
         remote.writer.flush()  # as the server does before a reply's last chunk
         remote.save_session_state("rs", '{"on": "R"}')  # ships the rows with the State, in the service
-        assert [r["replica"] for r in remote.lake.recall(session_id="rs")] == ["R"] * 5
+        assert [r["replica"] for r in remote.lake_recall(session_id="rs")] == ["R"] * 5
 
         assert b.load_session_state("rs") == '{"on": "R"}'
         assert record(b, "rs", 4) == range(5, 9)
         b.save_session_state("rs", '{"on": "B"}')
         assert remote.load_session_state("rs") == '{"on": "B"}'
         assert remote.next_ticks("rs", 1) == range(9, 10)  # the server's own tick book moved on
-        assert remote.lake.verify_audit()["R"].ok
+        assert remote.verify_lake_audit()["R"].ok
         assert remote.lake_status()["replica"] == "R"
 
 
 def test_verify_lake_audit_checks_every_chain_and_names_a_tampered_row(lake: LakeConfig, tmp_path: Path) -> None:
     with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
         record(a, "sa", 20)
-        a.purge_run("nothing")  # an audit event record, shipped like the rest
+        a.write(purge_run, "nothing")  # an audit event record, shipped like the rest
         record(b, "sb", 10)
         b.lake_ship_now()
         reports = a.verify_lake_audit()

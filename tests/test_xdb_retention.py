@@ -15,7 +15,8 @@ from ahc.config import RetentionConfig, XDBConfig
 from server.metrics import AHCMetrics
 from xdb import XDB, TimestepRow
 from xdb.audit import EVENT_TYPE
-from xdb.compression import usage_bytes
+from xdb.compression import cold_records, usage_bytes
+from xdb.fidelity import submit_evidence
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
 
 
@@ -54,7 +55,7 @@ def test_rows_past_verbatim_days_are_compressed_whatever_the_quota(tmp_path: Pat
         assert report["compressed_rows"] == {"reply": 40}  # "old" and kept's unpinned second reply
         assert {r["session_id"] for r in xdb.recall({"limit": 1000})} == {"kept", "new"}
         assert [r["tick"] for r in xdb.recall({"session_id": "kept", "limit": 100})] == list(range(10))
-        assert [c["level"] for c in xdb.cold_records("old")] == ["reply"] * 3
+        assert [c["level"] for c in xdb.read(cold_records, "old")] == ["reply"] * 3
         assert len(audit_events(xdb, "compress_timesteps")) == 4  # 3 of "old", kept's unpinned second reply
 
 
@@ -70,7 +71,7 @@ def test_idle_sessions_are_deleted_unless_pinned_or_submitted(tmp_path: Path) ->
             age(xdb, session, 10)
         xdb.pin("pinned", 0, 4)
         xdb.tag("bud-x", session_id="evidence", tick_range=(0, 9), tag_type="bud")
-        xdb.submit_evidence("bud-x", "sub-1")
+        xdb.write(submit_evidence, "bud-x", "sub-1")
         report = xdb.compact()
         assert report["deleted_sessions"] == ["gone"]
         for table in ("timesteps", "tag_applications", "comments", "session_states", "session_ticks"):

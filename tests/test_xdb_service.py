@@ -24,6 +24,8 @@ from xdb import (
     WriterStopped,
     verify_audit,
 )
+from xdb.documents import list_documents
+from xdb.interactions import list_interactions, log_interaction, purge_run
 from xdb.remote import ServiceProcess
 
 NAMES = ["joy", "fear"]
@@ -62,6 +64,29 @@ def test_rows_calls_and_errors_go_through_the_service(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
         assert list(xdb.next_ticks("s", 1)) == [4]
     assert verify_audit(tmp_path / "x").ok
+
+
+def _unmarked(cur: object) -> int:
+    return 1
+
+
+@pytest.mark.parametrize("where", ["in-process", "service"])
+def test_the_generic_entry_runs_marked_module_functions_and_nothing_else(tmp_path: Path, where: str) -> None:
+    """`read` / `write` run an XDB module's marked function (by reference across the process boundary),
+    hand a write the audit hook, and refuse any other function, and a read function given as a write."""
+    with (RemoteXDB(tmp_path / "x") if where == "service" else XDB.open(tmp_path / "x")) as xdb:
+        turn = xdb.write(log_interaction, "run", journal_entry="tried a collision")
+        assert [(t["turn_id"], t["journal_entry"]) for t in xdb.read(list_interactions, "run")] == [
+            (turn, "tried a collision")]
+        assert xdb.read(list_documents) == []
+        with pytest.raises(TypeError, match="_unmarked is not marked @reads"):
+            xdb.read(_unmarked)
+        with pytest.raises(TypeError, match="list_interactions is not marked @writes"):
+            xdb.write(list_interactions, "run")  # type: ignore[arg-type]
+        before, _ = xdb.audit_head()
+        assert xdb.write(purge_run, "run") == {"interaction_log": 1, "meta_knowledge": 0}
+        after, _ = xdb.audit_head()
+    assert after == before + 1 and verify_audit(tmp_path / "x").ok  # the purge was chained through the hook
 
 
 def test_closing_commits_what_was_never_flushed(tmp_path: Path) -> None:

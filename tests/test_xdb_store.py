@@ -11,7 +11,12 @@ import pytest
 from ahc.config import XDBConfig
 from ahc.errors import InvalidRequest
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
+from xdb.compression import cold_records
+from xdb.documents import document_versions, get_document, list_documents
+from xdb.fidelity import resolve_submission, submit_evidence
+from xdb.interactions import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 from xdb.session_state import KEEP_VERSIONS
+from xdb.tags import list_buds, set_bud_status
 
 
 def reply(xdb: XDB, session: str, words: list[str], request: str, acts: dict | None = None) -> list[TimestepRow]:
@@ -96,11 +101,13 @@ def test_buds_and_concepts(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["x"], "r", {"honesty": 0.5}))
     xdb.writer.flush()
     xdb.tag("curiosity-x", tag_type="bud", session_id="s", tick=0)
-    assert [(b["name"], b["bud_status"], b["examples"]) for b in xdb.buds()] == [("curiosity-x", "collecting", 1)]
-    xdb.set_bud_status("curiosity-x", "ready")
-    assert [b["name"] for b in xdb.buds("ready")] == ["curiosity-x"] and xdb.buds("collecting") == []
+    buds = xdb.read(list_buds)
+    assert [(b["name"], b["bud_status"], b["examples"]) for b in buds] == [("curiosity-x", "collecting", 1)]
+    xdb.write(set_bud_status, "curiosity-x", "ready")
+    assert [b["name"] for b in xdb.read(list_buds, "ready")] == ["curiosity-x"]
+    assert xdb.read(list_buds, "collecting") == []
     with pytest.raises(ValueError):
-        xdb.buds("ripe")
+        xdb.read(list_buds, "ripe")
     assert [c["name"] for c in xdb.concepts_list()] == ["honesty"]
 
 
@@ -110,14 +117,14 @@ def test_documents_are_versioned_with_sha256_and_size_limited(tmp_path: Path) ->
         assert doc["version"] == 1 and len(doc["content_hash"]) == 64
         new = xdb.update_document(doc["id"], "be kind, always")
         assert new["version"] == 2 and new["content_hash"] != doc["content_hash"] and new["path"] == "policies/kind.md"
-        assert xdb.document(doc["id"], version=1)["content"] == "be kind"
-        assert xdb.document(path="policies/kind.md")["content"] == "be kind, always"
-        assert [d["version"] for d in xdb.documents()] == [2]
-        assert [v["version"] for v in xdb.document_versions(doc["id"])] == [1, 2]
+        assert xdb.read(get_document, doc["id"], version=1)["content"] == "be kind"
+        assert xdb.read(get_document, path="policies/kind.md")["content"] == "be kind, always"
+        assert [d["version"] for d in xdb.read(list_documents)] == [2]
+        assert [v["version"] for v in xdb.read(document_versions, doc["id"])] == [1, 2]
         with pytest.raises(DocumentTooLarge):
             xdb.add_document("big", "x" * 101)
         with pytest.raises(NotFound):
-            xdb.document("doc-missing")
+            xdb.read(get_document, "doc-missing")
         with pytest.raises(ValueError):
             xdb.add_document("bad", "x", doc_type="poem")
 
@@ -184,14 +191,14 @@ def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
         assert len(out["compressed_record_ids"]) == 2
         ticks = [r["tick"] for r in xdb.recall(session_id="old", limit=1000)]
         assert ticks == list(range(10)) + list(range(30, 40))
-        cold = xdb.cold_records("old")
+        cold = xdb.read(cold_records, "old")
         assert [c["level"] for c in cold] == ["reply", "reply"]
         assert cold[0]["top_k_activations"]["joy"] == pytest.approx(5.0) and cold[0]["significant_tags"] == ["keep-me"]
         assert cold[0]["summary"] and cold[0]["token_count"] == 10
         # Over a tiny quota, REPLY records merge into a SESSION record, then coarser.
         xdb.quota_bytes = 1
         xdb.compact()
-        levels = [c["level"] for c in xdb.cold_records()]
+        levels = [c["level"] for c in xdb.read(cold_records)]
         assert levels and all(level not in ("reply",) for level in levels)
         assert len(xdb.recall(session_id="old", limit=1000)) == 20  # protected rows survive any quota
 
@@ -199,11 +206,11 @@ def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
 def test_submission_evidence_locks_then_releases(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["a", "b", "c"], "r"))
     xdb.tag("bud-1", tag_type="bud", session_id="s", tick_range=(0, 2))
-    [window] = xdb.submit_evidence("bud-1", "sub-9")
+    [window] = xdb.write(submit_evidence, "bud-1", "sub-9")
     assert window["fidelity"] == "submitted" and window["submission_ids"] == ["sub-9"]
     xdb.compact("s", compress_released=True)
     assert len(xdb.recall(session_id="s")) == 3  # evidence is never compressed
-    [released] = xdb.resolve_submission("sub-9", accepted=False)
+    [released] = xdb.write(resolve_submission, "sub-9", accepted=False)
     assert released["fidelity"] == "warm" and not released["pinned"]
     xdb.compact(compress_released=True)
     assert xdb.recall(session_id="s") == []
@@ -221,25 +228,26 @@ def test_session_state_and_agent_tables(xdb: XDB) -> None:
     assert xdb.load_session_state("s") == f'{{"blocks": {last}}}'
     assert xdb.load_session_state("s", last - KEEP_VERSIONS + 1) is not None
     assert xdb.load_session_state("s", last - KEEP_VERSIONS) is None and xdb.load_session_state("s", 1) is None
-    first = xdb.log_interaction("run", journal_entry="saw AA_BB", token_count=5)
-    xdb.log_interaction("run", tool_call_json='{"tool": "observe"}')
-    assert [t["turn_id"] for t in xdb.interactions("run", pattern="AA_BB")] == [first]
-    assert len(xdb.interactions("run", last=1)) == 1
-    xdb.save_meta_knowledge("run", theorems_json="[]", last_compacted_turn=first)
-    v2 = xdb.save_meta_knowledge("run", theorems_json='["A moves right"]')
-    assert xdb.meta_knowledge("run")[0]["version_id"] == v2
+    first = xdb.write(log_interaction, "run", journal_entry="saw AA_BB", token_count=5)
+    xdb.write(log_interaction, "run", tool_call_json='{"tool": "observe"}')
+    assert [t["turn_id"] for t in xdb.read(list_interactions, "run", pattern="AA_BB")] == [first]
+    assert len(xdb.read(list_interactions, "run", last=1)) == 1
+    xdb.write(save_meta_knowledge, "run", theorems_json="[]", last_compacted_turn=first)
+    v2 = xdb.write(save_meta_knowledge, "run", theorems_json='["A moves right"]')
+    assert xdb.read(meta_knowledge, "run")[0]["version_id"] == v2
 
 
 def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
-    xdb.log_interaction("gone", journal_entry="a")
-    xdb.log_interaction("gone", journal_entry="b")
-    xdb.save_meta_knowledge("gone", theorems_json="[]")
-    kept = xdb.log_interaction("kept", journal_entry="c")
-    xdb.save_meta_knowledge("kept", theorems_json="[]")
-    assert xdb.purge_run("gone") == {"interaction_log": 2, "meta_knowledge": 1}
-    assert xdb.interactions("gone") == [] and xdb.meta_knowledge("gone") == []
-    assert [t["turn_id"] for t in xdb.interactions("kept")] == [kept] and len(xdb.meta_knowledge("kept")) == 1
-    assert xdb.purge_run("gone") == {"interaction_log": 0, "meta_knowledge": 0}
+    xdb.write(log_interaction, "gone", journal_entry="a")
+    xdb.write(log_interaction, "gone", journal_entry="b")
+    xdb.write(save_meta_knowledge, "gone", theorems_json="[]")
+    kept = xdb.write(log_interaction, "kept", journal_entry="c")
+    xdb.write(save_meta_knowledge, "kept", theorems_json="[]")
+    assert xdb.write(purge_run, "gone") == {"interaction_log": 2, "meta_knowledge": 1}
+    assert xdb.read(list_interactions, "gone") == [] and xdb.read(meta_knowledge, "gone") == []
+    assert [t["turn_id"] for t in xdb.read(list_interactions, "kept")] == [kept]
+    assert len(xdb.read(meta_knowledge, "kept")) == 1
+    assert xdb.write(purge_run, "gone") == {"interaction_log": 0, "meta_knowledge": 0}
 
 
 def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
@@ -247,10 +255,10 @@ def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
     first = xdb.tag("first", session_id="s", tick=0)["tag"]
     digits = xdb.tag(str(first["id"]), session_id="s", tick=1)["tag"]
     assert digits["name"] == str(first["id"]) and digits["id"] != first["id"]
-    assert xdb.set_bud_status(first["id"], "collecting")["name"] == "first"
-    assert xdb.set_bud_status(str(first["id"]), "collecting")["id"] == digits["id"]
+    assert xdb.write(set_bud_status, first["id"], "collecting")["name"] == "first"
+    assert xdb.write(set_bud_status, str(first["id"]), "collecting")["id"] == digits["id"]
     with pytest.raises(InvalidRequest):
-        xdb.set_bud_status(True, "collecting")  # type: ignore[arg-type]
+        xdb.write(set_bud_status, True, "collecting")  # type: ignore[arg-type]
 
 
 def test_tick_counters_are_bounded_and_a_dropped_session_resumes_after_its_last_tick(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import duckdb
 
 from ahc.errors import NotFound
 from xdb.concepts import ConceptIndex
+from xdb.interface import reads
 from xdb.owner import owned_named
 
 TURN_ROWS = "event_type = 'system' AND starts_with(metadata, '{\"turn\":')"
@@ -53,6 +54,7 @@ OVERVIEW = f"""
     ORDER BY agg.last_at DESC NULLS LAST, s.session_id LIMIT $limit"""
 
 
+@reads
 def sessions_overview(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 200,
                       query: str | None = None) -> list[dict[str, Any]]:
     """Sessions (one tenant's: `prefix` is its owner, xdb/owner.py), the most recently active first: turns,
@@ -108,6 +110,7 @@ def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str |
     return f"{block} text changed ({b} tokens)"
 
 
+@reads
 def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, Any]:
     """A session turn by turn: each turn's tick range, cache report, usage and why the cache broke, with
     its message-level rows (inputs, tool calls and results, governor events) and compactions."""

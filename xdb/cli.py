@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from xdb.session_state import list_sessions, state_versions
+
 if TYPE_CHECKING:
     from xdb import XDB
 
@@ -249,13 +251,13 @@ def _with_xdb(data_dir: Path, action: Callable[[XDB], object]) -> None:
 def sessions_command(data_dir: DataDir,
                      limit: Annotated[int, typer.Option(help="At most this many.", min=1)] = 100) -> None:
     """List sessions: last tick, stored State versions. (A running server: GET /v1/context/sessions.)"""
-    _with_xdb(data_dir, lambda xdb: xdb.sessions(limit=limit))
+    _with_xdb(data_dir, lambda xdb: xdb.read(list_sessions, limit=limit))
 
 
 @app.command("session-versions")
 def session_versions_command(data_dir: DataDir, session: Session) -> None:
     """A session's stored State versions, each with whether its bytes still match its SHA-256."""
-    _with_xdb(data_dir, lambda xdb: xdb.session_versions(session))
+    _with_xdb(data_dir, lambda xdb: xdb.read(state_versions, session))
 
 
 @app.command("rollback")

@@ -22,6 +22,7 @@ import duckdb
 from ahc.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
+from xdb.interface import reads
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int, transaction
@@ -252,6 +253,7 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
             "trigger": trigger}
 
 
+@reads
 def cold_records(cur: duckdb.DuckDBPyConnection, session_id: str | None = None,
                  limit: int = 100) -> list[dict[str, Any]]:
     cols = ("id", "compression_level", "session_id", "start_time", "end_time", "start_tick", "end_tick", "summary",

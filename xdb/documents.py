@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 
 from ahc.errors import InvalidRequest, NotFound, PayloadTooLarge
+from xdb.interface import reads
 from xdb.owner import build_prefix, owned
 from xdb.sql import Row
 
@@ -81,6 +82,7 @@ def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *
     return get_document(cur, doc_id)
 
 
+@reads
 def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, path: str | None = None,
                  version: int | None = None) -> dict[str, Any]:
     if (doc_id is None) == (path is None):
@@ -93,6 +95,7 @@ def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, p
     return _doc(row)
 
 
+@reads
 def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, path: str | None = None,
                   version: int | None = None, sha256: str | None = None, id_prefix: str = "",
                   with_content: bool = True) -> dict[str, Any]:
@@ -130,6 +133,7 @@ def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, pat
     return _doc((by_id or rows)[0], with_content)
 
 
+@reads
 def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[str, Any]]:
     rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM documents WHERE id = ? ORDER BY version", [doc_id]).fetchall()
     if not rows:
@@ -137,6 +141,7 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
     return [_doc(r, with_content=False) for r in rows]
 
 
+@reads
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
                    query: str | None = None, id_prefix: str = "") -> list[dict[str, Any]]:
     """The latest version of each of the owner's documents (`id_prefix`, xdb/owner.py), without content;

@@ -15,6 +15,7 @@ import duckdb
 
 from ahc.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.interface import reads, writes
 from xdb.schema import TOP_K
 from xdb.sql import Row, one, one_int, transaction
 from xdb.tags import find_tag
@@ -90,6 +91,7 @@ def get_window(cur: duckdb.DuckDBPyConnection, window_id: int) -> dict[str, Any]
     return dict(zip(WINDOW_COLUMNS, row))
 
 
+@reads
 def list_windows(cur: duckdb.DuckDBPyConnection, session_id: str | None = None) -> list[dict[str, Any]]:
     rows = cur.execute(f"SELECT {', '.join(WINDOW_COLUMNS)} FROM time_windows WHERE ? IS NULL OR session_id = ? "
                        "ORDER BY id", [session_id, session_id]).fetchall()
@@ -114,7 +116,8 @@ def pin(cur: duckdb.DuckDBPyConnection, session_id: str, tick_from: int, tick_to
     return _insert_window(cur, session_id, tick_from, tick_to, Fidelity.WARM.value, True, reason, [])
 
 
-def unpin(cur: duckdb.DuckDBPyConnection, window_id: int, audit: AuditEvent | None = None) -> dict[str, Any]:
+@writes
+def unpin(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, window_id: int) -> dict[str, Any]:
     """Release a WARM window (its rows may then be compressed away): a rewrite, chained in the audit."""
     window = get_window(cur, window_id)
     if window["fidelity"] == Fidelity.WARM.value and window["pinned"]:
@@ -126,7 +129,9 @@ def unpin(cur: duckdb.DuckDBPyConnection, window_id: int, audit: AuditEvent | No
     return get_window(cur, window_id)
 
 
-def submit_evidence(cur: duckdb.DuckDBPyConnection, bud: str | int, submission_id: str) -> list[dict[str, Any]]:
+@writes
+def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bud: str | int,
+                    submission_id: str) -> list[dict[str, Any]]:
     """Lock every window tagged with a bud as SUBMITTED evidence for `submission_id`."""
     tag = find_tag(cur, bud)
     if tag is None:
@@ -147,8 +152,9 @@ def submit_evidence(cur: duckdb.DuckDBPyConnection, bud: str | int, submission_i
     return windows
 
 
-def resolve_submission(cur: duckdb.DuckDBPyConnection, submission_id: str, accepted: bool,
-                       audit: AuditEvent | None = None) -> list[dict[str, Any]]:
+@writes
+def resolve_submission(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, submission_id: str,
+                       accepted: bool) -> list[dict[str, Any]]:
     """Release a submission's evidence: accepted → COLD (the tribe has it), rejected → WARM unpinned."""
     ids = [wid for (wid,) in cur.execute("SELECT id FROM time_windows WHERE list_contains(submission_ids, ?)",
                                          [submission_id]).fetchall()]

@@ -13,6 +13,7 @@ import duckdb
 from ahc.errors import InvalidRequest
 from xdb import documents
 from xdb.audit import AuditEvent
+from xdb.interface import reads, writes
 from xdb.owner import owned
 from xdb.sql import Row, one_int, transaction
 
@@ -35,16 +36,18 @@ def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
     return out
 
 
-def log_interaction(cur: duckdb.DuckDBPyConnection, run_id: str, *, journal_entry: str | None = None,
-                    tool_call_json: str | None = None, tool_result_json: str | None = None,
-                    token_count: int | None = None) -> int:
+@writes
+def log_interaction(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: str, *,
+                    journal_entry: str | None = None, tool_call_json: str | None = None,
+                    tool_result_json: str | None = None, token_count: int | None = None) -> int:
     return one_int(cur.execute(
         "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, token_count) "
         "VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",
         [run_id, journal_entry, tool_call_json, tool_result_json, token_count]))
 
 
-def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, pattern: str | None = None,
+@reads
+def list_interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, pattern: str | None = None,
                  after_turn: int | None = None, last: int | None = None) -> list[dict[str, Any]]:
     """Turns in order; `pattern` finds turns mentioning it (the agent's query_log), `last` tails."""
     sql = (f"SELECT {', '.join(TURN_COLUMNS)} FROM interaction_log WHERE (? IS NULL OR run_id = ?) "
@@ -58,14 +61,17 @@ def interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *, p
     return _rows(rows, TURN_COLUMNS)
 
 
-def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str, *, theorems_json: str | None = None,
-                        negative_knowledge: str | None = None, last_compacted_turn: int | None = None) -> int:
+@writes
+def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: str, *,
+                        theorems_json: str | None = None, negative_knowledge: str | None = None,
+                        last_compacted_turn: int | None = None) -> int:
     return one_int(cur.execute(
         "INSERT INTO meta_knowledge (run_id, theorems_json, negative_knowledge, last_compacted_turn, created_at) "
         "VALUES (?, ?, ?, ?, now()) RETURNING version_id",
         [run_id, theorems_json, negative_knowledge, last_compacted_turn]))
 
 
+@reads
 def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
                    latest: bool = True) -> list[dict[str, Any]]:
     sql = (f"SELECT {', '.join(KNOWLEDGE_COLUMNS)} FROM meta_knowledge "
@@ -74,7 +80,8 @@ def meta_knowledge(cur: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
     return _rows(rows, KNOWLEDGE_COLUMNS)
 
 
-def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str, audit: AuditEvent | None = None) -> dict[str, int]:
+@writes
+def purge_run(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: str) -> dict[str, int]:
     """Delete a run's rows from both tables, so a fresh run under the same id starts from an empty
     history; returns the rows deleted per table. A purge is chained in the audit log even when it
     finds nothing: it is a deliberate act, and rare."""
@@ -93,7 +100,8 @@ def purge_run(cur: duckdb.DuckDBPyConnection, run_id: str, audit: AuditEvent | N
     return deleted
 
 
-def runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+@reads
+def list_runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
     """The runs of one tenant (`prefix`: its owner, xdb/owner.py), most recently active first: turns and
     knowledge versions counted, first and last activity, the latest snapshot's theorem count, and
     whether a report is stored (`report_name`, one of the tenant's documents)."""
@@ -182,7 +190,8 @@ def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, id_pref
     return documents.update_document(cur, doc_id, content, max_bytes=max_bytes)
 
 
-def report(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str = "") -> bytes | None:
+@reads
+def run_report(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str = "") -> bytes | None:
     """The run's latest report PNG, None if none was stored (the caller names the run in its 404)."""
     doc_id = _report_id(cur, run_id, id_prefix)
     if doc_id is None:

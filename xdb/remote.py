@@ -376,8 +376,7 @@ class RemoteXDB:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
-        # `xdb.backend: ducklake`: the service ships to the lake; `lake` reads it through the service.
-        self.lake = RemoteLake(self) if config.backend == "ducklake" else None
+        self._lake = config.backend == "ducklake"  # the service ships to it; `lake_*` read it there
         self._closed = False
 
     def close(self) -> None:
@@ -448,34 +447,10 @@ class RemoteXDB:
     def _resume_ticks(self, session_id: str) -> None:
         """In ducklake mode loading a State may have learnt (in the service) that another replica went
         further in the session's ticks: this process's tick book moves past them too."""
-        if self.lake is not None:
+        if self._lake:
             self._ticks.advance(session_id, self.committed_tick(session_id))
 
     def audit_head(self) -> tuple[int, str]:
         seq, head = self._call("audit_head")
         return int(seq), str(head)
 
-
-class RemoteLake:
-    """`RemoteXDB.lake`: the service's lake (`XDB.lake`), each call made in the service."""
-
-    def __init__(self, xdb: RemoteXDB) -> None:
-        self._xdb = xdb
-
-    def recall(self, *args: Any, **kwargs: Any) -> Any:
-        return self._xdb.lake_recall(*args, **kwargs)
-
-    def concepts(self, query: str | None = None) -> Any:
-        return self._xdb.lake_concepts(query)
-
-    def tags(self, tag_type: str | None = None) -> Any:
-        return self._xdb.lake_tags(tag_type)
-
-    def ship_now(self) -> Any:
-        return self._xdb.lake_ship_now()
-
-    def status(self) -> Any:
-        return self._xdb.lake_status()
-
-    def verify_audit(self) -> Any:
-        return self._xdb.verify_lake_audit()

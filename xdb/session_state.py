@@ -22,6 +22,7 @@ import duckdb
 
 from ahc.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.interface import reads
 from xdb.owner import owned
 from xdb.sql import one_int, transaction
 
@@ -82,7 +83,8 @@ def newest_intact(cur: duckdb.DuckDBPyConnection, session_id: str,
     return None, corrupt
 
 
-def versions(cur: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
+@reads
+def state_versions(cur: duckdb.DuckDBPyConnection, session_id: str) -> list[dict[str, Any]]:
     """A session's stored versions, oldest first, each with whether its bytes match its SHA-256."""
     rows = cur.execute("SELECT version, sha256, created_at, strlen(state_json), "
                        "sha256(state_json) = sha256 FROM session_states WHERE session_id = ? ORDER BY version",
@@ -121,6 +123,7 @@ def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, la
     return version
 
 
+@reads
 def list_sessions(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100,
                   after: str | None = None) -> list[dict[str, Any]]:
     """One tenant's sessions (`prefix`: its owner, xdb/owner.py), in id order from `after`: each with

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import duckdb
 
@@ -35,9 +35,9 @@ from xdb import (
     sql,
     tags,
 )
-from xdb.audit import GENESIS, HEAD_FILE, AuditLog, AuditReport, copy_database, read_heads
+from xdb.audit import GENESIS, HEAD_FILE, AuditEvent, AuditLog, AuditReport, copy_database, read_heads
 from xdb.concepts import ConceptIndex
-from xdb.interface import service, service_after_flush
+from xdb.interface import Cursor, check_entry, service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
 from xdb.lake_reads import newer
 from xdb.lake_session import LakeTicks, ResumableTickBook
@@ -47,6 +47,8 @@ from xdb.sql import one
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 log = logging.getLogger("ahc.xdb")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 EXPERIENCE_FILE = "experience.duckdb"
 AUDIT_FILE = Path("audit") / "audit.duckdb"
@@ -81,6 +83,7 @@ class XDB:
         self._lake_ticks = LakeTicks(config.max_tick_sessions)
         self._compress_lock = threading.Lock()
         self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
+        self._write_lock = threading.Lock()  # `write`: the small writes, one at a time (no conflicting commits)
         self.tag_cache = TagCache()
         self._closed = False
         self._arm_auto_tags()
@@ -248,6 +251,24 @@ class XDB:
     def cursor(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return sql.cursor(self.conn)
 
+    # -- the generic entry (xdb/interface.py) -----------------------------------------------------
+    @service
+    def read(self, fn: Callable[Concatenate[Cursor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """`fn(cur, *args, **kwargs)` on a cursor of its own: a read function of XDB's modules (`@reads`),
+        e.g. `xdb.read(list_documents, "codex")`."""
+        check_entry(fn, "read")
+        with self.cursor() as cur:
+            return fn(cur, *args, **kwargs)
+
+    @service
+    def write(self, fn: Callable[Concatenate[Cursor, AuditEvent | None, P], R], /, *args: P.args,
+              **kwargs: P.kwargs) -> R:
+        """`fn(cur, audit, *args, **kwargs)`, one write at a time: a write function of XDB's modules
+        (`@writes`), given the audit log's event hook (None when opened read-only, where nothing is written)."""
+        check_entry(fn, "write")
+        with self._write_lock, self.cursor() as cur:
+            return fn(cur, self.audit_event if self.audit is not None else None, *args, **kwargs)
+
     # -- recording -----------------------------------------------------------------------------
     def next_ticks(self, session_id: str, n: int = 1) -> range:
         """Reserve n consecutive ticks for a session, with no DB round trip; resumes after the largest
@@ -325,16 +346,6 @@ class XDB:
             return insights.related_concepts(cur, concept, self.concepts, limit, session_id, session_prefix)
 
     @service
-    def sessions_overview(self, prefix: str = "", limit: int = 200, query: str | None = None) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return browse.sessions_overview(cur, prefix, limit, query)
-
-    @service
-    def session_turns(self, session_id: str) -> dict[str, Any]:
-        with self.cursor() as cur:
-            return browse.session_turns(cur, session_id)
-
-    @service
     def top_tokens(self, concept: str, prefix: str = "", limit: int = 50) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return browse.top_tokens(cur, concept, self.concepts, prefix, limit)
@@ -365,16 +376,6 @@ class XDB:
                                "WHERE threshold IS NOT NULL").fetchall()
         self.writer.on_auto_tags = self.tag_cache.invalidate
         self.writer.set_auto_tag_thresholds({name: float(t) for name, t in rows})
-
-    @service
-    def buds(self, status: str | None = None) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return tags.list_buds(cur, status)
-
-    @service
-    def comments(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return tags.list_comments(cur, session_id)
 
     # -- tags and comments ---------------------------------------------------------------------
     def _target(self, cur: duckdb.DuckDBPyConnection, session_prefix: str, **where: Any) -> tags.Target:
@@ -423,35 +424,7 @@ class XDB:
             finally:
                 self.tag_cache.invalidate()
 
-    @service
-    def set_bud_status(self, tag: str | int, status: str) -> dict[str, Any]:
-        with self.cursor() as cur:
-            return tags.set_bud_status(cur, tag, status, self.audit_event)
-
     # -- documents -----------------------------------------------------------------------------
-    @service
-    def documents(self, doc_type: str | None = None, query: str | None = None,
-                  id_prefix: str = "") -> list[dict[str, Any]]:
-        """The documents whose id starts with `id_prefix` (one tenant's)."""
-        with self.cursor() as cur:
-            return documents.list_documents(cur, doc_type, query, id_prefix)
-
-    @service
-    def document(self, doc_id: str | None = None, *, path: str | None = None,
-                 version: int | None = None) -> dict[str, Any]:
-        with self.cursor() as cur:
-            return documents.get_document(cur, doc_id, path=path, version=version)
-
-    @service
-    def find_document(self, key: str | None = None, **where: Any) -> dict[str, Any]:
-        with self.cursor() as cur:
-            return documents.find_document(cur, key, **where)
-
-    @service
-    def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return documents.document_versions(cur, doc_id)
-
     @service
     def add_document(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
         with self.cursor() as cur:
@@ -469,26 +442,6 @@ class XDB:
             self.writer.flush()  # a session still on the writer's queue is one that exists
         with self.cursor() as cur:
             return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
-
-    @service
-    def unpin(self, window_id: int) -> dict[str, Any]:
-        with self.cursor() as cur:
-            return fidelity.unpin(cur, window_id, self.audit_event)
-
-    @service
-    def windows(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return fidelity.list_windows(cur, session_id)
-
-    @service
-    def submit_evidence(self, bud: str | int, submission_id: str) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return fidelity.submit_evidence(cur, bud, submission_id)
-
-    @service
-    def resolve_submission(self, submission_id: str, accepted: bool) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return fidelity.resolve_submission(cur, submission_id, accepted, self.audit_event)
 
     @service_after_flush
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
@@ -528,11 +481,6 @@ class XDB:
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
                     "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
-
-    @service
-    def cold_records(self, session_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return compression.cold_records(cur, session_id, limit)
 
     @service
     def state(self) -> dict[str, Any]:
@@ -610,22 +558,12 @@ class XDB:
         return state, corrupt
 
     @service
-    def session_versions(self, session_id: str) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return session_state.versions(cur, session_id)
-
-    @service
     def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
         with self.cursor() as cur:
             result = session_state.rollback(cur, session_id, version, audit=self.audit_event)
         if self.lake is not None:
             self.lake.ship_now()  # the restored State is the newest, in the lake too
         return result
-
-    @service
-    def sessions(self, prefix: str = "", limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return session_state.list_sessions(cur, prefix, limit, after)
 
     def _apply_tombstone(self, stone: retention.Tombstone) -> dict[str, int]:
         """Another replica deleted a session: delete this file's rows of it up to then (the lake shipper's
@@ -664,50 +602,12 @@ class XDB:
         return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
 
     @service
-    def log_interaction(self, run_id: str, **fields: Any) -> int:
-        with self.cursor() as cur:
-            return interactions.log_interaction(cur, run_id, **fields)
-
-    @service
-    def interactions(self, run_id: str | None = None, **filters: Any) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return interactions.interactions(cur, run_id, **filters)
-
-    @service
-    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
-        with self.cursor() as cur:
-            return interactions.save_meta_knowledge(cur, run_id, **fields)
-
-    @service
-    def meta_knowledge(self, run_id: str | None = None, latest: bool = True) -> list[dict[str, Any]]:
-        with self.cursor() as cur:
-            return interactions.meta_knowledge(cur, run_id, latest=latest)
-
-    @service
-    def purge_run(self, run_id: str) -> dict[str, int]:
-        """Delete one run's `interaction_log` and `meta_knowledge` rows (chained in the audit log);
-        returns the counts per table."""
-        with self.cursor() as cur:
-            return interactions.purge_run(cur, run_id, self.audit_event)
-
-    @service
-    def runs(self, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-        """The runs whose id starts with `prefix`, most recently active first, with their counts."""
-        with self.cursor() as cur:
-            return interactions.runs(cur, prefix, limit)
-
-    @service
     def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
         not a PNG or is over interactions.REPORT_MAX_BYTES); returns the document without content."""
         with self._documents_lock, self.cursor() as cur:
             doc = interactions.save_report(cur, run_id, png, id_prefix)
         return {k: v for k, v in doc.items() if k != "content"}
-
-    @service
-    def run_report(self, run_id: str, id_prefix: str = "") -> bytes | None:
-        with self.cursor() as cur:
-            return interactions.report(cur, run_id, id_prefix)
 
     # -- the shared lake (`xdb.backend: ducklake`; xdb/lake.py) -------------------------------------
     def _need_lake(self) -> Lake:

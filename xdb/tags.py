@@ -10,6 +10,7 @@ import duckdb
 
 from ahc.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.interface import reads, writes
 from xdb.owner import owns
 from xdb.schema import INT64_MAX
 from xdb.sql import Row, one, transaction
@@ -187,6 +188,7 @@ def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: Target) ->
             "range_end": target.range_end}
 
 
+@reads
 def list_comments(cur: duckdb.DuckDBPyConnection, session_id: str | None = None) -> list[dict[str, Any]]:
     cols = ("id", "session_id", "target_type", "timestep_id", "event_id", "range_start", "range_end", "content")
     sql = f"SELECT {', '.join(cols)} FROM comments"
@@ -195,6 +197,7 @@ def list_comments(cur: duckdb.DuckDBPyConnection, session_id: str | None = None)
     return [dict(zip(cols, r)) for r in rows]
 
 
+@reads
 def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list[dict[str, Any]]:
     if status is not None:
         status = BudStatus(status).value
@@ -206,8 +209,9 @@ def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list
     return [{**tag_dict(r[:-1]), "examples": r[-1]} for r in rows]
 
 
-def set_bud_status(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, status: str,
-                   audit: AuditEvent | None = None) -> dict[str, Any]:
+@writes
+def set_bud_status(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, name_or_id: str | int,
+                   status: str) -> dict[str, Any]:
     """Promote a tag to a bud (status collecting) or move a bud along its statuses; the rewrite is
     chained in the audit log with what it replaced."""
     status = BudStatus(status).value
