@@ -39,6 +39,7 @@ from bench.load_spec import overridden
 from bench.models import MODELS, served_model
 from bench.result import BenchResult
 from orchestrator.turn import Turn
+from orchestrator.turn_request import TurnRequest
 
 LOAD_ENV = "BENCH_ORCHESTRATOR_LOAD"
 REPLY_TOKENS = 16
@@ -261,11 +262,11 @@ def assembly_p99_ms(model_dir: Path, load: OrchestratorLoad) -> tuple[float, int
 
     async def once() -> float:
         start = time.perf_counter()
-        await orch.prepare(spec, messages)  # preparing never changes the State: every round sees the same
+        await orch.prepare(TurnRequest(spec, messages))  # preparing never changes the State: every round sees the same
         return time.perf_counter() - start
 
     async def measure() -> tuple[list[float], int]:
-        first = await orch.prepare(spec, messages)
+        first = await orch.prepare(TurnRequest(spec, messages))
         return [await once() for _ in range(load.assembly_rounds)], first.prompt.tokens
 
     times, tokens = asyncio.run(measure())

@@ -1,6 +1,6 @@
 """One chat request's life in the orchestrator, as one object.
 
-    async with orchestrator.turn(spec, messages) as turn:
+    async with orchestrator.turn(TurnRequest(spec, messages)) as turn:
         ... send turn.messages to the engine ...
         await turn.commit(reply)
 
@@ -15,37 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
 from orchestrator.cache_report import CacheReport
-from orchestrator.context_spec import ContextSpec
 from orchestrator.prepared import Prepared
+from orchestrator.turn_request import TurnRequest
 
 
 class TurnDriver(Protocol):
     """The orchestrator's side of a turn."""
 
-    async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool = False,
-                      completion_tokens: int | None = None, tools: Sequence[dict[str, Any]] = (),
-                      namespace: str = "", label: str | None = None) -> Prepared: ...
+    async def prepare(self, request: TurnRequest, force_compaction: bool = False) -> Prepared: ...
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
     def rollback(self, prepared: Prepared) -> None: ...
 
 
 class ChatTurn:
-    def __init__(self, driver: TurnDriver, spec: ContextSpec | None, messages: list[dict[str, Any]],
-                 lock: asyncio.Lock | None, completion_tokens: int | None = None,
-                 tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> None:
+    def __init__(self, driver: TurnDriver, request: TurnRequest, lock: asyncio.Lock | None) -> None:
         self._driver = driver
-        self._label = label  # the session the client named without `context.session_id`
-        self._namespace = namespace  # the tenant's id prefix
-        self._completion_tokens = completion_tokens  # the prompt is kept within the window less this
-        self._tools = tools
-        self._spec = spec
-        self._messages = messages
+        self._request = request
         self._lock = lock
         self._prepared: Prepared | None = None
         self._on_close: list[Callable[[], None]] = []
@@ -57,9 +48,7 @@ class ChatTurn:
         if self._lock is not None:
             await self._lock.acquire()
         try:
-            self._prepared = await self._driver.prepare(self._spec, self._messages,
-                                                        completion_tokens=self._completion_tokens, tools=self._tools,
-                                                        namespace=self._namespace, label=self._label)
+            self._prepared = await self._driver.prepare(self._request)
         except BaseException:
             self._release_lock()
             raise

@@ -44,6 +44,7 @@ from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
+from orchestrator.turn_request import TurnRequest
 
 TURN_DROPS = ("ctc_depth", "ctc_prune_turns")  # governor actions that drop State turns
 
@@ -112,41 +113,33 @@ class Orchestrator:
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
 
-    async def prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]],
-                      force_compaction: bool = False, completion_tokens: int | None = None,
-                      tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> Prepared:
-        """`completion_tokens`: the request's max_tokens (None: `default_completion_tokens`); `tools`:
-        the client's own, which the chat template renders into the prompt too. `namespace`: the
-        prefix of the ids this request's tenant owns (the server scopes `spec.session_id` itself); a
-        request without a session gets its generated id and its Codex index under it. `label`: the
-        (scoped) session a request without `context.session_id` was named by its client (a header,
-        `prompt_cache_key`): its id, and the last request's hashes to report the first changed block."""
+    async def prepare(self, request: TurnRequest, force_compaction: bool = False) -> Prepared:
+        """The prompt for one request (orchestrator/turn_request.py says what it brings); the session's
+        State is compacted first when `force_compaction` (the VRAM governor's second resort)."""
         with tracer.start_as_current_span("ahc.prompt.assemble") as span:
-            prepared = await self._prepare(spec, messages, force_compaction, completion_tokens, tools, namespace,
-                                           label)
+            prepared = await self._prepare(request, force_compaction)
             if span.is_recording():
                 span.set_attributes(prompt_attributes(prepared))
             return prepared
 
-    async def _prepare(self, spec: ContextSpec | None, messages: list[dict[str, Any]], force_compaction: bool,
-                       completion_tokens: int | None, tools: Sequence[dict[str, Any]], namespace: str,
-                       label: str | None = None) -> Prepared:
+    async def _prepare(self, turn: TurnRequest, force_compaction: bool) -> Prepared:
+        spec, messages, namespace, label = turn.spec, turn.messages, turn.namespace, turn.label
         if spec is None:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
-            return self._passthrough(messages, namespace, label)
+            return self._passthrough(turn)
         if spec.session_id is not None:
             label = None  # a session the server keeps: its own State and hashes
         codex = tuple(spec.documents())
         self.limits.check([(doc.id, doc.text) for doc in codex])
-        budget = self.prompt_budget(completion_tokens)
+        budget = self.prompt_budget(turn.completion_tokens)
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = await self.sessions.aget(spec.session_id) if spec.session_id else None
         # Compaction counts the State's tokens first: long turns are counted off the event loop.
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         can_compact = session is not None and self.summarize is not None
-        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, tuple(tools),
+        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, turn.tools,
                            codex, namespace, compacts=can_compact)
         request.placement = await self._placement(request)
         decided = request.placement
@@ -196,11 +189,10 @@ class Orchestrator:
         # A RAG turn's excerpts stay in State with its question: from the next turn on they are part of
         # the cached prefix (and counted, and condensed, by compaction like any turn).
         stored_query = formatter.query(query, plan.excerpts, karma.fresh) if query is not None else None
-        return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt,
-                        plan.extra_tools, query=query, spec=spec, raw_messages=messages, karma=karma,
-                        stored_query=stored_query, completion_tokens=completion_tokens, tools=tuple(tools),
-                        prompt_tokens=plan.tokens, namespace=namespace, condense_wanted=plan.wanted,
-                        compactions=tuple(compactions), named=label is not None, placement=placement)
+        return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt, turn,
+                        plan.extra_tools, query=query, karma=karma, stored_query=stored_query,
+                        prompt_tokens=plan.tokens, condense_wanted=plan.wanted, compactions=tuple(compactions),
+                        named=label is not None, placement=placement)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -371,12 +363,12 @@ class Orchestrator:
             f"max_model_len {self.max_model_len:,}; shorten the largest block or ask for fewer max_tokens",
             param="context", code="context_length_exceeded")
 
-    def turn(self, spec: ContextSpec | None, messages: list[dict[str, Any]], completion_tokens: int | None = None,
-             tools: Sequence[dict[str, Any]] = (), namespace: str = "", label: str | None = None) -> ChatTurn:
-        """One request's life: `async with orchestrator.turn(spec, messages, max_tokens) as turn: ...`,
-        then `await turn.commit(reply)`; anything else rolls the session back."""
+    def turn(self, request: TurnRequest) -> ChatTurn:
+        """One request's life: `async with orchestrator.turn(request) as turn: ...`, then
+        `await turn.commit(reply)`; anything else rolls the session back."""
+        spec = request.spec
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return ChatTurn(self, spec, messages, lock, completion_tokens, tools, namespace, label)
+        return ChatTurn(self, request, lock)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);
@@ -385,9 +377,7 @@ class Orchestrator:
         if session is None or self.summarize is None:
             return None
         before = len(session.turns)
-        again = await self.prepare(prepared.spec, prepared.raw_messages, force_compaction=True,
-                                   completion_tokens=prepared.completion_tokens, tools=prepared.tools,
-                                   namespace=prepared.namespace)
+        again = await self.prepare(prepared.request, force_compaction=True)
         if "compaction" not in again.actions and len(session.turns) >= before:
             return None
         taken = prepared.actions
@@ -398,17 +388,18 @@ class Orchestrator:
         limits = ctc_limits(self.config, self.max_model_len)
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
-    def _passthrough(self, messages: list[dict[str, Any]], namespace: str = "", label: str | None = None) -> Prepared:
+    def _passthrough(self, turn: TurnRequest) -> Prepared:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
         named its session."""
+        messages, label = turn.messages, turn.label
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
                              first_changed(prompt.blocks, self.named.last_hashes(label)))
-        return Prepared(messages, report, label or namespace + new_session_id(), None, list(turns), prompt,
-                        query=query, namespace=namespace, named=label is not None)
+        return Prepared(messages, report, label or turn.namespace + new_session_id(), None, list(turns), prompt, turn,
+                        query=query, named=label is not None)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it

@@ -10,10 +10,11 @@ from orchestrator.assembler import AssembledPrompt
 from orchestrator.cache_report import CacheReport
 from orchestrator.codex_placement import Placement
 from orchestrator.compaction import Compaction
-from orchestrator.context_spec import CodexDoc, ContextSpec
+from orchestrator.context_spec import CodexDoc
 from orchestrator.karma import KarmaPlan
 from orchestrator.session import Session
 from orchestrator.turn import Turn
+from orchestrator.turn_request import TurnRequest
 
 
 @dataclass
@@ -26,16 +27,12 @@ class Prepared:
     session: Session | None
     new_turns: list[Turn]
     prompt: AssembledPrompt
+    request: TurnRequest  # what the request asked, for a re-prepare (shrink)
     extra_tools: list[dict[str, Any]] = field(default_factory=list)
     query: str | None = None
-    spec: ContextSpec | None = None
-    raw_messages: list[dict[str, Any]] = field(default_factory=list)
     karma: KarmaPlan | None = None
     stored_query: str | None = None  # the user turn as it joins the State (with the karma it staged)
-    completion_tokens: int | None = None  # the request's max_tokens, for a re-prepare (shrink)
-    tools: tuple[dict[str, Any], ...] = ()  # the client's tools, which the template renders too
     prompt_tokens: int = 0  # the prompt as the engine counts it: blocks plus chat template and tools
-    namespace: str = ""  # the prefix of the tenant's ids, for a re-prepare (shrink)
     # Codex documents without a condensed rendition that would have kept the Codex in the prompt.
     condense_wanted: tuple[CodexDoc, ...] = ()
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing

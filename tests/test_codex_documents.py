@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from turn_requests import asking
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest, NotFound
@@ -69,7 +70,7 @@ def test_a_bad_reference_names_its_field(entry: dict, field: str) -> None:
 def test_an_unresolved_reference_is_refused_by_the_orchestrator(counter) -> None:
     orch = Orchestrator(OrchestratorConfig(), 2048, counter, SessionStore())
     with pytest.raises(InvalidRequest, match="resolved by the server"):
-        run(orch.prepare(parse_context({"codex": [{"document": "rules"}]}), [{"role": "user", "content": "q"}]))
+        run(orch.prepare(asking(parse_context({"codex": [{"document": "rules"}]}), "q")))
 
 
 # -- finding a stored version ----------------------------------------------------------------------
@@ -202,7 +203,7 @@ def prepare(counter: TokenCounter, codex: list[dict], session: str = "s", mode: 
     orch = Orchestrator(OrchestratorConfig(), 2048, counter, SessionStore())
     spec = parse_context({"session_id": session, "identity": "You study a ring of cells.", "codex": codex,
                           "mode": mode})
-    return run(orch.prepare(spec, [{"role": "user", "content": "What moves?"}]))
+    return run(orch.prepare(asking(spec, "What moves?")))
 
 
 def test_a_codex_too_large_for_cag_goes_condensed_before_rag(counter: TokenCounter) -> None:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from turn_requests import asking
 
 from ahc.config import OrchestratorConfig, load_config
 from ahc.errors import InvalidRequest
@@ -20,8 +21,10 @@ from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn, is_filler
+from orchestrator.turn_request import TurnRequest
 
 CALL = (("c1", "read_log", '{"ring": 1}'),)
+
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -161,7 +164,7 @@ CONTEXT = {"identity": "You are a careful physicist.",
 def test_the_governor_acts_by_default_on_an_over_long_state(sparse: TokenCounter) -> None:
     orch = Orchestrator(OrchestratorConfig(), 2048, sparse, SessionStore())
     messages = [*history(14), {"role": "user", "content": "What moves next?"}]
-    prepared = run(orch.prepare(parse_context(CONTEXT), messages))
+    prepared = run(orch.prepare(TurnRequest(parse_context(CONTEXT), messages)))
     actions = ctc(prepared.actions)
     assert actions[0].startswith("ctc_prune_filler:") and actions[1].startswith("ctc_prune_turns:")
     assert len(actions) == 2  # the non-verbatim karma was not needed
@@ -180,7 +183,7 @@ def test_the_governor_leaves_a_normal_session_alone(counter: TokenCounter) -> No
     spec = parse_context({**CONTEXT, "session_id": "normal"})
     for turn in range(6):
         question = "Thanks! " if turn % 2 else f"What happens to ring {turn}? "
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": question * 5}]))
+        prepared = run(orch.prepare(asking(spec, question * 5)))
         assert ctc(prepared.actions) == []
         if turn:
             assert prepared.report.first_changed_block == "state"
@@ -202,7 +205,7 @@ def test_compaction_acts_before_the_derived_caps(window: int) -> None:
     seen: list[str] = []
     largest = 0
     for turn in range(40):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": f"Measure ring {turn}. " * 8 * scale}]))
+        prepared = run(orch.prepare(asking(spec, f"Measure ring {turn}. " * 8 * scale)))
         seen += prepared.actions
         largest = max(largest, prepared.prompt_tokens)
         orch.commit(prepared, {"role": "assistant", "content": f"Ring {turn} has {turn} particles. " * 8 * scale})
@@ -266,14 +269,15 @@ BIG_CODEX = [{"id": f"d{i}", "text": "particles collide and split " * 30} for i 
 def test_a_request_cag_threshold_decides_its_mode(counter: TokenCounter) -> None:
     orch = Orchestrator(OrchestratorConfig(), 2048, counter, SessionStore())
     question = [{"role": "user", "content": "What splits?"}]
-    assert run(orch.prepare(parse_context({"codex": BIG_CODEX}), question)).report.mode == "cag"
-    low = run(orch.prepare(parse_context({"codex": BIG_CODEX, "cag_threshold": 0.1}), question))
+    assert run(orch.prepare(TurnRequest(parse_context({"codex": BIG_CODEX}), question))).report.mode == "cag"
+    low = run(orch.prepare(TurnRequest(parse_context({"codex": BIG_CODEX, "cag_threshold": 0.1}), question)))
     assert low.report.mode == "rag" and "particles collide" not in str(low.messages)
     strict = Orchestrator(OrchestratorConfig(cag_threshold=0.1), 2048, counter, SessionStore())
-    assert run(strict.prepare(parse_context({"codex": BIG_CODEX}), question)).report.mode == "rag"
-    relaxed = run(strict.prepare(parse_context({"codex": BIG_CODEX, "cag_threshold": 1}), question))
+    assert run(strict.prepare(TurnRequest(parse_context({"codex": BIG_CODEX}), question))).report.mode == "rag"
+    relaxed = run(strict.prepare(TurnRequest(parse_context({"codex": BIG_CODEX, "cag_threshold": 1}), question)))
     assert relaxed.report.mode == "cag"
-    forced = run(strict.prepare(parse_context({"codex": BIG_CODEX, "cag_threshold": 1, "mode": "rag"}), question))
+    forced_rag = parse_context({"codex": BIG_CODEX, "cag_threshold": 1, "mode": "rag"})
+    forced = run(strict.prepare(TurnRequest(forced_rag, question)))
     assert forced.report.mode == "rag"  # an explicit mode wins over any threshold
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from turn_requests import asking
 
 from ahc.config import OrchestratorConfig
 from ahc.errors import InvalidRequest
@@ -17,12 +18,14 @@ from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
+from orchestrator.turn_request import TurnRequest
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
 
 
 @pytest.fixture
 def counter(tokenizer) -> TokenCounter:
     return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+
 
 
 def make(counter: TokenCounter, summarize=None, store: SessionStore | None = None, **config) -> Orchestrator:
@@ -40,8 +43,9 @@ def run(coro):
 def test_same_inputs_give_byte_identical_prompts_and_token_ids(counter, tokenizer) -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": "what moves?"}]
-    a = run(make(counter).prepare(parse_context(CONTEXT), messages))
-    b = run(make(counter).prepare(parse_context(dict(reversed(list(CONTEXT.items())))), [dict(m) for m in messages]))
+    a = run(make(counter).prepare(TurnRequest(parse_context(CONTEXT), messages)))
+    reordered = parse_context(dict(reversed(list(CONTEXT.items()))))
+    b = run(make(counter).prepare(TurnRequest(reordered, [dict(m) for m in messages])))
     assert a.messages == b.messages
     assert a.report.prefix_sha256 == b.report.prefix_sha256
     ids_a = tokenizer.apply_chat_template(a.messages, add_generation_prompt=True, tokenize=True)
@@ -57,7 +61,7 @@ def test_a_growing_session_keeps_the_rendered_prompt_a_prefix(counter, tokenizer
     spec = parse_context({**CONTEXT, "session_id": "s1"})
     rendered = []
     for turn in range(4):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": f"question {turn}"}]))
+        prepared = run(orch.prepare(TurnRequest(spec, [{"role": "user", "content": f"question {turn}"}])))
         rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=False))
         orch.commit(prepared, {"role": "assistant", "content": f"answer {turn}"})
         if turn:
@@ -69,11 +73,11 @@ def test_a_growing_session_keeps_the_rendered_prompt_a_prefix(counter, tokenizer
 def test_first_changed_block_names_where_the_cache_broke(counter) -> None:
     orch = make(counter)
     spec = parse_context({**CONTEXT, "session_id": "s2"})
-    first = run(orch.prepare(spec, [{"role": "user", "content": "q"}]))
+    first = run(orch.prepare(asking(spec, "q")))
     assert first.report.first_changed_block is None
     orch.commit(first, {"role": "assistant", "content": "a"})
     edited = {**CONTEXT, "session_id": "s2", "karma": [{"id": "k1", "text": "B moves right.", "verbatim": True}]}
-    second = run(orch.prepare(parse_context(edited), [{"role": "user", "content": "q2"}]))
+    second = run(orch.prepare(asking(parse_context(edited), "q2")))
     assert second.report.first_changed_block == "karma"
     assert "B moves right." in second.messages[0]["content"] and "B moves left." not in second.messages[0]["content"]
 
@@ -87,8 +91,7 @@ def test_karma_added_mid_session_is_staged_in_state_and_keeps_the_prefix(counter
     orch = make(counter)
     karma_hashes, rendered, queries = [], [], []
     for turn, extra in enumerate([(), (), (("k2", "K splits into A and B."),), (("k2", "K splits into A and B."),)]):
-        prepared = run(orch.prepare(parse_context(with_karma("stage", *extra)),
-                                    [{"role": "user", "content": f"question {turn}"}]))
+        prepared = run(orch.prepare(asking(parse_context(with_karma("stage", *extra)), f"question {turn}")))
         karma_hashes.append(next(b.sha256 for b in prepared.report.blocks if b.name == "karma"))
         rendered.append(tokenizer.apply_chat_template(prepared.messages, add_generation_prompt=True, tokenize=True))
         queries.append(prepared.messages[-1]["content"])
@@ -106,10 +109,9 @@ def test_karma_added_mid_session_is_staged_in_state_and_keeps_the_prefix(counter
 
 def test_karma_staging_off_rewrites_the_karma_block(counter) -> None:
     orch = make(counter, karma_staging=False)
-    first = run(orch.prepare(parse_context(with_karma("nostage")), [{"role": "user", "content": "q"}]))
+    first = run(orch.prepare(asking(parse_context(with_karma("nostage")), "q")))
     orch.commit(first, {"role": "assistant", "content": "a"})
-    second = run(orch.prepare(parse_context(with_karma("nostage", ("k2", "K splits."))),
-                              [{"role": "user", "content": "q2"}]))
+    second = run(orch.prepare(asking(parse_context(with_karma("nostage", ("k2", "K splits."))), "q2")))
     assert second.report.first_changed_block == "karma" and "K splits." in second.messages[0]["content"]
 
 
@@ -123,8 +125,7 @@ def test_compaction_promotes_staged_karma_verbatim(counter) -> None:
     for turn in range(5):
         if turn == 1:
             entries.append(("k2", "K splits into A and B."))
-        prepared = run(orch.prepare(parse_context(with_karma("promote", *entries)),
-                                    [{"role": "user", "content": f"question {turn} " * 4}]))
+        prepared = run(orch.prepare(asking(parse_context(with_karma("promote", *entries)), f"question {turn} " * 4)))
         if "compaction" in prepared.actions:
             compacted = compacted or prepared
         orch.commit(prepared, {"role": "assistant", "content": f"answer {turn} " * 4})
@@ -141,8 +142,7 @@ def test_a_depth_cap_puts_staged_karma_back_in_the_block(counter) -> None:
     for turn in range(3):
         if turn == 1:
             entries.append(("k2", "K splits into A and B."))
-        prepared = run(orch.prepare(parse_context(with_karma("depth", *entries)),
-                                    [{"role": "user", "content": f"question {turn}"}]))
+        prepared = run(orch.prepare(asking(parse_context(with_karma("depth", *entries)), f"question {turn}")))
         orch.commit(prepared, {"role": "assistant", "content": f"answer {turn}"})
     # Turn 1 carried k2 in its Query; turn 2's depth cap dropped turn 1, so k2 is in the Karma block.
     assert "K splits into A and B." in prepared.messages[0]["content"]
@@ -151,16 +151,16 @@ def test_a_depth_cap_puts_staged_karma_back_in_the_block(counter) -> None:
 
 def test_passthrough_keeps_messages_and_reports(counter) -> None:
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
-    prepared = run(make(counter).prepare(None, messages))
+    prepared = run(make(counter).prepare(TurnRequest(None, messages)))
     assert prepared.messages is messages
     assert prepared.report.mode == "passthrough"
 
 
 def test_auto_mode_switches_on_the_threshold(counter) -> None:
-    small = run(make(counter).prepare(parse_context({**CONTEXT, "mode": "auto"}), [{"role": "user", "content": "q"}]))
+    small = run(make(counter).prepare(asking(parse_context({**CONTEXT, "mode": "auto"}), "q")))
     assert small.report.mode == "cag"
     big_codex = [{"id": f"d{i}", "text": "particles collide and split " * 40} for i in range(20)]
-    big = run(make(counter).prepare(parse_context({"codex": big_codex}), [{"role": "user", "content": "q"}]))
+    big = run(make(counter).prepare(asking(parse_context({"codex": big_codex}), "q")))
     assert big.report.mode == "rag"
     assert "particles collide" not in big.messages[0]["content"] if big.messages[0]["role"] == "system" else True
 
@@ -208,7 +208,7 @@ def test_compaction_condenses_old_turns_into_karma(counter) -> None:
     spec = parse_context({**CONTEXT, "session_id": "s3"})
     compacted = None
     for turn in range(6):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": f"long question {turn} " * 5}]))
+        prepared = run(orch.prepare(TurnRequest(spec, [{"role": "user", "content": f"long question {turn} " * 5}])))
         if "compaction" in prepared.actions:
             compacted = prepared
         orch.commit(prepared, {"role": "assistant", "content": f"long answer {turn} " * 5})
@@ -222,17 +222,17 @@ def test_sessions_persist_and_resume(counter) -> None:
     saved: dict[str, str] = {}
     orch = make(counter, store=SessionStore(saved.get, saved.__setitem__))
     spec = parse_context({**CONTEXT, "session_id": "s4"})
-    first = run(orch.prepare(spec, [{"role": "user", "content": "one"}]))
+    first = run(orch.prepare(asking(spec, "one")))
     orch.commit(first, {"role": "assistant", "content": "uno"})
     resumed = make(counter, store=SessionStore(saved.get, saved.__setitem__))
-    second = run(resumed.prepare(spec, [{"role": "user", "content": "two"}]))
+    second = run(resumed.prepare(asking(spec, "two")))
     assert [m["content"] for m in second.messages[1:]] == ["one", "uno", "two"]
     assert second.report.first_changed_block == "state"
     staged = parse_context(with_karma("s4", ("k2", "K splits.")))
-    resumed.commit(run(resumed.prepare(staged, [{"role": "user", "content": "three"}])),
+    resumed.commit(run(resumed.prepare(asking(staged, "three"))),
                      {"role": "assistant", "content": "tres"})
     again = make(counter, store=SessionStore(saved.get, saved.__setitem__))
-    fourth = run(again.prepare(staged, [{"role": "user", "content": "four"}]))
+    fourth = run(again.prepare(asking(staged, "four")))
     assert fourth.report.first_changed_block == "state" and fourth.messages[-1]["content"] == "four"
 
 
@@ -241,15 +241,15 @@ def test_a_session_resumed_on_another_replica_reports_the_move_once(counter) -> 
     saved: dict[str, str] = {}  # the store the replicas share (the lake, in a cluster)
     spec = parse_context({**CONTEXT, "session_id": "moving"})
     on_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
-    on_a.commit(run(on_a.prepare(spec, [{"role": "user", "content": "one"}])), {"role": "assistant", "content": "1"})
+    on_a.commit(run(on_a.prepare(asking(spec, "one"))), {"role": "assistant", "content": "1"})
     again_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
-    assert run(again_a.prepare(spec, [{"role": "user", "content": "x"}])).report.first_changed_block == "state"
+    assert run(again_a.prepare(asking(spec, "x"))).report.first_changed_block == "state"
     on_b = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="b"))
-    moved = run(on_b.prepare(spec, [{"role": "user", "content": "two"}]))
+    moved = run(on_b.prepare(asking(spec, "two")))
     assert moved.report.first_changed_block == "replica" and moved.report.cached_estimate() == 0
     assert [m["content"] for m in moved.messages[1:]] == ["one", "1", "two"]  # the State came along
     on_b.commit(moved, {"role": "assistant", "content": "2"})
-    after = run(on_b.prepare(spec, [{"role": "user", "content": "three"}]))
+    after = run(on_b.prepare(asking(spec, "three")))
     assert after.report.first_changed_block == "state" and after.report.cached_estimate() > 0
     assert json.loads(saved["moving"])["replica"] == "b"
 
@@ -259,13 +259,13 @@ def test_a_session_back_on_a_replica_that_held_it_takes_the_newer_state(counter)
     spec = parse_context({**CONTEXT, "session_id": "back"})
     on_a = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="a"))
     on_b = make(counter, store=SessionStore(saved.get, saved.__setitem__, replica="b"))
-    on_a.commit(run(on_a.prepare(spec, [{"role": "user", "content": "one"}])), {"role": "assistant", "content": "1"})
-    on_b.commit(run(on_b.prepare(spec, [{"role": "user", "content": "two"}])), {"role": "assistant", "content": "2"})
-    back = run(on_a.prepare(spec, [{"role": "user", "content": "three"}]))  # a still holds "one" in memory
+    on_a.commit(run(on_a.prepare(asking(spec, "one"))), {"role": "assistant", "content": "1"})
+    on_b.commit(run(on_b.prepare(asking(spec, "two"))), {"role": "assistant", "content": "2"})
+    back = run(on_a.prepare(asking(spec, "three")))  # a still holds "one" in memory
     assert [m["content"] for m in back.messages[1:]] == ["one", "1", "two", "2", "three"]
     assert back.report.first_changed_block == "replica"
     on_a.commit(back, {"role": "assistant", "content": "3"})
-    again = run(on_a.prepare(spec, [{"role": "user", "content": "four"}]))
+    again = run(on_a.prepare(asking(spec, "four")))
     assert again.report.first_changed_block == "state"
 
 def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> None:
@@ -275,7 +275,7 @@ def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> No
 
     async def one_turn(session_id: str, question: str) -> list[str]:
         spec = parse_context({**CONTEXT, "session_id": session_id})
-        async with orch.turn(spec, [{"role": "user", "content": question}], 64) as turn:
+        async with orch.turn(asking(spec, question, completion_tokens=64)) as turn:
             contents = [m["content"] for m in turn.messages[1:]]
             await turn.commit({"role": "assistant", "content": question.upper()})
         return contents
@@ -305,7 +305,7 @@ def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> Non
     released: list[str] = []
 
     async def fail() -> None:
-        async with orch.turn(spec, messages) as turn:
+        async with orch.turn(TurnRequest(spec, messages)) as turn:
             turn.on_close(lambda: released.append("blocks"))
             assert orch.sessions.lock("s5").locked()
             raise RuntimeError("the engine failed")
@@ -321,7 +321,7 @@ def test_a_committed_turn_joins_the_state_once(counter) -> None:
     spec = parse_context({**CONTEXT, "session_id": "s6"})
 
     async def exchange() -> None:
-        async with orch.turn(spec, [{"role": "user", "content": "q"}]) as turn:
+        async with orch.turn(asking(spec, "q")) as turn:
             assert orch.sessions.get("s6").turns == []  # preparing never touches the State
             await turn.commit({"role": "assistant", "content": "a"})
             with pytest.raises(RuntimeError, match="at most once"):
@@ -337,7 +337,7 @@ def test_a_handed_over_turn_stays_open_until_its_new_owner_closes_it(counter) ->
     spec = parse_context({**CONTEXT, "session_id": "s7"})
 
     async def stream() -> None:
-        async with orch.turn(spec, [{"role": "user", "content": "q"}]) as turn:
+        async with orch.turn(asking(spec, "q")) as turn:
             streaming = turn.hand_over()
         assert orch.sessions.lock("s7").locked()  # the stream still owns the session
         streaming.close()  # cut off before the reply completed
@@ -349,8 +349,8 @@ def test_a_handed_over_turn_stays_open_until_its_new_owner_closes_it(counter) ->
 
 def test_a_bad_message_is_an_invalid_request_naming_messages(counter) -> None:
     with pytest.raises(InvalidRequest) as info:
-        run(make(counter).prepare(parse_context(CONTEXT), [{"role": "wizard", "content": "x"},
-                                                           {"role": "user", "content": "q"}]))
+        run(make(counter).prepare(TurnRequest(parse_context(CONTEXT), [{"role": "wizard", "content": "x"},
+                                                           {"role": "user", "content": "q"}])))
     assert info.value.param == "messages" and info.value.status == 400
 
 
@@ -521,7 +521,7 @@ def test_a_long_session_always_fits_the_window(counter, tokenizer, mode: str, do
     spec = parse_context({**tiny_session(docs), "session_id": f"long-{mode}-{docs}", "mode": mode})
     compactions, modes = 0, set()
     for turn in range(60):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        prepared = run(orch.prepare(asking(spec, words(30, 100 + turn), completion_tokens=MAX_TOKENS)))
         real = engine_tokens(tokenizer, prepared)
         assert real + MAX_TOKENS <= WINDOW, (turn, real, prepared.report.to_json("s"))
         assert real <= prepared.prompt_tokens  # the budget's estimate never undercounts
@@ -546,7 +546,7 @@ def test_a_prompt_that_cannot_fit_even_compacted_names_each_block(counter, token
     orch = budgeted(counter, tokenizer, summarize)
     spec = parse_context({**tiny_session(3), "identity": words(2500, 3), "session_id": "huge", "mode": "cag"})
     with pytest.raises(InvalidRequest) as info:
-        run(orch.prepare(spec, [{"role": "user", "content": "q"}], False, MAX_TOKENS))
+        run(orch.prepare(asking(spec, "q", completion_tokens=MAX_TOKENS)))
     message = str(info.value)
     assert info.value.status == 400 and info.value.param == "context"
     for block in ("identity", "codex", "karma", "state", "query"):
@@ -576,7 +576,7 @@ def test_compaction_continues_the_session_prompt_as_last_sent(counter, tokenizer
     spec = parse_context({**tiny_session(3), "session_id": "cont", "mode": "auto"})
     sent: list[list[dict]] = []
     for turn in range(40):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        prepared = run(orch.prepare(asking(spec, words(30, 100 + turn), completion_tokens=MAX_TOKENS)))
         if calls and "compaction" in prepared.actions:
             break
         sent.append(prepared.messages)
@@ -605,7 +605,7 @@ def test_a_prompt_too_long_to_continue_is_summarised_as_a_transcript(counter, to
     session = orch.sessions.get("huge-state")
     # Longer than the window: a client's history sent to a server that kept none, or a smaller window now.
     session.turns = [Turn(role="user" if i % 2 == 0 else "assistant", content=words(120, i)) for i in range(16)]
-    run(orch.prepare(spec, [{"role": "user", "content": "q"}], False, MAX_TOKENS))
+    run(orch.prepare(asking(spec, "q", completion_tokens=MAX_TOKENS)))
     assert calls and not calls[0].continued
     assert calls[0].messages[0]["content"].startswith("Condense the conversation below")
 
@@ -613,15 +613,15 @@ def test_a_prompt_too_long_to_continue_is_summarised_as_a_transcript(counter, to
 def test_auto_keeps_its_decision_until_the_codex_changes(counter, tokenizer) -> None:
     orch = budgeted(counter, tokenizer, None)
     small = {**tiny_session(3), "session_id": "keep", "mode": "auto"}
-    first = run(orch.prepare(parse_context(small), [{"role": "user", "content": "q0"}], False, MAX_TOKENS))
+    first = run(orch.prepare(asking(parse_context(small), "q0", completion_tokens=MAX_TOKENS)))
     orch.commit(first, {"role": "assistant", "content": "a0"})
     assert first.report.mode == "cag" and first.report.mode_switches == 0
     big = {**small, "codex": [{"id": f"doc{i}", "text": words(105, 10 + i)} for i in range(8)]}
-    second = run(orch.prepare(parse_context(big), [{"role": "user", "content": "q1"}], False, MAX_TOKENS))
+    second = run(orch.prepare(asking(parse_context(big), "q1", completion_tokens=MAX_TOKENS)))
     orch.commit(second, {"role": "assistant", "content": "a1"})
     assert second.report.mode == "rag" and second.report.mode_switches == 1
     assert second.report.switched == ("full", "rag")
-    third = run(orch.prepare(parse_context(big), [{"role": "user", "content": "q2"}], False, MAX_TOKENS))
+    third = run(orch.prepare(asking(parse_context(big), "q2", completion_tokens=MAX_TOKENS)))
     assert third.report.mode == "rag" and third.report.mode_switches == 1 and third.report.switched is None
     assert third.report.to_json("keep")["mode_switches"] == 1
 
@@ -638,7 +638,7 @@ def test_a_codex_that_cannot_fit_beside_a_compacted_state_moves_once(counter, to
                           "cag_threshold": 0.9})
     reports = []
     for turn in range(6):
-        prepared = run(orch.prepare(spec, [{"role": "user", "content": words(30, 100 + turn)}], False, MAX_TOKENS))
+        prepared = run(orch.prepare(asking(spec, words(30, 100 + turn), completion_tokens=MAX_TOKENS)))
         orch.commit(prepared, {"role": "assistant", "content": words(8, turn)})
         reports.append(prepared.report)
     assert [r.codex[0]["rendition"] for r in reports] == ["condensed"] * 6
@@ -655,10 +655,10 @@ def test_rag_excerpts_join_the_state_once(counter, tokenizer) -> None:
     orch = budgeted(counter, tokenizer, summarize)
     orch.retriever = FixedRetriever(chars=200)
     spec = parse_context({**tiny_session(3), "session_id": "excerpts", "mode": "rag"})
-    first = run(orch.prepare(spec, [{"role": "user", "content": "which rule?"}], False, MAX_TOKENS))
+    first = run(orch.prepare(asking(spec, "which rule?", completion_tokens=MAX_TOKENS)))
     assert "Archive excerpts" in first.messages[-1]["content"]
     orch.commit(first, {"role": "assistant", "content": "this one"})
-    second = run(orch.prepare(spec, [{"role": "user", "content": "and then?"}], False, MAX_TOKENS))
+    second = run(orch.prepare(asking(spec, "and then?", completion_tokens=MAX_TOKENS)))
     # The first turn's question as sent, excerpts and all, is now State: a prefix of the second prompt.
     assert second.messages[1] == first.messages[-1]
     assert second.messages[-1]["content"] == "and then?"  # every excerpt is in State already
@@ -675,10 +675,10 @@ def test_excerpts_too_large_for_the_state_stay_in_the_query(counter, tokenizer) 
     orch.retriever = FixedRetriever(chars=2400)  # ~450 tokens an excerpt
     codex = [{"id": f"doc{i}", "text": words(500, 10 + i)} for i in range(3)]
     spec = parse_context({**tiny_session(3), "codex": codex, "session_id": "big-excerpts", "mode": "rag"})
-    first = run(orch.prepare(spec, [{"role": "user", "content": words(30, 7)}], False, MAX_TOKENS))
+    first = run(orch.prepare(asking(spec, words(30, 7), completion_tokens=MAX_TOKENS)))
     orch.commit(first, {"role": "assistant", "content": "a"})
     assert first.stored_query == words(30, 7)
     assert first.stored_query != first.messages[-1]["content"]  # the excerpts were sent
-    second = run(orch.prepare(spec, [{"role": "user", "content": words(30, 8)}], False, MAX_TOKENS))
+    second = run(orch.prepare(asking(spec, words(30, 8), completion_tokens=MAX_TOKENS)))
     assert "compaction" not in second.actions  # the passing excerpts did not crowd the State
     assert "Archive excerpts" in second.messages[-1]["content"]

@@ -11,6 +11,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 
 from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
+from orchestrator.turn_request import TurnRequest
 from server.admission.turn import requested_completion_tokens
 from server.session_key import HEADER, SessionKey, session_key
 from server.tenants import Tenant
@@ -83,6 +84,10 @@ class ChatCall:
     @property
     def tools(self) -> list[dict[str, Any]]:
         return list(self.body.get("tools") or ())
+
+    def turn_request(self, spec: ContextSpec | None) -> TurnRequest:
+        """What the orchestrator gets: the `context` with its documents resolved, and the rest as read here."""
+        return TurnRequest(spec, self.messages, self.max_tokens, tuple(self.tools), self.tenant.prefix, self.label)
 
     @property
     def max_tokens(self) -> int | None:

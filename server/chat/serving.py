@@ -41,8 +41,7 @@ class ChatService:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
         spec = await self.resolve(call)
-        async with runtime.orchestrator.turn(spec, call.messages, call.max_tokens, call.tools, call.tenant.prefix,
-                                             call.label) as turn:
+        async with runtime.orchestrator.turn(call.turn_request(spec)) as turn:
             telemetry.turn = turn
             self.prepare(turn, call)
             await self.admit(turn, call)

@@ -1,0 +1,26 @@
+"""What one chat request asks of the orchestrator, built once from the typed body and carried whole
+through the turn, its preparation and a re-preparation (shrink)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.context_spec import ContextSpec
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """`spec`: the request's `context` (None: passed through as sent). `completion_tokens`: its max_tokens
+    (None: the configured default), the room the prompt leaves in the window. `tools`: the client's own,
+    which the chat template renders into the prompt too. `namespace`: the prefix of the ids the request's
+    tenant owns (the server scopes `spec.session_id` itself); a request without a session gets its
+    generated id and its Codex index under it. `label`: the (scoped) session a request without
+    `context.session_id` was named by its client (a header, `prompt_cache_key`)."""
+
+    spec: ContextSpec | None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    completion_tokens: int | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    namespace: str = ""
+    label: str | None = None
