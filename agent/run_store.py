@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from xdb.interactions import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
+from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 
 Row = dict[str, Any]
 

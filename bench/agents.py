@@ -43,8 +43,7 @@ import aiohttp
 import httpx
 import numpy as np
 
-from ahc.config import OrchestratorConfig, cache_dir, load_config
-from ahc.server_process import ServerProcess, ensure_model, start_server, start_together
+from ahc.core.config import OrchestratorConfig, cache_dir, load_config
 from bench.device import engine_device
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
@@ -52,6 +51,7 @@ from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.stream_load import percentile
+from server.server_process import ServerProcess, ensure_model, start_server, start_together
 
 MODEL = "bench-2x64"  # prefill next to free: what a wait may cost is all latency
 LOAD_ENV = "BENCH_AGENTS_LOAD"

@@ -29,12 +29,12 @@ from typing import Any
 
 import httpx
 
-from ahc.server_process import TINY_MODEL, ServerProcess, free_port
 from bench.load_spec import overridden
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from server.cluster.local_cluster import ClusterSpec, LocalCluster
 from server.cluster.router import RouterProcess
+from server.server_process import TINY_MODEL, ServerProcess, free_port
 
 LOAD_ENV = "BENCH_CLUSTER_LOAD"
 HEADER = "X-Session-ID"

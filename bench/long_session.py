@@ -41,8 +41,7 @@ from typing import Any
 
 import httpx
 
-from ahc.config import cache_dir, load_config
-from ahc.server_process import TINY_MODEL, ServerProcess, ensure_model, scrape_metrics, start_server, start_together
+from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
 from bench.history_trim import Count
@@ -61,6 +60,7 @@ from bench.session_clients import (
     whitespace_bias,
 )
 from bench.stream_load import percentile
+from server.server_process import TINY_MODEL, ServerProcess, ensure_model, scrape_metrics, start_server, start_together
 
 LOAD_ENV = "BENCH_LONG_SESSION_LOAD"
 TINY = "tiny"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ahc.config import cache_dir
-from ahc.server_process import AHC, child_env, ensure_model
+from ahc.core.config import cache_dir
+from server.server_process import AHC, child_env, ensure_model
 
 MODELS: dict[str, tuple[str, ...]] = {
     # Larger than the tests' tiny model, so the forward is not all overhead.

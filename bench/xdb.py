@@ -24,7 +24,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from bench.load_spec import overridden
 from bench.result import BenchResult
 from xdb import XDB, TimestepRow

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from ahc.errors import InvalidRequest
-from ahc.limits import ID_MAX_CHARS, IDENTITY_MAX_CHARS, KARMA_MAX_ENTRIES, KARMA_TEXT_MAX_CHARS
+from ahc.core.errors import InvalidRequest
+from ahc.core.limits import ID_MAX_CHARS, IDENTITY_MAX_CHARS, KARMA_MAX_ENTRIES, KARMA_TEXT_MAX_CHARS
 
 
 class _Strict(BaseModel):

@@ -29,11 +29,11 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.errors import InvalidRequest, NotFound
 from server.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
-from xdb.interactions import REPORT_MAX_BYTES
+from xdb.runs import REPORT_MAX_BYTES
 from xdb.schema import INT32_MAX, INT64_MAX
 
 RUN_ID = Field(min_length=1, max_length=256)

@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from ahc.errors import RateLimited
-from ahc.limits import ID_MAX_CHARS
+from ahc.core.errors import RateLimited
+from ahc.core.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient

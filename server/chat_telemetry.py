@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from ahc.spans import CACHE_READ_INPUT_TOKENS, INPUT_TOKENS
+from ahc.core.spans import CACHE_READ_INPUT_TOKENS, INPUT_TOKENS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.orchestrator import prompt_attributes
 from server.request_context import EngineUsage, current_usage

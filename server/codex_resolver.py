@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, CodexRef, ContextSpec, StoredCodexDoc
 from xdb import XDBClient
 from xdb.documents import find_document, get_document

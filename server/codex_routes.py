@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from ahc.errors import Conflict, NotFound
+from ahc.core.errors import Conflict, NotFound
 from server.codex_condenser import CodexCondenser, source_document
 from server.codex_resolver import CodexResolver, rendition_path
 from server.errors import AHCRoute

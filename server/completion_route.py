@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn import choices, max_new_tokens, wait_for_recording
 from server.request_context import current_session, current_tenant

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
 from server.errors import AHCRoute

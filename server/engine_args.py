@@ -12,7 +12,7 @@ import os
 from argparse import Namespace
 from typing import NoReturn
 
-from ahc.config import NO_MODEL, AHCConfig, resolve_path
+from ahc.core.config import NO_MODEL, AHCConfig, resolve_path
 
 
 def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """Every error AHC answers, in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 
 Three places produce errors and all end up here:
-- AHC's own code raises `ahc.errors.AHCError` subclasses; one exception handler answers them.
+- AHC's own code raises `ahc.core.errors.AHCError` subclasses; one exception handler answers them.
 - Request bodies and queries are typed: FastAPI's validation errors become 400s naming the parameter.
 - vLLM's routes answer `{"error": {...}}` with its exception names as `type` ("BadRequestError"), and
   Starlette answers unknown routes with `{"detail": ...}`; a middleware rewrites those bodies into
@@ -24,7 +24,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ahc.errors import AHCError
+from ahc.core.errors import AHCError
 
 log = logging.getLogger("ahc.server")
 

@@ -24,8 +24,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.errors import NotFound, RateLimited
-from ahc.limits import ID_MAX_CHARS
+from ahc.core.errors import NotFound, RateLimited
+from ahc.core.limits import ID_MAX_CHARS
 from server.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from server.tenants import Tenant

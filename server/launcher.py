@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ahc.config import AHCConfig, resolve_path
+from ahc.core.config import AHCConfig, resolve_path
 from server.admission.vram_governor import KVStats
 from server.backup_signal import install_backup_signal
 from server.capture.capture_setup import CaptureSetup, start_capture

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from opentelemetry import trace
 
-from ahc.spans import SESSION_ID
+from ahc.core.spans import SESSION_ID
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ahc.errors import InvalidRequest
-from ahc.limits import ID_MAX_CHARS
+from ahc.core.errors import InvalidRequest
+from ahc.core.limits import ID_MAX_CHARS
 
 HEADER = "X-Session-ID"
 

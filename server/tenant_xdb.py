@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.errors import InvalidRequest, NotFound
 from server.request_context import Caller
 from server.tenants import Tenant
 from xdb import XDBClient
@@ -23,7 +23,8 @@ from xdb.browse import session_turns, sessions_overview
 from xdb.compression import cold_records
 from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
 from xdb.fidelity import list_windows, unpin
-from xdb.interactions import (
+from xdb.recall import RecallFilters
+from xdb.runs import (
     list_interactions,
     list_runs,
     log_interaction,
@@ -32,7 +33,6 @@ from xdb.interactions import (
     run_report,
     save_meta_knowledge,
 )
-from xdb.recall import RecallFilters
 from xdb.session_state import list_sessions, state_versions
 from xdb.tags import list_comments
 

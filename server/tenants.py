@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from xdb.owner import FLAT, owns
 
 DEFAULT = "default"

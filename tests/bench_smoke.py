@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from ahc.server_process import AHC
+from server.server_process import AHC
 
 
 @dataclass(frozen=True)

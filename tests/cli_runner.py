@@ -22,6 +22,6 @@ def invoke(app: typer.Typer, *args: str, prog_name: str = "ahc") -> subprocess.C
 
 def ahc(*args: str) -> subprocess.CompletedProcess[str]:
     """`ahc ARGS...` in this process."""
-    from ahc.cli import app
+    from ahc.cli.app import app
 
     return invoke(app, *args)

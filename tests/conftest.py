@@ -1,5 +1,5 @@
 """Fixtures: one real `ahc serve` (vLLM CPU engine, tiny model) per test session, reached over real HTTP.
-Helpers that start servers live in ahc/server_process.py, shared with the benchmarks."""
+Helpers that start servers live in server/server_process.py, shared with the benchmarks."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ahc.config import AHCConfig, load_config
-from ahc.server_process import REAL_CONFIG, REAL_MODEL, TINY_MODEL, ServerProcess, child_env, start_server
+from ahc.core.config import AHCConfig, load_config
+from server.server_process import REAL_CONFIG, REAL_MODEL, TINY_MODEL, ServerProcess, child_env, start_server
 
 if TYPE_CHECKING:
     # Annotations only: vLLM's import takes seconds, paid by xdist's controller too, which runs no test.
@@ -97,7 +97,7 @@ def whitespace_bias(model: Path) -> dict[str, int]:
 def tokenizer():
     """The tiny model's tokenizer and chat template, trained in memory (milliseconds, no weights), so
     the engine-free tests need no `make setup`. The same files `ahc tiny-model` writes."""
-    from ahc.tiny_model import build_tokenizer
+    from ahc.cli.tiny_model import build_tokenizer
 
     return build_tokenizer()
 
@@ -107,7 +107,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model on disk: `make setup`'s copy, else one built for this session (seconds)."""
     if (TINY_MODEL / "model.safetensors").is_file():
         return TINY_MODEL
-    from ahc.tiny_model import build_tiny_model
+    from ahc.cli.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ahc.server_process import AHC, TINY_MODEL, recall, recall_until, start_server
+from server.server_process import AHC, TINY_MODEL, recall, recall_until, start_server
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import WebSocketDisconnect
 
-from ahc.config import AHCConfig
+from ahc.core.config import AHCConfig
 from server.app import REMOVED_PATHS
 from server.auth import OPEN_PATHS, UI_PREFIX, ApiKeyMiddleware
 from server.engine_args import build_vllm_namespace

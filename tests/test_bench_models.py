@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from ahc.config import load_config
+from ahc.core.config import load_config
 from bench import activations, orchestrator
 from bench.models import MODELS, REAL, SERVED, served_model
 

@@ -17,8 +17,8 @@ from fake_app import ahc_app, health_while_posting, serving
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
-from ahc.config import AHCConfig
-from ahc.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
+from ahc.core.config import AHCConfig
+from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from server.chat import serving as chat_route
 from server.runtime import Runtime
@@ -376,7 +376,7 @@ def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig,
     every reply is recorded, in order, and nothing fails in the background."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ahc.config import XDBConfig
+    from ahc.core.config import XDBConfig
 
     xdb = XDB.open(tmp_path / "xdb", XDBConfig(max_queue_rows=16, batch_rows=4, max_latency_s=0.01,
                                                submit_timeout_s=0.2))

@@ -28,8 +28,7 @@ import pytest
 from bench_smoke import check_result
 from postgres import require_postgres
 
-from ahc.config import LakeConfig
-from ahc.server_process import AHC, TINY_MODEL, child_env, free_port
+from ahc.core.config import LakeConfig
 from bench.cluster import (
     HEADER,
     ClusterLoad,
@@ -43,6 +42,7 @@ from bench.cluster import (
     system_prompt,
 )
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
+from server.server_process import AHC, TINY_MODEL, child_env, free_port
 from xdb.lake import Lake
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from turn_requests import asking
 
-from ahc.config import OrchestratorConfig
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.config import OrchestratorConfig
+from ahc.core.errors import InvalidRequest, NotFound
 from orchestrator.codex_renditions import CONDENSE_ACTION
 from orchestrator.context_spec import CodexDoc, CodexRef, StoredCodexDoc, parse_context
 from orchestrator.orchestrator import Orchestrator

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fake_app import serving
 
-from ahc.config import AHCConfig
+from ahc.core.config import AHCConfig
 from xdb import XDB
 
 

@@ -11,7 +11,7 @@ import pytest
 from fake_app import health_while_posting, serving
 from fastapi.testclient import TestClient
 
-from ahc.config import AHCConfig
+from ahc.core.config import AHCConfig
 from server.runtime import Runtime
 
 BLOCKS = 1000

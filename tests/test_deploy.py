@@ -29,8 +29,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from ahc.config import bundled_configs
-from ahc.server_process import ServerProcess, free_port
+from ahc.core.config import bundled_configs
+from server.server_process import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -238,7 +238,7 @@ def test_compose_runs_ahc_on_the_gpus_with_its_volumes() -> None:
 
 
 def test_cluster_compose_routes_by_session_to_replicas_sharing_one_lake() -> None:
-    from ahc.config import AHCConfig
+    from ahc.core.config import AHCConfig
     from server.cluster.router import RouterSpec, router_command
 
     spec = yaml.safe_load((DEPLOY / "compose.cluster.yml").read_text())

@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
-from ahc.server_process import ServerProcess, recall
+from server.server_process import ServerProcess, recall
 
 pytestmark = pytest.mark.real_model
 T = TypeVar("T")

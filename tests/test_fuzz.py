@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from ahc.server_process import TINY_MODEL, ServerProcess, start_server
+from server.server_process import TINY_MODEL, ServerProcess, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ahc.errors import RateLimited
+from ahc.core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc
 from server.admission.hidden import HOUR_S, HiddenAdmission, TenantBudget
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor

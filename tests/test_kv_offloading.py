@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ahc.config import load_config
+from ahc.core.config import load_config
 from server.admission.kv_geometry import KVGeometry
 from server.admission.vram_governor import KVStats
 from server.metrics import AHCMetrics

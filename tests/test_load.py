@@ -24,7 +24,7 @@ import numpy as np
 import openai
 import pytest
 
-from ahc.server_process import AHC, TINY_MODEL, ServerProcess, child_env, recall_until, start_server
+from server.server_process import AHC, TINY_MODEL, ServerProcess, child_env, recall_until, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ahc.server_process import ServerProcess, scrape_metrics
+from server.server_process import ServerProcess, scrape_metrics
 
 pytestmark = pytest.mark.engine
 

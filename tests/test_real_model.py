@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from ahc.server_process import ServerProcess, recall_until
+from server.server_process import ServerProcess, recall_until
 
 pytestmark = pytest.mark.real_model
 

@@ -9,7 +9,7 @@ import pytest
 from fake_app import serving
 from fastapi.routing import APIRoute
 
-from ahc.config import AHCConfig
+from ahc.core.config import AHCConfig
 from server.record_queue import RecordQueue
 from server.recording_gate import gated
 

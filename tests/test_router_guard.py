@@ -11,9 +11,9 @@ import httpx
 import pytest
 from test_router import FakeWorker
 
-from ahc.server_process import free_port
 from server.cluster.router import RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
+from server.server_process import free_port
 
 EVIL = {"Origin": "http://evil.example"}
 

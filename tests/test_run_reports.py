@@ -25,7 +25,7 @@ from server.request_context import request_tenant
 from server.tenants import Tenant
 from universe import load_rule
 from xdb import XDB
-from xdb.interactions import PNG_SIGNATURE, REPORT_MAX_BYTES, list_runs, run_report
+from xdb.runs import PNG_SIGNATURE, REPORT_MAX_BYTES, list_runs, run_report
 
 
 class Tenants:

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from ahc.config import load_config
-from ahc.server_process import AHC, free_port, launch
+from ahc.core.config import load_config
+from server.server_process import AHC, free_port, launch
 
 
 def config_with(*flags: str, **overrides):

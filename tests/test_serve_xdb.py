@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ahc.server_process import free_port, recall, recall_until, scrape_metrics, start_server
+from server.server_process import free_port, recall, recall_until, scrape_metrics, start_server
 from xdb.service import PROCESS_TITLE
 
 pytestmark = pytest.mark.engine

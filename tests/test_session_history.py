@@ -14,8 +14,8 @@ from fake_app import serving
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from ahc.config import AHCConfig
-from ahc.errors import Conflict, NotFound
+from ahc.core.config import AHCConfig
+from ahc.core.errors import Conflict, NotFound
 from server.runtime import Runtime
 from xdb import XDB, TimestepRow
 from xdb.session_state import list_sessions, state_versions

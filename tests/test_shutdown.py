@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from ahc.server_process import free_port, start_server
+from server.server_process import free_port, start_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from ahc.server_process import ServerProcess, start_server
+from server.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.engine
 

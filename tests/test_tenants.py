@@ -15,8 +15,8 @@ import pytest
 from fake_app import serving
 from fastapi.testclient import TestClient
 
-from ahc.config import AHCConfig
-from ahc.errors import NotFound
+from ahc.core.config import AHCConfig
+from ahc.core.errors import NotFound
 from server.request_context import current_tenant
 from server.runtime import Runtime
 from server.tenants import LOCAL, Tenant, TenantKeys

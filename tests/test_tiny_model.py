@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ahc.tiny_model import TinyModelSpec, build_tiny_model
+from ahc.cli.tiny_model import TinyModelSpec, build_tiny_model
 
 
 def digest(path: Path) -> str:

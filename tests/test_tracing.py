@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from ahc.config import AHCConfig
-from ahc.server_process import start_server
-from ahc.spans import CACHE_READ_INPUT_TOKENS, CONTEXT_MODE, INPUT_TOKENS, SESSION_ID
+from ahc.core.config import AHCConfig
+from ahc.core.spans import CACHE_READ_INPUT_TOKENS, CONTEXT_MODE, INPUT_TOKENS, SESSION_ID
 from server.runtime import Runtime
+from server.server_process import start_server
 from server.tracing import engine_trace_headers, start_tracing
 
 CLIENT_TRACE = 0x0AF7651916CD43DD8448EB211C80319C

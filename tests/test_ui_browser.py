@@ -21,15 +21,15 @@ from browser import launched, served, sign_in, wait_for_turns
 from fastapi import FastAPI
 
 from agent.chart import chart
-from ahc.server_process import ServerProcess
 from server.agent_routes import agent_router
 from server.browse_routes import browse_router
 from server.errors import install_error_handling
+from server.server_process import ServerProcess
 from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
-from xdb.interactions import log_interaction, save_meta_knowledge
 from xdb.rows import TokenBatch
+from xdb.runs import log_interaction, save_meta_knowledge
 
 CONCEPTS = ["motion", "motion-left", "motion-right", "collision"]
 

@@ -18,7 +18,7 @@ import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash
-from xdb.interactions import log_interaction, purge_run, save_meta_knowledge
+from xdb.runs import log_interaction, purge_run, save_meta_knowledge
 from xdb.tags import set_bud_status
 
 AHC = str(Path(sys.executable).with_name("ahc"))

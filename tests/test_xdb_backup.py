@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_runner import ahc
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from xdb import XDB
 from xdb.audit import verify_audit
 from xdb.rows import TimestepRow

@@ -22,15 +22,15 @@ import pytest
 from postgres import require_postgres
 from typer.testing import CliRunner
 
-from ahc.config import LakeConfig, XDBConfig
-from ahc.errors import NotFound
-from ahc.server_process import free_port
+from ahc.core.config import LakeConfig, XDBConfig
+from ahc.core.errors import NotFound
 from server.cluster.catalog import LocalPostgres, postgres_bin
+from server.server_process import free_port
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
 from xdb.cli import app as xdb_cli
-from xdb.interactions import log_interaction, purge_run
 from xdb.lake import LakeUnavailable
 from xdb.lake_schema import attach_lake, redacted
+from xdb.runs import log_interaction, purge_run
 from xdb.session_state import state_versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_concepts_and_tags_across_replicas(lake: LakeConfig, tmp_path: Path) -> 
 
 KILLED = textwrap.dedent("""
     import sys, time
-    from ahc.config import LakeConfig, XDBConfig
+    from ahc.core.config import LakeConfig, XDBConfig
     from xdb import XDB, TokenBatch
     data_dir, dsn, data_path, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     lake = LakeConfig(catalog=dsn, data_path=data_path, replica_id="K", ship_interval_s=0.01, ship_batch_rows=500)

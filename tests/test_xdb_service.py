@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from xdb import (
     XDB,
     RecallFilterError,
@@ -25,8 +25,8 @@ from xdb import (
     verify_audit,
 )
 from xdb.documents import list_documents
-from xdb.interactions import list_interactions, log_interaction, purge_run
 from xdb.remote import ServiceProcess
+from xdb.runs import list_interactions, log_interaction, purge_run
 
 NAMES = ["joy", "fear"]
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from server.errors import install_error_handling
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit import AuditLog
 from xdb.canonical import canonical_records

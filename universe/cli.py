@@ -1,5 +1,5 @@
 """`ahc universe` subcommands: simulate a rule. (`ahc universe bench`, which measures the simulators, is
-mounted on this app by ahc/cli.py: the measuring lives in bench/, which universe must not import.)"""
+mounted on this app by ahc/cli/app.py: the measuring lives in bench/, which universe must not import.)"""
 
 from __future__ import annotations
 

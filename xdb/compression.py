@@ -19,7 +19,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.interface import reads

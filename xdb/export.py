@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import duckdb
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from xdb.owner import owned
 
 Format = Literal["parquet", "jsonl"]

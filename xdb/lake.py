@@ -61,7 +61,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.config import LakeConfig
+from ahc.core.config import LakeConfig
 from xdb import sql
 from xdb.audit import AuditReport
 from xdb.lake_reads import (

@@ -28,7 +28,7 @@ from typing import Literal
 
 import duckdb
 
-from ahc.config import cache_dir
+from ahc.core.config import cache_dir
 
 # How a table's rows are found for shipping (xdb/lake_shipper.py):
 #   "id":    an id committed in id order (the one writer thread's; the audit's seq): watermark = last id

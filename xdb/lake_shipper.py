@@ -41,7 +41,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ahc.errors import Unavailable
+from ahc.core.errors import Unavailable
 from xdb.lake_schema import TABLES, TOMBSTONED, LakeTable, redacted, rollback, sql_string
 from xdb.retention import Tombstone
 

@@ -28,8 +28,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from ahc.config import XDBConfig
-from ahc.errors import Unavailable
+from ahc.core.config import XDBConfig
+from ahc.core.errors import Unavailable
 from xdb import service
 from xdb.interface import service_methods
 from xdb.lake_session import ResumableTickBook

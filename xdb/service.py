@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from ahc.config import XDBConfig
+from ahc.core.config import XDBConfig
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import DatabaseInUse

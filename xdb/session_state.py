@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import Conflict, InvalidRequest, NotFound
+from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.interface import reads
 from xdb.owner import owned

@@ -20,8 +20,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import duckdb
 
-from ahc.config import XDBConfig
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.config import XDBConfig
+from ahc.core.errors import InvalidRequest, NotFound
 from xdb import (
     browse,
     compression,
@@ -29,8 +29,8 @@ from xdb import (
     export,
     fidelity,
     insights,
-    interactions,
     retention,
+    runs,
     session_state,
     sql,
     tags,
@@ -604,9 +604,9 @@ class XDB:
     @service
     def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
-        not a PNG or is over interactions.REPORT_MAX_BYTES); returns the document without content."""
+        not a PNG or is over runs.REPORT_MAX_BYTES); returns the document without content."""
         with self._documents_lock, self.cursor() as cur:
-            doc = interactions.save_report(cur, run_id, png, id_prefix)
+            doc = runs.save_report(cur, run_id, png, id_prefix)
         return {k: v for k, v in doc.items() if k != "content"}
 
     # -- the shared lake (`xdb.backend: ducklake`; xdb/lake.py) -------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest, NotFound
+from ahc.core.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owns

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ahc.errors import Unavailable
+from ahc.core.errors import Unavailable
 from xdb.audit import AuditLog, PreparedBatch
 from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow

@@ -12,8 +12,8 @@ from typing import Any
 from opentelemetry import trace
 from prometheus_client import Histogram
 
-from ahc.errors import Unavailable
-from ahc.spans import GOVERNOR_ACTIONS, SESSION_ID
+from ahc.core.errors import Unavailable
+from ahc.core.spans import GOVERNOR_ACTIONS, SESSION_ID
 from orchestrator.chat_turn import ChatTurn
 from server.admission.session_admission import SessionAdmission
 from server.admission.vram_governor import VramGovernor

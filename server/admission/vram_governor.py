@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ahc.errors import RateLimited
+from ahc.core.errors import RateLimited
 
 
 class GovernorRejected(RateLimited):

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ahc.config import AHCConfig, resolve_path
+from ahc.core.config import AHCConfig, resolve_path
 from lens.pack import LensPack, load_pack
 from server.capture.inbox import ActivationInbox
 from server.capture.side_channel import ActivationReceiver

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from starlette.datastructures import Headers
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from ahc.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
+from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn import requested_completion_tokens
@@ -27,7 +27,7 @@ class ChatRequest(ChatCompletionRequest):
     @field_validator("messages")
     @classmethod
     def _message_sizes(cls, messages: list[Any]) -> list[Any]:
-        """Each message's text within MESSAGE_MAX_CHARS (ahc/limits.py): a message may be a pasted
+        """Each message's text within MESSAGE_MAX_CHARS (ahc/core/limits.py): a message may be a pasted
         document, but not the whole body's worth of one."""
         for i, message in enumerate(messages):
             chars = _content_chars(message.get("content") if isinstance(message, dict) else None)

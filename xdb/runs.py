@@ -1,6 +1,11 @@
-"""The discovery agent's tables: `interaction_log` (every turn) and `meta_knowledge` (the
-synthesised theory at each compaction), keyed by a run id so runs can share one store; the runs
-listed from them; and each run's end-of-run report PNG, kept as a document."""
+"""Agent runs: `interaction_log` (every turn of a run) and `meta_knowledge` (the synthesised theory at
+each compaction), keyed by a run id so runs can share one store; the runs listed from them; and each
+run's end-of-run report PNG, kept as a document.
+
+The discovery agent writes them, through the server's /v1/agent routes or its own local XDB. They are
+tables of the experience database, not of the agent: a run lives in the same file, audit chain,
+tenancy, exports and browser as the experience it produced, and both the server and the agent (which
+may not import each other) read and write them through `xdb.read` / `xdb.write`."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.errors import InvalidRequest
+from ahc.core.errors import InvalidRequest
 from xdb import documents
 from xdb.audit import AuditEvent
 from xdb.interface import reads, writes
