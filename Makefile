@@ -53,12 +53,15 @@ run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
 # Everything, and what CI runs: lint first, then every test (one real engine per session).
+# The suite starts dozens of Python processes: with PYTHONDONTWRITEBYTECODE set in the environment each
+# would compile every module of ours (and pytest rewrite every test module) again, so the tests write
+# their bytecode caches (git ignores __pycache__).
 test: setup lint
-	$(BIN)/python -m pytest -q -rs tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs tests
 
 # The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -n auto -m "not engine and not slow and not real_model" tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n auto -m "not engine and not slow and not real_model" tests
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.
