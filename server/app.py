@@ -20,6 +20,7 @@ from server.codex_routes import codex_router
 from server.completion_route import install_completion_route
 from server.content_type import JsonBodyMiddleware
 from server.context_routes import context_router
+from server.emulation.models_route import install_models_route
 from server.errors import add_middleware, install_error_handling
 from server.export_routes import export_router
 from server.recording_gate import RecordingGate
@@ -105,6 +106,8 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in REMOVED_PATHS]
     app.state.ahc_runtime = runtime
     install_health_route(app, runtime)
+    if runtime.config.engine.emulate is not None:
+        install_models_route(app, runtime.config.engine.emulate)
     install_chat_route(app, runtime)
     install_completion_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))

@@ -13,6 +13,7 @@ from argparse import Namespace
 from typing import NoReturn
 
 from ahc.core.config import NO_MODEL, AHCConfig, resolve_path
+from server.emulation.engine_flags import emulation_flags
 
 
 def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:
@@ -48,6 +49,11 @@ def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> 
     if engine.kv_offloading_size is not None:
         args += ["--kv-offloading-size", str(engine.kv_offloading_size),
                  "--kv-offloading-backend", engine.kv_offloading_backend]
+    if engine.emulate is not None:
+        if capture_flags:
+            raise ValueError("engine.emulate: an emulated engine runs no model, so it has no activations to "
+                             "capture; serve it with --lens off")
+        args += emulation_flags(engine.emulate)
     return args + list(capture_flags or []) + list(engine.extra_args)
 
 

@@ -153,6 +153,10 @@ def serve(
     seed: Annotated[int | None, typer.Option(help="Engine seed.")] = None,
     lens: Annotated[str | None, typer.Option(
         help="Lens pack directory for concept activations; 'off' disables them.")] = None,
+    emulate: Annotated[str | None, typer.Option(
+        help="Run on an emulated GPU (h100-llama-8b): vLLM's scheduler and KV cache are real, each step "
+             "takes the named GPU's time for the named model, reply tokens are drawn; MODEL gives only "
+             "the tokenizer and chat template. Labelled in /v1/models and the logs.")] = None,
 ) -> None:
     """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
@@ -175,6 +179,7 @@ def serve(
             "engine.dtype": dtype,
             "engine.enforce_eager": enforce_eager,
             "engine.seed": seed,
+            "engine.emulate": emulate,
             # Every flag AHC does not own, in the order given, after the config's.
             "engine.extra_args": [*cfg.engine.extra_args, *passed] if passed else None,
             **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),

@@ -82,6 +82,11 @@ class EngineConfig(_Strict):
     kv_offloading_backend: Literal["native", "lmcache"] = "native"
     # Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"]).
     extra_args: list[str] = Field(default_factory=list)
+    # An emulated GPU instead of this machine's device (e.g. "h100-llama-8b", server/emulation/): vLLM's
+    # scheduler and KV cache manager run as they are, each step takes as long as the named GPU would
+    # take for the named model, and reply tokens are drawn, not generated. The model's tokenizer and
+    # chat template are used, its weights never read. Shown in /v1/models and the logs.
+    emulate: str | None = None
 
 
 class OrchestratorConfig(_Strict):

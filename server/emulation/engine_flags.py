@@ -1,0 +1,23 @@
+"""The vLLM flags that put a model on the emulated engine, for `ahc serve --emulate` and for
+`vllm serve` alike (the serving bench runs both on it)."""
+
+from __future__ import annotations
+
+import json
+
+from server.emulation.profiles import profile
+
+EXECUTOR = "server.emulation.executor.EmulatedExecutor"
+BLOCK_SIZE = 16  # vLLM's block size on a CUDA GPU (its CPU build defaults to 128)
+
+
+def emulation_flags(name: str) -> list[str]:
+    """The served model's tokenizer and chat template stay; its config takes the profile's geometry
+    (no weights are read) and the engine core runs the emulated executor."""
+    model = profile(name).model
+    geometry = {"num_hidden_layers": model.layers, "hidden_size": model.hidden, "num_attention_heads": model.heads,
+                "num_key_value_heads": model.kv_heads, "head_dim": model.head_dim,
+                "intermediate_size": model.ffn, "max_position_embeddings": model.max_position}
+    return ["--distributed-executor-backend", EXECUTOR, "--additional-config", json.dumps({"ahc_emulate": name}),
+            "--hf-overrides", json.dumps(geometry), "--block-size", str(BLOCK_SIZE), "--load-format", "dummy",
+            "--enforce-eager"]

@@ -1,0 +1,170 @@
+"""vLLM's executor for the emulated engine: everything vLLM runs in its engine core stays real (the
+scheduler, the KV cache manager with prefix caching, LRU eviction and preemption); the forward pass is
+a sleep as long as the roofline model says the step takes on the named GPU, and each sampled token is
+drawn deterministically from the vocabulary. No KV memory is allocated: the cache manager's
+bookkeeping is all there is of it.
+
+vLLM takes it by name: `--distributed-executor-backend server.emulation.executor.EmulatedExecutor`
+with `--additional-config '{"ahc_emulate": "h100-llama-8b"}'` (server/emulation/engine_flags.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import ModelRunnerOutput
+
+from server.emulation.profiles import profile
+from server.emulation.roofline import Chunk, Roofline
+
+log = logging.getLogger("ahc.emulation")
+CONFIG_KEY = "ahc_emulate"
+
+
+@dataclass
+class _Sequence:
+    """What the executor keeps of a request: how many tokens it has (prompt and sampled)."""
+
+    seed: int
+    tokens: int
+
+
+class EmulatedExecutor(Executor):
+    uses_ray = False
+    supports_pp = False
+
+    def _init_executor(self) -> None:
+        extra = self.vllm_config.additional_config
+        name = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+        if not name:
+            raise ValueError(f"the emulated executor needs --additional-config '{{\"{CONFIG_KEY}\": NAME}}'")
+        self.roofline: Roofline = profile(str(name))
+        self.block_size = self.cache_config.block_size
+        self.token_ids = _text_token_ids(self.model_config.model, self.model_config.get_vocab_size())
+        self.sequences: dict[str, _Sequence] = {}
+        self.steps = 0
+        self.modelled_s = 0.0
+        log.warning("EMULATED engine: %s on %s (roofline model; no model runs, tokens are drawn, not generated)",
+                    self.roofline.model.name, self.roofline.gpu.name)
+
+    # -- what vLLM's engine core asks of an executor ----------------------------------------------
+    def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
+        m = self.roofline.model
+        spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=m.kv_heads, head_size=m.head_dim,
+                                 dtype=torch.bfloat16)
+        return [{f"model.layers.{i}.self_attn.attn": spec for i in range(m.layers)}]
+
+    def determine_available_memory(self) -> list[int]:
+        return [self.roofline.kv_cache_bytes()]
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [[KVCacheLayout.LBNHC.name]]
+
+    def set_kv_cache_layout(self, layout_name: str) -> None:
+        self.cache_config.kv_cache_layout = layout_name
+
+    def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        blocks = kv_cache_configs[0].num_blocks
+        log.warning("EMULATED KV cache: %d blocks of %d tokens (%s after the weights), nothing allocated",
+                    blocks, self.block_size, f"{self.roofline.kv_cache_bytes() / 1024**3:.1f} GiB")
+
+    def compile_or_warm_up_model(self) -> None:
+        return None
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple[Any, ...] = (),
+                       kwargs: dict[str, Any] | None = None, non_block: bool = False) -> Any:
+        name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if name in ("update_max_model_len", "reset_mm_cache", "reset_encoder_cache", "shutdown"):
+            return [None]
+        raise NotImplementedError(f"the emulated engine has no worker to run {name!r} on")
+
+    def execute_model(self, scheduler_output: SchedulerOutput,  # type: ignore[override]
+                      non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        output = self.step(scheduler_output)
+        if not non_block:
+            return output
+        done: Future[ModelRunnerOutput] = Future()
+        done.set_result(output)
+        return done
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
+                      non_block: bool = False) -> ModelRunnerOutput:
+        raise RuntimeError("the emulated engine samples in execute_model")
+
+    def take_draft_token_ids(self) -> None:
+        return None
+
+    def check_health(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("generate",)
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return False
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Advance every scheduled sequence by its scheduled tokens; those that reach the end of what is
+        known sample one token. Sleeps the modelled time of the step."""
+        started = time.perf_counter()
+        for req_id in out.finished_req_ids:
+            self.sequences.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            if new.req_id not in self.sequences:  # a preempted request comes back knowing its own tokens
+                self.sequences[new.req_id] = _Sequence(zlib.crc32(new.req_id.encode()), len(new.prompt_token_ids or []))
+        computed = dict(zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens))
+        computed.update((new.req_id, new.num_computed_tokens) for new in out.scheduled_new_reqs)
+        chunks: list[Chunk] = []
+        req_ids: list[str] = []
+        sampled: list[list[int]] = []
+        for req_id, n in out.num_scheduled_tokens.items():
+            seq = self.sequences[req_id]
+            done = computed[req_id]
+            reaches_end = done + n >= seq.tokens
+            chunks.append(Chunk(new=n, cached=done, sampled=reaches_end))
+            req_ids.append(req_id)
+            if reaches_end:
+                token = self.token_ids[(seq.seed + 7919 * seq.tokens) % len(self.token_ids)]
+                seq.tokens += 1
+                sampled.append([token])
+            else:
+                sampled.append([])
+        modelled = self.roofline.step_seconds(chunks)
+        self.steps += 1
+        self.modelled_s += modelled
+        # The GPU would be busy this long; the CPU spent on bookkeeping above counts towards it.
+        remaining = modelled - (time.perf_counter() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+
+def _text_token_ids(model: str, vocab_size: int) -> list[int]:
+    """The ids a reply is drawn from: the vocabulary less its special tokens (a drawn end-of-sequence
+    would end replies early, and the length of a reply is the client's max_tokens)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or ())
+    ids = [i for i in range(min(vocab_size, len(tokenizer))) if i not in special]
+    if not ids:
+        raise ValueError(f"{model}: no ordinary token to draw replies from")
+    return ids

@@ -1,0 +1,48 @@
+"""One request sequence through vLLM's engine, emulated or real, printing each request's cached prompt
+tokens as JSON: `python tests/emulation_sequence.py emulated|real MODEL_DIR`. A process of its own, as
+vLLM's engine wants its multiprocess start under `__main__`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+BLOCKS, BLOCK_SIZE, PROMPT = 32, 32, 320  # room for three of the sequence's prompts at once
+SEQUENCE = "A A B A C D E A E".split()
+
+
+def prompt_ids(name: str) -> list[int]:
+    return [100 + (ord(name) * 997 + i * 31) % 900 for i in range(PROMPT)]
+
+
+async def run(kind: str, model: str) -> list[int]:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from server.emulation.engine_flags import emulation_flags
+
+    flags = emulation_flags("h100-llama-8b") if kind == "emulated" else ["--enforce-eager"]
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", model, "--max-model-len", "512", "--num-gpu-blocks-override", str(BLOCKS),
+                              *flags, "--block-size", str(BLOCK_SIZE)])  # the CPU engine's blocks are 32s
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs.from_cli_args(args))
+    cached = []
+    try:
+        for n, name in enumerate(SEQUENCE):
+            final = None
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids(name)),
+                                          SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"{n}-{name}"):
+                final = out
+            assert final is not None
+            cached.append(int(final.num_cached_tokens or 0))
+    finally:
+        llm.shutdown()
+    return cached
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(run(sys.argv[1], sys.argv[2]))))

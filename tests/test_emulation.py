@@ -1,0 +1,133 @@
+"""The emulated GPU engine: its cost model is its formula and meets published vLLM figures; its
+executor samples where vLLM's model runner would; vLLM's own prefix caching and LRU eviction run on it
+exactly as on the real engine; and everything it serves says it is emulated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from server.emulation.calibration import POINTS, table
+from server.emulation.engine_flags import emulation_flags
+from server.emulation.executor import EmulatedExecutor
+from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
+from server.emulation.roofline import Chunk
+from server.server_process import start_server
+
+SEQUENCE_SCRIPT = Path(__file__).parent / "emulation_sequence.py"
+
+
+def test_a_decode_step_is_bandwidth_bound_and_a_long_prefill_compute_bound() -> None:
+    r = profile("h100-llama-8b")
+    kv = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
+    assert LLAMA_31_8B.kv_bytes_per_token == kv == 131072
+    # One sequence of 1,000 tokens decoding one: every weight and its KV read, one token's KV written.
+    decode = (LLAMA_31_8B.params * 2 + 1001 * kv + kv) / (H100_SXM.bandwidth * r.bandwidth_efficiency)
+    assert r.step_seconds([Chunk(1, 1000, True)]) == pytest.approx(decode + r.step_overhead_s, rel=1e-9)
+    # 8,192 new tokens: two FLOPs a weight a token (LM head for the one sampled) plus causal attention.
+    matmul = LLAMA_31_8B.params - 2 * 128256 * 4096
+    attention = 4 * 32 * 32 * 128 * 8192 * (8192 + 1) / 2
+    flops = 2 * matmul * 8192 + 2 * 128256 * 4096 + attention
+    prefill = flops / (H100_SXM.bf16_flops * r.flops_efficiency)
+    assert r.step_seconds([Chunk(8192, 0, True)]) == pytest.approx(prefill + r.step_overhead_s, rel=1e-9)
+    assert r.step_seconds([]) == 0.0
+
+
+def test_the_kv_cache_is_what_the_gpu_holds_after_the_weights() -> None:
+    r = profile("h100-llama-8b")
+    expected = int(80 * 1024**3 * 0.9) - LLAMA_31_8B.params * 2 - 4 * 1024**3
+    assert r.kv_cache_bytes() == expected
+    assert 400_000 < r.kv_tokens() < 450_000  # what vLLM reports for this pair at 0.9 utilization
+
+
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.key}-{p.unit}")
+def test_the_cost_model_meets_published_vllm_measurements(point) -> None:  # type: ignore[no-untyped-def]
+    emulated = dict((p.setting, got) for p, got in table())[point.setting]
+    assert 0.85 <= emulated / point.published <= 1.15, (point.setting, emulated, point.published)
+
+
+def test_an_unknown_profile_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown emulation profile 'h200-llama-70b'; known: h100-llama-8b"):
+        emulation_flags("h200-llama-70b")
+
+
+def executor() -> EmulatedExecutor:
+    """The executor's step alone (a unit test of one piece): no engine around it."""
+    ex = object.__new__(EmulatedExecutor)
+    ex.roofline = profile("h100-llama-8b")
+    ex.token_ids = list(range(10, 60))
+    ex.sequences, ex.steps, ex.modelled_s = {}, 0, 0.0
+    return ex
+
+
+def scheduled(new: list[tuple[str, int, int]], cached: list[tuple[str, int]], tokens: dict[str, int],
+              finished: set[str] = frozenset()) -> SimpleNamespace:  # type: ignore[assignment]
+    return SimpleNamespace(
+        finished_req_ids=finished,
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, prompt_token_ids=[1] * n, num_computed_tokens=c)
+                            for r, n, c in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached],
+                                              num_computed_tokens=[c for _, c in cached]),
+        num_scheduled_tokens=tokens)
+
+
+def test_a_step_samples_where_a_sequence_reaches_its_end_and_lasts_the_modelled_time() -> None:
+    ex = executor()
+    # "a" (100 tokens, 64 cached) prefills to its end; "b" (300) gets its first chunk of 200.
+    first = ex.step(scheduled([("a", 100, 64), ("b", 300, 0)], [], {"a": 36, "b": 200}))
+    assert first.req_ids == ["a", "b"] and len(first.sampled_token_ids[0]) == 1 and first.sampled_token_ids[1] == []
+    assert ex.modelled_s == pytest.approx(ex.roofline.step_seconds([Chunk(36, 64, True), Chunk(200, 0, False)]))
+    # Next step: "a" decodes one, "b" finishes its prompt; both sample, deterministically.
+    second = ex.step(scheduled([], [("a", 100), ("b", 200)], {"a": 1, "b": 100}))
+    assert [len(t) for t in second.sampled_token_ids] == [1, 1]
+    again = executor()
+    again.step(scheduled([("a", 100, 64), ("b", 300, 0)], [], {"a": 36, "b": 200}))
+    assert again.step(scheduled([], [("a", 100), ("b", 200)], {"a": 1, "b": 100})).sampled_token_ids == \
+        second.sampled_token_ids
+    assert all(t in ex.token_ids for ts in second.sampled_token_ids for t in ts)
+    ex.step(scheduled([], [], {}, finished={"a", "b"}))
+    assert ex.sequences == {}
+
+
+def sequence(kind: str, model: Path) -> list[int]:
+    done = subprocess.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(tiny_model_dir: Path) -> None:
+    """vLLM's own KV cache manager, 32 blocks of 32 tokens: a repeated 320-token prompt reads its full
+    blocks but the one holding its last token; three other prompts later it has been evicted, least
+    recently used first, while the latest one is still whole."""
+    cached = sequence("emulated", tiny_model_dir)  # A A B A C D E A E
+    assert cached[:7] == [0, 288, 0, 288, 0, 0, 0]
+    assert cached[7] < 288 and cached[8] == 288
+
+
+@pytest.mark.slow
+def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(tiny_model_dir: Path) -> None:
+    """The same sequence on vLLM's real (CPU) engine with the same blocks: the same cached tokens, each."""
+    assert sequence("emulated", tiny_model_dir) == sequence("real", tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_ahc_serve_on_the_emulated_engine_says_so(tiny_model_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tmp_path / "xdb", model=tiny_model_dir, lens="off",
+                          extra=["--emulate", "h100-llama-8b", "--max-model-len", "4096"])
+    try:
+        client = server.client()
+        card = client.models.list().data[0]
+        assert card.model_extra["emulated"]["gpu"] == "NVIDIA H100 SXM5 80GB"
+        assert card.model_extra["emulated"]["model"] == "Llama-3.1-8B-Instruct"
+        reply = client.chat.completions.create(model=card.id, max_tokens=12,
+                                               messages=[{"role": "user", "content": "hello"}])
+        assert reply.usage.completion_tokens == 12
+        assert "EMULATED engine: Llama-3.1-8B-Instruct on NVIDIA H100 SXM5 80GB" in server.log_tail(200_000)
+    finally:
+        server.stop()
