@@ -37,7 +37,7 @@ from bench.device import engine_device
 from bench.models import SERVED
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
-from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, SCALING_STREAMS, Profile, profile_named
+from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, Profile, profile_named
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from server.server_process import AHC, ServerProcess, child_env, free_port, launch, start_server
 from xdb.service import PROCESS_TITLE
@@ -47,12 +47,14 @@ RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
 
 
 def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
-               max_model_len: int = MAX_MODEL_LEN) -> ServerProcess:
-    """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model."""
+               max_model_len: int = MAX_MODEL_LEN, emulate: str | None = None) -> ServerProcess:
+    """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model (on the
+    emulated engine `emulate` names, if any)."""
     from server.engine_args import vllm_cli_args
 
     port = free_port()
-    overrides = {"engine.max_model_len": max_model_len, "engine.max_num_seqs": max_num_seqs}
+    overrides = {"engine.max_model_len": max_model_len, "engine.max_num_seqs": max_num_seqs,
+                 "engine.emulate": emulate}
     config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
@@ -107,15 +109,20 @@ def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Si
     """vLLM's server and AHC's on the profile's model, up together; AHC's audit chain is verified
     once both have stopped."""
     served = SERVED[profile.model]
-    model_dir, pack = served.ensure(), served.ensure_lens()
-    extra = ["--max-model-len", str(MAX_MODEL_LEN)]
+    model_dir = served.ensure()
+    # An emulated engine runs no model: no hidden state, so no activations to capture.
+    lens = "off" if profile.emulate else str(served.ensure_lens())
+    extra = ["--max-model-len", str(profile.max_model_len)]
     if max_num_seqs:
         extra += ["--max-num-seqs", str(max_num_seqs)]
+    if profile.emulate:
+        extra += ["--emulate", profile.emulate]
     with tempfile.TemporaryDirectory() as tmp:
         servers: list[ServerProcess] = []
         try:
-            servers.append(start_vllm(model_dir, Path(tmp) / "vllm", max_num_seqs))
-            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=str(pack), extra=extra))
+            servers.append(start_vllm(model_dir, Path(tmp) / "vllm", max_num_seqs, profile.max_model_len,
+                                      profile.emulate))
+            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=lens, extra=extra))
             model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
             sides = [Side("vllm_", Target(servers[0].base_url, model, pid=servers[0].process.pid)),
                      Side("ahc_", Target(servers[1].base_url, model, pid=servers[1].process.pid), check_xdb=True)]
@@ -179,7 +186,9 @@ def load_of(profile: Profile, clients: int | None = None) -> Load:
 
 
 def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
-    return {"profile": profile.name, "model": profile.description, "device": engine_device(),
+    device = (f"EMULATED {profile.emulate} (server/emulation/; API processes on this machine's CPU)"
+              if profile.emulate else engine_device())
+    return {"profile": profile.name, "model": profile.description, "device": device,
             "load": f"{load.clients} streaming clients x {load.requests} chat requests x {load.max_tokens} tokens "
                     f"(ignore_eos), one asyncio client; {rounds} measured rounds after a warm-up each",
             "latency": "TTFT: request sent to first content chunk; ITL: gaps between content chunks; "
@@ -193,16 +202,18 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResul
     with side_by_side(prof, prof.max_num_seqs) as sides:
         results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
     vllm, ahc = sides
-    if not ahc.rows_with_activations:
+    if not ahc.rows_with_activations and not prof.emulate:
         raise RuntimeError("serve bench: AHC recorded no tokens with activations; the comparison would be unfair")
     figures: dict[str, float | int] = {**side_figures(ahc, results[1]), **side_figures(vllm, results[0]),
                                        "batch": load.clients, "requests_per_client": load.requests,
                                        "max_tokens": load.max_tokens, "rounds": n_rounds}
     ratios = {"ahc_over_vllm": figures["ahc_tok_per_s"] / figures["vllm_tok_per_s"],
               "ahc_cpu_over_vllm": figures["ahc_cpu_us_per_token"] / figures["vllm_cpu_us_per_token"]}
+    recorded = ("every token recorded in XDB; no concept activations (an emulated engine has no hidden state)"
+                if prof.emulate else "every token recorded in XDB with top-10 concept activations "
+                                     f"(lens at layer {SERVED[prof.model].lens_layer})")
     notes = {**common_notes(prof, load, n_rounds),
-             "ahc": "every token recorded in XDB with top-10 concept activations "
-                    f"(lens at layer {SERVED[prof.model].lens_layer})",
+             "ahc": recorded,
              "vllm": "python -m vllm.entrypoints.openai.api_server, same engine flags",
              **side_notes(ahc, results[1]), **side_notes(vllm, results[0])}
     return BenchResult("serve", figures, ratios, notes)
@@ -224,10 +235,11 @@ def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | Non
 
 
 def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, target: Target | None = None,
-                streams: Sequence[int] = SCALING_STREAMS) -> BenchResult:
-    """Tokens/s, API CPU per token and ITL p99 at each number of concurrent streams, for AHC and vLLM
-    (or the one server at `target`); figures are named `..._at_N` for N streams."""
+                streams: Sequence[int] | None = None) -> BenchResult:
+    """Tokens/s, API CPU per token and ITL p99 at each number of concurrent streams (the profile's), for
+    AHC and vLLM (or the one server at `target`); figures are named `..._at_N` for N streams."""
     prof = profile_named(profile)
+    streams = streams or prof.scaling_streams
     n_rounds = rounds or SCALING_ROUNDS
     max_num_seqs = max(prof.max_num_seqs or 0, *streams)
     figures: dict[str, float | int] = {"max_tokens": prof.max_tokens, "requests_per_client": prof.requests,
@@ -248,8 +260,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
                 ratios[f"ahc_cpu_over_vllm_at_{n}"] = (figures[f"ahc_cpu_us_per_token_at_{n}"]
                                                        / figures[f"vllm_cpu_us_per_token_at_{n}"])
 
-    notes = {"profile": prof.name, "model": prof.description, "device": engine_device(),
-             "streams": ",".join(str(n) for n in streams),
+    notes = {**common_notes(prof, load_of(prof), n_rounds), "streams": ",".join(str(n) for n in streams),
              "load": f"N streaming clients x {prof.requests} chat requests x {prof.max_tokens} tokens (ignore_eos); "
                      f"{n_rounds} measured rounds at each N after a warm-up"}
     if target is not None:

@@ -29,6 +29,9 @@ class Profile:
     rounds: int
     max_num_seqs: int | None  # None: the config's own
     description: str
+    emulate: str | None = None  # both servers on this emulated engine (server/emulation/), its model's tokenizer
+    max_model_len: int = 2048
+    scaling_streams: tuple[int, ...] = (1, 8, 32, 64)
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -40,9 +43,16 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("gpu-rate", "bench-2x64", clients=32, requests=1, max_tokens=256, rounds=6,
             max_num_seqs=64, description="random Llama 2x64 (ahc tiny-model), float32: the engine as fast as "
                                          "this CPU makes it"),
+    # GPU rates decided, not guessed: vLLM's scheduler and KV cache manager on an emulated H100 running
+    # Llama-3.1-8B (docs/emulation.md), so the API process's CPU per token meets a GPU's token rate.
+    Profile("h100-llama-8b", "bench-2x64", clients=64, requests=2, max_tokens=256, rounds=3, max_num_seqs=256,
+            description="EMULATED: an H100 SXM running Llama-3.1-8B bf16 (roofline model, vLLM's real scheduler "
+                        "and KV cache; tokens drawn), with bench-2x64's tokenizer",
+            emulate="h100-llama-8b", max_model_len=4096, scaling_streams=(64, 128, 256)),
 )}
 
 DEFAULT_PROFILE = "6x512"
+EMULATED_PROFILE = "h100-llama-8b"  # `ahc bench serve --engine emulated`
 SCALING_STREAMS = (1, 8, 32, 64)
 SCALING_ROUNDS = 3
 

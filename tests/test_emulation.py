@@ -5,19 +5,21 @@ exactly as on the real engine; and everything it serves says it is emulated."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_smoke import check_result
 
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
 from server.emulation.executor import EmulatedExecutor
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import Chunk
-from server.server_process import start_server
+from server.server_process import AHC, start_server
 
 SEQUENCE_SCRIPT = Path(__file__).parent / "emulation_sequence.py"
 
@@ -131,3 +133,27 @@ def test_ahc_serve_on_the_emulated_engine_says_so(tiny_model_dir: Path, tmp_path
         assert "EMULATED engine: Llama-3.1-8B-Instruct on NVIDIA H100 SXM5 80GB" in server.log_tail(200_000)
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
+    """`ahc bench serve --engine emulated` at a small load: vLLM's own server and AHC, each on its emulated
+    engine, every AHC token recorded, and the result says the device is emulated."""
+    env = {**os.environ, "BENCH_SERVE_LOAD": "clients=4,requests=1,max_tokens=16,rounds=1"}
+    done = subprocess.run([AHC, "bench", "serve", "--engine", "emulated", "--json"], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    check_result("serve", result)
+    assert result["figures"]["batch"] == 4 and result["notes"]["profile"] == "h100-llama-8b"
+    assert result["notes"]["device"].startswith("EMULATED h100-llama-8b")
+    assert "4 output rows for as many completion" not in result["notes"]["xdb_ahc"]  # 4 replies x 16 tokens
+    assert result["notes"]["xdb_ahc"].startswith("every round checked: 128 output rows")  # warm-up round too
+
+
+def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile() -> None:
+    for args, message in ((["bench", "xdb", "--engine", "emulated"], "only `ahc bench serve` takes --engine"),
+                          (["bench", "serve", "--engine", "emulated", "--profile", "6x512"],
+                           "--engine emulated needs an emulated profile, not 6x512")):
+        done = subprocess.run([AHC, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and message in done.stderr, done.stderr

@@ -16,12 +16,17 @@ if TYPE_CHECKING:
     from bench.result import BenchResult
     from server.cluster.local_cluster import LocalCluster
 
-from bench.serve_profiles import DEFAULT_PROFILE, PROFILES, SCALING_STREAMS
+from bench.serve_profiles import DEFAULT_PROFILE, EMULATED_PROFILE, PROFILES, SCALING_STREAMS
 from universe.cli import Backend
 
 # An Enum, so that the help lists the profiles and typer rejects others as bad usage.
 # Its members come from PROFILES at run time, which mypy cannot read (hence the ignore).
 ServeProfile = Enum("ServeProfile", {name: name for name in PROFILES}, type=str)  # type: ignore[misc]
+
+
+class BenchEngine(str, Enum):
+    real = "real"
+    emulated = "emulated"
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="AHC: a local inference server for long-running LLM agents.")
@@ -259,11 +264,12 @@ def watch_replicas(running: LocalCluster) -> None:
 def bench(
     name: Annotated[str, typer.Argument(help="A benchmark name, or 'all' to run every one into bench/results/.")],
     json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")] = False,
-    profile: Annotated[ServeProfile, typer.Option(
+    profile: Annotated[ServeProfile | None, typer.Option(
         rich_help_panel="serve",
         help="serve: the load. " + "; ".join(
             f"{p.name}: {p.clients} streaming clients x {p.requests} x {p.max_tokens} tokens, {p.description}"
-            for p in PROFILES.values()))] = ServeProfile(DEFAULT_PROFILE),
+            for p in PROFILES.values())
+        + f". Default: {DEFAULT_PROFILE} ({EMULATED_PROFILE} with --engine emulated).")] = None,
     rounds: Annotated[int | None, typer.Option(
         min=1, rich_help_panel="serve", help="serve: measured rounds (default: the profile's).")] = None,
     base_url: Annotated[str | None, typer.Option(
@@ -285,6 +291,10 @@ def bench(
     out: Annotated[Path, typer.Option(
         help="Where result files go ('all' writes NAME.json for each; serve --scaling/--plot their files).")
     ] = Path("bench-results"),
+    engine: Annotated[BenchEngine, typer.Option(
+        rich_help_panel="serve",
+        help="serve: 'emulated' runs both servers on an emulated H100 serving Llama-3.1-8B (vLLM's real "
+             f"scheduler and KV cache; the {EMULATED_PROFILE} profile; docs/emulation.md).")] = BenchEngine.real,
 ) -> None:
     """Measure our path and its reference side by side in one run and report the ratio."""
     from rich.console import Console
@@ -293,7 +303,12 @@ def bench(
     from bench.registry import BENCHES, runner
 
     results_dir = out
-    serve_options = {"--profile": profile.value != DEFAULT_PROFILE, "--rounds": rounds, "--base-url": base_url,
+    emulated = engine is BenchEngine.emulated
+    if emulated and profile is not None and PROFILES[profile.value].emulate is None:
+        raise typer.BadParameter(f"--engine emulated needs an emulated profile, not {profile.value}")
+    chosen = profile.value if profile is not None else EMULATED_PROFILE if emulated else DEFAULT_PROFILE
+    serve_options = {"--engine": emulated, "--profile": profile is not None,
+                     "--rounds": rounds, "--base-url": base_url,
                      "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
     if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):
         raise typer.BadParameter(f"only `ahc bench serve` takes {', '.join(given)}")
@@ -302,7 +317,7 @@ def bench(
         raise typer.BadParameter(f"{', '.join(given)} need --base-url")
     names = list(BENCHES) if name == "all" else [name]
     if name == "serve":
-        results = serve_bench(profile.value, rounds, base_url, model, api_key, pid, scaling, plot, results_dir)
+        results = serve_bench(chosen, rounds, base_url, model, api_key, pid, scaling, plot, results_dir)
     else:
         results = [runner(n)() for n in names]
     if name == "all":
