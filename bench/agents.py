@@ -51,6 +51,8 @@ from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.stream_load import percentile
+from server.emulation.engine_flags import BLOCK_SIZE as EMULATED_BLOCK_SIZE
+from server.emulation.profiles import profile
 from server.server_process import ServerProcess, ensure_model, start_server, start_together
 
 MODEL = "bench-2x64"  # prefill next to free: what a wait may cost is all latency
@@ -84,9 +86,20 @@ class AgentLoad:
     seed: int = 0
     # One of bench/models.py's: "bench-6x512" makes a prefill cost real time, as a long context on a GPU.
     model: str = MODEL
+    # A coding agent's shape: each user turn is `calls` model calls, each after the first sending a tool's
+    # result of `tool_words` words after `tool_min_s`-`tool_max_s` of tool time.
+    calls: int = 1
+    tool_words: int = 0
+    tool_min_s: float = 0.0
+    tool_max_s: float = 0.0
+    # An emulation profile (server/emulation/): both servers on that emulated GPU, `model` only its tokenizer.
+    emulate: str = ""
 
     def describe(self) -> str:
-        return (f"{self.model}: {self.sessions} sessions x {self.turns} turns, "
+        calls = (f", {self.calls} model calls a turn (tool results ~{self.tool_words} words after "
+                 f"{self.tool_min_s}-{self.tool_max_s} s of tool time)" if self.calls > 1 else "")
+        engine = f" on the EMULATED {self.emulate}" if self.emulate else ""
+        return (f"{self.model}{engine}: {self.sessions} sessions x {self.turns} turns{calls}, "
                 f"think {self.think_min_s}-{self.think_max_s} s "
                 f"(seeded), {self.max_tokens}-token replies (ignore_eos), identity ~{self.identity_words} words, "
                 f"codex {self.codex_docs} x ~{self.codex_words} words, questions ~{self.question_words} words; "
@@ -94,9 +107,21 @@ class AgentLoad:
                 "after a warm-up each")
 
 
-def load_from_env(spec: str | None) -> AgentLoad:
-    """`AgentLoad` with the fields named in `spec` ("sessions=4,turns=3") changed."""
-    return overridden(AgentLoad(), spec, LOAD_ENV)
+# `ahc bench agents --engine emulated`: coding agents on an emulated H100 serving Llama-3.1-8B. Shaped
+# as the GitHub Copilot coding-agent trace describes a session (Azure Public Dataset, 2026: about 4 user
+# turns of about 8 model calls, tool time between them, prompts growing as tool results join them,
+# about 530 generated tokens a call), scaled down about 4x in turns, reply and prompt so a round takes
+# about two minutes here: 2 turns of 8 calls, 128-token replies, ~400-token tool results after 1-3 s
+# of tool time, a ~4k-token Identity and Codex; the sessions' last contexts 3x the KV cache.
+EMULATED_LOAD = AgentLoad(sessions=16, turns=2, calls=8, max_tokens=128, tool_words=300, tool_min_s=1.0,
+                          tool_max_s=3.0, think_min_s=2.0, think_max_s=4.0, identity_words=1500, codex_docs=2,
+                          codex_words=1000, question_words=60, cache_multiple=3.0, rounds=1,
+                          emulate="h100-llama-8b")
+
+
+def load_from_env(spec: str | None, base: AgentLoad | None = None) -> AgentLoad:
+    """`base` (the default load) with the fields named in `spec` ("sessions=4,turns=3") changed."""
+    return overridden(base or AgentLoad(), spec, LOAD_ENV)
 
 
 @dataclass(frozen=True)
@@ -109,6 +134,12 @@ class SessionScript:
     questions: tuple[str, ...]
     start_s: float
     think_s: tuple[float, ...]
+    tool_results: tuple[tuple[str, ...], ...] = ()  # each turn's, one per call after its first
+    tool_s: tuple[tuple[float, ...], ...] = ()  # the tool time before each of them
+
+    def messages(self) -> list[list[str]]:
+        """Each turn's new message of each call: the question, then the tool results."""
+        return [[q, *(self.tool_results[t] if self.tool_results else ())] for t, q in enumerate(self.questions)]
 
     def context(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "identity": self.identity, "codex": list(self.codex), "mode": "cag"}
@@ -130,7 +161,11 @@ def scripts(load: AgentLoad, round_no: int) -> list[SessionScript]:
         # Staggered starts: agents do not arrive in lockstep.
         start = float(rng.uniform(0, load.think_max_s))
         think = tuple(float(x) for x in rng.uniform(load.think_min_s, load.think_max_s, load.turns))
-        out.append(SessionScript(f"agents-r{round_no}-s{s}", identity, codex, questions, start, think))
+        tools = tuple(tuple(f"Tool result {t}.{c}: " + words(rng, load.tool_words) for c in range(1, load.calls))
+                      for t in range(load.turns))
+        tool_s = tuple(tuple(float(x) for x in rng.uniform(load.tool_min_s, load.tool_max_s, load.calls - 1))
+                       for _ in range(load.turns))
+        out.append(SessionScript(f"agents-r{round_no}-s{s}", identity, codex, questions, start, think, tools, tool_s))
     return out
 
 
@@ -138,8 +173,9 @@ def session_tokens_estimate(script: SessionScript, max_tokens: int, count: Calla
     """Tokens of the session's last prompt plus its reply: Identity, Codex, every question and every
     reply but the last in State, each message with the template's markers. `count`: text → tokens."""
     system = count(script.identity) + sum(count(f"## {d['id']}\n{d['text']}") for d in script.codex)
-    turns = sum(count(q) for q in script.questions) + len(script.questions) * max_tokens
-    messages = 2 * len(script.questions) + 2  # the questions, the replies, Identity and Codex
+    sent = [m for turn in script.messages() for m in turn]
+    turns = sum(count(m) for m in sent) + len(sent) * max_tokens
+    messages = 2 * len(sent) + 2  # the questions and tool results, the replies, Identity and Codex
     return system + turns + messages * MESSAGE_OVERHEAD_TOKENS
 
 
@@ -208,6 +244,7 @@ class AgentRound:
     sessions: list[list[TurnResult]]
     wall_s: float
     counters: dict[str, float] = field(default_factory=dict)
+    jct_s: list[float] = field(default_factory=list)  # each session's, from its first call to its last reply
 
     @property
     def completion_tokens(self) -> int:
@@ -243,6 +280,8 @@ def side_figures(prefix: str, rounds: Sequence[AgentRound], block_size: int) -> 
             f"{prefix}held_s": counters.get("session_wait_sum", 0.0),
             f"{prefix}ready_to_token_p99_ms": ready_p99 * 1e3,
             f"{prefix}429s": sum(t.rejections for t in turns),
+            f"{prefix}jct_mean_s": statistics.mean(j for r in rounds for j in r.jct_s),
+            f"{prefix}jct_p99_s": percentile([j for r in rounds for j in r.jct_s], 99),
             f"{prefix}prompt_tokens": sum(t.prompt_tokens for t in turns)}
 
 
@@ -278,7 +317,9 @@ def ratios_of(figures: dict[str, float | int]) -> dict[str, float]:
     ratios = {"ahc_hit_over_ceiling": safe_ratio(figures["ahc_hit_ratio"], figures["hit_ratio_ceiling"]),
               "fcfs_hit_over_ceiling": safe_ratio(figures["fcfs_hit_ratio"], figures["fcfs_hit_ratio_ceiling"]),
               "ahc_tok_over_fcfs": safe_ratio(figures["ahc_tok_per_s"], figures["fcfs_tok_per_s"]),
-              "ahc_wait_p99_over_fcfs": safe_ratio(figures["ahc_wait_p99_ms"], figures["fcfs_wait_p99_ms"])}
+              "ahc_wait_p99_over_fcfs": safe_ratio(figures["ahc_wait_p99_ms"], figures["fcfs_wait_p99_ms"]),
+              "fcfs_jct_over_ahc": safe_ratio(figures["fcfs_jct_mean_s"], figures["ahc_jct_mean_s"]),
+              "fcfs_jct_p99_over_ahc": safe_ratio(figures["fcfs_jct_p99_s"], figures["ahc_jct_p99_s"])}
     return {name: value for name, value in ratios.items() if math.isfinite(value)}
 
 
@@ -327,20 +368,27 @@ async def send_turn(http: aiohttp.ClientSession, base_url: str, body: dict[str, 
 
 
 async def run_session(http: aiohttp.ClientSession, base_url: str, model: str, script: SessionScript,
-                      max_tokens: int) -> list[TurnResult]:
+                      max_tokens: int) -> tuple[list[TurnResult], float]:
+    """The session's calls in order, with its tool and think times; its results and its job completion
+    time (first call sent to last reply)."""
     await asyncio.sleep(script.start_s)
-    results = []
-    for question, think in zip(script.questions, script.think_s):
-        body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": question}],
-                "context": script.context()}
-        results.append(await send_turn(http, base_url, body))
-        await asyncio.sleep(think)
-    return results
+    results: list[TurnResult] = []
+    started = time.perf_counter()
+    for t, (turn, think) in enumerate(zip(script.messages(), script.think_s)):
+        for c, message in enumerate(turn):
+            if c:
+                await asyncio.sleep(script.tool_s[t][c - 1])  # the tool runs; the session's KV waits
+            body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": message}], "context": script.context()}
+            results.append(await send_turn(http, base_url, body))
+        if t < len(script.questions) - 1:
+            await asyncio.sleep(think)
+    return results, time.perf_counter() - started
 
 
 async def run_sessions(base_url: str, model: str, load: AgentLoad,
-                       round_no: int) -> tuple[list[list[TurnResult]], float]:
+                       round_no: int) -> tuple[list[tuple[list[TurnResult], float]], float]:
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         started = time.perf_counter()
@@ -388,7 +436,9 @@ class Side:
         sessions, wall = uvloop.run(run_sessions(self.server.base_url, self.model, self.load, self.rounds_run))
         after = server_counters(self.server.base_url)
         self.rounds_run += 1
-        return AgentRound(sessions, wall, {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after.keys() | before})
+        return AgentRound([turns for turns, _ in sessions], wall,
+                          {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after.keys() | before},
+                          [jct for _, jct in sessions])
 
 
 # ----- the servers -----
@@ -398,9 +448,12 @@ def switch_available() -> bool:
     return SWITCH in OrchestratorConfig.model_fields
 
 
-def start_pair(model_dir: Path, tmp: Path, size: CacheSize, fcfs_env: dict[str, str]) -> list[ServerProcess]:
+def start_pair(model_dir: Path, tmp: Path, size: CacheSize, fcfs_env: dict[str, str],
+               emulate: str = "") -> list[ServerProcess]:
     """AHC and FCFS started together (start-up is mostly waiting); one failing stops the other."""
     extra = ["--max-model-len", str(size.max_model_len), "--num-gpu-blocks-override", str(size.blocks)]
+    if emulate:
+        extra += ["--emulate", emulate]
     # Threshold compaction off: every turn appends to State, which the ceiling assumes; the governor
     # may still compact a State to admit a turn, as it would for any agent.
     common = {"AHC_ORCHESTRATOR__COMPACTION_THRESHOLD_TOKENS": str(size.max_model_len)}
@@ -419,21 +472,23 @@ def sizing(model_dir: Path, load: AgentLoad, block_size: int) -> tuple[CacheSize
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     tokens = max(session_tokens_estimate(s, load.max_tokens, count) for s in scripts(load, 0))
-    return cache_size(load.sessions, tokens, block_size, load.cache_multiple, model_max_len(model_dir)), tokens
+    window = profile(load.emulate).model.max_position if load.emulate else model_max_len(model_dir)
+    return cache_size(load.sessions, tokens, block_size, load.cache_multiple, window), tokens
 
 
-def run(load: AgentLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
+def run(load: AgentLoad | None = None, emulated: bool = False) -> BenchResult:
+    """`emulated`: EMULATED_LOAD, not AgentLoad(), is what the environment's fields change."""
+    load = load or load_from_env(os.environ.get(LOAD_ENV), EMULATED_LOAD if emulated else None)
     if load.model not in MODELS:
         raise ValueError(f"{LOAD_ENV}: unknown model {load.model!r}; choose from {', '.join(MODELS)}")
     model_dir = ensure_model(cache_dir() / "models" / load.model, *MODELS[load.model])
-    block_size = load_config("cpu-tiny").engine.block_size
+    block_size = EMULATED_BLOCK_SIZE if load.emulate else load_config("cpu-tiny").engine.block_size
     if block_size is None:
         raise RuntimeError("agents bench: the cpu-tiny config names no engine.block_size to size the cache in")
     size, estimate = sizing(model_dir, load, block_size)
     switch = switch_available()
     with tempfile.TemporaryDirectory() as tmp:
-        servers = start_pair(model_dir, Path(tmp), size, FCFS_ENV if switch else {})
+        servers = start_pair(model_dir, Path(tmp), size, FCFS_ENV if switch else {}, load.emulate)
         try:
             model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
             sides = [Side(name, server, model, load) for name, server in zip(("ahc", "fcfs"), servers)]
@@ -454,8 +509,10 @@ def result_of(load: AgentLoad, size: CacheSize, estimate: int, ahc: Sequence[Age
                    session_tokens_estimate=estimate, session_tokens_last=statistics.mean(last),
                    cache_multiple=load.sessions * per_session / (size.blocks - NULL_BLOCKS))
     notes = {"model": f"random Llama {load.model.removeprefix('bench-')} ({load.model}, ahc tiny-model)",
-             "device": engine_device(),
+             "device": f"EMULATED {load.emulate} (server/emulation/)" if load.emulate else engine_device(),
              "load": load.describe(),
+             "jct": "job completion time: a session's first call sent to its last reply, tool and think "
+                    "times included; fcfs_jct_over_ahc > 1 is AHC finishing jobs sooner",
              "cache": f"--num-gpu-blocks-override {size.blocks} ({size.block_size}-token blocks), "
                       f"--max-model-len {size.max_model_len}; cache_multiple: the sessions' last-turn contexts "
                       "over the cache's usable blocks, as measured",

@@ -50,7 +50,8 @@ SMOKES: dict[str, Smoke] = {
                        "sync_over_embed db_and_fusion_share_of_search", {"queries": 5},
                        BENCH_RETRIEVAL_LOAD="chunks=20,queries=5"),
     "agents": smoke("ahc_hit_ratio fcfs_hit_ratio hit_ratio_ceiling ahc_tok_per_s fcfs_tok_per_s ahc_preemptions "
-                    "ahc_wait_p99_ms", "ahc_hit_over_ceiling ahc_tok_over_fcfs", {"sessions": 4, "turns": 3},
+                    "ahc_wait_p99_ms ahc_jct_mean_s fcfs_jct_p99_s", "ahc_hit_over_ceiling ahc_tok_over_fcfs "
+                    "fcfs_jct_over_ahc", {"sessions": 4, "turns": 3},
                     BENCH_AGENTS_LOAD="sessions=4,turns=3,rounds=1,think_min_s=0.2,think_max_s=0.4"),
     # Measured in-process on tests/test_cluster.py's own cluster, at that test's load.
     "cluster": smoke("single_hit_ratio affinity_hit_ratio round_robin_hit_ratio failover_first_token_s",

@@ -121,18 +121,18 @@ HELD = {"session_wait_le:0.5": 0.0, "session_wait_le:1.0": 2.0, "session_wait_le
 
 
 def rounds_of(cached: int, wall: float, preemptions: float, rejections: int = 0,
-              held: dict[str, float] | None = None) -> list[AgentRound]:
+              held: dict[str, float] | None = None, jct: tuple[float, float] = (1.0, 1.0)) -> list[AgentRound]:
     sessions = [[turn(400), turn(500, cached=cached, wait=2.1, rejections=rejections), turn(600, cached=cached)]
                 for _ in range(2)]
     counters = {"preemptions": preemptions, "governor:vram_queue": 1.0, **(held or {})}
-    return [AgentRound(sessions, wall, counters)]
+    return [AgentRound(sessions, wall, counters, list(jct))]
 
 
 def test_result_has_every_figure_and_consistent_ratios() -> None:
     load = AgentLoad(sessions=2, turns=3, rounds=1)
     size = CacheSize(blocks=40, block_size=32, max_model_len=1248)
-    result = result_of(load, size, 700, rounds_of(384, 2.0, 0, held=HELD), rounds_of(96, 4.0, 3, rejections=1),
-                       switch=True)
+    result = result_of(load, size, 700, rounds_of(384, 2.0, 0, held=HELD, jct=(10.0, 12.0)),
+                       rounds_of(96, 4.0, 3, rejections=1, jct=(15.0, 18.0)), switch=True)
     assert result.bench == "agents"
     assert FIGURES <= result.figures.keys() and RATIOS <= result.ratios.keys()
     figures, ratios = result.figures, result.ratios
@@ -143,6 +143,10 @@ def test_result_has_every_figure_and_consistent_ratios() -> None:
     # 6 turns x 16 tokens in 2 s against 4 s.
     assert figures["ahc_tok_per_s"] == pytest.approx(48) and ratios["ahc_tok_over_fcfs"] == pytest.approx(2)
     assert (figures["ahc_preemptions"], figures["fcfs_preemptions"]) == (0, 3)
+    # Job completion: each session's first call to its last reply; FCFS's jobs took 1.5x AHC's on average.
+    assert (figures["ahc_jct_mean_s"], figures["fcfs_jct_mean_s"]) == (11.0, 16.5)
+    assert ratios["fcfs_jct_over_ahc"] == pytest.approx(1.5)
+    assert ratios["fcfs_jct_p99_over_ahc"] == pytest.approx(figures["fcfs_jct_p99_s"] / figures["ahc_jct_p99_s"])
     assert (figures["ahc_429s"], figures["fcfs_429s"]) == (0, 2)
     # The server's admission wait: 6 turns, 2 held in (0.5, 1] s, the p99 rank 5.94 1.94/2 into it.
     assert figures["ahc_wait_p99_ms"] == pytest.approx(500 + 500 * 1.94 / 2)

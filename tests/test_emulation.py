@@ -152,8 +152,27 @@ def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
 
 
 def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile() -> None:
-    for args, message in ((["bench", "xdb", "--engine", "emulated"], "only `ahc bench serve` takes --engine"),
+    for args, message in ((["bench", "xdb", "--engine", "emulated"], "only `ahc bench serve` and `ahc bench"),
                           (["bench", "serve", "--engine", "emulated", "--profile", "6x512"],
                            "--engine emulated needs an emulated profile, not 6x512")):
         done = subprocess.run([AHC, *args], capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
+    """`ahc bench agents --engine emulated` at a small load: sessions of several model calls a turn with
+    tool time between them, AHC's admission against FCFS, each server on its emulated H100."""
+    env = {**os.environ, "BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
+                                              "tool_min_s=0.1,tool_max_s=0.2,think_min_s=0.1,think_max_s=0.2,"
+                                              "identity_words=200,codex_words=100"}
+    done = subprocess.run([AHC, "bench", "agents", "--engine", "emulated", "--json"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    check_result("agents", result)
+    figures = result["figures"]
+    assert figures["sessions"] == 3 and figures["block_size"] == 16
+    assert result["notes"]["device"].startswith("EMULATED h100-llama-8b")
+    # Each call after a session's first could read most of its prompt from the cache.
+    assert figures["hit_ratio_ceiling"] > 0.5 and figures["ahc_jct_mean_s"] > 0

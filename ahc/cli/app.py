@@ -293,8 +293,9 @@ def bench(
     ] = Path("bench-results"),
     engine: Annotated[BenchEngine, typer.Option(
         rich_help_panel="serve",
-        help="serve: 'emulated' runs both servers on an emulated H100 serving Llama-3.1-8B (vLLM's real "
-             f"scheduler and KV cache; the {EMULATED_PROFILE} profile; docs/emulation.md).")] = BenchEngine.real,
+        help="serve, agents: 'emulated' runs both servers on an emulated H100 serving Llama-3.1-8B (vLLM's real "
+             f"scheduler and KV cache; serve: the {EMULATED_PROFILE} profile; agents: coding agents' sessions; "
+             "docs/emulation.md).")] = BenchEngine.real,
 ) -> None:
     """Measure our path and its reference side by side in one run and report the ratio."""
     from rich.console import Console
@@ -307,7 +308,9 @@ def bench(
     if emulated and profile is not None and PROFILES[profile.value].emulate is None:
         raise typer.BadParameter(f"--engine emulated needs an emulated profile, not {profile.value}")
     chosen = profile.value if profile is not None else EMULATED_PROFILE if emulated else DEFAULT_PROFILE
-    serve_options = {"--engine": emulated, "--profile": profile is not None,
+    if emulated and name not in ("serve", "agents"):
+        raise typer.BadParameter("only `ahc bench serve` and `ahc bench agents` take --engine")
+    serve_options = {"--profile": profile is not None,
                      "--rounds": rounds, "--base-url": base_url,
                      "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
     if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):
@@ -316,7 +319,11 @@ def bench(
                                                                                           "--pid")]):
         raise typer.BadParameter(f"{', '.join(given)} need --base-url")
     names = list(BENCHES) if name == "all" else [name]
-    if name == "serve":
+    if name == "agents" and emulated:
+        from bench.agents import run as run_agents
+
+        results = [run_agents(emulated=True)]
+    elif name == "serve":
         results = serve_bench(chosen, rounds, base_url, model, api_key, pid, scaling, plot, results_dir)
     else:
         results = [runner(n)() for n in names]
