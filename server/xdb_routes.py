@@ -156,7 +156,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return view.comment(body.content, body.target())
 
     def need_lake() -> None:
-        if getattr(xdb, "lake", None) is None:
+        if not xdb.has_lake:
             raise InvalidRequest("scope=cluster reads the shared lake: this server runs without one "
                                  "(xdb.backend: duckdb)", param="scope")
 

@@ -382,7 +382,7 @@ def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> 
 
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "r", config(lake, "R")) as remote, XDB.open(tmp_path / "b", config(lake, "B")) as b:
-        assert remote.lake_status() is not None
+        assert remote.lake_status() is not None and remote.has_lake and b.has_lake  # what scope=cluster asks
         ticks = remote.next_ticks("rs", 5)
         remote.writer.submit(TokenBatch("rs", ticks, [f"r{t}" for t in ticks]))
         remote.writer.flush()  # as the server does before a reply's last chunk
@@ -444,9 +444,11 @@ def test_bad_lake_config_is_a_clear_value_error(lake: LakeConfig, tmp_path: Path
 
 def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
-        assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state()
+        assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state() and not xdb.has_lake
         with pytest.raises(ValueError, match="backend is duckdb"):
             xdb.lake_recall()
+    with RemoteXDB(tmp_path / "r") as remote:
+        assert not remote.has_lake
 
 
 def test_open_gaps_follow_the_ids_seen() -> None:

@@ -376,7 +376,7 @@ class RemoteXDB:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
-        self._lake = config.backend == "ducklake"  # the service ships to it; `lake_*` read it there
+        self.has_lake = config.backend == "ducklake"  # the service ships to it; `lake_*` read it there
         self._closed = False
 
     def close(self) -> None:
@@ -447,7 +447,7 @@ class RemoteXDB:
     def _resume_ticks(self, session_id: str) -> None:
         """In ducklake mode loading a State may have learnt (in the service) that another replica went
         further in the session's ticks: this process's tick book moves past them too."""
-        if self._lake:
+        if self.has_lake:
             self._ticks.advance(session_id, self.committed_tick(session_id))
 
     def audit_head(self) -> tuple[int, str]:

@@ -610,6 +610,11 @@ class XDB:
         return {k: v for k, v in doc.items() if k != "content"}
 
     # -- the shared lake (`xdb.backend: ducklake`; xdb/lake.py) -------------------------------------
+    @property
+    def has_lake(self) -> bool:
+        """Whether this XDB ships to a shared lake (`xdb.backend: ducklake`, opened for writing)."""
+        return self.lake is not None
+
     def _need_lake(self) -> Lake:
         if self.lake is None:
             raise ValueError("no lake: this XDB's backend is duckdb (set xdb.backend: ducklake), or it was "
