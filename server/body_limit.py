@@ -1,8 +1,8 @@
 """`BodyLimitMiddleware`: a request body over `max_request_bytes` is refused with 413 before it is
 parsed, so one client cannot make the server buffer (and JSON-decode) an arbitrarily large body.
 
-A declared `Content-Length` over the limit is refused before a byte of the body is read. A body
-without one (chunked) is counted as the app reads it; the read that passes the limit fails, and
+A declared `Content-Length` over the limit is refused before a byte of the body is read; one within it
+passes untouched. A body without one (chunked) is counted as the app reads it; the read that passes the limit fails, and
 whatever the app then does about that failure is replaced by the 413."""
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        if declared is not None:
+            # The HTTP server delivers exactly the declared length, so a body within the limit needs no
+            # counting, and the response (every streamed chunk) goes out without a wrapper of ours.
+            if declared > self.max_bytes:
+                await self._refuse(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         received = 0
         over = False
