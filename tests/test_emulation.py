@@ -63,7 +63,7 @@ def executor() -> EmulatedExecutor:
     ex = object.__new__(EmulatedExecutor)
     ex.roofline = profile("h100-llama-8b")
     ex.token_ids = list(range(10, 60))
-    ex.sequences, ex.steps, ex.modelled_s = {}, 0, 0.0
+    ex.sequences, ex.modelled_s = {}, 0.0
     return ex
 
 

@@ -53,8 +53,7 @@ class EmulatedExecutor(Executor):
         self.block_size = self.cache_config.block_size
         self.token_ids = _text_token_ids(self.model_config.model, self.model_config.get_vocab_size())
         self.sequences: dict[str, _Sequence] = {}
-        self.steps = 0
-        self.modelled_s = 0.0
+        self.modelled_s = 0.0  # the GPU time modelled so far
         log.warning("EMULATED engine: %s on %s (roofline model; no model runs, tokens are drawn, not generated)",
                     self.roofline.model.name, self.roofline.gpu.name)
 
@@ -147,7 +146,6 @@ class EmulatedExecutor(Executor):
             else:
                 sampled.append([])
         modelled = self.roofline.step_seconds(chunks)
-        self.steps += 1
         self.modelled_s += modelled
         # The GPU would be busy this long; the CPU spent on bookkeeping above counts towards it.
         remaining = modelled - (time.perf_counter() - started)
