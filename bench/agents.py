@@ -267,7 +267,7 @@ def side_figures(prefix: str, rounds: Sequence[AgentRound], block_size: int) -> 
     attempts = len(turns) + sum(t.rejections for t in turns)
     ready_p99 = percentile([t.wait_s for t in turns], 99)
     # A turn's admission wait is part of its client-side wait, so the client's p99 bounds the server's;
-    # the cap keeps a wide top bucket (10-30 s) from inventing waits no turn had.
+    # the cap keeps a wide top bucket (120-300 s) from inventing waits no turn had.
     admission_p99 = min(histogram_quantile(0.99, buckets, attempts), ready_p99)
     return {f"{prefix}hit_ratio": hit_ratio(sessions),
             f"{prefix}hit_ratio_ceiling": hit_ratio_ceiling(sessions, block_size),

@@ -88,8 +88,8 @@ class AHCMetrics:
             "could not fit beside a compacted State", m + ["from_placement", "to_placement"], registry=r)
         self.session_wait_seconds = Histogram(
             "ahc_session_wait_seconds",
-            "How long a session's turn was held back so as not to evict a hot session's cached prefix",
-            m, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+            "How long a session's turn was held back so as not to cut the cached prefix of a session in flight",
+            m, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
         self.governor_actions = Counter(
             "ahc_governor_actions", "Governor actions by kind (vram_reject: a 429)", m + ["action"], registry=r)
         self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", m, registry=r)

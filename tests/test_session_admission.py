@@ -34,9 +34,9 @@ async def turn(gate: SessionAdmission, sid: str, blocks: int) -> None:
     gate.finished(sid)
 
 
-async def three_agents(gate: SessionAdmission, clock: Clock) -> None:
-    """a, b, c (30 blocks each) take a turn at 0 s and again at 1 s: each thinks about 1 s."""
-    for at in (0.0, 1.0):
+async def three_agents(gate: SessionAdmission, clock: Clock, gap_s: float = 1.0) -> None:
+    """a, b, c (30 blocks each) take a turn at 0 s and again at `gap_s`: each thinks that long."""
+    for at in (0.0, gap_s):
         clock.now = at
         for sid in "abc":
             await turn(gate, sid, 30)
@@ -66,9 +66,9 @@ def test_a_session_is_hot_for_its_own_think_time_not_a_fixed_window() -> None:
         await three_agents(gate, clock)
         assert gate.gap_s("a") == pytest.approx(1.0)
         assert gate.gap_s("new") == pytest.approx(1.0)  # a stranger is guessed from the others
-        clock.now = 2.4
+        clock.now = 2.9
         assert gate.is_hot("a", clock.now) and gate.back_in_s("a", clock.now) == 0.0  # due: about to ask
-        clock.now = 2.6  # 1.6 s of quiet against a 1 s rhythm: its agent is not coming right back
+        clock.now = 3.1  # 2.1 s of quiet against a 1 s rhythm: its agent is not coming right back
         assert not gate.is_hot("a", clock.now)
 
     asyncio.run(run())
@@ -89,11 +89,12 @@ def test_a_cold_turn_waits_for_the_agent_about_to_return_when_its_prefill_is_dea
         back = await gate.admit("a", 30)  # the agent it waited for: a cache hit, not held by the waiter
         assert back.hot and back.waited_s == 0
         gate.finished("a")
-        clock.now = 2.7  # b and c, 1.7 s quiet, have missed their turn: nothing left worth protecting
+        clock.now = 3.2  # b and c, 2.2 s quiet, have missed their turn: nothing left worth protecting
         await settle()
         admitted = await waiting
-        assert admitted.waited_s == pytest.approx(0.9) and not admitted.timed_out and not admitted.hot
-        assert gate.is_resident("a") and gate.is_resident("d") and not gate.is_resident("b")
+        assert admitted.waited_s == pytest.approx(1.4) and not admitted.timed_out and not admitted.hot
+        assert gate.is_resident("a") and gate.is_resident("d")
+        assert gate.resident_blocks("b") == 10 and gate.resident_blocks("c") == 30  # b lost its tail to d
 
     asyncio.run(run())
 
@@ -102,11 +103,12 @@ def test_no_turn_waits_longer_than_the_prefill_it_spares() -> None:
     async def run() -> None:
         clock = Clock()
         gate = admission(clock, per_block=0.02)  # 30 blocks: 0.6 s of prefill
-        await three_agents(gate, clock)
-        clock.now = 1.5
+        await three_agents(gate, clock, gap_s=4.0)  # all four re-prefilled: 2.4 s, under the 4 s gap
+        clock.now = 7.5
+        assert not gate.drowning("d", 30, 0.02)
         assert gate.hold_s("d", 30, 0.0) == pytest.approx(0.6)  # a back in 0.5 s: worth 0.6 s at most
         assert gate.hold_s("d", 30, 0.2) == 0  # 0.2 s paid and 0.5 s to come is more: the turn goes
-        clock.now = 1.8
+        clock.now = 7.8
         assert gate.hold_s("d", 30, 0.3) == pytest.approx(0.3)  # 0.3 s paid and 0.2 s to come is under
         assert gate.hold_s("d", 30, 0.45) == 0
 
@@ -121,7 +123,7 @@ def test_a_cheap_or_unmeasured_prefill_holds_nothing(per_block: float | None) ->
         await three_agents(gate, clock)
         clock.now = 1.5  # a is back in 0.5 s, but recomputing its 30 blocks takes 30 ms (or is unknown)
         admitted = await gate.admit("d", 30)
-        assert admitted.waited_s == 0 and not gate.is_resident("a")
+        assert admitted.waited_s == 0 and gate.resident_blocks("a") == 10  # d took 20 of its blocks
 
     asyncio.run(run())
 
@@ -216,3 +218,118 @@ def test_prefill_cost_counts_only_long_prefills() -> None:
     assert cost.s_per_block(32) == pytest.approx(32 * 1e-4)
     cost.observe(1000, 0.2)  # a running estimate, not the last sample
     assert 1e-4 < (cost.s_per_token or 0) < 2e-4
+
+
+# ----- when re-prefill would drown the engine: the cache goes to sessions in their order in line -----
+
+def test_sessions_in_flight_are_capped_to_what_the_cache_holds() -> None:
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock)  # a, b, c and d re-prefilled: 12 s of prefill against a 1 s gap
+        await three_agents(gate, clock)
+        clock.now = 1.2
+        assert gate.drowning("d", 30, DEAR)
+        assert gate.in_flight(clock.now) == ["a", "b", "c"]
+        waiting = asyncio.create_task(gate.admit("d", 30))  # a fourth context does not fit beside them
+        await settle()
+        assert not waiting.done()
+        for at in (2.0, 3.0):  # the three keep their turns coming: d waits for one to finish its job
+            clock.now = at
+            for sid in "abc":
+                assert (await gate.admit(sid, 30)).waited_s == 0
+                gate.finished(sid)
+            await settle()
+            assert not waiting.done()
+        clock.now = 4.0
+        for sid in "ab":  # c's job is done: it goes quiet after its own 1 s rhythm, with a margin
+            await turn(gate, sid, 30)
+        clock.now = 5.1
+        await settle()
+        admitted = await waiting
+        assert admitted.waited_s == pytest.approx(3.9) and not admitted.timed_out
+        assert gate.in_flight(clock.now) == ["a", "b", "d"]
+
+    asyncio.run(run())
+
+
+def test_the_youngest_session_waits_when_older_ones_grow() -> None:
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock)
+        await three_agents(gate, clock)
+        clock.now = 2.0
+        assert (await gate.admit("a", 50)).waited_s == 0  # the oldest grows: 50 + 30 + 30 over 100
+        gate.finished("a")
+        assert (await gate.admit("b", 30)).waited_s == 0  # 50 + 30 ahead of it and its own fit
+        gate.finished("b")
+        youngest = asyncio.create_task(gate.admit("c", 30))
+        await settle()
+        assert not youngest.done()  # its 30 blocks do not fit beside a's 50 and b's 30
+        clock.now = 3.0
+        await turn(gate, "b", 30)
+        clock.now = 4.1  # a has gone quiet: c is second in line now
+        await settle()
+        assert (await youngest).waited_s == pytest.approx(2.1)
+
+    asyncio.run(run())
+
+
+def test_a_session_back_from_quiet_queues_from_now() -> None:
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock)
+        await three_agents(gate, clock)
+        clock.now = 1.2
+        assert [gate.place_in_line(sid, clock.now) for sid in "abc"] == [0, 1, 2]  # kept from their first turns
+        clock.now = 9.0
+        assert gate.place_in_line("a", clock.now) == 3  # quiet: it queues behind anyone in line now
+
+    asyncio.run(run())
+
+
+def test_a_turn_waits_rather_than_cut_the_prefix_of_an_older_session_least_recently_used() -> None:
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock)
+        for at in (0.0, 0.8):  # a: in flight for 1.6 s after each turn
+            clock.now = at
+            await turn(gate, "a", 40)
+        for at in (0.9, 1.0):  # q: a quick rhythm, quiet from 1.2 s, but used after a
+            clock.now = at
+            await turn(gate, "q", 30)
+        clock.now = 1.5
+        assert gate.in_flight(clock.now) == ["a"]
+        assert gate.taken_by("d", 60) == {"a": 30}  # vLLM reuses a's blocks first: least recently used
+        waiting = asyncio.create_task(gate.admit("d", 60))  # 40 + 60 fit, but not in that order
+        await settle()
+        assert not waiting.done()
+        clock.now = 2.0
+        await turn(gate, "a", 40)  # a is back: its blocks are the most recently used now
+        await settle()
+        assert (await waiting).waited_s == pytest.approx(0.5)
+        assert gate.resident_blocks("a") == 40 and not gate.is_resident("q")
+
+    asyncio.run(run())
+
+
+def test_a_cold_turn_leaves_the_sessions_ahead_room_to_grow() -> None:
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock)
+        for at, blocks in ((0.0, 20), (1.0, 25)):  # a and b grow 5 blocks a turn
+            clock.now = at
+            for sid in "ab":
+                await turn(gate, sid, blocks)
+        clock.now = 1.5
+        assert gate.fits_in_line("d", 10)  # 25 + 25, 4 turns x 5 blocks each to grow into, and 10: the brim
+        assert not gate.fits_in_line("d", 11)
+        waiting = asyncio.create_task(gate.admit("d", 45))  # cold: 25 + 25 + 4 turns x 5 x 2 + 45 > 100
+        await settle()
+        assert not waiting.done()
+        clock.now = 2.0
+        await turn(gate, "a", 30)
+        clock.now = 3.1  # b has gone quiet: a alone ahead, 30 + 4 x 5 + 45 fit
+        await settle()
+        assert (await waiting).waited_s == pytest.approx(1.6)
+
+    asyncio.run(run())

@@ -135,14 +135,16 @@ class OrchestratorConfig(_Strict):
     default_completion_tokens: int = Field(512, gt=0)
     # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
     vram_queue_timeout_s: float = Field(2.0, ge=0)
-    # Session-aware admission: a session whose turn would evict the cached prefix of a hot one (a turn
-    # running, or one ended within its own usual think time, at most session_hot_s) may wait for it to
-    # come back, while the wait costs less than the prefill it spares (session_wait_per_prefill seconds of
-    # wait per second of the engine's measured prefill) and never past session_max_wait_s. Cheap
-    # prefills (or an offload tier that keeps the prefix) hold nothing. False: first come, first served.
+    # Session-aware admission. A session is in flight while a turn of it runs or it is within its own
+    # usual think time (at most session_hot_s). When re-prefilling every session in flight would take the
+    # engine longer than that think time (session_wait_per_prefill seconds of wait per second of the
+    # engine's measured prefill), the cache goes to sessions in their order in line: a turn waits until
+    # its context fits beside those ahead of it. Otherwise a cold turn that would evict a session about
+    # to come back waits only while that costs less than the prefill it spares. No wait passes
+    # session_max_wait_s. False: first come, first served.
     session_admission: bool = True
-    session_hot_s: float = Field(5.0, ge=0)
-    session_max_wait_s: float = Field(10.0, ge=0)
+    session_hot_s: float = Field(10.0, ge=0)
+    session_max_wait_s: float = Field(300.0, ge=0)
     session_wait_per_prefill: float = Field(1.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
     # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded

@@ -7,27 +7,37 @@ cold session's prefill evict the prefix of an agent that is only thinking betwee
 recently used is then the agent about to come back, so every turn re-prefills its whole context.
 
 This keeps a model of what the cache holds per session (each session's last prompt and reply, in
-blocks, least recently used first) and of each session's rhythm (the gap it leaves between turns),
-and before a session's turn goes to the engine:
+blocks, least recently used first) and of each session's rhythm (the gap it leaves between turns).
+A session is *in flight* while a turn of it runs or it is within its own think time (with a margin,
+capped by `hot_s`); sessions in flight keep the place in line they took when they entered it. Before a
+session's turn goes to the engine, one of two regimes decides:
 
-- a session whose prefix is resident goes at once (its turn is mostly a cache read);
-- a cold session goes at once if what it would evict is not worth keeping: sessions that are quiet
-  (past their own think time, capped by `hot_s`), prefixes an offload tier keeps (restored by a copy,
-  not recomputed), or nothing at all;
-- otherwise it may wait for the hot sessions it would evict to come back, but only while the wait it
-  has paid plus the time until they return stays under the prefill their eviction would cost them
-  (`wait_per_prefill` seconds of wait per second of prefill), and never past `max_wait_s`.
+- **The engine would drown in re-prefill** (the sessions in flight, re-prefilling their whole contexts
+  once each, would take longer than a session's usual gap, `wait_per_prefill` seconds of wait per
+  second of prefill): thrashing would then slow every session, so the cache is given to sessions in
+  their order in line. A turn goes when it cuts no prefix of a session in flight ahead of it: its
+  context fits beside theirs, and the blocks it takes, in vLLM's least-recently-used order, come
+  from others (quiet sessions, those behind it). A turn that must prefill its context anew also
+  leaves the sessions ahead room to grow for a few turns, so it is not squeezed out again soon. A
+  turn that cannot go waits (a new session before it starts, a younger one between two calls once the
+  older ones have grown) until older sessions finish or go quiet, never past `max_wait_s`. The first
+  in line always goes. Each session in flight thus keeps its prefix through its tool and think time,
+  as a time-to-live would, and the sessions in flight are capped to what the cache holds, the cap
+  moving as they grow.
+- **The engine has room to re-prefill** (a small model, short contexts, few sessions): a resident
+  session goes at once; a cold one goes at once unless it would evict a session about to come back
+  whose prefix no offload tier keeps, and then it waits only while the wait it has paid plus the time
+  until that session returns stays under the prefill the eviction would cost it.
 
-Waiting is weighed in the one currency both sides pay: seconds. When re-prefilling is cheap (a small
-model, short contexts, an idle engine) no turn is held and this is first come, first served; when it is
-dear (long contexts on a busy engine) a cold turn waits the few hundred milliseconds until the agent
-it would evict is back and has refreshed its blocks. Each waiter decides alone, so a small turn that
-fits goes past a large one that does not (no head-of-line blocking); the wait bound keeps both moving.
+Waiting is weighed in the one currency both sides pay: seconds of the engine's measured prefill
+(which, on a busy engine, includes the queue a prefill makes everyone wait in). Each waiter decides
+alone, so a small turn that fits goes past a large one that does not (no head-of-line blocking).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 from collections import OrderedDict
@@ -35,13 +45,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # A session is hot until its usual gap between turns, with this margin, has passed: think times vary.
-HOT_MARGIN = 1.5
+HOT_MARGIN = 2.0
 # Weight of the newest gap in a session's running estimate: rhythms drift, one odd gap should not.
 GAP_WEIGHT = 0.5
 # Sessions whose rhythm is remembered; past this the least recently seen are forgotten.
 MAX_RHYTHMS = 4096
 # Gaps of other sessions a new session's rhythm is guessed from (their median).
 RECENT_GAPS = 64
+# A turn that must prefill its context anew goes only with room left for the sessions ahead of it to grow
+# this many more turns, so that it is not squeezed out again (and re-prefilled again) a few turns later.
+GROWTH_TURNS = 4
 
 
 @dataclass
@@ -55,6 +68,8 @@ class _Resident:
 class _Rhythm:
     ended: float | None = None  # when its last turn ended
     gap_s: float | None = None  # its usual time between a reply and its next turn
+    blocks: int = 0  # its last turn's footprint
+    growth: float | None = None  # blocks its context usually grows by from one turn to the next
 
 
 @dataclass(frozen=True)
@@ -96,9 +111,16 @@ class SessionAdmission:
         self._offloaded: OrderedDict[str, int] = OrderedDict()  # the CPU tier, least recently used first
         self._rhythms: OrderedDict[str, _Rhythm] = OrderedDict()
         self._gaps: list[float] = []
+        self._flight: dict[str, int] = {}  # sessions that entered flight: their place in line (lower goes first)
+        self._tickets = itertools.count()
 
     def is_resident(self, session_id: str) -> bool:
         return session_id in self._resident
+
+    def resident_blocks(self, session_id: str) -> int:
+        """What the model says the cache still holds of the session's prefix."""
+        resident = self._resident.get(session_id)
+        return resident.blocks if resident is not None else 0
 
     def is_offloaded(self, session_id: str) -> bool:
         return session_id in self._offloaded
@@ -113,48 +135,64 @@ class SessionAdmission:
         return min(statistics.median(self._gaps), self.hot_s) if self._gaps else self.hot_s
 
     def is_hot(self, session_id: str, now: float) -> bool:
-        """A turn running, or one ended within its own think time (with a margin, at most hot_s)."""
+        """In flight: a turn running, or one ended within its own think time (with a margin, at most
+        hot_s), whether or not the cache still holds its prefix."""
         resident = self._resident.get(session_id)
-        if resident is None:
-            return False
-        if resident.running:
+        if resident is not None and resident.running:
             return True
-        return now - resident.last_used < min(self.gap_s(session_id) * HOT_MARGIN, self.hot_s)
+        rhythm = self._rhythms.get(session_id)
+        if rhythm is None or rhythm.ended is None:
+            return False
+        return now - rhythm.ended < min(self.gap_s(session_id) * HOT_MARGIN, self.hot_s)
+
+    def place_in_line(self, session_id: str, now: float) -> int:
+        """A session in flight keeps its place; one new or back from quiet draws the next."""
+        place = self._flight.get(session_id)
+        return place if place is not None and self.is_hot(session_id, now) else next(self._tickets)
 
     def back_in_s(self, session_id: str, now: float) -> float:
         """How long until a thinking session's next turn is expected (0: due now)."""
         resident = self._resident[session_id]
         return max(resident.last_used + self.gap_s(session_id) - now, 0.0)
 
-    def _observe_start(self, session_id: str, now: float) -> None:
+    def _observe_start(self, session_id: str, now: float, blocks: int) -> None:
         rhythm = self._rhythms.pop(session_id, None) or _Rhythm()
         if rhythm.ended is not None:
             gap = now - rhythm.ended
             rhythm.gap_s = gap if rhythm.gap_s is None else GAP_WEIGHT * gap + (1 - GAP_WEIGHT) * rhythm.gap_s
             self._gaps = [*self._gaps[-(RECENT_GAPS - 1):], gap]
+        if rhythm.blocks:
+            grown = max(blocks - rhythm.blocks, 0)
+            rhythm.growth = grown if rhythm.growth is None else GAP_WEIGHT * grown + (1 - GAP_WEIGHT) * rhythm.growth
+        rhythm.blocks = blocks
         self._rhythms[session_id] = rhythm
         while len(self._rhythms) > MAX_RHYTHMS:
             self._rhythms.popitem(last=False)
 
     # ----- the decision -----
 
-    def evicted_by(self, session_id: str, blocks: int) -> list[str]:
-        """The sessions this session's turn of `blocks` would evict if it went now, least recently used
-        first (vLLM's order); running turns' blocks are in use and never evicted."""
+    def taken_by(self, session_id: str, blocks: int) -> dict[str, int]:
+        """The blocks this session's turn of `blocks` would take from other sessions' cached prefixes if it
+        went now, least recently used first (vLLM's order), each prefix from its tail; running turns'
+        blocks are in use and never taken."""
         capacity = self.costs.capacity_blocks()
         if capacity <= 0:
-            return []
-        others = [(sid, r) for sid, r in self._resident.items() if sid != session_id]
-        held = sum(r.blocks for _, r in others) + blocks
-        evicted: list[str] = []
-        for sid, resident in others:
-            if held <= capacity:
+            return {}
+        over = sum(r.blocks for sid, r in self._resident.items() if sid != session_id) + blocks - capacity
+        taken: dict[str, int] = {}
+        for sid, resident in self._resident.items():
+            if over <= 0:
                 break
-            if resident.running:
+            if sid == session_id or resident.running:
                 continue
-            held -= resident.blocks
-            evicted.append(sid)
-        return evicted
+            taken[sid] = min(resident.blocks, over)
+            over -= taken[sid]
+        return taken
+
+    def evicted_by(self, session_id: str, blocks: int) -> list[str]:
+        """The sessions whose prefix this session's turn of `blocks` would cut if it went now, least
+        recently used first."""
+        return list(self.taken_by(session_id, blocks))
 
     def protected_by(self, session_id: str, blocks: int) -> list[str]:
         """The evictions worth avoiding: hot sessions whose prefix no offload tier keeps."""
@@ -162,12 +200,55 @@ class SessionAdmission:
         return [sid for sid in self.evicted_by(session_id, blocks)
                 if self.is_hot(sid, now) and sid not in self._offloaded]
 
-    def hold_s(self, session_id: str, blocks: int, waited_s: float) -> float:
-        """How much longer the turn may still wait for the hot sessions it would evict; 0: let it go.
-        Worth it while the wait paid and still to come is under the prefill those sessions would redo."""
-        protected = self.protected_by(session_id, blocks)
+    def in_flight(self, now: float) -> list[str]:
+        """The sessions in flight, in their order in line (those gone quiet leave it)."""
+        for sid in [sid for sid in self._flight if not self.is_hot(sid, now)]:
+            del self._flight[sid]
+        return sorted(self._flight, key=self._flight.__getitem__)
+
+    def drowning(self, session_id: str, blocks: int, per_block: float) -> bool:
+        """Whether re-prefilling every session in flight (this one with them) would take the engine longer
+        than a session's usual gap: then evictions cascade and thrashing slows everyone."""
+        flight = {sid: self.resident_blocks(sid) for sid in self.in_flight(self.clock())}
+        flight[session_id] = max(flight.get(session_id, 0), blocks)
+        return sum(flight.values()) * per_block * self.wait_per_prefill > self.gap_s(session_id)
+
+    def fits_in_line(self, session_id: str, blocks: int, place: int | None = None) -> bool:
+        """Whether the turn can go without cutting the prefix of a session in flight ahead of it (one no
+        offload tier keeps): its context fits beside theirs, and what it takes in vLLM's least-recently-
+        used order comes from others. A turn that must prefill most of its context anew also leaves those
+        sessions room to grow for GROWTH_TURNS turns. `place` None: the last in line. The first in line
+        always goes."""
+        ahead = [sid for sid in self.in_flight(self.clock()) if sid != session_id
+                 and (place is None or self._flight[sid] < place)]
+        if not ahead:
+            return True
+        protected = {sid for sid in ahead if sid not in self._offloaded}
+        running = {sid for sid in ahead if sid in self._resident and self._resident[sid].running}
+        held: float = sum(self.resident_blocks(sid) for sid in protected | running)
+        if 2 * self.resident_blocks(session_id) < blocks:
+            held += GROWTH_TURNS * sum(self._rhythms[sid].growth or 0.0 for sid in protected if sid in self._rhythms)
+        if held + blocks > self.costs.capacity_blocks():
+            return False
+        return not protected & self.taken_by(session_id, blocks).keys()
+
+    def hold_s(self, session_id: str, blocks: int, waited_s: float, place: int | None = None) -> float:
+        """How much longer the turn may still wait; 0: let it go. `place`: its place in line (None: the
+        last). When re-prefill would drown the engine, it waits until it fits beside the sessions ahead
+        of it; otherwise a cold turn waits for the hot sessions it would evict while the wait paid and
+        still to come is under the prefill those sessions would redo."""
         per_block = self.costs.prefill_s_per_block()
-        if not protected or per_block is None or waited_s >= self.max_wait_s:
+        if per_block is None or waited_s >= self.max_wait_s or self.costs.capacity_blocks() <= 0:
+            return 0.0
+        if self.drowning(session_id, blocks, per_block):
+            return 0.0 if self.fits_in_line(session_id, blocks, place) else self.max_wait_s - waited_s
+        if self.is_resident(session_id):
+            return 0.0
+        return self._hold_for_return(session_id, blocks, waited_s, per_block)
+
+    def _hold_for_return(self, session_id: str, blocks: int, waited_s: float, per_block: float) -> float:
+        protected = self.protected_by(session_id, blocks)
+        if not protected:
             return 0.0
         now = self.clock()
         saved = sum(self._resident[sid].blocks for sid in protected) * per_block * self.wait_per_prefill
@@ -179,21 +260,23 @@ class SessionAdmission:
     async def admit(self, session_id: str, blocks: int) -> Admitted:
         """Wait while holding the turn back pays (at most max_wait_s); it is then counted as running."""
         start = self.clock()
-        self._observe_start(session_id, start)  # its think time ends when it asks, not when it is let in
-        hot = self.is_resident(session_id)
+        place = self.place_in_line(session_id, start)
+        self._observe_start(session_id, start, blocks)  # its think time ends when it asks, not when it is let in
         waited = timed_out = False
-        while not hot and self.hold_s(session_id, blocks, self.clock() - start) > 0:
+        while self.hold_s(session_id, blocks, self.clock() - start, place) > 0:
             waited = True
             await asyncio.sleep(self.poll_s)
         if waited:
             timed_out = self.clock() - start >= self.max_wait_s
-        self._enter(session_id, blocks)
+        hot = self.is_resident(session_id)  # its prefix is (still) cached as it goes
+        self._enter(session_id, blocks, place)
         return Admitted(self.clock() - start if waited else 0.0, hot, timed_out)
 
     # ----- the model of the cache -----
 
-    def _enter(self, session_id: str, blocks: int) -> None:
+    def _enter(self, session_id: str, blocks: int, place: int) -> None:
         now = self.clock()
+        self._flight[session_id] = place
         resident = self._resident.pop(session_id, None) or _Resident(blocks, now)
         resident.blocks = max(resident.blocks, blocks)
         resident.running += 1
@@ -235,16 +318,21 @@ class SessionAdmission:
             held -= dropped
 
     def _evict_past_capacity(self) -> None:
-        """Drop from the model what vLLM will have reused: least recently used first, past the capacity."""
+        """Take from the model what vLLM will have reused: least recently used first, past the capacity,
+        each prefix from its tail (vLLM frees a request's blocks in reverse, so a prefix loses its end
+        first and keeps its place); a prefix left with nothing is dropped."""
         capacity = self.costs.capacity_blocks()
         if capacity <= 0:
             return
-        held = sum(r.blocks for r in self._resident.values())
+        over = sum(r.blocks for r in self._resident.values()) - capacity
         for sid in list(self._resident):
-            if held <= capacity:
+            if over <= 0:
                 break
             resident = self._resident[sid]
             if resident.running:
                 continue
-            held -= resident.blocks
-            del self._resident[sid]
+            taken = min(resident.blocks, over)
+            resident.blocks -= taken
+            over -= taken
+            if not resident.blocks:
+                del self._resident[sid]
