@@ -112,7 +112,8 @@ class AgentLoad:
 # turns of about 8 model calls, tool time between them, prompts growing as tool results join them,
 # about 530 generated tokens a call), scaled down about 4x in turns, reply and prompt so a round takes
 # about two minutes here: 2 turns of 8 calls, 128-token replies, ~400-token tool results after 1-3 s
-# of tool time, a ~4k-token Identity and Codex; the sessions' last contexts 3x the KV cache.
+# of tool time, a ~7k-token Identity and Codex (3,500 random words); the sessions' last contexts 3x the
+# KV cache.
 EMULATED_LOAD = AgentLoad(sessions=16, turns=2, calls=8, max_tokens=128, tool_words=300, tool_min_s=1.0,
                           tool_max_s=3.0, think_min_s=2.0, think_max_s=4.0, identity_words=1500, codex_docs=2,
                           codex_words=1000, question_words=60, cache_multiple=3.0, rounds=1,
