@@ -110,8 +110,9 @@ def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Si
     once both have stopped."""
     served = SERVED[profile.model]
     model_dir = served.ensure()
-    # An emulated engine runs no model: no hidden state, so no activations to capture.
-    lens = "off" if profile.emulate else str(served.ensure_lens())
+    # An emulated engine runs no model: its executor draws the activations and ships them as the capture
+    # worker would, so the API process joins and records them all the same.
+    lens = str(served.ensure_lens())
     extra = ["--max-model-len", str(profile.max_model_len)]
     if max_num_seqs:
         extra += ["--max-num-seqs", str(max_num_seqs)]
@@ -202,14 +203,15 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResul
     with side_by_side(prof, prof.max_num_seqs) as sides:
         results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
     vllm, ahc = sides
-    if not ahc.rows_with_activations and not prof.emulate:
+    if not ahc.rows_with_activations:
         raise RuntimeError("serve bench: AHC recorded no tokens with activations; the comparison would be unfair")
     figures: dict[str, float | int] = {**side_figures(ahc, results[1]), **side_figures(vllm, results[0]),
                                        "batch": load.clients, "requests_per_client": load.requests,
                                        "max_tokens": load.max_tokens, "rounds": n_rounds}
     ratios = {"ahc_over_vllm": figures["ahc_tok_per_s"] / figures["vllm_tok_per_s"],
               "ahc_cpu_over_vllm": figures["ahc_cpu_us_per_token"] / figures["vllm_cpu_us_per_token"]}
-    recorded = ("every token recorded in XDB; no concept activations (an emulated engine has no hidden state)"
+    recorded = ("every token recorded in XDB with top-10 concept activations, drawn by the emulated engine "
+                "and shipped as the capture worker ships them (activation_source 'emulated')"
                 if prof.emulate else "every token recorded in XDB with top-10 concept activations "
                                      f"(lens at layer {SERVED[prof.model].lens_layer})")
     notes = {**common_notes(prof, load, n_rounds),

@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 from argparse import Namespace
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ahc.core.config import NO_MODEL, AHCConfig, resolve_path
 from server.emulation.engine_flags import emulation_flags
 
+if TYPE_CHECKING:
+    from server.capture.capture_setup import CaptureSetup
 
-def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> list[str]:
-    """`capture_flags`: the lens capture's --worker-cls and --additional-config (server/capture)."""
+
+def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> list[str]:
+    """`capture`: the lens capture (server/capture), whose settings the engine's worker is given."""
     engine = config.engine
     args = [*(["--model", resolve_path(config.model)] if config.model else []),
             *(["--served-model-name", config.served_model_name] if config.served_model_name else [])]
@@ -49,15 +52,14 @@ def vllm_cli_args(config: AHCConfig, capture_flags: list[str] | None = None) -> 
     if engine.kv_offloading_size is not None:
         args += ["--kv-offloading-size", str(engine.kv_offloading_size),
                  "--kv-offloading-backend", engine.kv_offloading_backend]
-    if engine.emulate is not None:
-        if capture_flags:
-            raise ValueError("engine.emulate: an emulated engine runs no model, so it has no activations to "
-                             "capture; serve it with --lens off")
-        args += emulation_flags(engine.emulate)
-    return args + list(capture_flags or []) + list(engine.extra_args)
+    if engine.emulate is not None:  # its executor ships emulated activations itself: no worker to replace
+        args += emulation_flags(engine.emulate, capture.settings if capture is not None else None)
+    elif capture is not None:
+        args += capture.vllm_flags()
+    return args + list(engine.extra_args)
 
 
-def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = None) -> Namespace:
+def build_vllm_namespace(config: AHCConfig, capture: CaptureSetup | None = None) -> Namespace:
     """Parse our config with vLLM's own serve parser; raises ValueError on a bad vLLM flag."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -71,7 +73,7 @@ def build_vllm_namespace(config: AHCConfig, capture_flags: list[str] | None = No
     # vLLM leaves FlexibleArgumentParser.__init__ and parse_args unannotated.
     parser = make_arg_parser(Parser(prog="ahc serve", exit_on_error=False))  # type: ignore[no-untyped-call]
     try:
-        namespace: Namespace = parser.parse_args(vllm_cli_args(config, capture_flags))
+        namespace: Namespace = parser.parse_args(vllm_cli_args(config, capture))
     except argparse.ArgumentError as exc:
         raise ValueError(f"invalid engine argument: {exc}") from exc
     except ValueError as exc:

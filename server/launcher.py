@@ -65,7 +65,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
 
     # uvicorn's handler replaces this once serving; until then SIGTERM must still stop us.
     signal.signal(signal.SIGTERM, interrupt_init)
-    args = build_vllm_namespace(config, capture.vllm_flags() if capture else None)
+    args = build_vllm_namespace(config, capture)
     configure_logging(args)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats(), config.model_name)

@@ -10,13 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 from bench_smoke import check_result
 
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
-from server.emulation.executor import EmulatedExecutor
+from server.emulation.executor import EmulatedExecutor, _EmulatedLens
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import Chunk
 from server.server_process import AHC, start_server
@@ -63,7 +65,7 @@ def executor() -> EmulatedExecutor:
     ex = object.__new__(EmulatedExecutor)
     ex.roofline = profile("h100-llama-8b")
     ex.token_ids = list(range(10, 60))
-    ex.sequences, ex.modelled_s = {}, 0.0
+    ex.sequences, ex.modelled_s, ex.lens = {}, 0.0, None
     return ex
 
 
@@ -94,6 +96,34 @@ def test_a_step_samples_where_a_sequence_reaches_its_end_and_lasts_the_modelled_
     assert all(t in ex.token_ids for ts in second.sampled_token_ids for t in ts)
     ex.step(scheduled([], [], {}, finished={"a", "b"}))
     assert ex.sequences == {}
+
+
+class Shipped:
+    """Stands in for the capture's sender: what the emulated lens would put on the side channel."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[list[str], list[int], np.ndarray, np.ndarray, str]] = []
+
+    def add(self, keys: list[str], positions: list[int], rows: np.ndarray, index: Any, values: Any,
+            source: str) -> None:
+        self.steps.append((keys, positions, index.numpy()[rows], values.numpy()[rows], source))
+
+
+def test_the_emulated_lens_ships_each_sampled_token_k_distinct_concepts() -> None:
+    ex = executor()
+    ex.lens = object.__new__(_EmulatedLens)
+    ex.lens.n_concepts, ex.lens.k, ex.lens.sender = 12, 10, Shipped()
+    ex.lens.scores = np.linspace(4.0, 1.0, 10, dtype=np.float32)
+    ex.step(scheduled([("a-0123abcd", 100, 64), ("b-0123abcd", 300, 0)], [], {"a-0123abcd": 36, "b-0123abcd": 200}))
+    ex.step(scheduled([], [("a-0123abcd", 100)], {"a-0123abcd": 1}))
+    first, second = ex.lens.sender.steps
+    # Only "a" reached its end in the first step: its reply's token 0, then token 1; keys as the worker's.
+    assert (first[0], first[1], second[1]) == (["a"], [0], [1])
+    keys, _, index, values, source = first
+    assert source == "emulated" and index.shape == values.shape == (1, 10)
+    assert len(set(index[0])) == 10 and all(0 <= i < 12 for i in index[0])
+    assert list(values[0]) == sorted(values[0], reverse=True)
+    assert not np.array_equal(index, second[2])  # each token its own draw
 
 
 def sequence(kind: str, model: Path) -> list[int]:
@@ -147,8 +177,9 @@ def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
     check_result("serve", result)
     assert result["figures"]["batch"] == 4 and result["notes"]["profile"] == "h100-llama-8b"
     assert result["notes"]["device"].startswith("EMULATED h100-llama-8b")
-    assert "4 output rows for as many completion" not in result["notes"]["xdb_ahc"]  # 4 replies x 16 tokens
-    assert result["notes"]["xdb_ahc"].startswith("every round checked: 128 output rows")  # warm-up round too
+    # 4 replies x 16 tokens, the warm-up round too: each with the activations the emulated engine drew.
+    assert result["notes"]["xdb_ahc"] == ("every round checked: 128 output rows for as many completion tokens, "
+                                          "128 with concept activations")
 
 
 def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile() -> None:

@@ -24,7 +24,7 @@ from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 
 EVENT_TYPES = ("input", "output", "tool_call", "tool_result", "system", "steering")
-ACTIVATION_SOURCES = (None, "hidden_state", "logit_lens")
+ACTIVATION_SOURCES = (None, "hidden_state", "logit_lens", "emulated")  # emulated: drawn by the emulated engine
 
 # Column order of `timesteps`; the audit table has these plus seq, steering and the hashes.
 TIMESTEP_COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ahc.core.config import AHCConfig, resolve_path
 from lens.pack import LensPack, load_pack
@@ -59,12 +60,16 @@ class CaptureSetup:
     def address(self) -> str:
         return f"ipc://{self.socket_dir}/activations"
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What the engine's worker is told (step_capture.LensSettings)."""
+        return {"pack": self.pack_dir, "k": self.k, "ipc": self.address, "source": self.source}
+
     def vllm_flags(self) -> list[str]:
         from vllm.platforms import current_platform
 
-        settings = {"pack": self.pack_dir, "k": self.k, "ipc": self.address, "source": self.source}
         return ["--worker-cls", CPU_WORKER if current_platform.is_cpu() else GPU_WORKER,
-                "--additional-config", json.dumps({"ahc_lens": settings})]
+                "--additional-config", json.dumps({"ahc_lens": self.settings})]
 
     def close(self) -> None:
         self.receiver.close()

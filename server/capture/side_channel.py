@@ -46,7 +46,7 @@ class StepActivations:
     positions: list[int]
     concept_index: np.ndarray  # int32 [rows, k]
     concept_values: np.ndarray  # float32 [rows, k]
-    source: str  # "hidden_state" | "logit_lens"
+    source: str  # "hidden_state" | "logit_lens" | "emulated" (the emulated engine draws them)
 
     def frames(self) -> list[bytes]:
         header = {"keys": self.keys, "positions": self.positions, "k": int(self.concept_index.shape[1]),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from server.emulation.profiles import profile
 
@@ -11,13 +12,15 @@ EXECUTOR = "server.emulation.executor.EmulatedExecutor"
 BLOCK_SIZE = 16  # vLLM's block size on a CUDA GPU (its CPU build defaults to 128)
 
 
-def emulation_flags(name: str) -> list[str]:
+def emulation_flags(name: str, lens: dict[str, Any] | None = None) -> list[str]:
     """The served model's tokenizer and chat template stay; its config takes the profile's geometry
-    (no weights are read) and the engine core runs the emulated executor."""
+    (no weights are read) and the engine core runs the emulated executor. `lens`: the capture's settings
+    (server/capture), for the executor to ship emulated activations as the capture worker would."""
     model = profile(name).model
     geometry = {"num_hidden_layers": model.layers, "hidden_size": model.hidden, "num_attention_heads": model.heads,
                 "num_key_value_heads": model.kv_heads, "head_dim": model.head_dim,
                 "intermediate_size": model.ffn, "max_position_embeddings": model.max_position}
-    return ["--distributed-executor-backend", EXECUTOR, "--additional-config", json.dumps({"ahc_emulate": name}),
+    extra: dict[str, Any] = {"ahc_emulate": name, **({"ahc_lens": lens} if lens is not None else {})}
+    return ["--distributed-executor-backend", EXECUTOR, "--additional-config", json.dumps(extra),
             "--hf-overrides", json.dumps(geometry), "--block-size", str(BLOCK_SIZE), "--load-format", "dummy",
             "--enforce-eager"]

@@ -2,7 +2,9 @@
 scheduler, the KV cache manager with prefix caching, LRU eviction and preemption); the forward pass is
 a sleep as long as the roofline model says the step takes on the named GPU, and each sampled token is
 drawn deterministically from the vocabulary. No KV memory is allocated: the cache manager's
-bookkeeping is all there is of it.
+bookkeeping is all there is of it. With a lens pack (`{"ahc_lens": ...}` beside `ahc_emulate`), each
+sampled token's top-k concepts are drawn deterministically too and shipped over the capture's side
+channel as its worker would ship them, so the API process joins and records them at the GPU's rate.
 
 vLLM takes it by name: `--distributed-executor-backend server.emulation.executor.EmulatedExecutor`
 with `--additional-config '{"ahc_emulate": "h100-llama-8b"}'` (server/emulation/engine_flags.py).
@@ -18,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.executor.abstract import Executor
@@ -25,6 +28,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
 
+from lens.pack import load_pack
+from server.capture.side_channel import ActivationSender, BundlingSender, engine_key
+from server.capture.step_capture import LensSettings
 from server.emulation.profiles import profile
 from server.emulation.roofline import Chunk, Roofline
 
@@ -38,6 +44,7 @@ class _Sequence:
 
     seed: int
     tokens: int
+    prompt: int
 
 
 class EmulatedExecutor(Executor):
@@ -54,6 +61,7 @@ class EmulatedExecutor(Executor):
         self.token_ids = _text_token_ids(self.model_config.model, self.model_config.get_vocab_size())
         self.sequences: dict[str, _Sequence] = {}
         self.modelled_s = 0.0  # the GPU time modelled so far
+        self.lens = _EmulatedLens.start(self.vllm_config)
         log.warning("EMULATED engine: %s on %s (roofline model; no model runs, tokens are drawn, not generated)",
                     self.roofline.model.name, self.roofline.gpu.name)
 
@@ -108,7 +116,9 @@ class EmulatedExecutor(Executor):
         return None
 
     def shutdown(self) -> None:
-        return None
+        if self.lens is not None:
+            self.lens.close()
+            self.lens = None
 
     @property
     def supported_tasks(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -127,12 +137,14 @@ class EmulatedExecutor(Executor):
             self.sequences.pop(req_id, None)
         for new in out.scheduled_new_reqs:
             if new.req_id not in self.sequences:  # a preempted request comes back knowing its own tokens
-                self.sequences[new.req_id] = _Sequence(zlib.crc32(new.req_id.encode()), len(new.prompt_token_ids or []))
+                prompt = len(new.prompt_token_ids or [])
+                self.sequences[new.req_id] = _Sequence(zlib.crc32(new.req_id.encode()), prompt, prompt)
         computed = dict(zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens))
         computed.update((new.req_id, new.num_computed_tokens) for new in out.scheduled_new_reqs)
         chunks: list[Chunk] = []
         req_ids: list[str] = []
         sampled: list[list[int]] = []
+        produced: list[tuple[str, int, int]] = []  # request, seed, the sampled token's output index
         for req_id, n in out.num_scheduled_tokens.items():
             seq = self.sequences[req_id]
             done = computed[req_id]
@@ -141,10 +153,13 @@ class EmulatedExecutor(Executor):
             req_ids.append(req_id)
             if reaches_end:
                 token = self.token_ids[(seq.seed + 7919 * seq.tokens) % len(self.token_ids)]
+                produced.append((req_id, seq.seed + 7919 * seq.tokens, seq.tokens - seq.prompt))
                 seq.tokens += 1
                 sampled.append([token])
             else:
                 sampled.append([])
+        if self.lens is not None and produced:
+            self.lens.ship(produced)
         modelled = self.roofline.step_seconds(chunks)
         self.modelled_s += modelled
         # The GPU would be busy this long; the CPU spent on bookkeeping above counts towards it.
@@ -153,6 +168,36 @@ class EmulatedExecutor(Executor):
             time.sleep(remaining)
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled)
+
+
+class _EmulatedLens:
+    """Each sampled token's top-k concepts, drawn from the token's place in its sequence: k distinct
+    concepts, scores falling with rank; shipped as the capture worker ships a step's rows."""
+
+    def __init__(self, settings: LensSettings, n_concepts: int) -> None:
+        self.n_concepts = n_concepts
+        self.k = min(settings.k, n_concepts)
+        self.sender = BundlingSender(ActivationSender(settings.ipc), on_host=True)
+        self.scores = np.linspace(4.0, 1.0, self.k, dtype=np.float32)
+
+    @classmethod
+    def start(cls, vllm_config: Any) -> _EmulatedLens | None:
+        settings = LensSettings.from_vllm_config(vllm_config)
+        return None if settings is None else cls(settings, load_pack(settings.pack).n_concepts)
+
+    def ship(self, produced: list[tuple[str, int, int]]) -> None:
+        """`produced`: each request that samples a token this step, a seed for the draw and the token's
+        index in the reply."""
+        positions = [position for _, _, position in produced]
+        first = np.array([seed % self.n_concepts for _, seed, _ in produced], dtype=np.int64)
+        index = (first[:, None] + np.arange(self.k)[None, :]) % self.n_concepts
+        values = np.broadcast_to(self.scores, index.shape)
+        self.sender.add([engine_key(req_id) for req_id, _, _ in produced], positions, np.arange(len(produced)),
+                        torch.from_numpy(index.astype(np.int32)), torch.from_numpy(np.ascontiguousarray(values)),
+                        "emulated")
+
+    def close(self) -> None:
+        self.sender.close()
 
 
 def _text_token_ids(model: str, vocab_size: int) -> list[int]:
