@@ -18,7 +18,7 @@ from bench_smoke import check_result
 
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
-from server.emulation.executor import EmulatedExecutor, _EmulatedLens
+from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import Chunk
 from server.server_process import AHC, start_server
@@ -113,7 +113,8 @@ def test_the_emulated_lens_ships_each_sampled_token_k_distinct_concepts() -> Non
     ex = executor()
     ex.lens = object.__new__(_EmulatedLens)
     ex.lens.n_concepts, ex.lens.k, ex.lens.sender = 12, 10, Shipped()
-    ex.lens.scores = np.linspace(4.0, 1.0, 10, dtype=np.float32)
+    ex.lens.thresholds = np.full(12, 0.5, dtype=np.float32)
+    ex.lens.falling = np.linspace(0.9, 0.5, 10, dtype=np.float32)
     ex.step(scheduled([("a-0123abcd", 100, 64), ("b-0123abcd", 300, 0)], [], {"a-0123abcd": 36, "b-0123abcd": 200}))
     ex.step(scheduled([], [("a-0123abcd", 100)], {"a-0123abcd": 1}))
     first, second = ex.lens.sender.steps
@@ -122,8 +123,20 @@ def test_the_emulated_lens_ships_each_sampled_token_k_distinct_concepts() -> Non
     keys, _, index, values, source = first
     assert source == "emulated" and index.shape == values.shape == (1, 10)
     assert len(set(index[0])) == 10 and all(0 <= i < 12 for i in index[0])
-    assert list(values[0]) == sorted(values[0], reverse=True)
+    assert list(values[0]) == sorted(values[0], reverse=True) and values[0][1] < 0.5
     assert not np.array_equal(index, second[2])  # each token its own draw
+
+
+def test_the_emulated_lens_fires_a_concept_tag_now_and_then() -> None:
+    lens = object.__new__(_EmulatedLens)
+    lens.n_concepts, lens.k, lens.sender = 6, 6, Shipped()
+    lens.thresholds = np.array([0.5, 0.4, 0.5, 0.6, 0.5, 0.5], dtype=np.float32)
+    lens.falling = np.linspace(0.9, 0.5, 6, dtype=np.float32)
+    lens.ship([(f"r{i}", i, 0) for i in range(200)])
+    _, _, index, values, _ = lens.sender.steps[0]
+    reached = values >= lens.thresholds[index]
+    assert not reached[:, 1:].any()  # only a top concept ever reaches its threshold
+    assert reached[:, 0].sum() == 200 // TAG_EVERY
 
 
 def sequence(kind: str, model: Path) -> list[int]:

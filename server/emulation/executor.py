@@ -170,31 +170,43 @@ class EmulatedExecutor(Executor):
                                  sampled_token_ids=sampled)
 
 
+# One sampled token in this many has its top concept reach that concept's tagging threshold: concept
+# tags fire now and then, as a real lens fires them, not on every token.
+TAG_EVERY = 20
+
+
 class _EmulatedLens:
     """Each sampled token's top-k concepts, drawn from the token's place in its sequence: k distinct
-    concepts, scores falling with rank; shipped as the capture worker ships a step's rows."""
+    concepts, scores falling with rank below each concept's tagging threshold (its top one reaching it
+    one token in TAG_EVERY); shipped as the capture worker ships a step's rows."""
 
-    def __init__(self, settings: LensSettings, n_concepts: int) -> None:
-        self.n_concepts = n_concepts
-        self.k = min(settings.k, n_concepts)
+    def __init__(self, settings: LensSettings, thresholds: np.ndarray) -> None:
+        self.n_concepts = len(thresholds)
+        self.k = min(settings.k, self.n_concepts)
         self.sender = BundlingSender(ActivationSender(settings.ipc), on_host=True)
-        self.scores = np.linspace(4.0, 1.0, self.k, dtype=np.float32)
+        self.thresholds = thresholds  # 1.0 where the pack sets none
+        self.falling = np.linspace(0.9, 0.5, self.k, dtype=np.float32)
 
     @classmethod
     def start(cls, vllm_config: Any) -> _EmulatedLens | None:
         settings = LensSettings.from_vllm_config(vllm_config)
-        return None if settings is None else cls(settings, load_pack(settings.pack).n_concepts)
+        if settings is None:
+            return None
+        pack = load_pack(settings.pack)
+        given = pack.thresholds or [None] * pack.n_concepts
+        return cls(settings, np.array([1.0 if t is None else t for t in given], dtype=np.float32))
 
     def ship(self, produced: list[tuple[str, int, int]]) -> None:
         """`produced`: each request that samples a token this step, a seed for the draw and the token's
         index in the reply."""
         positions = [position for _, _, position in produced]
-        first = np.array([seed % self.n_concepts for _, seed, _ in produced], dtype=np.int64)
-        index = (first[:, None] + np.arange(self.k)[None, :]) % self.n_concepts
-        values = np.broadcast_to(self.scores, index.shape)
+        seeds = np.array([seed for _, seed, _ in produced], dtype=np.int64)
+        index = (seeds[:, None] % self.n_concepts + np.arange(self.k)[None, :]) % self.n_concepts
+        values = self.thresholds[index] * self.falling[None, :]
+        fires = seeds % TAG_EVERY == 0
+        values[fires, 0] = self.thresholds[index[fires, 0]]
         self.sender.add([engine_key(req_id) for req_id, _, _ in produced], positions, np.arange(len(produced)),
-                        torch.from_numpy(index.astype(np.int32)), torch.from_numpy(np.ascontiguousarray(values)),
-                        "emulated")
+                        torch.from_numpy(index.astype(np.int32)), torch.from_numpy(values), "emulated")
 
     def close(self) -> None:
         self.sender.close()
