@@ -7,8 +7,9 @@ here read those and decide; the chat route, the completions route and the hidden
     kv_geometry.py        the KV bytes per token and per block of the served model, from vLLM's config
     prefill_cost.py       PrefillCost: seconds a prefilled block costs, measured on the engine's own steps
     vram_governor.py      VramGovernor: reserve a request's new KV blocks, or wait, compact, refuse (429)
-    session_admission.py  SessionAdmission: many sessions on one cache: a cold turn waits for a hot one
-                          only while the wait costs less than the prefill it spares
+    session_admission.py  SessionAdmission: many sessions on one cache: when re-prefill would drown the
+                          engine, sessions in flight keep the cache in their order in line; otherwise a
+                          cold turn waits for a hot one only while that costs less than the prefill it spares
     turn.py               admitting a chat turn (session admission, then the governor) and the
                           recording back-pressure every generating route waits on
     hidden.py             HiddenAdmission: the server's own calls (condensed renditions) admitted like
