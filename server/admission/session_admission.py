@@ -179,11 +179,16 @@ class SessionAdmission:
         if capacity <= 0:
             return {}
         over = sum(r.blocks for sid, r in self._resident.items() if sid != session_id) + blocks - capacity
+        return self._cuts(over, session_id)
+
+    def _cuts(self, over: int, spared: str | None = None) -> dict[str, int]:
+        """The blocks vLLM reuses to find `over` more: least recently used prefixes first, each from its
+        tail (it frees a request's blocks in reverse), never a running turn's nor `spared`'s."""
         taken: dict[str, int] = {}
         for sid, resident in self._resident.items():
             if over <= 0:
                 break
-            if sid == session_id or resident.running:
+            if sid == spared or resident.running:
                 continue
             taken[sid] = min(resident.blocks, over)
             over -= taken[sid]
@@ -318,21 +323,13 @@ class SessionAdmission:
             held -= dropped
 
     def _evict_past_capacity(self) -> None:
-        """Take from the model what vLLM will have reused: least recently used first, past the capacity,
-        each prefix from its tail (vLLM frees a request's blocks in reverse, so a prefix loses its end
-        first and keeps its place); a prefix left with nothing is dropped."""
+        """Take from the model what vLLM will have reused past the capacity (`_cuts`): a prefix keeps
+        its place as it loses its end, and one left with nothing is dropped."""
         capacity = self.costs.capacity_blocks()
         if capacity <= 0:
             return
-        over = sum(r.blocks for r in self._resident.values()) - capacity
-        for sid in list(self._resident):
-            if over <= 0:
-                break
+        for sid, taken in self._cuts(sum(r.blocks for r in self._resident.values()) - capacity).items():
             resident = self._resident[sid]
-            if resident.running:
-                continue
-            taken = min(resident.blocks, over)
             resident.blocks -= taken
-            over -= taken
             if not resident.blocks:
                 del self._resident[sid]
