@@ -152,8 +152,9 @@ class EmulatedExecutor(Executor):
             chunks.append(Chunk(new=n, cached=done, sampled=reaches_end))
             req_ids.append(req_id)
             if reaches_end:
-                token = self.token_ids[(seq.seed + 7919 * seq.tokens) % len(self.token_ids)]
-                produced.append((req_id, seq.seed + 7919 * seq.tokens, seq.tokens - seq.prompt))
+                draw = seq.seed + 7919 * seq.tokens  # the token and its activations, fixed by its place
+                token = self.token_ids[draw % len(self.token_ids)]
+                produced.append((req_id, draw, seq.tokens - seq.prompt))
                 seq.tokens += 1
                 sampled.append([token])
             else:
