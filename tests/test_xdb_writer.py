@@ -226,6 +226,33 @@ def test_rows_into_an_idle_writer_commit_within_the_latency_bound(tmp_path: Path
         assert xdb.writer.rows_written == 1  # no flush: the 250 ms bound alone committed it
 
 
+def test_flushes_during_a_commit_share_the_next_batch(tmp_path: Path, monkeypatch) -> None:
+    import threading
+    import time
+
+    gate, batch_sizes = threading.Event(), []
+    real = AuditLog.commit
+
+    def slow(self, prepared, *args, **kwargs):
+        gate.wait(10)
+        batch_sizes.append(prepared.seq_end - prepared.seq_start + 1)
+        return real(self, prepared, *args, **kwargs)
+
+    with XDB.open(tmp_path / "x", XDBConfig(max_latency_s=30)) as xdb:
+        monkeypatch.setattr(AuditLog, "commit", slow)
+        xdb.writer.submit(token_batch(xdb, "s", ["first"], "r0"))
+        xdb.writer.request_flush()
+        time.sleep(0.2)  # the first batch is taken and held in its commit
+        for i in range(3):  # three replies end while it commits
+            xdb.writer.submit(token_batch(xdb, f"s{i}", ["a", "b"], f"r{i + 1}"))
+            xdb.writer.request_flush()
+            time.sleep(0.05)
+        gate.set()
+        xdb.writer.flush(timeout=10)
+        assert batch_sizes == [1, 6]  # one commit for all three, not one each
+        assert xdb.writer.rows_written == 7
+
+
 def test_interleaved_streams_convert_in_arrival_order_in_one_table() -> None:
     names = ["a", "b", "c"]
 

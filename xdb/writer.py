@@ -10,8 +10,10 @@ DuckDB's inserts (which release the GIL), and the two files' inserts overlap eac
     experience stage: the same table → `timesteps`, inserted while the audit works, and committed
                       only once the audit has committed that batch (the audit is the write-ahead log)
 A batch is cut when it reaches `batch_rows`, when its oldest row has waited `max_latency_s` (1 s),
-or when someone calls `flush()` (the server does at the end of every reply). Each commit costs ~10 ms of
-CPU per file whatever its size, so the latency bound sets the writer's CPU while tokens stream. A batch
+or when someone calls `flush()` (the server does at the end of every reply) and no batch is still being
+committed. Each commit costs ~10 ms of CPU per file whatever its size, so the flushes that arrive while
+a batch commits share the next one (group commit): with many streams ending together, one commit a
+reply would keep the writer committing tiny batches back to back. A batch
 the audit holds but the experience file lost to a crash is replayed from the audit at the next open
 (`replay_from_audit`); a batch the audit lost never reaches the experience file, whose transaction is
 rolled back.
@@ -255,7 +257,7 @@ class Writer:
         self._oldest_at = 0.0     # monotonic time the oldest pending row arrived
         self._submitted = 0       # rows accepted since open
         self._taken = 0           # rows the prepare stage has taken off the queue
-        self._flush_target = 0    # rows that a waiting flush() needs taken now, not at the deadline
+        self._flush_target = 0    # rows that a waiting flush() needs taken once nothing is in flight
         self.rows_written = 0     # rows committed to the experience file since open
         self._closing = False
         self._error: BaseException | None = None
@@ -392,7 +394,7 @@ class Writer:
                     return None
                 if self._pending:
                     due = (self._queued >= self.batch_rows or self._closing
-                           or self._taken < self._flush_target
+                           or (self._taken < self._flush_target and self.rows_written == self._taken)
                            or time.monotonic() - self._oldest_at >= self.max_latency_s)
                     if due:
                         break
