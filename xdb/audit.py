@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from xdb.canonical import canonical_array
+from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
 from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
@@ -246,6 +247,10 @@ class AuditLog:
         except BaseException:
             conn.close()
             raise
+
+    def quiet_checkpoints(self) -> QuietCheckpoints:
+        """The writer's checkpoints of this file, taken between commits."""
+        return QuietCheckpoints(self.conn, self._commit_lock)
 
     def close(self) -> None:
         if self._head_fd is not None:

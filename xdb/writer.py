@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from ahc.core.errors import Unavailable
 from xdb.audit import AuditLog, PreparedBatch
+from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow
 from xdb.schema import TOP_K
@@ -264,6 +265,8 @@ class Writer:
         # Bounded hand-offs, so a slow file slows the stages before it too (back-pressure).
         self._to_audit: queue.Queue[ToAudit | None] = queue.Queue(maxsize=2)
         self._to_experience: queue.Queue[ToExperience | None] = queue.Queue(maxsize=2)
+        self._experience_checkpoints = QuietCheckpoints(conn)
+        self._audit_checkpoints = audit.quiet_checkpoints()
         stages = {"xdb-prepare": self._prepare_stage, "xdb-audit": self._audit_stage,
                   "xdb-writer": self._experience_stage}
         self._threads = [threading.Thread(target=self._run, args=(stage,), name=name, daemon=True)
@@ -449,6 +452,13 @@ class Writer:
                 audited.set(False)
                 raise
             audited.set(True)
+            if self._quiet(self._to_audit):
+                self._audit_checkpoints.run_if_due()
+
+    def _quiet(self, hand_off: queue.Queue[Item | None]) -> bool:
+        """No batch waits for this stage and no flush for rows not yet in a batch: a checkpoint now
+        delays nobody (a flush of the batch just committed is released by the other stage)."""
+        return hand_off.empty() and self._flush_target <= self._taken
 
     def _hand_over(self, to: queue.Queue[Item | None], item: Item | None) -> bool:
         """Put on a hand-off queue, waiting while it is full; False (item dropped) once a stage has
@@ -477,6 +487,8 @@ class Writer:
             with self._cond:
                 self.rows_written += table.num_rows
                 self._cond.notify_all()
+            if self._quiet(self._to_experience):
+                self._experience_checkpoints.run_if_due()
             if fired and self.on_auto_tags is not None:
                 self.on_auto_tags()
             if self.on_commit is not None:
