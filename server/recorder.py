@@ -26,6 +26,7 @@ from orchestrator.turn import Turn
 from server.capture.activation_join import ActivationJoin, Run
 from server.capture.capture_setup import CaptureSetup
 from server.capture.side_channel import completion_key
+from server.flush_group import FlushGroup
 from server.record_queue import RecordQueue
 from server.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.token_text import TokenTexts
@@ -57,6 +58,7 @@ class Recorder:
         assert writer is not None  # the server opens its XDB for writing
         self.writer = writer
         self.queue = RecordQueue(writer, writer.max_queue_rows)
+        self.flushes = FlushGroup(writer.flush)
 
     def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
         """Hand rows to the writer without waiting; a full writer queue delays them, never drops them."""
@@ -77,7 +79,7 @@ class Recorder:
             try:
                 await asyncio.wait_for(self.queue.drained(), timeout)
                 remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
-                await asyncio.to_thread(self.writer.flush, remaining)
+                await self.flushes.flush(remaining)
             except (TimeoutError, FlushTimeout):
                 span.set_attribute("ahc.record.behind", True)
                 log.warning("XDB is behind: %d rows waiting to be queued, %d queued but not committed",
