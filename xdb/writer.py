@@ -484,15 +484,15 @@ class Writer:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            if fired and self.on_auto_tags is not None:  # before a flush returns: its reads see the tags
+                self.on_auto_tags()
             with self._cond:
                 self.rows_written += table.num_rows
                 self._cond.notify_all()
-            if self._quiet(self._to_experience):
-                self._experience_checkpoints.run_if_due()
-            if fired and self.on_auto_tags is not None:
-                self.on_auto_tags()
             if self.on_commit is not None:
                 try:
                     self.on_commit(table.num_rows)
                 except Exception:  # a metrics hook must not stop recording
                     log.exception("XDB on_commit callback failed")
+            if self._quiet(self._to_experience):
+                self._experience_checkpoints.run_if_due()
