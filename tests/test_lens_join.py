@@ -4,6 +4,7 @@ inbox, and the join of tokens with activations that arrive before, after or neve
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -78,6 +79,45 @@ def test_activations_that_arrive_during_the_wait_are_used() -> None:
     runs = asyncio.run(late_then_finish())
     assert time.monotonic() - start < 0.5
     assert runs[0].concept_index is not None
+
+
+class CountingInbox(ActivationInbox):
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.looks = 0
+
+    def take(self, key: str, positions: list[int]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        self.looks += 1
+        return super().take(key, positions)
+
+
+def test_a_finished_reply_is_woken_by_the_delivery_of_its_rows_not_by_polling() -> None:
+    inbox = CountingInbox(k=3)
+    joins = [ActivationJoin(inbox, f"r{i}") for i in range(20)]  # replies that ended together
+    for join in joins:
+        join.hold([0, 1], ["a", "b"], [1, 2], [1.0, 1.0])
+
+    async def finish_all() -> list[list]:
+        # The receiver thread delivers the rows 0.2 s later: a poll every few ms would look hundreds of times.
+        threading.Timer(0.2, lambda: [inbox.put(step(f"r{i}", [0, 1])) for i in range(20)]).start()
+        return await asyncio.gather(*(join.finish(2.0) for join in joins))
+
+    start = time.monotonic()
+    results = asyncio.run(finish_all())
+    assert 0.15 < time.monotonic() - start < 1.0
+    assert all(len(runs) == 1 and runs[0].concept_index is not None for runs in results)
+    assert inbox.looks <= 20 * 3  # each reply looks once at the start and once a message, not once a poll
+
+
+def test_a_waiter_whose_event_loop_is_gone_does_not_stop_delivery() -> None:
+    inbox = ActivationInbox(k=3)
+
+    async def wait_and_leave() -> None:
+        inbox.delivery()  # never awaited nor cancelled: its loop closes with it pending
+
+    asyncio.run(wait_and_leave())
+    inbox.put(step("r", [0]))  # the receiver thread's put still stores the rows
+    assert inbox.has("r", 0)
 
 
 def test_the_side_channel_delivers_over_ipc(tmp_path) -> None:

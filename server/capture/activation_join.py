@@ -1,9 +1,10 @@
 """One completion's generated tokens, held until their activations arrive, then released in order.
 
 Tokens are released as the longest prefix whose activations have all arrived, so rows keep the
-order of their ticks. At the reply's end the rest wait a bounded time (off the event loop: an
-asyncio sleep) and are then released without activations: NULL, never invented. This runs on the
-event loop for every token, so it works on plain lists and builds arrays only per released run.
+order of their ticks. At the reply's end the rest wait a bounded time (without holding the event
+loop: woken as rows arrive) and are then released without activations: NULL, never invented. This
+runs on the event loop for every token, so it works on plain lists and builds arrays only per
+released run.
 """
 
 from __future__ import annotations
@@ -65,12 +66,18 @@ class ActivationJoin:
     async def finish(self, wait_s: float) -> list[Run]:
         """Everything held: wait up to `wait_s` for activations in flight, then release all."""
         deadline = time.monotonic() + wait_s
+        delivery = self.inbox.delivery()
         runs = self.ready()
         if self.ids:
             self.inbox.wake()
-        while self.ids and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+        while self.ids and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(delivery, left)
+            except TimeoutError:
+                break
+            delivery = self.inbox.delivery()
             runs += self.ready()
+        delivery.cancel()
         runs += self.release_all()
         self.inbox.discard(self.key)
         return runs

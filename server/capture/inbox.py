@@ -4,10 +4,15 @@ The side channel and the token stream are two roads from the worker: a token's a
 before or after the token itself. The receiver thread puts rows in; a reply's token stream takes them
 by (request key, output position). Entries nobody takes (hidden calls, aborted requests) are dropped
 after `ttl_s` so the inbox cannot grow without bound.
+
+A reply that has ended waits for its last rows on the event loop (`delivery`), woken by the receiver
+thread when a message has been put, not by polling: replies that end together would otherwise poll
+the inbox hundreds of times a second between them, stalling the streams still going.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +39,7 @@ class ActivationInbox:
         self._last_eviction = time.monotonic()
         # Asks the receiver to deliver what has arrived now (a reply is waiting for its last rows).
         self.wake: Callable[[], None] = lambda: None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def put(self, step: StepActivations) -> None:
         now = time.monotonic()
@@ -45,6 +51,23 @@ class ActivationInbox:
                     request = self._requests[key] = _Request()
                 request.rows[position] = (step.concept_index[i], step.concept_values[i])
                 request.touched = now
+            waiters, self._waiters = self._waiters, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for loop, future in waiters:
+            if not future.done():  # a waiter done with waiting cancels its own
+                by_loop.setdefault(loop, []).append(future)
+        for loop, futures in by_loop.items():  # one wake-up of each loop, however many wait
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, futures)
+
+    def delivery(self) -> asyncio.Future[None]:
+        """Done when the next message has been put. Taken before looking for rows, so a message put
+        between the look and the wait still wakes the waiter."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._waiters.append((loop, future))
+        return future
 
     def take(self, key: str, positions: list[int]) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """Remove and return the (concept index, values) rows of `positions` of one request; None
@@ -77,3 +100,9 @@ class ActivationInbox:
     def __len__(self) -> int:
         with self._lock:
             return len(self._requests)
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
