@@ -9,6 +9,7 @@ of their own."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -59,6 +60,7 @@ class Recorder:
         self.writer = writer
         self.queue = RecordQueue(writer, writer.max_queue_rows)
         self.flushes = FlushGroup(writer.flush)
+        self._streams = itertools.count()  # numbers the token streams, for their chunk phases
 
     def submit(self, rows: list[TimestepRow] | TokenBatch) -> None:
         """Hand rows to the writer without waiting; a full writer queue delays them, never drops them."""
@@ -155,19 +157,25 @@ class Recorder:
         join = None
         if self.capture is not None:
             join = ActivationJoin(self.capture.inbox, completion_key(request_id, n, index))
-        return TokenStream(self, session_id, request_id, join)
+        return TokenStream(self, session_id, request_id, join, phase=next(self._streams))
 
 
 class TokenStream:
     """One completion's generated tokens, turned into `output` rows (with capture on, as their
     activations arrive). Tokens are gathered and turned into rows CHUNK at a time: at GPU rates a
     reply's tokens come one engine step at a time, and the work a batch costs (ticks, validation, the
-    hand-off to the writer, the activation lookup) is paid once per chunk instead of once per token."""
+    hand-off to the writer, the activation lookup) is paid once per chunk instead of once per token.
+
+    Replies that start together (a batch of agents, a benchmark's clients) step in lockstep. Had every
+    stream cut its chunks at the same counts, all of them would turn a chunk into rows in the same
+    engine step: a burst on the event loop every CHUNK steps, stalling every stream's next token. A
+    stream's first chunk is cut `phase` tokens short instead (modulo CHUNK); the recorder numbers its
+    streams, so streams started together take different phases and each step does a few of them."""
 
     CHUNK = 32
 
     def __init__(self, recorder: Recorder, session_id: str, request_id: str,
-                 activations: ActivationJoin | None = None) -> None:
+                 activations: ActivationJoin | None = None, phase: int = 0) -> None:
         self.recorder = recorder
         self.session_id = session_id
         self.request_id = request_id
@@ -175,13 +183,15 @@ class TokenStream:
         self.activations = activations
         self._ids: list[int] = []
         self._times: list[float] = []  # when each gathered token arrived
+        self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
 
     def add(self, token_ids: list[int]) -> None:
         if not token_ids:
             return
         self._ids += token_ids
         self._times += [time.time()] * len(token_ids)
-        if len(self._ids) >= self.CHUNK:
+        if len(self._ids) >= self._due:
+            self._due = self.CHUNK
             self._turn_into_rows()
 
     def _turn_into_rows(self) -> None:
