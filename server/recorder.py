@@ -291,16 +291,30 @@ class RecordingEngine:
                         usage.completion_tokens += len(new)
                 if output.finished:
                     finished = True
-                    for stream in streams.values():  # activations still in flight, bounded wait
-                        await stream.finish()
                     # A completed reply is durable before the client sees it complete (kill -9 safe);
-                    # the tokens themselves were never held up by the disk.
-                    await self._recorder.aflush(session_id=xdb_session)
+                    # the tokens themselves were never held up by the disk. A route that holds the
+                    # end of its stream waits for it there, so the last token is not held up either.
+                    ending = self._make_durable(list(streams.values()), xdb_session)
+                    if usage is not None and usage.route_holds_end:
+                        usage.durable = asyncio.ensure_future(ending)
+                        usage.durable.add_done_callback(_log_durable_failure)
+                    else:
+                        await ending
                 yield output
         finally:
             if not finished:  # aborted: tokens held for their activations are written anyway
                 for stream in streams.values():
                     stream.close()
+
+    async def _make_durable(self, streams: list[TokenStream], xdb_session: str) -> None:
+        for stream in streams:  # activations still in flight, bounded wait
+            await stream.finish()
+        await self._recorder.aflush(session_id=xdb_session)
+
+
+def _log_durable_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a reply's rows could not be made durable: %s", future.exception())
 
 
 def _log_compaction_failure(future: Future[Any]) -> None:

@@ -7,6 +7,7 @@ threading them through vLLM's code.
 
 from __future__ import annotations
 
+import asyncio
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -24,6 +25,11 @@ class EngineUsage:
     cached_tokens: int | None = None
     request_id: str | None = None  # the engine's id, which the reply's token rows carry
     completion_tokens: int = 0  # generated so far, over every choice
+    # Set by a route that streams one choice and holds the end of its stream until the reply is
+    # durable itself (the chat route): the engine then hands its last output on at once, and
+    # `durable` is done once the reply's rows are committed.
+    route_holds_end: bool = False
+    durable: asyncio.Future[None] | None = None
 
     def saw(self, output: Any) -> None:
         """Read from one of the engine's outputs (a vLLM RequestOutput)."""

@@ -21,6 +21,7 @@ from ahc.core.config import AHCConfig
 from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from server.chat import serving as chat_route
+from server.request_context import EngineUsage
 from server.runtime import Runtime
 from xdb import XDB
 from xdb.browse import session_turns, sessions_overview
@@ -127,6 +128,21 @@ def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
     assert not runtime.orchestrator.sessions.lock("s2").locked()
 
 
+def assert_split_at_the_finish(received: list[str], sent: list[str]) -> None:
+    """`received` is vLLM's `sent` events but for the first (the report added, checked apart) and the
+    finishing chunk, which goes out as two: its tokens, then the finish with an empty delta (held
+    until the reply is durable)."""
+    at = next(i for i, event in enumerate(sent) if '"finish_reason":"stop"' in event)
+    assert received[1:at] == sent[1:at] and received[at + 2:] == sent[at + 1:]
+    vllm, tokens, finish = (json.loads(e.removeprefix("data: ")) for e in (sent[at], *received[at:at + 2]))
+    choice = vllm["choices"][0]
+    assert choice["delta"].get("content"), "the last chunk carried the reply's last token"
+    tokens_choice = {key: value for key, value in choice.items() if key != "stop_reason"}
+    unfinished = {key: value for key, value in vllm.items() if key != "system_fingerprint"}  # a terminal chunk's
+    assert tokens == {**unfinished, "choices": [{**tokens_choice, "finish_reason": None}]}
+    assert finish == {**vllm, "choices": [{**choice, "delta": {}}]}
+
+
 @dataclass
 class StreamSpy:
     """What vLLM's chat handler streamed into the route, and the payloads the route parsed."""
@@ -142,12 +158,13 @@ def spy_on_stream(monkeypatch: pytest.MonkeyPatch) -> StreamSpy:
     spy = StreamSpy()
     original = chat_route.stream_with_report
 
-    def teeing(chunks: AsyncIterator[str | bytes], turn: ChatTurn, runtime: Runtime) -> AsyncIterator[str | bytes]:
+    def teeing(chunks: AsyncIterator[str | bytes], turn: ChatTurn, runtime: Runtime,
+               usage: EngineUsage | None = None) -> AsyncIterator[str | bytes]:
         async def tee() -> AsyncIterator[str | bytes]:
             async for chunk in chunks:
                 spy.from_vllm.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
                 yield chunk
-        return original(tee(), turn, runtime)
+        return original(tee(), turn, runtime, usage)
 
     def loads(payload: str) -> object:
         spy.parsed.append(payload)
@@ -168,8 +185,8 @@ def test_a_stream_without_a_session_passes_vllms_chunks_through_unparsed(
         received = response.read().decode().split("\n\n")
     sent = spy.events()
     assert len(sent) > 5 and sent[-2:] == ["data: [DONE]", ""]
-    # Every chunk but the first goes out byte for byte as vLLM wrote it.
-    assert received[1:] == sent[1:]
+    # Every chunk but the first and the finishing one goes out byte for byte as vLLM wrote it.
+    assert_split_at_the_finish(received, sent)
     # The first is vLLM's with the report added.
     first = json.loads(received[0].removeprefix("data: "))
     assert first.pop("context")["session_id"].startswith("sess-")
@@ -185,7 +202,8 @@ def test_a_session_stream_passes_vllms_chunks_through(served: tuple[TestClient, 
     spy = spy_on_stream(monkeypatch)
     with client.stream("POST", "/v1/chat/completions", json=chat("s-through", stream=True)) as response:
         received = response.read().decode().split("\n\n")
-    assert len(received) > 5 and received[1:] == spy.events()[1:]
+    assert len(received) > 5
+    assert_split_at_the_finish(received, spy.events())
     assert json.loads(received[0].removeprefix("data: "))["context"]["session_id"] == "s-through"
     assert [t.role for t in runtime.orchestrator.sessions.get("s-through").turns] == ["user", "assistant"]
 
@@ -354,12 +372,7 @@ def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCCon
                 responding.set()
                 await asyncio.sleep(0.5)  # the hang-up is noticed before the first chunk
 
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-                 "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
-                 "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json"),
-                                                            (b"content-length", str(len(body)).encode())]}
-        await app(scope, receive, send)
+        await app(chat_scope(body), receive, send)
         runtime.close()
         xdb.close()
         return runtime
@@ -367,6 +380,64 @@ def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCCon
     runtime = asyncio.run(scenario())
     assert not runtime.orchestrator.sessions.lock("s10").locked()
     assert runtime.orchestrator.sessions.get("s10").turns == []
+
+
+def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  # type: ignore[no-untyped-def]
+        config: AHCConfig, vllm_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply is durable before the client sees it finish, and the commit it waits for never holds
+    up its last token: every token goes out first, the finish once the rows are committed."""
+    body = json.dumps(chat("s11", stream=True)).encode()
+
+    async def scenario() -> tuple[list[str], list[str], Runtime]:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
+                                     FakeEngine(vllm_config), xdb)
+        flush, committed = runtime.recorder.aflush, asyncio.Event()
+
+        async def slow_flush(timeout: float = 10.0, session_id: str | None = None) -> None:
+            await asyncio.sleep(0.3)  # a disk taking its time
+            await flush(timeout, session_id)
+            committed.set()
+
+        monkeypatch.setattr(runtime.recorder, "aflush", slow_flush)
+        before: list[str] = []
+        after: list[str] = []
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client stays to the end
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                text = message["body"].decode() if isinstance(message["body"], bytes) else ""
+                (after if committed.is_set() else before).append(text)
+
+        await app(chat_scope(body), receive, send)
+        runtime.close()
+        xdb.close()
+        return before, after, runtime
+
+    before, after, runtime = asyncio.run(scenario())
+    sent_before = [json.loads(e.removeprefix("data: ")) for e in "".join(before).split("\n\n") if e]
+    sent_after = [e for e in "".join(after).split("\n\n") if e]
+    reply = runtime.orchestrator.sessions.get("s11").turns[-1].content
+    assert reply and "".join(c["choices"][0]["delta"].get("content") or "" for c in sent_before) == reply
+    assert all(c["choices"][0]["finish_reason"] is None for c in sent_before)
+    finish = json.loads(sent_after[0].removeprefix("data: "))
+    assert finish["choices"][0]["finish_reason"] == "stop" and finish["choices"][0]["delta"] == {}
+    assert sent_after[-1] == "data: [DONE]"
+
+
+def chat_scope(body: bytes) -> dict[str, object]:
+    """The ASGI scope of a chat completions POST with `body`."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json"),
+                                                       (b"content-length", str(len(body)).encode())]}
 
 
 def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]

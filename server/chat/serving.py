@@ -7,6 +7,7 @@ when the reply completes and rolls back otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, cast
@@ -24,8 +25,8 @@ from server.admission.turn import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat_telemetry import ChatTelemetry
-from server.errors import error_response
-from server.request_context import current_session, current_tenant, current_usage
+from server.errors import error_body, error_response
+from server.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.runtime import Runtime
 from server.session_key import HEADER, header_value
 from server.stream_reply import ReplyAccumulator
@@ -81,6 +82,9 @@ class ChatService:
         vllm_request = salted(request, self.runtime.keys.cache_salt(call.tenant))
         await record_inputs(turn, self.runtime)
         current_session.set(turn.session_id)
+        usage = current_usage.get()
+        if usage is not None and vllm_request.stream and (vllm_request.n or 1) == 1:
+            usage.route_holds_end = True  # the stream's finish waits for the reply's rows (stream_with_report)
         response: Response | None = await create_chat_completion(vllm_request, raw_request)
         return response
 
@@ -94,7 +98,7 @@ class TurnStream(StreamingResponse):
     def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime, telemetry: ChatTelemetry) -> None:
         # vLLM's SSE chunks are str; Starlette types a body's chunks as any of str, bytes and memoryview.
         chunks = cast("AsyncIterable[str | bytes]", source.body_iterator)
-        super().__init__(stream_with_report(chunks, turn, runtime), status_code=source.status_code,
+        super().__init__(stream_with_report(chunks, turn, runtime, telemetry.usage), status_code=source.status_code,
                          background=source.background)
         self.raw_headers = [*source.raw_headers, (HEADER.lower().encode(), session_header(turn).encode("latin-1"))]
         self._turn = turn
@@ -180,26 +184,35 @@ async def settle(turn: ChatTurn, reply: dict[str, Any] | None, runtime: Runtime)
     await turn.commit(reply)
 
 
-async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
-                             runtime: Runtime) -> AsyncIterator[str | bytes]:
+async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn, runtime: Runtime,
+                             usage: EngineUsage | None = None) -> AsyncIterator[str | bytes]:
     """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply;
     the turn is settled before the final `[DONE]` goes out, and closed when the stream ends.
 
     The event loop serves every stream: a chunk goes out as vLLM wrote it, parsed only when the reply
-    needs what it holds, and only the chunk with the report is written anew."""
+    needs what it holds, and only the chunk with the report is written anew.
+
+    The reply is durable before the client sees it finish: with `usage.durable` (the engine handed its
+    last output on without waiting), the chunk that finishes the reply is held until the reply's rows
+    are committed. Its last tokens go out first, in a chunk of their own, so that wait never lengthens
+    the gap before the last token; the finish follows with an empty delta, as OpenAI's streams end."""
     # Only a session's State keeps the reply's text; its tool calls are recorded in any case.
     accumulator = ReplyAccumulator(text=turn.prepared.session is not None)
-    report_due, settled = True, False
+    report_due, settled, held = True, False, usage is not None and usage.route_holds_end
     try:
         async for chunk in chunks:
             text = chunk.decode() if isinstance(chunk, bytes) else chunk
             events = text.split("\n\n")
+            out: list[str] = []
             rewritten = False
-            for i, event in enumerate(events):
-                if not event.startswith("data: "):
-                    continue
-                payload = event[6:]
+            for event in events:
+                payload = event[6:] if event.startswith("data: ") else ""
                 if payload == "[DONE]":
+                    if held:  # no finish chunk came (an error): the rows still go first
+                        held = False
+                        if (failure := await made_durable(usage)) is not None:
+                            yield "\n\n".join([*out, failure, "data: [DONE]", ""])
+                            return
                     if not settled:
                         settled = True
                         await settle(turn, accumulator.message() if accumulator.finished else None, runtime)
@@ -208,8 +221,46 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
                     accumulator.add(data)
                     if report_due and "choices" in data:
                         data["context"] = report_json(turn)
-                        events[i] = "data: " + json.dumps(data, ensure_ascii=False)
+                        event = "data: " + json.dumps(data, ensure_ascii=False)
                         report_due, rewritten = False, True
-            yield "\n\n".join(events) if rewritten else chunk
+                    if held and accumulator.finished:
+                        held, rewritten = False, True
+                        tokens, finish = split_finish(data)
+                        if tokens is not None:
+                            yield "\n\n".join([*out, "data: " + json.dumps(tokens, ensure_ascii=False), ""])
+                            out = []
+                        if (failure := await made_durable(usage)) is not None:
+                            yield "\n\n".join([*out, failure, "data: [DONE]", ""])
+                            return
+                        event = "data: " + json.dumps(finish, ensure_ascii=False)
+                out.append(event)
+            yield "\n\n".join(out) if rewritten else chunk
     finally:
         turn.close()  # not committed (cut off, an error): the State stays as it was
+
+
+async def made_durable(usage: EngineUsage | None) -> str | None:
+    """Until the engine's last output is recorded and committed (a client going away meanwhile does not
+    cancel the recording); the error event that ends the stream instead when it could not be."""
+    if usage is None or usage.durable is None:
+        return None
+    try:
+        await asyncio.shield(usage.durable)
+    except Exception as exc:  # as vLLM reports an engine failure mid-stream; the turn is not committed
+        return "data: " + json.dumps(error_body(500, f"the reply could not be recorded: {exc}", "server_error"))
+    return None
+
+
+def split_finish(data: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """A finishing chunk as (its tokens without the finish, the finish with an empty delta); no tokens
+    chunk when the finish carries no tokens."""
+    choice = data["choices"][0]
+    if not any(choice.get("delta", {}).values()) and not choice.get("logprobs") and not choice.get("token_ids"):
+        return None, data
+    # The tokens as vLLM streams a token that does not finish: no finish or stop reason.
+    tokens_choice = {key: value for key, value in choice.items() if key != "stop_reason"}
+    tokens = {key: value for key, value in data.items() if key != "system_fingerprint"}  # a terminal chunk's
+    tokens["choices"] = [{**tokens_choice, "finish_reason": None}]
+    finish = {key: value for key, value in data.items() if key != "context"}  # the report: first chunk only
+    finish["choices"] = [{**choice, "delta": {}, **{key: None for key in ("logprobs", "token_ids") if key in choice}}]
+    return tokens, finish
