@@ -9,7 +9,9 @@ residual stream after decoder layer N. (transformers applies the final norm to t
 a pack at layer == num_layers reads the normed state.)
 
 This package is offline (numpy, safetensors, transformers for training; no vLLM and nothing of the
-server): the server's in-engine capture (server/capture) loads packs through it.
+server): the server's in-engine capture (server/capture) loads packs through it. The side channel
+(`lens.side_channel`, ZMQ) carries the engine's activations to the XDB writer, whose inbox
+(`lens.inbox`) holds them until their tokens come.
 """
 
 from lens.pack import LensPack, load_pack, model_fingerprint, save_pack

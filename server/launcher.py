@@ -72,6 +72,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
     xdb = open_xdb(config, metrics)
     assert xdb.writer is not None  # opened for writing
+    if capture is not None:  # the writer binds the side channel before the engine's worker starts
+        xdb.capture_activations(capture.address, capture.k, capture.finish_wait_s)
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
     metrics.watch_xdb_files(Path(resolve_path(config.data_dir)), [Path(EXPERIENCE_FILE), AUDIT_FILE])

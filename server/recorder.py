@@ -21,12 +21,11 @@ import numpy as np
 from opentelemetry import trace
 
 from ahc.core.spans import SESSION_ID
+from lens.side_channel import completion_key
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
-from server.capture.activation_join import ActivationJoin, Run
 from server.capture.capture_setup import CaptureSetup
-from server.capture.side_channel import completion_key
 from server.flush_group import FlushGroup
 from server.record_queue import RecordQueue
 from server.request_context import EngineUsage, current_session, current_tenant, current_usage
@@ -54,7 +53,9 @@ class Recorder:
         self.xdb = xdb
         self.tokenizer = tokenizer
         self.background = background  # one ordered worker for small synchronous XDB writes
-        self.capture = capture  # activations from the engine's lens, when on
+        self.capture = capture  # activations from the engine's lens, when on (joined by the writer)
+        # One tuple for every token batch: the writer groups batches by their names' identity.
+        self.concept_names: tuple[str, ...] = tuple(capture.pack.concept_ids) if capture else ()
         writer = xdb.writer
         assert writer is not None  # the server opens its XDB for writing
         self.writer = writer
@@ -154,17 +155,17 @@ class Recorder:
         self.submit(self.rows(prepared.session_id, [("system", None, summary, {"turn": turn})]))
 
     def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> TokenStream:
-        join = None
-        if self.capture is not None:
-            join = ActivationJoin(self.capture.inbox, completion_key(request_id, n, index))
-        return TokenStream(self, session_id, request_id, join, phase=next(self._streams))
+        key = completion_key(request_id, n, index) if self.capture is not None else None
+        return TokenStream(self, session_id, request_id, key, phase=next(self._streams))
 
 
 class TokenStream:
-    """One completion's generated tokens, turned into `output` rows (with capture on, as their
-    activations arrive). Tokens are gathered and turned into rows CHUNK at a time: at GPU rates a
-    reply's tokens come one engine step at a time, and the work a batch costs (ticks, validation, the
-    hand-off to the writer, the activation lookup) is paid once per chunk instead of once per token.
+    """One completion's generated tokens, turned into `output` rows. Tokens are gathered and turned
+    into rows CHUNK at a time: at GPU rates a reply's tokens come one engine step at a time, and the
+    work a batch costs (ticks, validation, the hand-off to the writer) is paid once per chunk instead
+    of once per token. With capture on, each batch names its engine request (`activation_key`) and the
+    output position of its first token; the XDB writer joins the activations the engine sent it, so
+    no activation passes through this process.
 
     Replies that start together (a batch of agents, a benchmark's clients) step in lockstep. Had every
     stream cut its chunks at the same counts, all of them would turn a chunk into rows in the same
@@ -175,14 +176,16 @@ class TokenStream:
     CHUNK = 32
 
     def __init__(self, recorder: Recorder, session_id: str, request_id: str,
-                 activations: ActivationJoin | None = None, phase: int = 0) -> None:
+                 activation_key: str | None = None, phase: int = 0) -> None:
         self.recorder = recorder
         self.session_id = session_id
         self.request_id = request_id
         self.texts = TokenTexts(recorder.tokenizer)
-        self.activations = activations
+        self.activation_key = activation_key
+        self._names = recorder.concept_names if activation_key is not None else ()
         self._ids: list[int] = []
         self._times: list[float] = []  # when each gathered token arrived
+        self._position = 0  # the output position of the first gathered token
         self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
 
     def add(self, token_ids: list[int]) -> None:
@@ -200,38 +203,16 @@ class TokenStream:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
         texts = [self.texts.step(t) for t in token_ids]
-        if self.activations is None:
-            # Column-wise: no row object per token on the event loop.
-            self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
-                                            request_id=self.request_id, created_at=np.array(created_at)))
-            return
-        self.activations.hold(list(ticks), texts, token_ids, created_at)
-        self._submit(self.activations.ready())
+        # Column-wise: no row object per token on the event loop.
+        self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
+                                        request_id=self.request_id, created_at=np.array(created_at),
+                                        concept_names=self._names, activation_key=self.activation_key,
+                                        first_position=self._position))
+        self._position += len(token_ids)
 
-    async def finish(self) -> None:
-        """The reply is complete: its held tokens go out, with the activations that arrive in time."""
+    def finish(self) -> None:
+        """The reply is complete, or ended early (client gone): the gathered tokens go out now."""
         self._turn_into_rows()
-        if self.activations is not None:
-            assert self.recorder.capture is not None
-            self._submit(await self.activations.finish(self.recorder.capture.finish_wait_s))
-
-    def close(self) -> None:
-        """The reply ended early (client gone): what is held goes out now, without waiting."""
-        self._turn_into_rows()
-        if self.activations is not None:
-            self._submit(self.activations.release_all())
-
-    def _submit(self, runs: list[Run]) -> None:
-        capture = self.recorder.capture
-        names = capture.pack.concept_ids if capture else ()
-        for run in runs:
-            measured = run.concept_index is not None
-            self.recorder.submit(TokenBatch(
-                self.session_id, run.ticks, run.texts, token_ids=run.token_ids, request_id=self.request_id,
-                concept_names=names if measured else (), concept_index=run.concept_index,
-                concept_values=run.concept_values,
-                activation_source=capture.inbox.source if measured and capture else None,
-                created_at=np.array(run.created_at)))
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:
@@ -302,13 +283,14 @@ class RecordingEngine:
                         await ending
                 yield output
         finally:
-            if not finished:  # aborted: tokens held for their activations are written anyway
+            if not finished:  # aborted: the tokens gathered so far are written anyway
                 for stream in streams.values():
-                    stream.close()
+                    stream.finish()
 
     async def _make_durable(self, streams: list[TokenStream], xdb_session: str) -> None:
-        for stream in streams:  # activations still in flight, bounded wait
-            await stream.finish()
+        for stream in streams:
+            stream.finish()
+        # Committed once the writer has joined the last tokens' activations (a bounded wait there).
         await self._recorder.aflush(session_id=xdb_session)
 
 

@@ -1,17 +1,19 @@
-"""The API side of activation capture without an engine: the side channel's messages and keys, the
-inbox, and the join of tokens with activations that arrive before, after or never."""
+"""Activation capture without an engine: the side channel's messages and keys, the inbox, and the
+writer's join of tokens with activations that arrive before, after or never."""
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from server.capture.activation_join import ActivationJoin
-from server.capture.inbox import ActivationInbox
-from server.capture.side_channel import (
+from lens.inbox import ActivationInbox
+from lens.side_channel import (
     ActivationReceiver,
     ActivationSender,
     BundlingSender,
@@ -19,6 +21,9 @@ from server.capture.side_channel import (
     completion_key,
     engine_key,
 )
+from xdb import XDB
+from xdb.activation_join import ActivationJoiner
+from xdb.rows import TokenBatch
 
 
 def step(key: str, positions: list[int], k: int = 3) -> StepActivations:
@@ -41,83 +46,79 @@ def test_a_message_survives_its_frames() -> None:
     np.testing.assert_array_equal(got.concept_values, sent.concept_values)
 
 
-def test_tokens_wait_for_their_activations_and_go_out_in_order() -> None:
-    inbox = ActivationInbox(k=3)
-    join = ActivationJoin(inbox, "r")
-    inbox.put(step("r", [1]))  # token 1's activations come before token 0's
-    join.hold([10, 11], ["a", "b"], [5, 6], [1.0, 2.0])
-    assert join.ready() == []  # token 0 has none yet: nothing may overtake it
-    inbox.put(step("r", [0]))
-    runs = join.ready()
-    assert len(runs) == 1 and runs[0].ticks == [10, 11]
-    assert runs[0].concept_values[:, 0].tolist() == [0.5, 1.5]
-    assert runs[0].created_at == [1.0, 2.0]  # each token keeps the time it arrived
+NAMES = ("c0", "c1", "c2")
 
 
-def test_at_the_end_missing_activations_are_null_after_a_bounded_wait() -> None:
-    inbox = ActivationInbox(k=3)
-    join = ActivationJoin(inbox, "r")
-    join.hold([0, 1, 2], ["a", "b", "c"], [1, 2, 3], [1.0, 2.0, 3.0])
-    inbox.put(step("r", [0, 2]))
+def batch(key: str, first: int, n: int, join_by: float | None = None) -> TokenBatch:
+    return TokenBatch("s", list(range(first, first + n)), [f"t{p}" for p in range(first, first + n)],
+                      token_ids=list(range(first, first + n)), request_id="req", concept_names=NAMES,
+                      activation_key=key, first_position=first, join_by=join_by)
+
+
+@pytest.fixture
+def joiner(tmp_path: Path) -> Iterator[ActivationJoiner]:
+    joiner = ActivationJoiner(f"ipc://{tmp_path}/j", k=3, wait_s=1.0)
+    yield joiner
+    joiner.close()
+
+
+def test_tokens_take_the_activations_of_their_own_positions(joiner: ActivationJoiner) -> None:
+    joiner.inbox.put(step("r", [5, 4]))  # activations come in any order, before the tokens
+    joiner.inbox.put(step("other", [4]))
+    [run] = joiner.join([batch("r", 4, 2, join_by=0.0)])
+    assert isinstance(run, TokenBatch) and run.activation_key is None
+    assert run.concept_values is not None and run.concept_values[:, 0].tolist() == [4.5, 5.5]
+    assert run.activation_source == "hidden_state"
+    assert list(run.ticks) == [4, 5] and run.created_at is None  # everything else as the tokens came
+
+
+def test_missing_activations_are_null_after_a_bounded_wait(joiner: ActivationJoiner) -> None:
+    joiner.inbox.put(step("r", [0, 2]))
     start = time.monotonic()
-    runs = asyncio.run(join.finish(0.2))
+    runs = joiner.join([batch("r", 0, 3, join_by=start + 0.2)])
     assert 0.15 < time.monotonic() - start < 1.0
-    assert [(r.ticks, r.concept_index is not None) for r in runs] == [([0], True), ([1], False), ([2], True)]
-    assert len(inbox) == 0  # the request is forgotten
+    assert [(list(r.ticks), r.concept_index is not None) for r in runs if isinstance(r, TokenBatch)] == \
+        [([0], True), ([1], False), ([2], True)]
 
 
-def test_activations_that_arrive_during_the_wait_are_used() -> None:
-    inbox = ActivationInbox(k=3)
-    join = ActivationJoin(inbox, "r")
-    join.hold([0], ["a"], [1], [1.0])
-
-    async def late_then_finish():
-        asyncio.get_running_loop().call_later(0.05, inbox.put, step("r", [0]))
-        return await join.finish(1.0)
-
+def test_activations_that_arrive_during_the_wait_are_used(joiner: ActivationJoiner) -> None:
+    threading.Timer(0.05, joiner.inbox.put, [step("r", [0])]).start()
     start = time.monotonic()
-    runs = asyncio.run(late_then_finish())
-    assert time.monotonic() - start < 0.5
-    assert runs[0].concept_index is not None
+    [run] = joiner.join([batch("r", 0, 1, join_by=start + 2.0)])
+    assert time.monotonic() - start < 0.5  # woken by the delivery, not by the deadline
+    assert isinstance(run, TokenBatch) and run.concept_index is not None
 
 
-class CountingInbox(ActivationInbox):
-    def __init__(self, k: int) -> None:
-        super().__init__(k)
-        self.looks = 0
-
-    def take(self, key: str, positions: list[int]) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        self.looks += 1
-        return super().take(key, positions)
+def test_rows_without_a_key_pass_as_they_are(joiner: ActivationJoiner) -> None:
+    plain = TokenBatch("s", [0], ["x"])
+    assert joiner.join([plain]) == [plain]
 
 
-def test_a_finished_reply_is_woken_by_the_delivery_of_its_rows_not_by_polling() -> None:
-    inbox = CountingInbox(k=3)
-    joins = [ActivationJoin(inbox, f"r{i}") for i in range(20)]  # replies that ended together
-    for join in joins:
-        join.hold([0, 1], ["a", "b"], [1, 2], [1.0, 1.0])
-
-    async def finish_all() -> list[list]:
-        # The receiver thread delivers the rows 0.2 s later: a poll every few ms would look hundreds of times.
-        threading.Timer(0.2, lambda: [inbox.put(step(f"r{i}", [0, 1])) for i in range(20)]).start()
-        return await asyncio.gather(*(join.finish(2.0) for join in joins))
-
-    start = time.monotonic()
-    results = asyncio.run(finish_all())
-    assert 0.15 < time.monotonic() - start < 1.0
-    assert all(len(runs) == 1 and runs[0].concept_index is not None for runs in results)
-    assert inbox.looks <= 20 * 3  # each reply looks once at the start and once a message, not once a poll
+def test_an_index_past_the_packs_concepts_stores_no_activations(joiner: ActivationJoiner) -> None:
+    joiner.inbox.put(step("r", [0], k=3))
+    short = dataclasses.replace(batch("r", 0, 1, join_by=0.0), concept_names=("c0", "c1"))
+    [run] = joiner.join([short])
+    assert isinstance(run, TokenBatch) and run.concept_index is None
 
 
-def test_a_waiter_whose_event_loop_is_gone_does_not_stop_delivery() -> None:
-    inbox = ActivationInbox(k=3)
-
-    async def wait_and_leave() -> None:
-        inbox.delivery()  # never awaited nor cancelled: its loop closes with it pending
-
-    asyncio.run(wait_and_leave())
-    inbox.put(step("r", [0]))  # the receiver thread's put still stores the rows
-    assert inbox.has("r", 0)
+def test_the_writer_joins_the_engines_activations_to_the_tokens(tmp_path: Path) -> None:
+    """End to end without an engine: a sender as the worker's, an XDB writer binding the side channel,
+    token batches that name their request; a flush returns with the rows joined and committed."""
+    address = f"ipc://{tmp_path}/w"
+    with XDB.open(tmp_path / "x") as xdb:
+        xdb.capture_activations(address, 3, 2.0)
+        sender = ActivationSender(address)
+        try:
+            xdb.writer.submit(batch("r", 0, 2))  # the tokens come first; their activations a moment later
+            time.sleep(0.05)
+            sender.send(step("r", [0, 1]))
+            xdb.writer.flush(timeout=10)
+        finally:
+            sender.close()
+        rows = xdb.recall(session_id="s", limit=10)
+    assert [r["tick"] for r in rows] == [0, 1]
+    assert [r["concept_activations"]["c0"] for r in rows] == [0.5, 1.5]
+    assert all(r["activation_source"] == "hidden_state" for r in rows)
 
 
 def test_the_side_channel_delivers_over_ipc(tmp_path) -> None:

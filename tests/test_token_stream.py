@@ -42,7 +42,7 @@ def test_streams_started_together_spread_their_chunks_over_the_steps(
 
         async def finish() -> None:
             for stream in streams:
-                await stream.finish()
+                stream.finish()
 
         asyncio.run(finish())
         xdb.writer.flush()

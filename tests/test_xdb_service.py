@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ahc.core.config import XDBConfig
+from lens.side_channel import ActivationSender, StepActivations
 from xdb import (
     XDB,
     RecallFilterError,
@@ -113,6 +114,44 @@ def test_a_killed_service_is_restarted_and_loses_no_accepted_row(tmp_path: Path)
         assert sum(1 for r in rows if r["concept_activations"]) == 450
         assert xdb.state()["writer"]["process_restarts"] == 1
         assert xdb.verify_audit().ok
+
+
+def keyed(xdb: RemoteXDB, key: str, first: int, n: int) -> TokenBatch:
+    """Tokens whose activations the writer joins from the side channel (the server's way)."""
+    return TokenBatch("s", xdb.next_ticks("s", n), ["w"] * n, token_ids=np.arange(n), request_id=key,
+                      concept_names=NAMES, activation_key=key, first_position=first)
+
+
+def activations(key: str, positions: list[int]) -> StepActivations:
+    n = len(positions)
+    return StepActivations([key] * n, positions, np.tile(np.array([[1, 0]], np.int32), (n, 1)),
+                           np.full((n, 2), 0.25, np.float32), "emulated")
+
+
+def test_the_service_joins_activations_sent_to_it_and_binds_again_after_a_restart(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/lens"
+    with RemoteXDB(tmp_path / "x", XDBConfig(max_latency_s=0.05)) as xdb:
+        xdb.capture_activations(address, 2, 2.0)
+        sender = ActivationSender(address)  # as the engine's worker: connected once, for the whole run
+        try:
+            sender.send(activations("a", [0, 1]))
+            xdb.writer.submit(keyed(xdb, "a", 0, 2))
+            xdb.writer.flush(10)
+            os.kill(xdb.writer.process.process.pid, signal.SIGKILL)
+            xdb.writer.submit([TimestepRow("s", t, "system", None, "x") for t in xdb.next_ticks("s", 1)])
+            deadline = time.monotonic() + 60
+            while xdb.writer.restarts == 0 and time.monotonic() < deadline:  # the submit finds it dead
+                time.sleep(0.05)
+            xdb.writer.submit(keyed(xdb, "b", 0, 1))  # to the service started next
+            time.sleep(0.5)  # the worker's socket reconnects to the new service on its own
+            sender.send(activations("b", [0]))
+            xdb.writer.flush(30)
+        finally:
+            sender.close()
+        rows = xdb.recall(session_id="s")
+    assert [(r["request_id"], r["activation_source"]) for r in rows] == \
+        [("a", "emulated"), ("a", "emulated"), (None, None), ("b", "emulated")]
+    assert rows[0]["concept_activations"] == {"fear": 0.25, "joy": 0.25}
 
 
 def test_back_pressure_is_counted_here_and_released_when_the_service_catches_up(tmp_path: Path) -> None:

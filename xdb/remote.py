@@ -168,6 +168,7 @@ class RemoteWriter:
         self._dead = False     # the current service's stream broke
         self._closing = False
         self._error: BaseException | None = None
+        self._capture: tuple[str, int, float] | None = None  # the side channel, told to every service run
         self.process = ServiceProcess(data_dir, config)
         self._listen(self.process)
         self._sender = threading.Thread(target=self._send_loop, name="xdb-sender", daemon=True)
@@ -215,6 +216,11 @@ class RemoteWriter:
             if len(self._pending) == 1:
                 self._cond.notify_all()
         return True
+
+    def capture_activations(self, address: str, k: int, wait_s: float) -> None:
+        """As Writer.capture_activations, in the service (and again in each service started after)."""
+        self._capture = (address, k, wait_s)
+        self.process.call("capture_activations", self._capture, {})
 
     def flush(self, timeout: float | None = None) -> None:
         with self._cond:
@@ -343,6 +349,8 @@ class RemoteWriter:
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             try:
                 process = ServiceProcess(self._data_dir, self._config)
+                if self._capture is not None:  # before the held rows: they join what comes from now on
+                    process.call("capture_activations", self._capture, {})
                 break
             except Exception:
                 if attempt == RESTART_ATTEMPTS:
@@ -389,6 +397,10 @@ class RemoteXDB:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def capture_activations(self, address: str, k: int, wait_s: float) -> None:
+        """Through the writer, which tells every later run of the service too."""
+        self.writer.capture_activations(address, k, wait_s)
 
     def _call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
         return self.writer.process.call(method, args, kwargs)

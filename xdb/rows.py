@@ -170,7 +170,12 @@ class TokenBatch:
 
     Activations: `concept_index` [n, k'] (k' <= k) indexes `concept_names`, -1 marks an empty slot;
     `concept_values` [n, k'] holds the values. None means no activations were measured. A row whose
-    slots are all empty is stored like a TimestepRow with no activations."""
+    slots are all empty is stored like a TimestepRow with no activations.
+
+    Or the writer joins them (xdb/activation_join.py): `activation_key` names the engine request whose
+    output tokens these are, from output position `first_position` on, and the writer fills in the
+    activations the engine sent for them, waiting for late ones until `join_by` (monotonic seconds; set
+    by the writer that accepts the batch)."""
 
     session_id: str
     ticks: Sequence[int] | np.ndarray           # n ticks, e.g. xdb.next_ticks(session_id, n)
@@ -186,6 +191,9 @@ class TokenBatch:
     created_at: float | np.ndarray | None = None  # epoch seconds: one for all rows, or n; default now
     metadata: dict[str, Any] | None = None
     steering: list[dict[str, Any]] | None = None
+    activation_key: str | None = None
+    first_position: int = 0
+    join_by: float | None = None
 
     def __len__(self) -> int:
         return len(self.contents)
@@ -205,6 +213,12 @@ class TokenBatch:
             raise ValueError(f"TokenBatch created_at must be one value or {n}")
         if (self.concept_index is None) != (self.concept_values is None):
             raise ValueError("TokenBatch concept_index and concept_values come together")
+        if self.activation_key is not None:
+            if self.concept_index is not None:
+                raise ValueError("TokenBatch: activations are given or joined by activation_key, not both")
+            if self.first_position < 0:
+                raise ValueError("TokenBatch first_position must be >= 0")
+            _check_names(tuple(self.concept_names))
         if self.concept_index is None:
             return
         index, values = np.asarray(self.concept_index), np.asarray(self.concept_values)
@@ -224,7 +238,8 @@ class TokenBatch:
         return TokenBatch(self.session_id, self.ticks[start:stop], self.contents[start:stop],
                           cut(self.token_ids), self.request_id, self.event_type, self.role, self.concept_names,
                           cut(self.concept_index), cut(self.concept_values), self.activation_source,
-                          cut(self.created_at), self.metadata, self.steering)
+                          cut(self.created_at), self.metadata, self.steering, self.activation_key,
+                          self.first_position + start, self.join_by)
 
 
 def _constant(value: Any, n: int, kind: pa.DataType) -> pa.Array:

@@ -157,6 +157,8 @@ class Service:
                 for part in message[1]:
                     if message[2]:
                         part = self._unstored(part)
+                        if isinstance(part, TokenBatch):  # its activations went to the service that died
+                            part.join_by = 0.0
                     if len(part):
                         self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
             elif message[0] == "flush":

@@ -187,6 +187,14 @@ class XDB:
         return {**result.manifest, "path": str(dest), "bytes": export.export_bytes(result.manifest)}
 
     @service
+    def capture_activations(self, address: str, k: int, wait_s: float) -> None:
+        """Join the engine's activations, sent to the side channel at `address`, to the token rows
+        recorded from now on (Writer.capture_activations)."""
+        if self.writer is None:
+            raise ValueError("capture_activations: this XDB is open read-only")
+        self.writer.capture_activations(address, k, wait_s)
+
+    @service
     def exports(self, prefix: str | None = "") -> list[dict[str, Any]]:
         """The exports under DATA_DIR/exports made for this tenant's prefix (None: every tenant's),
         newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""

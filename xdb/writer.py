@@ -4,8 +4,9 @@ Generation never waits on disk: `submit` only appends to a deque under a lock (i
 queue is full — back-pressure — and raises after a timeout). It takes TimestepRow lists or, for a
 reply's tokens, a column-wise TokenBatch. Three stages, each a thread, so Python's work overlaps
 DuckDB's inserts (which release the GIL), and the two files' inserts overlap each other:
-    prepare stage:    parts → one Arrow table, handed to the experience stage at once → audit chain
-                      hashed (the next batch is hashed while this one is written)
+    prepare stage:    parts → tokens joined to their activations, if capture is on
+                      (xdb/activation_join.py) → one Arrow table, handed to the experience stage at
+                      once → audit chain hashed (the next batch is hashed while this one is written)
     audit stage:      the hashed batch → audit file, committed
     experience stage: the same table → `timesteps`, inserted while the audit works, and committed
                       only once the audit has committed that batch (the audit is the write-ahead log)
@@ -37,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ahc.core.errors import Unavailable
+from xdb.activation_join import ActivationJoiner
 from xdb.audit import AuditLog, PreparedBatch
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
@@ -252,6 +254,7 @@ class Writer:
         self._threshold_by_id: np.ndarray | None = None
         self._thresholds_lock = threading.Lock()
         self.on_auto_tags: Callable[[], None] | None = None
+        self._joiner: ActivationJoiner | None = None  # the engine's activations, once capture is on
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()
         self._queued = 0          # rows in _pending
@@ -297,6 +300,9 @@ class Writer:
         n = len(rows)
         if not n:
             return True
+        if isinstance(rows, TokenBatch) and rows.activation_key is not None and rows.join_by is None:
+            joiner = self._joiner
+            rows.join_by = time.monotonic() + (joiner.wait_s if joiner is not None else 0.0)
         deadline = time.monotonic() + timeout
         with self._cond:
             self._check_alive()
@@ -331,6 +337,14 @@ class Writer:
         with self._cond:
             self._flush_target = max(self._flush_target, self._submitted)
             self._cond.notify_all()
+
+    def capture_activations(self, address: str, k: int, wait_s: float) -> None:
+        """Receive the engine's activations on the side channel at `address` (bound before this
+        returns) and join them to the token batches that name their request; a batch waits up to
+        `wait_s` for activations not yet come."""
+        if self._joiner is not None:
+            self._joiner.close()
+        self._joiner = ActivationJoiner(address, min(k, self._k), wait_s)
 
     def set_auto_tag_thresholds(self, thresholds: dict[str, float] | None) -> None:
         """The concepts' thresholds (by name) from the batch committed next on; None or empty: none."""
@@ -369,6 +383,8 @@ class Writer:
             self._cond.notify_all()
         for t in self._threads:
             t.join()
+        if self._joiner is not None:
+            self._joiner.close()
         if self._error is not None:
             raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
 
@@ -425,6 +441,8 @@ class Writer:
     def _prepare_stage(self) -> None:
         try:
             while (parts := self._take_batch()) is not None:
+                if self._joiner is not None:
+                    parts = self._joiner.join(parts)
                 table, added = to_arrow(parts, self._next_id, self._concepts, self._k)
                 self._next_id += table.num_rows
                 audited = _Audited()

@@ -262,8 +262,8 @@ class LensConfig(_Strict):
     pack: str | None = None
     # Concepts kept per token; XDB stores at most 10 (xdb.schema.TOP_K).
     k: int = Field(10, ge=1, le=10)
-    # At a reply's end, how long to wait for activations still in flight before writing the
-    # tokens without them.
+    # How long the XDB writer waits for a token's activations still in flight before writing the
+    # token without them (normally they arrive first; a reply's last tokens may wait a little).
     finish_wait_s: float = Field(1.0, ge=0, le=10)
     # What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token
     # sets; `auto` takes the hidden state where the model exposes it, else falls back to the logit lens.

@@ -1,8 +1,9 @@
-"""The API-process half of activation capture: check the pack, open the side channel, tell vLLM.
+"""The API-process half of activation capture: check the pack, name the side channel, tell vLLM.
 
 Started before the engine: the pack is checked against the model (a pack for another model fails in a
-second, not after the load), and the PULL socket is bound so the worker's first step already has
-somewhere to go.
+second, not after the load). The side channel runs from the engine's worker to the XDB writer, which
+binds it (`XDB.capture_activations`) before the engine starts, so the worker's first step already has
+somewhere to go; the API process only names each token's request and position.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 
 from ahc.core.config import AHCConfig, resolve_path
 from lens.pack import LensPack, load_pack
-from server.capture.inbox import ActivationInbox
-from server.capture.side_channel import ActivationReceiver
 
 CPU_WORKER = "server.capture.cpu_capture_worker.CPUCaptureWorker"
 GPU_WORKER = "server.capture.gpu_capture_worker.GPUCaptureWorker"
@@ -51,9 +50,7 @@ class CaptureSetup:
     pack_dir: str
     k: int
     source: str
-    finish_wait_s: float
-    inbox: ActivationInbox
-    receiver: ActivationReceiver
+    finish_wait_s: float  # how long the writer waits for a token's activations
     socket_dir: str
 
     @property
@@ -72,7 +69,6 @@ class CaptureSetup:
                 "--additional-config", json.dumps({"ahc_lens": self.settings})]
 
     def close(self) -> None:
-        self.receiver.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
@@ -84,13 +80,9 @@ def start_capture(config: AHCConfig) -> CaptureSetup | None:
     # The capture hooks are the V1 model runner's; vLLM picks V2 by default where Triton runs (GPUs).
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     k = min(config.lens.k, pack.n_concepts)
-    inbox = ActivationInbox(k)
-    socket_dir = tempfile.mkdtemp(prefix="ahc-lens-")
-    receiver = ActivationReceiver(f"ipc://{socket_dir}/activations", inbox.put, inbox.evict_stale)
-    inbox.wake = receiver.wake
     if config.lens.source == "logit_lens" and not pack.extra.get("token_sets"):
         raise ValueError(f"lens.source: logit_lens needs a pack with token sets ({config.lens.pack} has none; "
                          "retrain it with `ahc lens train`)")
     assert config.lens.pack is not None  # LensConfig's validator: enabled needs a pack
     return CaptureSetup(pack, str(Path(resolve_path(config.lens.pack)).resolve()), k, config.lens.source,
-                        config.lens.finish_wait_s, inbox, receiver, socket_dir)
+                        config.lens.finish_wait_s, tempfile.mkdtemp(prefix="ahc-lens-"))

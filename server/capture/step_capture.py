@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lens.pack import LensPack, load_pack
-from server.capture.side_channel import ActivationSender, BundlingSender, engine_key
+from lens.side_channel import ActivationSender, BundlingSender, engine_key
 
 MODES = ("aux", "final", "logit_lens")
 

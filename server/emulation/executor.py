@@ -29,7 +29,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
 
 from lens.pack import load_pack
-from server.capture.side_channel import ActivationSender, BundlingSender, engine_key
+from lens.side_channel import ActivationSender, BundlingSender, engine_key
 from server.capture.step_capture import LensSettings
 from server.emulation.profiles import profile
 from server.emulation.roofline import Chunk, Roofline

@@ -1,15 +1,17 @@
-"""The side channel that carries activations from vLLM's worker process to the API process.
+"""The side channel that carries activations from vLLM's worker process to the XDB writer.
 
 vLLM's EngineCoreOutput has no per-token field we could ride on, so the worker PUSHes the rows of its
-engine steps, bundled every 20 ms, over a ZMQ `ipc://` socket and the API process PULLs them on a thread
-of its own. A message is three frames: a small JSON header (request keys, output positions, k, source)
-and the raw int32 concept indices and float32 values, [rows, k] each, so nothing is pickled and no
-Python object is made a value.
+engine steps, bundled every 20 ms, over a ZMQ `ipc://` socket and the process that writes XDB (the XDB
+service, or the server itself when XDB runs in-process) PULLs them on a thread of its own. They never
+pass through the API process's event loop: it sends each token's request key and output position with
+the token, and the writer joins the two. A message is three frames: a small JSON header (request keys,
+output positions, k, source) and the raw int32 concept indices and float32 values, [rows, k] each, so
+nothing is pickled and no Python object is made a value.
 
 Request keys: vLLM's AsyncLLM makes the id the worker sees from the one the API process passed:
 `f"{id}-{random 8 hex}"` (InputProcessor.assign_request_id), and for n > 1 each child is
 `f"{index}_{id}-{random}"` (ParentRequest.get_child_info). The worker strips the random suffix; the
-API side rebuilds the same key from the request id, n and the completion's index.
+API process rebuilds the same key from the request id, n and the completion's index.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class StepActivations:
 
 
 class ActivationSender:
-    """Worker side: PUSH to the API process; never blocks the engine step (drops if nobody reads)."""
+    """Worker side: PUSH to the writer; never blocks the engine step (drops if nobody reads)."""
 
     def __init__(self, address: str) -> None:
         import zmq
@@ -84,7 +86,7 @@ class ActivationSender:
         try:
             self._socket.send_multipart(step.frames(), flags=self._noblock, copy=False)
         except self._again:
-            pass  # the API process is gone or far behind: its tokens get no activations, never wrong ones
+            pass  # the writer is gone or far behind: its tokens get no activations, never wrong ones
 
     def close(self) -> None:
         self._socket.close()
@@ -108,8 +110,8 @@ class BundlingSender:
     from a thread of its own.
 
     A message per engine step woke ZMQ's I/O thread once a step on the worker's own (bound) core: the
-    largest share of capture's cost on a CPU engine. The API process drains its socket every 50 ms, so
-    bundles of 20 ms reach the recorder no later. On an accelerator the step's top-k is copied to
+    largest share of capture's cost on a CPU engine. The writer drains its socket every 50 ms, so
+    bundles of 20 ms reach it no later. On an accelerator the step's top-k is copied to
     pinned host memory without synchronising the step; the thread waits for the copy's event."""
 
     def __init__(self, sender: ActivationSender, on_host: bool, interval_s: float = 0.02) -> None:
@@ -178,7 +180,7 @@ class BundlingSender:
 
 
 class ActivationReceiver:
-    """API side: a thread that PULLs step messages and hands each to `deliver`."""
+    """Writer side: a thread that PULLs step messages and hands each to `deliver`."""
 
     def __init__(self, address: str, deliver: Callable[[StepActivations], None],
                  on_idle: Callable[[], None] = lambda: None, drain_interval_s: float = 0.05) -> None:
@@ -190,10 +192,10 @@ class ActivationReceiver:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)  # bound before the engine starts, so no early step is lost
         self._deliver, self._on_idle = deliver, on_idle
-        # Woken at most this often while steps stream in: each wake takes the GIL from the event loop,
-        # and at GPU rates one per engine step costs the loop more than the messages themselves do.
-        # Tokens wait for their activations in chunks anyway (the recorder's TokenStream); a reply
-        # that is finishing calls `wake` so its last tokens do not wait out the interval.
+        # Woken at most this often while steps stream in: each wake takes the GIL from the process's
+        # other threads, and at GPU rates one per engine step costs more than the messages themselves.
+        # Tokens reach the writer in chunks anyway (the recorder's TokenStream); a writer waiting for
+        # a token's rows calls `wake` so it does not wait out the interval.
         self.drain_interval_s = drain_interval_s
         self._stop = threading.Event()
         self._wake = threading.Event()

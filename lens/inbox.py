@@ -1,0 +1,97 @@
+"""Activations that reached the XDB writer, waiting for their tokens.
+
+The side channel and the token stream are two roads from the engine: a token's activations may come
+before or after the token itself reaches the writer. The receiver thread puts rows in; the writer takes
+them by (request key, output position) as it joins them to token rows. Entries nobody takes (hidden
+calls, aborted requests) are dropped after `ttl_s` so the inbox cannot grow without bound.
+
+A writer whose tokens' activations have not all come waits for the next delivery (`wait`), woken by
+the receiver thread, not by polling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lens.side_channel import StepActivations
+
+Row = tuple[np.ndarray, np.ndarray]  # (concept index [k'], values [k'])
+
+
+@dataclass
+class _Request:
+    rows: dict[int, Row] = field(default_factory=dict)  # position -> (index, values)
+    touched: float = 0.0
+
+
+class ActivationInbox:
+    def __init__(self, k: int, ttl_s: float = 120.0) -> None:
+        self.k = k
+        self.ttl_s = ttl_s
+        self.source: str | None = None  # what the worker measures, from its first message
+        self._requests: dict[str, _Request] = {}
+        self._delivered = threading.Condition()
+        self._deliveries = 0  # messages put so far: a waiter sleeps until this moves
+        self._last_eviction = time.monotonic()
+
+    def put(self, step: StepActivations) -> None:
+        now = time.monotonic()
+        with self._delivered:
+            self.source = step.source
+            for i, (key, position) in enumerate(zip(step.keys, step.positions)):
+                request = self._requests.get(key)
+                if request is None:
+                    request = self._requests[key] = _Request()
+                request.rows[position] = (step.concept_index[i], step.concept_values[i])
+                request.touched = now
+            self._deliveries += 1
+            self._delivered.notify_all()
+
+    @property
+    def deliveries(self) -> int:
+        """How many messages have been put; taken before looking for rows, then given to `wait`, so a
+        message put between the look and the wait still wakes the waiter."""
+        with self._delivered:
+            return self._deliveries
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Until a message beyond the first `seen` has been put, at most `timeout` seconds; False on
+        timeout."""
+        with self._delivered:
+            return self._delivered.wait_for(lambda: self._deliveries > seen, timeout)
+
+    def take(self, key: str, positions: list[int]) -> list[Row | None]:
+        """Remove and return the (concept index, values) rows of `positions` of one request; None
+        where they have not arrived."""
+        with self._delivered:
+            request = self._requests.get(key)
+            if request is None:
+                return [None] * len(positions)
+            return [request.rows.pop(p, None) for p in positions]
+
+    def has(self, key: str, position: int) -> bool:
+        with self._delivered:
+            request = self._requests.get(key)
+            return request is not None and position in request.rows
+
+    def discard(self, key: str) -> None:
+        """Forget a request (its reply is complete); late rows for it are evicted by age."""
+        with self._delivered:
+            self._requests.pop(key, None)
+
+    def evict_stale(self) -> None:
+        now = time.monotonic()
+        if now - self._last_eviction < min(10.0, self.ttl_s):
+            return
+        self._last_eviction = now
+        with self._delivered:
+            for key in [k for k, r in self._requests.items() if now - r.touched > self.ttl_s]:
+                del self._requests[key]
+
+    def __len__(self) -> int:
+        with self._delivered:
+            return len(self._requests)
