@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
@@ -188,7 +188,7 @@ class TokenStream:
         self._position = 0  # the output position of the first gathered token
         self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
 
-    def add(self, token_ids: list[int]) -> None:
+    def add(self, token_ids: Sequence[int]) -> None:
         if not token_ids:
             return
         self._ids += token_ids
@@ -264,9 +264,11 @@ class RecordingEngine:
                     if stream is None:
                         stream = streams[completion.index] = self._recorder.token_stream(
                             xdb_session, request_id, n, completion.index)
-                    ids = list(completion.token_ids)
-                    new = ids if delta else ids[seen.get(completion.index, 0):]
-                    seen[completion.index] = seen.get(completion.index, 0) + len(new)
+                    if delta:  # each output holds only its new tokens
+                        new = completion.token_ids
+                    else:
+                        new = list(completion.token_ids)[seen.get(completion.index, 0):]
+                        seen[completion.index] = seen.get(completion.index, 0) + len(new)
                     stream.add(new)
                     if usage is not None:
                         usage.completion_tokens += len(new)

@@ -202,6 +202,9 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
     try:
         async for chunk in chunks:
             text = chunk.decode() if isinstance(chunk, bytes) else chunk
+            if not report_due and not accumulator.wants(text) and "[DONE]" not in text:
+                yield chunk  # the usual chunk: tokens only, nothing in it changes the reply
+                continue
             events = text.split("\n\n")
             out: list[str] = []
             rewritten = False
