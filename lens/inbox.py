@@ -3,7 +3,8 @@
 The side channel and the token stream are two roads from the engine: a token's activations may come
 before or after the token itself reaches the writer. The receiver thread puts rows in; the writer takes
 them by (request key, output position) as it joins them to token rows. Entries nobody takes (hidden
-calls, aborted requests) are dropped after `ttl_s` so the inbox cannot grow without bound.
+calls, aborted requests) are dropped after `ttl_s` so the inbox cannot grow without bound; a request
+whose rows have all been taken is forgotten at once.
 
 A writer whose tokens' activations have not all come waits for the next delivery (`wait`), woken by
 the receiver thread, not by polling.
@@ -29,8 +30,7 @@ class _Request:
 
 
 class ActivationInbox:
-    def __init__(self, k: int, ttl_s: float = 120.0) -> None:
-        self.k = k
+    def __init__(self, ttl_s: float = 120.0) -> None:
         self.ttl_s = ttl_s
         self.source: str | None = None  # what the worker measures, from its first message
         self._requests: dict[str, _Request] = {}
@@ -66,22 +66,21 @@ class ActivationInbox:
 
     def take(self, key: str, positions: list[int]) -> list[Row | None]:
         """Remove and return the (concept index, values) rows of `positions` of one request; None
-        where they have not arrived."""
+        where they have not arrived. A request left with no rows is forgotten (rows that come later
+        start it again)."""
         with self._delivered:
             request = self._requests.get(key)
             if request is None:
                 return [None] * len(positions)
-            return [request.rows.pop(p, None) for p in positions]
+            taken = [request.rows.pop(p, None) for p in positions]
+            if not request.rows:
+                del self._requests[key]
+            return taken
 
     def has(self, key: str, position: int) -> bool:
         with self._delivered:
             request = self._requests.get(key)
             return request is not None and position in request.rows
-
-    def discard(self, key: str) -> None:
-        """Forget a request (its reply is complete); late rows for it are evicted by age."""
-        with self._delivered:
-            self._requests.pop(key, None)
 
     def evict_stale(self) -> None:
         now = time.monotonic()

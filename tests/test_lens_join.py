@@ -70,6 +70,7 @@ def test_tokens_take_the_activations_of_their_own_positions(joiner: ActivationJo
     assert run.concept_values is not None and run.concept_values[:, 0].tolist() == [4.5, 5.5]
     assert run.activation_source == "hidden_state"
     assert list(run.ticks) == [4, 5] and run.created_at is None  # everything else as the tokens came
+    assert len(joiner.inbox) == 1  # "r" is taken in full and forgotten; "other" waits for its tokens
 
 
 def test_missing_activations_are_null_after_a_bounded_wait(joiner: ActivationJoiner) -> None:
@@ -122,7 +123,7 @@ def test_the_writer_joins_the_engines_activations_to_the_tokens(tmp_path: Path) 
 
 
 def test_the_side_channel_delivers_over_ipc(tmp_path) -> None:
-    inbox = ActivationInbox(k=3)
+    inbox = ActivationInbox()
     address = f"ipc://{tmp_path}/a"
     receiver = ActivationReceiver(address, inbox.put, inbox.evict_stale)
     sender = ActivationSender(address)
@@ -169,7 +170,7 @@ def test_the_worker_ships_steps_in_bundles_and_the_rest_on_close(tmp_path) -> No
 
 
 def test_unclaimed_requests_are_evicted() -> None:
-    inbox = ActivationInbox(k=3, ttl_s=0.01)
+    inbox = ActivationInbox(ttl_s=0.01)
     inbox.put(step("hidden-call", [0]))
     time.sleep(0.05)
     inbox.evict_stale()

@@ -35,7 +35,7 @@ class ActivationJoiner:
         """Bind the side channel at `address`; rows past `k` concepts are cut (the store holds k)."""
         self.k = k
         self.wait_s = wait_s
-        self.inbox = ActivationInbox(k)
+        self.inbox = ActivationInbox()
         self.receiver = ActivationReceiver(address, self.inbox.put, self.inbox.evict_stale)
 
     def join(self, parts: list[Part]) -> list[Part]:
