@@ -26,38 +26,13 @@ import duckdb
 
 from ahc.core.errors import InvalidRequest
 from xdb.owner import owned
+from xdb.tables import TABLES as XDB_TABLES
+from xdb.tables import Table
 
 Format = Literal["parquet", "jsonl"]
 MANIFEST = "manifest.json"
 EXPORT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    name: str
-    session_column: str | None  # partitioned by it, and filtered by --session
-    time_column: str | None  # filtered by --since
-    id_column: str | None = None  # a tenant's rows: ids that start with its prefix
-    sequence: str | None = None  # the sequence behind its id column, advanced on import
-    sequence_column: str | None = None
-
-
-TABLES: tuple[TableSpec, ...] = (
-    TableSpec("concepts", None, None),
-    TableSpec("concept_hierarchy", None, None),
-    TableSpec("tags", None, None, sequence="tag_ids", sequence_column="id"),
-    TableSpec("timesteps", "session_id", "created_at"),
-    TableSpec("session_ticks", "session_id", None),
-    TableSpec("tag_applications", "session_id", "created_at", sequence="tag_application_ids", sequence_column="id"),
-    TableSpec("comments", "session_id", "created_at", sequence="comment_ids", sequence_column="id"),
-    TableSpec("time_windows", "session_id", "created_at", sequence="window_ids", sequence_column="id"),
-    TableSpec("compressed_records", "session_id", "created_at", sequence="compressed_ids", sequence_column="id"),
-    TableSpec("compaction_records", "session_id", "created_at", sequence="compaction_ids", sequence_column="id"),
-    TableSpec("session_states", "session_id", "created_at"),
-    TableSpec("documents", None, "updated_at", id_column="id"),
-    TableSpec("interaction_log", "run_id", "timestamp", sequence="turn_ids", sequence_column="turn_id"),
-    TableSpec("meta_knowledge", "run_id", "created_at", sequence="knowledge_ids", sequence_column="version_id"),
-)
+TABLES: tuple[Table, ...] = tuple(t for t in XDB_TABLES if t.export)
 
 
 @dataclass(frozen=True)
@@ -66,7 +41,7 @@ class ExportFilter:
     since: dt.datetime | None = None  # rows created at or after this (UTC)
     prefix: str = ""  # one tenant's sessions and documents: its owner (xdb/owner.py)
 
-    def where(self, table: TableSpec) -> tuple[str, list[Any]]:
+    def where(self, table: Table) -> tuple[str, list[Any]]:
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         key = table.session_column or table.id_column
@@ -130,7 +105,7 @@ def _stand_in(value: str) -> str:
     return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
 
 
-def _long_values(conn: duckdb.DuckDBPyConnection, table: TableSpec, where: str, params: list[Any]) -> list[str]:
+def _long_values(conn: duckdb.DuckDBPyConnection, table: Table, where: str, params: list[Any]) -> list[str]:
     """The partition values of `table` whose directory name would be too long for the filesystem."""
     column = table.session_column
     rows = conn.execute(f"SELECT DISTINCT {column} FROM {table.name} WHERE {where} AND strlen({column}) * 3 + "
@@ -138,7 +113,7 @@ def _long_values(conn: duckdb.DuckDBPyConnection, table: TableSpec, where: str, 
     return [v for (v,) in rows if len(f"{column}={urllib.parse.quote(v, safe='')}".encode()) > NAME_MAX]
 
 
-def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table: TableSpec,
+def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table: Table,
                   filters: ExportFilter, long_ids: dict[str, str]) -> dict[str, Any]:
     where, params = filters.where(table)
     order = table.sequence_column or ("id" if table.name == "timesteps" else None)
@@ -170,7 +145,7 @@ def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table
     return {"rows": rows, "files": files, "partitioned_by": table.session_column}
 
 
-def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: TableSpec, query: str,
+def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: Table, query: str,
                   params: list[Any]) -> None:
     """JSON lines with the Parquet layout (DuckDB partitions only Parquet and CSV writes)."""
     if table.session_column is None:

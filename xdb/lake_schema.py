@@ -16,6 +16,7 @@ copies (see LakeShipper).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
@@ -24,32 +25,28 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import duckdb
 
 from ahc.core.config import cache_dir
-
-# How a table's rows are found for shipping (xdb/lake_shipper.py):
-#   "id":    an id committed in id order (the one writer thread's; the audit's seq): watermark = last id
-#   "seq":   an id from a sequence, taken by concurrent transactions that may commit out of order:
-#            watermark = last id, plus the ids below it not seen yet (open gaps, rechecked for a while)
-#   "keyed": rows named by `key` whose `identity` columns may change (or a key come back after a
-#            delete): every row whose identity hash differs from the one last shipped goes again
-# (DuckDB's rowid would follow commit order, but it restarts below rows already shipped once the
-# table's last row groups are deleted and checkpointed.)
-Mode = Literal["id", "seq", "keyed"]
+from xdb.audit import APP as AUDIT_APP
+from xdb.audit import AUDIT_MIGRATIONS
+from xdb.schema import APP, MIGRATIONS, migrate
+from xdb.tables import TABLES as XDB_TABLES
+from xdb.tables import Lake, Table
 
 
-@dataclass(frozen=True)
-class LakeTable:
+@dataclass(frozen=True, kw_only=True)
+class LakeTable(Lake):
+    """A table the lake holds: a local table's rows with the replica that recorded them."""
+
     name: str
-    mode: Mode
-    columns: tuple[tuple[str, str], ...]  # (column, lake type), as the local table names them
-    order: str = "id"                     # modes id and seq: the id column
-    key: tuple[str, ...] = ("id",)        # mode keyed: what names a row
-    identity: tuple[str, ...] = ()        # mode keyed: the columns hashed to tell versions apart (all)
     audit: bool = False                   # in audit/audit.duckdb, not experience.duckdb
+
+    @property
+    def columns(self) -> tuple[tuple[str, str], ...]:
+        """(column, lake type), as the local table names them."""
+        return lake_columns()[self.name]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -60,59 +57,38 @@ class LakeTable:
         return self.identity or self.names
 
 
-_TIMESTEP_COLUMNS = (
-    ("session_id", "VARCHAR"), ("tick", "BIGINT"), ("event_type", "VARCHAR"), ("role", "VARCHAR"),
-    ("content", "VARCHAR"), ("token_id", "INTEGER"), ("request_id", "VARCHAR"), ("concept_ids", "INTEGER[]"),
-    ("concept_values", "FLOAT[]"), ("activation_source", "VARCHAR"), ("created_at", "TIMESTAMP"),
-    ("metadata", "VARCHAR"))
+def _lake_table(table: Table, lake: Lake) -> LakeTable:
+    return LakeTable(lake.mode, lake.order, lake.key, lake.identity, name=table.name, audit=table.audit)
 
-TABLES: tuple[LakeTable, ...] = (
-    LakeTable("timesteps", "id", (("id", "BIGINT"), *_TIMESTEP_COLUMNS)),
-    LakeTable("concepts", "id", (("id", "INTEGER"), ("name", "VARCHAR"))),
-    LakeTable("tags", "keyed", (
-        ("id", "BIGINT"), ("name", "VARCHAR"), ("tag_type", "VARCHAR"), ("concept_id", "VARCHAR"),
-        ("entity_type", "VARCHAR"), ("bud_status", "VARCHAR"), ("created_at", "TIMESTAMP"),
-        ("created_by", "VARCHAR"), ("description", "VARCHAR"))),
-    LakeTable("tag_applications", "seq", (
-        ("id", "BIGINT"), ("tag_id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"),
-        ("timestep_id", "BIGINT"), ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"),
-        ("confidence", "DOUBLE"), ("source", "VARCHAR"), ("created_at", "TIMESTAMP"), ("note", "VARCHAR"))),
-    LakeTable("comments", "seq", (
-        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("target_type", "VARCHAR"), ("timestep_id", "BIGINT"),
-        ("event_id", "VARCHAR"), ("range_start", "BIGINT"), ("range_end", "BIGINT"), ("content", "VARCHAR"),
-        ("created_at", "TIMESTAMP"), ("updated_at", "TIMESTAMP"))),
-    LakeTable("compaction_records", "seq", (
-        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("created_at", "TIMESTAMP"), ("range_start", "BIGINT"),
-        ("range_end", "BIGINT"), ("timesteps_compacted", "BIGINT"), ("tokens_before", "BIGINT"),
-        ("tokens_after", "BIGINT"), ("summary", "VARCHAR"), ("summary_concept_tags", "VARCHAR[]"),
-        ("top_k_activations", "VARCHAR"), ("trigger", "VARCHAR"), ("result_level", "INTEGER"))),
-    LakeTable("session_states", "keyed", (
-        ("session_id", "VARCHAR"), ("version", "INTEGER"), ("state_json", "VARCHAR"), ("sha256", "VARCHAR"),
-        ("created_at", "TIMESTAMP")), key=("session_id", "version"), identity=("sha256", "created_at")),
-    LakeTable("interaction_log", "seq", (
-        ("turn_id", "BIGINT"), ("run_id", "VARCHAR"), ("timestamp", "TIMESTAMP"), ("journal_entry", "VARCHAR"),
-        ("tool_call_json", "VARCHAR"), ("tool_result_json", "VARCHAR"), ("token_count", "INTEGER")),
-        order="turn_id"),
-    LakeTable("meta_knowledge", "seq", (
-        ("version_id", "BIGINT"), ("run_id", "VARCHAR"), ("theorems_json", "VARCHAR"),
-        ("negative_knowledge", "VARCHAR"), ("last_compacted_turn", "BIGINT"), ("created_at", "TIMESTAMP")),
-        order="version_id"),
-    LakeTable("concept_hierarchy", "keyed", (
-        ("concept", "VARCHAR"), ("display_name", "VARCHAR"), ("parent", "VARCHAR"), ("source", "VARCHAR"),
-        ("updated_at", "TIMESTAMP"), ("threshold", "FLOAT")), key=("concept",)),
-    LakeTable("session_tombstones", "seq", (
-        ("id", "BIGINT"), ("session_id", "VARCHAR"), ("deleted_at", "TIMESTAMP"), ("reason", "VARCHAR"))),
-    LakeTable("audit_records", "id", (
-        ("seq", "BIGINT"), ("timestep_id", "BIGINT"), *_TIMESTEP_COLUMNS[:11],  # session_id .. created_at
-        ("metadata", "VARCHAR"), ("steering", "VARCHAR"), ("prev_hash", "BLOB"), ("record_hash", "BLOB")),
-        order="seq", audit=True),
-    LakeTable("audit_concepts", "id", (
-        ("id", "INTEGER"), ("name", "VARCHAR"), ("prev_hash", "BLOB"), ("hash", "BLOB")), audit=True),
-)
-BY_NAME = {t.name: t for t in TABLES}
-# The lake tables that hold a session's content, dated by `created_at`: a tombstone removes the rows of
-# its session up to its time from each (session_ticks stay, so ticks continue past a deletion).
-TOMBSTONED = ("timesteps", "tag_applications", "comments", "compaction_records", "session_states")
+
+TABLES: tuple[LakeTable, ...] = tuple(_lake_table(t, t.lake) for t in XDB_TABLES if t.lake is not None)
+# The lake tables that hold a session's content, with the column that dates a row: a tombstone removes
+# the rows of its session up to its time from each (session_ticks stay, so ticks continue past a deletion).
+TOMBSTONED: tuple[tuple[str, str], ...] = tuple((t.name, t.time_column) for t in XDB_TABLES
+                                                if t.tombstoned and t.time_column is not None)
+
+
+_ARRAY = re.compile(r"\[\d+\]$")  # DuckLake has no fixed-size ARRAY type
+
+
+@functools.cache
+def lake_columns() -> dict[str, tuple[tuple[str, str], ...]]:
+    """Every local table's columns with their lake types, read from a freshly migrated file of each kind
+    (once per process), so the lake can never drift from the DDL. Fixed-size ARRAYs become LISTs."""
+    columns: dict[str, tuple[tuple[str, str], ...]] = {}
+    for migrations, meta, app in ((MIGRATIONS, "xdb_meta", APP), (AUDIT_MIGRATIONS, "audit_meta", AUDIT_APP)):
+        conn = duckdb.connect()
+        try:
+            migrate(conn, Path(":memory:"), migrations, meta, app)
+            rows = conn.execute("SELECT table_name, column_name, data_type FROM information_schema.columns "
+                                "WHERE table_catalog = current_database() AND table_schema = 'main' "
+                                "ORDER BY table_name, ordinal_position").fetchall()
+        finally:
+            conn.close()
+        for table, column, kind in rows:
+            columns[table] = (*columns.get(table, ()), (column, _ARRAY.sub("[]", kind)))
+    return columns
+
 
 # Tables of the lake's own.
 EXTRA_DDL = (

@@ -200,8 +200,8 @@ class LakeShipper:
         caller's transaction, if any): every replica's, or only this one's."""
         mine = f" AND replica = {sql_string(self.replica)}" if only_mine else ""
         for session_id, deleted_at in sessions:
-            for table in TOMBSTONED:
-                self._lake.execute(f"DELETE FROM {self.alias}.{table} WHERE session_id = ? AND created_at <= ?{mine}",
+            for table, column in TOMBSTONED:
+                self._lake.execute(f"DELETE FROM {self.alias}.{table} WHERE session_id = ? AND {column} <= ?{mine}",
                                    [session_id, deleted_at])
 
     # -- shipping ----------------------------------------------------------------------------------

@@ -20,11 +20,17 @@ from xdb.audit import AuditEvent
 from xdb.compression import Summarize, _compress_replies
 from xdb.fidelity import hot_cutoff
 from xdb.sql import one_int, transaction
+from xdb.tables import SESSION, TABLES
 
 DAY_S = 86_400.0
-# Every table that holds a session's rows, with its session column.
-SESSION_TABLES = ("timesteps", "tag_applications", "comments", "time_windows", "compressed_records",
-                  "compaction_records", "session_states", "session_ticks")
+# A session's rows written up to a tombstone's time, per table (the column that dates a row). Its tick
+# counter stays: rows recorded after the deletion continue the ticks, as on the replica that deleted.
+DATED: tuple[tuple[str, str], ...] = tuple((t.name, t.time_column) for t in TABLES
+                                           if t.dated and t.time_column is not None)
+# Every table that holds a session's rows: the dated ones, then the tick counter (the order in which a
+# deletion reports its counts).
+SESSION_TABLES = (*(name for name, _ in DATED),
+                  *(t.name for t in TABLES if t.session_column == SESSION and not t.dated))
 
 
 def cutoff(days: float) -> datetime:
@@ -46,13 +52,14 @@ def compress_aged(cur: duckdb.DuckDBPyConnection, verbatim_days: float, summariz
     return made
 
 
-EXPIRED = """
+# The tables whose rows keep a session from being deleted as idle, with the column that dates them.
+ACTIVITY: tuple[tuple[str, str], ...] = tuple((t.name, t.activity_column) for t in TABLES
+                                              if t.session_column == SESSION and t.activity_column is not None)
+_SEEN = " UNION ALL ".join(f"SELECT session_id, {column} AS seen FROM {table} WHERE session_id IS NOT NULL"
+                           for table, column in ACTIVITY)
+EXPIRED = f"""
     WITH activity AS (
-        SELECT session_id, max(seen) AS last_at FROM (
-            SELECT session_id, created_at AS seen FROM timesteps
-            UNION ALL SELECT session_id, end_time FROM compressed_records WHERE session_id IS NOT NULL
-            UNION ALL SELECT session_id, created_at FROM session_states
-            UNION ALL SELECT session_id, created_at FROM compaction_records)
+        SELECT session_id, max(seen) AS last_at FROM ({_SEEN})
         GROUP BY session_id)
     SELECT a.session_id FROM activity a
     WHERE a.last_at < ? AND NOT EXISTS (
@@ -82,13 +89,6 @@ def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: Audit
         if audit is not None:
             audit("delete_session", {"session_id": session_id, **why, "deleted": deleted})
     return deleted
-
-
-# A session's rows written up to a tombstone's time, per table (the column that dates a row). Its tick
-# counter stays: rows recorded after the deletion continue the ticks, as on the replica that deleted.
-DATED = (("timesteps", "created_at"), ("tag_applications", "created_at"), ("comments", "created_at"),
-         ("time_windows", "created_at"), ("compressed_records", "created_at"),
-         ("compaction_records", "created_at"), ("session_states", "created_at"))
 
 
 @dataclass(frozen=True)

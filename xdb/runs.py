@@ -21,13 +21,15 @@ from xdb.audit import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned
 from xdb.sql import Row, one_int, transaction
+from xdb.tables import RUN, TABLES
 
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
                 "token_count")
 KNOWLEDGE_COLUMNS = ("version_id", "run_id", "theorems_json", "negative_knowledge", "last_compacted_turn",
                      "created_at")
-RUN_TABLES = ("interaction_log", "meta_knowledge")
-KEYS = {"interaction_log": "turn_id", "meta_knowledge": "version_id"}
+# The run's tables, each with the id its rows are numbered by.
+KEYS = {t.name: t.sequence_column for t in TABLES if t.session_column == RUN and t.sequence_column is not None}
+RUN_TABLES = tuple(KEYS)
 
 
 def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
