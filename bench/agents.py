@@ -45,15 +45,16 @@ import numpy as np
 
 from ahc.core.config import OrchestratorConfig, cache_dir, load_config
 from bench.device import engine_device
+from bench.harness import ensure_model, start_server, start_together
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.stream_load import percentile
+from server.cluster.server_process import ServerProcess
 from server.emulation.engine_flags import BLOCK_SIZE as EMULATED_BLOCK_SIZE
 from server.emulation.profiles import profile
-from server.server_process import ServerProcess, ensure_model, start_server, start_together
 
 MODEL = "bench-2x64"  # prefill next to free: what a wait may cost is all latency
 LOAD_ENV = "BENCH_AGENTS_LOAD"

@@ -29,12 +29,13 @@ from typing import Any
 
 import httpx
 
+from bench.harness import TINY_MODEL
 from bench.load_spec import overridden
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from server.cluster.local_cluster import ClusterSpec, LocalCluster
 from server.cluster.router import RouterProcess
-from server.server_process import TINY_MODEL, ServerProcess, free_port
+from server.cluster.server_process import ServerProcess, free_port
 
 LOAD_ENV = "BENCH_CLUSTER_LOAD"
 HEADER = "X-Session-ID"

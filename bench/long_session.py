@@ -44,6 +44,7 @@ import httpx
 from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
+from bench.harness import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
 from bench.history_trim import Count
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
@@ -60,7 +61,7 @@ from bench.session_clients import (
     whitespace_bias,
 )
 from bench.stream_load import percentile
-from server.server_process import TINY_MODEL, ServerProcess, ensure_model, scrape_metrics, start_server, start_together
+from server.cluster.server_process import ServerProcess
 
 LOAD_ENV = "BENCH_LONG_SESSION_LOAD"
 TINY = "tiny"

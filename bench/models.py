@@ -13,7 +13,8 @@ from importlib import resources
 from pathlib import Path
 
 from ahc.core.config import cache_dir
-from server.server_process import AHC, child_env, ensure_model
+from bench.harness import build_once, ensure_model
+from server.cluster.server_process import AHC, child_env
 
 MODELS: dict[str, tuple[str, ...]] = {
     # Larger than the tests' tiny model, so the forward is not all overhead.
@@ -53,12 +54,12 @@ class ServedModel:
         """The lens pack of the model's concepts at its layer, trained once (for the real model it is the
         pack `make setup` trains, in the same place)."""
         out = cache_dir() / "lenses" / self.name
-        if not (out / "lens.json").exists():
-            examples = resources.files("lens").joinpath(f"examples/{self.lens_examples}/examples.json")
-            run_ahc("lens", "train", "--model", str(self.ensure()), "--examples", str(examples),
-                    "--layer", str(self.lens_layer), "--method", self.lens_method, "--out", str(out))
-        return out
-
+        if (out / "lens.json").exists():
+            return out
+        examples = resources.files("lens").joinpath(f"examples/{self.lens_examples}/examples.json")
+        return build_once(out, lambda tmp: run_ahc(
+            "lens", "train", "--model", str(self.ensure()), "--examples", str(examples),
+            "--layer", str(self.lens_layer), "--method", self.lens_method, "--out", str(tmp)))
 
 
 SERVED: dict[str, ServedModel] = {m.name: m for m in (

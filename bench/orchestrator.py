@@ -34,12 +34,12 @@ import openai
 
 from ahc.core.config import OrchestratorConfig, load_config
 from bench.device import engine_device
+from bench.harness import start_server
 from bench.load_spec import overridden
 from bench.models import MODELS, served_model
 from bench.result import BenchResult
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
-from server.server_process import start_server
 
 LOAD_ENV = "BENCH_ORCHESTRATOR_LOAD"
 REPLY_TOKENS = 16

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.server_process import AHC
+from server.cluster.server_process import AHC
 
 
 @dataclass(frozen=True)

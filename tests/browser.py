@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from server.server_process import ServerProcess, free_port
+from server.cluster.server_process import ServerProcess, free_port
 
 DEBIAN_PACKAGE = "chromium"
 # As root (CI) Chromium needs --no-sandbox; the closed network makes its background services fail loudly.

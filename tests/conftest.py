@@ -1,5 +1,5 @@
 """Fixtures: one real `ahc serve` (vLLM CPU engine, tiny model) per test session, reached over real HTTP.
-Helpers that start servers live in server/server_process.py, shared with the benchmarks."""
+Helpers that start servers live in bench/harness.py, shared with the benchmarks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ahc.core.config import AHCConfig, load_config
-from server.server_process import REAL_CONFIG, REAL_MODEL, TINY_MODEL, ServerProcess, child_env, start_server
+from bench.harness import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
+from server.cluster.server_process import ServerProcess, child_env
 
 if TYPE_CHECKING:
     # Annotations only: vLLM's import takes seconds, paid by xdist's controller too, which runs no test.
@@ -28,6 +29,39 @@ def pytest_configure(config: pytest.Config) -> None:
     # cache whatever the shell says (several run side by side on a small machine).
     os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+
+
+# The servers this session shares, each started at most once per xdist worker.
+SESSION_SERVERS = ("real_server", "server")
+ENGINE_MARKERS = ("engine", "slow", "real_model")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs on two xdist workers (`--dist loadgroup`). The tests of one shared server form one
+    group, as do those of a module that starts a server of its own (module-scoped), so that each server
+    starts once; the groups run first, longest kinds first, and the engine-free tests fill in after them."""
+    ranked: list[tuple[int, pytest.Item]] = []
+    for item in items:
+        group, rank = engine_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        ranked.append((rank, item))
+    items[:] = [item for _, item in sorted(ranked, key=lambda pair: pair[0])]  # stable: collection order kept
+
+
+def engine_group(item: pytest.Item) -> tuple[str | None, int]:
+    """The group an item runs in and its rank: a shared server's (0), its module's server's (1), an engine
+    test on its own (2), an engine-free test (3)."""
+    for name in SESSION_SERVERS:
+        if name in item.fixturenames:
+            return name, 0
+    if not any(item.get_closest_marker(marker) for marker in ENGINE_MARKERS):
+        return None, 3
+    if isinstance(item, pytest.Function) and any(
+            defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
+        return item.module.__name__, 1
+    return None, 2
 
 
 @pytest.fixture(scope="session")

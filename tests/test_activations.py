@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from server.server_process import AHC, TINY_MODEL, recall, recall_until, start_server
+from bench.harness import TINY_MODEL, recall, recall_until, start_server
+from server.cluster.server_process import AHC
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 

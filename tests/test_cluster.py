@@ -41,8 +41,9 @@ from bench.cluster import (
     result_of,
     system_prompt,
 )
+from bench.harness import TINY_MODEL
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
-from server.server_process import AHC, TINY_MODEL, child_env, free_port
+from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake import Lake
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -30,7 +30,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from ahc.core.config import bundled_configs
-from server.server_process import ServerProcess, free_port
+from server.cluster.server_process import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

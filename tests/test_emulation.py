@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from bench_smoke import check_result
 
+from bench.harness import start_server
+from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
 from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import Chunk
-from server.server_process import AHC, start_server
 
 SEQUENCE_SCRIPT = Path(__file__).parent / "emulation_sequence.py"
 

@@ -19,7 +19,8 @@ import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
-from server.server_process import ServerProcess, recall
+from bench.harness import recall
+from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.real_model
 T = TypeVar("T")

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from server.server_process import TINY_MODEL, ServerProcess, start_server
+from bench.harness import TINY_MODEL, start_server
+from server.cluster.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

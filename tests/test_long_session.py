@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.server_process import ServerProcess, scrape_metrics
+from bench.harness import scrape_metrics
+from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
 

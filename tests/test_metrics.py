@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from server.server_process import scrape_metrics
+from bench.harness import scrape_metrics
 
 pytestmark = pytest.mark.engine
 

@@ -12,7 +12,8 @@ from typing import Any
 import openai
 import pytest
 
-from server.server_process import ServerProcess, recall_until
+from bench.harness import recall_until
+from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.real_model
 

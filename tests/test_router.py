@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from server.cluster.router import RouterProcess, RouterSpec, router_command, router_executable
-from server.server_process import free_port
+from server.cluster.server_process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 STREAM_CHUNKS = 4

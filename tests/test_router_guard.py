@@ -13,7 +13,7 @@ from test_router import FakeWorker
 
 from server.cluster.router import RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
-from server.server_process import free_port
+from server.cluster.server_process import free_port
 
 EVIL = {"Origin": "http://evil.example"}
 

@@ -23,7 +23,7 @@ from bench.result import BenchResult
 from bench.serve import Side, plot_scaling, side_figures
 from bench.serve_profiles import PROFILES
 from bench.stream_load import Load, Reply, Round, Target, latency_ms, measure, parse_event, percentile, process_cpu_s
-from server.server_process import ServerProcess
+from server.cluster.server_process import ServerProcess
 
 
 def ahc(*args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from ahc.core.config import load_config
-from server.server_process import AHC, free_port, launch
+from server.cluster.server_process import AHC, free_port, launch
 
 
 def config_with(*flags: str, **overrides):

@@ -8,7 +8,8 @@ import time
 import psutil
 import pytest
 
-from server.server_process import free_port, start_server
+from bench.harness import start_server
+from server.cluster.server_process import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from server.server_process import ServerProcess, start_server
+from bench.harness import start_server
+from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
 

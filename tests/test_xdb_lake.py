@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from ahc.core.config import LakeConfig, XDBConfig
 from ahc.core.errors import NotFound
 from server.cluster.catalog import LocalPostgres, postgres_bin
-from server.server_process import free_port
+from server.cluster.server_process import free_port
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
 from xdb.cli import app as xdb_cli
 from xdb.lake import LakeUnavailable

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server.server_process import free_port
+from server.cluster.server_process import free_port
 
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 60

@@ -25,7 +25,7 @@ from ahc.core.config import CHECKOUT
 from server.cluster.catalog import LocalPostgres
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
-from server.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
+from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
 
 
 @dataclass(frozen=True)
