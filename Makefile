@@ -52,12 +52,15 @@ $(REAL_LENS): $(REAL_MODEL_FILE) $(REAL_LENS_EXAMPLES)
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: lint first, then every test (one real engine per session).
+# Everything, and what CI runs: lint first, then every test, one xdist worker per core (four at most). The
+# tests of one server run together on one worker, so each server starts once, and they go first; the
+# engine-free tests fill in behind them (tests/conftest.py). The 15 slowest are listed at the end.
 # The suite starts dozens of Python processes: with PYTHONDONTWRITEBYTECODE set in the environment each
 # would compile every module of ours (and pytest rewrite every test module) again, so the tests write
 # their bytecode caches (git ignores __pycache__).
 test: setup lint
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup \
+		--no-loadscope-reorder --durations 15 tests
 
 # The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
 test-fast: $(STAMP)

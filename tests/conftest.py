@@ -29,6 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # cache whatever the shell says (several run side by side on a small machine).
     os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    # vLLM's CPU worker binds its compute to a core of its choosing, the same one for every engine: under
+    # xdist each worker's engines get a core of their own instead, so two workers' engines do not share one
+    # while another core idles.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
 
 
 # The servers this session shares, each started at most once per xdist worker.

@@ -147,19 +147,27 @@ def sequence(kind: str, model: Path) -> list[int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(tiny_model_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def emulated_sequence(tiny_model_dir: Path) -> list[int]:
+    """The cached tokens of each prompt of the sequence on the emulated engine (one engine, in a subprocess)."""
+    return sequence("emulated", tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(emulated_sequence: list[int]) -> None:
     """vLLM's own KV cache manager, 32 blocks of 32 tokens: a repeated 320-token prompt reads its full
     blocks but the one holding its last token; three other prompts later it has been evicted, least
     recently used first, while the latest one is still whole."""
-    cached = sequence("emulated", tiny_model_dir)  # A A B A C D E A E
+    cached = emulated_sequence  # A A B A C D E A E
     assert cached[:7] == [0, 288, 0, 288, 0, 0, 0]
     assert cached[7] < 288 and cached[8] == 288
 
 
 @pytest.mark.slow
-def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(tiny_model_dir: Path) -> None:
+def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(emulated_sequence: list[int],
+                                                                        tiny_model_dir: Path) -> None:
     """The same sequence on vLLM's real (CPU) engine with the same blocks: the same cached tokens, each."""
-    assert sequence("emulated", tiny_model_dir) == sequence("real", tiny_model_dir)
+    assert emulated_sequence == sequence("real", tiny_model_dir)
 
 
 @pytest.mark.slow
