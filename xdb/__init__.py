@@ -37,7 +37,8 @@ connection, so any thread may call them.
 from typing import TYPE_CHECKING, TypeAlias
 
 from ahc.core.errors import NotFound
-from xdb.audit import AuditReport, verify_audit
+from xdb.audit import verify_audit
+from xdb.audit_verify import AuditReport
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters

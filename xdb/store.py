@@ -35,7 +35,9 @@ from xdb import (
     sql,
     tags,
 )
-from xdb.audit import GENESIS, HEAD_FILE, AuditEvent, AuditLog, AuditReport, copy_database, read_heads
+from xdb.audit import AuditEvent, AuditLog, copy_database
+from xdb.audit_chain import GENESIS, HEAD_FILE, read_heads
+from xdb.audit_verify import AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
