@@ -334,6 +334,3 @@ def newer(local: StateVersion | None, lake: StateVersion | None) -> StateVersion
         return lake
     return lake if (lake.created_at, lake.version) > (local.created_at, local.version) else local
 
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
