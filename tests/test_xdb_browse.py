@@ -205,7 +205,7 @@ def test_one_verification_at_a_time() -> None:
 
     from ahc.core.errors import RateLimited
     from server.browse_routes import AuditVerifier
-    from xdb.audit import AuditReport
+    from xdb.audit_verify import AuditReport
 
     release, entered = threading.Event(), threading.Event()
 

@@ -20,7 +20,8 @@ from fastapi.testclient import TestClient
 from server.errors import install_error_handling
 from server.export_routes import export_router
 from xdb import XDB, TimestepRow
-from xdb.audit import EVENT_TYPE, verify_audit
+from xdb.audit import verify_audit
+from xdb.audit_chain import EVENT_TYPE
 from xdb.documents import list_documents
 
 SESSIONS = ("s1", "tenant:b/s2", "s 3=x%")  # ids a path cannot hold as they are

@@ -518,7 +518,7 @@ def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(l
                                                                                tmp_path: Path) -> None:
     """Recomputed from genesis, an edited lake chain whose every hash was recomputed too verifies; the
     replica's own anchored head (its data dir's audit.head, out of the lake's reach) catches it."""
-    from xdb.audit import GENESIS, RECORD_COLUMNS, chain
+    from xdb.audit_chain import GENESIS, RECORD_COLUMNS, chain
     from xdb.schema import TOP_K
 
     with XDB.open(tmp_path / "a", config(lake, "A")) as a:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from ahc.core.config import RetentionConfig, XDBConfig
 from server.metrics import AHCMetrics
 from xdb import XDB, TimestepRow
-from xdb.audit import EVENT_TYPE
+from xdb.audit_chain import EVENT_TYPE
 from xdb.compression import cold_records, usage_bytes
 from xdb.fidelity import submit_evidence
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE

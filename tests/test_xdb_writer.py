@@ -13,7 +13,7 @@ import pytest
 from ahc.core.config import XDBConfig
 from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit import AuditLog
-from xdb.canonical import canonical_records
+from xdb.canonical import canonical_array
 from xdb.concepts import ConceptIndex
 from xdb.rows import batch_to_arrow, rows_to_arrow, to_arrow
 
@@ -141,8 +141,7 @@ def test_canonical_record_bytes_are_pinned() -> None:
     table, _ = rows_to_arrow(rows, 10, ConceptIndex([]))
     table = table.rename_columns(["timestep_id" if c == "id" else c for c in table.column_names])
     table = table.append_column("seq", pa.array([0, 1], pa.int64()))
-    buf, offsets = canonical_records(table, 10)
-    records = [bytes(buf[a:b]) for a, b in zip(offsets, offsets[1:])]
+    records = canonical_array(table, 10).to_pylist()
     assert [len(r) for r in records] == [198, 156]
     assert hashlib.sha256(b"".join(records)).hexdigest() == PINNED_CANONICAL_SHA256
 

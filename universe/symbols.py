@@ -79,11 +79,6 @@ def as_batch(states: str | Sequence[str] | np.ndarray) -> np.ndarray:
     return np.array(array, dtype=np.uint8, order="C", copy=True)
 
 
-def window_index(left: int, centre: int, right: int) -> int:
-    """The rule-table index of a neighbourhood: 16*left + 4*centre + right."""
-    return 16 * left + 4 * centre + right
-
-
 def window_string(index: int) -> str:
     """Rule-table index → its three symbols, e.g. 18 → 'A_B'."""
     if not 0 <= index < WINDOWS:

@@ -15,11 +15,12 @@
     xdb.write(fn, *args, **kwargs)    # a write function (marked @writes), one at a time: fn(cur, audit, ...)
         # e.g. xdb.read(list_documents, "codex") ; xdb.write(log_interaction, run_id, journal_entry="...")
 
-XDB's methods (xdb/store.py) are the rest of its interface: those that add something of their own to
-a module function (recall and its pages, tagging, documents with their size limit, pins, compaction,
-State with the lake, exports, the audit). The methods marked `@service` there, and `read` / `write`,
-are what `RemoteXDB(data_dir, config, on_commit=, on_restart=)` serves from a process of its own
-(xdb/service.py; what `ahc serve` uses); xdb/interface.py says how.
+XDB's methods (xdb/store.py, with those on sessions and the lake in xdb/store_sessions.py and
+xdb/store_lake.py) are the rest of its interface: those that add something of their own to a module
+function (recall and its pages, tagging, documents with their size limit, pins, compaction, State with
+the lake, exports, the audit). The methods marked `@service` there, and `read` / `write`, are what
+`RemoteXDB(data_dir, config, on_commit=, on_restart=)` serves from a process of its own (xdb/service.py;
+what `ahc serve` uses); xdb/interface.py says how.
 
 With `xdb.backend: ducklake` (xdb/lake.py) the files stay each replica's local buffer and a shipper
 thread copies what they commit into one DuckLake (catalog in PostgreSQL, Parquet under data_path),
@@ -37,7 +38,8 @@ connection, so any thread may call them.
 from typing import TYPE_CHECKING, TypeAlias
 
 from ahc.core.errors import NotFound
-from xdb.audit import AuditReport, verify_audit
+from xdb.audit import verify_audit
+from xdb.audit_verify import AuditReport
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters

@@ -1,22 +1,13 @@
-"""The audit log: a separate, append-only DuckDB file whose records form a SHA-256 hash chain.
+"""The audit log: a separate, append-only DuckDB file whose records form a SHA-256 hash chain
+(xdb/audit_chain.py), written by the XDB writer a batch at a time. Nothing in the HTTP API reads this file.
 
-Each record is one timestep with ALL its fields (ids, tick, content, activations, steering, ...):
-    record_hash_i = SHA-256(record_hash_{i-1} || canonical bytes of record i),  record_hash_{-1} = 0^32
-The canonical bytes (xdb/canonical.py, seq included) are laid out for a whole batch at once, so only
-the hash step itself runs per record in Python. Concept names live in
-`audit_concepts`, a chain of their own. Every committed batch adds a checkpoint (the chain head after
-it, itself chained), so a range of records verifies from the nearest checkpoint without reading the
-rest, and a truncated tail is caught. Nothing in the HTTP API reads this file.
-
-The chain alone cannot catch whoever rewrites the file wholesale: cut off its tail together with the
-tail's checkpoints, or edit a record and recompute every hash after it. So every commit also anchors
-the new head outside the file: one line `SEQ HASH` (the last record's seq, its record hash in hex)
-appended, flushed and fsynced to `audit.head` beside it, and logged at INFO on `ahc.xdb.audit`
-(where a log shipper or the `ahc_audit_head_seq` gauge carries it off the machine). Verification
-checks every anchored line against the checkpoint that ends at its seq and the last line against the
-log's end; `--expect-head SEQ:HASH` checks a head noted elsewhere. A log written before anchoring
-existed (schema version 1) is anchored once, after its chain verifies, when it is next opened for
-writing; from then on a non-empty log without `audit.head` fails verification.
+Every commit writes the batch's records, the concepts it first names (`audit_concepts`) and a
+checkpoint in one transaction, so a range of records verifies from the nearest checkpoint without
+reading the rest (xdb/audit_verify.py), and a truncated tail is caught. It then anchors the new head
+outside the file: one line `SEQ HASH` appended, flushed and fsynced to `audit.head` beside it, and
+logged at INFO on `ahc.xdb.audit` (where a log shipper or the `ahc_audit_head_seq` gauge carries it
+off the machine). A log written before anchoring existed (schema version 1) is anchored once, after
+its chain verifies, when it is next opened for writing.
 
 Deletions and rewrites in the experience file (compression, run purges, pruned session states, tag
 and time-window changes) are chained too, as system event records: event_type `xdb_event`,
@@ -25,7 +16,6 @@ timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,7 +23,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +31,17 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from xdb.canonical import canonical_array
+from xdb.audit_chain import EVENT_TYPE, GENESIS, HEAD_FILE, RECORD_COLUMNS, chain, checkpoint_hash, concept_hash
+from xdb.audit_verify import AuditReport, check_anchor, check_expected_head, heads_as_of_now, verify_connection
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
 from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
-from xdb.sql import Row, one
+from xdb.sql import one
 
 log = logging.getLogger("ahc.xdb.audit")
 
 APP = "ahc-xdb-audit"
-GENESIS = bytes(32)
-HEAD_FILE = "audit.head"
-# A system event's record: outside the timestep id space (-1), so replay never copies it into
-# `timesteps` and it never moves the next timestep id.
-EVENT_TYPE = "xdb_event"
 # How long a commit waits for the batch before it (prepared on another thread) to be committed.
 COMMIT_TURN_TIMEOUT_S = 60.0
 # What XDB hands the modules that delete or rewrite rows: (action, details) → one chained record.
@@ -81,34 +67,6 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
 ]
 
 
-RECORD_COLUMNS = ("seq", "timestep_id", "session_id", "tick", "event_type", "role", "content", "token_id",
-                  "request_id", "concept_ids", "concept_values", "activation_source", "created_at",
-                  "metadata", "steering")
-
-
-def chain(prev: bytes, records: pa.Table, k: int = TOP_K) -> list[bytes]:
-    """record_hash_i = SHA-256(record_hash_{i-1} || canonical bytes of record i), for a run of records.
-    The records' bytes come from one vectorised layout; the loop is only the (inherently
-    sequential) SHA-256 calls, ~0.7 µs a record."""
-    sha = hashlib.sha256
-    out: list[bytes] = []
-    append = out.append
-    h = prev
-    for record in canonical_array(records, k).to_pylist():
-        h = sha(h + record).digest()
-        append(h)
-    return out
-
-
-def concept_hash(prev: bytes, cid: int, name: str) -> bytes:
-    return hashlib.sha256(prev + f"{cid}|{len(name.encode())}:{name}".encode()).digest()
-
-
-def checkpoint_hash(prev: bytes, seq_start: int, seq_end: int, head: bytes, concept_count: int,
-                    concepts_head: bytes) -> bytes:
-    return hashlib.sha256(prev + f"{seq_start}|{seq_end}|{concept_count}|".encode() + head + concepts_head).digest()
-
-
 @dataclass
 class PreparedBatch:
     """A batch hashed onto the chain, ready for `AuditLog.commit`."""
@@ -122,16 +80,6 @@ class PreparedBatch:
     checkpoint: bytes
     concept_count: int
     concepts_head: bytes
-
-
-@dataclass
-class AuditReport:
-    ok: bool
-    records_checked: int
-    first_bad: str | None = None  # names the first bad record, e.g. "audit record seq=12 (...): ..."
-    # Checkpoints (seq_end, chain_head) the log holds past audit.head's last line, when that is the
-    # only fault: one of them is what a crash between the two writes of a commit leaves.
-    unanchored: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
@@ -152,34 +100,6 @@ def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
 
 def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
-
-
-def parse_head(text: str) -> tuple[int, bytes]:
-    """`SEQ HASH` (a head file line) or `SEQ:HASH` (the CLI's form) → (seq, 32-byte hash)."""
-    parts = text.strip().replace(":", " ").split()
-    try:
-        seq, digest = int(parts[0]), bytes.fromhex(parts[1])
-        if len(parts) != 2 or seq < 0 or len(digest) != 32:
-            raise ValueError
-    except (ValueError, IndexError):
-        raise ValueError(f"bad audit head {text.strip()!r}: expected SEQ:HASH (64 hex digits)") from None
-    return seq, digest
-
-
-def read_heads(path: Path) -> list[tuple[int, bytes]] | None:
-    """Every head anchored in a head file, oldest first; None when there is no file."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    heads = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                heads.append(parse_head(line))
-            except ValueError as exc:
-                raise ValueError(f"{path} line {n}: {exc}") from None
-    return heads
 
 
 class AuditLog:
@@ -418,7 +338,7 @@ class AuditLog:
             with self._commit_lock:
                 cur.execute("BEGIN TRANSACTION")
                 cur.execute("SELECT count(*) FROM audit_checkpoints").fetchone()  # the snapshot, taken now
-                heads = _heads_as_of_now(self.head_path)
+                heads = heads_as_of_now(self.head_path)
             try:
                 report = verify_connection(cur, seq_from, seq_to, chunk)
                 if report.ok and anchored:
@@ -444,170 +364,6 @@ class AuditLog:
             report = self.verify()
         if not report.ok:
             raise ValueError(f"audit log {self.path} is broken: {report.first_bad}; nothing was replayed or modified")
-
-
-def _describe(cur: duckdb.DuckDBPyConnection, seq: int) -> str:
-    row = cur.execute("SELECT timestep_id, session_id, tick, event_type FROM audit_records WHERE seq = ? LIMIT 1",
-                      [seq]).fetchone()
-    if row is None:
-        return f"audit record seq={seq}"
-    if row[3] == EVENT_TYPE:
-        return f"audit record seq={seq} (xdb event)"
-    return f"audit record seq={seq} (timestep {row[0]}, session {row[1]!r}, tick {row[2]})"
-
-
-def _heads_as_of_now(path: Path) -> Callable[[], list[tuple[int, bytes]] | None]:
-    """The head file as it is now, for `check_anchor` to read later (a bad file raises then)."""
-    try:
-        heads = read_heads(path)
-    except ValueError as exc:
-        error = exc
-
-        def fail() -> list[tuple[int, bytes]] | None:
-            raise error
-
-        return fail
-    return lambda: heads
-
-
-def check_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: AuditReport,
-                 heads_of: Callable[[], list[tuple[int, bytes]] | None] | None = None) -> AuditReport:
-    """Every line of the head file must name a checkpoint's end with that checkpoint's head, and
-    the last line the log's last checkpoint. A recomputed chain fails the first line anchored
-    after the edit; a cut-off tail fails the last line. `heads_of`: the file as read when `cur`'s
-    snapshot was taken (default: read it now)."""
-    checkpoints = cur.execute("SELECT seq_end, chain_head FROM audit_checkpoints ORDER BY seq_end").fetchall()
-    by_end = {int(end): bytes(head) for end, head in checkpoints}
-    last_end = int(checkpoints[-1][0]) if checkpoints else -1
-
-    def bad(message: str, unanchored: list[tuple[int, bytes]] | None = None) -> AuditReport:
-        return AuditReport(False, report.records_checked, message, unanchored or [])
-
-    try:
-        heads = heads_of() if heads_of is not None else read_heads(head_path)
-    except ValueError as exc:
-        return bad(f"audit head mismatch: {exc}")
-    if heads is None:
-        if checkpoints:
-            return bad(f"audit head mismatch: {head_path} is missing but the log holds records up to "
-                       f"seq={last_end} (deleted, or the log was copied without it)")
-        return report
-    prev = -1
-    for seq, head in heads:
-        if seq <= prev:
-            return bad(f"audit head mismatch at seq={seq}: {head_path} goes back after seq {prev} (edited)")
-        if seq > last_end:
-            return bad(f"audit head mismatch at seq={seq}: {head_path} anchors seq {seq} but the log ends at "
-                       f"seq {last_end} (its tail was deleted)")
-        if by_end.get(seq) != head:
-            return bad(f"audit head mismatch at seq={seq}: {head_path} anchors hash {head.hex()[:16]}…, the log "
-                       "differs there (rewritten after it was anchored)")
-        prev = seq
-    if prev != last_end:
-        unanchored = [(int(end), bytes(head)) for end, head in checkpoints if end > prev]
-        return bad(f"audit head mismatch at seq={unanchored[0][0]}: the log goes on to seq {last_end} past "
-                   f"{head_path}'s last anchor (seq {prev}): {len(unanchored)} checkpoint(s) never anchored "
-                   "(appended, or a crash between a commit's two writes, which the next open repairs)", unanchored)
-    return report
-
-
-def check_expected_head(cur: duckdb.DuckDBPyConnection, expect: tuple[int, bytes], report: AuditReport) -> AuditReport:
-    """A head noted earlier (a log line, a scraped gauge) must still be on the (verified) chain."""
-    seq, head = expect
-    row = cur.execute("SELECT record_hash FROM audit_records WHERE seq = ? LIMIT 1", [seq]).fetchone()
-    if row is None:
-        return AuditReport(False, report.records_checked,
-                           f"audit head mismatch at seq={seq}: the expected head's record is not in the log (deleted)")
-    if bytes(row[0]) != head:
-        return AuditReport(False, report.records_checked,
-                           f"audit head mismatch at seq={seq}: expected hash {head.hex()[:16]}…, the log has "
-                           f"{bytes(row[0]).hex()[:16]}… (rewritten)")
-    return report
-
-
-def _verify_concepts(cur: duckdb.DuckDBPyConnection) -> tuple[str | None, int, bytes]:
-    prev = GENESIS
-    rows = cur.execute("SELECT id, name, prev_hash, hash FROM audit_concepts ORDER BY id, hash").fetchall()
-    for i, (cid, name, stored_prev, stored) in enumerate(rows):
-        if cid != i:
-            return f"audit concept id={cid}: expected id {i} (a concept was deleted or inserted)", i, prev
-        h = concept_hash(prev, cid, name)
-        if bytes(stored_prev) != prev or bytes(stored) != h:
-            return f"audit concept id={cid} ({name!r}): hash mismatch (edited)", i, prev
-        prev = h
-    return None, len(rows), prev
-
-
-def _verify_checkpoints(cur: duckdb.DuckDBPyConnection, concept_count: int, concepts_head: bytes
-                        ) -> tuple[str | None, list[Row]]:
-    rows = cur.execute("SELECT seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, "
-                       "checkpoint_hash FROM audit_checkpoints ORDER BY seq_end, seq_start").fetchall()
-    prev, expected_start = GENESIS, 0
-    heads: dict[int, bytes] = {}
-    for start, end, head, ccount, chead, stored_prev, stored in rows:
-        head, chead = bytes(head), bytes(chead)
-        if start != expected_start or end < start:
-            return f"audit checkpoint seq {start}..{end}: expected to start at seq {expected_start}", rows
-        if bytes(stored_prev) != prev or checkpoint_hash(prev, start, end, head, ccount, chead) != bytes(stored):
-            return f"audit checkpoint seq {start}..{end}: hash mismatch (edited)", rows
-        prev, expected_start = bytes(stored), end + 1
-        heads[end] = head
-    if rows and (rows[-1][3] != concept_count or bytes(rows[-1][4]) != concepts_head):
-        return "audit concepts: the concept chain does not match the last checkpoint (edited or truncated)", rows
-    return None, rows
-
-
-def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = None, seq_to: int | None = None,
-                      chunk: int = 200_000) -> AuditReport:
-    """Check the concept chain, the checkpoint chain and the records in [seq_from, seq_to] (all by
-    default), recomputing every record's hash from its fields. Names the first bad record."""
-    problem, concept_count, concepts_head = _verify_concepts(cur)
-    if problem:
-        return AuditReport(False, 0, problem)
-    problem, checkpoints = _verify_checkpoints(cur, concept_count, concepts_head)
-    if problem:
-        return AuditReport(False, 0, problem)
-    last_seq = checkpoints[-1][1] if checkpoints else -1
-    # Start at the checkpoint just before seq_from, end at the one covering seq_to: a range reads
-    # only its own segments.
-    start, prev = 0, GENESIS
-    end = last_seq
-    for _s, e, head, *_ in checkpoints:
-        if seq_from is not None and e < seq_from:
-            start, prev = e + 1, bytes(head)
-        if seq_to is not None and e >= seq_to:
-            end = e
-            break
-    heads = {e: bytes(h) for s, e, h, *_ in checkpoints}
-    checked = 0
-    expected = start
-    while expected <= end:
-        hi = min(expected + chunk - 1, end)
-        batch = cur.execute(f"SELECT {', '.join(RECORD_COLUMNS)}, prev_hash, record_hash FROM audit_records "
-                            "WHERE seq BETWEEN ? AND ? ORDER BY seq, record_hash", [expected, hi]).to_arrow_table()
-        seqs = batch.column("seq").to_pylist()
-        stored_prevs = batch.column("prev_hash").to_pylist()
-        stored_hashes = batch.column("record_hash").to_pylist()
-        for _i, seq in enumerate(seqs):
-            if seq != expected:
-                what = "appears twice (inserted)" if seq < expected else "missing (deleted)"
-                bad = expected - 1 if seq < expected else expected
-                return AuditReport(False, checked, f"{_describe(cur, bad)}: {what}")
-            expected += 1
-        hashes = chain(prev, batch) if seqs else []
-        for seq, stored_prev, stored, h in zip(seqs, stored_prevs, stored_hashes, hashes):
-            if bytes(stored) != h or bytes(stored_prev) != prev:
-                return AuditReport(False, checked, f"{_describe(cur, seq)}: hash mismatch "
-                                   "(edited, reordered or a neighbour removed)")
-            if seq in heads and heads[seq] != h:
-                return AuditReport(False, checked, f"{_describe(cur, seq)}: differs from its checkpoint")
-            prev, checked = h, checked + 1
-        if expected <= hi:
-            return AuditReport(False, checked, f"audit record seq={expected}: missing (deleted)")
-    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
-    if seq_to is None and beyond is not None:
-        return AuditReport(False, checked, f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
-    return AuditReport(True, checked)
 
 
 def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,

@@ -46,21 +46,11 @@ def _slots(table: pa.Table, name: str, k: int, dtype: str) -> tuple[np.ndarray, 
     return np.where(present, values, 0).astype(dtype), present
 
 
-def canonical_records(table: pa.Table, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(buffer, offsets): record i's canonical bytes are buffer[offsets[i]:offsets[i+1]].
-    `table` has the audit_records columns (seq, timestep_id, ..., steering). The fixed part and each
-    length prefix are built as numpy rows, and Arrow's element-wise binary join interleaves them
-    with the strings in C++."""
-    records = canonical_array(table, k)
-    n = len(records)
-    offsets = np.frombuffer(records.buffers()[1], dtype=np.int64)[records.offset:records.offset + n + 1]
-    data = records.buffers()[2]
-    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
-    return data, offsets
-
-
 def canonical_array(table: pa.Table, k: int) -> pa.LargeBinaryArray:
-    """Every record's canonical bytes, one large_binary element a record."""
+    """Every record's canonical bytes, one large_binary element a record. `table` has the
+    audit_records columns (seq, timestep_id, ..., steering). The fixed part and each length prefix
+    are built as numpy rows, and Arrow's element-wise binary join interleaves them with the strings
+    in C++."""
     n = table.num_rows
     fixed = np.zeros(n, dtype=_fixed_dtype(k))
     fixed["seq"] = _int_column(table, "seq", -1)

@@ -88,7 +88,8 @@ def verify_audit_command(
 ) -> None:
     """Check the audit log's hash chain and its anchor (audit/audit.head), and/or every replica's chain
     in a shared lake; exit 1 naming the first bad record or the head mismatch, 2 on bad usage."""
-    from xdb.audit import parse_head, verify_audit
+    from xdb.audit import verify_audit
+    from xdb.audit_chain import parse_head
 
     if data_dir is None and lake_catalog is None:
         _fail("give --data-dir, --lake-catalog or both", 2)
@@ -119,7 +120,7 @@ def verify_audit_command(
 
 def _replica_anchors(specs: list[str]) -> dict[str, list[tuple[int, bytes]]]:
     """`NAME=DATA_DIR` each: the heads that replica's audit log anchored (exit 2 on a bad one)."""
-    from xdb.audit import HEAD_FILE, read_heads
+    from xdb.audit_chain import HEAD_FILE, read_heads
 
     anchors = {}
     for spec in specs:

@@ -1,10 +1,11 @@
 """XDB's interface, written once: what the XDB service serves across the process boundary, marked on
 XDB's methods, and the generic read and write entry that runs the functions of XDB's modules.
 
-`XDB` (xdb/store.py) is the one interface: a method the server may call in the service process carries
-`@service`, or `@service_after_flush` when it must see every row submitted before it (the in-process
-writer's rows are committed by then; the remote writer's are flushed first). The service accepts
-exactly the marked methods and `RemoteXDB` forwards exactly them, so a new XDB method is one edit.
+`XDB` (xdb/store.py, with some of its methods in xdb/store_*.py) is the one interface: a method the
+server may call in the service process carries `@service`, or `@service_after_flush` when it must see
+every row submitted before it (the in-process writer's rows are committed by then; the remote writer's
+are flushed first). The service accepts exactly the marked methods and `RemoteXDB` forwards exactly
+them, so a new XDB method is one edit.
 
 Most of what XDB stores is read or written by one function of its modules that takes a cursor
 (`documents.list_documents(cur, ...)`). Such a function is marked `@reads` or `@writes` where it is

@@ -63,7 +63,7 @@ import duckdb
 
 from ahc.core.config import LakeConfig
 from xdb import sql
-from xdb.audit import AuditReport
+from xdb.audit_verify import AuditReport
 from xdb.lake_reads import (
     NameCache,
     lake_concepts,

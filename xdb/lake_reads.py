@@ -17,7 +17,8 @@ from typing import Any
 
 import duckdb
 
-from xdb.audit import GENESIS, RECORD_COLUMNS, AuditReport, chain, concept_hash
+from xdb.audit_chain import GENESIS, RECORD_COLUMNS, chain, concept_hash
+from xdb.audit_verify import AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.recall import COLUMNS, RecallFilterError, RecallFilters, _double, _strings, conditions
 from xdb.schema import TOP_K
@@ -254,7 +255,7 @@ def last_tick(cur: duckdb.DuckDBPyConnection, a: str, session_id: str) -> int:
 # -- the audit chains ----------------------------------------------------------------------------------
 def verify_lake_audit(cur: duckdb.DuckDBPyConnection, a: str, chunk: int = VERIFY_CHUNK) -> dict[str, AuditReport]:
     """Every replica's audit chain as shipped to the lake: its concept chain, then each record's hash
-    recomputed from its fields (xdb/audit.py's canonical bytes and step) from seq 0 on, so an edited,
+    recomputed from its fields (xdb/audit_chain.py's canonical bytes and step) from seq 0 on, so an edited,
     removed, reordered or inserted record is named. One report per replica."""
     found = cur.execute(f"SELECT DISTINCT replica FROM {a}.audit_records "
                         f"UNION SELECT DISTINCT replica FROM {a}.audit_concepts ORDER BY 1").fetchall()
@@ -333,6 +334,3 @@ def newer(local: StateVersion | None, lake: StateVersion | None) -> StateVersion
         return lake
     return lake if (lake.created_at, lake.version) > (local.created_at, local.version) else local
 
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)

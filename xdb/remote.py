@@ -430,7 +430,7 @@ class RemoteXDB:
 
     # -- everything else runs in the service ------------------------------------------------------
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        """XDB's served methods (marked in xdb/store.py), called in the service; those that must see the
+        """XDB's served methods (marked on XDB and its bases), called in the service; those that must see the
         rows submitted before them flush the writer first. Methods with logic of their own here (ticks,
         the writer's figures in `state`) are defined above and below and never reach this."""
         kind = SERVED.get(name)

@@ -23,9 +23,6 @@ import pyarrow as pa
 from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 
-EVENT_TYPES = ("input", "output", "tool_call", "tool_result", "system", "steering")
-ACTIVATION_SOURCES = (None, "hidden_state", "logit_lens", "emulated")  # emulated: drawn by the emulated engine
-
 # Column order of `timesteps`; the audit table has these plus seq, steering and the hashes.
 TIMESTEP_COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",
                     "concept_ids", "concept_values", "activation_source", "created_at", "metadata")
@@ -35,8 +32,9 @@ TIMESTEP_COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content",
 class TimestepRow:
     """One timestep: a generated token (event_type "output", content = the token's text) or a
     message-level event (input, tool_call, tool_result, system). `concept_activations` holds at most
-    k concept→value pairs and is empty when nothing measured them. `created_at` is epoch seconds.
-    `steering` goes to the audit log only."""
+    k concept→value pairs and is empty when nothing measured them; `activation_source` says what
+    measured them: "hidden_state", "logit_lens", or "emulated" (drawn by the emulated engine).
+    `created_at` is epoch seconds. `steering` goes to the audit log only."""
 
     session_id: str
     tick: int
@@ -240,10 +238,6 @@ class TokenBatch:
                           cut(self.concept_index), cut(self.concept_values), self.activation_source,
                           cut(self.created_at), self.metadata, self.steering, self.activation_key,
                           self.first_position + start, self.join_by)
-
-
-def _constant(value: Any, n: int, kind: pa.DataType) -> pa.Array:
-    return pa.repeat(pa.scalar(value, kind), n) if value is not None else pa.nulls(n, kind)
 
 
 def batch_to_arrow(batch: TokenBatch, first_id: int, concepts: ConceptIndex,

@@ -1,4 +1,6 @@
-"""XDB, the facade: opens both files, owns the writer, and serves every read and small write.
+"""XDB, the facade: opens both files, owns the writer, and serves every read and small write. Its methods
+on a session's State and deletion are in xdb/store_sessions.py, those on the shared lake in
+xdb/store_lake.py; XDB holds them all.
 
 DuckDB allows one process per file, so the server's XDB is the only way in while it runs. Within the
 process, the writer's thread owns the experience connection; every other call runs on a fresh cursor
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import os
 import shutil
 import threading
@@ -31,22 +32,23 @@ from xdb import (
     insights,
     retention,
     runs,
-    session_state,
     sql,
     tags,
 )
-from xdb.audit import GENESIS, HEAD_FILE, AuditEvent, AuditLog, AuditReport, copy_database, read_heads
+from xdb.audit import AuditEvent, AuditLog, copy_database
+from xdb.audit_chain import GENESIS, HEAD_FILE, read_heads
+from xdb.audit_verify import AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
-from xdb.lake import Lake, LakeUnavailable
-from xdb.lake_reads import newer
+from xdb.lake import Lake
 from xdb.lake_session import LakeTicks, ResumableTickBook
 from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
+from xdb.store_lake import LakeMethods
+from xdb.store_sessions import SessionMethods
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
-log = logging.getLogger("ahc.xdb")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -63,7 +65,7 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) // 4)
 
 
-class XDB:
+class XDB(SessionMethods, LakeMethods):
     def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
                  concepts: ConceptIndex, writer: Writer | None, config: XDBConfig,
                  summarize: Callable[[str], str] | None) -> None:
@@ -509,106 +511,7 @@ class XDB:
                 **({"lake": self.lake.status()} if self.lake is not None else {}),
             }
 
-    # -- the orchestrator's and the discovery agent's tables --------------------------------------
-    @service
-    def save_session_state(self, session_id: str, state_json: str) -> int:
-        """Store a new State version. In ducklake mode it is in the lake when this returns (shipped with
-        every row committed before it), or LakeUnavailable is raised (it stays stored locally)."""
-        with self.cursor() as cur:
-            version = session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
-        if self.lake is not None:
-            self.lake.ship_now()
-        return version
-
-    @service
-    def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
-        """The newest intact State (or exactly `version`, of this data dir's). In ducklake mode the
-        newest of this data dir's and the lake's, any replica's; see `load_session_state_verified`."""
-        if self.lake is not None and version is None:
-            return self._resume_from_lake(session_id)[0]
-        with self.cursor() as cur:
-            return session_state.load_session_state(cur, session_id, version)
-
-    def _resume_from_lake(self, session_id: str) -> tuple[str | None, list[int]]:
-        """The newest intact State of the local file and the lake, by created_at then version; the
-        session's ticks move past the largest tick any replica shipped for it, so they continue."""
-        assert self.lake is not None
-        with self.cursor() as cur:
-            local, corrupt = session_state.newest_intact(cur, session_id)
-            deleted_here = retention.tombstoned_at(cur, session_id)
-        resume = self.lake.session_resume(session_id, deleted_here)
-        remote, remote_corrupt, lake_tick = resume.state, resume.corrupt, resume.last_tick
-        if local is not None and resume.deleted_at is not None and local.created_at <= resume.deleted_at:
-            local = None  # another replica deleted the session since: this copy goes at the next poll
-        if remote_corrupt:
-            log.warning("session %r: %d newer State version(s) in the lake fail their SHA-256 check; skipped",
-                        session_id, remote_corrupt)
-        if lake_tick >= 0:
-            self._lake_ticks.learn(session_id, lake_tick)
-            self._ticks.advance(session_id, lake_tick)
-        chosen = newer(local, remote)
-        if chosen is not None and chosen.replica is not None and chosen.replica != self.lake.replica:
-            log.info("session %r resumes from replica %r's State (version %d)", session_id, chosen.replica,
-                     chosen.version)
-        return (chosen.state_json if chosen is not None else None), corrupt
-
-    @service
-    def load_session_state_verified(self, session_id: str) -> tuple[str | None, list[int]]:
-        """The newest intact State and the newer versions skipped as corrupted (logged here)."""
-        if self.lake is not None:
-            state, corrupt = self._resume_from_lake(session_id)
-        else:
-            with self.cursor() as cur:
-                state, corrupt = session_state.load_verified(cur, session_id)
-        if corrupt:
-            log.warning("session %r: State versions %s fail their SHA-256 check; loaded the newest intact one",
-                        session_id, corrupt)
-        return state, corrupt
-
-    @service
-    def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
-        with self.cursor() as cur:
-            result = session_state.rollback(cur, session_id, version, audit=self.audit_event)
-        if self.lake is not None:
-            self.lake.ship_now()  # the restored State is the newest, in the lake too
-        return result
-
-    def _apply_tombstone(self, stone: retention.Tombstone) -> dict[str, int]:
-        """Another replica deleted a session: delete this file's rows of it up to then (the lake shipper's
-        callback; queued rows are written first, so none of them comes back after)."""
-        if self.writer is not None and self.writer.queue_depth():
-            self.writer.flush()
-        with self._compress_lock, self.cursor() as cur:
-            return retention.apply_tombstone(cur, stone, self.audit_event)
-
-    @service_after_flush
-    def delete_session(self, session_id: str) -> dict[str, int]:
-        """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
-        if self.writer is not None and self.writer.queue_depth():
-            self.writer.flush()  # its queued rows are deleted too, not written after
-        with self._compress_lock, self.cursor() as cur:
-            here = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM "
-                               "session_states WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone()
-            if here is None and not self._in_lake(session_id):
-                raise NotFound(f"session {session_id!r} not found")
-            # Its tick counter goes on: rows of a session that comes back never reuse a deleted tick.
-            deleted = retention.delete_session(cur, session_id, self.audit_event, reason="request")
-        if self.lake is not None:
-            try:
-                self.lake.ship_now()  # the tombstone, and the lake's rows with it, gone before this returns
-            except LakeUnavailable:
-                log.warning("session %r deleted here; the lake is unreachable, its tombstone goes with the next "
-                            "ship", session_id)
-        return deleted
-
-    def _in_lake(self, session_id: str) -> bool:
-        """Whether another replica shipped anything of the session since its last deletion (a cluster's
-        DELETE may reach a replica that never served it)."""
-        if self.lake is None:
-            return False
-        resume = self.lake.session_resume(session_id)
-        return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
-
+    # -- the discovery agent's run reports ------------------------------------------------------
     @service
     def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
@@ -616,51 +519,6 @@ class XDB:
         with self._documents_lock, self.cursor() as cur:
             doc = runs.save_report(cur, run_id, png, id_prefix)
         return {k: v for k, v in doc.items() if k != "content"}
-
-    # -- the shared lake (`xdb.backend: ducklake`; xdb/lake.py) -------------------------------------
-    @property
-    def has_lake(self) -> bool:
-        """Whether this XDB ships to a shared lake (`xdb.backend: ducklake`, opened for writing)."""
-        return self.lake is not None
-
-    def _need_lake(self) -> Lake:
-        if self.lake is None:
-            raise ValueError("no lake: this XDB's backend is duckdb (set xdb.backend: ducklake), or it was "
-                             "opened read-only")
-        return self.lake
-
-    @service
-    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
-                    **kwargs: Any) -> list[dict[str, Any]]:
-        """Every replica's timesteps matching the filters (as `recall`, less after_id), each with `replica`."""
-        return self._need_lake().recall(filters, session_prefix=session_prefix, **kwargs)
-
-    @service
-    def lake_concepts(self, query: str | None = None) -> list[dict[str, Any]]:
-        return self._need_lake().concepts(query)
-
-    @service
-    def lake_tags(self, tag_type: str | None = None) -> list[dict[str, Any]]:
-        return self._need_lake().tags(tag_type)
-
-    @service_after_flush
-    def lake_ship_now(self) -> dict[str, int]:
-        """Commit what the writer holds, then ship everything to the lake; the rows shipped per table."""
-        if self.writer is not None:
-            self.writer.flush()
-        return self._need_lake().ship_now()
-
-    @service
-    def lake_status(self) -> dict[str, Any] | None:
-        return self.lake.status() if self.lake is not None else None
-
-    @service_after_flush
-    def verify_lake_audit(self) -> dict[str, AuditReport]:
-        """Every replica's audit chain in the lake (this one's shipped up to now first)."""
-        lake = self._need_lake()
-        if self.writer is not None:
-            self.lake_ship_now()
-        return lake.verify_audit()
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------
     @service_after_flush

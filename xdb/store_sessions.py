@@ -1,0 +1,140 @@
+"""XDB's methods on a session's State and its deletion, across replicas when there is a lake.
+
+A State is stored in the replica's own file (xdb/session_state.py). With `xdb.backend: ducklake` it is
+also in the lake once `save_session_state` returns, a load takes the newest of this file's and any
+replica's, and the session's ticks move past every replica's; a deletion ships its tombstone, and a
+tombstone another replica shipped deletes the session's rows here (the lake shipper calls
+`_apply_tombstone`). `XDB` (xdb/store.py) holds these methods with the rest of its interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import duckdb
+
+from ahc.core.errors import NotFound
+from xdb import retention, session_state
+from xdb.audit import AuditEvent
+from xdb.interface import service, service_after_flush
+from xdb.lake import Lake, LakeUnavailable
+from xdb.lake_reads import newer
+from xdb.lake_session import LakeTicks, ResumableTickBook
+from xdb.writer import Writer
+
+log = logging.getLogger("ahc.xdb")
+
+
+class SessionMethods:
+    """What these methods use of the XDB they are part of (set in XDB.__init__ and XDB.open)."""
+
+    lake: Lake | None
+    writer: Writer | None
+    _ticks: ResumableTickBook
+    _lake_ticks: LakeTicks
+    _compress_lock: threading.Lock
+    cursor: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
+    audit_event: AuditEvent
+
+    @service
+    def save_session_state(self, session_id: str, state_json: str) -> int:
+        """Store a new State version. In ducklake mode it is in the lake when this returns (shipped with
+        every row committed before it), or LakeUnavailable is raised (it stays stored locally)."""
+        with self.cursor() as cur:
+            version = session_state.save_session_state(cur, session_id, state_json, audit=self.audit_event)
+        if self.lake is not None:
+            self.lake.ship_now()
+        return version
+
+    @service
+    def load_session_state(self, session_id: str, version: int | None = None) -> str | None:
+        """The newest intact State (or exactly `version`, of this data dir's). In ducklake mode the
+        newest of this data dir's and the lake's, any replica's; see `load_session_state_verified`."""
+        if self.lake is not None and version is None:
+            return self._resume_from_lake(session_id)[0]
+        with self.cursor() as cur:
+            return session_state.load_session_state(cur, session_id, version)
+
+    def _resume_from_lake(self, session_id: str) -> tuple[str | None, list[int]]:
+        """The newest intact State of the local file and the lake, by created_at then version; the
+        session's ticks move past the largest tick any replica shipped for it, so they continue."""
+        assert self.lake is not None
+        with self.cursor() as cur:
+            local, corrupt = session_state.newest_intact(cur, session_id)
+            deleted_here = retention.tombstoned_at(cur, session_id)
+        resume = self.lake.session_resume(session_id, deleted_here)
+        remote, remote_corrupt, lake_tick = resume.state, resume.corrupt, resume.last_tick
+        if local is not None and resume.deleted_at is not None and local.created_at <= resume.deleted_at:
+            local = None  # another replica deleted the session since: this copy goes at the next poll
+        if remote_corrupt:
+            log.warning("session %r: %d newer State version(s) in the lake fail their SHA-256 check; skipped",
+                        session_id, remote_corrupt)
+        if lake_tick >= 0:
+            self._lake_ticks.learn(session_id, lake_tick)
+            self._ticks.advance(session_id, lake_tick)
+        chosen = newer(local, remote)
+        if chosen is not None and chosen.replica is not None and chosen.replica != self.lake.replica:
+            log.info("session %r resumes from replica %r's State (version %d)", session_id, chosen.replica,
+                     chosen.version)
+        return (chosen.state_json if chosen is not None else None), corrupt
+
+    @service
+    def load_session_state_verified(self, session_id: str) -> tuple[str | None, list[int]]:
+        """The newest intact State and the newer versions skipped as corrupted (logged here)."""
+        if self.lake is not None:
+            state, corrupt = self._resume_from_lake(session_id)
+        else:
+            with self.cursor() as cur:
+                state, corrupt = session_state.load_verified(cur, session_id)
+        if corrupt:
+            log.warning("session %r: State versions %s fail their SHA-256 check; loaded the newest intact one",
+                        session_id, corrupt)
+        return state, corrupt
+
+    @service
+    def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
+        with self.cursor() as cur:
+            result = session_state.rollback(cur, session_id, version, audit=self.audit_event)
+        if self.lake is not None:
+            self.lake.ship_now()  # the restored State is the newest, in the lake too
+        return result
+
+    def _apply_tombstone(self, stone: retention.Tombstone) -> dict[str, int]:
+        """Another replica deleted a session: delete this file's rows of it up to then (the lake shipper's
+        callback; queued rows are written first, so none of them comes back after)."""
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()
+        with self._compress_lock, self.cursor() as cur:
+            return retention.apply_tombstone(cur, stone, self.audit_event)
+
+    @service_after_flush
+    def delete_session(self, session_id: str) -> dict[str, int]:
+        """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
+        if self.writer is not None and self.writer.queue_depth():
+            self.writer.flush()  # its queued rows are deleted too, not written after
+        with self._compress_lock, self.cursor() as cur:
+            here = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM "
+                               "session_states WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone()
+            if here is None and not self._in_lake(session_id):
+                raise NotFound(f"session {session_id!r} not found")
+            # Its tick counter goes on: rows of a session that comes back never reuse a deleted tick.
+            deleted = retention.delete_session(cur, session_id, self.audit_event, reason="request")
+        if self.lake is not None:
+            try:
+                self.lake.ship_now()  # the tombstone, and the lake's rows with it, gone before this returns
+            except LakeUnavailable:
+                log.warning("session %r deleted here; the lake is unreachable, its tombstone goes with the next "
+                            "ship", session_id)
+        return deleted
+
+    def _in_lake(self, session_id: str) -> bool:
+        """Whether another replica shipped anything of the session since its last deletion (a cluster's
+        DELETE may reach a replica that never served it)."""
+        if self.lake is None:
+            return False
+        resume = self.lake.session_resume(session_id)
+        return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
