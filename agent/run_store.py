@@ -129,7 +129,7 @@ class HttpRunStore:
         return deleted
 
     def save_report(self, run_id: str, png: bytes) -> None:
-        # Base64 in JSON: the server takes no body but application/json (server/content_type.py).
+        # Base64 in JSON: the server takes no body but application/json (server/http/content_type.py).
         self._call("PUT", f"/v1/xdb/runs/{_path_segment(run_id)}/report",
                    json={"png_base64": base64.b64encode(png).decode("ascii")})
 

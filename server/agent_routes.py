@@ -30,7 +30,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.core.errors import InvalidRequest, NotFound
-from server.errors import AHCRoute
+from server.http.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 from xdb.runs import REPORT_MAX_BYTES

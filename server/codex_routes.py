@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query
 from ahc.core.errors import Conflict, NotFound
 from server.codex_condenser import CodexCondenser, source_document
 from server.codex_resolver import CodexResolver, rendition_path
-from server.errors import AHCRoute
+from server.http.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.core.errors import NotFound, RateLimited
 from ahc.core.limits import ID_MAX_CHARS
-from server.errors import AHCRoute
+from server.http.errors import AHCRoute
 from server.tenant_xdb import TenantViews, TenantXDB
 from server.tenants import Tenant
 from xdb import XDBClient

@@ -20,7 +20,7 @@ from ahc.core.limits import (
     NOTE_MAX_CHARS,
     TAG_MAX_CHARS,
 )
-from server.errors import AHCRoute
+from server.http.errors import AHCRoute
 from server.request_context import Caller
 from server.tenant_xdb import Target as TagTarget
 from server.tenant_xdb import TenantViews, TenantXDB

@@ -20,7 +20,7 @@ from agent.loop import DiscoveryRun, RunConfig
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore, StoreUnavailable
 from server.agent_routes import agent_router
-from server.errors import install_error_handling
+from server.http.errors import install_error_handling
 from server.request_context import request_tenant
 from server.tenants import Tenant
 from universe import load_rule

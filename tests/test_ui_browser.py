@@ -24,7 +24,7 @@ from agent.chart import chart
 from server.agent_routes import agent_router
 from server.browse_routes import browse_router
 from server.cluster.server_process import ServerProcess
-from server.errors import install_error_handling
+from server.http.errors import install_error_handling
 from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from server.browse_routes import browse_router
-from server.errors import install_error_handling
+from server.http.errors import install_error_handling
 from server.request_context import request_tenant
 from server.tenants import Tenant
 from xdb import XDB, TimestepRow

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.core.config import XDBConfig
-from server.errors import install_error_handling
+from server.http.errors import install_error_handling
 from server.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 

@@ -1,6 +1,6 @@
 """Size caps on the free-text fields of request bodies, in characters, in one place.
 
-Every request body is already under `max_request_bytes` (server/body_limit.py); these caps stop a
+Every request body is already under `max_request_bytes` (server/http/body_limit.py); these caps stop a
 single field from taking all of it where a long value has no use and costs something: a prompt block
 that is tokenized and hashed on every request, a row stored in XDB forever, a tag name repeated in
 every recall. A value over its cap is a 400 naming the field. The Codex has its own, configurable

@@ -25,10 +25,10 @@ from server.admission.turn import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat_telemetry import ChatTelemetry
-from server.errors import error_body, error_response
+from server.http.errors import error_body, error_response
+from server.http.session_key import HEADER, header_value
 from server.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.runtime import Runtime
-from server.session_key import HEADER, header_value
 from server.stream_reply import ReplyAccumulator
 
 
