@@ -12,7 +12,6 @@ from starlette.middleware import Middleware
 from starlette.responses import Response
 
 from server.agent_routes import agent_router
-from server.auth import ApiKeyMiddleware
 from server.browse_routes import browse_router
 from server.chat.api_router import install_chat_route
 from server.codex_routes import codex_router
@@ -26,6 +25,7 @@ from server.http.errors import add_middleware, install_error_handling
 from server.recording_gate import RecordingGate
 from server.runtime import Runtime
 from server.session_routes import session_router
+from server.tenancy.auth import ApiKeyMiddleware
 from server.ui_routes import install_ui
 from server.xdb_routes import xdb_router
 

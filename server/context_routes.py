@@ -17,8 +17,8 @@ from ahc.core.errors import InvalidRequest
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
 from server.http.errors import AHCRoute
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.tenancy.request_context import request_tenant
+from server.tenancy.tenants import Tenant
 
 
 class QueryArchiveBody(BaseModel):

@@ -24,7 +24,7 @@ from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.template_check import check_chat_template
-from server.tenants import TenantKeys
+from server.tenancy.tenants import TenantKeys
 from server.tracing import start_tracing
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB

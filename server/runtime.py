@@ -27,7 +27,7 @@ from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
 from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
-from server.tenants import TenantKeys
+from server.tenancy.tenants import TenantKeys
 from server.token_process import TokenProcess
 from xdb import XDBClient
 from xdb.lake import LakeUnavailable

@@ -21,8 +21,8 @@ from ahc.core.config import AHCConfig
 from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from server.chat import serving as chat_route
-from server.request_context import EngineUsage
 from server.runtime import Runtime
+from server.tenancy.request_context import EngineUsage
 from xdb import XDB
 from xdb.browse import session_turns, sessions_overview
 

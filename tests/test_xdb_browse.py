@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from server.browse_routes import browse_router
 from server.http.errors import install_error_handling
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.tenancy.request_context import request_tenant
+from server.tenancy.tenants import Tenant
 from xdb import XDB, TimestepRow
 from xdb.browse import break_reason, session_turns, sessions_overview
 from xdb.rows import TokenBatch

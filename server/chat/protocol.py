@@ -14,7 +14,7 @@ from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn import requested_completion_tokens
 from server.http.session_key import HEADER, SessionKey, session_key
-from server.tenants import Tenant
+from server.tenancy.tenants import Tenant
 
 
 class ChatRequest(ChatCompletionRequest):

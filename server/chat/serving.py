@@ -27,9 +27,9 @@ from server.chat.protocol import ChatCall
 from server.chat_telemetry import ChatTelemetry
 from server.http.errors import error_body, error_response
 from server.http.session_key import HEADER, header_value
-from server.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.runtime import Runtime
 from server.stream_reply import ReplyAccumulator
+from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 
 
 class ChatService:
