@@ -28,9 +28,9 @@ from orchestrator.turn import Turn
 from server.capture.capture_setup import CaptureSetup
 from server.flush_group import FlushGroup
 from server.record_queue import RecordQueue
+from server.telemetry.tracing import engine_trace_headers
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.token_text import TokenTexts
-from server.tracing import engine_trace_headers
 from xdb import XDBClient
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout

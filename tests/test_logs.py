@@ -17,7 +17,7 @@ import pytest
 
 from bench.harness import start_server
 from server.cluster.server_process import ServerProcess
-from server.logs import AHC_LOGGERS, follow_vllm_logging
+from server.telemetry.logs import AHC_LOGGERS, follow_vllm_logging
 
 # vLLM's default format: "(MainProcess pid=12) INFO 05-06 07:08:09 [file.py:12] message"
 VLLM_LINE = r"\(\S+ pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "

@@ -10,8 +10,8 @@ from starlette.responses import Response
 
 from server.chat.protocol import ChatCall, ChatRequest
 from server.chat.serving import ChatService, TurnStream
-from server.chat_telemetry import ChatTelemetry
 from server.runtime import Runtime
+from server.telemetry.chat_telemetry import ChatTelemetry
 from server.tenancy.request_context import current_tenant
 
 PATH = "/v1/chat/completions"
