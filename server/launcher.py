@@ -19,12 +19,12 @@ from server.backup_signal import install_backup_signal
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
 from server.metrics import AHCMetrics, stat_logger_factory
+from server.model.template_check import check_chat_template
 from server.parent_death import mark_server
 from server.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.telemetry.logs import configure_logging
 from server.telemetry.tracing import start_tracing
-from server.template_check import check_chat_template
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB

@@ -23,12 +23,12 @@ from server.admission.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
 from server.codex_condenser import CodexCondenser
 from server.codex_resolver import CodexResolver
-from server.hidden_calls import HiddenCaller
 from server.metrics import AHCMetrics
+from server.model.hidden_calls import HiddenCaller
+from server.model.token_process import TokenProcess
 from server.quota_loop import model_summarizer
 from server.recorder import Recorder, RecordingEngine
 from server.tenancy.tenants import TenantKeys
-from server.token_process import TokenProcess
 from xdb import XDBClient
 from xdb.lake import LakeUnavailable
 

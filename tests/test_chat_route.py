@@ -547,7 +547,7 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vl
 
 def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
     """Tokenizing a large Codex takes seconds; it happens off the event loop (in a child process past
-    server/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
+    server/model/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     client, runtime = served

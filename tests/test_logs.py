@@ -69,7 +69,7 @@ def test_ahc_loggers_write_through_vllms_handler_in_its_format(vllm_handler: io.
     logging.getLogger("vllm.engine").info("engine line")
     logging.getLogger("ahc.chat").info("chat line")
     logging.getLogger("orchestrator.retrieval.scoped_indexes").warning("index line")
-    logging.getLogger("server.token_process").debug("below vLLM's level")
+    logging.getLogger("server.model.token_process").debug("below vLLM's level")
     lines = vllm_handler.getvalue().splitlines()
     assert len(lines) == 3, lines
     for line, message in zip(lines, ("engine line", "chat line", "index line"), strict=True):
