@@ -26,8 +26,8 @@ from server.codex_resolver import CodexResolver
 from server.metrics import AHCMetrics
 from server.model.hidden_calls import HiddenCaller
 from server.model.token_process import TokenProcess
-from server.quota_loop import model_summarizer
-from server.recorder import Recorder, RecordingEngine
+from server.recording.quota_loop import model_summarizer
+from server.recording.recorder import Recorder, RecordingEngine
 from server.tenancy.tenants import TenantKeys
 from xdb import XDBClient
 from xdb.lake import LakeUnavailable

@@ -10,7 +10,7 @@ from fake_app import serving
 from fastapi.routing import APIRoute
 
 from ahc.core.config import AHCConfig
-from server.record_queue import RecordQueue
+from server.recording.record_queue import RecordQueue
 from server.recording_gate import gated
 
 # vLLM's POST routes that generate nothing, so XDB's backlog does not hold them up. A route a later vLLM
