@@ -21,8 +21,8 @@ from server.admission.hidden import HiddenAdmission, TenantBudget
 from server.admission.session_admission import Costs, SessionAdmission, offload_blocks
 from server.admission.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
-from server.codex_condenser import CodexCondenser
-from server.codex_resolver import CodexResolver
+from server.codex.codex_condenser import CodexCondenser
+from server.codex.codex_resolver import CodexResolver
 from server.metrics import AHCMetrics
 from server.model.hidden_calls import HiddenCaller
 from server.model.token_process import TokenProcess
