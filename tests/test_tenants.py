@@ -317,11 +317,11 @@ def test_no_xdb_route_scopes_an_id_by_hand(module: str) -> None:
     its tenant. Every id a route passes to XDB goes through TenantXDB, so none of these names appear."""
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "server" / f"{module}.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "server" / "routes" / f"{module}.py").read_text()
     by_hand = sorted({f"{node.attr} (line {node.lineno})" for node in ast.walk(ast.parse(source))
                       if isinstance(node, ast.Attribute) and node.attr in ID_SCOPING
                       and isinstance(node.value, ast.Name) and node.value.id == "tenant"})
-    assert not by_hand, f"server/{module}.py scopes ids by hand: {by_hand}"
+    assert not by_hand, f"server/routes/{module}.py scopes ids by hand: {by_hand}"
 
 
 def test_a_tenants_view_hands_back_only_its_own_rows(tmp_path: Path) -> None:

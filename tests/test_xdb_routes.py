@@ -17,7 +17,7 @@ from ahc.core.limits import (
     TAG_MAX_CHARS,
 )
 from server.http.errors import install_error_handling
-from server.xdb_routes import xdb_router
+from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from ahc.core.config import XDBConfig
 from server.http.errors import install_error_handling
-from server.xdb_routes import xdb_router
+from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
 SPIKE = 30  # the tick whose top activation stands out

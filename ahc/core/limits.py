@@ -18,7 +18,7 @@ KARMA_TEXT_MAX_CHARS = 20_000     # one fact or lesson; each is kept word for wo
 KARMA_MAX_ENTRIES = 10_000
 MESSAGE_MAX_CHARS = 2_000_000     # one message's text: as long as a Codex document may be (rag_max_document_chars)
 
-# XDB routes (server/xdb_routes.py).
+# XDB routes (server/routes/xdb_routes.py).
 COMMENT_MAX_CHARS = 65_536        # a comment on a timestep or range
 TAG_MAX_CHARS = 256               # a tag's name, also each tag of a document
 NOTE_MAX_CHARS = 4_096            # a tag's note and description, a pin's reason
