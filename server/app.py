@@ -11,12 +11,12 @@ from fastapi.routing import APIRoute
 from starlette.middleware import Middleware
 from starlette.responses import Response
 
+from server.admission.recording_gate import RecordingGate
 from server.chat.api_router import install_chat_route
 from server.emulation.models_route import install_models_route
 from server.http.body_limit import BodyLimitMiddleware
 from server.http.content_type import JsonBodyMiddleware
 from server.http.errors import add_middleware, install_error_handling
-from server.recording_gate import RecordingGate
 from server.routes.agent_routes import agent_router
 from server.routes.browse_routes import browse_router
 from server.routes.codex_routes import codex_router
