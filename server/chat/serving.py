@@ -24,10 +24,10 @@ from orchestrator.context_spec import ContextSpec
 from server.admission.turn import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
+from server.chat.stream_reply import ReplyAccumulator
 from server.http.errors import error_body, error_response
 from server.http.session_key import HEADER, header_value
 from server.runtime import Runtime
-from server.stream_reply import ReplyAccumulator
 from server.telemetry.chat_telemetry import ChatTelemetry
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 
