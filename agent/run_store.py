@@ -4,7 +4,7 @@ snapshots), the agent's two tables in XDB.
 DuckDB allows one writing process per file and the server owns its XDB, so there are two ways in
 behind one small interface: `LocalRunStore` opens an XDB of its own under the run's data directory
 (the baseline policy, or any run without an AHC server), `HttpRunStore` goes through the server's
-`/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/agent_routes.py). A run's end-of-run
+`/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/routes/agent_routes.py). A run's end-of-run
 report PNG goes the same way, so a UI on the server can show it.
 """
 
@@ -129,7 +129,7 @@ class HttpRunStore:
         return deleted
 
     def save_report(self, run_id: str, png: bytes) -> None:
-        # Base64 in JSON: the server takes no body but application/json (server/content_type.py).
+        # Base64 in JSON: the server takes no body but application/json (server/http/content_type.py).
         self._call("PUT", f"/v1/xdb/runs/{_path_segment(run_id)}/report",
                    json={"png_base64": base64.b64encode(png).decode("ascii")})
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from server.stream_reply import ReplyAccumulator
+from server.chat.stream_reply import ReplyAccumulator
 
 
 @dataclass(frozen=True)

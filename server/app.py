@@ -11,23 +11,23 @@ from fastapi.routing import APIRoute
 from starlette.middleware import Middleware
 from starlette.responses import Response
 
-from server.agent_routes import agent_router
-from server.auth import ApiKeyMiddleware
-from server.body_limit import BodyLimitMiddleware
-from server.browse_routes import browse_router
+from server.admission.recording_gate import RecordingGate
 from server.chat.api_router import install_chat_route
-from server.codex_routes import codex_router
-from server.completion_route import install_completion_route
-from server.content_type import JsonBodyMiddleware
-from server.context_routes import context_router
 from server.emulation.models_route import install_models_route
-from server.errors import add_middleware, install_error_handling
-from server.export_routes import export_router
-from server.recording_gate import RecordingGate
+from server.http.body_limit import BodyLimitMiddleware
+from server.http.content_type import JsonBodyMiddleware
+from server.http.errors import add_middleware, install_error_handling
+from server.routes.agent_routes import agent_router
+from server.routes.browse_routes import browse_router
+from server.routes.codex_routes import codex_router
+from server.routes.completion_route import install_completion_route
+from server.routes.context_routes import context_router
+from server.routes.export_routes import export_router
+from server.routes.session_routes import session_router
+from server.routes.ui_routes import install_ui
+from server.routes.xdb_routes import xdb_router
 from server.runtime import Runtime
-from server.session_routes import session_router
-from server.ui_routes import install_ui
-from server.xdb_routes import xdb_router
+from server.tenancy.auth import ApiKeyMiddleware
 
 if TYPE_CHECKING:
     from vllm.tasks import SupportedTask

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ahc.core.config import AHCConfig, resolve_path
 from server.admission.vram_governor import KVStats
-from server.backup_signal import install_backup_signal
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
-from server.logs import configure_logging
 from server.metrics import AHCMetrics, stat_logger_factory
+from server.model.template_check import check_chat_template
 from server.parent_death import mark_server
-from server.quota_loop import enforce_quota_forever
+from server.recording.backup_signal import install_backup_signal
+from server.recording.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
-from server.template_check import check_chat_template
-from server.tenants import TenantKeys
-from server.tracing import start_tracing
+from server.telemetry.logs import configure_logging
+from server.telemetry.tracing import start_tracing
+from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
 from xdb.remote import RemoteXDB
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE

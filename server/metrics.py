@@ -19,7 +19,7 @@ from orchestrator.cache_report import CacheReport
 from server.admission.kv_geometry import DeviceMemory, KVGeometry, device_memory
 from server.admission.prefill_cost import PrefillCost
 from server.admission.vram_governor import KVStats
-from server.hidden_calls import HIDDEN_REQUEST_PREFIX
+from server.model.hidden_calls import HIDDEN_REQUEST_PREFIX
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

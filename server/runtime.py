@@ -21,14 +21,14 @@ from server.admission.hidden import HiddenAdmission, TenantBudget
 from server.admission.session_admission import Costs, SessionAdmission, offload_blocks
 from server.admission.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
-from server.codex_condenser import CodexCondenser
-from server.codex_resolver import CodexResolver
-from server.hidden_calls import HiddenCaller
+from server.codex.codex_condenser import CodexCondenser
+from server.codex.codex_resolver import CodexResolver
 from server.metrics import AHCMetrics
-from server.quota_loop import model_summarizer
-from server.recorder import Recorder, RecordingEngine
-from server.tenants import TenantKeys
-from server.token_process import TokenProcess
+from server.model.hidden_calls import HiddenCaller
+from server.model.token_process import TokenProcess
+from server.recording.quota_loop import model_summarizer
+from server.recording.recorder import Recorder, RecordingEngine
+from server.tenancy.tenants import TenantKeys
 from xdb import XDBClient
 from xdb.lake import LakeUnavailable
 

@@ -17,8 +17,8 @@ from agent.policies.base import Reply, TurnInput
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore
 from agent.tools import Toolbox, tool_schemas
-from server.agent_routes import agent_router
-from server.errors import install_error_handling
+from server.http.errors import install_error_handling
+from server.routes.agent_routes import agent_router
 from universe import Harness, load_rule
 from xdb import XDB
 

@@ -22,9 +22,9 @@ from starlette.testclient import WebSocketDisconnect
 
 from ahc.core.config import AHCConfig
 from server.app import REMOVED_PATHS
-from server.auth import OPEN_PATHS, UI_PREFIX, ApiKeyMiddleware
 from server.engine_args import build_vllm_namespace
-from server.tenants import TenantKeys
+from server.tenancy.auth import OPEN_PATHS, UI_PREFIX, ApiKeyMiddleware
+from server.tenancy.tenants import TenantKeys
 from xdb import XDB
 
 KEY = "sesame"
@@ -204,7 +204,7 @@ def test_the_experience_browser_shell_loads_without_the_key_and_reads_nothing_wi
     assert 'data-auth-required="true"' in page.text
     assert keyed.get("/ui").status_code == 200  # redirected to /ui/
     assert keyed.get("/ui/static/app.js").status_code == 200
-    for escape in ("/ui/static/../../auth.py", "/ui/static/..%2f..%2fauth.py", "/ui/static/nothing.js"):
+    for escape in ("/ui/static/../../app.py", "/ui/static/..%2f..%2fapp.py", "/ui/static/nothing.js"):
         assert keyed.get(escape).status_code in (401, 404), escape  # nothing outside server/ui/static
     for path in ("/v1/xdb/sessions", "/v1/xdb/audit", "/v1/xdb/runs", "/v1/xdb/recall"):
         assert keyed.get(path).status_code == 401, path

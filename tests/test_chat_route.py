@@ -21,8 +21,8 @@ from ahc.core.config import AHCConfig
 from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.chat_turn import ChatTurn
 from server.chat import serving as chat_route
-from server.request_context import EngineUsage
 from server.runtime import Runtime
+from server.tenancy.request_context import EngineUsage
 from xdb import XDB
 from xdb.browse import session_turns, sessions_overview
 
@@ -547,7 +547,7 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vl
 
 def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
     """Tokenizing a large Codex takes seconds; it happens off the event loop (in a child process past
-    server/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
+    server/model/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     client, runtime = served

@@ -17,8 +17,8 @@ from orchestrator.context_spec import CodexDoc, CodexRef, StoredCodexDoc, parse_
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
-from server.codex_condenser import CodexCondenser
-from server.codex_resolver import CONDENSED_TAG, CodexResolver, rendition_path, text_sha256
+from server.codex.codex_condenser import CodexCondenser
+from server.codex.codex_resolver import CONDENSED_TAG, CodexResolver, rendition_path, text_sha256
 from xdb import XDB
 from xdb.documents import find_document, get_document
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from server.flush_group import FlushGroup
+from server.recording.flush_group import FlushGroup
 from xdb.writer import FlushTimeout
 
 

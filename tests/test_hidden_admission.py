@@ -12,8 +12,8 @@ from ahc.core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc
 from server.admission.hidden import HOUR_S, HiddenAdmission, TenantBudget
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
-from server.codex_condenser import PROMPT_OVERHEAD, CodexCondenser
-from server.codex_resolver import CodexResolver
+from server.codex.codex_condenser import PROMPT_OVERHEAD, CodexCondenser
+from server.codex.codex_resolver import CodexResolver
 from xdb import XDB
 
 MODEL = "tiny"

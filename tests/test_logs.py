@@ -17,7 +17,7 @@ import pytest
 
 from bench.harness import start_server
 from server.cluster.server_process import ServerProcess
-from server.logs import AHC_LOGGERS, follow_vllm_logging
+from server.telemetry.logs import AHC_LOGGERS, follow_vllm_logging
 
 # vLLM's default format: "(MainProcess pid=12) INFO 05-06 07:08:09 [file.py:12] message"
 VLLM_LINE = r"\(\S+ pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
@@ -69,7 +69,7 @@ def test_ahc_loggers_write_through_vllms_handler_in_its_format(vllm_handler: io.
     logging.getLogger("vllm.engine").info("engine line")
     logging.getLogger("ahc.chat").info("chat line")
     logging.getLogger("orchestrator.retrieval.scoped_indexes").warning("index line")
-    logging.getLogger("server.token_process").debug("below vLLM's level")
+    logging.getLogger("server.model.token_process").debug("below vLLM's level")
     lines = vllm_handler.getvalue().splitlines()
     assert len(lines) == 3, lines
     for line, message in zip(lines, ("engine line", "chat line", "index line"), strict=True):

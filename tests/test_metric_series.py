@@ -6,8 +6,8 @@ from __future__ import annotations
 def test_hidden_calls_and_cache_breaks_are_counted_apart() -> None:
     from orchestrator.blocks import Block
     from orchestrator.cache_report import CacheReport
-    from server.hidden_calls import HIDDEN_REQUEST_PREFIX
     from server.metrics import AHCMetrics
+    from server.model.hidden_calls import HIDDEN_REQUEST_PREFIX
 
     metrics = AHCMetrics(model_name="m")
     metrics.record_request("chatcmpl-1", 100, 90)

@@ -10,11 +10,11 @@ from fake_app import serving
 from fastapi.routing import APIRoute
 
 from ahc.core.config import AHCConfig
-from server.record_queue import RecordQueue
-from server.recording_gate import gated
+from server.admission.recording_gate import gated
+from server.recording.record_queue import RecordQueue
 
 # vLLM's POST routes that generate nothing, so XDB's backlog does not hold them up. A route a later vLLM
-# adds is gated until it is named in server/recording_gate.py, and then here.
+# adds is gated until it is named in server/admission/recording_gate.py, and then here.
 UNGATED_VLLM = {"/tokenize", "/detokenize", "/ping", "/v1/messages/count_tokens", "/v1/responses/{response_id}/cancel",
                 "/v1/chat/completions/render", "/v1/messages/render", "/v1/completions/render",
                 "/v1/responses/render", "/v1/chat/completions/derender", "/v1/completions/derender"}

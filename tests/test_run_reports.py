@@ -19,10 +19,10 @@ from matplotlib.image import imsave
 from agent.loop import DiscoveryRun, RunConfig
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore, StoreUnavailable
-from server.agent_routes import agent_router
-from server.errors import install_error_handling
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.http.errors import install_error_handling
+from server.routes.agent_routes import agent_router
+from server.tenancy.request_context import request_tenant
+from server.tenancy.tenants import Tenant
 from universe import load_rule
 from xdb import XDB
 from xdb.runs import PNG_SIGNATURE, REPORT_MAX_BYTES, list_runs, run_report

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from server.errors import normalise
+from server.http.errors import normalise
 
 pytestmark = pytest.mark.engine
 

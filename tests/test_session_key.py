@@ -7,7 +7,7 @@ import pytest
 from ahc.core.errors import InvalidRequest
 from ahc.core.limits import ID_MAX_CHARS
 from orchestrator.named_sessions import NamedSessions
-from server.session_key import SessionKey, header_value, session_key
+from server.http.session_key import SessionKey, header_value, session_key
 
 
 def test_none_named_is_no_session() -> None:

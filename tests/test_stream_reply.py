@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from server.stream_reply import ReplyAccumulator
+from server.chat.stream_reply import ReplyAccumulator
 
 
 def choice(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.template_check import check_chat_template
+from server.model.template_check import check_chat_template
 
 # Like Qwen3's: an earlier reply's reasoning is dropped once a later user turn exists.
 DROPS_OLD_REASONING = (

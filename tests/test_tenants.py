@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 
 from ahc.core.config import AHCConfig
 from ahc.core.errors import NotFound
-from server.request_context import current_tenant
 from server.runtime import Runtime
-from server.tenants import LOCAL, Tenant, TenantKeys
+from server.tenancy.request_context import current_tenant
+from server.tenancy.tenants import LOCAL, Tenant, TenantKeys
 from xdb.owner import FLAT
 
 ALICE, BOB = "alice-key", "bob-key"
@@ -303,7 +303,7 @@ def duckdb_sessions(runtime: Runtime, export_id: str) -> set[str]:
     return {r[0] for r in rows}
 
 
-# The routes over XDB: each reaches it through the calling tenant's view (server/tenant_xdb.py).
+# The routes over XDB: each reaches it through the calling tenant's view (server/tenancy/tenant_xdb.py).
 XDB_ROUTE_MODULES = ("agent_routes", "browse_routes", "codex_routes", "export_routes", "session_routes",
                      "xdb_routes")
 
@@ -317,15 +317,15 @@ def test_no_xdb_route_scopes_an_id_by_hand(module: str) -> None:
     its tenant. Every id a route passes to XDB goes through TenantXDB, so none of these names appear."""
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "server" / f"{module}.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "server" / "routes" / f"{module}.py").read_text()
     by_hand = sorted({f"{node.attr} (line {node.lineno})" for node in ast.walk(ast.parse(source))
                       if isinstance(node, ast.Attribute) and node.attr in ID_SCOPING
                       and isinstance(node.value, ast.Name) and node.value.id == "tenant"})
-    assert not by_hand, f"server/{module}.py scopes ids by hand: {by_hand}"
+    assert not by_hand, f"server/routes/{module}.py scopes ids by hand: {by_hand}"
 
 
 def test_a_tenants_view_hands_back_only_its_own_rows(tmp_path: Path) -> None:
-    from server.tenant_xdb import TenantXDB
+    from server.tenancy.tenant_xdb import TenantXDB
     from xdb import XDB
 
     alice, bob = Tenant("alice", True), Tenant("bob", True)

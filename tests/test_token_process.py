@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from server.token_process import TokenProcess
+from server.model.token_process import TokenProcess
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.recorder import Recorder, TokenStream
+from server.recording.recorder import Recorder, TokenStream
 from xdb import XDB
 from xdb.rows import TimestepRow, TokenBatch
 

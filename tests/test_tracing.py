@@ -24,7 +24,7 @@ from ahc.core.config import AHCConfig
 from ahc.core.spans import CACHE_READ_INPUT_TOKENS, CONTEXT_MODE, INPUT_TOKENS, SESSION_ID
 from bench.harness import start_server
 from server.runtime import Runtime
-from server.tracing import engine_trace_headers, start_tracing
+from server.telemetry.tracing import engine_trace_headers, start_tracing
 
 CLIENT_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 CLIENT_SPAN = 0xB7AD6B7169203331

@@ -21,12 +21,12 @@ from browser import launched, served, sign_in, wait_for_turns
 from fastapi import FastAPI
 
 from agent.chart import chart
-from server.agent_routes import agent_router
-from server.browse_routes import browse_router
 from server.cluster.server_process import ServerProcess
-from server.errors import install_error_handling
-from server.ui_routes import install_ui
-from server.xdb_routes import xdb_router
+from server.http.errors import install_error_handling
+from server.routes.agent_routes import agent_router
+from server.routes.browse_routes import browse_router
+from server.routes.ui_routes import install_ui
+from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 from xdb.rows import TokenBatch
 from xdb.runs import log_interaction, save_meta_knowledge

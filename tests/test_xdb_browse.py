@@ -1,4 +1,4 @@
-"""What the experience browser reads (xdb/browse.py) and its routes (server/browse_routes.py), on a real
+"""What the experience browser reads (xdb/browse.py) and its routes (server/routes/browse_routes.py), on a real
 XDB file: sessions at a glance, a session turn by turn, a concept's strongest tokens, the audit."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.browse_routes import browse_router
-from server.errors import install_error_handling
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.http.errors import install_error_handling
+from server.routes.browse_routes import browse_router
+from server.tenancy.request_context import request_tenant
+from server.tenancy.tenants import Tenant
 from xdb import XDB, TimestepRow
 from xdb.browse import break_reason, session_turns, sessions_overview
 from xdb.rows import TokenBatch
@@ -182,7 +182,7 @@ def test_the_audit_head_and_a_verification(client: tuple[TestClient, list[Tenant
 def test_a_verification_goes_on_from_where_the_last_one_ended(xdb: XDB) -> None:
     """The second re-hashes only the records committed since the first (with the checkpoint and concept
     chains whole); a broken chain makes the next one whole again; and so does the hour."""
-    from server.browse_routes import AuditVerifier
+    from server.routes.browse_routes import AuditVerifier
 
     verifier = AuditVerifier(xdb, cooldown_s=0.0)
     first = verifier.verify()
@@ -204,7 +204,7 @@ def test_one_verification_at_a_time() -> None:
     import threading
 
     from ahc.core.errors import RateLimited
-    from server.browse_routes import AuditVerifier
+    from server.routes.browse_routes import AuditVerifier
     from xdb.audit_verify import AuditReport
 
     release, entered = threading.Event(), threading.Event()

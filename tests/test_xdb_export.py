@@ -17,8 +17,8 @@ from cli_runner import ahc
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.errors import install_error_handling
-from server.export_routes import export_router
+from server.http.errors import install_error_handling
+from server.routes.export_routes import export_router
 from xdb import XDB, TimestepRow
 from xdb.audit import verify_audit
 from xdb.audit_chain import EVENT_TYPE

@@ -125,7 +125,7 @@ def test_storage_metrics_follow_the_files_and_each_pass(tmp_path: Path) -> None:
 def test_the_storage_loop_applies_retention_and_reports_each_pass(tmp_path: Path) -> None:
     import asyncio
 
-    from server.quota_loop import enforce_quota_forever
+    from server.recording.quota_loop import enforce_quota_forever
 
     metrics = AHCMetrics(model_name="m")
     config = XDBConfig(retention=RetentionConfig(delete_after_days=1))

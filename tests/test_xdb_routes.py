@@ -16,8 +16,8 @@ from ahc.core.limits import (
     NOTE_MAX_CHARS,
     TAG_MAX_CHARS,
 )
-from server.errors import install_error_handling
-from server.xdb_routes import xdb_router
+from server.http.errors import install_error_handling
+from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
 

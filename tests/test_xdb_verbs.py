@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.core.config import XDBConfig
-from server.errors import install_error_handling
-from server.xdb_routes import xdb_router
+from server.http.errors import install_error_handling
+from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
 SPIKE = 30  # the tick whose top activation stands out

@@ -304,7 +304,7 @@ class AHCConfig(BaseSettings):
     # Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line.
     api_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: str | None = None
-    # Request bodies over this many bytes are refused with 413 before they are parsed (server/body_limit.py);
+    # Request bodies over this many bytes are refused with 413 before they are parsed (server/http/body_limit.py);
     # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
     max_request_bytes: int = Field(32 << 20, gt=0)
     data_dir: str = ".cache/xdb"

@@ -12,6 +12,8 @@ here read those and decide; the chat route, the completions route and the hidden
                           cold turn waits for a hot one only while that costs less than the prefill it spares
     turn.py               admitting a chat turn (session admission, then the governor) and the
                           recording back-pressure every generating route waits on
+    recording_gate.py     RecordingGate: that back-pressure on every vLLM route that can generate
+                          (completions, Responses, Messages, ...), before the request's body is read
     hidden.py             HiddenAdmission: the server's own calls (condensed renditions) admitted like
                           requests, one at a time per model, within a tenant's hourly budget
 

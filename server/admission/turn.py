@@ -17,7 +17,7 @@ from ahc.core.spans import GOVERNOR_ACTIONS, SESSION_ID
 from orchestrator.chat_turn import ChatTurn
 from server.admission.session_admission import SessionAdmission
 from server.admission.vram_governor import VramGovernor
-from server.recorder import Recorder
+from server.recording.recorder import Recorder
 
 POLL_S = 0.05
 

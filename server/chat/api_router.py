@@ -10,9 +10,9 @@ from starlette.responses import Response
 
 from server.chat.protocol import ChatCall, ChatRequest
 from server.chat.serving import ChatService, TurnStream
-from server.chat_telemetry import ChatTelemetry
-from server.request_context import current_tenant
 from server.runtime import Runtime
+from server.telemetry.chat_telemetry import ChatTelemetry
+from server.tenancy.request_context import current_tenant
 
 PATH = "/v1/chat/completions"
 

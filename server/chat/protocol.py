@@ -13,15 +13,15 @@ from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn import requested_completion_tokens
-from server.session_key import HEADER, SessionKey, session_key
-from server.tenants import Tenant
+from server.http.session_key import HEADER, SessionKey, session_key
+from server.tenancy.tenants import Tenant
 
 
 class ChatRequest(ChatCompletionRequest):
     """vLLM's chat request with AHC's `context` (sent by the `openai` client in `extra_body`)."""
 
     context: ContextSpec | None = None
-    # OpenAI's key for requests that share a prefix: here it names the session (server/session_key.py).
+    # OpenAI's key for requests that share a prefix: here it names the session (server/http/session_key.py).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
 
     @field_validator("messages")

@@ -24,12 +24,12 @@ from orchestrator.context_spec import ContextSpec
 from server.admission.turn import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
-from server.chat_telemetry import ChatTelemetry
-from server.errors import error_body, error_response
-from server.request_context import EngineUsage, current_session, current_tenant, current_usage
+from server.chat.stream_reply import ReplyAccumulator
+from server.http.errors import error_body, error_response
+from server.http.session_key import HEADER, header_value
 from server.runtime import Runtime
-from server.session_key import HEADER, header_value
-from server.stream_reply import ReplyAccumulator
+from server.telemetry.chat_telemetry import ChatTelemetry
+from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 
 
 class ChatService:

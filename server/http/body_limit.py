@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_response
+from server.http.errors import error_response
 
 
 class _BodyTooLarge(Exception):

@@ -3,7 +3,7 @@
 An entry may name a stored document (`{"document": "spec", "version": 3}`, or `{"sha256": …}`)
 instead of carrying its text: it is rendered from that stored version, byte for byte, so a large
 Codex is uploaded once and its prefix stays cached while each request stays small. And a document
-that has a condensed rendition for the served model (see `server/codex_condenser.py`) carries it,
+that has a condensed rendition for the served model (see `server/codex/codex_condenser.py`) carries it,
 for the orchestrator to use when the prompt needs room.
 
 A stored version never changes, so its text is read from XDB once and kept here (bounded in

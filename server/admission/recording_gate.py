@@ -18,8 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ahc.core.errors import AHCError
 from server.admission.turn import wait_for_recording
-from server.errors import error_response
-from server.recorder import Recorder
+from server.http.errors import error_response
+from server.recording.recorder import Recorder
 
 # AHC's own routes: the chat route waits itself (in order with its turn), the XDB routes write directly.
 _AHC_CHAT = "/v1/chat/completions"

@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.core.errors import NotFound, RateLimited
 from ahc.core.limits import ID_MAX_CHARS
-from server.errors import AHCRoute
-from server.tenant_xdb import TenantViews, TenantXDB
-from server.tenants import Tenant
+from server.http.errors import AHCRoute
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
+from server.tenancy.tenants import Tenant
 from xdb import XDBClient
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import error_response
+from server.http.errors import error_response
 
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends
 
-from server.tenants import LOCAL, Tenant
+from server.tenancy.tenants import LOCAL, Tenant
 
 
 @dataclass

@@ -20,11 +20,11 @@ from ahc.core.limits import (
     NOTE_MAX_CHARS,
     TAG_MAX_CHARS,
 )
-from server.errors import AHCRoute
-from server.request_context import Caller
-from server.tenant_xdb import Target as TagTarget
-from server.tenant_xdb import TenantViews, TenantXDB
-from server.tenants import Tenant
+from server.http.errors import AHCRoute
+from server.tenancy.request_context import Caller
+from server.tenancy.tenant_xdb import Target as TagTarget
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
+from server.tenancy.tenants import Tenant
 from xdb import XDBClient, fidelity
 from xdb.documents import DocumentType
 from xdb.recall import RecallFilters
@@ -141,7 +141,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     """The `/v1/xdb/*` routes over one XDB; `summarize` writes compaction summaries (the served model).
     Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop.
 
-    Sessions and documents are the calling tenant's, reached through its view (server/tenant_xdb.py).
+    Sessions and documents are the calling tenant's, reached through its view (server/tenancy/tenant_xdb.py).
     Concepts, tag names and buds are the server's shared vocabulary."""
     router = APIRouter(prefix="/v1/xdb", tags=["xdb"], route_class=AHCRoute)
     views = TenantViews(xdb)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.compaction import SummaryReply
-from server.request_context import current_tenant
-from server.tenants import TenantKeys
-from server.tracing import engine_trace_headers
+from server.telemetry.tracing import engine_trace_headers
+from server.tenancy.request_context import current_tenant
+from server.tenancy.tenants import TenantKeys
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient

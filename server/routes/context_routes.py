@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ahc.core.errors import InvalidRequest
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
-from server.errors import AHCRoute
-from server.request_context import request_tenant
-from server.tenants import Tenant
+from server.http.errors import AHCRoute
+from server.tenancy.request_context import request_tenant
+from server.tenancy.tenants import Tenant
 
 
 class QueryArchiveBody(BaseModel):

@@ -1,7 +1,7 @@
 """XDB as one tenant sees it: the one place where the ids a tenant names are scoped and unscoped.
 
 A tenant's ids (sessions, runs, documents) are stored as its prefix followed by the id it named, and
-handed back without it; listings are filtered by its owner string (server/tenants.py, xdb/owner.py).
+handed back without it; listings are filtered by its owner string (server/tenancy/tenants.py, xdb/owner.py).
 Routes take a `TenantXDB` (from the `TenantViews` dependency) instead of the XDB and the tenant, so no
 route scopes an id, unscopes a row or passes an owner by hand: a route that forgot one would read
 past its tenant without a sound. The view has no method that reaches past its tenant; what spans
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ahc.core.errors import InvalidRequest, NotFound
-from server.request_context import Caller
-from server.tenants import Tenant
+from server.tenancy.request_context import Caller
+from server.tenancy.tenants import Tenant
 from xdb import XDBClient
 from xdb.browse import session_turns, sessions_overview
 from xdb.compression import cold_records

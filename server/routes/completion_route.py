@@ -29,9 +29,9 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn import choices, max_new_tokens, wait_for_recording
-from server.request_context import current_session, current_tenant
+from server.http.session_key import HEADER, header_value, session_key
 from server.runtime import Runtime
-from server.session_key import HEADER, header_value, session_key
+from server.tenancy.request_context import current_session, current_tenant
 
 PATH = "/v1/completions"
 

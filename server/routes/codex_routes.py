@@ -12,10 +12,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from ahc.core.errors import Conflict, NotFound
-from server.codex_condenser import CodexCondenser, source_document
-from server.codex_resolver import CodexResolver, rendition_path
-from server.errors import AHCRoute
-from server.tenant_xdb import TenantViews, TenantXDB
+from server.codex.codex_condenser import CodexCondenser, source_document
+from server.codex.codex_resolver import CodexResolver, rendition_path
+from server.http.errors import AHCRoute
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
 Version = Annotated[int | None, Query(ge=1, description="the source's version (default: the latest)")]

@@ -14,8 +14,8 @@ from opentelemetry.trace import Status, StatusCode
 from ahc.core.spans import CACHE_READ_INPUT_TOKENS, INPUT_TOKENS
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.orchestrator import prompt_attributes
-from server.request_context import EngineUsage, current_usage
-from server.tracing import start_request_span
+from server.telemetry.tracing import start_request_span
+from server.tenancy.request_context import EngineUsage, current_usage
 
 log = logging.getLogger("ahc.chat")
 

@@ -3,7 +3,7 @@
 Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, docs and whatever a later
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
-work. Each key is a tenant (server/tenants.py): the middleware makes the key's tenant the request's.
+work. Each key is a tenant (server/tenancy/tenants.py): the middleware makes the key's tenant the request's.
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import error_response
-from server.request_context import current_tenant
-from server.tenants import Tenant, TenantKeys
+from server.http.errors import error_response
+from server.tenancy.request_context import current_tenant
+from server.tenancy.tenants import Tenant, TenantKeys
 
 # Liveness, readiness (SageMaker's `/ping`, GET and POST) and Prometheus: exact paths, not prefixes.
 OPEN_PATHS = ("/health", "/metrics", "/ping")

@@ -24,7 +24,7 @@ from typing import Any
 from ahc.core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc, StoredCodexDoc
 from server.admission.hidden import HiddenAdmission
-from server.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256
+from server.codex.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256
 from xdb import XDBClient
 
 log = logging.getLogger("ahc.codex")

@@ -26,11 +26,11 @@ from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
 from server.capture.capture_setup import CaptureSetup
-from server.flush_group import FlushGroup
-from server.record_queue import RecordQueue
-from server.request_context import EngineUsage, current_session, current_tenant, current_usage
-from server.token_text import TokenTexts
-from server.tracing import engine_trace_headers
+from server.recording.flush_group import FlushGroup
+from server.recording.record_queue import RecordQueue
+from server.recording.token_text import TokenTexts
+from server.telemetry.tracing import engine_trace_headers
+from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 from xdb import XDBClient
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from server.hidden_calls import HiddenCaller
+from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
 
 log = logging.getLogger("ahc.xdb.storage")

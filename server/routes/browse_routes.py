@@ -25,8 +25,8 @@ from fastapi import APIRouter, Depends, Query
 
 from ahc.core.errors import RateLimited
 from ahc.core.limits import ID_MAX_CHARS
-from server.errors import AHCRoute
-from server.tenant_xdb import TenantViews, TenantXDB
+from server.http.errors import AHCRoute
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
 

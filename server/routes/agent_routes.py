@@ -30,8 +30,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.core.errors import InvalidRequest, NotFound
-from server.errors import AHCRoute
-from server.tenant_xdb import TenantViews, TenantXDB
+from server.http.errors import AHCRoute
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 from xdb.runs import REPORT_MAX_BYTES
 from xdb.schema import INT32_MAX, INT64_MAX

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ahc.core.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
-from server.errors import AHCRoute
-from server.tenant_xdb import TenantViews, TenantXDB
+from server.http.errors import AHCRoute
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
 
