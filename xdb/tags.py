@@ -74,12 +74,12 @@ def make_target(*, timestep_id: int | None = None, session_id: str | None = None
     return Target(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
 
 
-def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target, session_prefix: str = "") -> Target:
-    """Check the target exists in a session whose id starts with `session_prefix` (the caller's
-    tenant's); a single tick becomes its timestep id. Raises NotFound, the same for a row that is
+def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target, owner: str = "") -> Target:
+    """Check the target exists in a session `owner` (the caller's tenant's, xdb/owner.py) owns;
+    a single tick becomes its timestep id. Raises NotFound, the same for a row that is
     missing and one of another tenant."""
     resolved = _resolve_target(cur, target)
-    if not owns(session_prefix, resolved.session_id or ""):
+    if not owns(owner, resolved.session_id or ""):
         what = {"timestep": f"timestep {target.timestep_id}", "event": f"event (request) {target.event_id!r}"}
         raise NotFound(f"{what.get(target.kind, 'target')} not found")
     return resolved
