@@ -66,7 +66,7 @@ class ChatService:
     async def admit(self, turn: ChatTurn, call: ChatCall) -> None:
         runtime = self.runtime
         try:
-            await admit(turn, runtime.governor, call.body, runtime.config.engine.max_model_len,
+            await admit(turn, runtime.governor, call.asked, runtime.config.engine.max_model_len,
                         runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")
