@@ -28,7 +28,7 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
-from server.admission.turn import Asked, request_blocks, wait_for_recording
+from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
 from server.request_context import current_session, current_tenant
 from server.runtime import Runtime
 from server.session_key import HEADER, header_value, session_key

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.admission.turn import Asked, request_blocks
+from server.admission.turn_admission import Asked, request_blocks
 from server.admission.vram_governor import KVStats, VramGovernor
 
 

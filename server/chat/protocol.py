@@ -12,7 +12,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
-from server.admission.turn import Asked
+from server.admission.turn_admission import Asked
 from server.session_key import HEADER, SessionKey, session_key
 from server.tenants import Tenant
 

@@ -21,7 +21,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
-from server.admission.turn import admit, wait_for_recording
+from server.admission.turn_admission import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat_telemetry import ChatTelemetry
