@@ -38,7 +38,7 @@ from xdb.tags import list_comments
 
 
 @dataclass(frozen=True)
-class Target:
+class TenantTarget:
     """What a tag or comment is put on, as the tenant names it."""
 
     timestep_id: int | None = None
@@ -81,7 +81,7 @@ class TenantXDB:
     def _owned(self, rows: Iterable[dict[str, Any]], key: str = "session_id") -> list[dict[str, Any]]:
         return self._rows(r for r in rows if self.tenant.owns(r[key]))
 
-    def _where(self, target: Target) -> dict[str, Any]:
+    def _where(self, target: TenantTarget) -> dict[str, Any]:
         """A target as XDB names it: the session is the tenant's, and so must be a row named by id."""
         return dict(timestep_id=target.timestep_id, session_id=self._opt(target.session_id), tick=target.tick,
                     event_id=target.event_id, tick_range=target.tick_range, owner=self.tenant.owner)
@@ -99,10 +99,10 @@ class TenantXDB:
     def timestep(self, timestep_id: int) -> dict[str, Any]:
         return self._row(self.xdb.timestep(timestep_id, owner=self.tenant.owner))
 
-    def tag(self, tag: str | int, target: Target, **fields: Any) -> dict[str, Any]:
+    def tag(self, tag: str | int, target: TenantTarget, **fields: Any) -> dict[str, Any]:
         return self._row(self.xdb.tag(tag, **self._where(target), **fields))
 
-    def comment(self, content: str, target: Target) -> dict[str, Any]:
+    def comment(self, content: str, target: TenantTarget) -> dict[str, Any]:
         return self._row(self.xdb.comment(content, **self._where(target)))
 
     def comments(self, session_id: str | None) -> list[dict[str, Any]]:

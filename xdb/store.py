@@ -388,7 +388,7 @@ class XDB(SessionMethods, LakeMethods):
         self.writer.set_auto_tag_thresholds({name: float(t) for name, t in rows})
 
     # -- tags and comments ---------------------------------------------------------------------
-    def _target(self, cur: duckdb.DuckDBPyConnection, owner: str, **where: Any) -> tags.Target:
+    def _target(self, cur: duckdb.DuckDBPyConnection, owner: str, **where: Any) -> tags.TagTarget:
         target = tags.make_target(**where)
         try:
             return tags.resolve_target(cur, target, owner)
