@@ -44,12 +44,12 @@ import httpx
 from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
-from bench.harness import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
 from bench.history_trim import Count
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
 from bench.result import BenchResult
 from bench.serve import start_vllm
+from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
 from bench.session_clients import (
     Client,
     ContextClient,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from bench_smoke import check_result
 
-from bench.harness import start_server
+from bench.servers import start_server
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
