@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.journal import clip
 from agent.knowledge import Knowledge
-from universe.laws.schema import OP_HELP
+from universe.laws.json_schema import OP_HELP
 
 PERSONA = (
     "You are a Popperian scientist. A hidden universe runs by a law you must reverse-engineer. You know "

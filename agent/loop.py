@@ -22,11 +22,11 @@ from agent.context import context_field, identity_text
 from agent.evidence import Evidence
 from agent.journal import Journal, JournalEntry
 from agent.knowledge import Knowledge
-from agent.metrics import Referee, TurnMetrics
 from agent.policies.base import ContextOverflow, Policy, Reply, TurnInput
 from agent.progress import Progress
 from agent.run_store import RunStore
 from agent.tools import Toolbox
+from agent.turn_metrics import Referee, TurnMetrics
 from universe.harness import Harness
 from universe.rule import Rule
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from agent.metrics import TurnMetrics
+from agent.turn_metrics import TurnMetrics
 
 SHOWN_TURNS = 12
 

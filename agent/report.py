@@ -12,7 +12,7 @@ from typing import Any
 from agent.chart import chart
 from agent.checkpoint import Checkpoint
 from agent.knowledge import Knowledge
-from agent.metrics import TurnMetrics
+from agent.turn_metrics import TurnMetrics
 
 COLORS = {"coverage": (46, 160, 67), "accuracy": (31, 111, 235), "cache hit": (245, 166, 35)}
 

@@ -19,7 +19,7 @@ from agent.journal import clip
 from agent.knowledge import THEOREM_STATUSES, Knowledge, Theorem, theorems_from_json
 from agent.run_store import RunStore
 from universe.harness import Harness
-from universe.laws.schema import bounded_law_schema
+from universe.laws.json_schema import bounded_law_schema
 from universe.tools import TOOLS as HARNESS_TOOLS
 from universe.tools import check_arguments
 

@@ -31,11 +31,11 @@ import httpx
 import openai
 
 from bench.device import engine_device
-from bench.harness import start_server
 from bench.load_spec import overridden
 from bench.models import ServedModel, served_model
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
+from bench.servers import start_server
 
 LOAD_ENV = "BENCH_ACTIVATIONS_LOAD"
 

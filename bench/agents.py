@@ -45,12 +45,12 @@ import numpy as np
 
 from ahc.core.config import OrchestratorConfig, cache_dir, load_config
 from bench.device import engine_device
-from bench.harness import ensure_model, start_server, start_together
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
+from bench.servers import ensure_model, start_server, start_together
 from bench.stream_load import percentile
 from server.cluster.server_process import ServerProcess
 from server.emulation.engine_flags import BLOCK_SIZE as EMULATED_BLOCK_SIZE

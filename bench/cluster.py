@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 
-from bench.harness import TINY_MODEL
 from bench.load_spec import overridden
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
+from bench.servers import TINY_MODEL
 from server.cluster.local_cluster import ClusterSpec, LocalCluster
 from server.cluster.router import RouterProcess
 from server.cluster.server_process import ServerProcess, free_port

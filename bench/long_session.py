@@ -44,18 +44,18 @@ import httpx
 from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
-from bench.harness import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
 from bench.history_trim import Count
 from bench.load_spec import overridden
 from bench.models import MODELS, model_max_len
 from bench.result import BenchResult
 from bench.serve import start_vllm
+from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
 from bench.session_clients import (
     Client,
     ContextClient,
     HistoryClient,
+    MeasuredTurn,
     Sampling,
-    Turn,
     run_turns,
     template_counter,
     whitespace_bias,
@@ -114,7 +114,7 @@ def load_from_env(spec: str | None) -> LongSessionLoad:
 class ClientRun:
     """One client's session: its turns, the engine's prefill over the run, and its wall time."""
 
-    turns: list[Turn]
+    turns: list[MeasuredTurn]
     engine_prefill: int
     wall_s: float
 
@@ -159,7 +159,7 @@ def reusable_tokens(prompt: int, prev_prompt: int, prev_completion: int, report:
     return max(min(prompt, continued), 0)
 
 
-def hit_ratio_ceiling(turns: Sequence[Turn], block_size: int) -> float:
+def hit_ratio_ceiling(turns: Sequence[MeasuredTurn], block_size: int) -> float:
     """Reusable over prompt tokens across the session (the first turn reuses nothing)."""
     replies = [t.reply for t in turns]
     reusable = sum(reusable_tokens(r.prompt_tokens, p.prompt_tokens, p.completion_tokens, r.report or {}, block_size)
@@ -328,7 +328,7 @@ def result_of(load: LongSessionLoad, script: AgentScript, runs: dict[str, Client
     return BenchResult("long-session", figures, ratios, notes)
 
 
-def miscount(turns: Sequence[Turn]) -> int:
+def miscount(turns: Sequence[MeasuredTurn]) -> int:
     return max((abs(t.reply.prompt_tokens - t.counted_tokens) for t in turns if t.counted_tokens is not None),
                default=0)
 

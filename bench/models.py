@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from ahc.core.config import cache_dir
-from bench.harness import build_once, ensure_model
+from bench.servers import build_once, ensure_model
 from server.cluster.server_process import AHC, child_env
 
 MODELS: dict[str, tuple[str, ...]] = {

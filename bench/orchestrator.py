@@ -34,10 +34,10 @@ import openai
 
 from ahc.core.config import OrchestratorConfig, load_config
 from bench.device import engine_device
-from bench.harness import start_server
 from bench.load_spec import overridden
 from bench.models import MODELS, served_model
 from bench.result import BenchResult
+from bench.servers import start_server
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 

@@ -46,10 +46,10 @@ import httpx
 import openai
 
 from bench.device import engine_device
-from bench.harness import REAL_CONFIG, REAL_MODEL, start_server
 from bench.load_spec import overridden
 from bench.quality_codex import QualityCodex, Question, generate
 from bench.result import BenchResult
+from bench.servers import REAL_CONFIG, REAL_MODEL, start_server
 
 LOAD_ENV = "BENCH_QUALITY_LOAD"
 MODES = ("none", "cag", "rag", "condensed")

@@ -34,11 +34,11 @@ import psutil
 
 from ahc.core.config import load_config
 from bench.device import engine_device
-from bench.harness import start_server
 from bench.models import SERVED
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, Profile, profile_named
+from bench.servers import start_server
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
 from xdb.service import PROCESS_TITLE

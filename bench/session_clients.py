@@ -29,7 +29,7 @@ SESSION_ID = "long-session"
 
 
 @dataclass(frozen=True)
-class Turn:
+class MeasuredTurn:
     """A turn as measured: the reply's figures, and the client's own count of its prompt (None where
     the server builds the prompt)."""
 
@@ -38,7 +38,7 @@ class Turn:
 
 
 class Client(Protocol):
-    def turn(self, index: int) -> Turn: ...
+    def turn(self, index: int) -> MeasuredTurn: ...
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,11 @@ class ContextClient:
         return {"session_id": SESSION_ID, "identity": self.script.identity, "codex": list(self.script.codex),
                 "mode": "auto"}
 
-    def turn(self, index: int) -> Turn:
+    def turn(self, index: int) -> MeasuredTurn:
         body = self.sampling.body(self.script, index, self.script.new_messages(index, self.call_id))
         reply = stream_chat(self.http, {**body, "context": self.context()})
         self.call_id = reply.tool_call_id()
-        return Turn(reply)
+        return MeasuredTurn(reply)
 
 
 @dataclass
@@ -101,7 +101,7 @@ class HistoryClient:
             prompt = f"Current time: {datetime.now().isoformat(timespec='microseconds')}\n\n{prompt}"
         return [{"role": "system", "content": prompt}]
 
-    def turn(self, index: int) -> Turn:
+    def turn(self, index: int) -> MeasuredTurn:
         self.history += self.script.new_messages(index, self.call_id)
         system = self.system()
         trimmed = trim(system, self.history, self.count, self.max_model_len - self.sampling.max_tokens)
@@ -112,7 +112,7 @@ class HistoryClient:
         reply = stream_chat(self.http, self.sampling.body(self.script, index, messages))
         self.call_id = reply.tool_call_id()
         self.history.append(reply.message)
-        return Turn(reply, self.count(messages))
+        return MeasuredTurn(reply, self.count(messages))
 
 
 def as_rendered(messages: Sequence[Message]) -> list[Message]:
@@ -142,7 +142,7 @@ def template_counter(tokenizer: Any, tools: Sequence[dict[str, Any]] = TOOLS) ->
     return count
 
 
-def run_turns(client: Client, turns: int) -> tuple[list[Turn], float]:
+def run_turns(client: Client, turns: int) -> tuple[list[MeasuredTurn], float]:
     """Every turn of the script, one after another; the wall time."""
     start = time.perf_counter()
     done = [client.turn(index) for index in range(turns)]

@@ -49,7 +49,7 @@ class Target:
 
 
 @dataclass
-class Reply:
+class TimedReply:
     """One streamed reply: when it was sent, when each chunk with content arrived (perf_counter
     seconds), its completion tokens (from the usage chunk), and AHC's XDB session of it."""
 
@@ -70,7 +70,7 @@ class Reply:
 class Round:
     """One round of a load on one server."""
 
-    replies: list[Reply]
+    replies: list[TimedReply]
     wall_s: float
     client_cpu_s: float
     api_cpu_s: float | None  # None when the API process is not known
@@ -127,7 +127,7 @@ def latency_ms(rounds: Sequence[Round]) -> dict[str, float]:
             "itl_p50_ms": percentile(gaps, 50) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3}
 
 
-def parse_event(line: bytes, reply: Reply, now: float) -> None:
+def parse_event(line: bytes, reply: TimedReply, now: float) -> None:
     """Take what the figures need from one SSE line of a chat completion stream."""
     if not line.startswith(b"data: {"):
         return
@@ -141,11 +141,12 @@ def parse_event(line: bytes, reply: Reply, now: float) -> None:
         reply.completion_tokens = data["usage"]["completion_tokens"]
 
 
-async def one_reply(session: aiohttp.ClientSession, target: Target, load: Load, client: int, request: int) -> Reply:
+async def one_reply(session: aiohttp.ClientSession, target: Target, load: Load, client: int,
+                    request: int) -> TimedReply:
     body = {"model": target.model, "max_tokens": load.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"Client {client}, request {request}: what do the particles do?"}]}
-    reply = Reply(sent=time.perf_counter())
+    reply = TimedReply(sent=time.perf_counter())
     async with session.post(f"{target.base_url}/v1/chat/completions", json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"{target.base_url} answered {response.status}: {(await response.text())[:500]}")
@@ -160,7 +161,7 @@ async def run_round(target: Target, load: Load) -> Round:
     async with aiohttp.ClientSession(headers=headers, timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
 
-        async def client(c: int) -> list[Reply]:
+        async def client(c: int) -> list[TimedReply]:
             return [await one_reply(session, target, load, c, i) for i in range(load.requests)]
 
         api_before = process_cpu_s(target.pid) if target.pid else None

@@ -24,7 +24,7 @@ Row = tuple[np.ndarray, np.ndarray]  # (concept index [k'], values [k'])
 
 
 @dataclass
-class _Request:
+class _RequestRows:
     rows: dict[int, Row] = field(default_factory=dict)  # position -> (index, values)
     touched: float = 0.0
 
@@ -33,7 +33,7 @@ class ActivationInbox:
     def __init__(self, ttl_s: float = 120.0) -> None:
         self.ttl_s = ttl_s
         self.source: str | None = None  # what the worker measures, from its first message
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _RequestRows] = {}
         self._delivered = threading.Condition()
         self._deliveries = 0  # messages put so far: a waiter sleeps until this moves
         self._last_eviction = time.monotonic()
@@ -45,7 +45,7 @@ class ActivationInbox:
             for i, (key, position) in enumerate(zip(step.keys, step.positions)):
                 request = self._requests.get(key)
                 if request is None:
-                    request = self._requests[key] = _Request()
+                    request = self._requests[key] = _RequestRows()
                 request.rows[position] = (step.concept_index[i], step.concept_values[i])
                 request.touched = now
             self._deliveries += 1

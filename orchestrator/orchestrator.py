@@ -53,7 +53,7 @@ tracer = trace.get_tracer(__name__)  # the API's no-op until a tracer provider i
 
 class Retriever(Protocol):
     async def retrieve(self, docs: Sequence[CodexDoc], query: str, k: int, scope: str | None,
-                       namespace: str = "") -> list[Excerpt]: ...
+                       tenant_prefix: str = "") -> list[Excerpt]: ...
     def tool(self) -> dict[str, Any]: ...
 
 
@@ -70,7 +70,7 @@ class _Request:
     budget: int
     tools: tuple[dict[str, Any], ...]
     codex: tuple[CodexDoc, ...] = ()
-    namespace: str = ""
+    tenant_prefix: str = ""
     retrieved: tuple[Excerpt, ...] | None = None
     placement: Placement | None = None  # where the Codex sits in this request's prompt
     compacts: bool = False  # the State can be compacted: room is kept for the summary call
@@ -123,7 +123,7 @@ class Orchestrator:
             return prepared
 
     async def _prepare(self, turn: TurnRequest, force_compaction: bool) -> Prepared:
-        spec, messages, namespace, label = turn.spec, turn.messages, turn.namespace, turn.label
+        spec, messages, tenant_prefix, label = turn.spec, turn.messages, turn.tenant_prefix, turn.label
         if spec is None:
             identity, turns, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
@@ -140,7 +140,7 @@ class Orchestrator:
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         can_compact = session is not None and self.summarize is not None
         request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, turn.tools,
-                           codex, namespace, compacts=can_compact)
+                           codex, tenant_prefix, compacts=can_compact)
         request.placement = await self._placement(request)
         decided = request.placement
         actions: list[str] = []
@@ -184,7 +184,7 @@ class Orchestrator:
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
                              changed_since(plan.prompt.blocks, session, self.named.last_hashes(label)), actions,
                              report_entries(codex, plan.rendition, plan.mode == "cag"), switches, switched)
-        session_id = spec.session_id or label or namespace + new_session_id()
+        session_id = spec.session_id or label or tenant_prefix + new_session_id()
         karma = plan.karma
         # A RAG turn's excerpts stay in State with its question: from the next turn on they are part of
         # the cached prefix (and counted, and condensed, by compaction like any turn).
@@ -323,10 +323,10 @@ class Orchestrator:
         too small for that would compact every turn, so its excerpts stay in the Query alone)."""
         if r.retrieved is None:  # retrieval depends on the query alone: once per request
             assert self.retriever is not None
-            # Without a session, the index of the namespace's requests without one.
-            scope = r.spec.session_id or r.namespace or None
+            # Without a session, the index of the tenant's requests without one.
+            scope = r.spec.session_id or r.tenant_prefix or None
             r.retrieved = tuple(await self.retriever.retrieve(r.codex, r.query or "", self.config.rag_top_k,
-                                                              scope, r.namespace))
+                                                              scope, r.tenant_prefix))
         if not r.retrieved or r.query is None:
             return inp, False, False
         delivered = "\n".join(turn.content for turn in inp.state if turn.role == "user")
@@ -398,8 +398,8 @@ class Orchestrator:
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
                              first_changed(prompt.blocks, self.named.last_hashes(label)))
-        return Prepared(messages, report, label or turn.namespace + new_session_id(), None, list(turns), prompt, turn,
-                        query=query, named=label is not None)
+        return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
+                        turn, query=query, named=label is not None)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it

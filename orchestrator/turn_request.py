@@ -13,14 +13,14 @@ from orchestrator.context_spec import ContextSpec
 class TurnRequest:
     """`spec`: the request's `context` (None: passed through as sent). `completion_tokens`: its max_tokens
     (None: the configured default), the room the prompt leaves in the window. `tools`: the client's own,
-    which the chat template renders into the prompt too. `namespace`: the prefix of the ids the request's
-    tenant owns (the server scopes `spec.session_id` itself); a request without a session gets its
-    generated id and its Codex index under it. `label`: the (scoped) session a request without
-    `context.session_id` was named by its client (a header, `prompt_cache_key`)."""
+    which the chat template renders into the prompt too. `tenant_prefix`: what the ids of the request's
+    tenant are stored with (the server's `Tenant.prefix`; the server scopes `spec.session_id` itself); a
+    request without a session gets its generated id and its Codex index under it. `label`: the (scoped)
+    session a request without `context.session_id` was named by its client (a header, `prompt_cache_key`)."""
 
     spec: ContextSpec | None
     messages: list[dict[str, Any]] = field(default_factory=list)
     completion_tokens: int | None = None
     tools: tuple[dict[str, Any], ...] = ()
-    namespace: str = ""
+    tenant_prefix: str = ""
     label: str | None = None

@@ -1,5 +1,5 @@
 """Fixtures: one real `ahc serve` (vLLM CPU engine, tiny model) per test session, reached over real HTTP.
-Helpers that start servers live in bench/harness.py, shared with the benchmarks."""
+Helpers that start servers live in bench/servers.py, shared with the benchmarks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ahc.core.config import AHCConfig, load_config
-from bench.harness import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
+from bench.servers import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
 from server.cluster.server_process import ServerProcess, child_env
 
 if TYPE_CHECKING:

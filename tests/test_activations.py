@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import TINY_MODEL, recall, recall_until, start_server
+from bench.servers import TINY_MODEL, recall, recall_until, start_server
 from server.cluster.server_process import AHC
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test

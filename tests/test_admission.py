@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.admission.turn import choices, request_blocks
+from server.admission.turn_admission import Asked, request_blocks
 from server.admission.vram_governor import KVStats, VramGovernor
 
 
@@ -12,20 +12,40 @@ def governor() -> VramGovernor:
 
 def test_one_choice_counts_the_uncached_prompt_and_the_completion() -> None:
     # 100 prompt tokens, 32 cached, 20 new: ceil(88 / 16)
-    assert request_blocks(governor(), {"max_tokens": 20}, 4096, 100, 32) == 6
-    assert request_blocks(governor(), {"max_tokens": 20, "n": 1}, 4096, 100, 32) == 6
+    assert request_blocks(governor(), Asked.of(20, None), 4096, 100, 32) == 6
+    assert request_blocks(governor(), Asked.of(20, 1), 4096, 100, 32) == 6
 
 
 def test_n_choices_share_the_prompt_and_each_pays_its_completion() -> None:
     # 100 prompt tokens (6 full blocks + 4 tokens), 64-token completions: the first sequence needs
     # ceil((100 + 64) / 16) = 11 blocks; each other one its copy of the partial block plus its
     # completion, ceil((4 + 64) / 16) = 5
-    assert request_blocks(governor(), {"max_tokens": 64, "n": 4}, 4096, 100, 0) == 11 + 3 * 5
+    assert request_blocks(governor(), Asked.of(64, 4), 4096, 100, 0) == 11 + 3 * 5
     # with no budget asked, each choice may fill what the window leaves
-    assert request_blocks(governor(), {"n": 2}, 356, 100, 0) == 23 + 17  # 256 new tokens each
+    assert request_blocks(governor(), Asked.of(None, 2), 356, 100, 0) == 23 + 17  # 256 new tokens each
     # a prompt that ends on a block boundary leaves nothing partial to copy
-    assert request_blocks(governor(), {"max_tokens": 32, "n": 3}, 4096, 96, 96) == 2 + 2 * 2
+    assert request_blocks(governor(), Asked.of(32, 3), 4096, 96, 96) == 2 + 2 * 2
 
 
-def test_choices_reads_n_and_defaults_to_one() -> None:
-    assert [choices(b) for b in ({}, {"n": None}, {"n": 1}, {"n": 5}, {"n": True}, {"n": 0})] == [1, 1, 1, 5, 1, 1]
+def test_asked_reads_n_and_defaults_to_one() -> None:
+    assert [Asked.of(None, n).choices for n in (None, 1, 5, 0, -2)] == [1, 1, 5, 1, 1]
+
+
+def test_asked_reads_a_budget_under_one_as_none() -> None:
+    assert [Asked.of(tokens, None).completion_tokens for tokens in (None, 0, -1, 7)] == [None, None, None, 7]
+
+
+def test_a_chat_request_asks_max_completion_tokens_before_max_tokens() -> None:
+    from starlette.datastructures import Headers
+
+    from server.chat.protocol import ChatCall, ChatRequest
+    from server.tenants import LOCAL
+
+    def asked(**fields: object) -> Asked:
+        body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+        return ChatCall.read(ChatRequest.model_validate(body), body, Headers(), LOCAL).asked
+
+    assert asked() == Asked(None, 1)
+    assert asked(max_tokens=30, n=2) == Asked(30, 2)
+    assert asked(max_tokens=30, max_completion_tokens=12) == Asked(12, 1)
+    assert asked(max_tokens=30, max_completion_tokens=0) == Asked(30, 1)

@@ -41,7 +41,7 @@ from bench.cluster import (
     result_of,
     system_prompt,
 )
-from bench.harness import TINY_MODEL
+from bench.servers import TINY_MODEL
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
 from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake import Lake

@@ -90,10 +90,10 @@ def test_find_document_by_id_name_version_and_hash(xdb: XDB) -> None:
 
 
 def test_find_document_stays_within_the_tenant(xdb: XDB) -> None:
-    xdb.add_document("secret", "tenant b's", id_prefix="b/")
+    xdb.add_document("secret", "tenant b's", owner="b/")
     with pytest.raises(NotFound):
-        xdb.read(find_document, "secret", id_prefix="a/")
-    assert xdb.read(find_document, "secret", id_prefix="b/")["content"] == "tenant b's"
+        xdb.read(find_document, "secret", owner="a/")
+    assert xdb.read(find_document, "secret", owner="b/")["content"] == "tenant b's"
 
 
 # -- the resolver ----------------------------------------------------------------------------------

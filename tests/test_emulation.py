@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from bench_smoke import check_result
 
-from bench.harness import start_server
+from bench.servers import start_server
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
 from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
-from server.emulation.roofline import Chunk
+from server.emulation.roofline import SequenceStep
 
 SEQUENCE_SCRIPT = Path(__file__).parent / "emulation_sequence.py"
 
@@ -33,13 +33,13 @@ def test_a_decode_step_is_bandwidth_bound_and_a_long_prefill_compute_bound() -> 
     assert LLAMA_31_8B.kv_bytes_per_token == kv == 131072
     # One sequence of 1,000 tokens decoding one: every weight and its KV read, one token's KV written.
     decode = (LLAMA_31_8B.params * 2 + 1001 * kv + kv) / (H100_SXM.bandwidth * r.bandwidth_efficiency)
-    assert r.step_seconds([Chunk(1, 1000, True)]) == pytest.approx(decode + r.step_overhead_s, rel=1e-9)
+    assert r.step_seconds([SequenceStep(1, 1000, True)]) == pytest.approx(decode + r.step_overhead_s, rel=1e-9)
     # 8,192 new tokens: two FLOPs a weight a token (LM head for the one sampled) plus causal attention.
     matmul = LLAMA_31_8B.params - 2 * 128256 * 4096
     attention = 4 * 32 * 32 * 128 * 8192 * (8192 + 1) / 2
     flops = 2 * matmul * 8192 + 2 * 128256 * 4096 + attention
     prefill = flops / (H100_SXM.bf16_flops * r.flops_efficiency)
-    assert r.step_seconds([Chunk(8192, 0, True)]) == pytest.approx(prefill + r.step_overhead_s, rel=1e-9)
+    assert r.step_seconds([SequenceStep(8192, 0, True)]) == pytest.approx(prefill + r.step_overhead_s, rel=1e-9)
     assert r.step_seconds([]) == 0.0
 
 
@@ -86,7 +86,8 @@ def test_a_step_samples_where_a_sequence_reaches_its_end_and_lasts_the_modelled_
     # "a" (100 tokens, 64 cached) prefills to its end; "b" (300) gets its first chunk of 200.
     first = ex.step(scheduled([("a", 100, 64), ("b", 300, 0)], [], {"a": 36, "b": 200}))
     assert first.req_ids == ["a", "b"] and len(first.sampled_token_ids[0]) == 1 and first.sampled_token_ids[1] == []
-    assert ex.modelled_s == pytest.approx(ex.roofline.step_seconds([Chunk(36, 64, True), Chunk(200, 0, False)]))
+    steps = [SequenceStep(36, 64, True), SequenceStep(200, 0, False)]
+    assert ex.modelled_s == pytest.approx(ex.roofline.step_seconds(steps))
     # Next step: "a" decodes one, "b" finishes its prompt; both sample, deterministically.
     second = ex.step(scheduled([], [("a", 100), ("b", 200)], {"a": 1, "b": 100}))
     assert [len(t) for t in second.sampled_token_ids] == [1, 1]

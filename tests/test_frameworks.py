@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
-from bench.harness import recall
+from bench.servers import recall
 from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.real_model

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from bench.harness import TINY_MODEL, start_server
+from bench.servers import TINY_MODEL, start_server
 from server.cluster.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]

@@ -24,7 +24,7 @@ import numpy as np
 import openai
 import pytest
 
-from bench.harness import TINY_MODEL, recall_until, start_server
+from bench.servers import TINY_MODEL, recall_until, start_server
 from server.cluster.server_process import AHC, ServerProcess, child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]

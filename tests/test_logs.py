@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench.harness import start_server
+from bench.servers import start_server
 from server.cluster.server_process import ServerProcess
 from server.telemetry.logs import AHC_LOGGERS, follow_vllm_logging
 

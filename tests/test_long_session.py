@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import scrape_metrics
+from bench.servers import scrape_metrics
 from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine

@@ -22,7 +22,7 @@ from bench.long_session import (
     mode_switches,
     reusable_tokens,
 )
-from bench.session_clients import ContextClient, HistoryClient, Sampling, Turn, as_rendered
+from bench.session_clients import ContextClient, HistoryClient, MeasuredTurn, Sampling, as_rendered
 
 SYSTEM = [{"role": "system", "content": "s" * 10}]
 
@@ -146,9 +146,9 @@ def reply(prompt: int, completion: int = 10, report: dict[str, Any] | None = Non
 
 
 def test_the_ceiling_is_reusable_over_prompt_tokens_of_the_whole_session() -> None:
-    turns = [Turn(reply(640, 10, {"first_changed_block": None})),
-             Turn(reply(960, 10, {"first_changed_block": "state"})),
-             Turn(reply(700, 10, {"first_changed_block": "karma",
+    turns = [MeasuredTurn(reply(640, 10, {"first_changed_block": None})),
+             MeasuredTurn(reply(960, 10, {"first_changed_block": "state"})),
+             MeasuredTurn(reply(700, 10, {"first_changed_block": "karma",
                                   "blocks": [{"name": "identity", "tokens": 100}, {"name": "karma", "tokens": 500}]}))]
     expected = ((640 + 10 - 1) // 32 * 32 + (700 - 500) // 32 * 32) / (640 + 960 + 700)
     assert hit_ratio_ceiling(turns, 32) == pytest.approx(expected)
@@ -239,5 +239,5 @@ def test_the_load_is_overridden_by_its_environment_variable() -> None:
 
 
 def test_a_run_adds_up_its_turns() -> None:
-    run = ClientRun([Turn(reply(100)), Turn(StreamedReply(0.2, 300, 200, 10, {}, None))], 150, 1.0)
+    run = ClientRun([MeasuredTurn(reply(100)), MeasuredTurn(StreamedReply(0.2, 300, 200, 10, {}, None))], 150, 1.0)
     assert (run.prompt_tokens, run.cached_tokens) == (400, 200)

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from bench.harness import scrape_metrics
+from bench.servers import scrape_metrics
 
 pytestmark = pytest.mark.engine
 

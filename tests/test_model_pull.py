@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ahc.cli.model_pull import MODELS, chat_template, pull
-from bench.harness import REAL_MODEL
+from bench.servers import REAL_MODEL
 from server.cluster.server_process import AHC, child_env
 from server.model.template_check import TOOL, WITH_TOOLS, check_chat_template
 

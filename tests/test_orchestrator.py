@@ -482,7 +482,7 @@ class FixedRetriever:
     def __init__(self, chars: int = 400) -> None:
         self.chars = chars
 
-    async def retrieve(self, docs, query, k, scope, namespace=""):
+    async def retrieve(self, docs, query, k, scope, tenant_prefix=""):
         from orchestrator.formatters import Excerpt
         return [Excerpt(doc.id, i, doc.text[:self.chars]) for i, doc in enumerate(list(docs)[:k])]
 

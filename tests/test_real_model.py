@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench.harness import recall_until
+from bench.servers import recall_until
 from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.real_model

@@ -22,7 +22,17 @@ from aiohttp import web
 from bench.result import BenchResult
 from bench.serve import Side, plot_scaling, side_figures
 from bench.serve_profiles import PROFILES
-from bench.stream_load import Load, Reply, Round, Target, latency_ms, measure, parse_event, percentile, process_cpu_s
+from bench.stream_load import (
+    Load,
+    Round,
+    Target,
+    TimedReply,
+    latency_ms,
+    measure,
+    parse_event,
+    percentile,
+    process_cpu_s,
+)
 from server.cluster.server_process import ServerProcess
 
 
@@ -40,8 +50,8 @@ def test_percentile_matches_numpy(q: float) -> None:
 
 def test_latency_from_chunk_times() -> None:
     # Two replies sent at t=0: first content at 0.1 and 0.3 s, then chunks 10 ms and 30 ms apart.
-    replies = [Reply(sent=0.0, chunk_times=[0.1, 0.11, 0.12, 0.13], completion_tokens=4),
-               Reply(sent=0.0, chunk_times=[0.3, 0.33], completion_tokens=2)]
+    replies = [TimedReply(sent=0.0, chunk_times=[0.1, 0.11, 0.12, 0.13], completion_tokens=4),
+               TimedReply(sent=0.0, chunk_times=[0.3, 0.33], completion_tokens=2)]
     figures = latency_ms([Round(replies, wall_s=1.0, client_cpu_s=0.0, api_cpu_s=None)])
     assert figures["ttft_p50_ms"] == pytest.approx(200)
     assert figures["ttft_p99_ms"] == pytest.approx(100 + 200 * 0.99)
@@ -51,7 +61,7 @@ def test_latency_from_chunk_times() -> None:
 
 def test_cpu_per_token_and_the_medians_across_rounds() -> None:
     def rnd(tokens: int, wall: float, cpu: float | None) -> Round:
-        return Round([Reply(0.0, [0.1, 0.2], tokens)], wall_s=wall, client_cpu_s=0.001, api_cpu_s=cpu)
+        return Round([TimedReply(0.0, [0.1, 0.2], tokens)], wall_s=wall, client_cpu_s=0.001, api_cpu_s=cpu)
 
     rounds = [rnd(1000, 1.0, 0.05), rnd(1000, 2.0, 0.2), rnd(1000, 4.0, 0.1)]
     assert rounds[0].cpu_us_per_token == pytest.approx(50)
@@ -72,7 +82,7 @@ def test_process_cpu_leaves_out_child_processes() -> None:
 
 
 def test_parse_event_takes_content_usage_and_session() -> None:
-    reply = Reply(sent=0.0)
+    reply = TimedReply(sent=0.0)
     role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
             "context": {"session_id": "s-1", "blocks": []}}
     for i, line in enumerate([b"data: " + json.dumps(role).encode() + b"\n", b"\n",

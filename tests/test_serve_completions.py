@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import recall_until
+from bench.servers import recall_until
 
 pytestmark = pytest.mark.engine
 

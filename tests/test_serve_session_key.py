@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import recall, recall_until
+from bench.servers import recall, recall_until
 
 pytestmark = pytest.mark.engine
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.harness import recall, recall_until, scrape_metrics, start_server
+from bench.servers import recall, recall_until, scrape_metrics, start_server
 from server.cluster.server_process import free_port
 from xdb.service import PROCESS_TITLE
 

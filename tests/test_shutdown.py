@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from bench.harness import start_server
+from bench.servers import start_server
 from server.cluster.server_process import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from bench.harness import start_server
+from bench.servers import start_server
 from server.cluster.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from ahc.core.config import AHCConfig
 from ahc.core.spans import CACHE_READ_INPUT_TOKENS, CONTEXT_MODE, INPUT_TOKENS, SESSION_ID
-from bench.harness import start_server
+from bench.servers import start_server
 from server.runtime import Runtime
 from server.telemetry.tracing import engine_trace_headers, start_tracing
 

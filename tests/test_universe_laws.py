@@ -201,7 +201,7 @@ def test_schema_lists_every_law_kind_and_op() -> None:
 def test_the_bounded_law_schema_admits_shallow_laws_and_refuses_deep_ones() -> None:
     import jsonschema
 
-    from universe.laws.schema import bounded_law_schema
+    from universe.laws.json_schema import bounded_law_schema
 
     schema = bounded_law_schema(depth=1, max_args=2)
     shallow = {"law": "holds", "expr": {"op": "ge", "args": [{"op": "count", "symbol": "A"}, 0]}}

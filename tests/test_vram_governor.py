@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness import start_server
+from bench.servers import start_server
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from universe.laws.schema import law_defs
+from universe.laws.json_schema import law_defs
 
 _WORLD = ("The universe is a ring of cells, each one of the symbols _ A B K; cell i's left neighbour is "
           "cell (i-1) mod L. Every step each cell's next symbol depends only on its (left, centre, right) "

@@ -55,11 +55,11 @@ OVERVIEW = f"""
 
 
 @reads
-def sessions_overview(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 200,
+def sessions_overview(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 200,
                       query: str | None = None) -> list[dict[str, Any]]:
-    """Sessions (one tenant's: `prefix` is its owner, xdb/owner.py), the most recently active first: turns,
+    """Sessions (one tenant's: `owner`, xdb/owner.py), the most recently active first: turns,
     tokens, cache hit ratio, last activity, the last turn's mode, pinned or submitted windows."""
-    rows = cur.execute(OVERVIEW, {"prefix": prefix, "q": query, "limit": limit}).fetchall()
+    rows = cur.execute(OVERVIEW, {"owner": owner, "q": query, "limit": limit}).fetchall()
     out = []
     for sid, last_tick, turns, prompt, cached, generated, last_at, mode, pinned, submitted in rows:
         out.append({"session_id": sid, "tenant": tenant_of(sid), "last_tick": last_tick, "turns": turns or 0,
@@ -163,12 +163,13 @@ TOP_TOKENS = f"""
     ORDER BY v DESC, id LIMIT $limit"""
 
 
-def top_tokens(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, prefix: str = "",
+def top_tokens(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, owner: str = "",
                limit: int = 50) -> list[dict[str, Any]]:
-    """The tokens, across sessions, that activated `concept` most (it among their top-k)."""
+    """The tokens, across `owner`'s sessions (xdb/owner.py), that activated `concept` most (it among their
+    top-k)."""
     cid = concepts.id_of(concept)
     if cid is None:
         return []  # a concept of the pack no token has activated yet
-    rows = cur.execute(TOP_TOKENS, {"cid": cid, "prefix": prefix, "limit": limit}).fetchall()
+    rows = cur.execute(TOP_TOKENS, {"cid": cid, "owner": owner, "limit": limit}).fetchall()
     return [{"id": tid, "session_id": sid, "tick": tick, "content": content, "activation": float(v)}
             for tid, sid, tick, content, v in rows]

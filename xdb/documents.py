@@ -55,14 +55,14 @@ def _check(content: str, max_bytes: int) -> str:
 
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
-                 summary: str | None = None, max_bytes: int, id_prefix: str = "") -> dict[str, Any]:
-    """A new document; its id is its tenant's prefix (`id_prefix` is the tenant's owner, xdb/owner.py)
-    followed by a fresh one."""
+                 summary: str | None = None, max_bytes: int, owner: str = "") -> dict[str, Any]:
+    """A new document of `owner` (a tenant's, xdb/owner.py): its id is the owner's prefix
+    (`build_prefix`) followed by a fresh one."""
     if not name or not name.strip():
         raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
     digest = _check(content, max_bytes)
-    doc_id = f"{build_prefix(id_prefix)}doc-{uuid.uuid4().hex[:12]}"
+    doc_id = f"{build_prefix(owner)}doc-{uuid.uuid4().hex[:12]}"
     cur.execute("INSERT INTO documents VALUES (?, 1, ?, ?, ?, ?, ?, now(), now(), ?, ?, ?)",
                 [doc_id, kind, name, path, content, digest, source, summary, list(tags or [])])
     return get_document(cur, doc_id)
@@ -97,14 +97,14 @@ def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, p
 
 @reads
 def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, path: str | None = None,
-                  version: int | None = None, sha256: str | None = None, id_prefix: str = "",
+                  version: int | None = None, sha256: str | None = None, owner: str = "",
                   with_content: bool = True) -> dict[str, Any]:
     """One tenant's document version: by id or name (`key`) or by `path`, at `version`, or the version
     whose content has `sha256`, else the latest. A name two documents share is an error naming their ids.
-    `id_prefix`: the tenant's owner (xdb/owner.py); no other tenant's document is ever found."""
-    condition, params = owned("id", id_prefix)
+    `owner`: the tenant's (xdb/owner.py); no other tenant's document is ever found."""
+    condition, params = owned("id", owner)
     where = [condition]
-    prefix = build_prefix(id_prefix)
+    prefix = build_prefix(owner)
     if key is not None:
         where.append("(id = ? OR name = ?)")
         params += [prefix + key, key]
@@ -143,12 +143,12 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
 
 @reads
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
-                   query: str | None = None, id_prefix: str = "") -> list[dict[str, Any]]:
-    """The latest version of each of the owner's documents (`id_prefix`, xdb/owner.py), without content;
+                   query: str | None = None, owner: str = "") -> list[dict[str, Any]]:
+    """The latest version of each of `owner`'s documents (xdb/owner.py), without content;
     `query` searches name, path and text."""
     if doc_type is not None:
         doc_type = DocumentType(doc_type).value
-    condition, params = owned("id", id_prefix)
+    condition, params = owned("id", owner)
     rows = cur.execute(
         f"SELECT {', '.join(COLUMNS)} FROM documents "
         "QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "

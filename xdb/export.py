@@ -39,14 +39,14 @@ TABLES: tuple[Table, ...] = tuple(t for t in XDB_TABLES if t.export)
 class ExportFilter:
     session_id: str | None = None  # one session (a run, for the discovery agent's tables)
     since: dt.datetime | None = None  # rows created at or after this (UTC)
-    prefix: str = ""  # one tenant's sessions and documents: its owner (xdb/owner.py)
+    owner: str = ""  # one tenant's sessions and documents (xdb/owner.py; "": every tenant's)
 
     def where(self, table: Table) -> tuple[str, list[Any]]:
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         key = table.session_column or table.id_column
-        if key is not None and self.prefix:
-            condition, owner_params = owned(key, self.prefix)
+        if key is not None and self.owner:
+            condition, owner_params = owned(key, self.owner)
             clauses.append(condition)
             params += owner_params
         if self.session_id is not None and table.session_column is not None:
@@ -86,7 +86,7 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
     manifest = {
         "export_version": EXPORT_VERSION, "id": export_id or f"exp-{uuid.uuid4().hex[:12]}",
         "created_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"), "format": fmt,
-        "prefix": filters.prefix,
+        "prefix": filters.owner,  # the owner: the key stored manifests hold it under
         "filters": {"session_id": filters.session_id,
                     "since": filters.since.isoformat() if filters.since is not None else None},
         "audit_head": {"seq": audit_head[0], "hash": audit_head[1]},

@@ -50,12 +50,12 @@ RELATED = """
 
 
 def related_concepts(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, limit: int = 10,
-                     session_id: str | None = None, session_prefix: str = "") -> list[dict[str, Any]]:
+                     session_id: str | None = None, owner: str = "") -> list[dict[str, Any]]:
     """The concepts most often in the same tokens' top-k as `concept`, with how often and how strongly."""
     cid = concepts.id_of(concept)
     if cid is None:
         raise NotFound(f"concept {concept!r} has not been seen")
-    condition, owner_params = owned("session_id", session_prefix)
+    condition, owner_params = owned("session_id", owner)
     rows = cur.execute(RELATED.format(owned=condition), [cid, session_id, session_id, *owner_params, cid, limit]
                        ).fetchall()
     total = cur.execute("SELECT count(*) FROM timesteps WHERE array_contains(concept_ids, ?) "

@@ -177,11 +177,11 @@ class Lake:
         return self.shipper.status()
 
     # -- reads ------------------------------------------------------------------------------------------
-    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
                **kwargs: Any) -> list[dict[str, Any]]:
         f = RecallFilters.parse(filters, **kwargs)
         with self._reading() as cur:
-            return lake_recall(cur, self.alias, f, session_prefix, self._names)
+            return lake_recall(cur, self.alias, f, owner, self._names)
 
     def concepts(self, query: str | None = None) -> list[dict[str, Any]]:
         with self._reading() as cur:

@@ -70,14 +70,14 @@ def _tag_ids(cur: duckdb.DuckDBPyConnection, a: str, names: list[str]) -> list[t
 
 
 def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
-                     session_prefix: str = "") -> tuple[str, list[Any]] | None:
+                     owner: str = "") -> tuple[str, list[Any]] | None:
     """SQL and parameters for the matching rows of every replica, oldest first (created_at, then
     replica and id); None when nothing can match (an unknown concept or tag)."""
     if f.after_id is not None:
         raise RecallFilterError("after_id", "ids are per replica in the lake: page with offset instead")
     local = f if f.concept is None else f.model_copy(update={"concept": None, "min_activation": None,
                                                               "max_activation": None})
-    found = conditions(local, ConceptIndex([]), session_prefix)
+    found = conditions(local, ConceptIndex([]), owner)
     if found is None:
         return None
     where, params = found
@@ -157,12 +157,12 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row], tag_na
     return {k: sorted(v) for k, v in tags.items()}, comments
 
 
-def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, session_prefix: str = "",
+def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, owner: str = "",
                 cache: NameCache | None = None) -> list[dict[str, Any]]:
     """Timesteps of every replica matching the filters (as `XDB.recall` takes them, less `after_id`),
     oldest first, each with its `replica`, concept activations, tags and comments."""
     cache = cache or NameCache()
-    query = build_lake_query(cur, a, f, session_prefix)
+    query = build_lake_query(cur, a, f, owner)
     if query is None:
         return []
     rows = cur.execute(*query).fetchall()

@@ -33,11 +33,11 @@ from xdb.audit import APP as AUDIT_APP
 from xdb.audit import AUDIT_MIGRATIONS
 from xdb.schema import APP, MIGRATIONS, migrate
 from xdb.tables import TABLES as XDB_TABLES
-from xdb.tables import Lake, Table
+from xdb.tables import LakeShipping, Table
 
 
 @dataclass(frozen=True, kw_only=True)
-class LakeTable(Lake):
+class LakeTable(LakeShipping):
     """A table the lake holds: a local table's rows with the replica that recorded them."""
 
     name: str
@@ -57,7 +57,7 @@ class LakeTable(Lake):
         return self.identity or self.names
 
 
-def _lake_table(table: Table, lake: Lake) -> LakeTable:
+def _lake_table(table: Table, lake: LakeShipping) -> LakeTable:
     return LakeTable(lake.mode, lake.order, lake.key, lake.identity, name=table.name, audit=table.audit)
 
 

@@ -34,6 +34,6 @@ def owned(column: str, owner: str) -> tuple[str, list[Any]]:
     return f"starts_with({column}, ?)", [owner]
 
 
-def owned_named(column: str, param: str = "prefix") -> str:
-    """The same condition over a named parameter (`$prefix`) holding the owner."""
+def owned_named(column: str, param: str = "owner") -> str:
+    """The same condition over a named parameter (`$owner`) holding the owner."""
     return f"(CASE WHEN ${param} = '{FLAT}' THEN NOT contains({column}, '/') ELSE starts_with({column}, ${param}) END)"

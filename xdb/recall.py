@@ -204,13 +204,13 @@ def _escape_like(text: str) -> str:
 
 
 def conditions(f: RecallFilters, concepts: ConceptIndex,
-               session_prefix: str = "") -> tuple[list[str], list[Any]] | None:
+               owner: str = "") -> tuple[list[str], list[Any]] | None:
     """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing.
-    `session_prefix`: only one tenant's sessions (its owner, xdb/owner.py)."""
+    `owner`: only one tenant's sessions (xdb/owner.py; "": every session)."""
     where: list[str] = []
     params: list[Any] = []
-    if session_prefix:
-        condition, params = owned("t.session_id", session_prefix)
+    if owner:
+        condition, params = owned("t.session_id", owner)
         where.append(condition)
     if f.session_id is not None:
         where.append("t.session_id = ?")
@@ -252,12 +252,12 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None, session_prefix: str = "") -> tuple[str, list[Any]] | None:
+                tag_kinds: list[str] | None = None, owner: str = "") -> tuple[str, list[Any]] | None:
     """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
     filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
     read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
     matches are skipped by their zone maps before any heavy column is touched."""
-    found = conditions(f, concepts, session_prefix)
+    found = conditions(f, concepts, owner)
     if found is None:
         return None
     where, params = found
@@ -357,11 +357,11 @@ def to_record(row: Row, concepts: ConceptIndex, tags: list[str],
 
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
-           tag_cache: TagCache | None = None, session_prefix: str = "") -> list[dict[str, Any]]:
+           tag_cache: TagCache | None = None, owner: str = "") -> list[dict[str, Any]]:
     """The matches' ids (light columns only), then those rows, in one query; then their tags."""
     tag_cache = tag_cache or TagCache()
     tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
-    query = build_query(filters, concepts, tag_ids, kinds, session_prefix)
+    query = build_query(filters, concepts, tag_ids, kinds, owner)
     if query is None:
         return []
     ids_sql, params = query
@@ -372,9 +372,9 @@ def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: Con
 
 
 def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: ConceptIndex, tag_cache: TagCache,
-             session_prefix: str = "") -> dict[str, Any] | None:
+             owner: str = "") -> dict[str, Any] | None:
     """One row by id, with its tags and comments (None: no such row, or another tenant's)."""
-    condition, params = owned("session_id", session_prefix)
+    condition, params = owned("session_id", owner)
     rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id = ? AND {condition}",
                        [timestep_id, *params]).fetchall()
     if not rows:

@@ -108,11 +108,11 @@ def purge_run(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: 
 
 
 @reads
-def list_runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-    """The runs of one tenant (`prefix`: its owner, xdb/owner.py), most recently active first: turns and
+def list_runs(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 100) -> list[dict[str, Any]]:
+    """The runs of one tenant (`owner`, xdb/owner.py), most recently active first: turns and
     knowledge versions counted, first and last activity, the latest snapshot's theorem count, and
     whether a report is stored (`report_name`, one of the tenant's documents)."""
-    condition, params = owned("run_id", prefix)
+    condition, params = owned("run_id", owner)
     rows = cur.execute(
         "WITH events AS ("
         f" SELECT run_id, timestamp AS t, 1 AS turn, 0 AS version FROM interaction_log WHERE {condition}"
@@ -122,7 +122,7 @@ def list_runs(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100
         "ORDER BY max(t) DESC, run_id LIMIT ?", [*params, *params, limit]).fetchall()
     ids = [r[0] for r in rows]
     theorems = _theorem_counts(cur, ids)
-    reported = _reported(cur, ids, prefix)
+    reported = _reported(cur, ids, owner)
     return [{"run_id": run_id, "turns": int(turns), "first_at": first.isoformat() + "Z",
              "last_at": last.isoformat() + "Z", "knowledge_versions": int(versions),
              "theorems": theorems.get(run_id, 0), "has_report": run_id in reported}
@@ -146,9 +146,9 @@ def _count_list(text: str | None) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
-def _reported(cur: duckdb.DuckDBPyConnection, run_ids: list[str], prefix: str) -> set[str]:
+def _reported(cur: duckdb.DuckDBPyConnection, run_ids: list[str], owner: str) -> set[str]:
     names = {report_name(run_id): run_id for run_id in run_ids}
-    condition, params = owned("id", prefix)
+    condition, params = owned("id", owner)
     found = cur.execute(f"SELECT DISTINCT name FROM documents WHERE {condition} "
                         "AND list_contains(?::VARCHAR[], name) AND list_contains(tags, ?)",
                         [*params, list(names), REPORT_TAG]).fetchall()
@@ -175,32 +175,32 @@ def check_png(png: bytes) -> None:
                              param="png_base64")
 
 
-def _report_id(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str) -> str | None:
-    condition, params = owned("id", id_prefix)
+def _report_id(cur: duckdb.DuckDBPyConnection, run_id: str, owner: str) -> str | None:
+    condition, params = owned("id", owner)
     row = cur.execute(f"SELECT id FROM documents WHERE {condition} AND name = ? AND list_contains(tags, ?) "
                       "ORDER BY updated_at DESC LIMIT 1", [*params, report_name(run_id), REPORT_TAG]).fetchone()
     return None if row is None else str(row[0])
 
 
-def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
+def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, owner: str = "") -> dict[str, Any]:
     """Store `png` as the run's report: a new document, or a new version of the run's one. The
     caller serialises calls (a new version reads the last one)."""
     check_png(png)
     content = base64.b64encode(png).decode("ascii")
     # Sized by the report's own cap, not xdb.max_document_bytes: that one is for text documents.
     max_bytes = len(content)
-    doc_id = _report_id(cur, run_id, id_prefix)
+    doc_id = _report_id(cur, run_id, owner)
     if doc_id is None:
         return documents.add_document(cur, report_name(run_id), content, tags=[REPORT_TAG], source="agent",
                                       summary=f"end-of-run report of {run_id}", max_bytes=max_bytes,
-                                      id_prefix=id_prefix)
+                                      owner=owner)
     return documents.update_document(cur, doc_id, content, max_bytes=max_bytes)
 
 
 @reads
-def run_report(cur: duckdb.DuckDBPyConnection, run_id: str, id_prefix: str = "") -> bytes | None:
+def run_report(cur: duckdb.DuckDBPyConnection, run_id: str, owner: str = "") -> bytes | None:
     """The run's latest report PNG, None if none was stored (the caller names the run in its 404)."""
-    doc_id = _report_id(cur, run_id, id_prefix)
+    doc_id = _report_id(cur, run_id, owner)
     if doc_id is None:
         return None
     return base64.b64decode(documents.get_document(cur, doc_id)["content"])

@@ -124,11 +124,11 @@ def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, la
 
 
 @reads
-def list_sessions(cur: duckdb.DuckDBPyConnection, prefix: str = "", limit: int = 100,
+def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 100,
                   after: str | None = None) -> list[dict[str, Any]]:
-    """One tenant's sessions (`prefix`: its owner, xdb/owner.py), in id order from `after`: each with
+    """One tenant's sessions (`owner`, xdb/owner.py), in id order from `after`: each with
     its last tick and its stored State versions."""
-    condition, params = owned("session_id", prefix)
+    condition, params = owned("session_id", owner)
     rows = cur.execute(f"""
         SELECT session_id, t.last_tick, s.latest, s.n, s.updated_at
         FROM session_ticks t FULL OUTER JOIN (SELECT session_id, max(version) latest, count(*) n,

@@ -173,19 +173,19 @@ class XDB(SessionMethods, LakeMethods):
 
     @service_after_flush
     def export(self, out: Path | str | None = None, fmt: export.Format = "parquet", *, session_id: str | None = None,
-               since: str | None = None, prefix: str = "") -> dict[str, Any]:
+               since: str | None = None, owner: str = "") -> dict[str, Any]:
         """Rows as Parquet (or JSON lines) files partitioned by session, and a manifest; `out`
         defaults to DATA_DIR/exports/<export id>. `since`: an ISO time (UTC), rows created from then
-        on; `prefix`: one tenant's sessions and documents. The export is an audit event."""
+        on; `owner`: one tenant's sessions and documents (xdb/owner.py). The export is an audit event."""
         if self.writer is not None and self.writer.queue_depth():
             self.writer.flush()  # rows accepted before the export are in it
         export_id = f"exp-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.urandom(3).hex()}"
         dest = Path(out) if out is not None else self.data_dir / "exports" / export_id
-        filters = export.ExportFilter(session_id, parse_since(since), prefix)
+        filters = export.ExportFilter(session_id, parse_since(since), owner)
         with self.cursor() as cur:
             result = export.export_rows(cur, dest, fmt, filters, self.audit_head(), export_id)
         self.audit_event("export", {"id": result.id, "path": str(dest), "rows": result.manifest["rows"],
-                                    "session_id": session_id, "since": since, "prefix": prefix})
+                                    "session_id": session_id, "since": since, "prefix": owner})
         return {**result.manifest, "path": str(dest), "bytes": export.export_bytes(result.manifest)}
 
     @service
@@ -197,25 +197,25 @@ class XDB(SessionMethods, LakeMethods):
         self.writer.capture_activations(address, k, wait_s)
 
     @service
-    def exports(self, prefix: str | None = "") -> list[dict[str, Any]]:
-        """The exports under DATA_DIR/exports made for this tenant's prefix (None: every tenant's),
+    def exports(self, owner: str | None = "") -> list[dict[str, Any]]:
+        """The exports under DATA_DIR/exports made for `owner` (a tenant's, xdb/owner.py; None: every tenant's),
         newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""
         found = []
         for path in (self.data_dir / "exports").glob(f"*/{export.MANIFEST}"):
             manifest = json.loads(path.read_text())
-            if prefix is None or manifest.get("prefix", "") == prefix:
+            if owner is None or manifest.get("prefix", "") == owner:
                 found.append({**manifest, "path": str(path.parent), "bytes": export.export_bytes(manifest)})
         # By the time each was made (to the microsecond): ids made in the same second sort at random.
         return sorted(found, key=lambda m: (export.created_at(m), m["id"]), reverse=True)
 
     @service
-    def delete_export(self, export_id: str, prefix: str = "", reason: str = "deleted") -> bool:
+    def delete_export(self, export_id: str, owner: str = "", reason: str = "deleted") -> bool:
         """Remove one of the tenant's exports (its files and manifest); False if it has none of that
         id. The removal is an audit event."""
-        for found in self.exports(prefix):
+        for found in self.exports(owner):
             if found["id"] == export_id:
                 shutil.rmtree(found["path"])
-                self.audit_event("export_deleted", {"id": export_id, "prefix": prefix, "bytes": found["bytes"],
+                self.audit_event("export_deleted", {"id": export_id, "prefix": owner, "bytes": found["bytes"],
                                                     "reason": reason})
                 return True
         return False
@@ -316,30 +316,30 @@ class XDB(SessionMethods, LakeMethods):
 
     # -- reading -------------------------------------------------------------------------------
     @service
-    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
                **kwargs: Any) -> list[dict[str, Any]]:
-        """Timesteps matching the filters, oldest first, of the sessions whose id starts with
-        `session_prefix`; a bad filter raises RecallFilterError (a ValueError) naming it."""
+        """Timesteps matching the filters, oldest first, of the sessions `owner` owns (xdb/owner.py);
+        a bad filter raises RecallFilterError (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            return recall(cur, f, self.concepts, self.tag_cache, session_prefix)
+            return recall(cur, f, self.concepts, self.tag_cache, owner)
 
     @service
-    def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+    def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
                     **kwargs: Any) -> dict[str, Any]:
         """One page of recall: its rows, whether more follow, and the cursor (`after_id`) for the next."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
             rows = recall(cur, f.model_copy(update={"limit": f.limit + 1}), self.concepts, self.tag_cache,
-                          session_prefix)
+                          owner)
         page = rows[:f.limit]
         return {"data": page, "has_more": len(rows) > f.limit,
                 "next_after_id": page[-1]["id"] if len(rows) > f.limit else None}
 
     @service
-    def timestep(self, timestep_id: int, session_prefix: str = "") -> dict[str, Any]:
+    def timestep(self, timestep_id: int, owner: str = "") -> dict[str, Any]:
         with self.cursor() as cur:
-            found = timestep(cur, timestep_id, self.concepts, self.tag_cache, session_prefix)
+            found = timestep(cur, timestep_id, self.concepts, self.tag_cache, owner)
         if found is None:
             raise NotFound(f"timestep {timestep_id} not found")
         return found
@@ -351,14 +351,14 @@ class XDB(SessionMethods, LakeMethods):
 
     @service
     def related_concepts(self, concept: str, limit: int = 10, session_id: str | None = None,
-                         session_prefix: str = "") -> list[dict[str, Any]]:
+                         owner: str = "") -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, session_prefix)
+            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, owner)
 
     @service
-    def top_tokens(self, concept: str, prefix: str = "", limit: int = 50) -> list[dict[str, Any]]:
+    def top_tokens(self, concept: str, owner: str = "", limit: int = 50) -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return browse.top_tokens(cur, concept, self.concepts, prefix, limit)
+            return browse.top_tokens(cur, concept, self.concepts, owner, limit)
 
     @service
     def concepts_list(self, query: str | None = None, parent: str | None = None) -> list[dict[str, Any]]:
@@ -388,27 +388,27 @@ class XDB(SessionMethods, LakeMethods):
         self.writer.set_auto_tag_thresholds({name: float(t) for name, t in rows})
 
     # -- tags and comments ---------------------------------------------------------------------
-    def _target(self, cur: duckdb.DuckDBPyConnection, session_prefix: str, **where: Any) -> tags.Target:
+    def _target(self, cur: duckdb.DuckDBPyConnection, owner: str, **where: Any) -> tags.TagTarget:
         target = tags.make_target(**where)
         try:
-            return tags.resolve_target(cur, target, session_prefix)
+            return tags.resolve_target(cur, target, owner)
         except NotFound:
             # The row may still be on the writer's queue: commit it and look again.
             if self.writer is None or self.writer.queue_depth() == 0:
                 raise
             self.writer.flush(timeout=10)
-            return tags.resolve_target(cur, target, session_prefix)
+            return tags.resolve_target(cur, target, owner)
 
     @service_after_flush
     def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
-            created_by: str = "be", description: str | None = None, session_prefix: str = "") -> dict[str, Any]:
+            created_by: str = "be", description: str | None = None, owner: str = "") -> dict[str, Any]:
         """Apply a tag (a str is its name, an int its id; a new name creates it) to a timestep, an
-        event or a tick range. Raises NotFound for a missing target, or one of a session whose id
-        does not start with `session_prefix`."""
+        event or a tick range. Raises NotFound for a missing target, or one of a session `owner` does
+        not own (xdb/owner.py)."""
         with self.cursor() as cur:
-            target = self._target(cur, session_prefix, timestep_id=timestep_id, session_id=session_id, tick=tick,
+            target = self._target(cur, owner, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
             try:
                 found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
@@ -420,9 +420,9 @@ class XDB(SessionMethods, LakeMethods):
     @service_after_flush
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
                 tick: int | None = None, event_id: str | None = None,
-                tick_range: tuple[int, int] | None = None, session_prefix: str = "") -> dict[str, Any]:
+                tick_range: tuple[int, int] | None = None, owner: str = "") -> dict[str, Any]:
         with self.cursor() as cur:
-            target = self._target(cur, session_prefix, timestep_id=timestep_id, session_id=session_id, tick=tick,
+            target = self._target(cur, owner, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
             return tags.add_comment(cur, content, target)
 
@@ -513,11 +513,11 @@ class XDB(SessionMethods, LakeMethods):
 
     # -- the discovery agent's run reports ------------------------------------------------------
     @service
-    def save_run_report(self, run_id: str, png: bytes, id_prefix: str = "") -> dict[str, Any]:
+    def save_run_report(self, run_id: str, png: bytes, owner: str = "") -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
         not a PNG or is over runs.REPORT_MAX_BYTES); returns the document without content."""
         with self._documents_lock, self.cursor() as cur:
-            doc = runs.save_report(cur, run_id, png, id_prefix)
+            doc = runs.save_report(cur, run_id, png, owner)
         return {k: v for k, v in doc.items() if k != "content"}
 
     # -- the audit (never exposed over HTTP) ------------------------------------------------------

@@ -33,10 +33,10 @@ class LakeMethods:
         return self.lake
 
     @service
-    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, session_prefix: str = "",
+    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
                     **kwargs: Any) -> list[dict[str, Any]]:
         """Every replica's timesteps matching the filters (as `recall`, less after_id), each with `replica`."""
-        return self._need_lake().recall(filters, session_prefix=session_prefix, **kwargs)
+        return self._need_lake().recall(filters, owner=owner, **kwargs)
 
     @service
     def lake_concepts(self, query: str | None = None) -> list[dict[str, Any]]:

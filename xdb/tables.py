@@ -29,7 +29,7 @@ Mode = Literal["id", "seq", "keyed"]
 
 
 @dataclass(frozen=True)
-class Lake:
+class LakeShipping:
     """How the shared lake takes a table's rows; its columns are the local table's."""
 
     mode: Mode
@@ -53,7 +53,7 @@ class Table:
     id_column: str | None = None          # exported: a tenant's rows are the ids that start with its prefix
     sequence: str | None = None           # the sequence behind its id column, advanced on import
     sequence_column: str | None = None
-    lake: Lake | None = None              # shipped to the shared lake, and how
+    lake: LakeShipping | None = None      # shipped to the shared lake, and how
     audit: bool = False                   # in audit/audit.duckdb, not experience.duckdb
 
     @property
@@ -69,36 +69,36 @@ class Table:
 
 # In export order (the order of an export's manifest and of import's counts).
 TABLES: tuple[Table, ...] = (
-    Table("concepts", export=True, lake=Lake("id")),
-    Table("concept_hierarchy", export=True, lake=Lake("keyed", key=("concept",))),
-    Table("tags", export=True, sequence="tag_ids", sequence_column="id", lake=Lake("keyed")),
-    Table("timesteps", SESSION, "created_at", "created_at", export=True, lake=Lake("id")),
+    Table("concepts", export=True, lake=LakeShipping("id")),
+    Table("concept_hierarchy", export=True, lake=LakeShipping("keyed", key=("concept",))),
+    Table("tags", export=True, sequence="tag_ids", sequence_column="id", lake=LakeShipping("keyed")),
+    Table("timesteps", SESSION, "created_at", "created_at", export=True, lake=LakeShipping("id")),
     # The last tick a session used: deleted with the session, but a tombstone from another replica
     # leaves it, so ticks recorded after the deletion continue past the deleted ones.
     Table("session_ticks", SESSION, export=True),
     Table("tag_applications", SESSION, "created_at", export=True, sequence="tag_application_ids",
-          sequence_column="id", lake=Lake("seq")),
+          sequence_column="id", lake=LakeShipping("seq")),
     Table("comments", SESSION, "created_at", export=True, sequence="comment_ids", sequence_column="id",
-          lake=Lake("seq")),
+          lake=LakeShipping("seq")),
     Table("time_windows", SESSION, "created_at", export=True, sequence="window_ids", sequence_column="id"),
     # A record's activity is the end of the span it summarises, not when it was made.
     Table("compressed_records", SESSION, "created_at", "end_time", export=True, sequence="compressed_ids",
           sequence_column="id"),
     Table("compaction_records", SESSION, "created_at", "created_at", export=True, sequence="compaction_ids",
-          sequence_column="id", lake=Lake("seq")),
+          sequence_column="id", lake=LakeShipping("seq")),
     Table("session_states", SESSION, "created_at", "created_at", export=True,
-          lake=Lake("keyed", key=("session_id", "version"), identity=("sha256", "created_at"))),
+          lake=LakeShipping("keyed", key=("session_id", "version"), identity=("sha256", "created_at"))),
     Table("documents", None, "updated_at", export=True, id_column="id"),
     Table("interaction_log", RUN, "timestamp", export=True, sequence="turn_ids", sequence_column="turn_id",
-          lake=Lake("seq", order="turn_id")),
+          lake=LakeShipping("seq", order="turn_id")),
     Table("meta_knowledge", RUN, "created_at", export=True, sequence="knowledge_ids",
-          sequence_column="version_id", lake=Lake("seq", order="version_id")),
+          sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
     Table("xdb_meta"),
     # Shipped after the tables it deletes from: the lake's deletion then takes the rows of the same ship.
-    Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=Lake("seq")),
+    Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=LakeShipping("seq")),
     Table("applied_tombstones"),
-    Table("audit_records", audit=True, lake=Lake("id", order="seq")),
-    Table("audit_concepts", audit=True, lake=Lake("id")),
+    Table("audit_records", audit=True, lake=LakeShipping("id", order="seq")),
+    Table("audit_concepts", audit=True, lake=LakeShipping("id")),
     Table("audit_meta", audit=True),
     Table("audit_checkpoints", audit=True),
 )

@@ -37,7 +37,7 @@ TAG_COLUMNS = ("id", "name", "tag_type", "concept_id", "entity_type", "bud_statu
 
 
 @dataclass
-class Target:
+class TagTarget:
     """What a tag or comment points at: one timestep, one event (a reply: its request_id) or a tick
     range of a session. Exactly one of timestep_id / event_id / tick range is set."""
 
@@ -53,7 +53,7 @@ class Target:
 
 
 def make_target(*, timestep_id: int | None = None, session_id: str | None = None, tick: int | None = None,
-                event_id: str | None = None, tick_range: tuple[int, int] | None = None) -> Target:
+                event_id: str | None = None, tick_range: tuple[int, int] | None = None) -> TagTarget:
     """Validate the loose ways of naming a target (a tick of a session is a timestep)."""
     if tick is not None:
         if tick_range is not None:
@@ -68,24 +68,24 @@ def make_target(*, timestep_id: int | None = None, session_id: str | None = None
         start, end = tick_range
         if start < 0 or end < start:
             raise InvalidRequest(f"bad tick_range {tick_range}: need 0 <= start <= end")
-        return Target(session_id=session_id, range_start=start, range_end=end)
+        return TagTarget(session_id=session_id, range_start=start, range_end=end)
     if tick is not None:
-        return Target(session_id=session_id, range_start=tick, range_end=tick)
-    return Target(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
+        return TagTarget(session_id=session_id, range_start=tick, range_end=tick)
+    return TagTarget(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
 
 
-def resolve_target(cur: duckdb.DuckDBPyConnection, target: Target, session_prefix: str = "") -> Target:
-    """Check the target exists in a session whose id starts with `session_prefix` (the caller's
-    tenant's); a single tick becomes its timestep id. Raises NotFound, the same for a row that is
+def resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget, owner: str = "") -> TagTarget:
+    """Check the target exists in a session `owner` (the caller's tenant's, xdb/owner.py) owns;
+    a single tick becomes its timestep id. Raises NotFound, the same for a row that is
     missing and one of another tenant."""
     resolved = _resolve_target(cur, target)
-    if not owns(session_prefix, resolved.session_id or ""):
+    if not owns(owner, resolved.session_id or ""):
         what = {"timestep": f"timestep {target.timestep_id}", "event": f"event (request) {target.event_id!r}"}
         raise NotFound(f"{what.get(target.kind, 'target')} not found")
     return resolved
 
 
-def _resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
+def _resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget) -> TagTarget:
     if target.timestep_id is not None:
         row = cur.execute("SELECT session_id FROM timesteps WHERE id = ?", [target.timestep_id]).fetchone()
         if row is None:
@@ -101,7 +101,7 @@ def _resolve_target(cur: duckdb.DuckDBPyConnection, target: Target) -> Target:
                           [target.session_id, target.range_start]).fetchone()
         if row is None:
             raise NotFound(f"timestep at session {target.session_id!r} tick {target.range_start} not found")
-        return Target(session_id=target.session_id, timestep_id=row[0])
+        return TagTarget(session_id=target.session_id, timestep_id=row[0])
     else:
         row = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ?", [target.session_id]).fetchone()
         if row is None:
@@ -159,7 +159,7 @@ def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, 
     return require_tag(cur, name)
 
 
-def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Target, *, confidence: float = 1.0,
+def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: TagTarget, *, confidence: float = 1.0,
               source: str = "manual", note: str | None = None) -> dict[str, Any]:
     if not 0.0 <= confidence <= 1.0:
         raise InvalidRequest("confidence must be within [0, 1]")
@@ -175,7 +175,7 @@ def apply_tag(cur: duckdb.DuckDBPyConnection, tag: dict[str, Any], target: Targe
             "range_end": target.range_end, "confidence": confidence, "source": source, "note": note}
 
 
-def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: Target) -> dict[str, Any]:
+def add_comment(cur: duckdb.DuckDBPyConnection, content: str, target: TagTarget) -> dict[str, Any]:
     if not content or not content.strip():
         raise InvalidRequest("comment content must not be empty")
     row = one(cur.execute(

@@ -10,7 +10,7 @@ here read those and decide; the chat route, the completions route and the hidden
     session_admission.py  SessionAdmission: many sessions on one cache: when re-prefill would drown the
                           engine, sessions in flight keep the cache in their order in line; otherwise a
                           cold turn waits for a hot one only while that costs less than the prefill it spares
-    turn.py               admitting a chat turn (session admission, then the governor) and the
+    turn_admission.py     admitting a chat turn (session admission, then the governor) and the
                           recording back-pressure every generating route waits on
     recording_gate.py     RecordingGate: that back-pressure on every vLLM route that can generate
                           (completions, Responses, Messages, ...), before the request's body is read

@@ -31,15 +31,16 @@ HOUR_S = 3600.0
 
 @dataclass
 class TenantBudget:
-    """Tokens each tenant's background calls may use over a rolling hour."""
+    """Tokens each tenant's background calls may use over a rolling hour, by the tenant's owner string
+    (xdb/owner.py)."""
 
     tokens_per_hour: int
     _spent: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
-    def take(self, tenant: str, tokens: int, now: float | None = None) -> None:
-        """Count `tokens` against `tenant`, or raise RateLimited (nothing counted) naming when there is room."""
+    def take(self, owner: str, tokens: int, now: float | None = None) -> None:
+        """Count `tokens` against `owner`'s tenant, or raise RateLimited (nothing counted) naming when there is room."""
         now = time.monotonic() if now is None else now
-        spent = self._spent.setdefault(tenant, deque())
+        spent = self._spent.setdefault(owner, deque())
         while spent and spent[0][0] <= now - HOUR_S:
             spent.popleft()
         used = sum(n for _, n in spent)
@@ -61,8 +62,8 @@ class HiddenAdmission:
         self.waiting = 0  # calls waiting for their turn (a gauge for tests and logs)
 
     @asynccontextmanager
-    async def admitted(self, tenant: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
-        self.budget.take(tenant, prompt_tokens + max_tokens)
+    async def admitted(self, owner: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
+        self.budget.take(owner, prompt_tokens + max_tokens)
         self.waiting += 1
         try:
             await self._turn.acquire()

@@ -17,7 +17,7 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ahc.core.errors import AHCError
-from server.admission.turn import wait_for_recording
+from server.admission.turn_admission import wait_for_recording
 from server.http.errors import error_response
 from server.recording.recorder import Recorder
 

@@ -12,7 +12,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
-from server.admission.turn import requested_completion_tokens
+from server.admission.turn_admission import Asked
 from server.http.session_key import HEADER, SessionKey, session_key
 from server.tenancy.tenants import Tenant
 
@@ -51,13 +51,15 @@ def _content_chars(content: Any) -> int:
 class ChatCall:
     """One chat request, read once: the validated request, the body as the client sent it (the
     orchestrator keeps the client's messages and tools byte for byte, which vLLM's typed messages do
-    not), the calling tenant, and the session it names (the `context`'s, scoped to the tenant)."""
+    not), the calling tenant, the session it names (the `context`'s, scoped to the tenant), and what it
+    asks to generate (admission's and the orchestrator's budget, from the validated request)."""
 
     request: ChatRequest
     body: dict[str, Any]
     tenant: Tenant
     key: SessionKey
     spec: ContextSpec | None  # with its session id scoped to the tenant; None: no `context`
+    asked: Asked
 
     @classmethod
     def read(cls, request: ChatRequest, body: dict[str, Any], headers: Headers, tenant: Tenant) -> ChatCall:
@@ -66,7 +68,8 @@ class ChatCall:
         spec = request.context
         if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
             spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
-        return cls(request, body, tenant, key, spec)
+        asked = Asked.of(request.max_completion_tokens or request.max_tokens, request.n)
+        return cls(request, body, tenant, key, spec, asked)
 
     @property
     def label(self) -> str | None:
@@ -87,10 +90,5 @@ class ChatCall:
 
     def turn_request(self, spec: ContextSpec | None) -> TurnRequest:
         """What the orchestrator gets: the `context` with its documents resolved, and the rest as read here."""
-        return TurnRequest(spec, self.messages, self.max_tokens, tuple(self.tools), self.tenant.prefix, self.label)
-
-    @property
-    def max_tokens(self) -> int | None:
-        """The reply's budget the client asks for: the orchestrator keeps the prompt within the window
-        less this."""
-        return requested_completion_tokens(self.body)
+        return TurnRequest(spec, self.messages, self.asked.completion_tokens, tuple(self.tools), self.tenant.prefix,
+                           self.label)

@@ -21,7 +21,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
-from server.admission.turn import admit, wait_for_recording
+from server.admission.turn_admission import admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat.stream_reply import ReplyAccumulator
@@ -66,7 +66,7 @@ class ChatService:
     async def admit(self, turn: ChatTurn, call: ChatCall) -> None:
         runtime = self.runtime
         try:
-            await admit(turn, runtime.governor, call.body, runtime.config.engine.max_model_len,
+            await admit(turn, runtime.governor, call.asked, runtime.config.engine.max_model_len,
                         runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")

@@ -1,6 +1,6 @@
 """A child HTTP server process (`ahc serve`, or any other): started on a free port with its log in a file,
 ready once GET /health answers 200, stopped with SIGTERM then SIGKILL. The cluster starts its replicas
-with it; the benchmarks and the tests start theirs through bench/harness.py.
+with it; the benchmarks and the tests start theirs through bench/servers.py.
 """
 
 from __future__ import annotations

@@ -53,20 +53,20 @@ class CodexCondenser:
         self.admission = admission
         self._running: dict[tuple[str, str], asyncio.Task[Rendition | None]] = {}
 
-    def want(self, docs: tuple[CodexDoc, ...], prefix: str) -> None:
+    def want(self, docs: tuple[CodexDoc, ...], owner: str) -> None:
         """Start making the renditions these documents lack (in the background, once each)."""
         for doc in docs:
-            self._task(doc, prefix)
+            self._task(doc, owner)
 
-    async def rendition_for(self, doc: CodexDoc, prefix: str) -> Rendition | None:
+    async def rendition_for(self, doc: CodexDoc, owner: str) -> Rendition | None:
         """The document's rendition, made now if need be (joining a run already making it)."""
-        return await asyncio.shield(self._task(doc, prefix))
+        return await asyncio.shield(self._task(doc, owner))
 
-    def _task(self, doc: CodexDoc, prefix: str) -> asyncio.Task[Rendition | None]:
-        key = (prefix, _sha(doc))
+    def _task(self, doc: CodexDoc, owner: str) -> asyncio.Task[Rendition | None]:
+        key = (owner, _sha(doc))
         task = self._running.get(key)
         if task is None:
-            task = asyncio.create_task(self.condense(doc, prefix))
+            task = asyncio.create_task(self.condense(doc, owner))
             self._running[key] = task
             task.add_done_callback(lambda t: self._done(key, t))
         return task
@@ -79,11 +79,11 @@ class CodexCondenser:
         elif error is not None:
             log.warning("condensing Codex document failed: %r", error)
 
-    async def condense(self, doc: CodexDoc, prefix: str) -> Rendition | None:
+    async def condense(self, doc: CodexDoc, owner: str) -> Rendition | None:
         """The document's rendition: the stored one, else a new one made and stored now. None when the
         model's text is no shorter than the source (it is not stored; the request goes on without)."""
         sha = _sha(doc)
-        existing = await self.resolver.rendition(prefix, sha)
+        existing = await self.resolver.rendition(owner, sha)
         if existing is not None:
             return existing
         source_tokens = await asyncio.to_thread(self.count, doc.text)
@@ -94,7 +94,7 @@ class CodexCondenser:
             return None
         messages = [{"role": "system", "content": INSTRUCTION.format(budget=budget)},
                     {"role": "user", "content": doc.text}]
-        async with self._admitted(prefix, prompt_tokens, budget):
+        async with self._admitted(owner, prompt_tokens, budget):
             text = (await self.generate(messages, budget)).strip()
         if not text or await asyncio.to_thread(self.count, text) >= source_tokens:
             log.info("the condensed rendition of %r was no shorter than its source; not stored", doc.id)
@@ -103,17 +103,17 @@ class CodexCondenser:
         stored = await asyncio.to_thread(
             self.xdb.add_document, f"{doc.id} (condensed)", text, path=rendition_path(self.resolver.model, sha),
             tags=[CONDENSED_TAG, self.resolver.model], source=source,
-            summary=f"condensed from {source_tokens} tokens (sha256 {sha})", id_prefix=prefix)
-        rendition = Rendition(stored["content"], f"{stored['id'].removeprefix(prefix)}@{stored['version']}")
-        self.resolver.remember_rendition(prefix, sha, rendition)
+            summary=f"condensed from {source_tokens} tokens (sha256 {sha})", owner=owner)
+        rendition = Rendition(stored["content"], f"{stored['id'].removeprefix(owner)}@{stored['version']}")
+        self.resolver.remember_rendition(owner, sha, rendition)
         return rendition
 
     @asynccontextmanager
-    async def _admitted(self, prefix: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
+    async def _admitted(self, owner: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
         if self.admission is None:
             yield
             return
-        async with self.admission.admitted(prefix, prompt_tokens, max_tokens):
+        async with self.admission.admitted(owner, prompt_tokens, max_tokens):
             yield
 
     def cancel(self) -> None:

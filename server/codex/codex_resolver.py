@@ -75,20 +75,20 @@ class CodexResolver:
         self.xdb = xdb
         self.model = model
         self._versions: _Bounded[tuple[str, int], dict[str, Any]] = _Bounded(max_chars)
-        # (tenant prefix, source sha256) -> its rendition, or None: none stored (yet).
+        # (owner, source sha256) -> its rendition, or None: none stored (yet).
         self._renditions: _Bounded[tuple[str, str], Rendition | None] = _Bounded(max_chars)
         # An inline document's SHA-256 by its text: a Codex sent with every turn is hashed once.
         self._digests: _Bounded[str, str] = _Bounded(max_chars)
 
-    async def resolve(self, spec: ContextSpec, prefix: str) -> ContextSpec:
+    async def resolve(self, spec: ContextSpec, owner: str) -> ContextSpec:
         """The spec with every Codex entry a document with text (and its rendition, when stored)."""
         if not spec.codex:
             return spec
         docs: list[CodexDoc] = []
         for i, entry in enumerate(spec.codex):
-            doc = await self._stored(entry, prefix, i) if isinstance(entry, CodexRef) else entry
+            doc = await self._stored(entry, owner, i) if isinstance(entry, CodexRef) else entry
             if doc.condensed is None and not doc.verbatim:
-                doc = await self._with_rendition(doc, prefix)
+                doc = await self._with_rendition(doc, owner)
             docs.append(doc)
         ids = [doc.id for doc in docs]
         if len(ids) != len(set(ids)):
@@ -97,27 +97,27 @@ class CodexResolver:
                                  param="context.codex")
         return spec.model_copy(update={"codex": docs})
 
-    def remember_rendition(self, prefix: str, source_sha256: str, rendition: Rendition | None) -> None:
-        self._renditions.put((prefix, source_sha256), rendition, len(rendition.text) if rendition else 0)
+    def remember_rendition(self, owner: str, source_sha256: str, rendition: Rendition | None) -> None:
+        self._renditions.put((owner, source_sha256), rendition, len(rendition.text) if rendition else 0)
 
-    async def rendition(self, prefix: str, source_sha256: str) -> Rendition | None:
-        known, cached = self._renditions.get((prefix, source_sha256))
+    async def rendition(self, owner: str, source_sha256: str) -> Rendition | None:
+        known, cached = self._renditions.get((owner, source_sha256))
         if known:
             return cached
         try:
             doc = await asyncio.to_thread(self.xdb.read, find_document, path=rendition_path(self.model, source_sha256),
-                                          id_prefix=prefix)
+                                          owner=owner)
         except LookupError:
             found = None
         else:
-            found = Rendition(doc["content"], f"{doc['id'].removeprefix(prefix)}@{doc['version']}")
-        self.remember_rendition(prefix, source_sha256, found)
+            found = Rendition(doc["content"], f"{doc['id'].removeprefix(owner)}@{doc['version']}")
+        self.remember_rendition(owner, source_sha256, found)
         return found
 
-    async def _stored(self, ref: CodexRef, prefix: str, index: int) -> StoredCodexDoc:
+    async def _stored(self, ref: CodexRef, owner: str, index: int) -> StoredCodexDoc:
         try:
             meta = await asyncio.to_thread(self.xdb.read, find_document, ref.document, version=ref.version,
-                                           sha256=ref.sha256, id_prefix=prefix, with_content=False)
+                                           sha256=ref.sha256, owner=owner, with_content=False)
         except LookupError as exc:
             raise InvalidRequest(f"context.codex.{index}: {exc.args[0] if exc.args else exc}",
                                  param=f"context.codex.{index}") from None
@@ -129,7 +129,7 @@ class CodexResolver:
             self._versions.put(key, fetched, len(fetched["content"]))
             doc = fetched
         return StoredCodexDoc(id=ref.id or doc["name"], text=doc["content"], verbatim=ref.verbatim,
-                              document=doc["id"].removeprefix(prefix), version=doc["version"],
+                              document=doc["id"].removeprefix(owner), version=doc["version"],
                               sha256=doc["content_hash"])
 
     async def _digest(self, text: str) -> str:
@@ -140,9 +140,9 @@ class CodexResolver:
             self._digests.put(text, digest, len(text))
         return digest
 
-    async def _with_rendition(self, doc: CodexDoc, prefix: str) -> CodexDoc:
+    async def _with_rendition(self, doc: CodexDoc, owner: str) -> CodexDoc:
         sha = doc.sha256 if isinstance(doc, StoredCodexDoc) else await self._digest(doc.text)
-        rendition = await self.rendition(prefix, sha)
+        rendition = await self.rendition(owner, sha)
         if rendition is None:
             return doc
         update: dict[str, Any] = {"condensed": rendition.text}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.emulation.profiles import profile
-from server.emulation.roofline import Chunk, Roofline
+from server.emulation.roofline import Roofline, SequenceStep
 
 HOST_STEP_S = 0.00108  # D1's 7.58 ms a token end-to-end less D2's 6.5 ms forward: vLLM's host work a step
 
@@ -31,9 +31,9 @@ class Point:
 def batch_latency(r: Roofline, batch: int, input_len: int, output_len: int, host: bool = True) -> float:
     """benchmark_latency: one batch's prefill, then output_len - 1 decode steps (seconds)."""
     extra = HOST_STEP_S if host else 0.0
-    total = r.step_seconds([Chunk(input_len, 0, True)] * batch) + extra
+    total = r.step_seconds([SequenceStep(input_len, 0, True)] * batch) + extra
     for step in range(1, output_len):
-        total += r.step_seconds([Chunk(1, input_len + step - 1, True)] * batch) + extra
+        total += r.step_seconds([SequenceStep(1, input_len + step - 1, True)] * batch) + extra
     return total
 
 
@@ -48,20 +48,20 @@ def offline_throughput(r: Roofline, prompts: int, input_len: int, output_len: in
         prefill = wave * input_len
         while prefill:
             chunk = min(prefill, max_batched)
-            seconds += r.step_seconds([Chunk(chunk, 0, False)]) + HOST_STEP_S
+            seconds += r.step_seconds([SequenceStep(chunk, 0, False)]) + HOST_STEP_S
             prefill -= chunk
         for step in range(output_len):
-            seconds += r.step_seconds([Chunk(1, input_len + step, True)] * wave) + HOST_STEP_S
+            seconds += r.step_seconds([SequenceStep(1, input_len + step, True)] * wave) + HOST_STEP_S
     return prompts * output_len / seconds
 
 
 POINTS = (
     Point("D2", "vllm-project/vllm PR #11081 (forward_context time stats, Meta-Llama-3-8B, dummy weights)",
           "GPU forward of one decode step, batch 1, 32-token prompt", "ms", 6.5,
-          lambda r: 1000 * r.step_seconds([Chunk(1, 64, True)])),
+          lambda r: 1000 * r.step_seconds([SequenceStep(1, 64, True)])),
     Point("D2", "vllm-project/vllm PR #11081",
           "GPU forward of a 32-token prefill, batch 1", "ms", 7.51,
-          lambda r: 1000 * r.step_seconds([Chunk(32, 0, True)])),
+          lambda r: 1000 * r.step_seconds([SequenceStep(32, 0, True)])),
     Point("D1", "vLLM docs, torch_compile guide: benchmark_latency.py on H100, Meta-Llama-3-8B",
           "end-to-end latency, batch 1, 32 in / 128 out", "s", 0.9704,
           lambda r: batch_latency(r, 1, 32, 128)),
@@ -73,7 +73,7 @@ POINTS = (
           lambda r: offline_throughput(r, 1000, 256, 256)),
     Point("D5", "LambdaLabsML/vllm-benchmark, results/prompt_10/1xH100-80GB-SXM (Meta-Llama-3-8B-Instruct)",
           "median time per output token, 10 concurrent requests (~137 in / ~187 out)", "ms", 7.558,
-          lambda r: 1000 * (r.step_seconds([Chunk(1, 137 + 90, True)] * 10) + HOST_STEP_S)),
+          lambda r: 1000 * (r.step_seconds([SequenceStep(1, 137 + 90, True)] * 10) + HOST_STEP_S)),
 )
 
 

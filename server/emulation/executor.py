@@ -32,7 +32,7 @@ from lens.pack import load_pack
 from lens.side_channel import ActivationSender, BundlingSender, engine_key
 from server.capture.step_capture import LensSettings
 from server.emulation.profiles import profile
-from server.emulation.roofline import Chunk, Roofline
+from server.emulation.roofline import Roofline, SequenceStep
 
 log = logging.getLogger("ahc.emulation")
 CONFIG_KEY = "ahc_emulate"
@@ -141,7 +141,7 @@ class EmulatedExecutor(Executor):
                 self.sequences[new.req_id] = _Sequence(zlib.crc32(new.req_id.encode()), prompt, prompt)
         computed = dict(zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens))
         computed.update((new.req_id, new.num_computed_tokens) for new in out.scheduled_new_reqs)
-        chunks: list[Chunk] = []
+        chunks: list[SequenceStep] = []
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         produced: list[tuple[str, int, int]] = []  # request, seed, the sampled token's output index
@@ -149,7 +149,7 @@ class EmulatedExecutor(Executor):
             seq = self.sequences[req_id]
             done = computed[req_id]
             reaches_end = done + n >= seq.tokens
-            chunks.append(Chunk(new=n, cached=done, sampled=reaches_end))
+            chunks.append(SequenceStep(new=n, cached=done, sampled=reaches_end))
             req_ids.append(req_id)
             if reaches_end:
                 draw = seq.seed + 7919 * seq.tokens  # the token and its activations, fixed by its place

@@ -53,7 +53,7 @@ class Transformer:
 
 
 @dataclass(frozen=True)
-class Chunk:
+class SequenceStep:
     """One sequence's share of a step: `new` tokens computed after `cached` already in its KV."""
 
     new: int
@@ -71,7 +71,7 @@ class Roofline:
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: int = 0  # peak activations and the CUDA context, held back from the KV cache
 
-    def step_flops(self, chunks: Sequence[Chunk]) -> float:
+    def step_flops(self, chunks: Sequence[SequenceStep]) -> float:
         m = self.model
         tokens = sum(c.new for c in chunks)
         sampled = sum(c.sampled for c in chunks)
@@ -81,13 +81,13 @@ class Roofline:
         attention = 4 * m.layers * m.heads * m.head_dim * attended
         return 2 * m.matmul_params * tokens + 2 * m.vocab * m.hidden * sampled + attention
 
-    def step_bytes(self, chunks: Sequence[Chunk]) -> float:
+    def step_bytes(self, chunks: Sequence[SequenceStep]) -> float:
         m = self.model
         kv_read = sum(c.cached + c.new for c in chunks) * m.kv_bytes_per_token
         kv_written = sum(c.new for c in chunks) * m.kv_bytes_per_token
         return m.weight_bytes + kv_read + kv_written
 
-    def step_seconds(self, chunks: Sequence[Chunk]) -> float:
+    def step_seconds(self, chunks: Sequence[SequenceStep]) -> float:
         """The modelled GPU time of one scheduler step (0 for an empty one)."""
         if not chunks:
             return 0.0

@@ -28,7 +28,7 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
-from server.admission.turn import choices, max_new_tokens, wait_for_recording
+from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
 from server.http.session_key import HEADER, header_value, session_key
 from server.runtime import Runtime
 from server.tenancy.request_context import current_session, current_tenant
@@ -78,9 +78,8 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
     await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
     prompts = prompts_of(request)
     lengths = [await prompt_tokens(runtime, p, i, max_model_len) for i, p in enumerate(prompts)]
-    body = request.model_dump(exclude_unset=True)
-    blocks = sum(runtime.governor.blocks_needed(n, 0, max_new_tokens(body, max_model_len, n), choices(body))
-                 for n in lengths)
+    asked = Asked.of(request.max_tokens, request.n)
+    blocks = sum(request_blocks(runtime.governor, asked, max_model_len, n, 0) for n in lengths)
     named = session_key(None, raw_request.headers.get(HEADER), (request.model_extra or {}).get("prompt_cache_key"))
     reservation = await runtime.governor.admit(blocks)
     try:

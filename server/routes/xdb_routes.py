@@ -22,8 +22,7 @@ from ahc.core.limits import (
 )
 from server.http.errors import AHCRoute
 from server.tenancy.request_context import Caller
-from server.tenancy.tenant_xdb import Target as TagTarget
-from server.tenancy.tenant_xdb import TenantViews, TenantXDB
+from server.tenancy.tenant_xdb import TenantTarget, TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient, fidelity
 from xdb.documents import DocumentType
@@ -62,18 +61,18 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Target(_Body):
+class TargetBody(_Body):
     timestep_id: int | None = Field(None, ge=0, le=INT64_MAX)
     session_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick: int | None = Field(None, ge=0, le=INT64_MAX)
     event_id: str | None = Field(None, max_length=ID_MAX_CHARS)
     tick_range: tuple[Tick, Tick] | None = None
 
-    def target(self) -> TagTarget:
-        return TagTarget(self.timestep_id, self.session_id, self.tick, self.event_id, self.tick_range)
+    def target(self) -> TenantTarget:
+        return TenantTarget(self.timestep_id, self.session_id, self.tick, self.event_id, self.tick_range)
 
 
-class TagBody(Target):
+class TagBody(TargetBody):
     tag: TagRef
     tag_type: Literal["concept", "entity", "bud", "custom"] = "custom"
     confidence: float = Field(1.0, ge=0.0, le=1.0)
@@ -82,7 +81,7 @@ class TagBody(Target):
     description: Note | None = None
 
 
-class CommentBody(Target):
+class CommentBody(TargetBody):
     content: str = Field(min_length=1, max_length=COMMENT_MAX_CHARS)
 
 

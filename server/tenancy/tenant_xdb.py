@@ -38,7 +38,7 @@ from xdb.tags import list_comments
 
 
 @dataclass(frozen=True)
-class Target:
+class TenantTarget:
     """What a tag or comment is put on, as the tenant names it."""
 
     timestep_id: int | None = None
@@ -81,28 +81,28 @@ class TenantXDB:
     def _owned(self, rows: Iterable[dict[str, Any]], key: str = "session_id") -> list[dict[str, Any]]:
         return self._rows(r for r in rows if self.tenant.owns(r[key]))
 
-    def _where(self, target: Target) -> dict[str, Any]:
+    def _where(self, target: TenantTarget) -> dict[str, Any]:
         """A target as XDB names it: the session is the tenant's, and so must be a row named by id."""
         return dict(timestep_id=target.timestep_id, session_id=self._opt(target.session_id), tick=target.tick,
-                    event_id=target.event_id, tick_range=target.tick_range, session_prefix=self.tenant.owner)
+                    event_id=target.event_id, tick_range=target.tick_range, owner=self.tenant.owner)
 
     # -- recall, tags, comments, windows --------------------------------------------------------------
     def recall_page(self, filters: RecallFilters) -> dict[str, Any]:
         scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
-        page = self.xdb.recall_page(scoped, session_prefix=self.tenant.owner)
+        page = self.xdb.recall_page(scoped, owner=self.tenant.owner)
         return {**page, "data": self._rows(page["data"])}
 
     def lake_recall(self, filters: RecallFilters) -> list[dict[str, Any]]:
         scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
-        return self._rows(self.xdb.lake_recall(scoped, session_prefix=self.tenant.owner))
+        return self._rows(self.xdb.lake_recall(scoped, owner=self.tenant.owner))
 
     def timestep(self, timestep_id: int) -> dict[str, Any]:
-        return self._row(self.xdb.timestep(timestep_id, session_prefix=self.tenant.owner))
+        return self._row(self.xdb.timestep(timestep_id, owner=self.tenant.owner))
 
-    def tag(self, tag: str | int, target: Target, **fields: Any) -> dict[str, Any]:
+    def tag(self, tag: str | int, target: TenantTarget, **fields: Any) -> dict[str, Any]:
         return self._row(self.xdb.tag(tag, **self._where(target), **fields))
 
-    def comment(self, content: str, target: Target) -> dict[str, Any]:
+    def comment(self, content: str, target: TenantTarget) -> dict[str, Any]:
         return self._row(self.xdb.comment(content, **self._where(target)))
 
     def comments(self, session_id: str | None) -> list[dict[str, Any]]:
@@ -150,7 +150,7 @@ class TenantXDB:
 
     def find_document(self, path: str) -> dict[str, Any]:
         """The tenant's latest document at `path`; NotFound if it has none."""
-        return self._row(self.xdb.read(find_document, path=path, id_prefix=self.tenant.owner), "id")
+        return self._row(self.xdb.read(find_document, path=path, owner=self.tenant.owner), "id")
 
     def document(self, doc_id: str, version: int | None = None) -> dict[str, Any]:
         return self._row(self.xdb.read(get_document, self.stored_id(doc_id), version=version), "id")
@@ -159,7 +159,7 @@ class TenantXDB:
         return self._rows(self.xdb.read(document_versions, self.stored_id(doc_id)), "id")
 
     def add_document(self, **fields: Any) -> dict[str, Any]:
-        return self._row(self.xdb.add_document(**fields, id_prefix=self.tenant.owner), "id")
+        return self._row(self.xdb.add_document(**fields, owner=self.tenant.owner), "id")
 
     def update_document(self, doc_id: str, **fields: Any) -> dict[str, Any]:
         return self._row(self.xdb.update_document(self.stored_id(doc_id), **fields), "id")
@@ -227,7 +227,7 @@ class TenantXDB:
         raise NotFound(f"export {export_id!r} not found")
 
     def export(self, fmt: Literal["parquet", "jsonl"], session_id: str | None, since: str | None) -> dict[str, Any]:
-        made = self.xdb.export(None, fmt, session_id=self._opt(session_id), since=since, prefix=self.tenant.owner)
+        made = self.xdb.export(None, fmt, session_id=self._opt(session_id), since=since, owner=self.tenant.owner)
         return self.export_manifest(made["id"])
 
     def _manifest(self, manifest: dict[str, Any]) -> dict[str, Any]:

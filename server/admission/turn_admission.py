@@ -7,7 +7,7 @@ blocks stay reserved until the turn closes, so concurrent requests do not count 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from prometheus_client import Histogram
@@ -24,20 +24,20 @@ POLL_S = 0.05
 tracer = trace.get_tracer(__name__)
 
 
-async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int,
+async def admit(turn: ChatTurn, governor: VramGovernor, asked: Asked, max_model_len: int,
                 sessions: SessionAdmission | None = None, waits: Histogram | None = None) -> None:
-    """Let the session's turn in (session-aware, when on), then reserve its blocks or raise
-    GovernorRejected; what the governors did goes in the report."""
+    """Let the session's turn in (session-aware, when on), then reserve its blocks (`asked`: what the
+    turn's request asks to generate) or raise GovernorRejected; what the governors did goes in the report."""
 
     async def shrink() -> int | None:
-        return _blocks_needed(turn, governor, body, max_model_len) if await turn.shrink() else None
+        return _blocks_needed(turn, governor, asked, max_model_len) if await turn.shrink() else None
 
     actions: list[str] = []
-    blocks = _blocks_needed(turn, governor, body, max_model_len)
+    blocks = _blocks_needed(turn, governor, asked, max_model_len)
     with tracer.start_as_current_span("ahc.governor.admit") as span:
         try:
             if sessions is not None and turn.prepared.session is not None:
-                await _admit_session(turn, sessions, governor, body, actions, waits)
+                await _admit_session(turn, sessions, governor, asked, actions, waits)
             reservation = await governor.admit(blocks, shrink if turn.prepared.session is not None else None,
                                                actions)
         finally:
@@ -49,10 +49,10 @@ async def admit(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], ma
     turn.on_close(reservation.release)
 
 
-async def _admit_session(turn: ChatTurn, sessions: SessionAdmission, governor: VramGovernor, body: dict[str, Any],
+async def _admit_session(turn: ChatTurn, sessions: SessionAdmission, governor: VramGovernor, asked: Asked,
                          actions: list[str], waits: Histogram | None) -> None:
     # What the turn leaves in the cache: its whole prompt and the reply it asks room for.
-    footprint = governor.blocks_needed(turn.prepared.prompt.tokens, 0, requested_completion_tokens(body) or 0)
+    footprint = governor.blocks_needed(turn.prepared.prompt.tokens, 0, asked.completion_tokens or 0)
     session_id = turn.session_id
     admitted = await sessions.admit(session_id, footprint)
     turn.on_close(lambda: sessions.finished(session_id))
@@ -81,32 +81,35 @@ async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s
             await asyncio.sleep(POLL_S)
 
 
-def requested_completion_tokens(body: dict[str, Any]) -> int | None:
-    """The completion budget the request names (max_completion_tokens, else max_tokens), or None."""
-    asked = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
-        return asked
-    return None
+@dataclass(frozen=True)
+class Asked:
+    """What a request asks the engine to generate, read once from its validated (typed) request:
+    each completion's token budget (None: the request names none) and how many completions (`n`)."""
+
+    completion_tokens: int | None = None
+    choices: int = 1
+
+    @classmethod
+    def of(cls, completion_tokens: int | None, n: int | None) -> Asked:
+        """From the request's typed fields (chat: max_completion_tokens, else max_tokens); a budget or a
+        count under 1 is read as none named."""
+        return cls(completion_tokens if completion_tokens is not None and completion_tokens > 0 else None,
+                   n if n is not None and n > 1 else 1)
+
+    def new_tokens(self, max_model_len: int, prompt_tokens: int) -> int:
+        """Each completion's budget; without one, what the window leaves."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return max(max_model_len - prompt_tokens, 0)
 
 
-def max_new_tokens(body: dict[str, Any], max_model_len: int, prompt_tokens: int) -> int:
-    """The completion budget the request asks for; without one, what the window leaves."""
-    asked = requested_completion_tokens(body)
-    return asked if asked is not None else max(max_model_len - prompt_tokens, 0)
-
-
-def choices(body: dict[str, Any]) -> int:
-    """How many completions (`n`) the request asks for; each one generates its own tokens."""
-    n = body.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-
-
-def request_blocks(governor: VramGovernor, body: dict[str, Any], max_model_len: int, prompt_tokens: int,
+def request_blocks(governor: VramGovernor, asked: Asked, max_model_len: int, prompt_tokens: int,
                    cached_tokens: int) -> int:
     """The KV blocks a request adds: its uncached prompt once, and a completion budget per choice."""
-    return governor.blocks_needed(prompt_tokens, cached_tokens, max_new_tokens(body, max_model_len, prompt_tokens),
-                                  choices(body))
+    return governor.blocks_needed(prompt_tokens, cached_tokens, asked.new_tokens(max_model_len, prompt_tokens),
+                                  asked.choices)
 
 
-def _blocks_needed(turn: ChatTurn, governor: VramGovernor, body: dict[str, Any], max_model_len: int) -> int:
-    return request_blocks(governor, body, max_model_len, turn.prepared.prompt.tokens, turn.report.cached_estimate())
+def _blocks_needed(turn: ChatTurn, governor: VramGovernor, asked: Asked, max_model_len: int) -> int:
+    return request_blocks(governor, asked, max_model_len, turn.prepared.prompt.tokens,
+                          turn.report.cached_estimate())
