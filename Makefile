@@ -54,17 +54,19 @@ run: setup
 
 # Everything, and what CI runs: lint first, then every test, one xdist worker per core (four at most). The
 # tests of one server run together on one worker, so each server starts once, and they go first; the
-# engine-free tests fill in behind them (tests/conftest.py). The 15 slowest are listed at the end.
+# engine-free tests fill in behind them (tests/conftest.py). The tests that time the server's
+# responsiveness (marker `alone`) run afterwards, by themselves. The 15 slowest are listed.
 # The suite starts dozens of Python processes: with PYTHONDONTWRITEBYTECODE set in the environment each
 # would compile every module of ours (and pytest rewrite every test module) again, so the tests write
 # their bytecode caches (git ignores __pycache__).
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs
 test: setup lint
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup \
-		--no-loadscope-reorder --durations 15 tests
+	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 -m "not alone" tests
+	$(PYTEST) -m alone tests
 
 # The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
 test-fast: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n auto -m "not engine and not slow and not real_model" tests
+	$(PYTEST) -n auto -m "not engine and not slow and not real_model" tests
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.

@@ -38,23 +38,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
 
 
-# The servers this session shares, each started at most once per xdist worker.
+# The servers this session shares: each started when a test first needs it and stopped once the tests
+# that use it are done (they run together), so a worker holds only the servers of the tests in hand.
 SESSION_SERVERS = ("real_server", "server")
 ENGINE_MARKERS = ("engine", "slow", "real_model")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs on two xdist workers (`--dist loadgroup`). The tests of one shared server form one
-    group, as do those of a module that starts a server of its own (module-scoped), so that each server
-    starts once; the groups run first, longest kinds first, and the engine-free tests fill in after them."""
-    ranked: list[tuple[int, pytest.Item]] = []
+    """`make test` runs on xdist workers (`--dist loadgroup`). The tests of one shared server form one group,
+    as do those of a module that starts a server of its own (module-scoped), so that each server starts
+    once; the groups run first, longest kinds first, and the engine-free tests fill in after them."""
+    ranked: list[tuple[int, str, pytest.Item]] = []
     for item in items:
         group, rank = engine_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-        ranked.append((rank, item))
-    items[:] = [item for _, item in sorted(ranked, key=lambda pair: pair[0])]  # stable: collection order kept
+        ranked.append((rank, group or "", item))
+    # Stable: collection order within a group, and each group's tests together in a run without xdist too.
+    items[:] = [item for _, _, item in sorted(ranked, key=lambda entry: entry[:2])]
 
 
 def engine_group(item: pytest.Item) -> tuple[str | None, int]:
@@ -69,6 +71,19 @@ def engine_group(item: pytest.Item) -> tuple[str | None, int]:
             defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
         return item.module.__name__, 1
     return None, 2
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A shared server the next test does not use is stopped now, with what was built on it (its clients,
+    module fixtures reading it), rather than at the end of the session; a later test that needs it again
+    starts it again."""
+    if nextitem is None or not isinstance(item, pytest.Function):
+        return
+    for name in SESSION_SERVERS:
+        if name in item.fixturenames and name not in nextitem.fixturenames:
+            for fixturedef in item._fixtureinfo.name2fixturedefs[name]:
+                fixturedef.finish(item._request)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

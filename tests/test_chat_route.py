@@ -545,6 +545,7 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(config: AHCConfig, vl
     assert served == 3  # 3,000 bytes read of the limit's 2,500: the rest was never pulled
 
 
+@pytest.mark.alone
 def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
     """Tokenizing a large Codex takes seconds; it happens off the event loop (in a child process past
     server/model/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""
@@ -599,6 +600,7 @@ def test_the_prompt_budget_counts_the_chat_template_vllm_was_given(config: AHCCo
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_health_stays_fast_while_a_20_mb_codex_is_prepared(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
                                                            tmp_path: Path) -> None:
     """The largest Codex a request may carry: 20M characters, 16M tokens with the tiny model. The

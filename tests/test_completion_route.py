@@ -103,6 +103,7 @@ def test_a_prompt_over_the_window_is_400_before_it_is_decoded_or_recorded(served
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_health_stays_fast_while_a_20_mb_completion_prompt_is_measured(served: tuple[TestClient, Runtime]) -> None:
     """A 20M-character prompt is counted in the token process, not by the tokenizer on the server's
     threads (which held the GIL, /health included, for 0.5 to 2.5 s), and refused as too long."""
