@@ -39,7 +39,7 @@ def test_a_chat_request_asks_max_completion_tokens_before_max_tokens() -> None:
     from starlette.datastructures import Headers
 
     from server.chat.protocol import ChatCall, ChatRequest
-    from server.tenants import LOCAL
+    from server.tenancy.tenants import LOCAL
 
     def asked(**fields: object) -> Asked:
         body = {"messages": [{"role": "user", "content": "hi"}], **fields}
