@@ -100,6 +100,8 @@ def test_an_export_filters_by_session_and_time(source: XDB, tmp_path: Path) -> N
     assert later["tables"]["timesteps"]["rows"] == 0 and later["tables"]["concepts"]["rows"] == 15
     with pytest.raises(ValueError, match="ISO 8601"):
         source.export(tmp_path / "bad", since="yesterday")
+    with pytest.raises(ValueError, match="years 1 to 9999"):
+        source.export(tmp_path / "bad", since="0001-01-01T00:00:00+00:07")
     tenant = source.export(tmp_path / "tenant", owner="tenant:b/")
     assert tenant["tables"]["timesteps"]["rows"] == 40 and tenant["tables"]["documents"]["rows"] == 0
 

@@ -68,6 +68,9 @@ def test_recall_by_time_range_and_activation_bounds(client: TestClient, xdb: XDB
     assert {r["session_id"] for r in late} == {"s1"}
     bad = client.get("/v1/xdb/recall", params={"time_from": "2026-02-01", "time_to": "2026-01-01"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "time_from"
+    # year 1 at +00:07 is before year 1 in UTC: a 400, not a datetime overflow
+    overflow = client.get("/v1/xdb/recall", params={"time_from": "0001-01-01T00:00:00+00:07"})
+    assert overflow.status_code == 400 and overflow.json()["error"]["param"] == "time_from"
     band = client.get("/v1/xdb/recall", params={"concept": "joy", "min_activation": 0.205,
                                                 "max_activation": 0.5}).json()["data"]
     assert {r["tick"] % 3 for r in band} == {1, 2} and SPIKE not in [r["tick"] for r in band]

@@ -79,7 +79,12 @@ class RecallFilters(BaseModel):
     @field_validator("time_to", "time_from")
     @classmethod
     def _utc(cls, value: dt.datetime | None) -> dt.datetime | None:
-        return value.astimezone(dt.UTC).replace(tzinfo=None) if value is not None and value.tzinfo else value
+        if value is None or value.tzinfo is None:
+            return value
+        try:
+            return value.astimezone(dt.UTC).replace(tzinfo=None)
+        except OverflowError:
+            raise ValueError("is outside the years 1 to 9999 once moved to UTC") from None
 
     @field_validator("time_from")
     @classmethod

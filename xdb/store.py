@@ -546,7 +546,7 @@ def parse_since(since: str | None) -> dt.datetime | None:
         return None
     try:
         when = dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(f"since: {since!r} is not an ISO 8601 time (e.g. 2026-11-23T10:00:00Z)",
-                             param="since") from None
-    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+        return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+    except (ValueError, OverflowError):
+        raise InvalidRequest(f"since: {since!r} is not an ISO 8601 time within the years 1 to 9999 "
+                             "(e.g. 2026-11-23T10:00:00Z)", param="since") from None
