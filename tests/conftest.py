@@ -59,6 +59,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = [item for _, _, item in sorted(ranked, key=lambda entry: entry[:2])]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` each grouped test's id must carry its group, which is how xdist keeps a
+    group on one worker; a pytest that xdist cannot extend ids of would start every server once per worker,
+    silently."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
+            raise pytest.UsageError(f"{item.nodeid}: xdist did not put it in its group {group.args[0]!r} "
+                                    "(pytest and pytest-xdist versions that do not work together)")
+
+
 def engine_group(item: pytest.Item) -> tuple[str | None, int]:
     """The group an item runs in and its rank: a shared server's (0), its module's server's (1), an engine
     test on its own (2), an engine-free test (3)."""

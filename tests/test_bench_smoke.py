@@ -18,6 +18,7 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "agents": ("test_agents_bench", "test_bench_agents_end_to_end"),
     "cluster": ("test_cluster", "test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies"),
     "quality": ("test_quality_bench", "test_the_quality_bench_runs_on_the_real_model_server"),
+    "orchestrator": ("test_bench_smoke", "test_the_orchestrator_bench_runs_on_the_real_model"),
 }
 
 
@@ -38,7 +39,8 @@ def test_bench_runs_at_a_small_load(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_the_orchestrator_bench_runs_on_the_real_model() -> None:
-    # Its density session sizes the Codex by the served model's tokenizer and the model condenses it.
+    # Its smoke run, on the real model: its density session sizes the Codex by the served model's tokenizer
+    # and the model condenses it (on the tiny model the same run would start another engine).
     env = SMOKES["orchestrator"].env["BENCH_ORCHESTRATOR_LOAD"] + ",model=smollm2-135m"
     result = run_bench("orchestrator", env={"BENCH_ORCHESTRATOR_LOAD": env})
     assert result["notes"]["model"].startswith("SmolLM2-135M-Instruct")
