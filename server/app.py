@@ -17,6 +17,7 @@ from server.emulation.models_route import install_models_route
 from server.http.body_limit import BodyLimitMiddleware
 from server.http.content_type import JsonBodyMiddleware
 from server.http.errors import add_middleware, install_error_handling
+from server.messages.api_router import install_messages_route
 from server.routes.agent_routes import agent_router
 from server.routes.browse_routes import browse_router
 from server.routes.codex_routes import codex_router
@@ -109,6 +110,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     if runtime.config.engine.emulate is not None:
         install_models_route(app, runtime.config.engine.emulate)
     install_chat_route(app, runtime)
+    install_messages_route(app, runtime)
     install_completion_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))
     app.include_router(agent_router(runtime.xdb))
@@ -122,7 +124,6 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
                                       runtime.rag_indexes))
     runtime.metrics.attach(get_prometheus_registry())
-    install_error_handling(app)
     # With or without a key: a keyless local server is exactly what a cross-site page would target.
     add_middleware(app, Middleware(JsonBodyMiddleware))
     add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
@@ -130,8 +131,10 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     add_middleware(app, Middleware(RecordingGate, recorder=runtime.recorder, timeout_s=oc.vram_queue_timeout_s,
                                    retry_after_s=oc.retry_after_s))
     if runtime.keys:
-        # Added last, so it runs first: no route is reached unauthenticated, and an unauthenticated
+        # Added after the others, so it runs before them: no route is reached unauthenticated, and an unauthenticated
         # caller learns nothing (not even a 415) before the 401. It also sets the request's tenant
         # before anything downstream reads it.
         add_middleware(app, Middleware(ApiKeyMiddleware, keys=runtime.keys))
+    # Outermost: every refusal, the middlewares' above included, in the shape of the API it was sent to.
+    install_error_handling(app)
     return app

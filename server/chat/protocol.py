@@ -62,9 +62,11 @@ class ChatCall:
     asked: Asked
 
     @classmethod
-    def read(cls, request: ChatRequest, body: dict[str, Any], headers: Headers, tenant: Tenant) -> ChatCall:
+    def read(cls, request: ChatRequest, body: dict[str, Any], headers: Headers, tenant: Tenant,
+             cache_param: str = "prompt_cache_key") -> ChatCall:
+        """`cache_param`: where the request's `prompt_cache_key` came from (another API's field for it)."""
         key = session_key(request.context.session_id if request.context else None, headers.get(HEADER),
-                          request.prompt_cache_key)
+                          request.prompt_cache_key, cache_param)
         spec = request.context
         if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
             spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})

@@ -1,4 +1,6 @@
-"""Every error AHC answers, in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+"""Every error AHC answers, in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, or on
+the Anthropic Messages API (`/v1/messages...`) in Anthropic's `{"type": "error", "error": {"type",
+"message"}}`, since each API's clients parse their own.
 
 Three places produce errors and all end up here:
 - AHC's own code raises `ahc.core.errors.AHCError` subclasses; one exception handler answers them.
@@ -35,6 +37,16 @@ OPENAI_TYPES: dict[int, str] = {
     409: "conflict_error",
     429: "rate_limit_error",
 }
+
+ANTHROPIC_TYPES: dict[int, str] = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATH = "/v1/messages"
 
 # Where FastAPI says a bad value came from; the parameter's own name is what a client knows.
 _LOC_ROOTS = ("body", "query", "path", "header")
@@ -97,7 +109,8 @@ async def internal_error_handler(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handling(app: FastAPI) -> None:
-    """The handlers above on `app`, and the middleware that reshapes everyone else's error bodies."""
+    """The handlers above on `app`, and the middleware that reshapes everyone else's error bodies, as the
+    outermost middleware so far (installed last, it reshapes the other middlewares' refusals too)."""
     app.add_exception_handler(AHCError, ahc_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(InternalError, internal_error_handler)
@@ -132,8 +145,18 @@ class AHCRoute(APIRoute):
         return guarded
 
 
-def normalise(status: int, body: bytes) -> bytes:
-    """The OpenAI-shaped version of one error body; unparseable bodies become the message."""
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    type_ = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def normalise(status: int, body: bytes, anthropic: bool = False) -> bytes:
+    """One error body in OpenAI's shape (Anthropic's with `anthropic`); unparseable bodies become the
+    message."""
     try:
         payload = json.loads(body) if body else None
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -147,6 +170,8 @@ def normalise(status: int, body: bytes) -> bytes:
         message, param, code = error if isinstance(error, str) else payload, None, None
     if not isinstance(message, str):
         message = json.dumps(message)
+    if anthropic:
+        return json.dumps(anthropic_error_body(status, message or f"HTTP {status}")).encode()
     return json.dumps(error_body(status, message or f"HTTP {status}", openai_type(status), code, param)).encode()
 
 
@@ -160,6 +185,7 @@ class ErrorShapeMiddleware:
             return
         start: Message | None = None
         chunks: list[bytes] = []
+        anthropic = is_anthropic(scope["path"].removeprefix(scope.get("root_path", "")))
 
         async def send_wrapper(message: Message) -> None:
             nonlocal start
@@ -172,7 +198,7 @@ class ErrorShapeMiddleware:
             chunks.append(message.get("body", b""))
             if message.get("more_body", False):
                 return
-            body = normalise(start["status"], b"".join(chunks))
+            body = normalise(start["status"], b"".join(chunks), anthropic)
             headers = [(k, v) for k, v in start.get("headers", [])
                        if k.lower() not in (b"content-length", b"content-type")]
             headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

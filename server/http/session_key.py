@@ -4,7 +4,8 @@ In order of precedence:
     1. `context.session_id` (body): the server keeps the session's State; the client sends only what is new.
     2. `X-Session-ID` (header): what routers hash for affinity (vLLM's router `consistent_hash`, most
        proxies); names the session for routing and recording only.
-    3. `prompt_cache_key` (body, OpenAI's field): the same, for clients that set it.
+    3. `prompt_cache_key` (body, OpenAI's field), or on the Messages API the session part of
+       `metadata.user_id` (Claude Code's): the same, for clients that set it.
 A header or `prompt_cache_key` changes nothing in what the client sends: an ordinary client resends its
 history each turn, and the server records the turn under that session (XDB rows, metrics, the
 experience browser) and reports where its prefix changed since the session's last request. Several given
@@ -29,18 +30,20 @@ class SessionKey:
     keeps_state: bool  # named by `context.session_id`: the server keeps the State
 
 
-def session_key(context_id: str | None, header: str | None, cache_key: object = None) -> SessionKey:
+def session_key(context_id: str | None, header: str | None, cache_key: object = None,
+                cache_param: str = "prompt_cache_key") -> SessionKey:
     """The request's session from the three places a client may name it (`cache_key` as parsed from the
-    body: anything but a string of 1 to ID_MAX_CHARS characters is refused)."""
+    body, from `cache_param`: `prompt_cache_key`, or the session part of an Anthropic `metadata.user_id`;
+    anything but a string of 1 to ID_MAX_CHARS characters is refused)."""
     if header is not None:
         header = header.strip()
         if not header or len(header) > ID_MAX_CHARS:
             raise InvalidRequest(f"the {HEADER} header must hold 1 to {ID_MAX_CHARS} characters", param=HEADER)
     if cache_key is not None and (not isinstance(cache_key, str) or not 0 < len(cache_key) <= ID_MAX_CHARS):
-        raise InvalidRequest(f"prompt_cache_key must be a string of 1 to {ID_MAX_CHARS} characters",
-                             param="prompt_cache_key")
+        raise InvalidRequest(f"{cache_param} must be a string of 1 to {ID_MAX_CHARS} characters",
+                             param=cache_param)
     named = [(param, value) for param, value in (("context.session_id", context_id), (HEADER, header),
-                                                 ("prompt_cache_key", cache_key)) if value is not None]
+                                                 (cache_param, cache_key)) if value is not None]
     for param, value in named[1:]:
         first_param, first = named[0]
         if value != first:

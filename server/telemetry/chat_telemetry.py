@@ -21,8 +21,10 @@ log = logging.getLogger("ahc.chat")
 
 
 class ChatTelemetry:
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self.span = start_request_span("ahc.chat", headers)
+    def __init__(self, headers: Mapping[str, str], door: str = "chat") -> None:
+        """`door`: the API the request came by (`chat`, `messages`), naming its span and log line."""
+        self.door = door
+        self.span = start_request_span(f"ahc.{door}", headers)
         self.usage = EngineUsage()  # what the engine reports of the prompt, once it has seen it
         self.turn: ChatTurn | None = None  # set once the orchestrator has prepared the prompt
         self._ended = False
@@ -44,7 +46,8 @@ class ChatTelemetry:
         self._ended = True
         outcome = outcome_of(self.turn, error)
         if log.isEnabledFor(logging.INFO):
-            log.info("chat %s", " ".join(f"{key}={value}" for key, value in self.fields(outcome).items()))
+            fields = " ".join(f"{key}={value}" for key, value in self.fields(outcome).items())
+            log.info("%s %s", self.door, fields)
         if self.span.is_recording():
             self.span.set_attributes(self.attributes())
             self.span.set_attribute("ahc.outcome", outcome)

@@ -1,4 +1,5 @@
-"""`--api-key`: every route needs `Authorization: Bearer KEY`, except the probes in `OPEN_PATHS`.
+"""`--api-key`: every route needs the key, except the probes in `OPEN_PATHS`: `Authorization: Bearer KEY`
+as OpenAI's clients send it, or `x-api-key: KEY` as Anthropic's do.
 
 Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, docs and whatever a later
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
@@ -38,7 +39,10 @@ class ApiKeyMiddleware:
     def _tenant(self, headers: Headers) -> Tenant | None:
         # Keys are looked up by SHA-256 digest: the lookup's timing says nothing about a key's characters.
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return self._keys.tenant_for(token) if scheme.lower() == "bearer" else None
+        if scheme.lower() == "bearer":
+            return self._keys.tenant_for(token)
+        anthropic_key = headers.get("x-api-key")
+        return self._keys.tenant_for(anthropic_key) if anthropic_key is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -57,8 +61,8 @@ class ApiKeyMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
             return
-        response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'.",
-                                  "authentication_error", "invalid_api_key")
+        response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' or "
+                                  "'x-api-key: KEY'.", "authentication_error", "invalid_api_key")
         await response(scope, receive, send)
 
 
