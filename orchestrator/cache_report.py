@@ -24,6 +24,9 @@ class CacheReport:
     codex: tuple[dict[str, Any], ...] = ()  # per Codex document: its source and the rendition used
     mode_switches: int = 0  # the session's changes of Codex placement so far, this request's included
     switched: tuple[str, str] | None = None  # this request's change of placement (from, to)
+    # How the request's session was named: by the client (`explicit`), continued from the messages of a
+    # recent request that named none (`inferred`), or started by this request (`new`).
+    session_naming: str = "explicit"
 
     def note(self, action: str) -> None:
         self.governor.append(action)
@@ -42,7 +45,8 @@ class CacheReport:
     def to_json(self, session_id: str) -> dict[str, Any]:
         report = {"mode": self.mode, "blocks": [block.report() for block in self.blocks],
                   "prefix_sha256": self.prefix_sha256, "first_changed_block": self.first_changed_block,
-                  "governor": list(self.governor), "session_id": session_id, "mode_switches": self.mode_switches}
+                  "governor": list(self.governor), "session_id": session_id, "mode_switches": self.mode_switches,
+                  "session_naming": self.session_naming}
         if self.codex:
             report["codex"] = [dict(entry) for entry in self.codex]
         return report

@@ -34,6 +34,7 @@ from orchestrator.codex_renditions import (
 )
 from orchestrator.compaction import CONTINUED_INSTRUCTION, Compaction, CompactionCall, Summarize, compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
+from orchestrator.conversations import Conversations
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
@@ -109,6 +110,7 @@ class Orchestrator:
         self.summarize = summarize
         self.formatters = FormatterRegistry()
         self.named = NamedSessions(config.max_sessions)
+        self.conversations = Conversations(config.max_sessions)
         self.render_cache = RenderCache(max_chars=config.cache_max_chars)
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
@@ -130,6 +132,7 @@ class Orchestrator:
             return self._passthrough(turn)
         if spec.session_id is not None:
             label = None  # a session the server keeps: its own State and hashes
+        naming = "explicit" if spec.session_id is not None or label is not None else "new"
         codex = tuple(spec.documents())
         self.limits.check([(doc.id, doc.text) for doc in codex])
         budget = self.prompt_budget(turn.completion_tokens)
@@ -183,7 +186,7 @@ class Orchestrator:
         switches = (session.mode_switches if session is not None else 0) + (switched is not None)
         report = CacheReport(plan.mode, tuple(plan.prompt.blocks), plan.prompt.prefix_sha256,
                              changed_since(plan.prompt.blocks, session, self.named.last_hashes(label)), actions,
-                             report_entries(codex, plan.rendition, plan.mode == "cag"), switches, switched)
+                             report_entries(codex, plan.rendition, plan.mode == "cag"), switches, switched, naming)
         session_id = spec.session_id or label or tenant_prefix + new_session_id()
         karma = plan.karma
         # A RAG turn's excerpts stay in State with its question: from the next turn on they are part of
@@ -392,12 +395,15 @@ class Orchestrator:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
         named its session."""
-        messages, label = turn.messages, turn.label
+        messages, label, naming = turn.messages, turn.label, "explicit"
+        if label is None:  # named by no one: the conversation its messages continue, if any
+            label = self.conversations.find(turn.tenant_prefix, messages)
+            naming = "new" if label is None else "inferred"
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
-                             first_changed(prompt.blocks, self.named.last_hashes(label)))
+                             first_changed(prompt.blocks, self.named.last_hashes(label)), session_naming=naming)
         return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
                         turn, query=query, named=label is not None)
 
@@ -414,8 +420,11 @@ class Orchestrator:
         which is persisted; returns the store's receipt (a future when it saves in the background)."""
         session = prepared.session
         if session is None:
-            if prepared.named:
+            if prepared.named or prepared.report.session_naming == "new":
                 self.named.remember(prepared.session_id, prepared.prompt.hashes())
+            if prepared.report.session_naming != "explicit" and prepared.request.spec is None:
+                self.conversations.advance(prepared.session_id, prepared.request.tenant_prefix,
+                                           [*prepared.request.messages, reply])
             return None
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()

@@ -145,7 +145,7 @@ class Recorder:
                 # The summary calls' own prefill, apart from the turn's (continued: read from the cache).
                 "compaction_prompt_tokens": sum(c.prompt_tokens for c in prepared.compactions),
                 "compaction_cached_tokens": sum(c.cached_tokens for c in prepared.compactions),
-                "mode_switches": report.mode_switches,
+                "mode_switches": report.mode_switches, "session_naming": report.session_naming,
                 "prompt_tokens": usage.prompt_tokens if usage else None,
                 "cached_tokens": usage.cached_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,

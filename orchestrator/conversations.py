@@ -1,0 +1,85 @@
+"""Sessions inferred from the messages themselves, for clients that name none (most agents resend their
+whole history each turn and send no id): a request whose messages begin with a recent conversation's
+latest messages (its last request's, then the reply) continues that conversation's session.
+
+Each conversation is known by one hash, chained over its messages and seeded with the tenant's prefix,
+so another tenant's conversation never matches. Only a conversation's latest head continues it: a
+request that edits an earlier message, or resends an earlier state, matches no head and starts a new
+session, never rewriting the first one's history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from typing import Any
+
+
+def message_digest(message: dict[str, Any]) -> bytes:
+    """What makes a message the same message when a client resends it: its role, its text (parts
+    joined, none as empty), its tool calls' names and arguments (parsed, so spacing does not count)
+    and the call a tool result answers. Ids a client may regenerate and reasoning are left out."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        calls.append([function.get("name"), _arguments(function.get("arguments"))])
+    canonical = [message.get("role"), content or "", calls, message.get("tool_call_id")]
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).digest()
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def chain(tenant_prefix: str, messages: list[dict[str, Any]]) -> list[str]:
+    """The hash of every prefix of `messages` (the first message's, the first two's, ...)."""
+    head = hashlib.sha256(tenant_prefix.encode()).digest()
+    hashes = []
+    for message in messages:
+        head = hashlib.sha256(head + message_digest(message)).digest()
+        hashes.append(head.hex())
+    return hashes
+
+
+class Conversations:
+    """The latest head of the most recently continued conversations (least recently used dropped)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # head -> session id
+        self._heads: dict[str, str] = {}  # session id -> its latest head
+
+    def find(self, tenant_prefix: str, messages: list[dict[str, Any]]) -> str | None:
+        """The session whose latest messages `messages` begin with (the longest such), or None."""
+        for head in reversed(chain(tenant_prefix, messages)):
+            session_id = self._sessions.get(head)
+            if session_id is not None:
+                self._sessions.move_to_end(head)
+                return session_id
+        return None
+
+    def advance(self, session_id: str, tenant_prefix: str, messages: list[dict[str, Any]]) -> None:
+        """`messages` (a request's, then its reply) are now the session's latest."""
+        if not messages:
+            return
+        head = chain(tenant_prefix, messages)[-1]
+        previous = self._heads.pop(session_id, None)
+        if previous is not None:
+            self._sessions.pop(previous, None)
+        stale = self._sessions.pop(head, None)  # another session that ended on the same messages
+        if stale is not None:
+            self._heads.pop(stale, None)
+        self._sessions[head] = session_id
+        self._heads[session_id] = head
+        while len(self._sessions) > self.capacity:
+            _, dropped = self._sessions.popitem(last=False)
+            self._heads.pop(dropped, None)
