@@ -112,6 +112,11 @@ def test_a_chat_request_is_one_trace_from_the_client_through_ahc_to_the_engine(
     assert attributes[INPUT_TOKENS] == len(prompt_ids)  # the engine's count, not the orchestrator's
     assert attributes[CACHE_READ_INPUT_TOKENS] == 0  # the fake engine caches nothing
     assert attributes["ahc.outcome"] == "committed"
+    # OpenTelemetry's GenAI conventions: what Langfuse and Phoenix group and count generations by
+    assert attributes["gen_ai.operation.name"] == "chat" and attributes["gen_ai.request.model"] == "tiny"
+    assert attributes["gen_ai.conversation.id"] == "s1"
+    generated = attributes["gen_ai.usage.output_tokens"]
+    assert generated > 0 and (stream or generated == response.json()["usage"]["completion_tokens"])
     assembled = only(spans, "ahc.prompt.assemble").attributes or {}
     assert assembled[SESSION_ID] == "s1" and assembled[INPUT_TOKENS] > 0
     assert (only(spans, "ahc.record.flush").attributes or {})[SESSION_ID] == "s1"

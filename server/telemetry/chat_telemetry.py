@@ -11,7 +11,15 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from ahc.core.spans import CACHE_READ_INPUT_TOKENS, INPUT_TOKENS
+from ahc.core.spans import (
+    CACHE_READ_INPUT_TOKENS,
+    CONVERSATION_ID,
+    INPUT_TOKENS,
+    OPERATION_NAME,
+    OUTPUT_TOKENS,
+    PROVIDER_NAME,
+    REQUEST_MODEL,
+)
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.orchestrator import prompt_attributes
 from server.telemetry.tracing import start_request_span
@@ -27,6 +35,7 @@ class ChatTelemetry:
         self.span = start_request_span(f"ahc.{door}", headers)
         self.usage = EngineUsage()  # what the engine reports of the prompt, once it has seen it
         self.turn: ChatTurn | None = None  # set once the orchestrator has prepared the prompt
+        self.model: str | None = None  # the model the request names, once it is read
         self._ended = False
 
     @contextmanager
@@ -72,9 +81,16 @@ class ChatTelemetry:
     def attributes(self) -> dict[str, Any]:
         """The request span's attributes: the prompt's, with the engine's own token counts where known."""
         attributes = prompt_attributes(self.turn.prepared) if self.turn is not None else {}
+        attributes[OPERATION_NAME], attributes[PROVIDER_NAME] = "chat", "vllm"
+        if self.model is not None:
+            attributes[REQUEST_MODEL] = self.model
+        if self.turn is not None:
+            attributes[CONVERSATION_ID] = self.turn.session_id
         if self.usage.prompt_tokens is not None:
             attributes[INPUT_TOKENS] = self.usage.prompt_tokens
             attributes[CACHE_READ_INPUT_TOKENS] = self.usage.cached_tokens or 0
+        if self.usage.completion_tokens is not None:
+            attributes[OUTPUT_TOKENS] = self.usage.completion_tokens
         return attributes
 
 
