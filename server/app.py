@@ -18,6 +18,7 @@ from server.http.body_limit import BodyLimitMiddleware
 from server.http.content_type import JsonBodyMiddleware
 from server.http.errors import add_middleware, install_error_handling
 from server.messages.api_router import install_messages_route
+from server.responses.api_router import install_responses_route
 from server.routes.agent_routes import agent_router
 from server.routes.browse_routes import browse_router
 from server.routes.codex_routes import codex_router
@@ -111,6 +112,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
         install_models_route(app, runtime.config.engine.emulate)
     install_chat_route(app, runtime)
     install_messages_route(app, runtime)
+    install_responses_route(app, runtime)
     install_completion_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records))
     app.include_router(agent_router(runtime.xdb))

@@ -15,6 +15,7 @@ from typing import Any, cast
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -49,7 +50,10 @@ class ChatService:
             await self.admit(turn, call)
             response = await self.generate(turn, call, raw_request)
             if isinstance(response, StreamingResponse):  # settled by the stream, when it ends
-                return TurnStream(response, turn.hand_over(), runtime, telemetry)
+                chunks = cast("AsyncIterable[str | bytes]", response.body_iterator)  # vLLM's SSE chunks are str
+                return TurnStream(stream_with_report(chunks, turn, runtime, telemetry.usage), turn.hand_over(),
+                                  telemetry, status_code=response.status_code, raw_headers=response.raw_headers,
+                                  background=response.background)
             return await finish_json(response, turn, runtime)
 
     async def resolve(self, call: ChatCall) -> ContextSpec | None:
@@ -91,17 +95,19 @@ class ChatService:
 
 
 class TurnStream(StreamingResponse):
-    """vLLM's SSE response with the cache report added, owning the turn until the response is over.
+    """A streamed reply (SSE) owning its turn until the response is over, with the session's header.
 
     The stream's own iterator settles the turn; closing it here as well covers a client that hangs up
-    before the first chunk, when Starlette never starts the iterator and its cleanup would never run."""
+    before the first chunk, when Starlette never starts the iterator and its cleanup would never run.
+    `raw_headers`: the response's, where vLLM made one (its content type among them)."""
 
-    def __init__(self, source: StreamingResponse, turn: ChatTurn, runtime: Runtime, telemetry: ChatTelemetry) -> None:
-        # vLLM's SSE chunks are str; Starlette types a body's chunks as any of str, bytes and memoryview.
-        chunks = cast("AsyncIterable[str | bytes]", source.body_iterator)
-        super().__init__(stream_with_report(chunks, turn, runtime, telemetry.usage), status_code=source.status_code,
-                         background=source.background)
-        self.raw_headers = [*source.raw_headers, (HEADER.lower().encode(), session_header(turn).encode("latin-1"))]
+    def __init__(self, body: AsyncIterable[str | bytes], turn: ChatTurn, telemetry: ChatTelemetry, *,
+                 status_code: int = 200, raw_headers: list[tuple[bytes, bytes]] | None = None,
+                 background: BackgroundTask | None = None) -> None:
+        super().__init__(body, status_code=status_code, background=background, media_type="text/event-stream")
+        if raw_headers is not None:
+            self.raw_headers = list(raw_headers)
+        self.raw_headers.append((HEADER.lower().encode(), session_header(turn).encode("latin-1")))
         self._turn = turn
         self._telemetry = telemetry
 

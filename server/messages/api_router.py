@@ -1,6 +1,6 @@
 """`POST /v1/messages`: only HTTP. The route goes ahead of vLLM's on the same path and hands the request
-to the MessagesService under the request's log line and trace span, which a stream carries to its end.
-`/v1/messages/count_tokens` stays vLLM's: it generates nothing."""
+to the MessagesService under the request's log line and trace span. `/v1/messages/count_tokens` stays
+vLLM's: it generates nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from server.chat.serving import ChatService, TurnStream
+from server.chat.door import install_ahead, traced
+from server.chat.serving import ChatService
 from server.messages.protocol import MessagesRequest
 from server.messages.serving import MessagesService
 from server.runtime import Runtime
@@ -19,23 +20,12 @@ PATH = "/v1/messages"
 
 
 def install_messages_route(app: FastAPI, runtime: Runtime) -> None:
-    """Put our route ahead of vLLM's on the same path (Starlette matches routes in order)."""
     service = MessagesService(ChatService(runtime))
 
     async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
-        telemetry = ChatTelemetry(raw_request.headers, door="messages")
-        try:
-            with telemetry.current():
-                response = await service.serve(request, raw_request, current_tenant.get(), telemetry)
-        except BaseException as exc:
-            telemetry.end(exc)
-            raise
-        if not isinstance(response, TurnStream):
-            telemetry.end()
-        return response
+        async def serve(telemetry: ChatTelemetry) -> Response:
+            return await service.serve(request, raw_request, current_tenant.get(), telemetry)
 
-    route = APIRoute(PATH, create_message, methods=["POST"], name="ahc_messages", response_model=None)
-    for shadowed in app.router.routes:
-        if isinstance(shadowed, APIRoute) and shadowed.path == route.path and "POST" in shadowed.methods:
-            shadowed.include_in_schema = False  # never reached; ours describes the body with `context`
-    app.router.routes.insert(0, route)
+        return await traced(raw_request, "messages", serve)
+
+    install_ahead(app, APIRoute(PATH, create_message, methods=["POST"], name="ahc_messages", response_model=None))

@@ -29,6 +29,7 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
+from server.chat.door import install_ahead
 from server.http.session_key import HEADER, header_value, session_key
 from server.runtime import Runtime
 from server.tenancy.request_context import current_session, current_tenant
@@ -54,11 +55,7 @@ def install_completion_route(app: FastAPI, runtime: Runtime) -> None:
     async def completions(request: CompletionBody, raw_request: Request) -> Response:
         return await serve_completion(request, raw_request, runtime)
 
-    route = APIRoute(PATH, completions, methods=["POST"], name="ahc_completions", response_model=None)
-    for shadowed in app.router.routes:
-        if isinstance(shadowed, APIRoute) and shadowed.path == PATH and "POST" in shadowed.methods:
-            shadowed.include_in_schema = False  # one route per path in the OpenAPI document: ours
-    app.router.routes.insert(0, route)
+    install_ahead(app, APIRoute(PATH, completions, methods=["POST"], name="ahc_completions", response_model=None))
 
 
 def prompts_of(request: CompletionRequest) -> list[str | list[int]]:

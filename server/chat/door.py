@@ -1,0 +1,37 @@
+"""What every generating door (chat completions, Messages, Responses) does over HTTP: its route goes
+ahead of vLLM's on the same path, and each request runs under its log line and trace span, which a
+stream carries to its end."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+
+from server.chat.serving import TurnStream
+from server.telemetry.chat_telemetry import ChatTelemetry
+
+
+def install_ahead(app: FastAPI, route: APIRoute) -> None:
+    """Put `route` ahead of vLLM's on the same path (Starlette matches routes in order). vLLM's is never
+    reached; left in the OpenAPI document it would replace ours there, and describe its body, not ours."""
+    for shadowed in app.router.routes:
+        if isinstance(shadowed, APIRoute) and shadowed.path == route.path and shadowed.methods & route.methods:
+            shadowed.include_in_schema = False
+    app.router.routes.insert(0, route)
+
+
+async def traced(raw_request: Request, door: str, serve: Callable[[ChatTelemetry], Awaitable[Response]]) -> Response:
+    """`serve` under the request's log line and span (`ahc.DOOR`), ended here, or by the stream."""
+    telemetry = ChatTelemetry(raw_request.headers, door)
+    try:
+        with telemetry.current():
+            response = await serve(telemetry)
+    except BaseException as exc:
+        telemetry.end(exc)
+        raise
+    if not isinstance(response, TurnStream):
+        telemetry.end()
+    return response

@@ -1,0 +1,127 @@
+"""The Responses API as AHC's door, on AHC's whole app (fake engine, TestClient, a real XDB), through the
+official `openai` client: vLLM's handler generates, inside the chat door's turn (session, recording,
+turn record, tenant salt, cache report)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from fake_app import serving
+from fastapi.testclient import TestClient
+
+from ahc.core.config import AHCConfig
+from server.responses.protocol import ResponseSessions, reply_of
+from server.runtime import Runtime
+from xdb.browse import session_turns
+
+ALICE, BOB = "alice-key", "bob-key"
+
+
+@pytest.fixture
+def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
+    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
+        yield served
+
+
+def client_for(http: TestClient, key: str = ALICE) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def scoped(runtime: Runtime, session: str, key: str = ALICE) -> str:
+    return runtime.keys.tenant_for(key).scope(session)  # type: ignore[union-attr]
+
+
+def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(served: tuple[TestClient, Runtime]) -> None:
+    """Codex CLI resends its whole conversation as input items, its conversation id in prompt_cache_key."""
+    http, runtime = served
+    client = client_for(http)
+    items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files"}]}]  # type: ignore[type-arg]
+    first = client.responses.with_raw_response.create(model="tiny", instructions="You are a coding agent.",
+                                                      input=items, max_output_tokens=8, store=False,  # type: ignore[arg-type]
+                                                      prompt_cache_key="conv-1")
+    assert first.headers["X-Session-ID"] == "conv-1"
+    response = first.parse()
+    assert response.status == "completed" and response.output_text
+    assert response.model_extra["context"]["session_id"] == "conv-1"  # type: ignore[index]
+    items += [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": response.output_text}]},
+              {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": '{"cmd": "ls"}'},
+              {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
+              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Open it"}]}]
+    second = client.responses.create(model="tiny", instructions="You are a coding agent.", input=items,  # type: ignore[arg-type]
+                                     max_output_tokens=8, store=False, prompt_cache_key="conv-1")
+    assert second.usage is not None and second.usage.input_tokens_details.cached_tokens is not None
+
+    runtime.xdb.writer.flush()
+    session = scoped(runtime, "conv-1")
+    rows = runtime.xdb.recall(session_id=session)
+    assert [r["content"] for r in rows if r["event_type"] == "input" and r["role"] == "user"] == ["List files", "Open it"]
+    assert any(r["event_type"] == "tool_result" and r["content"] == "README.md" for r in rows)
+    turns = runtime.xdb.read(session_turns, session)["turns"]
+    assert len(turns) == 2 and all(t["prompt_tokens"] > 0 for t in turns)
+    outputs = [r for r in rows if r["event_type"] == "output"]
+    assert len(outputs) == response.usage.output_tokens + second.usage.output_tokens  # type: ignore[union-attr]
+
+
+def test_a_streamed_response_carries_the_report_and_settles_before_completed(
+        served: tuple[TestClient, Runtime]) -> None:
+    http, runtime = served
+    with client_for(http).responses.stream(model="tiny", input="Stream please", max_output_tokens=8,
+                                           extra_headers={"X-Session-ID": "streamed"}) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[0].response.model_extra["context"]["session_id"] == "streamed"  # type: ignore[index]
+    runtime.xdb.writer.flush()
+    rows = runtime.xdb.recall(session_id=scoped(runtime, "streamed"), event_types=["output"])
+    assert "".join(r["content"] for r in rows) == final.output_text
+    assert len(runtime.xdb.read(session_turns, scoped(runtime, "streamed"))["turns"]) == 1
+
+
+def test_a_response_without_a_name_is_a_session_that_later_turns_continue(served: tuple[TestClient, Runtime]) -> None:
+    http, _ = served
+    client = client_for(http)
+    first = client.responses.with_raw_response.create(model="tiny", input="Hello", max_output_tokens=6)
+    reply = first.parse()
+    assert reply.model_extra["context"]["session_naming"] == "new"  # type: ignore[index]
+    again = client.responses.with_raw_response.create(
+        model="tiny", max_output_tokens=6,
+        input=[{"role": "user", "content": "Hello"}, {"role": "assistant", "content": reply.output_text},  # type: ignore[list-item]
+               {"role": "user", "content": "More"}])
+    assert again.headers["X-Session-ID"] == first.headers["X-Session-ID"]
+    assert again.parse().model_extra["context"]["session_naming"] == "inferred"  # type: ignore[index]
+
+
+def test_each_tenant_gets_its_own_cache_salt_on_the_responses_door(served: tuple[TestClient, Runtime]) -> None:
+    http, runtime = served
+    before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
+    for key in (ALICE, ALICE, BOB):
+        client_for(http, key).responses.create(model="tiny", input="Hi", max_output_tokens=2, extra_body={"cache_salt": "x"})
+    alice, alice_again, bob = [r.cache_salt for r in runtime.hidden.engine.requests[before:]]  # type: ignore[attr-defined]
+    assert alice == alice_again and alice and bob and alice != bob and "x" not in (alice, bob)
+
+
+def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(served: tuple[TestClient, Runtime]) -> None:
+    http, runtime = served
+    with pytest.raises(openai.BadRequestError) as bad:
+        client_for(http).responses.create(model="tiny", input="Hi", max_output_tokens=-1,
+                                          extra_headers={"X-Session-ID": "bad"})
+    assert bad.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    runtime.xdb.writer.flush()
+    rows = runtime.xdb.recall(session_id=scoped(runtime, "bad"))
+    assert [r["event_type"] for r in rows] == ["input"]  # what was asked is kept; no reply, no turn record
+
+
+def test_output_items_make_the_chat_reply_and_response_sessions_are_per_tenant() -> None:
+    reply = reply_of([{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+                      {"type": "message", "content": [{"type": "output_text", "text": "Hi"}]},
+                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}])
+    assert reply == {"role": "assistant", "content": "Hi", "reasoning_content": "hm",
+                     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    sessions = ResponseSessions(1)
+    sessions.remember("tenant:a/", "resp_1", "tenant:a/s1")
+    assert sessions.get("tenant:a/", "resp_1") == "tenant:a/s1" and sessions.get("tenant:b/", "resp_1") is None
+    sessions.remember("tenant:a/", "resp_2", "tenant:a/s2")
+    assert sessions.get("tenant:a/", "resp_1") is None  # bounded
