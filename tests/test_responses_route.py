@@ -46,7 +46,8 @@ def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(served: 
     response = first.parse()
     assert response.status == "completed" and response.output_text
     assert response.model_extra["context"]["session_id"] == "conv-1"  # type: ignore[index]
-    items += [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": response.output_text}]},
+    answer = {"type": "output_text", "text": response.output_text}
+    items += [{"type": "message", "role": "assistant", "content": [answer]},
               {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": '{"cmd": "ls"}'},
               {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Open it"}]}]
@@ -57,7 +58,8 @@ def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(served: 
     runtime.xdb.writer.flush()
     session = scoped(runtime, "conv-1")
     rows = runtime.xdb.recall(session_id=session)
-    assert [r["content"] for r in rows if r["event_type"] == "input" and r["role"] == "user"] == ["List files", "Open it"]
+    typed = [r["content"] for r in rows if r["event_type"] == "input" and r["role"] == "user"]
+    assert typed == ["List files", "Open it"]
     assert any(r["event_type"] == "tool_result" and r["content"] == "README.md" for r in rows)
     turns = runtime.xdb.read(session_turns, session)["turns"]
     assert len(turns) == 2 and all(t["prompt_tokens"] > 0 for t in turns)
@@ -98,7 +100,8 @@ def test_each_tenant_gets_its_own_cache_salt_on_the_responses_door(served: tuple
     http, runtime = served
     before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
     for key in (ALICE, ALICE, BOB):
-        client_for(http, key).responses.create(model="tiny", input="Hi", max_output_tokens=2, extra_body={"cache_salt": "x"})
+        client_for(http, key).responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                               extra_body={"cache_salt": "x"})
     alice, alice_again, bob = [r.cache_salt for r in runtime.hidden.engine.requests[before:]]  # type: ignore[attr-defined]
     assert alice == alice_again and alice and bob and alice != bob and "x" not in (alice, bob)
 
