@@ -39,6 +39,9 @@ class Turn:
     tool_calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, arguments JSON)
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant turn's reasoning (vLLM's `reasoning`, once `reasoning_content`): kept so that a chat
+    # template that takes reasoning back (interleaved thinking) gets it on the next turn.
+    reasoning: str | None = None
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Turn:
@@ -48,8 +51,10 @@ class Turn:
                                  param="messages")
         calls = tuple((str(c.get("id", "")), str(c["function"]["name"]), _arguments(c["function"].get("arguments")))
                       for c in message.get("tool_calls") or [])
+        reasoning = message.get("reasoning") or message.get("reasoning_content") if role == "assistant" else None
         return cls(role=role, content=_text(message.get("content")), tool_calls=calls,
-                   tool_call_id=message.get("tool_call_id"), name=message.get("name"))
+                   tool_call_id=message.get("tool_call_id"), name=message.get("name"),
+                   reasoning=reasoning if isinstance(reasoning, str) and reasoning else None)
 
     def to_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -60,6 +65,8 @@ class Turn:
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             message["name"] = self.name
+        if self.reasoning is not None:
+            message["reasoning"] = self.reasoning
         return message
 
     @cached_property
@@ -77,7 +84,7 @@ class Turn:
 
     @property
     def chars(self) -> int:
-        return len(self.content) + sum(len(a) for _, _, a in self.tool_calls)
+        return len(self.content) + sum(len(a) for _, _, a in self.tool_calls) + len(self.reasoning or "")
 
     @cached_property
     def is_filler(self) -> bool:

@@ -682,3 +682,20 @@ def test_excerpts_too_large_for_the_state_stay_in_the_query(counter, tokenizer) 
     second = run(orch.prepare(asking(spec, words(30, 8), completion_tokens=MAX_TOKENS)))
     assert "compaction" not in second.actions  # the passing excerpts did not crowd the State
     assert "Archive excerpts" in second.messages[-1]["content"]
+
+
+def test_a_replys_reasoning_stays_in_the_kept_state_and_survives_a_resume(counter) -> None:
+    """For chat templates that take reasoning back (interleaved thinking): the server-kept State keeps
+    an assistant turn's reasoning (vLLM's `reasoning`, or the older `reasoning_content`) as it keeps the
+    text, through a save and a resume."""
+    saved: dict[str, str] = {}
+    orch = make(counter, store=SessionStore(saved.get, saved.__setitem__))
+    spec = parse_context({**CONTEXT, "session_id": "thinking"})
+    orch.commit(run(orch.prepare(asking(spec, "one"))), {"role": "assistant", "content": "uno", "reasoning": "hmm"})
+    orch.commit(run(orch.prepare(asking(spec, "two"))),
+                {"role": "assistant", "content": "dos", "reasoning_content": "well"})
+    resumed = make(counter, store=SessionStore(saved.get, saved.__setitem__))
+    third = run(resumed.prepare(asking(spec, "three")))
+    replies = [m for m in third.messages if m["role"] == "assistant"]
+    assert [(m["content"], m.get("reasoning")) for m in replies] == [("uno", "hmm"), ("dos", "well")]
+    assert Turn.from_message({"role": "user", "content": "q", "reasoning": "x"}).reasoning is None

@@ -121,7 +121,7 @@ def test_output_items_make_the_chat_reply_and_response_sessions_are_per_tenant()
     reply = reply_of([{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
                       {"type": "message", "content": [{"type": "output_text", "text": "Hi"}]},
                       {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}])
-    assert reply == {"role": "assistant", "content": "Hi", "reasoning_content": "hm",
+    assert reply == {"role": "assistant", "content": "Hi", "reasoning": "hm",
                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
     sessions = ResponseSessions(1)
     sessions.remember("tenant:a/", "resp_1", "tenant:a/s1")

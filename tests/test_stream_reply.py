@@ -46,3 +46,12 @@ def test_content_chunks_go_unparsed_without_text_and_a_finish_is_read() -> None:
         reply.add(json.loads(payload))
     assert reply.finished and reply.message()["tool_calls"][0]["id"] == "c1"
     assert all(ReplyAccumulator().wants(c) for c in compact)  # a State keeps the text: every chunk is read
+
+
+def test_streamed_reasoning_joins_the_reply_for_the_state() -> None:
+    accumulator = ReplyAccumulator()
+    for chunk in ({"choices": [choice({"role": "assistant", "reasoning": "Let me "})]},
+                  {"choices": [choice({"reasoning": "think."})]},
+                  {"choices": [choice({"content": "Four."}, "stop")]}):
+        accumulator.add(chunk)
+    assert accumulator.message() == {"role": "assistant", "content": "Four.", "reasoning": "Let me think."}

@@ -1,4 +1,4 @@
-"""Rebuild the assistant message from streamed chat chunks (content and tool-call deltas)."""
+"""Rebuild the assistant message from streamed chat chunks (content, reasoning and tool-call deltas)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ class ReplyAccumulator:
 
     text: bool = True
     content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)  # with a reasoning parser: the reply's thinking
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
 
@@ -34,6 +35,8 @@ class ReplyAccumulator:
             delta = choice.get("delta") or {}
             if self.text and delta.get("content"):
                 self.content.append(delta["content"])
+            if self.text and (thought := delta.get("reasoning") or delta.get("reasoning_content")):
+                self.reasoning.append(thought)
             for call in delta.get("tool_calls") or []:
                 slot = self.tool_calls.setdefault(call.get("index", 0), {
                     "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
@@ -50,6 +53,8 @@ class ReplyAccumulator:
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return message

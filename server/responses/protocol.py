@@ -52,7 +52,7 @@ def reply_of(output: list[Any]) -> dict[str, Any]:
     if calls:
         reply["tool_calls"] = calls
     if reasoning:
-        reply["reasoning_content"] = "".join(reasoning)
+        reply["reasoning"] = "".join(reasoning)
     return reply
 
 
