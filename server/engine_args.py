@@ -53,7 +53,8 @@ def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> lis
         args += ["--kv-offloading-size", str(engine.kv_offloading_size),
                  "--kv-offloading-backend", engine.kv_offloading_backend]
     if engine.emulate is not None:  # its executor ships emulated activations itself: no worker to replace
-        args += emulation_flags(engine.emulate, capture.settings if capture is not None else None)
+        args += emulation_flags(engine.emulate, capture.settings if capture is not None else None,
+                                engine.emulate_reply_tokens)
     elif capture is not None:
         args += capture.vllm_flags()
     return args + list(engine.extra_args)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,11 +17,12 @@ import numpy as np
 import pytest
 from bench_smoke import check_result
 
+from ahc.core.config import load_config
 from bench.servers import start_server
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
-from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens
+from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens, reply_length
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import SequenceStep
 
@@ -65,7 +67,7 @@ def executor() -> EmulatedExecutor:
     """The executor's step alone (a unit test of one piece): no engine around it."""
     ex = object.__new__(EmulatedExecutor)
     ex.roofline = profile("h100-llama-8b")
-    ex.token_ids = list(range(10, 60))
+    ex.token_ids, ex.eos, ex.reply_tokens = list(range(10, 60)), 2, None
     ex.sequences, ex.modelled_s, ex.lens = {}, 0.0, None
     return ex
 
@@ -109,6 +111,31 @@ class Shipped:
     def add(self, keys: list[str], positions: list[int], rows: np.ndarray, index: Any, values: Any,
             source: str) -> None:
         self.steps.append((keys, positions, index.numpy()[rows], values.numpy()[rows], source))
+
+
+def test_with_a_reply_length_each_reply_ends_with_eos_at_its_drawn_length() -> None:
+    """Agent clients finish their turns on the emulated engine: each reply ends (EOS) at a length drawn
+    by its request around the mean, the same length every time; without one, replies never end."""
+    lengths = [reply_length(zlib.crc32(f"req-{i}".encode()), 20) for i in range(400)]
+    assert min(lengths) >= 1 and 15 < sum(lengths) / len(lengths) < 25 and len(set(lengths)) > 20
+    ex = executor()
+    ex.reply_tokens = 20
+    request = "req-7"
+    expected = reply_length(zlib.crc32(request.encode()), 20)
+    tokens = [ex.step(scheduled([(request, 10, 0)], [], {request: 10})).sampled_token_ids[0][0]]
+    while tokens[-1] != ex.eos:
+        tokens.append(ex.step(scheduled([], [(request, 10 + len(tokens))], {request: 1})).sampled_token_ids[0][0])
+    assert len(tokens) == expected and ex.eos not in tokens[:-1]
+    endless = executor()
+    first = endless.step(scheduled([(request, 10, 0)], [], {request: 10})).sampled_token_ids[0]
+    drawn = [endless.step(scheduled([], [(request, 11 + i)], {request: 1})).sampled_token_ids[0][0] for i in range(60)]
+    assert endless.eos not in first + drawn
+
+
+def test_reply_tokens_need_an_emulated_engine() -> None:
+    with pytest.raises(ValueError, match="needs engine.emulate"):
+        load_config("cpu-tiny").with_overrides(**{"engine.emulate_reply_tokens": 10})
+    assert json.loads(emulation_flags("h100-llama-8b", None, 12)[3])["ahc_emulate_reply_tokens"] == 12
 
 
 def test_the_emulated_lens_ships_each_sampled_token_k_distinct_concepts() -> None:

@@ -162,6 +162,9 @@ def serve(
         help="Run on an emulated GPU (h100-llama-8b): vLLM's scheduler and KV cache are real, each step "
              "takes the named GPU's time for the named model, reply tokens are drawn; MODEL gives only "
              "the tokenizer and chat template. Labelled in /v1/models and the logs.")] = None,
+    emulate_reply_tokens: Annotated[int | None, typer.Option(
+        help="With --emulate: replies end (EOS) after a length drawn around this many tokens, so agent "
+             "clients finish their turns; without it a reply runs to max_tokens.")] = None,
 ) -> None:
     """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
@@ -185,6 +188,7 @@ def serve(
             "engine.enforce_eager": enforce_eager,
             "engine.seed": seed,
             "engine.emulate": emulate,
+            "engine.emulate_reply_tokens": emulate_reply_tokens,
             # Every flag AHC does not own, in the order given, after the config's.
             "engine.extra_args": [*cfg.engine.extra_args, *passed] if passed else None,
             **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),

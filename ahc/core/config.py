@@ -87,6 +87,16 @@ class EngineConfig(_Strict):
     # take for the named model, and reply tokens are drawn, not generated. The model's tokenizer and
     # chat template are used, its weights never read. Shown in /v1/models and the logs.
     emulate: str | None = None
+    # With `emulate`: each reply ends with the model's end-of-sequence token after a length drawn around
+    # this many tokens (exponentially, by the request), so agent clients finish their turns as they do on a
+    # model; None: a reply runs to its max_tokens (what the serving benchmarks measure).
+    emulate_reply_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _reply_tokens_when_emulated(self) -> EngineConfig:
+        if self.emulate_reply_tokens is not None and self.emulate is None:
+            raise ValueError("engine.emulate_reply_tokens needs engine.emulate (an emulated GPU)")
+        return self
 
 
 class OrchestratorConfig(_Strict):

@@ -36,6 +36,7 @@ from server.emulation.roofline import Roofline, SequenceStep
 
 log = logging.getLogger("ahc.emulation")
 CONFIG_KEY = "ahc_emulate"
+REPLY_TOKENS_KEY = "ahc_emulate_reply_tokens"
 
 
 @dataclass
@@ -58,7 +59,12 @@ class EmulatedExecutor(Executor):
             raise ValueError(f"the emulated executor needs --additional-config '{{\"{CONFIG_KEY}\": NAME}}'")
         self.roofline: Roofline = profile(str(name))
         self.block_size = self.cache_config.block_size
-        self.token_ids = _text_token_ids(self.model_config.model, self.model_config.get_vocab_size())
+        self.token_ids, self.eos = _text_token_ids(self.model_config.model, self.model_config.get_vocab_size())
+        # A mean reply length: each reply ends (EOS) after a length drawn around it; None: at max_tokens.
+        reply_tokens = extra.get(REPLY_TOKENS_KEY) if isinstance(extra, dict) else None
+        self.reply_tokens = int(reply_tokens) if reply_tokens else None
+        if self.reply_tokens is not None and self.eos is None:
+            raise ValueError(f"{self.model_config.model}: no end-of-sequence token to end emulated replies with")
         self.sequences: dict[str, _Sequence] = {}
         self.modelled_s = 0.0  # the GPU time modelled so far
         self.lens = _EmulatedLens.start(self.vllm_config)
@@ -154,6 +160,9 @@ class EmulatedExecutor(Executor):
             if reaches_end:
                 draw = seq.seed + 7919 * seq.tokens  # the token and its activations, fixed by its place
                 token = self.token_ids[draw % len(self.token_ids)]
+                if self.reply_tokens is not None and seq.tokens - seq.prompt + 1 >= reply_length(seq.seed,
+                                                                                                  self.reply_tokens):
+                    token = self.eos  # type: ignore[assignment]  # not None: checked at start
                 produced.append((req_id, draw, seq.tokens - seq.prompt))
                 seq.tokens += 1
                 sampled.append([token])
@@ -213,9 +222,17 @@ class _EmulatedLens:
         self.sender.close()
 
 
-def _text_token_ids(model: str, vocab_size: int) -> list[int]:
+def reply_length(seed: int, mean: int) -> int:
+    """A reply's length in tokens, drawn from an exponential distribution of mean `mean` by the request's
+    seed (so a request's length is fixed, and replies vary as a model's do); at least one token."""
+    u = (zlib.crc32(seed.to_bytes(8, "little")) + 1) / 2**32  # in (0, 1]
+    return max(1, round(-mean * float(np.log(u))))
+
+
+def _text_token_ids(model: str, vocab_size: int) -> tuple[list[int], int | None]:
     """The ids a reply is drawn from: the vocabulary less its special tokens (a drawn end-of-sequence
-    would end replies early, and the length of a reply is the client's max_tokens)."""
+    would end replies at random; a reply ends at its drawn length, or at the client's max_tokens), and
+    the model's end-of-sequence id."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -223,4 +240,5 @@ def _text_token_ids(model: str, vocab_size: int) -> list[int]:
     ids = [i for i in range(min(vocab_size, len(tokenizer))) if i not in special]
     if not ids:
         raise ValueError(f"{model}: no ordinary token to draw replies from")
-    return ids
+    eos = tokenizer.eos_token_id
+    return ids, eos if isinstance(eos, int) else None
