@@ -43,6 +43,7 @@ class MessagesService:
 
     def __init__(self, chat: ChatService) -> None:
         self.chat = chat
+        self._warned: set[str] = set()  # models whose dropped thinking has been logged (once each)
 
     async def serve(self, request: MessagesRequest, raw_request: Request, tenant: Tenant,
                     telemetry: ChatTelemetry) -> Response:
@@ -51,7 +52,10 @@ class MessagesService:
         if request.thinking is not None and request.thinking.type == "enabled" and not reasoning(raw_request):
             # Claude Code asks for thinking by default for Claude model names; a 400 would stop it cold.
             request, warning = request.model_copy(update={"thinking": None}), THINKING_DROPPED
-            log.warning("%s (model %s)", THINKING_DROPPED, request.model)
+            if request.model not in self._warned:  # every request of a Claude Code session asks again
+                self._warned.add(request.model)
+                log.warning("%s (model %s; said once, and in each response's Warning header)", THINKING_DROPPED,
+                            request.model)
         call = await chat_call(handler, request, raw_request, tenant)
         response = await self.chat.serve(call, raw_request, telemetry)
         if warning is not None:
