@@ -22,7 +22,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
-from server.admission.turn_admission import admit, wait_for_recording
+from server.admission.turn_admission import Asked, admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat.stream_reply import ReplyAccumulator
@@ -47,7 +47,7 @@ class ChatService:
         async with runtime.orchestrator.turn(call.turn_request(spec)) as turn:
             telemetry.turn = turn
             self.prepare(turn, call)
-            await self.admit(turn, call)
+            await self.admit(turn, call.asked)
             response = await self.generate(turn, call, raw_request)
             if isinstance(response, StreamingResponse):  # settled by the stream, when it ends
                 chunks = cast("AsyncIterable[str | bytes]", response.body_iterator)  # vLLM's SSE chunks are str
@@ -68,10 +68,12 @@ class ChatService:
         if turn.prepared.condense_wanted and self.runtime.config.orchestrator.codex_condense:
             self.runtime.condenser.want(turn.prepared.condense_wanted, call.tenant.owner)
 
-    async def admit(self, turn: ChatTurn, call: ChatCall) -> None:
+    async def admit(self, turn: ChatTurn, asked: Asked) -> None:
+        """Against the KV cache (session admission, the VRAM governor); a refused turn's inputs are
+        still recorded. Every generating door admits its turn here."""
         runtime = self.runtime
         try:
-            await admit(turn, runtime.governor, call.asked, runtime.config.engine.max_model_len,
+            await admit(turn, runtime.governor, asked, runtime.config.engine.max_model_len,
                         runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
         except GovernorRejected:
             turn.report.note("vram_reject")

@@ -21,9 +21,8 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.turn_request import TurnRequest
-from server.admission.turn_admission import Asked, admit, wait_for_recording
-from server.admission.vram_governor import GovernorRejected
-from server.chat.serving import TurnStream, record_inputs, report_json, session_header, settle
+from server.admission.turn_admission import Asked, wait_for_recording
+from server.chat.serving import ChatService, TurnStream, record_inputs, report_json, session_header, settle
 from server.http.session_key import HEADER, SessionKey, session_key
 from server.responses.protocol import (
     CONVERSATION,
@@ -47,6 +46,7 @@ class ResponsesService:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.chat = ChatService(runtime)  # whose admission every door shares
         self.sessions = ResponseSessions(runtime.config.orchestrator.max_sessions)
 
     async def serve(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant,
@@ -59,14 +59,7 @@ class ResponsesService:
                                    tuple(input_tools(request)), tenant.prefix, self.label(request, raw_request, tenant))
         async with runtime.orchestrator.turn(turn_request) as turn:
             telemetry.turn = turn
-            try:
-                await admit(turn, runtime.governor, Asked.of(request.max_output_tokens, 1),
-                            runtime.config.engine.max_model_len, runtime.session_admission,
-                            runtime.metrics.one(runtime.metrics.session_wait_seconds))
-            except GovernorRejected:
-                turn.report.note("vram_reject")
-                await record_inputs(turn, runtime)
-                raise
+            await self.chat.admit(turn, Asked.of(request.max_output_tokens, 1))
             salt = runtime.keys.cache_salt(tenant)
             if salt is not None:  # the tenant's, in place of the client's
                 request = request.model_copy(update={"cache_salt": salt})
