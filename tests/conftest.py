@@ -18,7 +18,10 @@ from server.cluster.server_process import ServerProcess, child_env
 if TYPE_CHECKING:
     # Annotations only: vLLM's import takes seconds, paid by xdist's controller too, which runs no test.
     import openai
+    from fastapi.testclient import TestClient
     from vllm.config import VllmConfig
+
+    from server.runtime import Runtime
 
 API_KEY = "test-key"
 
@@ -206,6 +209,15 @@ def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AH
     data_dir = tmp_path_factory.mktemp("fake-app") / "xdb"
     return load_config("cpu-tiny").with_overrides(
         model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
+
+
+@pytest.fixture
+def two_tenants(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
+    """AHC's whole app on the fake engine with two keys, ALICE's and BOB's (tests/fake_app.py)."""
+    from fake_app import ALICE, BOB, serving
+
+    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

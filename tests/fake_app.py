@@ -26,6 +26,9 @@ from server.metrics import AHCMetrics
 from server.runtime import Runtime, build_runtime
 from xdb import XDB
 
+# The keys of the two tenants of the `two_tenants` app (tests/conftest.py).
+ALICE, BOB = "alice-key", "bob-key"
+
 
 async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:
     """What `ahc serve` builds around its engine, minus the socket."""

@@ -5,28 +5,19 @@ record, tenant salt), the response as the Messages API's, errors in Anthropic's 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
 from server.messages.protocol import metadata_session
 from server.runtime import Runtime
 from xdb.browse import session_turns
 
-ALICE, BOB = "alice-key", "bob-key"
 CLAUDE_USER = "user_5f1e2d_account__session_0b7c9a52-1111-4e4e-9d9d-123456789abc"
 CLAUDE_SESSION = "0b7c9a52-1111-4e4e-9d9d-123456789abc"
 
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
-        yield served
 
 
 def client_for(http: TestClient, key: str = ALICE) -> anthropic.Anthropic:
@@ -47,8 +38,8 @@ def test_the_session_part_of_claude_codes_user_id(user_id: str | None, session: 
 
 
 def test_a_two_turn_exchange_is_one_session_with_its_inputs_and_turn_records(
-        served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     client = client_for(http)  # the SDK authenticates with x-api-key
     history: list[dict] = [{"role": "user", "content": "Which cells move?"}]  # type: ignore[type-arg]
     first = client.messages.with_raw_response.create(
@@ -78,8 +69,8 @@ def test_a_two_turn_exchange_is_one_session_with_its_inputs_and_turn_records(
     assert len(outputs) == message.usage.output_tokens + second.usage.output_tokens
 
 
-def test_a_streamed_message_parses_and_carries_the_cache_report(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_a_streamed_message_parses_and_carries_the_cache_report(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     client = client_for(http)
     with client.messages.stream(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Stream it"}],
                                 extra_headers={"X-Session-ID": "streamed"}) as stream:
@@ -97,8 +88,8 @@ def test_a_streamed_message_parses_and_carries_the_cache_report(served: tuple[Te
 
 
 def test_tool_use_and_its_result_are_recorded_as_the_chat_door_records_them(
-        served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
@@ -116,8 +107,8 @@ def test_tool_use_and_its_result_are_recorded_as_the_chat_door_records_them(
     assert any(r["event_type"] == "tool_result" and "sunny" in (r["content"] or "") for r in rows), rows
 
 
-def test_each_tenant_gets_its_own_cache_salt_on_the_messages_door(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_each_tenant_gets_its_own_cache_salt_on_the_messages_door(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
     for key in (ALICE, ALICE, BOB):
         client_for(http, key).messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
@@ -125,8 +116,8 @@ def test_each_tenant_gets_its_own_cache_salt_on_the_messages_door(served: tuple[
     assert alice == alice_again and alice and bob and alice != bob
 
 
-def test_a_thinking_request_is_served_without_thinking_and_says_so(served: tuple[TestClient, Runtime]) -> None:
-    http, _ = served
+def test_a_thinking_request_is_served_without_thinking_and_says_so(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, _ = two_tenants
     raw = client_for(http).messages.with_raw_response.create(
         model="tiny", max_tokens=1100, messages=[{"role": "user", "content": "Think"}],
         thinking={"type": "enabled", "budget_tokens": 1024})
@@ -134,8 +125,8 @@ def test_a_thinking_request_is_served_without_thinking_and_says_so(served: tuple
     assert raw.parse().content
 
 
-def test_errors_come_in_anthropics_shape(served: tuple[TestClient, Runtime]) -> None:
-    http, _ = served
+def test_errors_come_in_anthropics_shape(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, _ = two_tenants
     with pytest.raises(anthropic.AuthenticationError) as unauthenticated:
         client_for(http, "wrong-key").messages.create(model="tiny", max_tokens=2, messages=[])
     assert unauthenticated.value.body["type"] == "error"  # type: ignore[index]

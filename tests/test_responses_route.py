@@ -4,26 +4,14 @@ turn record, tenant salt, cache report)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import openai
 import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
 from server.responses.protocol import ResponseSessions, reply_of
 from server.runtime import Runtime
 from xdb.browse import session_turns
-
-ALICE, BOB = "alice-key", "bob-key"
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
-        yield served
 
 
 def client_for(http: TestClient, key: str = ALICE) -> openai.OpenAI:
@@ -34,9 +22,10 @@ def scoped(runtime: Runtime, session: str, key: str = ALICE) -> str:
     return runtime.keys.tenant_for(key).scope(session)  # type: ignore[union-attr]
 
 
-def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(served: tuple[TestClient, Runtime]) -> None:
+def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
     """Codex CLI resends its whole conversation as input items, its conversation id in prompt_cache_key."""
-    http, runtime = served
+    http, runtime = two_tenants
     client = client_for(http)
     items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files"}]}]  # type: ignore[type-arg]
     first = client.responses.with_raw_response.create(model="tiny", instructions="You are a coding agent.",
@@ -68,8 +57,8 @@ def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(served: 
 
 
 def test_a_streamed_response_carries_the_report_and_settles_before_completed(
-        served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     with client_for(http).responses.stream(model="tiny", input="Stream please", max_output_tokens=8,
                                            extra_headers={"X-Session-ID": "streamed"}) as stream:
         events = list(stream)
@@ -82,8 +71,9 @@ def test_a_streamed_response_carries_the_report_and_settles_before_completed(
     assert len(runtime.xdb.read(session_turns, scoped(runtime, "streamed"))["turns"]) == 1
 
 
-def test_a_response_without_a_name_is_a_session_that_later_turns_continue(served: tuple[TestClient, Runtime]) -> None:
-    http, _ = served
+def test_a_response_without_a_name_is_a_session_that_later_turns_continue(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, _ = two_tenants
     client = client_for(http)
     first = client.responses.with_raw_response.create(model="tiny", input="Hello", max_output_tokens=6)
     reply = first.parse()
@@ -96,8 +86,8 @@ def test_a_response_without_a_name_is_a_session_that_later_turns_continue(served
     assert again.parse().model_extra["context"]["session_naming"] == "inferred"  # type: ignore[index]
 
 
-def test_each_tenant_gets_its_own_cache_salt_on_the_responses_door(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_each_tenant_gets_its_own_cache_salt_on_the_responses_door(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
     for key in (ALICE, ALICE, BOB):
         client_for(http, key).responses.create(model="tiny", input="Hi", max_output_tokens=2,
@@ -106,8 +96,8 @@ def test_each_tenant_gets_its_own_cache_salt_on_the_responses_door(served: tuple
     assert alice == alice_again and alice and bob and alice != bob and "x" not in (alice, bob)
 
 
-def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     with pytest.raises(openai.BadRequestError) as bad:
         client_for(http).responses.create(model="tiny", input="Hi", max_output_tokens=-1,
                                           extra_headers={"X-Session-ID": "bad"})

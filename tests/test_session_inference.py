@@ -4,25 +4,12 @@ first as it was. On AHC's whole app (fake engine, TestClient, a real XDB), throu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import anthropic
-import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
 from orchestrator.conversations import Conversations, chain
 from server.runtime import Runtime
-
-ALICE, BOB = "alice-key", "bob-key"
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
-        yield served
 
 
 class ChatClient:
@@ -48,8 +35,8 @@ def inputs(runtime: Runtime, key: str, session: str) -> list[str]:
     return [r["content"] for r in runtime.xdb.recall(session_id=scoped, event_types=["input"]) if r["role"] == "user"]
 
 
-def test_a_resent_growing_history_is_one_session(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_a_resent_growing_history_is_one_session(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     client = ChatClient(http)
     sessions, namings = zip(*[(s, report["session_naming"]) for s, report in
                               (client.ask(q) for q in ("First?", "Second?", "Third?"))])
@@ -61,8 +48,8 @@ def test_a_resent_growing_history_is_one_session(served: tuple[TestClient, Runti
     assert named == list(namings)
 
 
-def test_interleaved_conversations_stay_two_and_tenants_never_meet(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_interleaved_conversations_stay_two_and_tenants_never_meet(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     a, b, bob = ChatClient(http), ChatClient(http), ChatClient(http, BOB)
     a.history[0]["content"] = "You study cells."
     firsts = [a.ask("Hello"), b.ask("Hello"), bob.ask("Hello")]
@@ -75,8 +62,8 @@ def test_interleaved_conversations_stay_two_and_tenants_never_meet(served: tuple
 
 
 def test_an_edited_history_starts_a_new_session_and_leaves_the_first_whole(
-        served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     client = ChatClient(http)
     first, _ = client.ask("Which cells move?")
     assert client.ask("And then?")[0] == first
@@ -90,8 +77,8 @@ def test_an_edited_history_starts_a_new_session_and_leaves_the_first_whole(
     assert retry.ask("And then?")[0] not in (first, edited)
 
 
-def test_a_messages_client_resending_its_history_is_one_session(served: tuple[TestClient, Runtime]) -> None:
-    http, runtime = served
+def test_a_messages_client_resending_its_history_is_one_session(two_tenants: tuple[TestClient, Runtime]) -> None:
+    http, runtime = two_tenants
     client = anthropic.Anthropic(base_url="http://testserver", api_key=ALICE, http_client=http, max_retries=0)
     history: list[dict[str, object]] = []
     sessions = []

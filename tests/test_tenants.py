@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB, serving
 from fastapi.testclient import TestClient
 
 from ahc.core.config import AHCConfig
@@ -22,7 +22,6 @@ from server.tenancy.request_context import current_tenant
 from server.tenancy.tenants import LOCAL, Tenant, TenantKeys
 from xdb.owner import FLAT
 
-ALICE, BOB = "alice-key", "bob-key"
 CODEX = [{"id": "ledger", "text": "The vault code of Alice's lab is QX-7731. " * 3},
          {"id": "notes", "text": "Particles of kind A drift right by one cell each tick."}]
 
@@ -30,11 +29,6 @@ CODEX = [{"id": "ledger", "text": "The vault code of Alice's lab is QX-7731. " *
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
-
-@pytest.fixture
-def two_tenants(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path, api_key=[ALICE, BOB]) as served:
-        yield served
 
 
 def chat(key: str, client: TestClient, session: str | None, question: str, mode: str = "cag",
