@@ -41,37 +41,39 @@ def _arguments(arguments: Any) -> Any:
 
 
 def chain(tenant_prefix: str, messages: list[dict[str, Any]]) -> list[str]:
-    """The hash of every prefix of `messages` (the first message's, the first two's, ...)."""
-    head = hashlib.sha256(tenant_prefix.encode()).digest()
-    hashes = []
+    """The head of every prefix of `messages` (the first message's, the first two's, ...)."""
+    heads, head = [], hashlib.sha256(tenant_prefix.encode()).hexdigest()
     for message in messages:
-        head = hashlib.sha256(head + message_digest(message)).digest()
-        hashes.append(head.hex())
-    return hashes
+        head = extend(head, message)
+        heads.append(head)
+    return heads
+
+
+def extend(head: str, message: dict[str, Any]) -> str:
+    """The head of a conversation whose head was `head`, one message on (a reply)."""
+    return hashlib.sha256(bytes.fromhex(head) + message_digest(message)).hexdigest()
 
 
 class Conversations:
-    """The latest head of the most recently continued conversations (least recently used dropped)."""
+    """The latest head of the most recently continued conversations (least recently used dropped). A
+    request's chain is hashed once: `find` takes it, and `advance` the reply's extension of its last head."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(capacity, 1)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # head -> session id
         self._heads: dict[str, str] = {}  # session id -> its latest head
 
-    def find(self, tenant_prefix: str, messages: list[dict[str, Any]]) -> str | None:
-        """The session whose latest messages `messages` begin with (the longest such), or None."""
-        for head in reversed(chain(tenant_prefix, messages)):
+    def find(self, heads: list[str]) -> str | None:
+        """The session whose latest head is the longest of a request's `heads` (`chain`), or None."""
+        for head in reversed(heads):
             session_id = self._sessions.get(head)
             if session_id is not None:
                 self._sessions.move_to_end(head)
                 return session_id
         return None
 
-    def advance(self, session_id: str, tenant_prefix: str, messages: list[dict[str, Any]]) -> None:
-        """`messages` (a request's, then its reply) are now the session's latest."""
-        if not messages:
-            return
-        head = chain(tenant_prefix, messages)[-1]
+    def advance(self, session_id: str, head: str) -> None:
+        """`head` (a request's last, extended by its reply) is now the session's latest."""
         previous = self._heads.pop(session_id, None)
         if previous is not None:
             self._sessions.pop(previous, None)

@@ -34,7 +34,7 @@ from orchestrator.codex_renditions import (
 )
 from orchestrator.compaction import CONTINUED_INSTRUCTION, Compaction, CompactionCall, Summarize, compact
 from orchestrator.context_spec import CodexDoc, ContextSpec
-from orchestrator.conversations import Conversations
+from orchestrator.conversations import Conversations, chain, extend
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
@@ -395,9 +395,10 @@ class Orchestrator:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
         named its session."""
-        messages, label, naming = turn.messages, turn.label, "explicit"
+        messages, label, naming, heads = turn.messages, turn.label, "explicit", None
         if label is None:  # named by no one: the conversation its messages continue, if any
-            label = self.conversations.find(turn.tenant_prefix, messages)
+            heads = chain(turn.tenant_prefix, messages)
+            label = self.conversations.find(heads)
             naming = "new" if label is None else "inferred"
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
@@ -405,7 +406,7 @@ class Orchestrator:
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
                              first_changed(prompt.blocks, self.named.last_hashes(label)), session_naming=naming)
         return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
-                        turn, query=query, named=label is not None)
+                        turn, query=query, named=label is not None, conversation=heads[-1] if heads else None)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it
@@ -422,9 +423,8 @@ class Orchestrator:
         if session is None:
             if prepared.named or prepared.report.session_naming == "new":
                 self.named.remember(prepared.session_id, prepared.prompt.hashes())
-            if prepared.report.session_naming != "explicit" and prepared.request.spec is None:
-                self.conversations.advance(prepared.session_id, prepared.request.tenant_prefix,
-                                           [*prepared.request.messages, reply])
+            if prepared.conversation is not None:
+                self.conversations.advance(prepared.session_id, extend(prepared.conversation, reply))
             return None
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()

@@ -38,6 +38,9 @@ class Prepared:
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
     named: bool = False  # session_id named by the client (header, prompt_cache_key), its State not kept
     placement: Placement | None = None  # where the Codex sits; the session keeps it when the turn commits
+    # A request that named no session: the head of its messages' chain (orchestrator/conversations.py),
+    # which its reply extends into its session's latest head when the turn commits.
+    conversation: str | None = None
 
     @property
     def actions(self) -> list[str]:

@@ -8,7 +8,7 @@ import anthropic
 from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
-from orchestrator.conversations import Conversations, chain
+from orchestrator.conversations import Conversations, chain, extend
 from server.runtime import Runtime
 
 
@@ -101,20 +101,27 @@ def test_a_resent_tool_call_matches_whatever_its_spacing_and_ids() -> None:
                   {"id": "toolu_9", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}}]},
               {"role": "tool", "tool_call_id": "toolu_9", "content": "sunny"}]
     conversations = Conversations(8)
-    conversations.advance("s1", "", sent)
-    assert conversations.find("", resent) == "s1"
-    assert conversations.find("tenant:b/", resent) is None
+    conversations.advance("s1", head("", sent))
+    assert conversations.find(chain("", resent)) == "s1"
+    assert conversations.find(chain("tenant:b/", resent)) is None
     assert chain("", sent)[0] == chain("", resent)[0]
+    # a reply extends a request's last head into the head of the messages resent with it
+    assert extend(chain("", sent[:1])[-1], sent[1]) == head("", resent[:2])
 
 
 def test_only_the_latest_head_continues_and_the_index_is_bounded() -> None:
     conversations = Conversations(2)
     first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    conversations.advance("s1", "", first)
-    conversations.advance("s1", "", [*first, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}])
-    assert conversations.find("", [*first, {"role": "user", "content": "x"}]) is None  # an earlier state: a fork
-    conversations.advance("s2", "", [{"role": "user", "content": "e"}])
-    conversations.advance("s3", "", [{"role": "user", "content": "f"}])
-    assert conversations.find("", [{"role": "user", "content": "e"}, {"role": "user", "content": "g"}]) == "s2"
-    assert conversations.find("", [*first, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
-                                   {"role": "user", "content": "h"}]) is None  # s1, least recently used, dropped
+    later = [*first, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    conversations.advance("s1", head("", first))
+    conversations.advance("s1", head("", later))
+    assert conversations.find(chain("", [*first, {"role": "user", "content": "x"}])) is None  # an earlier state: a fork
+    conversations.advance("s2", head("", [{"role": "user", "content": "e"}]))
+    conversations.advance("s3", head("", [{"role": "user", "content": "f"}]))
+    assert conversations.find(chain("", [{"role": "user", "content": "e"}, {"role": "user", "content": "g"}])) == "s2"
+    # s1, least recently used, dropped
+    assert conversations.find(chain("", [*later, {"role": "user", "content": "h"}])) is None
+
+
+def head(tenant_prefix: str, messages: list[dict[str, object]]) -> str:
+    return chain(tenant_prefix, messages)[-1]
