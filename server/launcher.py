@@ -17,9 +17,9 @@ from ahc.core.config import AHCConfig, resolve_path
 from server.admission.vram_governor import KVStats
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, with_vllm_flags
+from server.engine_process import forked_engine, mark_server
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.model.template_check import check_chat_template
-from server.parent_death import mark_server
 from server.recording.backup_signal import install_backup_signal
 from server.recording.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
@@ -54,6 +54,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+    from vllm.platforms import current_platform
     from vllm.renderers.chat_utils import load_chat_template
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -80,17 +81,18 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     engine = None
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None
-    mark_server()  # the engine process vLLM starts next dies with this one (server/parent_death.py)
+    mark_server()  # the engine process vLLM starts next dies with this one (server/engine_process.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
         vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
-        engine = AsyncLLM.from_vllm_config(
-            vllm_config=vllm_config,
-            usage_context=usage,
-            enable_log_requests=args.enable_log_requests,
-            disable_log_stats=args.disable_log_stats,
-            stat_loggers=[stat_logger_factory(metrics)],
-        )
+        with forked_engine(current_platform.is_cpu()):
+            engine = AsyncLLM.from_vllm_config(
+                vllm_config=vllm_config,
+                usage_context=usage,
+                enable_log_requests=args.enable_log_requests,
+                disable_log_stats=args.disable_log_stats,
+                stat_loggers=[stat_logger_factory(metrics)],
+            )
         start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
         supported_tasks = await engine.get_supported_tasks()
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
