@@ -7,11 +7,14 @@ after the model has loaded; vLLM's `serve_http` drains in-flight requests on SIG
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from ahc.core.config import AHCConfig, resolve_path
 from server.admission.vram_governor import KVStats
@@ -48,6 +51,16 @@ async def serve(config: AHCConfig) -> None:
     finally:
         if capture is not None:
             capture.close()
+
+
+def exit_served() -> NoReturn:
+    """Exit 0 once `serve` has returned, without the interpreter's teardown: the server closed all it
+    opened, and freeing the module graph of torch and vLLM object by object costs ~2 s of CPU at every
+    stop. The exit handlers still run (spans are flushed, logs closed)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: TenantKeys) -> None:

@@ -4,7 +4,6 @@ on stderr naming what was wrong."""
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -170,6 +169,7 @@ def serve(
     import uvloop
 
     from ahc.core.config import NO_MODEL, load_config
+    from server.launcher import exit_served
     from server.launcher import serve as run_server
 
     cfg = load_config(config)
@@ -198,7 +198,8 @@ def serve(
     try:
         uvloop.run(run_server(cfg))
     except KeyboardInterrupt:
-        sys.exit(0)
+        pass
+    exit_served()
 
 
 
