@@ -14,6 +14,11 @@ REAL_MODEL_FILE := .cache/models/smollm2-135m/model.safetensors
 REAL_LENS := .cache/lenses/smollm2-135m/lens.json
 REAL_LENS_EXAMPLES := configs/lenses/smollm2-135m/examples.json
 CONFIG ?= configs/cpu-small.yaml
+# Every Python process started here writes its bytecode caches as it imports (git ignores __pycache__), even
+# where PYTHONDONTWRITEBYTECODE is set in the environment: the install compiles nothing (a run imports a
+# fraction of the packages it installs, and pip's compiling all of them took 40 s of a fresh set-up), and the
+# suite's dozens of processes would otherwise each compile what they import again.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: setup run test test-fast lint bench clean
 
@@ -24,7 +29,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),test]"
+	$(BIN)/python -m pip install -q --no-compile -e ".[$(EXTRAS),test]"
 ifeq ($(EXTRAS),cpu)
 	@# PyPI's torchvision/torchaudio/torchcodec break `import transformers` next to the CPU torch.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
@@ -52,15 +57,14 @@ $(REAL_LENS): $(REAL_MODEL_FILE) $(REAL_LENS_EXAMPLES)
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: lint first, then every test, one xdist worker per core (four at most). The
-# tests of one server run together on one worker, so each server starts once, and they go first; the
-# engine-free tests fill in behind them (tests/conftest.py). The tests that time the server's
-# responsiveness (marker `alone`) run afterwards, by themselves. The 15 slowest are listed.
-# The suite starts dozens of Python processes: with PYTHONDONTWRITEBYTECODE set in the environment each
-# would compile every module of ours (and pytest rewrite every test module) again, so the tests write
-# their bytecode caches (git ignores __pycache__).
-PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs
-test: setup lint
+# Everything, and what CI runs: the set-up beside lint (mypy takes one core for a minute while the models
+# download and the lenses train), then every test, one xdist worker per core (four at most). The tests of
+# one server run together on one worker, so each server starts once, and they go first; the engine-free
+# tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
+# `alone`) run afterwards, by themselves. The 15 slowest are listed.
+PYTEST := $(BIN)/python -m pytest -q -rs
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 -m "not alone" tests
 	$(PYTEST) -m alone tests
 
