@@ -24,7 +24,7 @@ from ahc.core.config import CHECKOUT
 AHC = str(Path(sys.executable).with_name("ahc"))
 # The server speaks plain HTTP on the loopback: a client made for it needs no TLS context, whose default
 # loads the system's CA bundle (~25 ms of CPU for each client made).
-NO_TLS = False
+VERIFY_TLS = False
 
 
 def free_port() -> int:
@@ -48,13 +48,13 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self, timeout: float = 120, **kwargs: Any) -> openai.OpenAI:
-        kwargs.setdefault("http_client", openai.DefaultHttpxClient(verify=NO_TLS))
+        kwargs.setdefault("http_client", openai.DefaultHttpxClient(verify=VERIFY_TLS))
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "none",
                              max_retries=0, timeout=timeout, **kwargs)
 
     def http(self, timeout: float = 120) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, verify=NO_TLS)
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, verify=VERIFY_TLS)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
@@ -94,7 +94,7 @@ def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] |
 def wait_healthy(server: ServerProcess, timeout: float) -> ServerProcess:
     """Wait for GET /health to answer 200; a server that exits or never gets there is an error."""
     deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=server.base_url, timeout=2, verify=NO_TLS) as http:
+    with httpx.Client(base_url=server.base_url, timeout=2, verify=VERIFY_TLS) as http:
         while time.monotonic() < deadline:
             if server.process.poll() is not None:
                 raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log_tail()}")
