@@ -35,8 +35,7 @@ def mark_server() -> None:
     """Called by `ahc serve` before it starts the engine: its children find its pid here, and a child
     forked from it follows it."""
     os.environ[SERVER_PID] = str(os.getpid())
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=after_fork_in_child)
+    os.register_at_fork(after_in_child=after_fork_in_child)
 
 
 @contextmanager

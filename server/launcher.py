@@ -140,8 +140,9 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             runtime.close()
         xdb.close()  # flushes every queued row
         sock.close()
-        # vLLM's app froze the start-up heap for serving (gc.freeze). Left frozen, its cycles outlive the
-        # interpreter's last collection and keep triton's extension types alive (torch imports triton with
+        # vLLM's app froze the start-up heap for serving (gc.freeze). A start-up that failed exits through
+        # the interpreter's teardown (a clean stop skips it, `exit_served`): left frozen, the heap's cycles
+        # outlive its last collection and keep triton's extension types alive (torch imports triton with
         # vLLM), and nanobind prints a page of "leaked" lines at exit.
         gc.unfreeze()
 
