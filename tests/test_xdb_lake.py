@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -364,6 +365,49 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         a.save_session_state("s", '{"turn": 1, "said": "fresh"}')
         assert b.load_session_state("s") == '{"turn": 1, "said": "fresh"}'
         assert [r["content"] for r in b.lake_recall(session_id="s")] == ["fresh15", "fresh16"]
+
+
+def test_deletions_racing_another_replicas_ships_still_stick(lake: LakeConfig, tmp_path: Path) -> None:
+    """DuckLake aborts a delete from a table another writer inserted into meanwhile. While another
+    replica ships without pause, each deletion still ships its tombstone (lake reads leave the session
+    out when delete_session returns); its rows go from the lake once a purge wins, and the purge is
+    recorded, so a restart owes nothing."""
+    sessions = [f"s{i}" for i in range(8)]
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+        for session in sessions:
+            record(a, session, 3, "secret")
+        a.lake_ship_now()
+        stop, inserted = threading.Event(), itertools.count()
+
+        def other_replica_ships() -> None:
+            conn = duckdb.connect()
+            attach_lake(conn, lake.catalog or "", lake.data_path)
+            try:
+                while not stop.is_set():
+                    conn.execute("INSERT INTO lake.timesteps (replica, id, session_id, tick, event_type, created_at) "
+                                 "VALUES ('B', ?, 'busy', 0, 'token', now())", [next(inserted)])
+                    time.sleep(0.01)  # a ship every 10 ms: a busy cluster's dozens of replicas
+            finally:
+                conn.close()
+
+        busy = threading.Thread(target=other_replica_ships)
+        busy.start()
+        try:
+            wait_for(lambda: lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE replica = 'B'")[0][0] > 0)
+            for session in sessions:
+                a.delete_session(session)
+                assert a.lake_recall(session_id=session) == [], f"{session} is still read from the lake"
+            assert a.lake.shipper.last_error is None  # type: ignore[union-attr]
+        finally:
+            stop.set()
+            busy.join()
+        a.lake_ship_now()
+        assert lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE session_id LIKE 's%'") == [(0,)]
+        assert a.state()["lake"]["purges_pending"] == 0
+        [(stones,)] = lake_sql(lake, "SELECT max(id) FROM lake.session_tombstones WHERE replica = 'A'")
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+        assert a.lake.shipper.purger.purged_to == stones  # type: ignore[union-attr]
+        assert a.state()["lake"]["purges_pending"] == 0
 
 
 def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> None:

@@ -39,8 +39,9 @@ file's and the lake's (by created_at, then version: clocks of the replicas are a
 moves the session's ticks past the largest tick any replica shipped for it, so ticks continue.
 
 Deleting a session sticks: `delete_session` (and retention) leaves a tombstone that is shipped like
-any row; the lake transaction that ships it deletes the session's rows up to then (every replica's),
-lake reads and State loading leave out anything older, and each other replica deletes its own copies
+any row; from that commit on, lake reads and State loading leave out anything older, the replica
+that shipped it deletes the session's rows up to then from the lake (every replica's; in a transaction
+of its own, retried while other replicas' commits win), and each other replica deletes its own copies
 when its shipper next sees it (within `tombstone_poll_s`). A tombstone made while the lake is down
 goes with the next ship; until then the replica that made it ignores the lake's older State itself.
 What the lake does not follow: the other rewrites in the local files (compression of old rows,

@@ -9,9 +9,9 @@ The tables shipped by key (`tags` and `concept_hierarchy`, whose rows change in 
 says how far each replica's tables are shipped, with the ids still open below that (`open_gaps`);
 `session_ticks` holds each session's last tick as of each ship that carried its rows, so ticks
 continue across replicas. `session_tombstones` are the sessions each replica deleted (by request or
-retention): the rows of the session up to the tombstone's time are deleted from the lake in the same
-transaction that ships it, every lake read leaves them out, and every other replica deletes its own
-copies (see LakeShipper).
+retention): every lake read leaves out the rows of the session up to the tombstone's time from the
+commit that ships it, the replica that shipped it deletes them from the lake just after, and every
+other replica deletes its own copies (see LakeShipper and LakePurger).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Every `interval_s` (and on `ship_now()`) one cycle:
   1. reads, in one snapshot of each local file (a read transaction on the shipper's own cursors of the
      experience connection and of the audit log's), every table's rows past its watermark — at most
      `batch_rows` a table — as Arrow tables;
-  2. inserts them all into the lake, with the advanced watermarks, in ONE lake transaction.
+  2. inserts them all into the lake, with the advanced watermarks, in ONE lake transaction;
+  3. deletes from the lake the rows of the sessions whose tombstones it shipped, in a transaction of
+     their own (xdb/lake_purge.py: a delete is what loses to another replica's commit).
 So the lake holds a table's rows exactly up to its watermark: a crash before the lake's commit ships
 nothing (the next cycle reads the same rows again), one after it has shipped them and their watermark
 together. A commit whose outcome is unknown (the catalog went away during COMMIT) makes the next cycle
@@ -42,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.core.errors import Unavailable
-from xdb.lake_schema import TABLES, TOMBSTONED, LakeTable, redacted, rollback, sql_string
+from xdb.lake_purge import PURGED, LakePurger, Purge, retried_on_conflict
+from xdb.lake_schema import TABLES, LakeTable, redacted, rollback, sql_string
 from xdb.retention import Tombstone
 
 log = logging.getLogger("ahc.xdb.lake")
@@ -94,6 +97,7 @@ class LakeShipper:
         self._next_poll = 0.0
         self._conn = lake
         self._lake = lake.cursor()
+        self.purger = LakePurger(self._lake, alias, replica)
         self._local = experience.cursor()
         self._audit = audit.cursor() if audit is not None else None
         self._lock = threading.Lock()   # one cycle at a time (the thread's, or a caller's ship_now)
@@ -188,21 +192,13 @@ class LakeShipper:
                  if (str(r), int(i)) not in self._applied]
         for stone in fresh:
             deleted = self.on_tombstone(stone)
-            self._delete_in_lake([(stone.session_id, stone.deleted_at)], only_mine=True)
+            self.purger.add([Purge(stone.session_id, stone.deleted_at, only_mine=True)])
             self._applied.add((stone.replica, stone.id))
             if deleted:
                 log.info("session %r deleted on replica %r: %d row(s) deleted here", stone.session_id,
                          stone.replica, sum(deleted.values()))
+        self.purger.run()
         return len(fresh)
-
-    def _delete_in_lake(self, sessions: list[tuple[str, Any]], *, only_mine: bool = False) -> None:
-        """Delete the sessions' rows up to each one's time from the lake's content tables (in the
-        caller's transaction, if any): every replica's, or only this one's."""
-        mine = f" AND replica = {sql_string(self.replica)}" if only_mine else ""
-        for session_id, deleted_at in sessions:
-            for table, column in TOMBSTONED:
-                self._lake.execute(f"DELETE FROM {self.alias}.{table} WHERE session_id = ? AND {column} <= ?{mine}",
-                                   [session_id, deleted_at])
 
     # -- shipping ----------------------------------------------------------------------------------
     def ship_now(self) -> dict[str, int]:
@@ -230,6 +226,7 @@ class LakeShipper:
             batches = self._read_local()
             if batches:
                 self._write_lake(batches)
+            self.purger.run()
         except Exception as exc:
             self._stale = True  # what the lake holds now is read back before the next try
             self._failed(exc)
@@ -253,6 +250,7 @@ class LakeShipper:
         rows = cur.execute(f"SELECT table_name, arg_max(shipped_to, shipped_at), arg_max(open_gaps, shipped_at) "
                            f"FROM {a}.lake_watermarks WHERE replica = ? GROUP BY 1", [self.replica]).fetchall()
         watermarks = {name: int(to) for name, to, _ in rows}
+        purged_to = watermarks.pop(PURGED, 0)
         until = time.monotonic() + GAP_TIMEOUT_S
         gaps = {name: [(int(lo), int(hi), until) for lo, hi in json.loads(found)] for name, _, found in rows if found}
         hashes: dict[str, dict[tuple[Any, ...], int]] = {}
@@ -260,6 +258,7 @@ class LakeShipper:
             if table.mode == "keyed":
                 hashes[table.name] = self._shipped_hashes(table)
         self._check_not_behind(watermarks)
+        self.purger.load(purged_to)
         self.watermarks, self._gaps, self._hashes, self._fingerprints = watermarks, gaps, hashes, {}
         self._stale = False
 
@@ -373,6 +372,22 @@ class LakeShipper:
         return _Batch(table, rows, hashes=hashes)
 
     def _write_lake(self, batches: list[_Batch]) -> None:
+        retried_on_conflict(lambda: self._commit(batches))
+        for b in batches:
+            if b.table.name == "session_tombstones":
+                self.purger.add([Purge(s, at, only_mine=False, tombstone_id=i) for i, s, at in
+                                 zip(*(b.rows.column(c).to_pylist() for c in ("id", "session_id", "deleted_at")))])
+            if b.watermark is not None:
+                self.watermarks[b.table.name] = b.watermark
+                self._gaps[b.table.name] = b.gaps
+            if b.hashes is not None:
+                self._hashes[b.table.name] = b.hashes
+        self.rows_shipped += sum(b.rows.num_rows for b in batches)
+        self.ships += 1
+        self.last_ship_at = time.time()
+
+    def _commit(self, batches: list[_Batch]) -> None:
+        """The batches and their watermarks, in one lake transaction."""
         a, cur, replica = self.alias, self._lake, sql_string(self.replica)
         marks = []
         cur.execute("BEGIN")
@@ -393,8 +408,6 @@ class LakeShipper:
                     else:
                         cur.execute(f"INSERT INTO {a}.{b.table.name} (replica, {names}) "
                                     f"SELECT {replica}, {names} FROM xdb_ship")
-                    if b.table.name == "session_tombstones":
-                        self._delete_in_lake(cur.execute("SELECT session_id, deleted_at FROM xdb_ship").fetchall())
                     if b.table.name == "timesteps":
                         cur.execute(f"INSERT INTO {a}.session_ticks SELECT {replica}, session_id, max(tick), now() "
                                     "FROM xdb_ship GROUP BY session_id")
@@ -406,20 +419,12 @@ class LakeShipper:
         except BaseException:
             rollback(cur)
             raise
-        for b in batches:
-            if b.watermark is not None:
-                self.watermarks[b.table.name] = b.watermark
-                self._gaps[b.table.name] = b.gaps
-            if b.hashes is not None:
-                self._hashes[b.table.name] = b.hashes
-        self.rows_shipped += sum(b.rows.num_rows for b in batches)
-        self.ships += 1
-        self.last_ship_at = time.time()
 
     def status(self) -> dict[str, Any]:
         return {"replica": self.replica, "rows_shipped": self.rows_shipped, "ships": self.ships,
                 "last_ship_at": self.last_ship_at, "last_error": self.last_error,
-                "watermarks": dict(self.watermarks), "running": self._thread is not None}
+                "watermarks": dict(self.watermarks), "purges_pending": len(self.purger.pending),
+                "running": self._thread is not None}
 
 
 def advance(watermark: int, gaps: list[Gap], ids: np.ndarray, until: float) -> tuple[int, list[Gap]]:
