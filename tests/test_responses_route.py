@@ -4,12 +4,18 @@ turn record, tenant salt, cache report)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
 import pytest
-from fake_app import ALICE, BOB
+from fake_app import ALICE, BOB, serving
 from fastapi.testclient import TestClient
+from vllm.config import VllmConfig
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.openai.responses.utils import construct_input_messages
 
-from server.responses.protocol import ResponseSessions, reply_of
+from ahc.core.config import AHCConfig
+from server.responses.protocol import input_items, reply_of
 from server.runtime import Runtime
 from xdb.browse import session_turns
 
@@ -107,14 +113,80 @@ def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(two_tenants: tu
     assert [r["event_type"] for r in rows] == ["input"]  # what was asked is kept; no reply, no turn record
 
 
-def test_output_items_make_the_chat_reply_and_response_sessions_are_per_tenant() -> None:
-    reply = reply_of([{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
-                      {"type": "message", "content": [{"type": "output_text", "text": "Hi"}]},
-                      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}])
+def test_output_items_make_the_chat_reply_and_chat_messages_make_input_items_back() -> None:
+    output = [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+              {"type": "message", "content": [{"type": "output_text", "text": "Hi"}]},
+              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
+    reply = reply_of(output)
     assert reply == {"role": "assistant", "content": "Hi", "reasoning": "hm",
                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
-    sessions = ResponseSessions(1)
-    sessions.remember("tenant:a/", "resp_1", "tenant:a/s1")
-    assert sessions.get("tenant:a/", "resp_1") == "tenant:a/s1" and sessions.get("tenant:b/", "resp_1") is None
-    sessions.remember("tenant:a/", "resp_2", "tenant:a/s2")
-    assert sessions.get("tenant:a/", "resp_1") is None  # bounded
+    messages = [{"role": "user", "content": "Hello"}, reply,
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}, {"role": "user", "content": "And?"}]
+    request = ResponsesRequest(model="tiny", input=input_items(messages))  # type: ignore[arg-type]
+    back = [dict(m) for m in construct_input_messages(request_input=request.input)]
+    assert [m["role"] for m in back] == ["user", "assistant", "tool", "user"]
+    assert back[1]["content"] == "Hi" and back[1]["reasoning"] == "hm"
+    assert [c["function"]["name"] for c in back[1]["tool_calls"]] == ["f"]
+    assert back[2]["tool_call_id"] == "c1" and back[2]["content"] == "done"
+
+
+def prompt_of(runtime: Runtime) -> str:
+    """The text of the last prompt the engine was given."""
+    engine = runtime.hidden.engine  # type: ignore[attr-defined]
+    return str(engine.get_tokenizer().decode(engine.requests[-1].prompt_token_ids))
+
+
+def test_stored_responses_continue_as_the_sessions_kept_state_per_tenant(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    """store (the default) keeps each response in XDB: previous_response_id continues it as a turn of its
+    session's State (seeded once, then added to), an earlier response forks, other keys find nothing,
+    and deleting the response or its session removes it."""
+    http, runtime = two_tenants
+    alice, bob = client_for(http), client_for(http, BOB)
+    first = alice.responses.with_raw_response.create(model="tiny", instructions="Be brief.", input="My name is Ada.",
+                                                      max_output_tokens=4)
+    r1, session = first.parse(), first.headers["X-Session-ID"]
+    assert r1.store is True
+    second = alice.responses.with_raw_response.create(model="tiny", input="What is my name?",
+                                                       previous_response_id=r1.id, max_output_tokens=4)
+    r2 = second.parse()
+    assert second.headers["X-Session-ID"] == session and r2.previous_response_id == r1.id and r2.store is True
+    assert "My name is Ada." in prompt_of(runtime) and "Be brief." not in prompt_of(runtime)  # not carried over
+    r3 = alice.responses.create(model="tiny", input="Spell it.", instructions="Be kind.", previous_response_id=r2.id,
+                                max_output_tokens=4)
+    prompt = prompt_of(runtime)
+    assert prompt.count("My name is Ada.") == 1 and "What is my name?" in prompt and "Be kind." in prompt
+    turns = runtime.orchestrator.sessions.get(scoped(runtime, session)).turns
+    assert [t.content for t in turns if t.role == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
+    assert r3.model_extra["context"]["session_naming"] == "explicit"  # type: ignore[index]
+
+    fork = alice.responses.with_raw_response.create(model="tiny", input="Or else?", previous_response_id=r1.id,
+                                                     max_output_tokens=4)
+    assert fork.headers["X-Session-ID"] != session and "What is my name?" not in prompt_of(runtime)
+    assert alice.responses.retrieve(r2.id).output_text == r2.output_text
+
+    for call in (lambda: bob.responses.retrieve(r1.id),
+                 lambda: bob.responses.create(model="tiny", input="Hi", previous_response_id=r1.id),
+                 lambda: bob.responses.delete(r1.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    alice.responses.delete(r3.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(r3.id)
+    deleted = http.delete(f"/v1/context/sessions/{session}", headers={"Authorization": f"Bearer {ALICE}"})
+    assert deleted.status_code == 200, deleted.text
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(r2.id)
+    assert alice.responses.retrieve(fork.parse().id).previous_response_id == r1.id  # the fork's own session stays
+
+
+def test_a_stored_response_is_continued_after_a_restart(config: AHCConfig, vllm_config: VllmConfig,
+                                                        tmp_path: Path) -> None:
+    with serving(config, vllm_config, tmp_path) as (http, _):
+        r1 = client_for(http).responses.create(model="tiny", input="Remember 42.", max_output_tokens=4)
+        assert r1.store is True
+    with serving(config, vllm_config, tmp_path) as (http, runtime):
+        client = client_for(http)
+        assert client.responses.retrieve(r1.id).output_text == r1.output_text
+        client.responses.create(model="tiny", input="Which number?", previous_response_id=r1.id, max_output_tokens=4)
+        assert "Remember 42." in prompt_of(runtime)

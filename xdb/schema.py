@@ -118,6 +118,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             replica VARCHAR NOT NULL, id BIGINT NOT NULL, session_id VARCHAR NOT NULL,
             deleted_at TIMESTAMP NOT NULL, applied_at TIMESTAMP NOT NULL, PRIMARY KEY (replica, id))""",
     ]),
+    (5, [
+        # The Responses API's stored responses (xdb/responses.py): read back by id, continued by
+        # previous_response_id; each keeps the chat messages it added to its conversation.
+        """CREATE TABLE stored_responses (
+            id VARCHAR PRIMARY KEY, session_id VARCHAR NOT NULL, previous_id VARCHAR, kept BOOLEAN NOT NULL,
+            conversation_json VARCHAR NOT NULL, response_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
+        "CREATE INDEX stored_responses_session ON stored_responses (session_id)",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -1,10 +1,10 @@
 """What AHC reads of a Responses request and of the response vLLM makes: the chat messages and tools its
 input items stand for (as vLLM's own handler builds them), the session it names, and the reply its
-output items make for the session's State and records."""
+output items make for the session's State and records; and back, a prepared prompt's chat messages as
+the input items vLLM renders into the same messages."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -14,11 +14,51 @@ from vllm.entrypoints.openai.responses.utils import construct_input_messages, co
 CONVERSATION = "conversation"
 
 
+INSTRUCTIONS = ("system", "developer")
+
+
 def input_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
-    """The request's instructions and input items as chat messages (those of an earlier response it
-    continues are vLLM's to add, from its own store)."""
+    """The request's instructions and input items as chat messages (not those of an earlier response it
+    continues: the server keeps them)."""
     messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
     return [dict(message) for message in messages]
+
+
+def instructions_of(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the system and developer messages, the rest)."""
+    return ([m for m in messages if m.get("role") in INSTRUCTIONS],
+            [m for m in messages if m.get("role") not in INSTRUCTIONS])
+
+
+def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages (a prepared prompt's, without its system message) as Responses input items, which
+    vLLM's handler turns back into the same messages: an assistant turn's reasoning, text and tool calls
+    as a reasoning item, a message and function_call items; a tool's result as function_call_output."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id") or "",
+                          "output": text_of(content)})
+        elif role == "assistant":
+            if message.get("reasoning"):
+                items.append({"type": "reasoning", "id": f"rs_{len(items)}", "summary": [],
+                              "content": [{"type": "reasoning_text", "text": str(message["reasoning"])}]})
+            if content:
+                items.append({"role": "assistant", "content": text_of(content)})
+            items += [{"type": "function_call", "call_id": call.get("id") or "", "name": call["function"]["name"],
+                       "arguments": call["function"].get("arguments") or ""}
+                      for call in message.get("tool_calls") or ()]
+        else:
+            items.append({"role": role, "content": text_of(content)})
+    return items
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text (the text parts of a list of parts, joined)."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
 
 
 def input_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
@@ -54,28 +94,3 @@ def reply_of(output: list[Any]) -> dict[str, Any]:
     if reasoning:
         reply["reasoning"] = "".join(reasoning)
     return reply
-
-
-class ResponseSessions:
-    """The (scoped) session of each recent response, by tenant and response id, so that a request
-    continuing it by `previous_response_id` continues its session, and only the same tenant's
-    (least recently used dropped)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(capacity, 1)
-        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
-
-    def get(self, tenant_prefix: str, response_id: str | None) -> str | None:
-        if response_id is None:
-            return None
-        session = self._sessions.get((tenant_prefix, response_id))
-        if session is not None:
-            self._sessions.move_to_end((tenant_prefix, response_id))
-        return session
-
-    def remember(self, tenant_prefix: str, response_id: str, session_id: str) -> None:
-        key = (tenant_prefix, response_id)
-        self._sessions[key] = session_id
-        self._sessions.move_to_end(key)
-        while len(self._sessions) > self.capacity:
-            self._sessions.popitem(last=False)

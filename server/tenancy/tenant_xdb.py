@@ -24,6 +24,7 @@ from xdb.compression import cold_records
 from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
 from xdb.fidelity import list_windows, unpin
 from xdb.recall import RecallFilters
+from xdb.responses import StoredResponse, delete_response, response_conversation, save_response, stored_response
 from xdb.runs import (
     list_interactions,
     list_runs,
@@ -85,6 +86,27 @@ class TenantXDB:
         """A target as XDB names it: the session is the tenant's, and so must be a row named by id."""
         return dict(timestep_id=target.timestep_id, session_id=self._opt(target.session_id), tick=target.tick,
                     event_id=target.event_id, tick_range=target.tick_range, owner=self.tenant.owner)
+
+    # -- stored responses (the Responses API) ---------------------------------------------------------
+    # A response id is global (the server made it); the response is the tenant's when its session is.
+    def stored_response(self, response_id: str) -> StoredResponse | None:
+        found = self.xdb.read(stored_response, response_id)
+        return found if found is not None and self.tenant.owns(found.session_id) else None
+
+    def response_conversation(self, response_id: str) -> list[dict[str, Any]]:
+        if self.stored_response(response_id) is None:
+            raise NotFound(f"response {response_id!r} not found")
+        return list(self.xdb.read(response_conversation, response_id))
+
+    def save_response(self, response_id: str, session_id: str, previous_id: str | None, kept: bool,
+                      conversation: list[dict[str, Any]], response: dict[str, Any]) -> None:
+        """`session_id` as stored (the turn's, scoped already)."""
+        if not self.tenant.owns(session_id):
+            raise ValueError(f"tenant {self.tenant.name!r} does not own {session_id!r}")
+        self.xdb.write(save_response, response_id, session_id, previous_id, kept, conversation, response)
+
+    def delete_response(self, response_id: str) -> bool:
+        return self.stored_response(response_id) is not None and bool(self.xdb.write(delete_response, response_id))
 
     # -- recall, tags, comments, windows --------------------------------------------------------------
     def recall_page(self, filters: RecallFilters) -> dict[str, Any]:
