@@ -16,7 +16,9 @@ class TurnRequest:
     which the chat template renders into the prompt too. `tenant_prefix`: what the ids of the request's
     tenant are stored with (the server's `Tenant.prefix`; the server scopes `spec.session_id` itself); a
     request without a session gets its generated id and its Codex index under it. `label`: the (scoped)
-    session a request without `context.session_id` was named by its client (a header, `prompt_cache_key`)."""
+    session a request without `context.session_id` was named by its client (a header, `prompt_cache_key`).
+    `recorded_turns`: how many of the turns `messages` brings (after its system messages) are recorded
+    already, where they were first said (a stored conversation seeding a session's State)."""
 
     spec: ContextSpec | None
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -24,3 +26,4 @@ class TurnRequest:
     tools: tuple[dict[str, Any], ...] = ()
     tenant_prefix: str = ""
     label: str | None = None
+    recorded_turns: int = 0

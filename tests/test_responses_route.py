@@ -159,6 +159,9 @@ def test_stored_responses_continue_as_the_sessions_kept_state_per_tenant(
     turns = runtime.orchestrator.sessions.get(scoped(runtime, session)).turns
     assert [t.content for t in turns if t.role == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
     assert r3.model_extra["context"]["session_naming"] == "explicit"  # type: ignore[index]
+    runtime.xdb.writer.flush()
+    typed = runtime.xdb.recall(session_id=scoped(runtime, session), event_types=["input"])
+    assert [r["content"] for r in typed if r["role"] == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
 
     fork = alice.responses.with_raw_response.create(model="tiny", input="Or else?", previous_response_id=r1.id,
                                                      max_output_tokens=4)

@@ -216,10 +216,10 @@ class TokenStream:
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:
-    """The turns this request adds: with a session, all of them; without one, the client resent the
-    history, so only what follows the model's last message is new."""
+    """The turns this request adds: with a session, all of them but those recorded already; without one,
+    the client resent the history, so only what follows the model's last message is new."""
     if prepared.session is not None:
-        return prepared.new_turns
+        return prepared.new_turns[prepared.request.recorded_turns:]
     turns = prepared.new_turns
     last_assistant = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
     return turns[last_assistant + 1:]

@@ -132,7 +132,8 @@ class ResponsesService:
         history = [] if continues else await asyncio.to_thread(view.response_conversation, previous.id)
         spec = ContextSpec().model_copy(update={"session_id": session_id})
         return (_Exchange(request, view, own, previous, kept=True),
-                TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix))
+                TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,
+                            recorded_turns=len(history)))
 
     def label(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant) -> str | None:
         """The (scoped) session the request names: `X-Session-ID`, `prompt_cache_key` (Codex CLI's
