@@ -20,7 +20,10 @@ CONFIG ?= configs/cpu-small.yaml
 # suite's dozens of processes would otherwise each compile what they import again.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup clients run test test-fast lint bench clean
+
+# The agent CLIs the suite runs (tests/test_agent_clis.py), from npm, pinned by tests/clients/package-lock.json.
+CLIENTS := .cache/clients/node_modules/.package-lock.json
 
 setup: $(STAMP) $(TINY) $(TINY_LENS) $(REAL_MODEL_FILE) $(REAL_LENS)
 
@@ -54,17 +57,26 @@ $(REAL_LENS): $(REAL_MODEL_FILE) $(REAL_LENS_EXAMPLES)
 	$(BIN)/ahc lens train --model $(dir $(REAL_MODEL_FILE)) --examples $(REAL_LENS_EXAMPLES) \
 		--layer 15 --method logistic --out $(dir $(REAL_LENS))
 
+clients: $(CLIENTS)
+
+# Without npm this only says so: the CLIs' tests then skip (and fail under CI=true).
+$(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
+	@if command -v npm >/dev/null; then \
+		mkdir -p .cache/clients && cp tests/clients/package.json tests/clients/package-lock.json .cache/clients/ && \
+		npm ci --prefix .cache/clients --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm not found: Claude Code and Codex CLI are not installed (install Node.js 20 and npm)"; fi
+
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: the set-up beside lint (mypy takes one core for a minute while the models
+# Everything, and what CI runs: the set-up and the agent CLIs beside lint (mypy takes one core for a minute while the models
 # download and the lenses train), then every test, one xdist worker per core (four at most). The tests of
 # one server run together on one worker, so each server starts once, and they go first; the engine-free
 # tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
 # `alone`) run afterwards, by themselves. The 15 slowest are listed.
 PYTEST := $(BIN)/python -m pytest -q -rs
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint
+	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 -m "not alone" tests
 	$(PYTEST) -m alone tests
 

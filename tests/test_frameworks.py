@@ -153,6 +153,32 @@ def test_agents_sdk_streamed_run(real_server: ServerProcess, real_model_name: st
     assert xdb["inputs"] == [ASK_CAPITAL] and xdb["replies"] == [final]
 
 
+def test_agents_sdk_default_responses_model_continues_a_stored_response(real_server: ServerProcess,
+                                                                        real_model_name: str) -> None:
+    """The SDK's own model is the Responses one; a second run continues the first by previous_response_id
+    (the response AHC stored): one session, each question recorded once, the first prompt read from cache."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    session, follow_up = new_session("fw-agents-responses"), "And the capital of Italy?"
+
+    async def run(client: AsyncOpenAI) -> tuple[Any, Any]:
+        agent = Agent(name="geo", instructions="Answer in one short sentence.",
+                      model=OpenAIResponsesModel(model=real_model_name, openai_client=client),
+                      model_settings=ModelSettings(max_tokens=24, temperature=0))
+        first = await Runner.run(agent, ASK_CAPITAL)
+        return first, await Runner.run(agent, follow_up, previous_response_id=first.last_response_id)
+
+    first, second = with_client(real_server, session, run)
+    assert first.final_output.strip() and second.final_output.strip()
+    xdb = recorded(real_server, session, replies=2)
+    assert xdb["inputs"] == [ASK_CAPITAL, follow_up]
+    assert xdb["replies"] == [first.final_output, second.final_output]
+    records = [r["metadata"]["turn"] for r in recall(real_server, session_id=session, event_types="system")
+               if "turn" in (r["metadata"] or {})]
+    assert len(records) == 2 and records[1]["cached_tokens"] >= records[0]["prompt_tokens"] - 16, records
+
+
 # -- LangChain -----------------------------------------------------------------------------------------------
 
 def chat_openai(server: ServerProcess, model: str, session: str, max_tokens: int = 48) -> Any:

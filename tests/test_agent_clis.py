@@ -1,0 +1,129 @@
+"""Claude Code and Codex CLI, the npm packages pinned in tests/clients (installed by `make clients`), against
+`ahc serve` as their users run them: two turns each, the second continuing the first (`claude -p
+--continue`, `codex exec resume --last`). Each lands in one session named by the client's own session id,
+its input rows hold what the user typed, both turns have turn records, and the second turn reads the
+first turn's prompt from the prefix cache.
+
+Their prompts are ~20k tokens (their system prompts and tool lists), which the small real model's 8k
+window cannot take and 2 cores would prefill for minutes: the server runs the emulated engine, whose
+replies are drawn tokens that end (an EOS after a drawn length), so each client finishes its turns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.servers import recall, start_server
+from server.cluster.server_process import ServerProcess
+
+pytestmark = pytest.mark.engine
+
+CLIENTS = Path(__file__).resolve().parents[1] / ".cache" / "clients" / "node_modules" / ".bin"
+KEY, MODEL = "sk-agent-clis", "tiny"
+TIMEOUT_S = 240
+
+
+def require_cli(name: str) -> Path:
+    path = CLIENTS / name
+    if path.exists():
+        return path
+    message = f"{name} is not installed under {CLIENTS} (`make clients` installs it with npm)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def emulated_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    served = start_server(tmp_path_factory.mktemp("agent-clis") / "xdb", model=tiny_model_dir, lens="off",
+                          api_key=KEY, extra=["--emulate", "h100-llama-8b", "--emulate-reply-tokens", "24",
+                                              "--max-model-len", "65536", "--served-model-name", MODEL])
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def run(cli: Path, *args: str, cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run([str(cli), *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"{cli.name} {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def workspace(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "README.md").write_text("# A small project\n")
+    (work / "main.py").write_text("print('hello')\n")
+    return work
+
+
+def typed_session(server: ServerProcess, first: str, second: str) -> tuple[str, list[dict[str, Any]]]:
+    """The one session whose user inputs hold both typed texts, and its turn records."""
+    rows = recall(server, event_types="input", text=first) + recall(server, event_types="input", text=second)
+    typed = {(r["session_id"], r["content"]) for r in rows if r["role"] == "user"}
+    sessions = {s for s, content in typed if first in content} & {s for s, content in typed if second in content}
+    assert len(sessions) == 1, f"the two turns are not one session: {sorted(typed)}"
+    session = sessions.pop()
+    deadline = time.monotonic() + 5  # a turn's record is queryable within a second of its response
+    while True:
+        records = [r["metadata"]["turn"] for r in recall(server, session_id=session, event_types="system")
+                   if "turn" in (r["metadata"] or {})]
+        if len(records) >= 2 or time.monotonic() > deadline:
+            return session, records
+        time.sleep(0.1)
+
+
+def check_two_turns(records: list[dict[str, Any]]) -> None:
+    """Both turns recorded with their prompt and cached tokens; the second reads the first's prompt."""
+    assert len(records) >= 2, records
+    first, second = records[-2], records[-1]
+    assert first["prompt_tokens"] > 5_000 and second["prompt_tokens"] > first["prompt_tokens"]
+    assert second["cached_tokens"] >= 0.9 * first["prompt_tokens"], (first, second)
+    assert second["session_naming"] == "explicit"
+
+
+def test_claude_code_continues_its_session_from_the_cache(emulated_server: ServerProcess, tmp_path: Path) -> None:
+    claude, server = require_cli("claude"), emulated_server
+    env = {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_AUTH_TOKEN": KEY, "ANTHROPIC_MODEL": MODEL,
+           "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "MAX_THINKING_TOKENS": "0", "HOME": str(tmp_path / "home"), "DISABLE_AUTOUPDATER": "1"}
+    work = workspace(tmp_path)
+    first, second = "Which files are in this project?", "Which of them is the largest?"
+    run(claude, "-p", first, cwd=work, env=env)
+    run(claude, "-p", "--continue", second, cwd=work, env=env)
+    session, records = typed_session(server, first, second)
+    check_two_turns(records)
+    # Claude Code's own session id (metadata.user_id) names the session.
+    transcripts = list((tmp_path / "home" / ".claude" / "projects").rglob("*.jsonl"))
+    assert session in {t.stem for t in transcripts}, (session, transcripts)
+
+
+def test_codex_cli_resumes_its_session_from_the_cache(emulated_server: ServerProcess, tmp_path: Path) -> None:
+    codex, server = require_cli("codex"), emulated_server
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text(f'''model = "{MODEL}"
+model_provider = "ahc"
+
+[model_providers.ahc]
+name = "AHC"
+base_url = "{server.base_url}/v1"
+wire_api = "responses"
+env_key = "AHC_TEST_KEY"
+''')
+    env = {"CODEX_HOME": str(home), "AHC_TEST_KEY": KEY, "HOME": str(tmp_path / "home")}
+    work = workspace(tmp_path)
+    first, second = "What does main.py print?", "And what does the README say?"
+    out = run(codex, "exec", "--skip-git-repo-check", first, cwd=work, env=env)
+    run(codex, "exec", "--skip-git-repo-check", "resume", "--last", second, cwd=work, env=env)
+    session, records = typed_session(server, first, second)
+    check_two_turns(records)
+    assert f"session id: {session}" in out  # Codex's conversation id (prompt_cache_key) names the session
