@@ -48,14 +48,15 @@ RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
 
 
 def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
-               max_model_len: int = MAX_MODEL_LEN, emulate: str | None = None) -> ServerProcess:
+               max_model_len: int = MAX_MODEL_LEN, emulate: str | None = None,
+               reply_tokens: int | None = None) -> ServerProcess:
     """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model (on the
-    emulated engine `emulate` names, if any)."""
+    emulated engine `emulate` names, if any, its replies ending after `reply_tokens` on average)."""
     from server.engine_args import vllm_cli_args
 
     port = free_port()
     overrides = {"engine.max_model_len": max_model_len, "engine.max_num_seqs": max_num_seqs,
-                 "engine.emulate": emulate}
+                 "engine.emulate": emulate, "engine.emulate_reply_tokens": reply_tokens}
     config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}

@@ -2,23 +2,26 @@
 `ahc serve` as their users run them: two turns each, the second continuing the first (`claude -p
 --continue`, `codex exec resume --last`). Each lands in one session named by the client's own session id,
 its input rows hold what the user typed, both turns have turn records, and the second turn reads the
-first turn's prompt from the prefix cache.
+first turn's prompt from the prefix cache. And against vLLM's own server on the same engine: the same
+request becomes the same prompt on both (AHC adds nothing to what these clients send).
 
 Their prompts are ~20k tokens (their system prompts and tool lists), which the small real model's 8k
-window cannot take and 2 cores would prefill for minutes: the server runs the emulated engine, whose
+window cannot take and 2 cores would prefill for minutes: the servers run the emulated engine, whose
 replies are drawn tokens that end (an EOS after a drawn length), so each client finishes its turns."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.serve import start_vllm
 from bench.servers import recall, start_server
 from server.cluster.server_process import ServerProcess
 
@@ -26,7 +29,9 @@ pytestmark = pytest.mark.engine
 
 CLIENTS = Path(__file__).resolve().parents[1] / ".cache" / "clients" / "node_modules" / ".bin"
 KEY, MODEL = "sk-agent-clis", "tiny"
+EMULATED = ["--emulate", "h100-llama-8b", "--emulate-reply-tokens", "24", "--max-model-len", "65536"]
 TIMEOUT_S = 240
+Client = Callable[[ServerProcess, Path], tuple[Path, dict[str, str]]]  # (its binary, its environment)
 
 
 def require_cli(name: str) -> Path:
@@ -42,24 +47,58 @@ def require_cli(name: str) -> Path:
 @pytest.fixture(scope="module")
 def emulated_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     served = start_server(tmp_path_factory.mktemp("agent-clis") / "xdb", model=tiny_model_dir, lens="off",
-                          api_key=KEY, extra=["--emulate", "h100-llama-8b", "--emulate-reply-tokens", "24",
-                                              "--max-model-len", "65536", "--served-model-name", MODEL])
+                          api_key=KEY, extra=[*EMULATED, "--served-model-name", MODEL])
     try:
         yield served
     finally:
         served.stop()
 
 
-def run(cli: Path, *args: str, cwd: Path, env: dict[str, str]) -> str:
+def claude(server: ServerProcess, home: Path) -> tuple[Path, dict[str, str]]:
+    return require_cli("claude"), {
+        "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_AUTH_TOKEN": server.api_key or "none",
+        "ANTHROPIC_MODEL": MODEL, "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "MAX_THINKING_TOKENS": "0", "HOME": str(home), "DISABLE_AUTOUPDATER": "1"}
+
+
+def codex(server: ServerProcess, home: Path) -> tuple[Path, dict[str, str]]:
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(f'''model = "{MODEL}"
+model_provider = "local"
+
+[model_providers.local]
+name = "local"
+base_url = "{server.base_url}/v1"
+wire_api = "responses"
+env_key = "LOCAL_TEST_KEY"
+''')
+    return require_cli("codex"), {"CODEX_HOME": str(codex_home), "LOCAL_TEST_KEY": server.api_key or "none",
+                                  "HOME": str(home)}
+
+
+def run(client: tuple[Path, dict[str, str]], *args: str, cwd: Path) -> str:
+    cli, env = client
     done = subprocess.run([str(cli), *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, f"{cli.name} {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
 
-def workspace(tmp_path: Path) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
+def first_turn(client: tuple[Path, dict[str, str]], question: str, cwd: Path) -> str:
+    skip_git = ["exec", "--skip-git-repo-check"] if client[0].name == "codex" else ["-p"]
+    return run(client, *skip_git, question, cwd=cwd)
+
+
+def next_turn(client: tuple[Path, dict[str, str]], question: str, cwd: Path) -> str:
+    args = ["exec", "--skip-git-repo-check", "resume", "--last"] if client[0].name == "codex" else ["-p", "--continue"]
+    return run(client, *args, question, cwd=cwd)
+
+
+def workspace(root: Path) -> Path:
+    """The project a client works in: its path is part of the client's prompt."""
+    work = root / "work"
+    work.mkdir(parents=True)
     (work / "README.md").write_text("# A small project\n")
     (work / "main.py").write_text("print('hello')\n")
     return work
@@ -91,39 +130,52 @@ def check_two_turns(records: list[dict[str, Any]]) -> None:
 
 
 def test_claude_code_continues_its_session_from_the_cache(emulated_server: ServerProcess, tmp_path: Path) -> None:
-    claude, server = require_cli("claude"), emulated_server
-    env = {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_AUTH_TOKEN": KEY, "ANTHROPIC_MODEL": MODEL,
-           "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-           "MAX_THINKING_TOKENS": "0", "HOME": str(tmp_path / "home"), "DISABLE_AUTOUPDATER": "1"}
-    work = workspace(tmp_path)
+    client, work = claude(emulated_server, tmp_path / "home"), workspace(tmp_path)
     first, second = "Which files are in this project?", "Which of them is the largest?"
-    run(claude, "-p", first, cwd=work, env=env)
-    run(claude, "-p", "--continue", second, cwd=work, env=env)
-    session, records = typed_session(server, first, second)
+    first_turn(client, first, work)
+    next_turn(client, second, work)
+    session, records = typed_session(emulated_server, first, second)
     check_two_turns(records)
-    # Claude Code's own session id (metadata.user_id) names the session.
+    # Claude Code's own session id (in metadata.user_id) names the session.
     transcripts = list((tmp_path / "home" / ".claude" / "projects").rglob("*.jsonl"))
     assert session in {t.stem for t in transcripts}, (session, transcripts)
 
 
 def test_codex_cli_resumes_its_session_from_the_cache(emulated_server: ServerProcess, tmp_path: Path) -> None:
-    codex, server = require_cli("codex"), emulated_server
-    home = tmp_path / "codex"
-    home.mkdir()
-    (home / "config.toml").write_text(f'''model = "{MODEL}"
-model_provider = "ahc"
-
-[model_providers.ahc]
-name = "AHC"
-base_url = "{server.base_url}/v1"
-wire_api = "responses"
-env_key = "AHC_TEST_KEY"
-''')
-    env = {"CODEX_HOME": str(home), "AHC_TEST_KEY": KEY, "HOME": str(tmp_path / "home")}
-    work = workspace(tmp_path)
+    client, work = codex(emulated_server, tmp_path / "home"), workspace(tmp_path)
     first, second = "What does main.py print?", "And what does the README say?"
-    out = run(codex, "exec", "--skip-git-repo-check", first, cwd=work, env=env)
-    run(codex, "exec", "--skip-git-repo-check", "resume", "--last", second, cwd=work, env=env)
-    session, records = typed_session(server, first, second)
+    out = first_turn(client, first, work)
+    next_turn(client, second, work)
+    session, records = typed_session(emulated_server, first, second)
     check_two_turns(records)
     assert f"session id: {session}" in out  # Codex's conversation id (prompt_cache_key) names the session
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """vLLM's own server on the same emulated engine, serving the model under the same name."""
+    served = start_vllm(tiny_model_dir, tmp_path_factory.mktemp("agent-clis-vllm"), max_model_len=65536,
+                        emulate="h100-llama-8b", reply_tokens=24)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def prompt_tokens(server: ServerProcess) -> float:
+    """vLLM's count of the prompt tokens its engine has taken (AHC serves vLLM's metrics as they are)."""
+    with server.http() as http:
+        text = http.get("/metrics").raise_for_status().text
+    return sum(float(v) for v in re.findall(r"^vllm:prompt_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("make_client", [claude, codex], ids=["claude", "codex"])
+def test_a_clients_request_is_the_same_prompt_on_ahc_and_on_vllms_own_server(
+        make_client: Client, emulated_server: ServerProcess, vllm_server: ServerProcess, tmp_path: Path) -> None:
+    work = workspace(tmp_path)  # one project, so both prompts name the same path
+    sent = {}
+    for name, server in (("ahc", emulated_server), ("vllm", vllm_server)):
+        before = prompt_tokens(server)
+        first_turn(make_client(server, tmp_path / name), "Summarise this project in a sentence.", work)
+        sent[name] = prompt_tokens(server) - before
+    assert sent["ahc"] == sent["vllm"] > 5_000, sent
