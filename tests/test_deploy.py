@@ -252,7 +252,15 @@ def test_cluster_compose_routes_by_session_to_replicas_sharing_one_lake() -> Non
                                          worker_startup_timeout_s=1800), executable="vllm-router")
     assert router["entrypoint"] + router["command"] == expected
     assert router["image"] == services["replica-0"]["image"] == "ahc:gpu"
-    assert [p.rsplit(":", 2)[-2:] for p in router["ports"]] == [[str(SERVER_PORT), str(SERVER_PORT)]]
+    # The router is on the internal network only, unpublished: the guard is the one way in.
+    assert "ports" not in router and router["networks"] == ["cluster"] and spec["networks"]["cluster"]["internal"]
+    published = [name for name, service in services.items() if service.get("ports")]
+    assert published == ["guard"]
+    guard = services["guard"]
+    assert guard["entrypoint"] == ["python3", "-m", "server.cluster.router_guard"]
+    assert guard["command"][guard["command"].index("--upstream") + 1] == f"http://router:{SERVER_PORT}"
+    assert [p.rsplit(":", 2)[-2:] for p in guard["ports"]] == [[str(SERVER_PORT), str(SERVER_PORT)]]
+    assert "AHC_API_KEY" in guard["environment"] and "cluster" in guard["networks"]
     ids, gpus = set(), set()
     for name in replicas:
         replica = services[name]

@@ -97,7 +97,8 @@ class LocalCluster:
             self.replicas = self._start_replicas()
             self.router = RouterProcess(self.router_spec(), self.data_dir / "router.log").start()
             # Clients reach the router through the guard only: its own routes (add_worker, ...) stay private.
-            self.guard = GuardServer(self.router.spec.url, self.spec.host, self.spec.port).start()
+            self.guard = GuardServer(self.router.spec.url, self.spec.host, self.spec.port,
+                                     api_keys=[self.spec.api_key] if self.spec.api_key else []).start()
         except BaseException:
             self.stop()
             raise

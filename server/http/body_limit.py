@@ -1,9 +1,10 @@
 """`BodyLimitMiddleware`: a request body over `max_request_bytes` is refused with 413 before it is
 parsed, so one client cannot make the server buffer (and JSON-decode) an arbitrarily large body.
 
-A declared `Content-Length` over the limit is refused before a byte of the body is read; one within it
-passes untouched. A body without one (chunked) is counted as the app reads it; the read that passes the limit fails, and
-whatever the app then does about that failure is replaced by the 413."""
+A declared `Content-Length` (without a transfer encoding) over the limit is refused before a byte of the
+body is read; one within it passes untouched. A body without one (chunked) is counted as the app reads
+it; the read that passes the limit fails, and whatever the app then does about that failure is replaced
+by the 413."""
 
 from __future__ import annotations
 
@@ -75,10 +76,12 @@ class BodyLimitMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None  # the HTTP server refuses a malformed length itself
-    return None
+    """The declared length, trusted only without a transfer encoding: beside one, an HTTP server may read
+    the body as chunked (h11 does), so it is counted like any body without a length."""
+    headers = dict(scope.get("headers", ()))
+    if b"transfer-encoding" in headers or b"content-length" not in headers:
+        return None
+    try:
+        return int(headers[b"content-length"])
+    except ValueError:
+        return None  # the HTTP server refuses a malformed length itself
