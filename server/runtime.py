@@ -143,7 +143,8 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,
                                oc.codex_condense_ratio, max_model_len, hidden_admission)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
-    return Runtime(config=config, engine=RecordingEngine(engine, recorder), tokenizer=tokenizer, xdb=xdb,
+    recording = RecordingEngine(engine, recorder, keys.cache_salt)  # every route's requests, salted by tenant
+    return Runtime(config=config, engine=recording, tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    session_admission=session_admission,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,

@@ -212,6 +212,43 @@ def test_each_tenant_reads_only_its_own_prefix_cache(two_tenants: tuple[TestClie
     assert salts_sent(runtime, before)[-1] == alice
 
 
+DOORS = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    "chat-stream": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                             "stream": True}),
+    "completions": ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    "messages-stream": ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                         "stream": True}),
+    "responses": ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
+    "responses-stream": ("/v1/responses", {"input": "Hi", "max_output_tokens": 2, "stream": True}),
+}
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_every_generating_door_salts_with_the_tenant_not_the_client(two_tenants: tuple[TestClient, Runtime],
+                                                                    door: str) -> None:
+    client, runtime = two_tenants
+    path, body = DOORS[door]
+    for key in (ALICE, BOB):
+        before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
+        done = client.post(path, headers=auth(key), json={"model": "tiny", "cache_salt": "chosen", **body})
+        assert done.status_code == 200, done.text
+        tenant = runtime.keys.tenant_for(key)
+        assert tenant is not None
+        assert salts_sent(runtime, before) == [runtime.keys.cache_salt(tenant)], door
+
+
+def test_the_storage_pass_summarises_under_a_salt_of_no_tenant(two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    before = len(runtime.hidden.engine.requests)  # type: ignore[attr-defined]
+    asyncio.run(runtime.hidden.summarize([{"role": "user", "content": "Rows of many tenants."}], 4, system=True))
+    [salt] = salts_sent(runtime, before)
+    tenants = [runtime.keys.tenant_for(key) for key in (ALICE, BOB)]
+    assert salt == runtime.keys.system_salt() and salt not in [runtime.keys.cache_salt(t) for t in tenants if t]
+    assert salt != runtime.keys.cache_salt(LOCAL)
+
+
 def test_a_single_tenant_shares_one_cache_and_keeps_its_own_salt(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
                                                                  tmp_path: Path) -> None:
     with serving(config, vllm_config, tmp_path, api_key=[ALICE]) as (client, runtime):

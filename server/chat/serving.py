@@ -81,18 +81,17 @@ class ChatService:
             raise
 
     async def generate(self, turn: ChatTurn, call: ChatCall, raw_request: Request) -> Response | None:
-        """vLLM's own handler on the orchestrator's request (the client's, when it sent no context),
-        with the tenant's prefix-cache salt; the turn's inputs are recorded first."""
+        """vLLM's own handler on the orchestrator's request (the client's, when it sent no context); the
+        turn's inputs are recorded first (the recording engine puts the tenant's salt on the prompt)."""
         from vllm.entrypoints.openai.chat_completion.api_router import create_chat_completion
 
         request = call.request if call.request.context is None else rewritten(call.body, turn)
-        vllm_request = salted(request, self.runtime.keys.cache_salt(call.tenant))
         await record_inputs(turn, self.runtime)
         current_session.set(turn.session_id)
         usage = current_usage.get()
-        if usage is not None and vllm_request.stream and (vllm_request.n or 1) == 1:
+        if usage is not None and request.stream and (request.n or 1) == 1:
             usage.route_holds_end = True  # the stream's finish waits for the reply's rows (stream_with_report)
-        response: Response | None = await create_chat_completion(vllm_request, raw_request)
+        response: Response | None = await create_chat_completion(request, raw_request)
         return response
 
 
@@ -141,11 +140,6 @@ def rewritten(body: dict[str, Any], turn: ChatTurn) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-
-
-def salted(request: ChatCompletionRequest, salt: str | None) -> ChatCompletionRequest:
-    """The request with its tenant's prefix-cache salt in place of the client's (None: left as sent)."""
-    return request if salt is None else request.model_copy(update={"cache_salt": salt})
 
 
 def session_header(turn: ChatTurn) -> str:

@@ -43,11 +43,12 @@ class HiddenCaller:
     # are: it continues their cached prompt, and no other tenant learns from it.
     keys: TenantKeys | None = None
 
-    async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128) -> str:
-        return (await self.complete(messages, max_tokens)).text
+    async def summarize(self, messages: list[dict[str, Any]], max_tokens: int = 128, *, system: bool = False) -> str:
+        return (await self.complete(messages, max_tokens, system=system)).text
 
     async def complete(self, messages: list[dict[str, Any]], max_tokens: int,
-                       tools: Sequence[dict[str, Any]] = ()) -> SummaryReply:
+                       tools: Sequence[dict[str, Any]] = (), *, system: bool = False) -> SummaryReply:
+        """`system`: a call of the server's own over many tenants' rows, salted as no tenant's."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -59,7 +60,8 @@ class HiddenCaller:
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         prompt: TokensPrompt = {"prompt_token_ids": ids}
-        salt = self.keys.cache_salt(current_tenant.get()) if self.keys is not None else None
+        salt = None if self.keys is None else self.keys.system_salt() if system else \
+            self.keys.cache_salt(current_tenant.get())
         if salt is not None:
             prompt["cache_salt"] = salt
         # In the trace of the compaction that asked for it, when one is being traced.

@@ -24,7 +24,8 @@ SUMMARY_INSTRUCTION = "Summarise these recorded agent events in a few factual se
 def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_tokens: int) -> Callable[[str], str]:
     def summarize(text: str) -> str:
         messages = [{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": text}]
-        future = asyncio.run_coroutine_threadsafe(hidden.summarize(messages, max_tokens), loop)
+        # The storage pass summarises many tenants' rows: salted as none of them.
+        future = asyncio.run_coroutine_threadsafe(hidden.summarize(messages, max_tokens, system=True), loop)
         return future.result(timeout=300)
 
     return summarize

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from server.recording.record_queue import RecordQueue
 from server.recording.token_text import TokenTexts
 from server.telemetry.tracing import engine_trace_headers
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
+from server.tenancy.tenants import Tenant
 from xdb import XDBClient
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout
@@ -226,9 +227,15 @@ def new_input_turns(prepared: Prepared) -> list[Turn]:
 
 
 class RecordingEngine:
-    def __init__(self, engine: EngineClient, recorder: Recorder) -> None:
+    """The engine every request of the API reaches: its outputs are recorded under the request's session,
+    and its prompt carries the tenant's prefix-cache salt in place of any the client sent (`salt`: the
+    tenant's salt, None with a single tenant), whichever route made it."""
+
+    def __init__(self, engine: EngineClient, recorder: Recorder,
+                 salt: Callable[[Tenant], str | None] | None = None) -> None:
         self._engine = engine
         self._recorder = recorder
+        self._salt = salt
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -243,6 +250,9 @@ class RecordingEngine:
         trace_headers = engine_trace_headers(kwargs.get("trace_headers"))
         if trace_headers is not None:
             kwargs["trace_headers"] = trace_headers
+        salt = self._salt(current_tenant.get()) if self._salt is not None else None
+        if salt is not None:
+            prompt = with_salt(prompt, salt)
         return self._generate(xdb_session, current_usage.get(), (prompt, sampling_params, request_id, *args), kwargs)
 
     async def _generate(self, xdb_session: str, usage: EngineUsage | None, args: tuple[Any, ...],
@@ -294,6 +304,18 @@ class RecordingEngine:
             stream.finish()
         # Committed once the writer has joined the last tokens' activations (a bounded wait there).
         await self._recorder.aflush(session_id=xdb_session)
+
+
+def with_salt(prompt: Any, salt: str) -> Any:
+    """An engine prompt (text, a prompt dict, an engine request) with `salt` as its prefix-cache salt."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "cache_salt": salt}
+    if isinstance(prompt, dict):
+        return {**prompt, "cache_salt": salt}
+    if hasattr(prompt, "cache_salt"):  # vLLM's EngineCoreRequest, made by the caller
+        prompt.cache_salt = salt
+        return prompt
+    raise TypeError(f"cannot salt an engine prompt of type {type(prompt).__name__}")
 
 
 def _log_durable_failure(future: asyncio.Future[None]) -> None:

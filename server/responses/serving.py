@@ -95,7 +95,7 @@ class ResponsesService:
             await self.chat.admit(turn, Asked.of(request.max_output_tokens, 1))
             await record_inputs(turn, runtime)
             current_session.set(turn.session_id)
-            result = await handler.create_responses(self.engine_request(exchange, turn, tenant), raw_request)
+            result = await handler.create_responses(self.engine_request(exchange, turn), raw_request)
             if isinstance(result, ErrorResponse):  # the turn rolls back
                 return JSONResponse(result.model_dump(mode="json", by_alias=True), status_code=result.error.code)
             if isinstance(result, ResponsesResponse):
@@ -145,16 +145,15 @@ class ResponsesService:
             key = session_key(None, raw_request.headers.get(HEADER), conversation_id(request), CONVERSATION)
         return tenant.scope(key.session_id) if key.session_id is not None else None
 
-    def engine_request(self, exchange: _Exchange, turn: ChatTurn, tenant: Tenant) -> ResponsesRequest:
-        """What vLLM's handler is given: the tenant's cache salt in place of the client's, and a kept
-        turn's prepared prompt as its instructions and input items."""
-        request, salt = exchange.request, self.runtime.keys.cache_salt(tenant)
-        update: dict[str, Any] = {} if salt is None else {"cache_salt": salt}
+    def engine_request(self, exchange: _Exchange, turn: ChatTurn) -> ResponsesRequest:
+        """What vLLM's handler is given: a kept turn's prepared prompt as its instructions and input items
+        (the recording engine puts the tenant's salt on the prompt)."""
+        request = exchange.request
         if not exchange.kept:  # a copy even so: the handler sets `store` off on what it is given
-            return request.model_copy(update=update)
+            return request.model_copy()
         system, rest = instructions_of(turn.messages)
-        update |= {"instructions": "\n\n".join(text_of(m.get("content")) for m in system) or None,
-                   "input": input_items(rest), "previous_response_id": None}
+        update = {"instructions": "\n\n".join(text_of(m.get("content")) for m in system) or None,
+                  "input": input_items(rest), "previous_response_id": None}
         # Validated again, so the items are vLLM's types (its handler tells them apart by class).
         return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True),
                                                 "request_id": request.request_id, **update})

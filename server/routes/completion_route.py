@@ -86,9 +86,8 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
             await runtime.recorder.know_session(session)
         record_prompts(runtime, session, prompts, fresh=named.session_id is None)
         current_session.set(session)  # the engine's outputs of every prompt go to this session
-        salt = runtime.keys.cache_salt(tenant)  # the tenant's, in place of the client's
-        forwarded = request if salt is None else request.model_copy(update={"cache_salt": salt})
-        response: Response = await create_completion(forwarded, raw_request)  # vLLM's route is unannotated
+        # The recording engine puts the tenant's salt on each prompt, in place of the client's.
+        response: Response = await create_completion(request, raw_request)  # vLLM's route is unannotated
     except BaseException:
         reservation.release()
         raise

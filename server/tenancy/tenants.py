@@ -116,9 +116,17 @@ class TenantKeys:
 
     def cache_salt(self, tenant: Tenant) -> str | None:
         """The prefix-cache salt of `tenant`'s engine requests; None with a single tenant (or none)."""
+        return self._salt(tenant.name)
+
+    def system_salt(self) -> str | None:
+        """The salt of the server's own calls over many tenants' rows (the storage pass's summaries):
+        no tenant's, since no tenant name holds the separator."""
+        return self._salt(SEPARATOR + "system")
+
+    def _salt(self, name: str) -> str | None:
         if len(self.by_digest) < 2:
             return None
-        return hmac.new(self.salt_secret, tenant.name.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(self.salt_secret, name.encode(), hashlib.sha256).hexdigest()
 
     def __bool__(self) -> bool:
         return bool(self.by_digest)
