@@ -35,6 +35,7 @@ from xdb.audit_chain import EVENT_TYPE, GENESIS, HEAD_FILE, RECORD_COLUMNS, chai
 from xdb.audit_verify import AuditReport, check_anchor, check_expected_head, heads_as_of_now, verify_connection
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
+from xdb.private import private_dir, private_files
 from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
 from xdb.sql import one
@@ -135,8 +136,10 @@ class AuditLog:
     @classmethod
     def open(cls, path: Path, *, read_only: bool = False) -> AuditLog:
         if not read_only:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
         conn = connect_checked(path, read_only=read_only)
+        if not read_only:
+            private_files(path, path.with_name(path.name + ".wal"))
         try:
             if read_only:
                 if stored_version(conn, path, "audit_meta", APP) is None:
@@ -191,7 +194,8 @@ class AuditLog:
     def _anchor_file(self) -> int:
         if self._head_fd is None:
             created = not self.head_path.exists()
-            self._head_fd = os.open(self.head_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._head_fd = os.open(self.head_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            private_files(self.head_path)  # made before files were private
             if created:  # the new name must survive a crash too, not only the bytes
                 dir_fd = os.open(self.head_path.parent, os.O_RDONLY)
                 try:

@@ -26,6 +26,7 @@ import duckdb
 
 from ahc.core.errors import InvalidRequest
 from xdb.owner import owned
+from xdb.private import private_dir, private_files, private_tree
 from xdb.tables import TABLES as XDB_TABLES
 from xdb.tables import Table
 
@@ -74,7 +75,7 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
         raise InvalidRequest(f"format must be parquet or jsonl, not {fmt!r}", param="format")
     if out.exists() and any(out.iterdir()):
         raise InvalidRequest(f"export destination {out} is not empty", param="out")
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     tables: dict[str, Any] = {}
     long_ids: dict[str, str] = {}
     conn.execute("BEGIN TRANSACTION")
@@ -93,7 +94,9 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
         "rows": sum(t["rows"] for t in tables.values()), "tables": tables,
         **({"long_ids": long_ids} if long_ids else {}),
     }
+    private_tree(out)  # what DuckDB's COPY wrote, under the process's umask
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    private_files(out / MANIFEST)
     return ExportResult(manifest["id"], out, manifest)
 
 

@@ -42,6 +42,7 @@ from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
 from xdb.lake import Lake
 from xdb.lake_session import LakeTicks, ResumableTickBook
+from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import TOP_K, open_experience
 from xdb.sql import one
@@ -101,8 +102,10 @@ class XDB(SessionMethods, LakeMethods):
         config = config or XDBConfig()
         data_dir = Path(data_dir)
         if not read_only:
-            data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(data_dir)
         conn = open_experience(data_dir / EXPERIENCE_FILE, read_only=read_only)
+        if not read_only:
+            private_files(data_dir / EXPERIENCE_FILE, data_dir / (EXPERIENCE_FILE + ".wal"))
         audit = writer = None
         try:
             conn.execute(f"SET threads = {int(config.threads or default_threads())}")
@@ -166,9 +169,11 @@ class XDB(SessionMethods, LakeMethods):
             raise ValueError(f"backup destination {dest} is not empty")
         if self.audit is None:
             raise ValueError("this XDB was opened read-only; back up its files with the server stopped instead")
-        (dest / AUDIT_FILE).parent.mkdir(parents=True, exist_ok=True)
+        private_dir(dest)
+        private_dir((dest / AUDIT_FILE).parent)
         copy_database(self.conn, dest / EXPERIENCE_FILE)
         seq = self.audit.copy_to((dest / AUDIT_FILE).parent)
+        private_tree(dest)
         return {"path": str(dest), "audit_seq": seq}
 
     @service_after_flush

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,8 @@ from typing import Any
 
 from ahc.core.errors import InvalidRequest
 from xdb.owner import FLAT, owns
+
+log = logging.getLogger("ahc.tenants")
 
 DEFAULT = "default"
 # The separator cannot occur in a tenant name, so one tenant's prefix never starts another's.
@@ -138,6 +141,9 @@ class TenantKeys:
         problem: an empty key, a bad tenant name, a key given twice, a tenant with two keys."""
         bare = list(keys)
         named = parse_keys_file(Path(keys_file)) if keys_file is not None else []
+        if keys_file is not None and Path(keys_file).stat().st_mode & 0o077:
+            log.warning("the API keys file %s can be read by other users (mode %o): chmod 600 it", keys_file,
+                        Path(keys_file).stat().st_mode & 0o777)
         pairs: list[tuple[str, str]] = []
         for key in bare:
             if not key:
