@@ -30,6 +30,7 @@ class TurnDriver(Protocol):
     async def prepare(self, request: TurnRequest, force_compaction: bool = False) -> Prepared: ...
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
+    def abandon(self, prepared: Prepared) -> None: ...
     def rollback(self, prepared: Prepared) -> None: ...
 
 
@@ -99,9 +100,13 @@ class ChatTurn:
         if self._committed or self._closed:
             raise RuntimeError("a turn is committed at most once, before it is closed")
         self._committed = True
-        receipt = self._driver.commit(self.prepared, reply)
-        if isinstance(receipt, concurrent.futures.Future):  # saved on a worker thread
-            await asyncio.wrap_future(receipt)
+        try:
+            receipt = self._driver.commit(self.prepared, reply)
+            if isinstance(receipt, concurrent.futures.Future):  # saved on a worker thread
+                await asyncio.wrap_future(receipt)
+        except Exception:  # not saved: the State the next request reads is the stored one
+            self._driver.abandon(self.prepared)
+            raise
 
     def hand_over(self) -> ChatTurn:
         """The `async with` ends but the turn goes on (a streamed reply); the new owner closes it."""

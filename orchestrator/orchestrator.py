@@ -416,6 +416,12 @@ class Orchestrator:
         elif prepared.named:
             self.named.forget(prepared.session_id)
 
+    def abandon(self, prepared: Prepared) -> None:
+        """The commit's save failed: the turn is not in the State the next request reads (a client's
+        retry of it joins the State once, not twice)."""
+        if prepared.session is not None:
+            self.sessions.reload(prepared.session_id)
+
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any:
         """After the response: the request's turns, the query and the reply join the session's State,
         which is persisted; returns the store's receipt (a future when it saves in the background)."""

@@ -156,6 +156,13 @@ class SessionStore:
         if entry is not None:
             entry.session = None
 
+    def reload(self, session_id: str) -> None:
+        """A save of the session failed: memory may hold a turn the store does not, so the next request
+        reads the stored State instead (without a `load` callable memory is all there is: kept)."""
+        entry = self._entries.get(session_id)
+        if entry is not None and self._load is not None:
+            entry.session, entry.saving, entry.stored = None, None, None
+
     def save(self, session: Session) -> Any:
         """Persist; returns what the save callable returns (the server's is a Future to await)."""
         if self._save is None:

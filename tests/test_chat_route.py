@@ -656,6 +656,34 @@ def test_a_session_named_for_the_first_time_is_looked_up_off_the_event_loop(serv
     assert on_loop and not any(on_loop), on_loop
 
 
+def test_a_state_save_that_fails_leaves_no_turn_behind_for_the_retry(served: tuple[TestClient, Runtime],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The XDB service died during the save: the client got a 503 and retried. The State the retry reads is
+    the stored one, so the turn joins it once (it held ['first', 'second', 'second'])."""
+    from xdb.remote import ServiceUnavailable
+
+    client, runtime = served
+    store, failures = runtime.xdb.save_session_state, [1]
+
+    def dies_once(session_id: str, state: str) -> int:
+        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
+            failures.pop()
+            raise ServiceUnavailable("the XDB service exited during the call")
+        return store(session_id, state)
+
+    monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
+    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
+    for question in ("First question?", "Second question?"):
+        body = chat("save-dies", question)
+        retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
+                                         extra_body={"context": body["context"]})
+    assert not failures  # the save did fail once, and the client retried
+    in_memory = [t.content for t in runtime.orchestrator.sessions.get("save-dies").turns if t.role == "user"]
+    stored = json.loads(runtime.xdb.load_session_state("save-dies") or "{}")
+    assert in_memory == [t["content"] for t in stored["turns"] if t["role"] == "user"] == \
+        ["First question?", "Second question?"]
+
+
 def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503
