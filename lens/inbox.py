@@ -46,7 +46,8 @@ class ActivationInbox:
                 request = self._requests.get(key)
                 if request is None:
                     request = self._requests[key] = _RequestRows()
-                request.rows[position] = (step.concept_index[i], step.concept_values[i])
+                # Copies: a view would keep the whole message's buffer alive while one row waits.
+                request.rows[position] = (step.concept_index[i].copy(), step.concept_values[i].copy())
                 request.touched = now
             self._deliveries += 1
             self._delivered.notify_all()

@@ -17,6 +17,7 @@ API process rebuilds the same key from the request id, n and the completion's in
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("ahc.lens")
 
 _RANDOM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 # A slow consumer must not make the worker block: past this many queued messages ZMQ drops.
@@ -58,14 +61,28 @@ class StepActivations:
                 np.ascontiguousarray(self.concept_values, dtype=np.float32).tobytes()]
 
     @classmethod
-    def from_frames(cls, frames: list[bytes]) -> StepActivations:
+    def from_frames(cls, frames: list[Any]) -> StepActivations:
+        """A message as sent; anything else (a socket is reachable by other local processes) raises
+        ValueError naming what is wrong."""
         if len(frames) != 3:
             raise ValueError(f"activation message: expected 3 frames, got {len(frames)}")
-        header = json.loads(frames[0])
-        rows, k = len(header["keys"]), int(header["k"])
-        index = np.frombuffer(frames[1], dtype=np.int32).reshape(rows, k)
-        values = np.frombuffer(frames[2], dtype=np.float32).reshape(rows, k)
-        return cls(header["keys"], header["positions"], index, values, header["source"])
+        header = json.loads(bytes(frames[0]))  # a JSONDecodeError is a ValueError
+        if not isinstance(header, dict):
+            raise ValueError("activation message: the header is not a JSON object")
+        keys, positions, k, source = (header.get(name) for name in ("keys", "positions", "k", "source"))
+        if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+            raise ValueError("activation message: keys must be a list of strings")
+        if not isinstance(positions, list) or len(positions) != len(keys) or not all(
+                type(p) is int and p >= 0 for p in positions):
+            raise ValueError("activation message: positions must be one non-negative integer per key")
+        if type(k) is not int or k <= 0 or not isinstance(source, str):
+            raise ValueError("activation message: k must be a positive integer and source a string")
+        size = len(keys) * k * 4
+        if len(frames[1]) != size or len(frames[2]) != size:
+            raise ValueError(f"activation message: {len(keys)} rows of {k} need {size}-byte frames")
+        index = np.frombuffer(frames[1], dtype=np.int32).reshape(len(keys), k)
+        values = np.frombuffer(frames[2], dtype=np.float32).reshape(len(keys), k)
+        return cls(keys, positions, index, values, source)
 
 
 class ActivationSender:
@@ -199,8 +216,14 @@ class ActivationReceiver:
         self.drain_interval_s = drain_interval_s
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self.dropped = 0  # messages refused as malformed
         self._thread = threading.Thread(target=self._run, name="ahc-lens-receiver", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Receiving: its thread runs (a dead one would leave every later token without activations)."""
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         import zmq
@@ -208,21 +231,31 @@ class ActivationReceiver:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(500):
-                self._on_idle()
-                continue
-            while True:
-                try:
-                    frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                try:
-                    self._deliver(StepActivations.from_frames(frames))
-                except (ValueError, KeyError) as exc:  # a malformed message loses its rows, not the thread
-                    print(f"ahc lens: dropped a bad activation message: {exc}", flush=True)
+            try:
+                self._drain(poller)
+            except Exception:  # whatever one round met, the next round runs: logged, never silent
+                log.exception("activation receiver: a round failed; receiving goes on")
+                self._stop.wait(0.1)
+
+    def _drain(self, poller: Any) -> None:
+        import zmq
+
+        if not poller.poll(500):
             self._on_idle()
-            self._wake.wait(self.drain_interval_s)
-            self._wake.clear()
+            return
+        while True:
+            try:
+                frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                self._deliver(StepActivations.from_frames(frames))
+            except Exception as exc:  # a malformed message loses its rows, not the thread
+                self.dropped += 1
+                log.warning("activation receiver: dropped a bad message (%d so far): %s", self.dropped, exc)
+        self._on_idle()
+        self._wake.wait(self.drain_interval_s)
+        self._wake.clear()
 
     def wake(self) -> None:
         """Drain the socket now rather than at the end of the interval."""

@@ -88,6 +88,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     assert xdb.writer is not None  # opened for writing
     if capture is not None:  # the writer binds the side channel before the engine's worker starts
         xdb.capture_activations(capture.address, capture.k, capture.finish_wait_s)
+        metrics.one(metrics.lens_receiver_up).set_function(lambda: float(bool(xdb.activations_receiving())))
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
     metrics.watch_xdb_files(Path(resolve_path(config.data_dir)), [Path(EXPERIENCE_FILE), AUDIT_FILE])

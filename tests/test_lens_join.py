@@ -175,3 +175,42 @@ def test_unclaimed_requests_are_evicted() -> None:
     time.sleep(0.05)
     inbox.evict_stale()
     assert len(inbox) == 0
+
+
+@pytest.mark.parametrize("frames", [
+    [b"[1, 2]", b"", b""],                                             # a header that is a list
+    [b'{"keys": "r", "positions": [0], "k": 1, "source": "x"}', b"", b""],
+    [b'{"keys": ["r"], "positions": [-1], "k": 1, "source": "x"}', b"\0" * 4, b"\0" * 4],
+    [b'{"keys": ["r"], "positions": [0], "k": 0, "source": "x"}', b"", b""],
+    [b'{"keys": ["r"], "positions": [0], "k": 2, "source": "x"}', b"\0" * 4, b"\0" * 8],  # short frame
+    [b"\xff", b"", b""],
+    [b"{}"],
+])
+def test_a_malformed_message_is_a_value_error(frames: list[bytes]) -> None:
+    with pytest.raises(ValueError, match="activation message|Expecting|JSON|codec"):
+        StepActivations.from_frames(frames)
+
+
+def test_the_receiver_survives_any_message_and_keeps_no_bundle_alive(tmp_path: Path) -> None:
+    """Bad messages (a JSON list header killed the thread) are dropped and counted; the next good one is
+    delivered; a row left waiting holds a copy of itself, not the message it came in."""
+    import zmq
+
+    inbox = ActivationInbox()
+    address = f"ipc://{tmp_path}/r"
+    receiver = ActivationReceiver(address, inbox.put, inbox.evict_stale)
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(address)
+    try:
+        for frames in ([b"[1, 2]", b"", b""], [b"null", b"", b""], [b"{}"]):
+            push.send_multipart(frames)
+        push.send_multipart(step("r", list(range(64)), k=8).frames())
+        deadline = time.monotonic() + 5
+        while not inbox.has("r", 63) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert receiver.alive and receiver.dropped == 3
+        [(index, values)] = inbox.take("r", [5])
+        assert index.base is None and values.base is None  # owns its data: the message can go
+    finally:
+        push.close(linger=0)
+        receiver.close()

@@ -202,6 +202,11 @@ class XDB(SessionMethods, LakeMethods):
         self.writer.capture_activations(address, k, wait_s)
 
     @service
+    def activations_receiving(self) -> bool | None:
+        """Whether the writer's side-channel receiver runs (None: no capture, or read-only)."""
+        return None if self.writer is None else self.writer.activations_receiving()
+
+    @service
     def exports(self, owner: str | None = "") -> list[dict[str, Any]]:
         """The exports under DATA_DIR/exports made for `owner` (a tenant's, xdb/owner.py; None: every tenant's),
         newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""

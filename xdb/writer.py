@@ -338,6 +338,10 @@ class Writer:
             self._flush_target = max(self._flush_target, self._submitted)
             self._cond.notify_all()
 
+    def activations_receiving(self) -> bool | None:
+        """Whether the side channel's receiver runs (None: no capture)."""
+        return None if self._joiner is None else self._joiner.receiver.alive
+
     def capture_activations(self, address: str, k: int, wait_s: float) -> None:
         """Receive the engine's activations on the side channel at `address` (bound before this
         returns) and join them to the token batches that name their request; a batch waits up to
