@@ -26,7 +26,7 @@ from xdb import (
     verify_audit,
 )
 from xdb.documents import list_documents
-from xdb.remote import ServiceProcess
+from xdb.remote import ServiceProcess, ServiceUnavailable
 from xdb.runs import list_interactions, log_interaction, purge_run
 
 NAMES = ["joy", "fear"]
@@ -221,3 +221,47 @@ def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path
         assert time.monotonic() - started >= 1.0  # it waited instead of failing
         assert [r["content"] for r in xdb.recall(session_id="s")] == ["kept", "kept"]
     release.join()
+
+
+def test_a_connection_that_closes_or_stalls_ends_nothing(tmp_path: Path) -> None:
+    """One connect-and-close ended the accept loop for good (every later connection hung while /health
+    said 200); a connection that never answers the handshake holds only its own thread."""
+    import socket
+
+    with RemoteXDB(tmp_path / "x") as xdb:
+        address = xdb.writer.process.spec.address
+        with socket.socket(socket.AF_UNIX) as stray:
+            stray.connect(address)  # and closed at once
+        stalled = socket.socket(socket.AF_UNIX)
+        stalled.connect(address)  # sends nothing
+        try:
+            for _ in range(3):
+                xdb.writer.process._pool.clear()  # a new connection for each call
+                started = time.monotonic()
+                assert xdb.state()["writer"] is not None
+                assert time.monotonic() - started < 5
+        finally:
+            stalled.close()
+
+
+def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import xdb.remote
+    import xdb.service
+
+    monkeypatch.setattr(xdb.remote, "CALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(xdb.service, "HANDSHAKE_TIMEOUT_S", 1.0)  # a new connection's (this side's)
+    with RemoteXDB(tmp_path / "x") as store:
+        hung = store.writer.process.process.pid
+        os.kill(hung, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailable):
+            store.state()
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 30  # the writer sees it dead and starts another
+        while store.writer.process.process.pid == hung:
+            assert time.monotonic() < deadline, "the service was not started again"
+            time.sleep(0.1)
+        store.writer.submit(batch(store, "s", ["a", "b"]))
+        store.writer.flush(60)
+        assert [r["content"] for r in store.recall(session_id="s")] == ["a", "b"]

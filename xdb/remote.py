@@ -44,6 +44,9 @@ log = logging.getLogger("ahc.xdb")
 Part = list[TimestepRow] | TokenBatch
 START_TIMEOUT_S = 600.0   # opening replays from the audit what the experience file missed: can take a while
 STOP_TIMEOUT_S = 120.0    # the last commits after the stream closes
+# The longest a call waits for a word from the service (an answer, or a callback's request): longer than
+# any call takes (an export or backup of a large file, a storage pass between its summaries).
+CALL_TIMEOUT_S = 900.0
 RESTART_ATTEMPTS = 5
 # A service that dies this often is failing on what it is sent (a full disk, a broken file), not
 # crashing by accident: recording stops (the server answers 503) rather than restarting it forever.
@@ -93,8 +96,14 @@ class ServiceProcess:
             raise error
 
     def connect(self) -> Connection:
-        conn = Client(self.spec.address, "AF_UNIX", authkey=self.spec.authkey)
+        conn = Client(self.spec.address, "AF_UNIX")
         self._opened.append(conn)
+        try:
+            service.handshake(conn, self.spec.authkey, client=True)
+        except TimeoutError:
+            log.error("the XDB service did not answer a new connection; killing it")
+            self.process.kill()  # as good as dead: the writer starts a new one
+            raise
         return conn
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -106,11 +115,17 @@ class ServiceProcess:
             conn = conn or self.connect()
             conn.send((name, args, sent))
             while True:
+                if not conn.poll(CALL_TIMEOUT_S):
+                    # A service that does not answer is as good as dead: killed, so the writer starts
+                    # a new one (which takes the rows not yet committed again).
+                    log.error("the XDB service did not answer %s in %.0f s; killing it", name, CALL_TIMEOUT_S)
+                    self.process.kill()
+                    raise TimeoutError(f"no answer in {CALL_TIMEOUT_S:.0f} s")
                 kind, *rest = conn.recv()
                 if kind != "callback":
                     break
                 conn.send(_run_callback(callbacks[rest[0]], rest[1]))
-        except (EOFError, OSError) as exc:
+        except (EOFError, OSError) as exc:  # TimeoutError too
             if conn is not None:
                 conn.close()
             raise ServiceUnavailable(f"the XDB service stopped during {name}: {exc!r}") from exc

@@ -12,6 +12,12 @@ The server talks to it over Unix-socket connections (`multiprocessing.connection
         a keyword argument given as CALLBACK is a function of the caller's, run there on request
         (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
 The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
+
+Each connection proves the run's key (multiprocessing's challenge) on a thread of its own, within
+HANDSHAKE_TIMEOUT_S: a connection that closes at once or never answers costs only its own thread, and
+the accept loop survives anything one connection does. The socket is the server's alone (a 0700
+directory, a key made per run): the method marks (xdb/interface.py) keep the server from calling what
+was not meant to be served, but they are no security boundary, since a message is unpickled on receipt.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +49,7 @@ PROCESS_TITLE = "AHC::XDB"
 # submit here waits only while a batch is being cut; this bound is for a writer that has hung.
 SUBMIT_TIMEOUT_S = 600.0
 LOCK_WAIT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 10.0
 
 Part = list[TimestepRow] | TokenBatch
 
@@ -64,8 +71,8 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_process()
     try:
-        listener = Listener(spec.address, "AF_UNIX", authkey=spec.authkey)
-        service = Service()
+        listener = Listener(spec.address, "AF_UNIX")  # each connection's key is checked on its own thread
+        service = Service(spec.authkey)
         service.xdb = open_when_free(spec, service)
     except BaseException as exc:
         status.send(("error", portable(exc)))
@@ -76,6 +83,30 @@ def main(spec: ServiceSpec, status: Connection) -> None:
         service.serve(listener)
     finally:
         listener.close()
+
+
+class _Timed:
+    """A connection whose reads give up after `timeout_s` (what the handshake reads through)."""
+
+    def __init__(self, conn: Connection, timeout_s: float) -> None:
+        self.conn, self.timeout_s = conn, timeout_s
+
+    def send_bytes(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        if not self.conn.poll(self.timeout_s):
+            raise TimeoutError(f"no answer in {self.timeout_s:.0f} s")
+        return self.conn.recv_bytes(maxlength)
+
+
+def handshake(conn: Connection, authkey: bytes, *, client: bool = False) -> None:
+    """Both sides prove the key, as Listener.accept and Client do (the client answers first), each
+    read within HANDSHAKE_TIMEOUT_S."""
+    timed: Any = _Timed(conn, HANDSHAKE_TIMEOUT_S)
+    steps = (answer_challenge, deliver_challenge) if client else (deliver_challenge, answer_challenge)
+    for step in steps:
+        step(timed, authkey)
 
 
 def open_when_free(spec: ServiceSpec, service: Service) -> XDB:
@@ -111,7 +142,8 @@ def portable(exc: BaseException) -> BaseException:
 
 
 class Service:
-    def __init__(self) -> None:
+    def __init__(self, authkey: bytes) -> None:
+        self.authkey = authkey
         self.xdb: XDB | None = None
         self._stream: Connection | None = None
         self._committed = 0
@@ -119,9 +151,7 @@ class Service:
 
     def serve(self, listener: Listener) -> None:
         assert self.xdb is not None
-        stream = listener.accept()
-        if stream.recv() != ("stream",):
-            raise RuntimeError("the XDB service's first connection must be the stream")
+        stream = self._accept_stream(listener)
         with self._lock:
             self._stream = stream
             if self._committed:
@@ -134,6 +164,19 @@ class Service:
             with self._lock:
                 self._stream = None
             stream.close()
+
+    def _accept_stream(self, listener: Listener) -> Connection:
+        """The first connection that proves the key and asks for the stream (another is dropped)."""
+        while True:
+            conn = listener.accept()
+            try:
+                handshake(conn, self.authkey)
+                if conn.poll(HANDSHAKE_TIMEOUT_S) and conn.recv() == ("stream",):
+                    return conn
+                log.warning("XDB service: a connection that is not the stream came first; dropped")
+            except Exception as exc:
+                log.warning("XDB service: a connection failed its handshake: %r", exc)
+            conn.close()
 
     def committed(self, n: int) -> None:
         """The writer committed n rows (XDB's on_commit hook); the server hears of it at once."""
@@ -195,10 +238,18 @@ class Service:
                 conn = listener.accept()
             except OSError:  # the listener closed: the service is stopping
                 return
+            except Exception as exc:  # one connection's failure ends nothing
+                log.warning("XDB service: accepting a connection failed: %r", exc)
+                continue
             threading.Thread(target=self._serve_calls, args=(conn,), name="xdb-call", daemon=True).start()
 
     def _serve_calls(self, conn: Connection) -> None:
         with conn:
+            try:
+                handshake(conn, self.authkey)
+            except Exception as exc:  # a stray or stalled connection: closed, and nothing else changes
+                log.warning("XDB service: a connection failed its handshake: %r", exc)
+                return
             while True:
                 try:
                     name, args, kwargs = conn.recv()
