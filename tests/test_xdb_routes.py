@@ -17,6 +17,7 @@ from ahc.core.limits import (
     TAG_MAX_CHARS,
 )
 from server.http.errors import install_error_handling
+from server.routes.agent_routes import agent_router
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
@@ -33,6 +34,7 @@ def client(tmp_path: Path):
     app.state.xdb = xdb
     install_error_handling(app)
     app.include_router(xdb_router(xdb))
+    app.include_router(agent_router(xdb))
     with TestClient(app) as c:
         yield c
     xdb.close()
@@ -120,6 +122,12 @@ def test_buds_concepts_pin_compact_state(client: TestClient) -> None:
     ("get", "/v1/xdb/documents/doc-x", {"params": {"version": str(10**30)}}, "version"),
     ("post", "/v1/xdb/comment", {"content": b'{"content": "\\ud800", "session_id": "s1", "tick": 0}',
                                  "headers": {"content-type": "application/json"}}, "content"),
+    ("post", "/v1/xdb/documents", {"content": b'{"name": "n", "content": "half \\ud83d"}',
+                                   "headers": {"content-type": "application/json"}}, "content"),
+    ("post", "/v1/xdb/documents", {"content": b'{"name": "\\udc00", "content": "x"}',
+                                   "headers": {"content-type": "application/json"}}, "name"),
+    ("post", "/v1/xdb/interactions", {"content": b'{"run_id": "r1", "journal_entry": "\\ud800"}',
+                                      "headers": {"content-type": "application/json"}}, "journal_entry"),
     ("post", "/v1/xdb/tag", {"content": b"[" * 100_000 + b"]" * 100_000,
                              "headers": {"content-type": "application/json"}}, None),
 ])

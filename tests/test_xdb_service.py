@@ -265,3 +265,17 @@ def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Pa
         store.writer.submit(batch(store, "s", ["a", "b"]))
         store.writer.flush(60)
         assert [r["content"] for r in store.recall(session_id="s")] == ["a", "b"]
+
+
+def test_a_row_utf8_cannot_hold_is_stored_with_a_replacement_not_the_writers_death(tmp_path: Path) -> None:
+    """A lone surrogate (half an emoji, escaped in a client's JSON) killed the service's writer, and every
+    restart resent the same row first, so nothing committed again."""
+    with RemoteXDB(tmp_path / "x") as xdb:
+        ticks = xdb.next_ticks("s", 3)
+        xdb.writer.submit([TimestepRow("s", ticks[0], "input", "user", "half \ud83d", metadata={"k": "\udc00"})])
+        xdb.writer.submit(TokenBatch("s", ticks[1:], ["ok", "\ud800"], token_ids=[1, 2], request_id="r"))
+        xdb.writer.flush(30)
+        rows = xdb.recall(session_id="s")
+        assert [r["content"] for r in rows] == ["half \ufffd", "ok", "\ufffd"]
+        assert rows[0]["metadata"] == {"k": "\ufffd"}
+        assert xdb.state()["writer"]["process_restarts"] == 0

@@ -12,6 +12,7 @@ import duckdb
 from ahc.core.errors import InvalidRequest, NotFound, PayloadTooLarge
 from xdb.interface import reads
 from xdb.owner import build_prefix, owned
+from xdb.rows import encoded
 from xdb.sql import Row
 
 
@@ -47,7 +48,7 @@ def _doc(row: Row, with_content: bool = True) -> dict[str, Any]:
 def _check(content: str, max_bytes: int) -> str:
     if not isinstance(content, str):
         raise InvalidRequest("document content must be a string")
-    size = len(content.encode())
+    size = len(encoded(content, "content"))
     if size > max_bytes:
         raise DocumentTooLarge(f"document is {size} bytes, over the {max_bytes}-byte limit")
     return hashlib.sha256(content.encode()).hexdigest()
@@ -61,6 +62,9 @@ def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc
     if not name or not name.strip():
         raise InvalidRequest("document name must not be empty")
     kind = DocumentType(doc_type).value
+    for text, field in [(name, "name"), (path, "path"), (source, "source"), (summary, "summary"),
+                        *((tag, "tags") for tag in tags or ())]:
+        encoded(text, field)
     digest = _check(content, max_bytes)
     doc_id = f"{build_prefix(owner)}doc-{uuid.uuid4().hex[:12]}"
     cur.execute("INSERT INTO documents VALUES (?, 1, ?, ?, ?, ?, ?, now(), now(), ?, ?, ?)",
@@ -72,6 +76,8 @@ def update_document(cur: duckdb.DuckDBPyConnection, doc_id: str, content: str, *
                     tags: list[str] | None = None, name: str | None = None,
                     max_bytes: int) -> dict[str, Any]:
     """A new version with the new content; metadata not given is carried over."""
+    for text, field in [(name, "name"), (summary, "summary"), *((tag, "tags") for tag in tags or ())]:
+        encoded(text, field)
     digest = _check(content, max_bytes)
     current = get_document(cur, doc_id)
     cur.execute("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMP, now(), ?, ?, ?)",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ahc.core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 
@@ -61,6 +62,53 @@ def check_rows(rows: list[TimestepRow], k: int = TOP_K) -> None:
                 or not r.event_type), None)
     if bad is not None:
         raise ValueError(f"bad timestep row (session_id, tick >= 0 and event_type are required): {bad!r}")
+
+
+def utf8(text: str) -> str:
+    """`text` as UTF-8 can store it: a lone surrogate (half an emoji, cut off, escaped in JSON as
+    `\\ud83d`) becomes U+FFFD. Such a row once killed the writer, and every restart resent it first."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def encoded(text: str | None, field: str) -> bytes:
+    """`text` as UTF-8; a client's text that UTF-8 cannot hold (a lone surrogate) is a 400 naming its field."""
+    if text is None:
+        return b""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{field}: not valid Unicode text (a lone surrogate at character {exc.start})",
+                             param=field) from None
+
+
+def _utf8_json(value: Any) -> Any:
+    if isinstance(value, str):
+        return utf8(value)
+    if isinstance(value, dict):
+        return {utf8(str(k)): _utf8_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8_json(v) for v in value]
+    return value
+
+
+def storable(part: list[TimestepRow] | TokenBatch) -> list[TimestepRow] | TokenBatch:
+    """The part with every text UTF-8 can store (the writer's check where it accepts rows)."""
+    if isinstance(part, TokenBatch):
+        joined = "".join(part.contents)
+        if not joined.isascii() and utf8(joined) is not joined:
+            part.contents = [utf8(text) for text in part.contents]
+        part.session_id = utf8(part.session_id)
+        return part
+    for row in part:
+        row.content = utf8(row.content)
+        row.session_id = utf8(row.session_id)
+        if row.metadata is not None:
+            row.metadata = _utf8_json(row.metadata)
+    return part
 
 
 def _json_or_none(values: list[Any]) -> list[str | None]:

@@ -20,6 +20,7 @@ from xdb import documents
 from xdb.audit import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned
+from xdb.rows import encoded
 from xdb.sql import Row, one_int, transaction
 from xdb.tables import RUN, TABLES
 
@@ -47,6 +48,9 @@ def _rows(rows: list[Row], cols: tuple[str, ...]) -> list[dict[str, Any]]:
 def log_interaction(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: str, *,
                     journal_entry: str | None = None, tool_call_json: str | None = None,
                     tool_result_json: str | None = None, token_count: int | None = None) -> int:
+    for text, field in ((run_id, "run_id"), (journal_entry, "journal_entry"), (tool_call_json, "tool_call_json"),
+                        (tool_result_json, "tool_result_json")):
+        encoded(text, field)
     return one_int(cur.execute(
         "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, token_count) "
         "VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",

@@ -42,7 +42,7 @@ from xdb.activation_join import ActivationJoiner
 from xdb.audit import AuditLog, PreparedBatch
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
-from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, to_arrow
+from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow
 from xdb.schema import TOP_K
 
 log = logging.getLogger(__name__)
@@ -199,9 +199,11 @@ def accepted(rows: Part, k: int) -> Part:
     the writer, and a TokenBatch stamped with its arrival time as a TimestepRow is when made."""
     if isinstance(rows, TokenBatch):
         rows.check(k)
+        storable(rows)
         return rows if rows.created_at is not None else dataclasses.replace(rows, created_at=time.time())
     rows = list(rows)
     check_rows(rows, k)
+    storable(rows)
     return rows
 
 
