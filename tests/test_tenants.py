@@ -373,3 +373,34 @@ def test_a_tenants_view_hands_back_only_its_own_rows(tmp_path: Path) -> None:
         turn = mine.log_interaction("run-1", journal_entry="alice's")
         assert turn >= 0 and [r["run_id"] for r in mine.runs(10)] == ["run-1"]
         assert theirs.runs(10) == [] and theirs.interactions("run-1") == []
+
+
+def test_a_request_id_two_tenants_both_choose_joins_nothing_across_them(two_tenants: tuple[TestClient, Runtime]
+                                                                       ) -> None:
+    """The request id is the client's to choose (X-Request-Id): the engine gets the server's own, so one
+    tenant's tokens never take the other's activations, and an event (reply) target is the caller's own
+    reply: Bob tags his (it was a 404), and his recall by Alice's tag finds nothing of hers."""
+    client, runtime = two_tenants
+    engine = runtime.hidden.engine  # type: ignore[attr-defined]
+    before = len(engine.requests)
+    sessions = {ALICE: "shared-id-a", BOB: "shared-id-b"}
+    for key, session in sessions.items():
+        done = client.post("/v1/chat/completions", headers={**auth(key), "X-Request-Id": "same-id"}, json={
+            "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}],
+            "context": {"session_id": session}})
+        assert done.status_code == 200, done.text
+    engine_ids = [r.request_id for r in engine.requests[before:]]
+    assert len(engine_ids) == 2 and len(set(engine_ids)) == 2
+    runtime.xdb.writer.flush()
+    shown = {key: {r["request_id"] for r in client.get("/v1/xdb/recall", headers=auth(key), params={
+        "session_id": session, "event_types": "output"}).json()["data"]} for key, session in sessions.items()}
+    assert shown[ALICE] == shown[BOB] and len(shown[ALICE]) == 1  # the rows show the route's id, as chosen
+    event = next(iter(shown[ALICE]))
+    for key, tag in ((ALICE, "alices-reply"), (BOB, "bobs-reply")):
+        tagged = client.post("/v1/xdb/tag", headers=auth(key), json={"tag": tag, "event_id": event})
+        assert tagged.status_code == 200, tagged.text
+    for key, mine, theirs in ((ALICE, "alices-reply", "bobs-reply"), (BOB, "bobs-reply", "alices-reply")):
+        rows = client.get("/v1/xdb/recall", headers=auth(key), params={"session_id": sessions[key],
+                                                                       "event_types": "output"}).json()["data"]
+        assert rows and all(r["tags"] == [mine] for r in rows), rows
+        assert client.get("/v1/xdb/recall", headers=auth(key), params={"tags": theirs}).json()["data"] == []

@@ -140,8 +140,8 @@ def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bu
         SELECT a.session_id, coalesce(t.tick, e.t0, a.range_start), coalesce(t.tick, e.t1, a.range_end)
         FROM tag_applications a
         LEFT JOIN timesteps t ON a.target_type = 'timestep' AND t.id = a.timestep_id
-        LEFT JOIN (SELECT request_id, min(tick) t0, max(tick) t1 FROM timesteps GROUP BY 1) e
-               ON a.target_type = 'event' AND e.request_id = a.event_id
+        LEFT JOIN (SELECT session_id, request_id, min(tick) t0, max(tick) t1 FROM timesteps GROUP BY 1, 2) e
+               ON a.target_type = 'event' AND e.request_id = a.event_id AND e.session_id = a.session_id
         WHERE a.tag_id = ? ORDER BY a.id""", [tag["id"]]).fetchall()
     windows = []
     for session_id, start, end in spans:

@@ -102,7 +102,8 @@ def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
     joins = [
         (apps.format(cols="x.replica, x.timestep_id", kind="timestep"),
          "t.replica = s.replica AND t.id = s.timestep_id"),
-        (apps.format(cols="x.event_id", kind="event"), "t.request_id = s.event_id"),
+        (apps.format(cols="x.session_id, x.event_id", kind="event"),
+         "t.request_id = s.event_id AND t.session_id = s.session_id"),
         (apps.format(cols="x.session_id, x.range_start, x.range_end", kind="range"),
          "t.session_id = s.session_id AND t.tick BETWEEN s.range_start AND s.range_end"),
     ]
@@ -145,7 +146,8 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row], tag_na
 
         def hits(kind: str, rep: str, timestep_id: Any, event_id: Any, sid: Any, start: Any, end: Any) -> bool:
             return bool((kind == "timestep" and rep == replica and timestep_id == tid)  # noqa: B023
-                        or (kind == "event" and event_id is not None and event_id == request_id)  # noqa: B023
+                        or (kind == "event" and event_id is not None and event_id == request_id  # noqa: B023
+                            and sid == session_id)  # noqa: B023
                         or (kind == "range" and sid == session_id and start <= tick <= end))  # noqa: B023
         for rep, kind, timestep_id, event_id, sid, start, end, name in apps:
             if hits(kind, rep, timestep_id, event_id, sid, start, end):

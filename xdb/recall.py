@@ -120,18 +120,18 @@ class RecallFilters(BaseModel):
 COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",
            "concept_ids", "concept_values", "activation_source", "created_at", "metadata")
 
-# Tag applications reach a timestep three ways: directly, through its reply (event = request_id) or
-# through a tick range of its session.
+# Tag applications reach a timestep three ways: directly, through its reply (event = request_id, in
+# the session the tag was put in: a request id is a client's to choose) or through a tick range of its session.
 TAG_MATCH = """(
     (a.target_type = 'timestep' AND a.timestep_id = t.id)
-    OR (a.target_type = 'event' AND a.event_id = t.request_id)
+    OR (a.target_type = 'event' AND a.event_id = t.request_id AND a.session_id = t.session_id)
     OR (a.target_type = 'range' AND a.session_id = t.session_id AND t.tick BETWEEN a.range_start AND a.range_end))"""
 
 # The same three ways, each as a join DuckDB can hash (an OR of them is a nested loop, and an OR
 # across columns is never pushed into a scan): (columns of tag_applications, join condition).
 TAG_JOINS = {
     "timestep": ("timestep_id", "t.id = a.timestep_id"),
-    "event": ("event_id", "t.request_id = a.event_id"),
+    "event": ("session_id, event_id", "t.request_id = a.event_id AND t.session_id = a.session_id"),
     "range": ("session_id, range_start, range_end",
               "t.session_id = a.session_id AND t.tick BETWEEN a.range_start AND a.range_end"),
 }
@@ -308,7 +308,7 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, s
     if not apps:
         return {}
     by_id: dict[int, set[str]] = {}
-    by_request: dict[str, set[str]] = {}
+    by_request: dict[tuple[str, str], set[str]] = {}
     by_session: dict[str, list[tuple[int, int, str]]] = {}
     for kind, timestep_id, event_id, session_id, start, end, tag_id in apps:
         name = names.get(tag_id)
@@ -317,12 +317,12 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, s
         if kind == "timestep":
             by_id.setdefault(timestep_id, set()).add(name)
         elif kind == "event":
-            by_request.setdefault(event_id, set()).add(name)
+            by_request.setdefault((session_id, event_id), set()).add(name)
         else:
             by_session.setdefault(session_id, []).append((start, end, name))
     out: dict[int, list[str]] = {}
     for tid, session_id, tick, *_, request_id in (r[:8] for r in rows):
-        found = by_id.get(tid, set()) | by_request.get(request_id, set())
+        found = by_id.get(tid, set()) | by_request.get((session_id, request_id), set())
         found.update(name for start, end, name in by_session.get(session_id, ()) if start <= tick <= end)
         if found:
             out[tid] = sorted(found)
@@ -343,7 +343,8 @@ def comments_for(cur: duckdb.DuckDBPyConnection, rows: list[Row]) -> dict[int, l
     for cid, kind, timestep_id, event_id, session_id, start, end, content, at in found:
         note = {"id": cid, "content": content, "created_at": at.isoformat() + "Z"}
         for tid, row_session, tick, *_, request_id in (r[:8] for r in rows):
-            if ((kind == "timestep" and timestep_id == tid) or (kind == "event" and event_id == request_id)
+            if ((kind == "timestep" and timestep_id == tid)
+                    or (kind == "event" and event_id == request_id and session_id == row_session)
                     or (kind == "range" and session_id == row_session and start <= tick <= end)):
                 out.setdefault(tid, []).append(note)
     return out

@@ -11,7 +11,7 @@ import duckdb
 from ahc.core.errors import InvalidRequest, NotFound
 from xdb.audit import AuditEvent
 from xdb.interface import reads, writes
-from xdb.owner import owns
+from xdb.owner import owned, owns
 from xdb.schema import INT64_MAX
 from xdb.sql import Row, one, transaction
 
@@ -78,21 +78,26 @@ def resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget, owner: str
     """Check the target exists in a session `owner` (the caller's tenant's, xdb/owner.py) owns;
     a single tick becomes its timestep id. Raises NotFound, the same for a row that is
     missing and one of another tenant."""
-    resolved = _resolve_target(cur, target)
+    resolved = _resolve_target(cur, target, owner)
     if not owns(owner, resolved.session_id or ""):
         what = {"timestep": f"timestep {target.timestep_id}", "event": f"event (request) {target.event_id!r}"}
         raise NotFound(f"{what.get(target.kind, 'target')} not found")
     return resolved
 
 
-def _resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget) -> TagTarget:
+def _resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget, owner: str) -> TagTarget:
     if target.timestep_id is not None:
         row = cur.execute("SELECT session_id FROM timesteps WHERE id = ?", [target.timestep_id]).fetchone()
         if row is None:
             raise NotFound(f"timestep {target.timestep_id} not found")
         target.session_id = row[0]
     elif target.event_id is not None:
-        row = cur.execute("SELECT session_id FROM timesteps WHERE request_id = ? LIMIT 1", [target.event_id]).fetchone()
+        # A request id is the client's to choose: the event is the owner's own (in the session named, if
+        # one is), never another tenant's that happens to share its id.
+        mine, params = owned("session_id", owner)
+        where = f"request_id = ? AND {mine}" + (" AND session_id = ?" if target.session_id else "")
+        row = cur.execute(f"SELECT session_id FROM timesteps WHERE {where} ORDER BY id DESC LIMIT 1",
+                          [target.event_id, *params, *([target.session_id] if target.session_id else [])]).fetchone()
         if row is None:
             raise NotFound(f"event (request) {target.event_id!r} not found")
         target.session_id = row[0]

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
@@ -155,8 +155,11 @@ class Recorder:
                    f"first changed block {report.first_changed_block}")
         self.submit(self.rows(prepared.session_id, [("system", None, summary, {"turn": turn})]))
 
-    def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0) -> TokenStream:
-        key = completion_key(request_id, n, index) if self.capture is not None else None
+    def token_stream(self, session_id: str, request_id: str, n: int = 1, index: int = 0,
+                     engine_id: str | None = None) -> TokenStream:
+        """`engine_id`: the id the engine was given (the server's own), which keys the activations;
+        `request_id` is what the rows show."""
+        key = completion_key(engine_id or request_id, n, index) if self.capture is not None else None
         return TokenStream(self, session_id, request_id, key, phase=next(self._streams))
 
 
@@ -236,6 +239,8 @@ class RecordingEngine:
         self._engine = engine
         self._recorder = recorder
         self._salt = salt
+        self._serial = itertools.count(1)
+        self._engine_ids: dict[str, list[str]] = {}  # a request's id as vLLM's route knows it -> the engine's
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -253,13 +258,28 @@ class RecordingEngine:
         salt = self._salt(current_tenant.get()) if self._salt is not None else None
         if salt is not None:
             prompt = with_salt(prompt, salt)
-        return self._generate(xdb_session, current_usage.get(), (prompt, sampling_params, request_id, *args), kwargs)
+        # The route's request id holds what the client chose (X-Request-Id, a body's request_id): the
+        # engine gets one of the server's, so two clients' requests never share the key that joins their
+        # tokens to their activations.
+        engine_id = f"{request_id}~{next(self._serial):x}"
+        return self._generate(xdb_session, current_usage.get(), request_id,
+                              (prompt, sampling_params, engine_id, *args), kwargs)
 
-    async def _generate(self, xdb_session: str, usage: EngineUsage | None, args: tuple[Any, ...],
+    async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
+        """vLLM's routes abort by their own ids: the engine's ids for them (internal ids are the engine's)."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if internal:
+            engine: Any = self._engine  # AsyncLLM's abort takes `internal`; the protocol's does not say so
+            await engine.abort(ids, internal=True)
+            return
+        await self._engine.abort([e for i in ids for e in self._engine_ids.get(i, [i])])
+
+    async def _generate(self, xdb_session: str, usage: EngineUsage | None, request_id: str, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
         from vllm.sampling_params import RequestOutputKind
 
-        _, sampling_params, request_id = args[:3]
+        sampling_params, engine_id = args[1], args[2]
+        self._engine_ids.setdefault(request_id, []).append(engine_id)
         delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
         n = getattr(sampling_params, "n", 1) or 1
         streams: dict[int, TokenStream] = {}
@@ -273,7 +293,7 @@ class RecordingEngine:
                     stream = streams.get(completion.index)
                     if stream is None:
                         stream = streams[completion.index] = self._recorder.token_stream(
-                            xdb_session, request_id, n, completion.index)
+                            xdb_session, request_id, n, completion.index, engine_id)
                     if delta:  # each output holds only its new tokens
                         new = completion.token_ids
                     else:
@@ -295,6 +315,11 @@ class RecordingEngine:
                         await ending
                 yield output
         finally:
+            ids = self._engine_ids.get(request_id, [])
+            if engine_id in ids:
+                ids.remove(engine_id)
+            if not ids:
+                self._engine_ids.pop(request_id, None)
             if not finished:  # aborted: the tokens gathered so far are written anyway
                 for stream in streams.values():
                     stream.finish()
