@@ -325,6 +325,31 @@ def test_the_default_tenant_among_others_is_a_tenant_not_a_superuser(
     assert client.post("/v1/xdb/compact", headers=op, json={"compress_released": True}).status_code == 200
 
 
+def test_the_shared_vocabulary_and_server_wide_views_are_the_operators(
+        default_among_others: tuple[TestClient, Runtime]) -> None:
+    """Any tenant changed another's bud status and read its description, saw /v1/xdb/state and ran the
+    storage pass over every tenant (a compact without a session)."""
+    client, runtime = default_among_others
+    op = auth(OPERATOR)
+    chat(ALICE, client, "lab", "Hello")
+    tagged = client.post("/v1/xdb/tag", headers=auth(ALICE), json={
+        "tag": "alices-bud", "tag_type": "bud", "description": "what Alice's sessions showed", "session_id": "lab",
+        "tick": 0})
+    assert tagged.status_code == 200, tagged.text
+    for key in (ALICE, BOB):
+        assert client.post("/v1/xdb/buds", headers=auth(key), json={"tag": "alices-bud", "status": "ready"}
+                           ).status_code == 403
+        assert client.get("/v1/xdb/state", headers=auth(key)).status_code == 403
+        assert client.post("/v1/xdb/compact", headers=auth(key), json={}).status_code == 403
+    [seen] = client.get("/v1/xdb/buds", headers=auth(BOB)).json()["data"]
+    assert seen["name"] == "alices-bud" and seen["description"] is None
+    [full] = client.get("/v1/xdb/buds", headers=op).json()["data"]
+    assert full["description"] == "what Alice's sessions showed"
+    assert client.post("/v1/xdb/buds", headers=op, json={"tag": "alices-bud", "status": "ready"}).status_code == 200
+    assert client.get("/v1/xdb/state", headers=op).status_code == 200
+    assert client.post("/v1/xdb/compact", headers=op, json={}).status_code == 200
+
+
 def duckdb_sessions(runtime: Runtime, export_id: str) -> set[str]:
     import duckdb
 

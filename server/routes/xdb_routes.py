@@ -246,11 +246,17 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         return {"object": "list", "data": view.cold_records(session_id, limit)}
 
     @router.get("/buds")
-    def buds(status: BudStatusName | None = None) -> Any:
-        return {"object": "list", "data": xdb.read(list_buds, status)}
+    def buds(status: BudStatusName | None = None, view: TenantXDB = Depends(views)) -> Any:
+        """The shared vocabulary's buds; their descriptions (which a tenant's agent may have written from
+        its sessions) only for the operator."""
+        found = xdb.read(list_buds, status)
+        if not view.tenant.operator:
+            found = [{**bud, "description": None} for bud in found]
+        return {"object": "list", "data": found}
 
     @router.post("/buds")
-    def bud_status(body: BudBody) -> Any:
+    def bud_status(body: BudBody, view: TenantXDB = Depends(views)) -> Any:
+        _default_tenant_only(view.tenant, "a bud's status")
         return xdb.write(set_bud_status, body.tag, body.status)
 
     @router.get("/documents")
@@ -292,10 +298,14 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         if body.compress_released and not view.tenant.operator:
             raise PermissionDenied("compress_released compresses every tenant's released rows: only the server's "
                                    "default tenant may ask for it", param="compress_released")
+        if body.session_id is None and not view.tenant.operator:
+            raise PermissionDenied("without a session_id this runs the storage pass over every tenant's rows: only "
+                                   "the server's default tenant may ask for it", param="session_id")
         return view.compact(body.session_id, summarize, **body.model_dump(exclude={"session_id"}))
 
     @router.get("/state")
-    def state() -> Any:
+    def state(view: TenantXDB = Depends(views)) -> Any:
+        _default_tenant_only(view.tenant, "/v1/xdb/state (the whole server's counts)")
         return xdb.state()
 
     return router
@@ -303,7 +313,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
 
 def _default_tenant_only(tenant: Tenant, what: str) -> None:
     if not tenant.operator:
-        raise PermissionDenied(f"{what} spans every tenant's sessions (buds are the server's shared vocabulary): "
-                               "only the server's default tenant may use it")
+        raise PermissionDenied(f"{what} spans every tenant (buds are the server's shared vocabulary): only the "
+                               "server's default tenant may use it")
 
 
