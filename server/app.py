@@ -16,6 +16,7 @@ from server.chat.api_router import install_chat_route
 from server.emulation.models_route import install_models_route
 from server.http.body_limit import BodyLimitMiddleware
 from server.http.content_type import JsonBodyMiddleware
+from server.http.engine_label import EngineLabelMiddleware
 from server.http.errors import add_middleware, install_error_handling
 from server.messages.api_router import install_messages_route
 from server.responses.api_router import install_responses_route
@@ -121,7 +122,8 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
                                      runtime.config.xdb.export_ttl_s))
     app.include_router(browse_router(runtime.xdb))
-    install_ui(app, model=runtime.config.model_name, auth_required=bool(runtime.keys),
+    install_ui(app, model=runtime.config.model_name, emulated=runtime.config.engine.emulate,
+               auth_required=bool(runtime.keys),
                version=package_version("ahc"))
     app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
                                       runtime.rag_indexes))
@@ -139,4 +141,9 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
         add_middleware(app, Middleware(ApiKeyMiddleware, keys=runtime.keys))
     # Outermost: every refusal, the middlewares' above included, in the shape of the API it was sent to.
     install_error_handling(app)
+    label = runtime.config.engine_label
+    if label is not None:  # around everything: even a refusal says the engine is emulated
+        add_middleware(app, Middleware(EngineLabelMiddleware, label=label))
+        runtime.metrics.engine_emulated.labels(model_name=runtime.metrics.model_name,
+                                               profile=runtime.config.engine.emulate).set(1)
     return app

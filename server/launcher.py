@@ -30,6 +30,7 @@ from server.telemetry.logs import configure_logging
 from server.telemetry.tracing import start_tracing
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
+from xdb.export import note_engine
 from xdb.remote import RemoteXDB
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
 
@@ -86,6 +87,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     # Opened before the engine: a corrupt or foreign database fails in a second, not after the load.
     xdb = open_xdb(config, metrics)
     assert xdb.writer is not None  # opened for writing
+    if config.engine_label is not None:  # its exports will say an emulated engine wrote here
+        xdb.write(note_engine, config.engine_label)
     if capture is not None:  # the writer binds the side channel before the engine's worker starts
         xdb.capture_activations(capture.address, capture.k, capture.finish_wait_s)
         metrics.one(metrics.lens_receiver_up).set_function(lambda: float(bool(xdb.activations_receiving())))

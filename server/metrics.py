@@ -94,6 +94,9 @@ class AHCMetrics:
             "ahc_governor_actions", "Governor actions by kind (vram_reject: a 429)", m + ["action"], registry=r)
         self.xdb_rows_written = Counter("ahc_xdb_rows_written", "Rows committed to XDB", m, registry=r)
         self.xdb_queue_depth = Gauge("ahc_xdb_queue_depth", "Rows waiting in the XDB writer queue", m, registry=r)
+        self.engine_emulated = Gauge(
+            "ahc_engine_emulated", "1 when the engine is emulated (every figure is modelled, no GPU ran)",
+            m + ["profile"], registry=r)
         self.lens_receiver_up = Gauge(
             "ahc_lens_receiver_up", "1 while the XDB writer receives the engine's activations (capture on)", m,
             registry=r)

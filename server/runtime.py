@@ -137,7 +137,7 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
     session_admission = build_session_admission(config, metrics)
-    recorder = Recorder(xdb, tokenizer, background, capture)
+    recorder = Recorder(xdb, tokenizer, background, capture, config.engine_label)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
     hidden_admission = HiddenAdmission(governor, TenantBudget(int(oc.codex_condense_windows_per_hour * max_model_len)))
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -207,12 +208,34 @@ def test_ahc_serve_on_the_emulated_engine_says_so(tiny_model_dir: Path, tmp_path
         card = client.models.list().data[0]
         assert card.model_extra["emulated"]["gpu"] == "NVIDIA H100 SXM5 80GB"
         assert card.model_extra["emulated"]["model"] == "Llama-3.1-8B-Instruct"
-        reply = client.chat.completions.create(model=card.id, max_tokens=12,
-                                               messages=[{"role": "user", "content": "hello"}])
-        assert reply.usage.completion_tokens == 12
+        raw = client.chat.completions.with_raw_response.create(
+            model=card.id, max_tokens=12, messages=[{"role": "user", "content": "hello"}],
+            extra_body={"context": {"session_id": "emulated-1"}})
+        assert raw.headers["x-ahc-engine"] == "emulated:h100-llama-8b"  # on every response
+        assert raw.parse().usage.completion_tokens == 12
         assert "EMULATED engine: Llama-3.1-8B-Instruct on NVIDIA H100 SXM5 80GB" in server.log_tail(200_000)
+        with server.http() as http:
+            assert 'ahc_engine_emulated{model_name=' in http.get("/metrics").text
+            assert "EMULATED h100-llama-8b" in http.get("/ui/").text
+            assert http.get("/health").headers["x-ahc-engine"] == "emulated:h100-llama-8b"
+            deadline = time.monotonic() + 5  # the turn's record is committed within a second of the reply
+            while not (turns := http.get("/v1/xdb/sessions/emulated-1/turns").json()["turns"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert [t["engine"] for t in turns] == ["emulated:h100-llama-8b"]
+            manifest = http.post("/v1/xdb/exports", json={}).json()
+            assert manifest["engines"] == ["emulated:h100-llama-8b"]
     finally:
         server.stop()
+
+
+def test_an_emulated_engine_ships_into_a_shared_lake_only_when_asked() -> None:
+    lake = {"xdb.backend": "ducklake", "xdb.lake.catalog": "dbname=x", "xdb.lake.data_path": "/tmp/lake",
+            "xdb.lake.replica_id": "r0", "engine.emulate": "h100-llama-8b"}
+    with pytest.raises(ValueError, match="accept_emulated"):
+        load_config("cpu-tiny").with_overrides(**lake)
+    assert load_config("cpu-tiny").with_overrides(**lake, **{"xdb.lake.accept_emulated": True}).engine_label == \
+        "emulated:h100-llama-8b"
 
 
 @pytest.mark.slow

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import duckdb
 
 from ahc.core.errors import InvalidRequest
+from xdb.audit import AuditEvent
+from xdb.interface import writes
 from xdb.owner import owned
 from xdb.private import private_dir, private_files, private_tree
 from xdb.tables import TABLES as XDB_TABLES
@@ -66,6 +68,20 @@ class ExportResult:
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
+@writes
+def note_engine(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, label: str) -> None:
+    """Remember that an engine so labelled (an emulated one, "emulated:PROFILE") recorded rows here:
+    every export made from now on says so in its manifest (`engines`)."""
+    known = set(recorded_engines(cur))
+    if label not in known:
+        cur.execute("INSERT OR REPLACE INTO xdb_meta VALUES ('engines', ?)", [json.dumps(sorted({*known, label}))])
+
+
+def recorded_engines(cur: duckdb.DuckDBPyConnection) -> list[str]:
+    row = cur.execute("SELECT value FROM xdb_meta WHERE key = 'engines'").fetchone()
+    return list(json.loads(row[0])) if row else []
+
+
 def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters: ExportFilter,
                 audit_head: tuple[int, str], export_id: str | None = None) -> ExportResult:
     """Write every table's rows matching `filters` under `out` (a new or empty directory) and the
@@ -92,6 +108,7 @@ def export_rows(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, filters
                     "since": filters.since.isoformat() if filters.since is not None else None},
         "audit_head": {"seq": audit_head[0], "hash": audit_head[1]},
         "rows": sum(t["rows"] for t in tables.values()), "tables": tables,
+        **({"engines": engines} if (engines := recorded_engines(conn)) else {}),
         **({"long_ids": long_ids} if long_ids else {}),
     }
     private_tree(out)  # what DuckDB's COPY wrote, under the process's umask

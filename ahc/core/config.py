@@ -206,6 +206,8 @@ class LakeConfig(_Strict):
     ship_batch_rows: int = Field(default=100_000, gt=0)
     # Another replica's deletion of a session reaches this replica's own copies within this.
     tombstone_poll_s: float = Field(default=2.0, gt=0)
+    # An emulated engine's rows (drawn tokens, modelled timings) go into a shared lake only when asked.
+    accept_emulated: bool = False
 
 
 class XDBConfig(_Strict):
@@ -323,6 +325,19 @@ class AHCConfig(BaseSettings):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     xdb: XDBConfig = Field(default_factory=XDBConfig)
     lens: LensConfig = Field(default_factory=LensConfig)
+
+    @model_validator(mode="after")
+    def _no_emulated_rows_in_a_shared_lake(self) -> AHCConfig:
+        if self.engine.emulate is not None and self.xdb.backend == "ducklake" and not self.xdb.lake.accept_emulated:
+            raise ValueError("an emulated engine's rows would go into the shared lake beside real ones: set "
+                             "xdb.lake.accept_emulated (AHC_XDB__LAKE__ACCEPT_EMULATED=true) to ship them anyway")
+        return self
+
+    @property
+    def engine_label(self) -> str | None:
+        """What every figure and row of an emulated engine is marked with ("emulated:PROFILE"); None on a
+        real engine."""
+        return None if self.engine.emulate is None else f"emulated:{self.engine.emulate}"
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -50,8 +50,9 @@ RowEvent = tuple[str, str | None, str, dict[str, Any] | None]
 
 class Recorder:
     def __init__(self, xdb: XDBClient, tokenizer: TokenizerLike, background: Executor | None = None,
-                 capture: CaptureSetup | None = None) -> None:
+                 capture: CaptureSetup | None = None, engine_label: str | None = None) -> None:
         self.xdb = xdb
+        self.engine_label = engine_label  # "emulated:PROFILE" on the emulated engine: on every turn record
         self.tokenizer = tokenizer
         self.background = background  # one ordered worker for small synchronous XDB writes
         self.capture = capture  # activations from the engine's lens, when on (joined by the writer)
@@ -151,6 +152,8 @@ class Recorder:
                 "cached_tokens": usage.cached_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,
                 "request_id": usage.request_id if usage else None}
+        if self.engine_label is not None:
+            turn["engine"] = self.engine_label
         summary = (f"turn: {report.mode}, {turn['prompt_tokens']} prompt tokens, {turn['cached_tokens']} cached, "
                    f"first changed block {report.first_changed_block}")
         self.submit(self.rows(prepared.session_id, [("system", None, summary, {"turn": turn})]))

@@ -66,6 +66,8 @@ class ExportManifest(BaseModel):
     tables: dict[str, ExportTable]
     bytes: int  # of its files
     expires_at: str  # when the server deletes it
+    # Engines that recorded into this XDB and must travel with its rows: "emulated:PROFILE" (absent: none).
+    engines: list[str] | None = None
 
 
 class ExportList(BaseModel):

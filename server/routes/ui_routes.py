@@ -24,12 +24,12 @@ SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "n
                     "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
-def install_ui(app: FastAPI, *, model: str, auth_required: bool, version: str) -> None:
+def install_ui(app: FastAPI, *, model: str, auth_required: bool, version: str, emulated: str | None = None) -> None:
     templates = Jinja2Templates(directory=UI_DIR / "templates")
 
     async def index(request: Request) -> Response:
         response = templates.TemplateResponse(request, "index.html", {
-            "model": model, "auth_required": auth_required, "version": version})
+            "model": model, "auth_required": auth_required, "version": version, "emulated": emulated})
         response.headers.update(SECURITY_HEADERS)
         return response
 
