@@ -292,6 +292,7 @@ class RecordingEngine:
             async for output in self._engine.generate(*args, **kwargs):
                 if usage is not None and (output.finished or usage.prompt_tokens is None):
                     usage.saw(output)
+                    usage.request_id = request_id  # the route's, as the rows show it (not the engine's)
                 for completion in output.outputs:
                     stream = streams.get(completion.index)
                     if stream is None:
