@@ -3,8 +3,9 @@ to one real `ahc serve` (the tiny model). Whatever it sends, the server must nev
 4xx must be in OpenAI's error shape, since clients written against OpenAI parse it.
 
 AHC's own routes (`/v1/xdb/*`, `/v1/context/*`) get many examples: they are cheap. The generating
-routes (`/v1/chat/completions`, `/v1/completions`) get few, with the completion budget clamped so a
-request that does validate costs a few tokens; most generated bodies fail validation, which is cheap too.
+routes (`/v1/chat/completions`, `/v1/completions`, `/v1/messages`, `/v1/responses`) get few, with the
+completion budget clamped so a request that does validate costs a few tokens; most generated bodies fail
+validation, which is cheap too. `/v1/messages` answers in Anthropic's error shape, the rest in OpenAI's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 API_KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-GENERATING = r"^/v1/(chat/)?completions$"
+GENERATING = r"^/v1/((chat/)?completions|messages|responses)$"
 # A cap on what one generated request may cost the engine: a random model never stops early, so an
 # unclamped `max_tokens` would have it generate to the end of the window.
 MAX_TOKENS = 4
@@ -73,13 +74,19 @@ def served_model(fuzz_server: ServerProcess) -> str:
 
 
 def openai_error_shape(ctx: Any, response: Any, case: Any) -> None:
-    """Every 4xx is `{"error": {"message": str, "type": str, "param": ..., "code": ...}}` and nothing else."""
+    """Every 4xx is `{"error": {"message": str, "type": str, "param": ..., "code": ...}}` and nothing else;
+    on the Messages API, Anthropic's `{"type": "error", "error": {"type": str, "message": str}}`."""
     if not 400 <= response.status_code < 500:
         return
     try:
         body = response.json()
     except ValueError as exc:
         raise AssertionError(f"{response.status_code} body is not JSON: {response.text[:300]!r}") from exc
+    if case.path.startswith("/v1/messages"):
+        assert isinstance(body, dict) and body.get("type") == "error", f"not Anthropic's shape: {response.text[:300]}"
+        assert isinstance(body.get("error"), dict) and isinstance(body["error"].get("type"), str) and \
+            isinstance(body["error"].get("message"), str), f"not Anthropic's error shape: {response.text[:300]}"
+        return
     assert isinstance(body, dict) and set(body) == {"error"}, f"not OpenAI's error shape: {response.text[:300]}"
     error = body["error"]
     assert isinstance(error, dict), f"`error` is not an object: {response.text[:300]}"
@@ -130,7 +137,7 @@ def test_ahc_routes(openapi: Any) -> None:
 def test_generating_routes(openapi: Any, served_model: str) -> None:
     def prepare(case: Any) -> None:
         if isinstance(case.body, dict):
-            cheapen(case.body, served_model)
+            cheapen(case.body, served_model, "max_output_tokens" if case.path == "/v1/responses" else "max_tokens")
 
     failures = [f for op in operations(openapi, GENERATING) if (f := fuzz(op, 100, prepare))]
     failures += [f for op in operations(openapi, r"^/v1/models$") if (f := fuzz(op, 10))]
@@ -163,15 +170,16 @@ def test_generated_completions_reach_the_handler(openapi: Any, served_model: str
     assert served >= sent // 4, f"only {served} of {sent} generated completions reached the handler"
 
 
-def cheapen(body: dict[str, Any], served_model: str) -> None:
+def cheapen(body: dict[str, Any], served_model: str, budget: str = "max_tokens") -> None:
     """Bound what a generated body can cost the engine, leaving anything invalid as generated (its 400
     is what is being tested, and it costs nothing). A random `model` would stop nearly every body at the
-    model lookup, so the served model's name is put in to let the rest of the body through."""
+    model lookup, so the served model's name is put in to let the rest of the body through. `budget`:
+    the API's name for the completion budget."""
     if isinstance(body.get("model"), str) or "model" not in body:
         body["model"] = served_model
-    if body.get("max_tokens") is None:  # absent or null, it means the rest of the window
-        body["max_tokens"] = MAX_TOKENS
-    for field in ("max_tokens", "max_completion_tokens"):
+    if body.get(budget) is None:  # absent or null, it means the rest of the window
+        body[budget] = MAX_TOKENS
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
             body[field] = MAX_TOKENS

@@ -1,5 +1,6 @@
-"""Standing load check: many concurrent streaming sessions with `context` against one real server, then
-every completed reply's tokens in XDB and the audit chain intact after a SIGTERM.
+"""Standing load check: many concurrent streaming sessions against one real server, through every door
+(Chat Completions with `context`, the Messages API, the Responses API), then every completed reply's
+tokens in XDB and the audit chain intact after a SIGTERM.
 
 The sessions belong to two tenants (half each), while a third tenant exports its data and asks for
 audit verifications in a loop: nothing but deliberate 429/503 refusals anywhere, every completed reply
@@ -20,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import openai
 import pytest
@@ -66,59 +68,112 @@ def as_tenant(server: ServerProcess, tenant: str) -> ServerProcess:
     return dataclasses.replace(server, api_key=key)
 
 
+DOORS = ("chat", "chat", "messages", "responses")  # a session's door, by its index
+
+
+@dataclass
+class Turn:
+    """What one streamed reply came to: its completion tokens and time to first token (None: none)."""
+
+    tokens: int
+    ttft: float | None
+
+
 def run_session(server: ServerProcess, model: str, index: int, deadline: float) -> SessionResult:
-    """Turns back to back until the deadline; a turn started before it runs to completion."""
+    """Turns back to back until the deadline; a turn started before it runs to completion. Half the
+    sessions speak Chat Completions with a `context` (server-kept State), a quarter the Messages API and
+    a quarter the Responses API, each naming its session in X-Session-ID."""
     result = SessionResult(f"load-{index:02d}", tenant_of(index))
     server = as_tenant(server, result.tenant)
-    context = {"session_id": result.session_id,
-               "identity": f"You are observer {index}, who watches a ring of cells.",
-               "codex": CODEX,
+    door = DOORS[index % len(DOORS)]
+    identity = f"You are observer {index}, who watches a ring of cells."
+    context = {"session_id": result.session_id, "identity": identity, "codex": CODEX,
                "karma": [{"id": "k1", "text": f"Observer {index} counts particles twice."}]}
+    header = {"X-Session-ID": result.session_id}
     client = server.client(timeout=120)
+    anthropic_client = anthropic.Anthropic(base_url=server.base_url, api_key=server.api_key, max_retries=0,
+                                           timeout=120)
     turn = 0
     while time.monotonic() < deadline:
         turn += 1
+        question = f"Turn {turn}: where is particle A now?"
         start = time.monotonic()
         try:
-            stream = client.chat.completions.create(
-                model=model, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-                stream_options={"include_usage": True},
-                messages=[{"role": "user", "content": f"Turn {turn}: where is particle A now?"}],
-                extra_body={"context": context})
-            first: float | None = None
-            usage = None
-            finish = None
-            for chunk in stream:
-                if chunk.choices:
-                    choice = chunk.choices[0]
-                    if first is None and choice.delta.content:
-                        first = time.monotonic() - start
-                    finish = choice.finish_reason or finish
-                if chunk.usage is not None:
-                    usage = chunk.usage
-        except openai.APIStatusError as exc:
+            if door == "chat":
+                got = chat_turn(client, model, question, context, start)
+            elif door == "messages":
+                got = messages_turn(anthropic_client, model, question, identity, header, start)
+            else:
+                got = responses_turn(client, model, question, identity, header, start)
+        except (openai.APIStatusError, anthropic.APIStatusError) as exc:
             if exc.status_code in (429, 503):
                 retry_after = exc.response.headers.get("retry-after")
                 result.refused[exc.status_code] += 1
                 if retry_after is None:
-                    result.errors.append(f"turn {turn}: {exc.status_code} without Retry-After")
+                    result.errors.append(f"{door} turn {turn}: {exc.status_code} without Retry-After")
                     continue
                 time.sleep(min(float(retry_after), MAX_BACKOFF_S, max(0.0, deadline - time.monotonic())))
                 continue
-            result.errors.append(f"turn {turn}: {exc.status_code} {exc.message}")
+            result.errors.append(f"{door} turn {turn}: {exc.status_code} {exc.message}")
             continue
-        except openai.APIError as exc:  # an error event inside the stream, a dropped connection
-            result.errors.append(f"turn {turn}: {type(exc).__name__} {exc}")
+        except (openai.APIError, anthropic.APIError) as exc:  # an error event in the stream, a dropped connection
+            result.errors.append(f"{door} turn {turn}: {type(exc).__name__} {exc}")
             continue
-        if usage is None or finish is None:
-            result.errors.append(f"turn {turn}: stream ended without usage or finish_reason")
+        if got is None:
+            result.errors.append(f"{door} turn {turn}: stream ended without usage or a finish")
             continue
         result.replies += 1
-        result.completion_tokens += usage.completion_tokens
-        if first is not None:
-            result.ttft.append(first)
+        result.completion_tokens += got.tokens
+        if got.ttft is not None:
+            result.ttft.append(got.ttft)
     client.close()
+    anthropic_client.close()
     return result
+
+
+def chat_turn(client: openai.OpenAI, model: str, question: str, context: dict, start: float) -> Turn | None:  # type: ignore[type-arg]
+    stream = client.chat.completions.create(
+        model=model, max_tokens=MAX_TOKENS, temperature=0, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": question}], extra_body={"context": context})
+    first: float | None = None
+    usage = finish = None
+    for chunk in stream:
+        if chunk.choices:
+            choice = chunk.choices[0]
+            if first is None and choice.delta.content:
+                first = time.monotonic() - start
+            finish = choice.finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return None if usage is None or finish is None else Turn(usage.completion_tokens, first)
+
+
+def messages_turn(client: anthropic.Anthropic, model: str, question: str, identity: str,
+                  header: dict[str, str], start: float) -> Turn | None:
+    first: float | None = None
+    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=identity, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content": question}], extra_headers=header) as stream:
+        for text in stream.text_stream:
+            if first is None and text:
+                first = time.monotonic() - start
+        final = stream.get_final_message()
+    return None if final.stop_reason is None else Turn(final.usage.output_tokens, first)
+
+
+def responses_turn(client: openai.OpenAI, model: str, question: str, identity: str, header: dict[str, str],
+                   start: float) -> Turn | None:
+    first: float | None = None
+    completed = None
+    stream = client.responses.create(model=model, instructions=identity, input=question, max_output_tokens=MAX_TOKENS,
+                                     temperature=0, stream=True, store=False, extra_headers=header)
+    for event in stream:
+        if event.type == "response.output_text.delta" and first is None and event.delta:
+            first = time.monotonic() - start
+        if event.type == "response.completed":
+            completed = event.response
+    if completed is None or completed.usage is None:
+        return None
+    return Turn(completed.usage.output_tokens, first)
 
 
 @dataclass
