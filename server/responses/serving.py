@@ -129,7 +129,7 @@ class ResponsesService:
         continues = previous.latest and previous.kept and bool(state.turns)
         if not continues and not (previous.latest and not previous.kept and not state.turns):
             session_id = tenant.prefix + new_session_id()
-        history = [] if continues else await asyncio.to_thread(view.response_conversation, previous.id)
+        history = [] if continues else await asyncio.to_thread(view.response_conversation, previous)
         spec = ContextSpec().model_copy(update={"session_id": session_id})
         return (_Exchange(request, view, own, previous, kept=True),
                 TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,

@@ -93,10 +93,11 @@ class TenantXDB:
         found = self.xdb.read(stored_response, response_id)
         return found if found is not None and self.tenant.owns(found.session_id) else None
 
-    def response_conversation(self, response_id: str) -> list[dict[str, Any]]:
-        if self.stored_response(response_id) is None:
-            raise NotFound(f"response {response_id!r} not found")
-        return list(self.xdb.read(response_conversation, response_id))
+    def response_conversation(self, response: StoredResponse) -> list[dict[str, Any]]:
+        """The conversation up to a response this view found (`stored_response`): not read again."""
+        if not self.tenant.owns(response.session_id):
+            raise NotFound(f"response {response.id!r} not found")
+        return list(self.xdb.read(response_conversation, response.id))
 
     def save_response(self, response_id: str, session_id: str, previous_id: str | None, kept: bool,
                       conversation: list[dict[str, Any]], response: dict[str, Any]) -> None:
