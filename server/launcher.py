@@ -39,6 +39,11 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
     from vllm.renderers.chat_utils import ChatCompletionMessageParam
     from vllm.tokenizers.protocol import TokenizerLike
 
+# On SIGTERM vLLM stops the engine (draining in-flight requests up to engine.shutdown_timeout) before the
+# HTTP server shuts down; a response still open after that waits on tokens that will never come, so the
+# HTTP server ends it after these seconds rather than waiting forever.
+GRACE_AFTER_ENGINE_S = 5
+
 
 async def serve(config: AHCConfig) -> None:
     keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
@@ -128,7 +133,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         runtime.hidden.serving = app.state.openai_serving_chat  # renders hidden calls as vLLM renders chats
         shutdown = await serve_http(
             app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-            access_log=False, timeout_keep_alive=5,
+            access_log=False, timeout_keep_alive=5, timeout_graceful_shutdown=GRACE_AFTER_ENGINE_S,
         )
         if quota_task is not None:
             quota_task.cancel()

@@ -23,7 +23,7 @@ from bench.servers import start_server
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags
-from server.emulation.executor import TAG_EVERY, EmulatedExecutor, _EmulatedLens, reply_length
+from server.emulation.executor import MIN_REPLY_TOKENS, TAG_EVERY, EmulatedExecutor, _EmulatedLens, reply_length
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
 from server.emulation.roofline import SequenceStep
 
@@ -116,9 +116,10 @@ class Shipped:
 
 def test_with_a_reply_length_each_reply_ends_with_eos_at_its_drawn_length() -> None:
     """Agent clients finish their turns on the emulated engine: each reply ends (EOS) at a length drawn
-    by its request around the mean, the same length every time; without one, replies never end."""
+    by its request around the mean, the same length every time, never without text (clients ask again on
+    an empty reply); without one, replies never end."""
     lengths = [reply_length(zlib.crc32(f"req-{i}".encode()), 20) for i in range(400)]
-    assert min(lengths) >= 1 and 15 < sum(lengths) / len(lengths) < 25 and len(set(lengths)) > 20
+    assert min(lengths) == MIN_REPLY_TOKENS and 15 < sum(lengths) / len(lengths) < 25 and len(set(lengths)) > 20
     ex = executor()
     ex.reply_tokens = 20
     request = "req-7"

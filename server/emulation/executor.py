@@ -222,11 +222,18 @@ class _EmulatedLens:
         self.sender.close()
 
 
+# The shortest reply, its EOS included. A reply with no text is not what a model answers an agent with,
+# and agent clients treat one as a failed turn: Claude Code asks again, so a drawn empty reply would
+# change what the client sends.
+MIN_REPLY_TOKENS = 4
+
+
 def reply_length(seed: int, mean: int) -> int:
-    """A reply's length in tokens, drawn from an exponential distribution of mean `mean` by the request's
-    seed (so a request's length is fixed, and replies vary as a model's do); at least one token."""
+    """A reply's length in tokens, its EOS included, drawn from an exponential distribution of mean
+    `mean` by the request's seed (so a request's length is fixed, and replies vary as a model's do); at
+    least MIN_REPLY_TOKENS."""
     u = (zlib.crc32(seed.to_bytes(8, "little")) + 1) / 2**32  # in (0, 1]
-    return max(1, round(-mean * float(np.log(u))))
+    return max(MIN_REPLY_TOKENS, round(-mean * float(np.log(u))))
 
 
 def _text_token_ids(model: str, vocab_size: int) -> tuple[list[int], int | None]:
