@@ -103,10 +103,19 @@ class ChatTurn:
         try:
             receipt = self._driver.commit(self.prepared, reply)
             if isinstance(receipt, concurrent.futures.Future):  # saved on a worker thread
-                await asyncio.wrap_future(receipt)
+                saving = asyncio.wrap_future(receipt)
+                try:
+                    await asyncio.shield(saving)
+                except asyncio.CancelledError:  # the client left: the save goes on, and its failure counts
+                    saving.add_done_callback(self._abandon_unless_saved)
+                    raise
         except Exception:  # not saved: the State the next request reads is the stored one
             self._driver.abandon(self.prepared)
             raise
+
+    def _abandon_unless_saved(self, saving: asyncio.Future[Any]) -> None:
+        if saving.cancelled() or saving.exception() is not None:
+            self._driver.abandon(self.prepared)
 
     def hand_over(self) -> ChatTurn:
         """The `async with` ends but the turn goes on (a streamed reply); the new owner closes it."""

@@ -145,6 +145,7 @@ async def compact(session: Session, incoming: Sequence[Turn], config: Orchestrat
     summary = reply.text.strip()
     session.summary = summary or session.summary
     session.turns = session.turns[len(old):]
+    session.last_turn = None  # what undid the last turn undoes it no more in a compacted State
     promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block
     session.compactions += 1
     session.compacted_turns += len(old_groups)

@@ -46,6 +46,7 @@ from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
+from orchestrator.turn_retry import TurnMark, brought
 
 TURN_DROPS = ("ctc_depth", "ctc_prune_turns")  # governor actions that drop State turns
 
@@ -139,6 +140,9 @@ class Orchestrator:
         identity, new_turns, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = await self.sessions.aget(spec.session_id) if spec.session_id else None
+        brings = brought(new_turns, query)
+        if session is not None and session.last_turn is not None and session.last_turn.retried_by(brings, turn.retry):
+            session = session.without_last_turn()
         # Compaction counts the State's tokens first: long turns are counted off the event loop.
         await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
         can_compact = session is not None and self.summarize is not None
@@ -195,7 +199,7 @@ class Orchestrator:
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt, turn,
                         plan.extra_tools, query=query, karma=karma, stored_query=stored_query,
                         prompt_tokens=plan.tokens, condense_wanted=plan.wanted, compactions=tuple(compactions),
-                        named=label is not None, placement=placement)
+                        named=label is not None, placement=placement, brought=brings)
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -432,6 +436,8 @@ class Orchestrator:
             if prepared.conversation is not None:
                 self.conversations.advance(prepared.session_id, extend(prepared.conversation, reply))
             return None
+        session.last_turn = TurnMark(prepared.brought, prepared.request.retry.key, len(session.turns),
+                                     list(session.karma), list(session.staged_karma))
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()
         session.moved_from = None

@@ -41,6 +41,7 @@ class Prepared:
     # A request that named no session: the head of its messages' chain (orchestrator/conversations.py),
     # which its reply extends into its session's latest head when the turn commits.
     conversation: str | None = None
+    brought: str = ""  # a digest of the turns and query it brings to the State (orchestrator/turn_retry.py)
 
     @property
     def actions(self) -> list[str]:

@@ -11,12 +11,13 @@ import concurrent.futures
 import json
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
 from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn import Turn
+from orchestrator.turn_retry import TurnMark
 
 
 @dataclass
@@ -38,6 +39,16 @@ class Session:
     placement: str | None = None
     placement_key: str | None = None
     mode_switches: int = 0
+    last_turn: TurnMark | None = None  # what undoes the last turn, for its retry (orchestrator/turn_retry.py)
+
+    def without_last_turn(self) -> Session:
+        """A copy as the State was before its last turn, for a retry of that turn to take its place: it
+        becomes the session's State when the retry commits (`SessionStore.save`), so a retry that fails
+        leaves the State as it was."""
+        mark = self.last_turn
+        assert mark is not None
+        return replace(self, turns=self.turns[:mark.turns_before], karma=list(mark.karma_before),
+                       staged_karma=list(mark.staged_karma_before), last_turn=None)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -47,6 +58,7 @@ class Session:
             "karma": [k.model_dump() for k in self.karma],
             "staged_karma": [k.model_dump() for k in self.staged_karma],
             "placement": self.placement, "placement_key": self.placement_key, "mode_switches": self.mode_switches,
+            "last_turn": self.last_turn.to_dict() if self.last_turn is not None else None,
         }, sort_keys=True)
 
     @classmethod
@@ -58,7 +70,8 @@ class Session:
                    karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],
                    staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])],
                    placement=data.get("placement"), placement_key=data.get("placement_key"),
-                   mode_switches=data.get("mode_switches", 0))
+                   mode_switches=data.get("mode_switches", 0),
+                   last_turn=TurnMark.from_dict(data["last_turn"]) if data.get("last_turn") else None)
 
 
 @dataclass
@@ -164,13 +177,16 @@ class SessionStore:
             entry.session, entry.saving, entry.stored = None, None, None
 
     def save(self, session: Session) -> Any:
-        """Persist; returns what the save callable returns (the server's is a Future to await)."""
+        """Persist, and hold `session` as the session's State (a retried turn commits a copy); returns
+        what the save callable returns (the server's is a Future to await)."""
+        entry = self._entries.get(session.session_id)
+        if entry is not None:
+            entry.session = session
         if self._save is None:
             return None
         session.replica = self.replica
         state = session.to_json()
         receipt = self._save(session.session_id, state)
-        entry = self._entries.get(session.session_id)
         if entry is not None:
             entry.saving, entry.stored = receipt, state
         return receipt

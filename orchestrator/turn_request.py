@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.context_spec import ContextSpec
+from orchestrator.turn_retry import Retry
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,8 @@ class TurnRequest:
     request without a session gets its generated id and its Codex index under it. `label`: the (scoped)
     session a request without `context.session_id` was named by its client (a header, `prompt_cache_key`).
     `recorded_turns`: how many of the turns `messages` brings (after its system messages) are recorded
-    already, where they were first said (a stored conversation seeding a session's State)."""
+    already, where they were first said (a stored conversation seeding a session's State). `retry`: how the
+    request marks itself as sent again (a retry of the session's last turn takes its place)."""
 
     spec: ContextSpec | None
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -27,3 +29,4 @@ class TurnRequest:
     tenant_prefix: str = ""
     label: str | None = None
     recorded_turns: int = 0
+    retry: Retry = Retry()

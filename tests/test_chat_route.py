@@ -684,6 +684,67 @@ def test_a_state_save_that_fails_leaves_no_turn_behind_for_the_retry(served: tup
         ["First question?", "Second question?"]
 
 
+def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
+    """The session's user turns in memory and as stored."""
+    in_memory = [t.content for t in runtime.orchestrator.sessions.get(session).turns if t.role == "user"]
+    stored = json.loads(runtime.xdb.load_session_state(session) or "{}")
+    return in_memory, [t["content"] for t in stored.get("turns", []) if t["role"] == "user"]
+
+
+def test_a_turn_saved_but_unanswered_joins_the_state_once_when_the_sdk_retries(
+        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save committed, then the XDB service died before answering: the client got a 503 and its SDK
+    retried. The retry takes the saved turn's place (it held ['first', 'second', 'second'])."""
+    from xdb.remote import ServiceUnavailable
+
+    client, runtime = served
+    store, failures = runtime.xdb.save_session_state, [1]
+
+    def saves_then_dies(session_id: str, state: str) -> int:
+        stored = store(session_id, state)
+        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
+            failures.pop()
+            raise ServiceUnavailable("the XDB service exited before answering")
+        return stored
+
+    monkeypatch.setattr(runtime.xdb, "save_session_state", saves_then_dies)
+    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
+    for question in ("First question?", "Second question?"):
+        body = chat("saved-unanswered", question)
+        retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
+                                         extra_body={"context": body["context"]})
+    assert not failures  # the save did fail once, and the client retried
+    assert user_turns(runtime, "saved-unanswered") == (["First question?", "Second question?"],) * 2
+
+
+def test_an_idempotency_key_makes_a_resent_turn_take_its_own_place(served: tuple[TestClient, Runtime]) -> None:
+    """A client that lost a reply sends the turn again with the same Idempotency-Key: it replaces the turn
+    it repeats. The same words sent again as a new request (no key, or another) are a turn of their own."""
+    client, runtime = served
+    client.post("/v1/chat/completions", json=chat("resent", "First question?")).raise_for_status()
+    for key in ("turn-2", "turn-2"):
+        sent = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": key})
+        assert sent.status_code == 200, sent.text
+    assert user_turns(runtime, "resent") == (["First question?", "Go on."],) * 2
+    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
+                headers={"Idempotency-Key": "turn-3"}).raise_for_status()
+    client.post("/v1/chat/completions", json=chat("resent", "Go on.")).raise_for_status()
+    assert user_turns(runtime, "resent") == (["First question?", "Go on.", "Go on.", "Go on."],) * 2
+    # A retry of an earlier turn than the last is no retry of the last: it is a turn of its own.
+    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
+                headers={"Idempotency-Key": "turn-2"}).raise_for_status()
+    assert user_turns(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
+
+
+def test_a_first_attempt_of_the_same_words_is_a_new_turn_and_an_sdk_retry_is_not(
+        served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    for retries in ("0", "0", "1", "2"):
+        client.post("/v1/chat/completions", json=chat("same-words", "Yes."),
+                    headers={"X-Stainless-Retry-Count": retries}).raise_for_status()
+    assert user_turns(runtime, "same-words") == (["Yes.", "Yes."],) * 2
+
+
 def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503

@@ -12,7 +12,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
+from orchestrator.turn_retry import Retry
 from server.admission.turn_admission import Asked
+from server.http.retry_headers import request_retry
 from server.http.session_key import HEADER, SessionKey, session_key
 from server.tenancy.tenants import Tenant
 
@@ -60,6 +62,7 @@ class ChatCall:
     key: SessionKey
     spec: ContextSpec | None  # with its session id scoped to the tenant; None: no `context`
     asked: Asked
+    retry: Retry  # how the request says it is sent again
 
     @classmethod
     def read(cls, request: ChatRequest, body: dict[str, Any], headers: Headers, tenant: Tenant,
@@ -71,7 +74,7 @@ class ChatCall:
         if spec is not None and spec.session_id is not None:  # the tenant's own session of that name
             spec = spec.model_copy(update={"session_id": tenant.scope(spec.session_id)})
         asked = Asked.of(request.max_completion_tokens or request.max_tokens, request.n)
-        return cls(request, body, tenant, key, spec, asked)
+        return cls(request, body, tenant, key, spec, asked, request_retry(headers))
 
     @property
     def label(self) -> str | None:
@@ -93,4 +96,4 @@ class ChatCall:
     def turn_request(self, spec: ContextSpec | None) -> TurnRequest:
         """What the orchestrator gets: the `context` with its documents resolved, and the rest as read here."""
         return TurnRequest(spec, self.messages, self.asked.completion_tokens, tuple(self.tools), self.tenant.prefix,
-                           self.label)
+                           self.label, retry=self.retry)

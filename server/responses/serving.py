@@ -35,6 +35,7 @@ from orchestrator.orchestrator import new_session_id
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked, wait_for_recording
 from server.chat.serving import ChatService, TurnStream, record_inputs, report_json, session_header, settle
+from server.http.retry_headers import request_retry
 from server.http.session_key import HEADER, SessionKey, session_key
 from server.responses.protocol import (
     CONVERSATION,
@@ -133,7 +134,7 @@ class ResponsesService:
         spec = ContextSpec().model_copy(update={"session_id": session_id})
         return (_Exchange(request, view, own, previous, kept=True),
                 TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,
-                            recorded_turns=len(history)))
+                            recorded_turns=len(history), retry=request_retry(raw_request.headers)))
 
     def label(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant) -> str | None:
         """The (scoped) session the request names: `X-Session-ID`, `prompt_cache_key` (Codex CLI's
