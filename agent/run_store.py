@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
+from xdb.owner import EVERY
 from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 
 Row = dict[str, Any]
@@ -73,7 +74,7 @@ class LocalRunStore:
         return self.xdb.write(purge_run, run_id)
 
     def save_report(self, run_id: str, png: bytes) -> None:
-        self.xdb.save_run_report(run_id, png)
+        self.xdb.save_run_report(run_id, png, EVERY)
 
     def close(self) -> None:
         self.xdb.close()

@@ -12,6 +12,7 @@ import pytest
 
 from lens.pack import LensPack, load_pack, save_pack
 from xdb import XDB, TimestepRow
+from xdb.owner import EVERY
 
 HIERARCHY = [{"id": "motion", "name": "Motion", "parent": None, "threshold": None},
              {"id": "right", "name": "Moves right", "parent": "motion", "threshold": 0.5},
@@ -38,16 +39,16 @@ def test_tokens_over_a_threshold_are_tagged_as_written(xdb: XDB) -> None:
     reply(xdb, "s", "r1", [{"right": 0.2, "count": 0.9}, {"right": 0.7}, {"left": 0.5}, {"right": 0.1}])
     reply(xdb, "s", "r2", [{"left": 0.4}, {"count": 3.0}])
     xdb.writer.flush()
-    right = xdb.recall({"tags": "right"})
+    right = xdb.recall({"tags": "right"}, owner=EVERY)
     assert [(r["tick"], r["content"]) for r in right] == [(2, "w2")]
-    assert [r["tick"] for r in xdb.recall({"tags": "left"})] == [3]
+    assert [r["tick"] for r in xdb.recall({"tags": "left"}, owner=EVERY)] == [3]
     # The parent over the span of each reply where a child fired: ticks 2..3 of r1, nothing in r2.
-    assert [r["tick"] for r in xdb.recall({"tags": "motion"})] == [2, 3]
-    assert xdb.recall({"tags": "count"}) == []  # no threshold: never automatic
+    assert [r["tick"] for r in xdb.recall({"tags": "motion"}, owner=EVERY)] == [2, 3]
+    assert xdb.recall({"tags": "count"}, owner=EVERY) == []  # no threshold: never automatic
     sources = xdb.conn.execute("SELECT source, target_type, count(*) FROM tag_applications "
                                "GROUP BY ALL ORDER BY ALL").fetchall()
     assert sources == [("auto", "timestep", 2), ("inherited", "range", 1)]
-    assert "right" in xdb.recall({"session_id": "s", "tick_from": 2, "tick_to": 2})[0]["tags"]
+    assert "right" in xdb.recall({"session_id": "s", "tick_from": 2, "tick_to": 2}, owner=EVERY)[0]["tags"]
 
 
 def test_a_batch_below_every_threshold_runs_no_tag_query(xdb: XDB, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,10 +61,10 @@ def test_a_batch_below_every_threshold_runs_no_tag_query(xdb: XDB, monkeypatch: 
     monkeypatch.setattr(writer, "insert_auto_tags", lambda conn, fired: queries.append(len(fired)) or real(conn, fired))
     reply(xdb, "s", "r1", [{"right": 0.49, "count": 0.3}, {}])
     xdb.writer.flush()
-    assert queries == [] and len(xdb.recall({"session_id": "s"})) == 2
+    assert queries == [] and len(xdb.recall({"session_id": "s"}, owner=EVERY)) == 2
     reply(xdb, "s", "r2", [{"right": 0.5}])  # exactly the threshold: tagged
     xdb.writer.flush()
-    assert queries == [1] and [r["tick"] for r in xdb.recall({"tags": "right"})] == [2]
+    assert queries == [1] and [r["tick"] for r in xdb.recall({"tags": "right"}, owner=EVERY)] == [2]
 
 
 def test_thresholds_survive_a_restart_and_a_pack_without_them_turns_tagging_off(tmp_path: Path) -> None:
@@ -72,11 +73,11 @@ def test_thresholds_survive_a_restart_and_a_pack_without_them_turns_tagging_off(
     with XDB.open(tmp_path / "x") as xdb:
         reply(xdb, "s", "r", [{"right": 0.8}])
         xdb.writer.flush()
-        assert len(xdb.recall({"tags": "right"})) == 1
+        assert len(xdb.recall({"tags": "right"}, owner=EVERY)) == 1
         xdb.register_concepts([{**c, "threshold": None} for c in HIERARCHY])
         reply(xdb, "s", "r2", [{"right": 0.8}])
         xdb.writer.flush()
-        assert len(xdb.recall({"tags": "right"})) == 1  # the new row is not tagged
+        assert len(xdb.recall({"tags": "right"}, owner=EVERY)) == 1  # the new row is not tagged
         concepts = {c["name"]: c for c in xdb.concepts_list()}
         assert concepts["right"]["auto_tag_threshold"] is None
 

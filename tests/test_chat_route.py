@@ -25,6 +25,7 @@ from server.runtime import Runtime
 from server.tenancy.request_context import EngineUsage
 from xdb import XDB
 from xdb.browse import session_turns, sessions_overview
+from xdb.owner import EVERY
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[
     assert second.json()["context"]["first_changed_block"] == "state"  # the prefix held up to the State
     assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
     runtime.xdb.writer.flush()
-    outputs = runtime.xdb.recall(session_id="s1", event_types=["output"])
+    outputs = runtime.xdb.recall(session_id="s1", event_types=["output"], owner=EVERY)
     assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
 
 
@@ -80,7 +81,7 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
     runtime.xdb.writer.flush()
     turns = runtime.xdb.read(session_turns, "t1")["turns"]
     assert len(turns) == 2
-    outputs = runtime.xdb.recall(session_id="t1", event_types=["output"], limit=1000)
+    outputs = runtime.xdb.recall(session_id="t1", event_types=["output"], limit=1000, owner=EVERY)
     for turn, body in zip(turns, bodies):
         report, usage = body["context"], body["usage"]
         assert [turn["mode"], turn["blocks"], turn["first_changed_block"]] == \
@@ -91,7 +92,7 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
         assert len(mine) == usage["completion_tokens"] and {r["request_id"] for r in mine} == {turn["request_id"]}
     assert turns[0]["reason"] == "first turn: nothing cached yet"
     assert turns[1]["first_changed_block"] == "state" and turns[1]["reason"].startswith("state grew")
-    overview = {s["session_id"]: s for s in runtime.xdb.read(sessions_overview)}["t1"]
+    overview = {s["session_id"]: s for s in runtime.xdb.read(sessions_overview, owner=EVERY)}["t1"]
     assert overview["turns"] == 2 and overview["mode"] == "cag"
     assert overview["prompt_tokens"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
 
@@ -221,7 +222,7 @@ def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig
         session = json.loads(events[0])["context"]["session_id"]
         assert json.loads(events[-1])["choices"][0]["finish_reason"] == "tool_calls"
         runtime.xdb.writer.flush()
-        rows = runtime.xdb.recall(session_id=session, event_types=["tool_call"])
+        rows = runtime.xdb.recall(session_id=session, event_types=["tool_call"], owner=EVERY)
     assert len(rows) == 1
     recorded = json.loads(rows[0]["content"])
     assert recorded["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -242,7 +243,7 @@ def test_a_request_without_context_records_its_new_input_turns(served: tuple[Tes
         assert response.status_code == 200, response.text
         runtime.xdb.writer.flush()
         rows = runtime.xdb.recall(session_id=response.json()["context"]["session_id"],
-                                  event_types=["input", "tool_result", "system"])
+                                  event_types=["input", "tool_result", "system"], owner=EVERY)
         return [(r["event_type"], r["role"], r["content"]) for r in rows if "turn" not in (r["metadata"] or {})]
 
     passthrough = recorded({**chat(), "messages": messages})
@@ -474,7 +475,7 @@ def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig,
             asyncio.run(asyncio.to_thread(xdb.writer.flush, 60))
             expected = [engine.script[i % len(engine.script)] for i in range(24)]
             for i in range(16):
-                rows = xdb.recall(session_id=f"crawl-{i}", event_types=["output"], limit=1000)
+                rows = xdb.recall(session_id=f"crawl-{i}", event_types=["output"], limit=1000, owner=EVERY)
                 in_commit_order = sorted(rows, key=lambda r: r["id"])
                 assert [r["token_id"] for r in in_commit_order] == expected
                 assert [r["tick"] for r in in_commit_order] == sorted(r["tick"] for r in rows)

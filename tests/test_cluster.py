@@ -45,6 +45,7 @@ from bench.servers import TINY_MODEL
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
 from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake import Lake
+from xdb.owner import EVERY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -137,7 +138,7 @@ class Background:
 
 
 def lake_outputs(lake: Lake, session: str) -> list[dict]:
-    return lake.recall(session_id=session, event_types="output", limit=10_000)
+    return lake.recall(session_id=session, event_types="output", limit=10_000, owner=EVERY)
 
 
 def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -194,7 +195,7 @@ def test_a_killed_replica_fails_over_from_the_lake_and_every_chain_verifies(clus
     for name, tokens in background.completed.items():
         wait_for(lambda name=name, tokens=tokens: len(lake_outputs(lake, name)) >= tokens, 30,
                  f"{name}'s completed replies in the lake")
-    rows = lake.recall(event_types="output", limit=10_000)
+    rows = lake.recall(event_types="output", limit=10_000, owner=EVERY)
     assert len(rows) < 10_000, "every output row fits one recall"
     keys = [(r["replica"], r["id"]) for r in rows]
     assert len(keys) == len(set(keys)), "a row shipped twice"

@@ -21,6 +21,7 @@ from server.codex.codex_condenser import CodexCondenser
 from server.codex.codex_resolver import CONDENSED_TAG, CodexResolver, rendition_path, text_sha256
 from xdb import XDB
 from xdb.documents import find_document, get_document
+from xdb.owner import EVERY
 
 MODEL = "tiny"
 LONG = " ".join(f"Rule {i}: a particle of kind {i % 7} moves {i % 3} cells to the right each step." for i in range(90))
@@ -75,18 +76,18 @@ def test_an_unresolved_reference_is_refused_by_the_orchestrator(counter) -> None
 
 # -- finding a stored version ----------------------------------------------------------------------
 def test_find_document_by_id_name_version_and_hash(xdb: XDB) -> None:
-    doc = xdb.add_document("rules", "v1 text")
+    doc = xdb.add_document("rules", "v1 text", owner=EVERY)
     xdb.update_document(doc["id"], "v2 text")
-    assert xdb.read(find_document, "rules")["content"] == "v2 text"
-    assert xdb.read(find_document, doc["id"], version=1)["content"] == "v1 text"
-    assert xdb.read(find_document, sha256=hashlib.sha256(b"v1 text").hexdigest())["version"] == 1
-    assert "content" not in xdb.read(find_document, "rules", with_content=False)
+    assert xdb.read(find_document, "rules", owner=EVERY)["content"] == "v2 text"
+    assert xdb.read(find_document, doc["id"], version=1, owner=EVERY)["content"] == "v1 text"
+    assert xdb.read(find_document, sha256=hashlib.sha256(b"v1 text").hexdigest(), owner=EVERY)["version"] == 1
+    assert "content" not in xdb.read(find_document, "rules", with_content=False, owner=EVERY)
     with pytest.raises(NotFound, match="version 9"):
-        xdb.read(find_document, "rules", version=9)
-    xdb.add_document("rules", "another document with the same name")
+        xdb.read(find_document, "rules", version=9, owner=EVERY)
+    xdb.add_document("rules", "another document with the same name", owner=EVERY)
     with pytest.raises(InvalidRequest, match="shared by"):
-        xdb.read(find_document, "rules")
-    assert xdb.read(find_document, doc["id"])["version"] == 2  # its id still names it
+        xdb.read(find_document, "rules", owner=EVERY)
+    assert xdb.read(find_document, doc["id"], owner=EVERY)["version"] == 2  # its id still names it
 
 
 def test_find_document_stays_within_the_tenant(xdb: XDB) -> None:
@@ -114,7 +115,7 @@ class Counting:
 
 def test_a_reference_renders_the_stored_version_byte_for_byte_and_reads_it_once(xdb: XDB) -> None:
     text = "Line one.\r\n\tIndented — ünïcode ✓\n\n"
-    doc = xdb.add_document("spec", text)
+    doc = xdb.add_document("spec", text, owner=EVERY)
     xdb.update_document(doc["id"], "newer")
     counting = Counting(xdb)
     resolver = CodexResolver(counting, MODEL)  # type: ignore[arg-type]
@@ -130,7 +131,7 @@ def test_a_reference_renders_the_stored_version_byte_for_byte_and_reads_it_once(
 
 
 def test_resolver_errors_name_the_entry(xdb: XDB) -> None:
-    xdb.add_document("spec", "text")
+    xdb.add_document("spec", "text", owner=EVERY)
     resolver = CodexResolver(xdb, MODEL)
     with pytest.raises(InvalidRequest) as info:
         run(resolver.resolve(parse_context({"codex": [{"id": "a", "text": "x"}, {"document": "missing"}]}), ""))
@@ -159,7 +160,7 @@ def condenser(xdb: XDB, model: Model, resolver: CodexResolver | None = None) -> 
 
 def test_a_rendition_is_made_once_stored_as_a_document_and_found_by_the_next_request(xdb: XDB) -> None:
     model = Model("Particles move right by kind.")
-    doc = xdb.add_document("rules", LONG)
+    doc = xdb.add_document("rules", LONG, owner=EVERY)
 
     async def scenario() -> None:
         resolver = CodexResolver(xdb, MODEL)
@@ -179,7 +180,7 @@ def test_a_rendition_is_made_once_stored_as_a_document_and_found_by_the_next_req
 
     run(scenario())
     assert model.calls == [int(len(LONG.split()) * 0.3), int(len(LONG.split() + ["inline"]) * 0.3)]
-    stored = xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)))
+    stored = xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)), owner=EVERY)
     assert stored["content"] == model.reply and CONDENSED_TAG in stored["tags"]
     assert stored["source"] == f"{doc['id']}@1"
 
@@ -188,7 +189,7 @@ def test_a_rendition_no_shorter_than_its_source_is_not_stored(xdb: XDB) -> None:
     made = run(condenser(xdb, Model(LONG + " and more")).condense(CodexDoc(id="r", text=LONG), ""))
     assert made is None
     with pytest.raises(NotFound):
-        xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)))
+        xdb.read(find_document, path=rendition_path(MODEL, text_sha256(LONG)), owner=EVERY)
 
 
 def test_verbatim_documents_never_get_a_rendition(xdb: XDB) -> None:

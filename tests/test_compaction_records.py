@@ -9,6 +9,7 @@ from fake_app import serving
 
 from ahc.core.config import AHCConfig
 from xdb import XDB
+from xdb.owner import EVERY
 
 
 def chat(session: str, question: str) -> dict[str, object]:
@@ -23,7 +24,7 @@ def test_a_compaction_writes_its_record_and_releases_the_rows_before_it(
     with serving(config, vllm_config, tmp_path, **overrides) as (client, runtime):
         assert client.post("/v1/chat/completions", json=chat("cr1", "What moves first?")).status_code == 200
         runtime.xdb.writer.flush()
-        first_rows = runtime.xdb.recall({"session_id": "cr1", "limit": 1000})
+        first_rows = runtime.xdb.recall({"session_id": "cr1", "limit": 1000}, owner=EVERY)
         second = client.post("/v1/chat/completions", json=chat("cr1", "And then?"))
         assert second.status_code == 200 and "compaction" in second.json()["context"]["governor"]
         runtime.background.submit(lambda: None).result()  # the record is written on the ordered worker

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from ahc.core.config import AHCConfig
 from server.runtime import Runtime
+from xdb.owner import EVERY
 
 BLOCKS = 1000
 
@@ -26,7 +27,7 @@ def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[Tes
 
 def sessions_of(runtime: Runtime, marker: str) -> set[str]:
     runtime.xdb.writer.flush()
-    return {r["session_id"] for r in runtime.xdb.recall({"text": marker, "event_types": "input"})}
+    return {r["session_id"] for r in runtime.xdb.recall({"text": marker, "event_types": "input"}, owner=EVERY)}
 
 
 def test_a_batch_of_prompts_is_recorded_in_one_session_with_its_tokens(served: tuple[TestClient, Runtime]) -> None:
@@ -37,7 +38,7 @@ def test_a_batch_of_prompts_is_recorded_in_one_session_with_its_tokens(served: t
     body = reply.json()
     assert len(body["choices"]) == 2 and "context" not in body
     [session] = sessions_of(runtime, "prompt zeta")
-    rows = runtime.xdb.recall({"session_id": session, "limit": 1000})
+    rows = runtime.xdb.recall({"session_id": session, "limit": 1000}, owner=EVERY)
     inputs = [r for r in rows if r["event_type"] == "input"]
     assert [r["content"] for r in inputs] == ["first prompt zeta", "second prompt zeta"]
     assert [r["metadata"]["prompt_index"] for r in inputs] == [0, 1]
@@ -76,11 +77,11 @@ def test_a_streamed_completion_is_recorded_and_released(served: tuple[TestClient
     assert events[-1] == "[DONE]"
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"])
     runtime.xdb.writer.flush()
-    inputs = [r for r in runtime.xdb.recall({"event_types": "input", "limit": 1000})
+    inputs = [r for r in runtime.xdb.recall({"event_types": "input", "limit": 1000}, owner=EVERY)
               if (r["metadata"] or {}).get("endpoint") == "completions"]
     [row] = inputs
     assert row["metadata"]["prompt_token_ids"] == 4
-    outputs = runtime.xdb.recall({"session_id": row["session_id"], "event_types": "output"})
+    outputs = runtime.xdb.recall({"session_id": row["session_id"], "event_types": "output"}, owner=EVERY)
     assert "".join(r["content"] for r in outputs) == text
     assert runtime.governor.free_blocks() == BLOCKS
 

@@ -23,6 +23,7 @@ from lens.side_channel import (
 )
 from xdb import XDB
 from xdb.activation_join import ActivationJoiner
+from xdb.owner import EVERY
 from xdb.rows import TokenBatch
 
 
@@ -116,7 +117,7 @@ def test_the_writer_joins_the_engines_activations_to_the_tokens(tmp_path: Path) 
             xdb.writer.flush(timeout=10)
         finally:
             sender.close()
-        rows = xdb.recall(session_id="s", limit=10)
+        rows = xdb.recall(session_id="s", limit=10, owner=EVERY)
     assert [r["tick"] for r in rows] == [0, 1]
     assert [r["concept_activations"]["c0"] for r in rows] == [0.5, 1.5]
     assert all(r["activation_source"] == "hidden_state" for r in rows)

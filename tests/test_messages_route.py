@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from server.messages.protocol import metadata_session
 from server.runtime import Runtime
 from xdb.browse import session_turns
+from xdb.owner import EVERY
 
 CLAUDE_USER = "user_5f1e2d_account__session_0b7c9a52-1111-4e4e-9d9d-123456789abc"
 CLAUDE_SESSION = "0b7c9a52-1111-4e4e-9d9d-123456789abc"
@@ -60,12 +61,12 @@ def test_a_two_turn_exchange_is_one_session_with_its_inputs_and_turn_records(
 
     runtime.xdb.writer.flush()
     scoped = runtime.keys.tenant_for(ALICE).scope(CLAUDE_SESSION)  # type: ignore[union-attr]
-    inputs = runtime.xdb.recall(session_id=scoped, event_types=["input"])
+    inputs = runtime.xdb.recall(session_id=scoped, event_types=["input"], owner=EVERY)
     assert [r["content"] for r in inputs if r["role"] == "user"] == ["Which cells move?", "And then?"]
     assert not [r for r in inputs if "billing-header" in (r["content"] or "")]  # vLLM's converter drops it
     records = turns(runtime, scoped)
     assert len(records) == 2 and all(r["prompt_tokens"] > 0 for r in records)
-    outputs = runtime.xdb.recall(session_id=scoped, event_types=["output"])
+    outputs = runtime.xdb.recall(session_id=scoped, event_types=["output"], owner=EVERY)
     assert len(outputs) == message.usage.output_tokens + second.usage.output_tokens
 
 
@@ -83,7 +84,7 @@ def test_a_streamed_message_parses_and_carries_the_cache_report(two_tenants: tup
     scoped = runtime.keys.tenant_for(ALICE).scope("streamed")  # type: ignore[union-attr]
     records = turns(runtime, scoped)
     assert len(records) == 1
-    outputs = runtime.xdb.recall(session_id=scoped, event_types=["output"])
+    outputs = runtime.xdb.recall(session_id=scoped, event_types=["output"], owner=EVERY)
     assert "".join(r["content"] for r in outputs) == text
 
 
@@ -103,7 +104,7 @@ def test_tool_use_and_its_result_are_recorded_as_the_chat_door_records_them(
     assert reply.content
     runtime.xdb.writer.flush()
     scoped = runtime.keys.tenant_for(ALICE).scope("tools")  # type: ignore[union-attr]
-    rows = runtime.xdb.recall(session_id=scoped)
+    rows = runtime.xdb.recall(session_id=scoped, owner=EVERY)
     assert any(r["event_type"] == "tool_result" and "sunny" in (r["content"] or "") for r in rows), rows
 
 

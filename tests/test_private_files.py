@@ -14,6 +14,7 @@ import pytest
 
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, TokenBatch
+from xdb.owner import EVERY
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_data_export_and_backup_are_private_whatever_the_umask(tmp_path: Path, u
         assert xdb.writer is not None
         xdb.writer.submit(TokenBatch("s1", ticks, ["a", "b", "c"], token_ids=list(ticks), request_id="r1"))
         xdb.writer.flush()
-        xdb.export(tmp_path / "export")
+        xdb.export(tmp_path / "export", owner=EVERY)
         xdb.backup(tmp_path / "backup")
         assert modes(data) == {}  # while open
     for root in (data, tmp_path / "export", tmp_path / "backup"):

@@ -18,6 +18,7 @@ from ahc.core.config import AHCConfig
 from server.responses.protocol import input_items, reply_of
 from server.runtime import Runtime
 from xdb.browse import session_turns
+from xdb.owner import EVERY
 
 
 def client_for(http: TestClient, key: str = ALICE) -> openai.OpenAI:
@@ -52,7 +53,7 @@ def test_codex_style_turns_are_one_session_with_inputs_and_turn_records(
 
     runtime.xdb.writer.flush()
     session = scoped(runtime, "conv-1")
-    rows = runtime.xdb.recall(session_id=session)
+    rows = runtime.xdb.recall(session_id=session, owner=EVERY)
     typed = [r["content"] for r in rows if r["event_type"] == "input" and r["role"] == "user"]
     assert typed == ["List files", "Open it"]
     assert any(r["event_type"] == "tool_result" and r["content"] == "README.md" for r in rows)
@@ -72,7 +73,7 @@ def test_a_streamed_response_carries_the_report_and_settles_before_completed(
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert events[0].response.model_extra["context"]["session_id"] == "streamed"  # type: ignore[index]
     runtime.xdb.writer.flush()
-    rows = runtime.xdb.recall(session_id=scoped(runtime, "streamed"), event_types=["output"])
+    rows = runtime.xdb.recall(session_id=scoped(runtime, "streamed"), event_types=["output"], owner=EVERY)
     assert "".join(r["content"] for r in rows) == final.output_text
     assert len(runtime.xdb.read(session_turns, scoped(runtime, "streamed"))["turns"]) == 1
 
@@ -109,7 +110,7 @@ def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(two_tenants: tu
                                           extra_headers={"X-Session-ID": "bad"})
     assert bad.value.body["type"] == "invalid_request_error"  # type: ignore[index]
     runtime.xdb.writer.flush()
-    rows = runtime.xdb.recall(session_id=scoped(runtime, "bad"))
+    rows = runtime.xdb.recall(session_id=scoped(runtime, "bad"), owner=EVERY)
     assert [r["event_type"] for r in rows] == ["input"]  # what was asked is kept; no reply, no turn record
 
 
@@ -160,7 +161,7 @@ def test_stored_responses_continue_as_the_sessions_kept_state_per_tenant(
     assert [t.content for t in turns if t.role == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
     assert r3.model_extra["context"]["session_naming"] == "explicit"  # type: ignore[index]
     runtime.xdb.writer.flush()
-    typed = runtime.xdb.recall(session_id=scoped(runtime, session), event_types=["input"])
+    typed = runtime.xdb.recall(session_id=scoped(runtime, session), event_types=["input"], owner=EVERY)
     assert [r["content"] for r in typed if r["role"] == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
 
     fork = alice.responses.with_raw_response.create(model="tiny", input="Or else?", previous_response_id=r1.id,

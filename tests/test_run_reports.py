@@ -25,6 +25,7 @@ from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
 from universe import load_rule
 from xdb import XDB
+from xdb.owner import EVERY
 from xdb.runs import PNG_SIGNATURE, REPORT_MAX_BYTES, list_runs, run_report
 
 
@@ -216,12 +217,12 @@ def test_local_run_store_keeps_the_report(tmp_path: Path) -> None:
         png = png_bytes(tmp_path)
         store.log_interaction("r1", journal_entry="x", tool_call_json=None, tool_result_json=None, token_count=1)
         store.save_report("r1", png)
-        assert store.xdb.read(run_report, "r1") == png
-        assert [(r["run_id"], r["has_report"]) for r in store.xdb.read(list_runs)] == [("r1", True)]
+        assert store.xdb.read(run_report, "r1", owner=EVERY) == png
+        assert [(r["run_id"], r["has_report"]) for r in store.xdb.read(list_runs, owner=EVERY)] == [("r1", True)]
         with pytest.raises(ValueError, match="not a PNG"):
             store.save_report("r1", b"GIF89a")
-        assert store.xdb.read(run_report, "r1") == png
-        assert store.xdb.read(run_report, "r2") is None
+        assert store.xdb.read(run_report, "r1", owner=EVERY) == png
+        assert store.xdb.read(run_report, "r2", owner=EVERY) is None
     finally:
         store.close()
 

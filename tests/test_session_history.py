@@ -18,6 +18,7 @@ from ahc.core.config import AHCConfig
 from ahc.core.errors import Conflict, NotFound
 from server.runtime import Runtime
 from xdb import XDB, TimestepRow
+from xdb.owner import EVERY
 from xdb.session_state import list_sessions, state_versions
 
 
@@ -69,10 +70,10 @@ def test_deleting_a_session_removes_every_row_and_is_audited(xdb: XDB) -> None:
     xdb.writer.submit([TimestepRow("gone", t, "output", content="x") for t in xdb.next_ticks("gone", 5)])
     xdb.writer.flush()
     xdb.save_session_state("gone", state(2))
-    xdb.tag("t", session_id="gone", tick=1)
+    xdb.tag("t", session_id="gone", tick=1, owner=EVERY)
     rows = xdb.delete_session("gone")
     assert (rows["timesteps"], rows["session_states"], rows["tag_applications"]) == (5, 1, 1)
-    assert xdb.recall({"session_id": "gone"}) == [] and xdb.load_session_state("gone") is None
+    assert xdb.recall({"session_id": "gone"}, owner=EVERY) == [] and xdb.load_session_state("gone") is None
     with pytest.raises(NotFound):
         xdb.delete_session("gone")
     assert xdb.verify_audit().ok
@@ -125,7 +126,7 @@ def test_a_session_deleted_over_http_starts_afresh(served: tuple[TestClient, Run
     assert gone.status_code == 200, gone.text
     body = gone.json()
     assert body["object"] == "session.deleted" and body["deleted"] and body["rows"]["timesteps"] > 0
-    assert runtime.xdb.recall({"session_id": "d1"}) == []
+    assert runtime.xdb.recall({"session_id": "d1"}, owner=EVERY) == []
     turn(client, "d1", "new start?")
     assert [t.content for t in runtime.orchestrator.sessions.get("d1").turns][0] == "new start?"
     assert client.delete("/v1/context/sessions/never").status_code == 404

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.conversations import Conversations, chain, extend
 from server.runtime import Runtime
+from xdb.owner import EVERY
 
 
 class ChatClient:
@@ -32,7 +33,8 @@ class ChatClient:
 def inputs(runtime: Runtime, key: str, session: str) -> list[str]:
     runtime.xdb.writer.flush()
     scoped = runtime.keys.tenant_for(key).scope(session)  # type: ignore[union-attr]
-    return [r["content"] for r in runtime.xdb.recall(session_id=scoped, event_types=["input"]) if r["role"] == "user"]
+    rows = runtime.xdb.recall(session_id=scoped, event_types=["input"], owner=EVERY)
+    return [r["content"] for r in rows if r["role"] == "user"]
 
 
 def test_a_resent_growing_history_is_one_session(two_tenants: tuple[TestClient, Runtime]) -> None:
@@ -43,7 +45,7 @@ def test_a_resent_growing_history_is_one_session(two_tenants: tuple[TestClient, 
     assert len(set(sessions)) == 1 and namings == ("new", "inferred", "inferred")
     assert inputs(runtime, ALICE, sessions[0]) == ["First?", "Second?", "Third?"]
     records = runtime.xdb.recall(session_id=runtime.keys.tenant_for(ALICE).scope(sessions[0]),  # type: ignore[union-attr]
-                                 event_types=["system"])
+                                 event_types=["system"], owner=EVERY)
     named = [r["metadata"]["turn"]["session_naming"] for r in records if "turn" in (r["metadata"] or {})]
     assert named == list(namings)
 

@@ -20,7 +20,7 @@ from ahc.core.errors import NotFound
 from server.runtime import Runtime
 from server.tenancy.request_context import current_tenant
 from server.tenancy.tenants import LOCAL, Tenant, TenantKeys
-from xdb.owner import FLAT
+from xdb.owner import EVERY, FLAT
 
 CODEX = [{"id": "ledger", "text": "The vault code of Alice's lab is QX-7731. " * 3},
          {"id": "notes", "text": "Particles of kind A drift right by one cell each tick."}]
@@ -114,7 +114,7 @@ def test_requests_without_a_session_are_recorded_in_the_tenants_namespace(
     runtime.xdb.writer.flush()
     bob = TenantKeys.build([ALICE, BOB]).tenant_for(BOB)
     assert bob is not None and bob.prefix
-    stored = {r["session_id"] for r in runtime.xdb.recall(limit=10_000)}
+    stored = {r["session_id"] for r in runtime.xdb.recall(limit=10_000, owner=EVERY)}
     assert stored and all(sid.startswith(bob.prefix) for sid in stored)
     assert client.get("/v1/xdb/recall", headers=auth(ALICE), params={"limit": 10_000}).json()["data"] == []
     seen = client.get("/v1/xdb/recall", headers=auth(BOB), params={"limit": 10_000}).json()["data"]

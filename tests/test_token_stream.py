@@ -10,6 +10,7 @@ import pytest
 
 from server.recording.recorder import Recorder, TokenStream
 from xdb import XDB
+from xdb.owner import EVERY
 from xdb.rows import TimestepRow, TokenBatch
 
 STREAMS = 64
@@ -47,6 +48,6 @@ def test_streams_started_together_spread_their_chunks_over_the_steps(
         asyncio.run(finish())
         xdb.writer.flush()
         for i in (0, 1, STREAMS - 1):
-            rows = xdb.recall(session_id=f"s{i}", limit=STEPS)
+            rows = xdb.recall(session_id=f"s{i}", limit=STEPS, owner=EVERY)
             assert [r["token_id"] for r in rows] == [100 + step for step in range(STEPS)]
             assert [r["tick"] for r in rows] == list(range(STEPS))

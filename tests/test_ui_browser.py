@@ -29,6 +29,7 @@ from server.routes.browse_routes import browse_router
 from server.routes.ui_routes import install_ui
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
+from xdb.owner import EVERY
 from xdb.rows import TokenBatch
 from xdb.runs import log_interaction, save_meta_knowledge
 
@@ -106,7 +107,7 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
                   theorems_json=json.dumps([{"name": "A moves right", "status": "proven"}]))
         xdb.write(save_meta_knowledge, "run-1", theorems_json=json.dumps([{"name": "A moves right", "status": "proven"},
                                                                    {"name": "B moves left", "status": "open"}]))
-        xdb.save_run_report("run-1", report_png(tmp))
+        xdb.save_run_report("run-1", report_png(tmp), owner=EVERY)
         app = FastAPI()
         install_error_handling(app)
         for router in (xdb_router(xdb), browse_router(xdb), agent_router(xdb)):

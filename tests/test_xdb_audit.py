@@ -18,6 +18,7 @@ import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit_chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash
+from xdb.owner import EVERY
 from xdb.runs import log_interaction, purge_run, save_meta_knowledge
 from xdb.tags import set_bud_status
 
@@ -131,7 +132,8 @@ def test_kill_9_keeps_every_committed_batch_and_the_chain(tmp_path: Path) -> Non
             count, distinct, top = cur.execute("SELECT count(*), count(DISTINCT tick), max(tick) FROM timesteps "
                                                "WHERE session_id = 's'").fetchone()
         assert count >= 3000 and count == distinct == top + 1  # every flushed row, batches whole and in order
-        assert [r["tick"] for r in xdb.recall(session_id="s", tick_to=2999, limit=10_000)] == list(range(3000))
+        rows = xdb.recall(session_id="s", tick_to=2999, limit=10_000, owner=EVERY)
+        assert [r["tick"] for r in rows] == list(range(3000))
         assert xdb.verify_audit().ok
         [next_tick] = xdb.next_ticks("s", 1)
         assert next_tick == top + 1
@@ -248,7 +250,7 @@ def test_open_refuses_a_broken_chain_and_modifies_nothing(logged: Path) -> None:
         XDB.open(logged)
     assert head_lines(logged) == before
     with XDB.open(logged, read_only=True) as xdb:
-        assert len(xdb.recall(session_id="s", limit=100)) == 15
+        assert len(xdb.recall(session_id="s", limit=100, owner=EVERY)) == 15
 
 
 def test_a_crash_between_commit_and_anchor_is_repaired_at_open(logged: Path, caplog) -> None:

@@ -13,6 +13,7 @@ from cli_runner import ahc
 from ahc.core.config import XDBConfig
 from xdb import XDB
 from xdb.audit import verify_audit
+from xdb.owner import EVERY
 from xdb.rows import TimestepRow
 
 BACKUP_SH = str(Path(__file__).resolve().parents[1] / "scripts" / "backup.sh")
@@ -77,6 +78,6 @@ def test_a_running_server_backs_up_on_sigusr1(server, client, model_name) -> Non
     assert copy.parent == server.data_dir / "backups" and copy.is_dir()
     assert verify_audit(copy).ok
     with XDB.open(copy, read_only=True) as backup:
-        rows = backup.recall({"session_id": "backup-me", "event_types": "output", "limit": 100})
+        rows = backup.recall({"session_id": "backup-me", "event_types": "output", "limit": 100}, owner=EVERY)
     assert len(rows) == 8  # the reply was durable before it completed, so it is in the copy
     assert server.process.poll() is None  # and the server serves on

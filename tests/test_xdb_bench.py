@@ -9,21 +9,22 @@ from cli_runner import ahc
 
 from bench.xdb import SESSIONS, TURN, generate_rows
 from xdb import XDB, TimestepRow
+from xdb.owner import EVERY
 
 
 def test_generated_rows_are_an_xdb_the_writer_can_continue(tmp_path: Path) -> None:
     n = TURN * SESSIONS * 10
     generate_rows(tmp_path / "x", n)
     with XDB.open(tmp_path / "x") as xdb:
-        s3 = xdb.recall({"session_id": "s3", "limit": 10_000})
+        s3 = xdb.recall({"session_id": "s3", "limit": 10_000}, owner=EVERY)
         assert len(s3) == n // SESSIONS and [r["tick"] for r in s3] == list(range(n // SESSIONS))
         assert len(s3[0]["concept_activations"]) == 10
-        assert xdb.recall({"concept": "concept-5", "min_activation": 0.0, "limit": 5})
-        older = xdb.recall({"time_to": s3[5]["created_at"], "session_id": "s3"})
+        assert xdb.recall({"concept": "concept-5", "min_activation": 0.0, "limit": 5}, owner=EVERY)
+        older = xdb.recall({"time_to": s3[5]["created_at"], "session_id": "s3"}, owner=EVERY)
         assert [r["tick"] for r in older] == list(range(6))
         xdb.writer.submit([TimestepRow("s3", t, "output", content="next") for t in xdb.next_ticks("s3", 1)])
         xdb.writer.flush()
-        last = xdb.recall({"session_id": "s3", "after_id": n - 1})
+        last = xdb.recall({"session_id": "s3", "after_id": n - 1}, owner=EVERY)
         assert [(r["id"], r["tick"]) for r in last] == [(n, n // SESSIONS)]
 
 

@@ -20,6 +20,7 @@ from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
 from xdb import XDB, TimestepRow
 from xdb.browse import break_reason, session_turns, sessions_overview
+from xdb.owner import EVERY
 from xdb.rows import TokenBatch
 
 CONCEPTS = ["motion", "collision"]
@@ -84,7 +85,7 @@ def xdb(tmp_path: Path) -> Iterator[XDB]:
 
 
 def test_sessions_at_a_glance(xdb: XDB) -> None:
-    found = {s["session_id"]: s for s in xdb.read(sessions_overview)}
+    found = {s["session_id"]: s for s in xdb.read(sessions_overview, owner=EVERY)}
     a1 = found["alice/a1"]
     assert (a1["tenant"], a1["turns"], a1["prompt_tokens"], a1["cached_tokens"], a1["generated_tokens"]) == \
         ("alice", 3, 420, 90, 9)
@@ -93,11 +94,11 @@ def test_sessions_at_a_glance(xdb: XDB) -> None:
     raw = found["alice/raw"]
     assert raw["turns"] == 0 and raw["generated_tokens"] == 7 and raw["last_activity"] and raw["hit_ratio"] is None
     # Most recently active first (sessions with turn records by their last turn).
-    order = [s["session_id"] for s in xdb.read(sessions_overview) if s["turns"]]
+    order = [s["session_id"] for s in xdb.read(sessions_overview, owner=EVERY) if s["turns"]]
     assert order == ["bob/b1", "alice/a1"]
     assert {s["session_id"] for s in xdb.read(sessions_overview, "alice/")} == {"alice/a1", "alice/raw"}
-    assert [s["session_id"] for s in xdb.read(sessions_overview, query="raw")] == ["alice/raw"]
-    assert len(xdb.read(sessions_overview, limit=1)) == 1
+    assert [s["session_id"] for s in xdb.read(sessions_overview, query="raw", owner=EVERY)] == ["alice/raw"]
+    assert len(xdb.read(sessions_overview, limit=1, owner=EVERY)) == 1
 
 
 def test_a_session_turn_by_turn(xdb: XDB) -> None:
@@ -122,11 +123,11 @@ def test_a_session_turn_by_turn(xdb: XDB) -> None:
 
 
 def test_a_concepts_strongest_tokens(xdb: XDB) -> None:
-    top = xdb.top_tokens("motion", limit=3)
+    top = xdb.top_tokens("motion", limit=3, owner=EVERY)
     assert [t["activation"] for t in top] == sorted((t["activation"] for t in top), reverse=True)
     assert top[0]["session_id"] == "alice/a1" and top[0]["activation"] == pytest.approx(0.91)
     assert {t["session_id"] for t in xdb.top_tokens("motion", "bob/", 50)} == {"bob/b1"}
-    assert xdb.top_tokens("never-seen") == []
+    assert xdb.top_tokens("never-seen", owner=EVERY) == []
 
 
 # ---- the routes ----------------------------------------------------------------------------------------

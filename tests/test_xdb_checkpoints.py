@@ -12,6 +12,7 @@ import numpy as np
 import xdb.checkpoints as checkpoints
 from xdb import XDB, TokenBatch
 from xdb.checkpoints import QuietCheckpoints
+from xdb.owner import EVERY
 
 
 def test_a_due_checkpoint_empties_the_wal_and_one_not_due_leaves_it(tmp_path: Path, monkeypatch) -> None:
@@ -40,7 +41,7 @@ def test_the_writer_checkpoints_both_files_after_a_flush(tmp_path: Path, monkeyp
         while any(w.exists() and w.stat().st_size for w in wals) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not any(w.exists() and w.stat().st_size for w in wals)
-        assert [r["content"] for r in xdb.recall(session_id="s")] == ["a", "b", "c"]
+        assert [r["content"] for r in xdb.recall(session_id="s", owner=EVERY)] == ["a", "b", "c"]
     with XDB.open(tmp_path / "x") as xdb:
-        assert [r["content"] for r in xdb.recall(session_id="s")] == ["a", "b", "c"]
+        assert [r["content"] for r in xdb.recall(session_id="s", owner=EVERY)] == ["a", "b", "c"]
         assert xdb.verify_audit().ok

@@ -23,6 +23,7 @@ from xdb import XDB, TimestepRow
 from xdb.audit import verify_audit
 from xdb.audit_chain import EVENT_TYPE
 from xdb.documents import list_documents
+from xdb.owner import EVERY
 
 SESSIONS = ("s1", "tenant:b/s2", "s 3=x%")  # ids a path cannot hold as they are
 
@@ -40,10 +41,10 @@ def fill(xdb: XDB, rows_per_session: int = 40) -> None:
                         activation_source="hidden_state", metadata={"n": int(t)} if t % 7 == 0 else None)
             for t in ticks])
     xdb.writer.flush()
-    xdb.tag("insight", session_id="s1", tick_range=(3, 9), note="first")
-    xdb.tag("insight", session_id="tenant:b/s2", tick=4)
-    xdb.comment("look here", session_id="s 3=x%", tick=2)
-    xdb.add_document("rules", "A moves right.")
+    xdb.tag("insight", session_id="s1", tick_range=(3, 9), note="first", owner=EVERY)
+    xdb.tag("insight", session_id="tenant:b/s2", tick=4, owner=EVERY)
+    xdb.comment("look here", session_id="s 3=x%", tick=2, owner=EVERY)
+    xdb.add_document("rules", "A moves right.", owner=EVERY)
     xdb.save_session_state("s1", json.dumps({"turns": [{"role": "user", "content": "hi"}]}))
 
 
@@ -52,7 +53,7 @@ QUERIES = [{}, {"session_id": "tenant:b/s2"}, {"tags": "insight"}, {"text": "w3"
 
 
 def recalls(xdb: XDB) -> list[list[dict]]:
-    return [xdb.recall({**q, "limit": 1000}) for q in QUERIES]
+    return [xdb.recall({**q, "limit": 1000}, owner=EVERY) for q in QUERIES]
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def source(tmp_path: Path):
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_an_export_imported_into_an_empty_xdb_recalls_exactly_the_same(source: XDB, tmp_path: Path, fmt: str) -> None:
     head_before = source.audit_head()
-    manifest = source.export(tmp_path / "out", fmt)
+    manifest = source.export(tmp_path / "out", fmt, owner=EVERY)
     assert manifest["audit_head"] == {"seq": head_before[0], "hash": head_before[1]}
     assert source.audit_head()[0] == head_before[0] + 1  # the export itself is an audit event
     assert manifest["tables"]["timesteps"]["rows"] == 3 * 40
@@ -80,36 +81,36 @@ def test_an_export_imported_into_an_empty_xdb_recalls_exactly_the_same(source: X
     with XDB.open(tmp_path / "copy") as copy:
         assert recalls(copy) == recalls(source)
         assert copy.load_session_state("s1") == source.load_session_state("s1")
-        assert copy.read(list_documents)[0]["name"] == "rules"
+        assert copy.read(list_documents, owner=EVERY)[0]["name"] == "rules"
         # Ids go on past the imported ones: a new tag and a new row do not collide.
-        applied = copy.tag("later", session_id="s1", tick=1)
+        applied = copy.tag("later", session_id="s1", tick=1, owner=EVERY)
         assert (applied["tag"]["id"], applied["id"]) == (2, 3)  # after the imported tag and its 2 uses
         copy.writer.submit([TimestepRow("s1", t, "output", content="new") for t in copy.next_ticks("s1", 2)])
         copy.writer.flush()
-        ticks = [r["tick"] for r in copy.recall({"session_id": "s1", "limit": 1000})]
+        ticks = [r["tick"] for r in copy.recall({"session_id": "s1", "limit": 1000}, owner=EVERY)]
         assert ticks == sorted(set(ticks)) and ticks[-2:] == [40, 41]
     assert verify_audit(tmp_path / "copy").ok
 
 
 def test_an_export_filters_by_session_and_time(source: XDB, tmp_path: Path) -> None:
-    only = source.export(tmp_path / "one", session_id="s1")
+    only = source.export(tmp_path / "one", session_id="s1", owner=EVERY)
     assert only["tables"]["timesteps"]["rows"] == 40 and only["tables"]["comments"]["rows"] == 0
     assert only["filters"]["session_id"] == "s1"
     future = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
-    later = source.export(tmp_path / "later", since=future)
+    later = source.export(tmp_path / "later", since=future, owner=EVERY)
     assert later["tables"]["timesteps"]["rows"] == 0 and later["tables"]["concepts"]["rows"] == 15
     with pytest.raises(ValueError, match="ISO 8601"):
-        source.export(tmp_path / "bad", since="yesterday")
+        source.export(tmp_path / "bad", since="yesterday", owner=EVERY)
     with pytest.raises(ValueError, match="years 1 to 9999"):
-        source.export(tmp_path / "bad", since="0001-01-01T00:00:00+00:07")
+        source.export(tmp_path / "bad", since="0001-01-01T00:00:00+00:07", owner=EVERY)
     tenant = source.export(tmp_path / "tenant", owner="tenant:b/")
     assert tenant["tables"]["timesteps"]["rows"] == 40 and tenant["tables"]["documents"]["rows"] == 0
 
 
 def test_an_import_refuses_a_tampered_export_or_a_used_xdb(source: XDB, tmp_path: Path) -> None:
-    source.export(tmp_path / "out")
+    source.export(tmp_path / "out", owner=EVERY)
     with pytest.raises(ValueError, match="not empty"):
-        source.export(tmp_path / "out")
+        source.export(tmp_path / "out", owner=EVERY)
     with pytest.raises(ValueError, match="not empty"):
         XDB.import_export(source.data_dir, tmp_path / "out")  # type: ignore[arg-type]  # a closed copy below
     victim = next((tmp_path / "out" / "timesteps").rglob("*.parquet"))
@@ -117,11 +118,11 @@ def test_an_import_refuses_a_tampered_export_or_a_used_xdb(source: XDB, tmp_path
     with pytest.raises(ValueError, match="SHA-256"):
         XDB.import_export(tmp_path / "copy", tmp_path / "out")
     with XDB.open(tmp_path / "copy") as copy:
-        assert copy.recall({}) == []  # nothing half-imported
+        assert copy.recall({}, owner=EVERY) == []  # nothing half-imported
 
 
 def test_an_import_reads_only_the_listed_files_and_checks_their_counts(source: XDB, tmp_path: Path) -> None:
-    source.export(tmp_path / "out")
+    source.export(tmp_path / "out", owner=EVERY)
     # A file dropped beside the listed ones (with a row of its own) is not read.
     listed = next((tmp_path / "out" / "timesteps").rglob("*.parquet"))
     stray = tmp_path / "out" / "timesteps" / "session_id=stray" / "data_0.parquet"
@@ -130,7 +131,7 @@ def test_an_import_reads_only_the_listed_files_and_checks_their_counts(source: X
                              f"TO '{stray}' (FORMAT parquet)")
     XDB.import_export(tmp_path / "copy", tmp_path / "out")
     with XDB.open(tmp_path / "copy") as copy:
-        assert recalls(copy) == recalls(source) and copy.recall({"session_id": "stray"}) == []
+        assert recalls(copy) == recalls(source) and copy.recall({"session_id": "stray"}, owner=EVERY) == []
     # A manifest whose counts do not match its (intact) files imports nothing.
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     manifest["tables"]["timesteps"]["rows"] += 1
@@ -138,7 +139,7 @@ def test_an_import_reads_only_the_listed_files_and_checks_their_counts(source: X
     with pytest.raises(ValueError, match="loaded 120 rows where the manifest counts 121"):
         XDB.import_export(tmp_path / "copy2", tmp_path / "out")
     with XDB.open(tmp_path / "copy2") as copy:
-        assert copy.recall({}) == []
+        assert copy.recall({}, owner=EVERY) == []
     manifest["tables"]["timesteps"]["files"][0]["path"] = "../../source/experience.duckdb"
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="outside the export"):
@@ -158,7 +159,7 @@ def test_the_cli_exports_and_imports_a_stopped_servers_data(tmp_path: Path) -> N
     back = ahc("xdb", "import", "--data-dir", str(tmp_path / "copy"), "--from", str(tmp_path / "out"))
     assert back.returncode == 0, back.stderr
     with XDB.open(tmp_path / "copy") as copy:
-        assert copy.recall({"limit": 1000}) == [r for r in expected[0] if r["session_id"] == "s1"]
+        assert copy.recall({"limit": 1000}, owner=EVERY) == [r for r in expected[0] if r["session_id"] == "s1"]
     bad = ahc("xdb", "export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "x"), "--format", "csv")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--format" in bad.stderr
     again = ahc("xdb", "import", "--data-dir", str(tmp_path / "copy"), "--from", str(tmp_path / "out"))
@@ -231,25 +232,25 @@ def test_exports_are_bounded_one_at_a_time_deletable_and_expire(source: XDB) -> 
         finally:
             del source.export
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "export_running"
-    assert [e["id"] for e in source.exports()][1:] == [second["id"]]
+    assert [e["id"] for e in source.exports(owner=EVERY)][1:] == [second["id"]]
     events = [json.loads(r[0]) for r in source.audit.conn.execute(  # type: ignore[union-attr]
         "SELECT content FROM audit_records WHERE event_type = ? ORDER BY seq", [EVENT_TYPE]).fetchall()]
     assert [e["id"] for e in events if e.get("action") == "export_deleted"] == [first["id"]], events
 
 
 def test_the_storage_pass_expires_old_exports_and_counts_them_against_the_quota(source: XDB) -> None:
-    old, new = source.export(), source.export()
+    old, new = source.export(owner=EVERY), source.export(owner=EVERY)
     manifest_path = Path(old["path"]) / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["created_at"] = "2020-01-01T00:00:00Z"  # made long ago
     manifest_path.write_text(json.dumps(manifest))
     report = source.compact()
     assert report["deleted_exports"] == [old["id"]] and report["export_bytes"] == new["bytes"] > 0
-    assert [e["id"] for e in source.exports()] == [new["id"]]
+    assert [e["id"] for e in source.exports(owner=EVERY)] == [new["id"]]
     # Over the quota, the exports go first (they are copies), before any recorded row is compressed.
     source.quota_bytes = report["usage_bytes"] + new["bytes"] // 2
     report = source.compact()
-    assert report["deleted_exports"] == [new["id"]] and source.exports() == []
+    assert report["deleted_exports"] == [new["id"]] and source.exports(owner=EVERY) == []
     assert report["compressed_record_ids"] == [] and report["export_bytes"] == 0
 
 
@@ -261,7 +262,7 @@ def test_an_id_too_long_for_a_file_name_is_exported_under_a_stand_in_and_importe
         xdb.writer.submit([TimestepRow(long_id, t, "output", content=f"t{t}") for t in xdb.next_ticks(long_id, 3)])
         xdb.writer.submit([TimestepRow("short", t, "output", content="s") for t in xdb.next_ticks("short", 2)])
         xdb.writer.flush()
-        manifest = xdb.export(tmp_path / "out", fmt)
+        manifest = xdb.export(tmp_path / "out", fmt, owner=EVERY)
         before = recalls(xdb)
     [(stand_in, value)] = manifest["long_ids"].items()
     assert value == long_id and stand_in.startswith("sha256-")
@@ -270,4 +271,5 @@ def test_an_id_too_long_for_a_file_name_is_exported_under_a_stand_in_and_importe
     XDB.import_export(tmp_path / "copy", tmp_path / "out")
     with XDB.open(tmp_path / "copy") as copy:
         assert recalls(copy) == before
-        assert [r["content"] for r in copy.recall({"session_id": long_id, "limit": 10})] == ["t0", "t1", "t2"]
+        rows = copy.recall({"session_id": long_id, "limit": 10}, owner=EVERY)
+        assert [r["content"] for r in rows] == ["t0", "t1", "t2"]

@@ -32,6 +32,7 @@ from xdb.cli import app as xdb_cli
 from xdb.lake import LakeUnavailable
 from xdb.lake_purge import lost_a_race
 from xdb.lake_schema import attach_lake, redacted
+from xdb.owner import EVERY
 from xdb.runs import log_interaction, purge_run
 from xdb.session_state import state_versions
 
@@ -109,19 +110,19 @@ def test_two_replicas_ship_and_recall_sees_both(lake: LakeConfig, tmp_path: Path
         b.writer.submit([TimestepRow("sb", b.next_ticks("sb")[0], "input", "user", "hello from b")])
         b.writer.flush()
         # Nobody asks: the shippers' threads bring both replicas' rows within their interval.
-        wait_for(lambda: len(a.lake_recall(limit=1000)) == 81)
+        wait_for(lambda: len(a.lake_recall(limit=1000, owner=EVERY)) == 81)
 
-        rows = a.lake_recall(session_id="sb", limit=1000)
+        rows = a.lake_recall(session_id="sb", limit=1000, owner=EVERY)
         assert {r["replica"] for r in rows} == {"B"} and len(rows) == 31
         assert [r["tick"] for r in rows] == list(range(31))
-        hello = b.lake_recall(text="hello")
+        hello = b.lake_recall(text="hello", owner=EVERY)
         assert [(r["replica"], r["content"], r["event_type"], r["tick"]) for r in hello] == [
             ("B", "hello from b", "input", 30)]
-        ranged = a.lake_recall(session_id="sa", tick_from=10, tick_to=12)
+        ranged = a.lake_recall(session_id="sa", tick_from=10, tick_to=12, owner=EVERY)
         assert [(r["replica"], r["tick"], r["content"]) for r in ranged] == [("A", t, f"alpha{t}")
                                                                              for t in (10, 11, 12)]
-        assert len(a.lake_recall(event_types=["output"], limit=1000)) == 80
-        assert len(a.lake_recall(limit=7)) == 7
+        assert len(a.lake_recall(event_types=["output"], limit=1000, owner=EVERY)) == 80
+        assert len(a.lake_recall(limit=7, owner=EVERY)) == 7
         # Each replica's ids are its own: (replica, id) names a row.
         ids = lake_sql(lake, "SELECT replica, count(*), count(DISTINCT id), min(id), max(id) FROM lake.timesteps "
                              "GROUP BY 1 ORDER BY 1")
@@ -141,22 +142,22 @@ def test_concepts_and_tags_across_replicas(lake: LakeConfig, tmp_path: Path) -> 
             xdb.writer.submit(TokenBatch(session, ticks, ["w"] * 4, concept_names=names, concept_index=index,
                                          concept_values=high_low))
             xdb.writer.flush()
-        a.tag("hot", session_id="ca", tick_range=(0, 1))
-        b.tag("hot", session_id="cb", tick=3)
+        a.tag("hot", session_id="ca", tick_range=(0, 1), owner=EVERY)
+        b.tag("hot", session_id="cb", tick=3, owner=EVERY)
         a.register_concepts([{"id": "alpha", "name": "Alpha", "parent": None}])
         a.lake_ship_now()
         a.register_concepts([{"id": "alpha", "name": "Alpha (v2)", "parent": None}])  # rewritten in place
         a.lake_ship_now()
         b.lake_ship_now()
 
-        strong = a.lake_recall(concept="alpha", min_activation=0.5)
+        strong = a.lake_recall(concept="alpha", min_activation=0.5, owner=EVERY)
         assert sorted((r["replica"], r["tick"]) for r in strong) == [("A", 0), ("A", 1), ("B", 2), ("B", 3)]
         assert sorted(round(r["concept_activations"]["alpha"], 3) for r in strong) == [0.8, 0.8, 0.9, 0.9]
-        assert len(a.lake_recall(concept="alpha", max_activation=0.5)) == 4
-        assert len(a.lake_recall(concept="alpha")) == 8
-        assert a.lake_recall(concept="nobody") == []
+        assert len(a.lake_recall(concept="alpha", max_activation=0.5, owner=EVERY)) == 4
+        assert len(a.lake_recall(concept="alpha", owner=EVERY)) == 8
+        assert a.lake_recall(concept="nobody", owner=EVERY) == []
 
-        hot = a.lake_recall(tags=["hot"])
+        hot = a.lake_recall(tags=["hot"], owner=EVERY)
         assert sorted((r["replica"], r["tick"]) for r in hot) == [("A", 0), ("A", 1), ("B", 3)]
         assert all(r["tags"] == ["hot"] for r in hot)
 
@@ -319,7 +320,7 @@ def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, t
         # A State whose bytes no longer match its SHA-256 is skipped for the newest intact one.
         lake_sql(lake, "UPDATE lake.session_states SET state_json = '{\"turn\": 666}' WHERE replica = 'B'")
         assert a.load_session_state("s") == '{"turn": 1}'
-        rows = a.lake_recall(session_id="s", limit=100)
+        rows = a.lake_recall(session_id="s", limit=100, owner=EVERY)
         assert [(r["replica"], r["tick"]) for r in rows] == ([("A", t) for t in range(10)]
                                                              + [("B", t) for t in (10, 11, 12)])
 
@@ -343,18 +344,18 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         b.lake_ship_now()  # the tombstone, and the lake's rows of the session gone with it
         assert lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE session_id = 's'") == [(0,)]
         assert lake_sql(lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
-        assert b.lake_recall(text="secret") == []
+        assert b.lake_recall(text="secret", owner=EVERY) == []
         assert b.load_session_state("s") is None  # neither the lake's State nor A's
 
         # A has not polled yet: its local State is older than the tombstone, so it is not resumed.
         assert a.load_session_state("s") is None
         assert a.lake.follow_tombstones() == 1  # type: ignore[union-attr]
-        assert a.recall(session_id="s") == []
+        assert a.recall(session_id="s", owner=EVERY) == []
         with pytest.raises(NotFound):
             a.read(state_versions, "s")
         assert a.lake.follow_tombstones() == 0  # type: ignore[union-attr]  # once
         assert a.load_session_state("other") == '{"kept": true}'
-        assert len(a.recall(session_id="other")) == 3
+        assert len(a.recall(session_id="other", owner=EVERY)) == 3
         assert a.audit is not None
         events = [json.loads(c) for (c,) in a.audit.conn.execute(
             "SELECT content FROM audit_records WHERE event_type = 'xdb_event' ORDER BY seq").fetchall()]
@@ -365,7 +366,7 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         assert record(a, "s", 2, "fresh") == range(15, 17)
         a.save_session_state("s", '{"turn": 1, "said": "fresh"}')
         assert b.load_session_state("s") == '{"turn": 1, "said": "fresh"}'
-        assert [r["content"] for r in b.lake_recall(session_id="s")] == ["fresh15", "fresh16"]
+        assert [r["content"] for r in b.lake_recall(session_id="s", owner=EVERY)] == ["fresh15", "fresh16"]
 
 
 def test_deletions_racing_another_replicas_ships_still_stick(lake: LakeConfig, tmp_path: Path) -> None:
@@ -400,7 +401,7 @@ def test_deletions_racing_another_replicas_ships_still_stick(lake: LakeConfig, t
             wait_for(lambda: lake_sql(lake, "SELECT count(*) FROM lake.timesteps WHERE replica = 'B'")[0][0] > 0)
             for session in sessions:
                 a.delete_session(session)
-                assert a.lake_recall(session_id=session) == [], f"{session} is still read from the lake"
+                assert a.lake_recall(session_id=session, owner=EVERY) == [], f"{session} is still read from the lake"
             assert a.lake.shipper.last_error is None  # type: ignore[union-attr]
         finally:
             stop.set()
@@ -435,7 +436,7 @@ def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
         remote.writer.submit(TokenBatch("rs", ticks, [f"r{t}" for t in ticks]))
         remote.writer.flush()  # as the server does before a reply's last chunk
         remote.save_session_state("rs", '{"on": "R"}')  # ships the rows with the State, in the service
-        assert [r["replica"] for r in remote.lake_recall(session_id="rs")] == ["R"] * 5
+        assert [r["replica"] for r in remote.lake_recall(session_id="rs", owner=EVERY)] == ["R"] * 5
 
         assert b.load_session_state("rs") == '{"on": "R"}'
         assert record(b, "rs", 4) == range(5, 9)
@@ -494,7 +495,7 @@ def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
         assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state() and not xdb.has_lake
         with pytest.raises(ValueError, match="backend is duckdb"):
-            xdb.lake_recall()
+            xdb.lake_recall(owner=EVERY)
     with RemoteXDB(tmp_path / "r") as remote:
         assert not remote.has_lake
 

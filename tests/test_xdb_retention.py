@@ -17,6 +17,7 @@ from xdb import XDB, TimestepRow
 from xdb.audit_chain import EVENT_TYPE
 from xdb.compression import cold_records, usage_bytes
 from xdb.fidelity import submit_evidence
+from xdb.owner import EVERY
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
 
 
@@ -53,8 +54,8 @@ def test_rows_past_verbatim_days_are_compressed_whatever_the_quota(tmp_path: Pat
         xdb.pin("kept", 0, 9, "evidence")
         report = xdb.compact()
         assert report["compressed_rows"] == {"reply": 40}  # "old" and kept's unpinned second reply
-        assert {r["session_id"] for r in xdb.recall({"limit": 1000})} == {"kept", "new"}
-        assert [r["tick"] for r in xdb.recall({"session_id": "kept", "limit": 100})] == list(range(10))
+        assert {r["session_id"] for r in xdb.recall({"limit": 1000}, owner=EVERY)} == {"kept", "new"}
+        assert [r["tick"] for r in xdb.recall({"session_id": "kept", "limit": 100}, owner=EVERY)] == list(range(10))
         assert [c["level"] for c in xdb.read(cold_records, "old")] == ["reply"] * 3
         assert len(audit_events(xdb, "compress_timesteps")) == 4  # 3 of "old", kept's unpinned second reply
 
@@ -65,19 +66,19 @@ def test_idle_sessions_are_deleted_unless_pinned_or_submitted(tmp_path: Path) ->
         for session in ("gone", "pinned", "evidence", "active"):
             write(xdb, session, 1)
             xdb.save_session_state(session, json.dumps({"turns": []}))
-        xdb.tag("insight", session_id="gone", tick=3)
-        xdb.comment("note", session_id="gone", tick=2)
+        xdb.tag("insight", session_id="gone", tick=3, owner=EVERY)
+        xdb.comment("note", session_id="gone", tick=2, owner=EVERY)
         for session in ("gone", "pinned", "evidence"):
             age(xdb, session, 10)
         xdb.pin("pinned", 0, 4)
-        xdb.tag("bud-x", session_id="evidence", tick_range=(0, 9), tag_type="bud")
+        xdb.tag("bud-x", session_id="evidence", tick_range=(0, 9), tag_type="bud", owner=EVERY)
         xdb.write(submit_evidence, "bud-x", "sub-1")
         report = xdb.compact()
         assert report["deleted_sessions"] == ["gone"]
         for table in ("timesteps", "tag_applications", "comments", "session_states", "session_ticks"):
             assert xdb.conn.execute(f"SELECT count(*) FROM {table} WHERE session_id = 'gone'").fetchone() == (0,)
         assert xdb.load_session_state("gone") is None
-        assert {r["session_id"] for r in xdb.recall({"limit": 1000})} == {"pinned", "evidence", "active"}
+        assert {r["session_id"] for r in xdb.recall({"limit": 1000}, owner=EVERY)} == {"pinned", "evidence", "active"}
         [event] = audit_events(xdb, "delete_session")
         assert event["session_id"] == "gone" and event["deleted"]["timesteps"] == 10
         assert event["deleted"]["tag_applications"] == 1 and event["deleted"]["comments"] == 1
@@ -143,5 +144,5 @@ def test_the_storage_loop_applies_retention_and_reports_each_pass(tmp_path: Path
             task.cancel()
 
         asyncio.run(run())
-        assert passes[0]["deleted_sessions"] == ["idle"] and xdb.recall({}) == []
+        assert passes[0]["deleted_sessions"] == ["idle"] and xdb.recall({}, owner=EVERY) == []
     assert 'ahc_xdb_deleted_sessions_total{model_name="m"} 1.0' in generate_latest(metrics.registry).decode()

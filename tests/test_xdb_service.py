@@ -26,6 +26,7 @@ from xdb import (
     verify_audit,
 )
 from xdb.documents import list_documents
+from xdb.owner import EVERY
 from xdb.remote import ServiceProcess, ServiceUnavailable
 from xdb.runs import list_interactions, log_interaction, purge_run
 
@@ -48,14 +49,14 @@ def test_rows_calls_and_errors_go_through_the_service(tmp_path: Path) -> None:
         xdb.writer.submit([TimestepRow("s", t, "input", "user", "hi") for t in xdb.next_ticks("s", 1)])
         xdb.writer.flush(10)
         assert xdb.writer.queue_depth() == 0 and xdb.writer.rows_written == 3
-        rows = xdb.recall(session_id="s")
+        rows = xdb.recall(session_id="s", owner=EVERY)
         assert [(r["tick"], r["content"]) for r in rows] == [(0, "Hel"), (1, "lo"), (2, "hi")]
         assert rows[0]["concept_activations"] == {"joy": 0.5, "fear": 0.5}
         # A tag on a row submitted just now: the call sees every row submitted before it.
         xdb.writer.submit(batch(xdb, "s", ["!"]))
-        assert xdb.tag("t", session_id="s", tick=3)["timestep_id"] == 3
+        assert xdb.tag("t", session_id="s", tick=3, owner=EVERY)["timestep_id"] == 3
         with pytest.raises(RecallFilterError) as bad:
-            xdb.recall(limit=0)
+            xdb.recall(limit=0, owner=EVERY)
         assert bad.value.param == "limit" and isinstance(bad.value, ValueError)
         seen: list[str] = []
         report = xdb.compact("s", compress_released=True, summarize=lambda text: seen.append(text) or "summary")
@@ -79,7 +80,7 @@ def test_the_generic_entry_runs_marked_module_functions_and_nothing_else(tmp_pat
         turn = xdb.write(log_interaction, "run", journal_entry="tried a collision")
         assert [(t["turn_id"], t["journal_entry"]) for t in xdb.read(list_interactions, "run")] == [
             (turn, "tried a collision")]
-        assert xdb.read(list_documents) == []
+        assert xdb.read(list_documents, owner=EVERY) == []
         with pytest.raises(TypeError, match="_unmarked is not marked @reads"):
             xdb.read(_unmarked)
         with pytest.raises(TypeError, match="list_interactions is not marked @writes"):
@@ -95,7 +96,7 @@ def test_closing_commits_what_was_never_flushed(tmp_path: Path) -> None:
         for _ in range(50):
             xdb.writer.submit(batch(xdb, "s", ["a", "b"]))
     with XDB.open(tmp_path / "x") as xdb:
-        assert len(xdb.recall(session_id="s", limit=1000)) == 100
+        assert len(xdb.recall(session_id="s", limit=1000, owner=EVERY)) == 100
 
 
 def test_a_killed_service_is_restarted_and_loses_no_accepted_row(tmp_path: Path) -> None:
@@ -109,7 +110,7 @@ def test_a_killed_service_is_restarted_and_loses_no_accepted_row(tmp_path: Path)
             time.sleep(0.001)
         xdb.writer.flush(60)
         assert restarts == [1] and xdb.writer.process.process.pid != first
-        rows = xdb.recall(session_id="s", limit=10_000)
+        rows = xdb.recall(session_id="s", limit=10_000, owner=EVERY)
         assert [r["tick"] for r in rows] == list(range(900))  # each once, in order
         assert sum(1 for r in rows if r["concept_activations"]) == 450
         assert xdb.state()["writer"]["process_restarts"] == 1
@@ -148,7 +149,7 @@ def test_the_service_joins_activations_sent_to_it_and_binds_again_after_a_restar
             xdb.writer.flush(30)
         finally:
             sender.close()
-        rows = xdb.recall(session_id="s")
+        rows = xdb.recall(session_id="s", owner=EVERY)
     assert [(r["request_id"], r["activation_source"]) for r in rows] == \
         [("a", "emulated"), ("a", "emulated"), (None, None), ("b", "emulated")]
     assert rows[0]["concept_activations"] == {"fear": 0.25, "joy": 0.25}
@@ -171,7 +172,7 @@ def test_back_pressure_is_counted_here_and_released_when_the_service_catches_up(
         xdb.writer.submit(batch(xdb, "s", list("xyz")), timeout=10)  # room again once the first rows commit
         xdb.writer.flush(10)
         # The refused batches reserved ticks 8-13 and were never stored; the accepted one follows them.
-        assert [r["tick"] for r in xdb.recall(session_id="s")] == [*range(8), 14, 15, 16]
+        assert [r["tick"] for r in xdb.recall(session_id="s", owner=EVERY)] == [*range(8), 14, 15, 16]
 
 
 def test_a_corrupt_database_fails_the_start_and_is_left_untouched(tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_a_service_that_keeps_dying_stops_recording_instead_of_restarting_foreve
         xdb.close()
     # Each row was committed before its service died, and none twice.
     with XDB.open(tmp_path / "x") as reopened:
-        assert [r["tick"] for r in reopened.recall(session_id="s")] == [0, 1, 2, 3]
+        assert [r["tick"] for r in reopened.recall(session_id="s", owner=EVERY)] == [0, 1, 2, 3]
 
 
 def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path) -> None:
@@ -219,7 +220,7 @@ def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path
     started = time.monotonic()
     with RemoteXDB(tmp_path / "x") as xdb:
         assert time.monotonic() - started >= 1.0  # it waited instead of failing
-        assert [r["content"] for r in xdb.recall(session_id="s")] == ["kept", "kept"]
+        assert [r["content"] for r in xdb.recall(session_id="s", owner=EVERY)] == ["kept", "kept"]
     release.join()
 
 
@@ -264,7 +265,7 @@ def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Pa
             time.sleep(0.1)
         store.writer.submit(batch(store, "s", ["a", "b"]))
         store.writer.flush(60)
-        assert [r["content"] for r in store.recall(session_id="s")] == ["a", "b"]
+        assert [r["content"] for r in store.recall(session_id="s", owner=EVERY)] == ["a", "b"]
 
 
 def test_a_row_utf8_cannot_hold_is_stored_with_a_replacement_not_the_writers_death(tmp_path: Path) -> None:
@@ -275,7 +276,7 @@ def test_a_row_utf8_cannot_hold_is_stored_with_a_replacement_not_the_writers_dea
         xdb.writer.submit([TimestepRow("s", ticks[0], "input", "user", "half \ud83d", metadata={"k": "\udc00"})])
         xdb.writer.submit(TokenBatch("s", ticks[1:], ["ok", "\ud800"], token_ids=[1, 2], request_id="r"))
         xdb.writer.flush(30)
-        rows = xdb.recall(session_id="s")
+        rows = xdb.recall(session_id="s", owner=EVERY)
         assert [r["content"] for r in rows] == ["half \ufffd", "ok", "\ufffd"]
         assert rows[0]["metadata"] == {"k": "\ufffd"}
         assert xdb.state()["writer"]["process_restarts"] == 0

@@ -14,6 +14,7 @@ from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterErro
 from xdb.compression import cold_records
 from xdb.documents import document_versions, get_document, list_documents
 from xdb.fidelity import resolve_submission, submit_evidence
+from xdb.owner import EVERY
 from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 from xdb.session_state import KEEP_VERSIONS
 from xdb.tags import list_buds, set_bud_status
@@ -38,7 +39,7 @@ def test_rows_round_trip_with_activations_and_reply_concatenates(xdb: XDB) -> No
     xdb.writer.submit([TimestepRow("s1", tick, "input", "user", "Hi there", request_id="r1", metadata={"n": 1})])
     xdb.writer.submit(reply(xdb, "s1", ["Hel", "lo", " world"], "r1", {"joy": 0.75, "fear": 0.25}))
     xdb.writer.flush()
-    rows = xdb.recall(session_id="s1")
+    rows = xdb.recall(session_id="s1", owner=EVERY)
     assert [r["tick"] for r in rows] == [0, 1, 2, 3]
     assert rows[0]["concept_activations"] == {} and rows[0]["metadata"] == {"n": 1}
     assert rows[1]["concept_activations"] == {"joy": 0.75, "fear": 0.25}
@@ -54,18 +55,18 @@ def test_each_recall_filter(xdb: XDB) -> None:
     [t] = xdb.next_ticks("b", 1)
     xdb.writer.submit([TimestepRow("b", t, "tool_call", "assistant", "run_prediction()")])
     xdb.writer.flush()
-    assert len(xdb.recall(session_id="a")) == 3
-    assert [r["content"] for r in xdb.recall(event_types=["tool_call"])] == ["run_prediction()"]
-    assert [r["content"] for r in xdb.recall(text="beta")] == ["Beta"]
-    assert [r["content"] for r in xdb.recall(text="%_")] == ["50%_off"]  # LIKE characters are literal
-    assert [r["tick"] for r in xdb.recall(session_id="a", tick_from=1, tick_to=1)] == [1]
-    assert len(xdb.recall(concept="fear")) == 2
-    assert [r["session_id"] for r in xdb.recall(concept="joy", min_activation=0.5)] == ["a"] * 3
-    assert xdb.recall(concept="no-such-concept") == []
-    assert len(xdb.recall(limit=2)) == 2
-    xdb.tag("odd", session_id="a", tick=1)
-    assert [r["content"] for r in xdb.recall(tags=["odd"])] == ["Beta"]
-    assert xdb.recall(tags=["never-made"]) == []
+    assert len(xdb.recall(session_id="a", owner=EVERY)) == 3
+    assert [r["content"] for r in xdb.recall(event_types=["tool_call"], owner=EVERY)] == ["run_prediction()"]
+    assert [r["content"] for r in xdb.recall(text="beta", owner=EVERY)] == ["Beta"]
+    assert [r["content"] for r in xdb.recall(text="%_", owner=EVERY)] == ["50%_off"]  # LIKE characters are literal
+    assert [r["tick"] for r in xdb.recall(session_id="a", tick_from=1, tick_to=1, owner=EVERY)] == [1]
+    assert len(xdb.recall(concept="fear", owner=EVERY)) == 2
+    assert [r["session_id"] for r in xdb.recall(concept="joy", min_activation=0.5, owner=EVERY)] == ["a"] * 3
+    assert xdb.recall(concept="no-such-concept", owner=EVERY) == []
+    assert len(xdb.recall(limit=2, owner=EVERY)) == 2
+    xdb.tag("odd", session_id="a", tick=1, owner=EVERY)
+    assert [r["content"] for r in xdb.recall(tags=["odd"], owner=EVERY)] == ["Beta"]
+    assert xdb.recall(tags=["never-made"], owner=EVERY) == []
 
 
 @pytest.mark.parametrize("bad, param", [({"limit": 0}, "limit"), ({"tick_from": -1}, "tick_from"),
@@ -73,34 +74,34 @@ def test_each_recall_filter(xdb: XDB) -> None:
                                         ({"min_activation": "high"}, "min_activation"), ({"text": " "}, "text")])
 def test_bad_recall_filter_names_it(xdb: XDB, bad: dict, param: str) -> None:
     with pytest.raises(RecallFilterError) as err:
-        xdb.recall(bad)
+        xdb.recall(bad, owner=EVERY)
     assert err.value.param == param and param in str(err.value)
 
 
 def test_tags_by_name_or_id_events_ranges_and_missing_targets(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["a", "b", "c", "d"], "r1"))
-    app = xdb.tag("curious", session_id="s", tick=2)  # still queued: tag flushes the writer first
+    app = xdb.tag("curious", session_id="s", tick=2, owner=EVERY)  # still queued: tag flushes the writer first
     assert app["target_type"] == "timestep"
-    same = xdb.tag(app["tag"]["id"], event_id="r1")
+    same = xdb.tag(app["tag"]["id"], event_id="r1", owner=EVERY)
     assert same["tag"]["name"] == "curious"
-    xdb.tag("later", session_id="s", tick_range=(2, 3))
-    tags = {r["tick"]: r["tags"] for r in xdb.recall(session_id="s")}
+    xdb.tag("later", session_id="s", tick_range=(2, 3), owner=EVERY)
+    tags = {r["tick"]: r["tags"] for r in xdb.recall(session_id="s", owner=EVERY)}
     assert tags == {0: ["curious"], 1: ["curious"], 2: ["curious", "later"], 3: ["curious", "later"]}
     with pytest.raises(NotFound):
-        xdb.tag("x", timestep_id=10_000)
+        xdb.tag("x", timestep_id=10_000, owner=EVERY)
     with pytest.raises(NotFound):
-        xdb.tag("x", session_id="s", tick=99)
+        xdb.tag("x", session_id="s", tick=99, owner=EVERY)
     with pytest.raises(NotFound):
-        xdb.comment("hm", event_id="no-such-request")
+        xdb.comment("hm", event_id="no-such-request", owner=EVERY)
     with pytest.raises(ValueError):
-        xdb.tag("x")
-    assert xdb.comment("worth a look", session_id="s", tick_range=(0, 1))["target_type"] == "range"
+        xdb.tag("x", owner=EVERY)
+    assert xdb.comment("worth a look", session_id="s", tick_range=(0, 1), owner=EVERY)["target_type"] == "range"
 
 
 def test_buds_and_concepts(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["x"], "r", {"honesty": 0.5}))
     xdb.writer.flush()
-    xdb.tag("curiosity-x", tag_type="bud", session_id="s", tick=0)
+    xdb.tag("curiosity-x", tag_type="bud", session_id="s", tick=0, owner=EVERY)
     buds = xdb.read(list_buds)
     assert [(b["name"], b["bud_status"], b["examples"]) for b in buds] == [("curiosity-x", "collecting", 1)]
     xdb.write(set_bud_status, "curiosity-x", "ready")
@@ -113,20 +114,20 @@ def test_buds_and_concepts(xdb: XDB) -> None:
 
 def test_documents_are_versioned_with_sha256_and_size_limited(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "d", XDBConfig(max_document_bytes=100)) as xdb:
-        doc = xdb.add_document("policy", "be kind", doc_type="tribal_policy", path="policies/kind.md")
+        doc = xdb.add_document("policy", "be kind", doc_type="tribal_policy", path="policies/kind.md", owner=EVERY)
         assert doc["version"] == 1 and len(doc["content_hash"]) == 64
         new = xdb.update_document(doc["id"], "be kind, always")
         assert new["version"] == 2 and new["content_hash"] != doc["content_hash"] and new["path"] == "policies/kind.md"
         assert xdb.read(get_document, doc["id"], version=1)["content"] == "be kind"
         assert xdb.read(get_document, path="policies/kind.md")["content"] == "be kind, always"
-        assert [d["version"] for d in xdb.read(list_documents)] == [2]
+        assert [d["version"] for d in xdb.read(list_documents, owner=EVERY)] == [2]
         assert [v["version"] for v in xdb.read(document_versions, doc["id"])] == [1, 2]
         with pytest.raises(DocumentTooLarge):
-            xdb.add_document("big", "x" * 101)
+            xdb.add_document("big", "x" * 101, owner=EVERY)
         with pytest.raises(NotFound):
             xdb.read(get_document, "doc-missing")
         with pytest.raises(ValueError):
-            xdb.add_document("bad", "x", doc_type="poem")
+            xdb.add_document("bad", "x", doc_type="poem", owner=EVERY)
 
 
 def test_ticks_resume_after_reopen_and_asubmit(tmp_path: Path) -> None:
@@ -135,7 +136,7 @@ def test_ticks_resume_after_reopen_and_asubmit(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
         assert list(xdb.next_ticks("s", 2)) == [3, 4]
         assert list(xdb.next_ticks("new", 1)) == [0]
-        assert len(xdb.recall(session_id="s")) == 3
+        assert len(xdb.recall(session_id="s", owner=EVERY)) == 3
 
 
 def test_backpressure_blocks_then_raises(tmp_path: Path) -> None:
@@ -182,14 +183,14 @@ def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
         assert pinned["fidelity"] == "warm"
         with pytest.raises(QuotaExceeded):
             xdb.pin("old", 10, 39)
-        xdb.tag("keep-me", session_id="old", tick=15)
+        xdb.tag("keep-me", session_id="old", tick=15, owner=EVERY)
         tiers = xdb.state()["fidelity"]
         assert (tiers["warm"], tiers["hot"], tiers["released"]) == (10, 30, 0)  # nothing compacted yet
         out = xdb.compact("old", up_to_tick=29, compress_released=True)
         assert out["compaction"]["range_end"] == 29
         # replies 2 and 3 (ticks 10..29) compress; the pinned reply and the still-HOT one stay
         assert len(out["compressed_record_ids"]) == 2
-        ticks = [r["tick"] for r in xdb.recall(session_id="old", limit=1000)]
+        ticks = [r["tick"] for r in xdb.recall(session_id="old", limit=1000, owner=EVERY)]
         assert ticks == list(range(10)) + list(range(30, 40))
         cold = xdb.read(cold_records, "old")
         assert [c["level"] for c in cold] == ["reply", "reply"]
@@ -200,20 +201,20 @@ def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
         xdb.compact()
         levels = [c["level"] for c in xdb.read(cold_records)]
         assert levels and all(level not in ("reply",) for level in levels)
-        assert len(xdb.recall(session_id="old", limit=1000)) == 20  # protected rows survive any quota
+        assert len(xdb.recall(session_id="old", limit=1000, owner=EVERY)) == 20  # protected rows survive any quota
 
 
 def test_submission_evidence_locks_then_releases(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["a", "b", "c"], "r"))
-    xdb.tag("bud-1", tag_type="bud", session_id="s", tick_range=(0, 2))
+    xdb.tag("bud-1", tag_type="bud", session_id="s", tick_range=(0, 2), owner=EVERY)
     [window] = xdb.write(submit_evidence, "bud-1", "sub-9")
     assert window["fidelity"] == "submitted" and window["submission_ids"] == ["sub-9"]
     xdb.compact("s", compress_released=True)
-    assert len(xdb.recall(session_id="s")) == 3  # evidence is never compressed
+    assert len(xdb.recall(session_id="s", owner=EVERY)) == 3  # evidence is never compressed
     [released] = xdb.write(resolve_submission, "sub-9", accepted=False)
     assert released["fidelity"] == "warm" and not released["pinned"]
     xdb.compact(compress_released=True)
-    assert xdb.recall(session_id="s") == []
+    assert xdb.recall(session_id="s", owner=EVERY) == []
 
 
 def test_session_state_and_agent_tables(xdb: XDB) -> None:
@@ -252,8 +253,8 @@ def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
 
 def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["a", "b"], "r1"))
-    first = xdb.tag("first", session_id="s", tick=0)["tag"]
-    digits = xdb.tag(str(first["id"]), session_id="s", tick=1)["tag"]
+    first = xdb.tag("first", session_id="s", tick=0, owner=EVERY)["tag"]
+    digits = xdb.tag(str(first["id"]), session_id="s", tick=1, owner=EVERY)["tag"]
     assert digits["name"] == str(first["id"]) and digits["id"] != first["id"]
     assert xdb.write(set_bud_status, first["id"], "collecting")["name"] == "first"
     assert xdb.write(set_bud_status, str(first["id"]), "collecting")["id"] == digits["id"]

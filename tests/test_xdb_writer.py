@@ -15,6 +15,7 @@ from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit import AuditLog
 from xdb.canonical import canonical_array
 from xdb.concepts import ConceptIndex
+from xdb.owner import EVERY
 from xdb.rows import batch_to_arrow, rows_to_arrow, to_arrow
 
 NAMES = ["joy", "fear", "calm"]
@@ -36,14 +37,14 @@ def test_token_batch_round_trip_matches_timestep_rows(tmp_path: Path) -> None:
                                       steering=[{"hush": 1}]))
         xdb.writer.submit(token_batch(xdb, "s", ["x"], "r2"))
         xdb.writer.flush()
-        rows = xdb.recall(session_id="s")
+        rows = xdb.recall(session_id="s", owner=EVERY)
         assert [r["content"] for r in rows] == ["Hel", "lo", "!", "x"]
         assert [r["tick"] for r in rows] == [0, 1, 2, 3] and [r["token_id"] for r in rows] == [0, 1, 2, 0]
         assert [r["concept_activations"] for r in rows] == [{"joy": 0.5, "fear": 0.25}, {"calm": 0.75}, {}, {}]
         assert rows[0]["event_type"] == "output" and rows[0]["role"] == "assistant"
         assert rows[0]["request_id"] == "r1" and rows[3]["request_id"] == "r2"
         assert [c["name"] for c in xdb.concepts_list()] == ["calm", "fear", "joy"]
-        assert len(xdb.recall(concept="calm", min_activation=0.7)) == 1
+        assert len(xdb.recall(concept="calm", min_activation=0.7, owner=EVERY)) == 1
         assert xdb.verify_audit().ok
     with XDB.open(tmp_path / "x") as xdb:
         assert list(xdb.next_ticks("s", 1)) == [4]  # session_ticks saw the batch
@@ -100,7 +101,7 @@ def test_batches_cut_across_mixed_submits_keep_order_and_chain(tmp_path: Path) -
                                    for t, w in zip(ticks, words)])
             expected += words
         xdb.writer.flush()
-        rows = xdb.recall(session_id="s", limit=100)
+        rows = xdb.recall(session_id="s", limit=100, owner=EVERY)
         assert [r["content"] for r in rows] == expected
         assert [r["id"] for r in rows] == list(range(30)) and [r["tick"] for r in rows] == list(range(30))
         with xdb.cursor() as cur:
@@ -127,7 +128,7 @@ def test_a_batch_the_audit_refuses_never_reaches_the_experience_file(tmp_path: P
         with pytest.raises(WriterStopped):
             xdb.close()
     with XDB.open(tmp_path / "x") as xdb:
-        assert [r["content"] for r in xdb.recall(session_id="s")] == ["kept"]
+        assert [r["content"] for r in xdb.recall(session_id="s", owner=EVERY)] == ["kept"]
         assert xdb.verify_audit().ok
 
 
@@ -155,21 +156,21 @@ def test_recall_tag_paths_combine_with_filters_and_dedupe(tmp_path: Path) -> Non
         xdb.writer.submit(token_batch(xdb, "a", ["a0", "a1", "a2", "a3"], "ra"))
         xdb.writer.submit(token_batch(xdb, "b", ["b0", "b1", "b2"], "rb"))
         xdb.writer.flush()
-        assert xdb.recall(tags=["hot"]) == []
-        xdb.tag("hot", event_id="rb")                            # every row of reply rb
-        xdb.tag("hot", session_id="a", tick=1)                    # one row
-        xdb.tag("hot", session_id="a", tick_range=(1, 2))         # overlaps the row above
+        assert xdb.recall(tags=["hot"], owner=EVERY) == []
+        xdb.tag("hot", event_id="rb", owner=EVERY)                            # every row of reply rb
+        xdb.tag("hot", session_id="a", tick=1, owner=EVERY)                    # one row
+        xdb.tag("hot", session_id="a", tick_range=(1, 2), owner=EVERY)         # overlaps the row above
         tid = xdb.create_tag("cold")["id"]
-        xdb.tag(tid, session_id="b", tick=2)
-        assert [r["content"] for r in xdb.recall(tags=["hot"])] == ["a1", "a2", "b0", "b1", "b2"]
-        assert [r["content"] for r in xdb.recall(tags=["hot"], limit=2)] == ["a1", "a2"]
-        assert [r["content"] for r in xdb.recall(tags=["hot"], session_id="b", text="1")] == ["b1"]
-        assert [r["content"] for r in xdb.recall(tags=[str(tid)])] == ["b2"]
-        assert [r["content"] for r in xdb.recall(tags=["cold", "nope"])] == ["b2"]
-        tags = {r["content"]: r["tags"] for r in xdb.recall(limit=100)}
+        xdb.tag(tid, session_id="b", tick=2, owner=EVERY)
+        assert [r["content"] for r in xdb.recall(tags=["hot"], owner=EVERY)] == ["a1", "a2", "b0", "b1", "b2"]
+        assert [r["content"] for r in xdb.recall(tags=["hot"], limit=2, owner=EVERY)] == ["a1", "a2"]
+        assert [r["content"] for r in xdb.recall(tags=["hot"], session_id="b", text="1", owner=EVERY)] == ["b1"]
+        assert [r["content"] for r in xdb.recall(tags=[str(tid)], owner=EVERY)] == ["b2"]
+        assert [r["content"] for r in xdb.recall(tags=["cold", "nope"], owner=EVERY)] == ["b2"]
+        tags = {r["content"]: r["tags"] for r in xdb.recall(limit=100, owner=EVERY)}
         assert tags == {"a0": [], "a1": ["hot"], "a2": ["hot"], "a3": [], "b0": ["hot"], "b1": ["hot"],
                         "b2": ["cold", "hot"]}
-        assert [r["content"] for r in xdb.recall(tags=["hot"], event_types=["input"])] == []
+        assert [r["content"] for r in xdb.recall(tags=["hot"], event_types=["input"], owner=EVERY)] == []
 
 
 def test_a_batch_the_experience_file_refuses_is_replayed_from_the_audit(tmp_path: Path, monkeypatch) -> None:
@@ -191,7 +192,7 @@ def test_a_batch_the_experience_file_refuses_is_replayed_from_the_audit(tmp_path
         with pytest.raises(WriterStopped):
             xdb.close()
     with XDB.open(tmp_path / "x") as xdb:  # the audit committed it: the open replays it
-        rows = xdb.recall(session_id="s")
+        rows = xdb.recall(session_id="s", owner=EVERY)
         assert [r["content"] for r in rows] == ["kept", "late", "too"]
         assert rows[1]["concept_activations"] == {"joy": 0.5} and rows[2]["concept_activations"] == {"fear": 0.25}
         assert xdb.verify_audit().ok
@@ -209,7 +210,7 @@ def test_token_batch_without_created_at_is_stamped_at_submit(tmp_path: Path) -> 
         time.sleep(0.3)
         xdb.writer.flush()
         stamps = [datetime.datetime.fromisoformat(r["created_at"].rstrip("Z")).replace(
-            tzinfo=datetime.UTC).timestamp() for r in xdb.recall(session_id="s")]
+            tzinfo=datetime.UTC).timestamp() for r in xdb.recall(session_id="s", owner=EVERY)]
         assert all(before - 1 <= t <= before + 0.25 for t in stamps), (before, stamps)
 
 

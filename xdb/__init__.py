@@ -13,7 +13,7 @@
 
     xdb.read(fn, *args, **kwargs)     # a read function of XDB's modules (marked @reads): fn(cur, *args, **kwargs)
     xdb.write(fn, *args, **kwargs)    # a write function (marked @writes), one at a time: fn(cur, audit, ...)
-        # e.g. xdb.read(list_documents, "codex") ; xdb.write(log_interaction, run_id, journal_entry="...")
+        # e.g. xdb.read(list_documents, "codex", owner=EVERY) ; xdb.write(log_interaction, run_id, journal_entry="...")
 
 XDB's methods (xdb/store.py, with those on sessions and the lake in xdb/store_sessions.py and
 xdb/store_lake.py) are the rest of its interface: those that add something of their own to a module

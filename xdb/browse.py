@@ -55,7 +55,7 @@ OVERVIEW = f"""
 
 
 @reads
-def sessions_overview(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 200,
+def sessions_overview(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 200,
                       query: str | None = None) -> list[dict[str, Any]]:
     """Sessions (one tenant's: `owner`, xdb/owner.py), the most recently active first: turns,
     tokens, cache hit ratio, last activity, the last turn's mode, pinned or submitted windows."""
@@ -163,7 +163,7 @@ TOP_TOKENS = f"""
     ORDER BY v DESC, id LIMIT $limit"""
 
 
-def top_tokens(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, owner: str = "",
+def top_tokens(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, owner: str,
                limit: int = 50) -> list[dict[str, Any]]:
     """The tokens, across `owner`'s sessions (xdb/owner.py), that activated `concept` most (it among their
     top-k)."""

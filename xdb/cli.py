@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from xdb.owner import EVERY
 from xdb.session_state import list_sessions, state_versions
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def recall_command(
     except ValueError as exc:
         _fail(str(exc))
     try:
-        rows = xdb.recall(filters)
+        rows = xdb.recall(filters, owner=EVERY)
     except ValueError as exc:
         _fail(str(exc))
     finally:
@@ -208,7 +209,8 @@ def export_command(
         _fail(f"--format must be parquet or jsonl, not {fmt!r}", 2)
     try:
         with XDB.open(data_dir) as xdb:
-            manifest = xdb.export(out, "parquet" if fmt == "parquet" else "jsonl", session_id=session, since=since)
+            manifest = xdb.export(out, "parquet" if fmt == "parquet" else "jsonl", session_id=session, since=since,
+                                  owner=EVERY)
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(json.dumps({key: manifest[key] for key in ("id", "path", "format", "rows", "audit_head")}))
@@ -252,7 +254,7 @@ def _with_xdb(data_dir: Path, action: Callable[[XDB], object]) -> None:
 def sessions_command(data_dir: DataDir,
                      limit: Annotated[int, typer.Option(help="At most this many.", min=1)] = 100) -> None:
     """List sessions: last tick, stored State versions. (A running server: GET /v1/context/sessions.)"""
-    _with_xdb(data_dir, lambda xdb: xdb.read(list_sessions, limit=limit))
+    _with_xdb(data_dir, lambda xdb: xdb.read(list_sessions, EVERY, limit=limit))
 
 
 @app.command("session-versions")

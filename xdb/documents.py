@@ -56,7 +56,7 @@ def _check(content: str, max_bytes: int) -> str:
 
 def add_document(cur: duckdb.DuckDBPyConnection, name: str, content: str, *, doc_type: str = "reference",
                  path: str | None = None, tags: list[str] | None = None, source: str | None = None,
-                 summary: str | None = None, max_bytes: int, owner: str = "") -> dict[str, Any]:
+                 summary: str | None = None, max_bytes: int, owner: str) -> dict[str, Any]:
     """A new document of `owner` (a tenant's, xdb/owner.py): its id is the owner's prefix
     (`build_prefix`) followed by a fresh one."""
     if not name or not name.strip():
@@ -103,7 +103,7 @@ def get_document(cur: duckdb.DuckDBPyConnection, doc_id: str | None = None, *, p
 
 @reads
 def find_document(cur: duckdb.DuckDBPyConnection, key: str | None = None, *, path: str | None = None,
-                  version: int | None = None, sha256: str | None = None, owner: str = "",
+                  version: int | None = None, sha256: str | None = None, owner: str,
                   with_content: bool = True) -> dict[str, Any]:
     """One tenant's document version: by id or name (`key`) or by `path`, at `version`, or the version
     whose content has `sha256`, else the latest. A name two documents share is an error naming their ids.
@@ -149,7 +149,7 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
 
 @reads
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
-                   query: str | None = None, owner: str = "") -> list[dict[str, Any]]:
+                   query: str | None = None, *, owner: str) -> list[dict[str, Any]]:
     """The latest version of each of `owner`'s documents (xdb/owner.py), without content;
     `query` searches name, path and text."""
     if doc_type is not None:

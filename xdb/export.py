@@ -18,7 +18,7 @@ import hashlib
 import json
 import urllib.parse
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +42,8 @@ TABLES: tuple[Table, ...] = tuple(t for t in XDB_TABLES if t.export)
 class ExportFilter:
     session_id: str | None = None  # one session (a run, for the discovery agent's tables)
     since: dt.datetime | None = None  # rows created at or after this (UTC)
-    owner: str = ""  # one tenant's sessions and documents (xdb/owner.py; "": every tenant's)
+    _: KW_ONLY
+    owner: str  # one tenant's sessions and documents (xdb/owner.py; EVERY: every tenant's)
 
     def where(self, table: Table) -> tuple[str, list[Any]]:
         clauses: list[str] = ["TRUE"]

@@ -50,7 +50,7 @@ RELATED = """
 
 
 def related_concepts(cur: duckdb.DuckDBPyConnection, concept: str, concepts: ConceptIndex, limit: int = 10,
-                     session_id: str | None = None, owner: str = "") -> list[dict[str, Any]]:
+                     session_id: str | None = None, *, owner: str) -> list[dict[str, Any]]:
     """The concepts most often in the same tokens' top-k as `concept`, with how often and how strongly."""
     cid = concepts.id_of(concept)
     if cid is None:

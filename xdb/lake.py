@@ -178,7 +178,7 @@ class Lake:
         return self.shipper.status()
 
     # -- reads ------------------------------------------------------------------------------------------
-    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str,
                **kwargs: Any) -> list[dict[str, Any]]:
         f = RecallFilters.parse(filters, **kwargs)
         with self._reading() as cur:

@@ -70,7 +70,7 @@ def _tag_ids(cur: duckdb.DuckDBPyConnection, a: str, names: list[str]) -> list[t
 
 
 def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
-                     owner: str = "") -> tuple[str, list[Any]] | None:
+                     owner: str) -> tuple[str, list[Any]] | None:
     """SQL and parameters for the matching rows of every replica, oldest first (created_at, then
     replica and id); None when nothing can match (an unknown concept or tag)."""
     if f.after_id is not None:
@@ -159,7 +159,7 @@ def _annotations(cur: duckdb.DuckDBPyConnection, a: str, rows: list[Row], tag_na
     return {k: sorted(v) for k, v in tags.items()}, comments
 
 
-def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, owner: str = "",
+def lake_recall(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters, owner: str,
                 cache: NameCache | None = None) -> list[dict[str, Any]]:
     """Timesteps of every replica matching the filters (as `XDB.recall` takes them, less `after_id`),
     oldest first, each with its `replica`, concept activations, tags and comments."""

@@ -3,10 +3,12 @@
 A tenant's ids are stored as its prefix followed by the id it named ("alice/s1"); tenant names hold
 no "/", so a prefix never starts another's. An owner is one of:
 - `"name/"`: the ids that start with it (a named tenant's);
-- `""`: every id (the only tenant of a server: nothing there is anyone else's);
+- `EVERY` (`""`): every id (the only tenant of a server: nothing there is anyone else's);
 - `FLAT`: the ids with no "/" (the `default` tenant among others: its ids carry no prefix, and any
   id with a "/" may be another tenant's).
 New ids are built with `build_prefix(owner)`: "" for the last two.
+Every data-layer function that filters by owner takes it without a default, so a caller that forgets
+its tenant's owner is a type error rather than a silent read of every tenant's rows.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 FLAT = "/"
+# The owner that reads every tenant's rows: for the only tenant of a server, operator tools and the CLI
+# on a data directory. Named so that reaching past every tenant is a visible choice at the call site.
+EVERY = ""
 
 
 def build_prefix(owner: str) -> str:

@@ -209,7 +209,7 @@ def _escape_like(text: str) -> str:
 
 
 def conditions(f: RecallFilters, concepts: ConceptIndex,
-               owner: str = "") -> tuple[list[str], list[Any]] | None:
+               owner: str) -> tuple[list[str], list[Any]] | None:
     """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing.
     `owner`: only one tenant's sessions (xdb/owner.py; "": every session)."""
     where: list[str] = []
@@ -257,7 +257,7 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None, owner: str = "") -> tuple[str, list[Any]] | None:
+                tag_kinds: list[str] | None = None, *, owner: str) -> tuple[str, list[Any]] | None:
     """SQL and parameters for the ids of the first `limit` matches, oldest first; None when the
     filters can match nothing (unknown concept or tags). Only `id` and the filtered columns are
     read: DuckDB's top-N pushes a growing `id` bound into the scan, so row groups past the first
@@ -363,11 +363,11 @@ def to_record(row: Row, concepts: ConceptIndex, tags: list[str],
 
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
-           tag_cache: TagCache | None = None, owner: str = "") -> list[dict[str, Any]]:
+           tag_cache: TagCache | None = None, *, owner: str) -> list[dict[str, Any]]:
     """The matches' ids (light columns only), then those rows, in one query; then their tags."""
     tag_cache = tag_cache or TagCache()
     tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
-    query = build_query(filters, concepts, tag_ids, kinds, owner)
+    query = build_query(filters, concepts, tag_ids, kinds, owner=owner)
     if query is None:
         return []
     ids_sql, params = query
@@ -378,7 +378,7 @@ def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: Con
 
 
 def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: ConceptIndex, tag_cache: TagCache,
-             owner: str = "") -> dict[str, Any] | None:
+             owner: str) -> dict[str, Any] | None:
     """One row by id, with its tags and comments (None: no such row, or another tenant's)."""
     condition, params = owned("session_id", owner)
     rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM timesteps WHERE id = ? AND {condition}",

@@ -112,7 +112,7 @@ def purge_run(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: 
 
 
 @reads
-def list_runs(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 100) -> list[dict[str, Any]]:
+def list_runs(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 100) -> list[dict[str, Any]]:
     """The runs of one tenant (`owner`, xdb/owner.py), most recently active first: turns and
     knowledge versions counted, first and last activity, the latest snapshot's theorem count, and
     whether a report is stored (`report_name`, one of the tenant's documents)."""
@@ -186,7 +186,7 @@ def _report_id(cur: duckdb.DuckDBPyConnection, run_id: str, owner: str) -> str |
     return None if row is None else str(row[0])
 
 
-def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, owner: str = "") -> dict[str, Any]:
+def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, owner: str) -> dict[str, Any]:
     """Store `png` as the run's report: a new document, or a new version of the run's one. The
     caller serialises calls (a new version reads the last one)."""
     check_png(png)
@@ -202,7 +202,7 @@ def save_report(cur: duckdb.DuckDBPyConnection, run_id: str, png: bytes, owner: 
 
 
 @reads
-def run_report(cur: duckdb.DuckDBPyConnection, run_id: str, owner: str = "") -> bytes | None:
+def run_report(cur: duckdb.DuckDBPyConnection, run_id: str, owner: str) -> bytes | None:
     """The run's latest report PNG, None if none was stored (the caller names the run in its 404)."""
     doc_id = _report_id(cur, run_id, owner)
     if doc_id is None:

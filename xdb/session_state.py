@@ -124,7 +124,7 @@ def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, la
 
 
 @reads
-def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str = "", limit: int = 100,
+def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 100,
                   after: str | None = None) -> list[dict[str, Any]]:
     """One tenant's sessions (`owner`, xdb/owner.py), in id order from `after`: each with
     its last tick and its stored State versions."""

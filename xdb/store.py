@@ -42,6 +42,7 @@ from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
 from xdb.lake import Lake
 from xdb.lake_session import LakeTicks, ResumableTickBook
+from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import TOP_K, open_experience
@@ -178,7 +179,7 @@ class XDB(SessionMethods, LakeMethods):
 
     @service_after_flush
     def export(self, out: Path | str | None = None, fmt: export.Format = "parquet", *, session_id: str | None = None,
-               since: str | None = None, owner: str = "") -> dict[str, Any]:
+               since: str | None = None, owner: str) -> dict[str, Any]:
         """Rows as Parquet (or JSON lines) files partitioned by session, and a manifest; `out`
         defaults to DATA_DIR/exports/<export id>. `since`: an ISO time (UTC), rows created from then
         on; `owner`: one tenant's sessions and documents (xdb/owner.py). The export is an audit event."""
@@ -186,7 +187,7 @@ class XDB(SessionMethods, LakeMethods):
             self.writer.flush()  # rows accepted before the export are in it
         export_id = f"exp-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.urandom(3).hex()}"
         dest = Path(out) if out is not None else self.data_dir / "exports" / export_id
-        filters = export.ExportFilter(session_id, parse_since(since), owner)
+        filters = export.ExportFilter(session_id, parse_since(since), owner=owner)
         with self.cursor() as cur:
             result = export.export_rows(cur, dest, fmt, filters, self.audit_head(), export_id)
         self.audit_event("export", {"id": result.id, "path": str(dest), "rows": result.manifest["rows"],
@@ -207,19 +208,19 @@ class XDB(SessionMethods, LakeMethods):
         return None if self.writer is None else self.writer.activations_receiving()
 
     @service
-    def exports(self, owner: str | None = "") -> list[dict[str, Any]]:
+    def exports(self, owner: str | None) -> list[dict[str, Any]]:
         """The exports under DATA_DIR/exports made for `owner` (a tenant's, xdb/owner.py; None: every tenant's),
         newest first (manifests only: files are not re-hashed), each with its `path` and `bytes`."""
         found = []
         for path in (self.data_dir / "exports").glob(f"*/{export.MANIFEST}"):
             manifest = json.loads(path.read_text())
-            if owner is None or manifest.get("prefix", "") == owner:
+            if owner is None or manifest.get("prefix", EVERY) == owner:
                 found.append({**manifest, "path": str(path.parent), "bytes": export.export_bytes(manifest)})
         # By the time each was made (to the microsecond): ids made in the same second sort at random.
         return sorted(found, key=lambda m: (export.created_at(m), m["id"]), reverse=True)
 
     @service
-    def delete_export(self, export_id: str, owner: str = "", reason: str = "deleted") -> bool:
+    def delete_export(self, export_id: str, owner: str, reason: str = "deleted") -> bool:
         """Remove one of the tenant's exports (its files and manifest); False if it has none of that
         id. The removal is an audit event."""
         for found in self.exports(owner):
@@ -239,14 +240,14 @@ class XDB(SessionMethods, LakeMethods):
         kept = []
         for found in self.exports(None):
             if (now - export.created_at(found)).total_seconds() > ttl_s:
-                self.delete_export(found["id"], found.get("prefix", ""), "expired")
+                self.delete_export(found["id"], found.get("prefix", EVERY), "expired")
                 deleted.append(found["id"])
             else:
                 kept.append(found)
         held = sum(found["bytes"] for found in kept)
         while over_bytes is not None and kept and held > over_bytes:
             oldest = kept.pop()
-            self.delete_export(oldest["id"], oldest.get("prefix", ""), "over quota")
+            self.delete_export(oldest["id"], oldest.get("prefix", EVERY), "over quota")
             deleted.append(oldest["id"])
             held -= oldest["bytes"]
         return deleted, held
@@ -275,7 +276,7 @@ class XDB(SessionMethods, LakeMethods):
     @service
     def read(self, fn: Callable[Concatenate[Cursor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """`fn(cur, *args, **kwargs)` on a cursor of its own: a read function of XDB's modules (`@reads`),
-        e.g. `xdb.read(list_documents, "codex")`."""
+        e.g. `xdb.read(list_documents, "codex", owner=EVERY)`."""
         check_entry(fn, "read")
         with self.cursor() as cur:
             return fn(cur, *args, **kwargs)
@@ -326,28 +327,28 @@ class XDB(SessionMethods, LakeMethods):
 
     # -- reading -------------------------------------------------------------------------------
     @service
-    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
+    def recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str,
                **kwargs: Any) -> list[dict[str, Any]]:
         """Timesteps matching the filters, oldest first, of the sessions `owner` owns (xdb/owner.py);
         a bad filter raises RecallFilterError (a ValueError) naming it."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            return recall(cur, f, self.concepts, self.tag_cache, owner)
+            return recall(cur, f, self.concepts, self.tag_cache, owner=owner)
 
     @service
-    def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
+    def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str,
                     **kwargs: Any) -> dict[str, Any]:
         """One page of recall: its rows, whether more follow, and the cursor (`after_id`) for the next."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
             rows = recall(cur, f.model_copy(update={"limit": f.limit + 1}), self.concepts, self.tag_cache,
-                          owner)
+                          owner=owner)
         page = rows[:f.limit]
         return {"data": page, "has_more": len(rows) > f.limit,
                 "next_after_id": page[-1]["id"] if len(rows) > f.limit else None}
 
     @service
-    def timestep(self, timestep_id: int, owner: str = "") -> dict[str, Any]:
+    def timestep(self, timestep_id: int, owner: str) -> dict[str, Any]:
         with self.cursor() as cur:
             found = timestep(cur, timestep_id, self.concepts, self.tag_cache, owner)
         if found is None:
@@ -361,12 +362,12 @@ class XDB(SessionMethods, LakeMethods):
 
     @service
     def related_concepts(self, concept: str, limit: int = 10, session_id: str | None = None,
-                         owner: str = "") -> list[dict[str, Any]]:
+                         *, owner: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, owner)
+            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, owner=owner)
 
     @service
-    def top_tokens(self, concept: str, owner: str = "", limit: int = 50) -> list[dict[str, Any]]:
+    def top_tokens(self, concept: str, owner: str, limit: int = 50) -> list[dict[str, Any]]:
         with self.cursor() as cur:
             return browse.top_tokens(cur, concept, self.concepts, owner, limit)
 
@@ -413,7 +414,7 @@ class XDB(SessionMethods, LakeMethods):
     def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
-            created_by: str = "be", description: str | None = None, owner: str = "") -> dict[str, Any]:
+            created_by: str = "be", description: str | None = None, owner: str) -> dict[str, Any]:
         """Apply a tag (a str is its name, an int its id; a new name creates it) to a timestep, an
         event or a tick range. Raises NotFound for a missing target, or one of a session `owner` does
         not own (xdb/owner.py)."""
@@ -430,7 +431,7 @@ class XDB(SessionMethods, LakeMethods):
     @service_after_flush
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
                 tick: int | None = None, event_id: str | None = None,
-                tick_range: tuple[int, int] | None = None, owner: str = "") -> dict[str, Any]:
+                tick_range: tuple[int, int] | None = None, owner: str) -> dict[str, Any]:
         with self.cursor() as cur:
             target = self._target(cur, owner, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
@@ -446,9 +447,10 @@ class XDB(SessionMethods, LakeMethods):
 
     # -- documents -----------------------------------------------------------------------------
     @service
-    def add_document(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
+    def add_document(self, name: str, content: str, *, owner: str, **fields: Any) -> dict[str, Any]:
         with self.cursor() as cur:
-            return documents.add_document(cur, name, content, max_bytes=self.max_document_bytes, **fields)
+            return documents.add_document(cur, name, content, max_bytes=self.max_document_bytes, owner=owner,
+                                          **fields)
 
     @service
     def update_document(self, doc_id: str, content: str, **fields: Any) -> dict[str, Any]:
@@ -523,7 +525,7 @@ class XDB(SessionMethods, LakeMethods):
 
     # -- the discovery agent's run reports ------------------------------------------------------
     @service
-    def save_run_report(self, run_id: str, png: bytes, owner: str = "") -> dict[str, Any]:
+    def save_run_report(self, run_id: str, png: bytes, owner: str) -> dict[str, Any]:
         """Store a run's report PNG as a document (a new version per call; InvalidRequest if `png` is
         not a PNG or is over runs.REPORT_MAX_BYTES); returns the document without content."""
         with self._documents_lock, self.cursor() as cur:

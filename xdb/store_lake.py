@@ -33,7 +33,7 @@ class LakeMethods:
         return self.lake
 
     @service
-    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str = "",
+    def lake_recall(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str,
                     **kwargs: Any) -> list[dict[str, Any]]:
         """Every replica's timesteps matching the filters (as `recall`, less after_id), each with `replica`."""
         return self._need_lake().recall(filters, owner=owner, **kwargs)

@@ -74,7 +74,7 @@ def make_target(*, timestep_id: int | None = None, session_id: str | None = None
     return TagTarget(session_id=session_id, timestep_id=timestep_id, event_id=event_id)
 
 
-def resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget, owner: str = "") -> TagTarget:
+def resolve_target(cur: duckdb.DuckDBPyConnection, target: TagTarget, owner: str) -> TagTarget:
     """Check the target exists in a session `owner` (the caller's tenant's, xdb/owner.py) owns;
     a single tick becomes its timestep id. Raises NotFound, the same for a row that is
     missing and one of another tenant."""

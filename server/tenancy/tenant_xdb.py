@@ -136,7 +136,7 @@ class TenantXDB:
 
     def related_concepts(self, concept: str, limit: int, session_id: str | None) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.xdb.related_concepts(concept, limit, self._opt(session_id),
-                                                               self.tenant.owner)
+                                                               owner=self.tenant.owner)
         return rows
 
     def top_tokens(self, concept: str, limit: int) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ class TenantXDB:
 
     # -- documents ----------------------------------------------------------------------------------
     def documents(self, doc_type: DocumentType | None, q: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(list_documents, doc_type, q, self.tenant.owner), "id")
+        return self._rows(self.xdb.read(list_documents, doc_type, q, owner=self.tenant.owner), "id")
 
     def find_document(self, path: str) -> dict[str, Any]:
         """The tenant's latest document at `path`; NotFound if it has none."""
