@@ -4,6 +4,7 @@ trip, and a service killed mid-stream that is started again with every accepted 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -280,3 +281,35 @@ def test_a_row_utf8_cannot_hold_is_stored_with_a_replacement_not_the_writers_dea
         assert [r["content"] for r in rows] == ["half \ufffd", "ok", "\ufffd"]
         assert rows[0]["metadata"] == {"k": "\ufffd"}
         assert xdb.state()["writer"]["process_restarts"] == 0
+
+
+class Unjsonable:
+    """Pickles, but JSON cannot encode it: a row whose metadata holds one passes every check where rows are
+    accepted and kills the writer, as a fault that no check foresaw would."""
+
+
+def test_a_part_that_kills_the_writer_is_dropped_after_it_kills_a_second_run_alone(tmp_path: Path) -> None:
+    """The service exits when its writer dies (it used to go on accepting rows it could never commit, every
+    flush timing out). Its next run commits the suspect part alone and dies again; the run after drops that
+    part, logged and chained in the audit, and keeps every other row."""
+    import duckdb
+
+    from xdb.writer_failure import FILE
+
+    with RemoteXDB(tmp_path / "x") as xdb:
+        xdb.writer.submit([TimestepRow("s", t, "input", "user", "before") for t in xdb.next_ticks("s", 2)])
+        xdb.writer.flush(10)
+        xdb.writer.submit([TimestepRow("p", 0, "input", "user", "poison", metadata={"x": Unjsonable()})])
+        xdb.writer.submit(batch(xdb, "s", ["af", "ter"]))
+        xdb.writer.flush(60)
+        assert xdb.writer.alive and xdb.writer.restarts == 2  # a run per death, the part dropped in the third
+        rows = xdb.recall(owner=EVERY)
+        assert [(r["session_id"], r["content"]) for r in rows] == [("s", "before")] * 2 + [("s", "af"), ("s", "ter")]
+        xdb.writer.submit(batch(xdb, "s", ["on"]))  # recording goes on
+        xdb.writer.flush(10)
+    assert not (tmp_path / "x" / FILE).exists()
+    assert verify_audit(tmp_path / "x").ok
+    with duckdb.connect(str(tmp_path / "x" / "audit" / "audit.duckdb"), read_only=True) as audit:
+        events = [json.loads(c) for (c,) in audit.execute(
+            "SELECT content FROM audit_records WHERE content LIKE '%rows_dropped%'").fetchall()]
+    assert [(e["rows"], e["spans"]) for e in events] == [(1, [["p", 0, 0]])]

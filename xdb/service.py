@@ -12,6 +12,8 @@ The server talks to it over Unix-socket connections (`multiprocessing.connection
         a keyword argument given as CALLBACK is a function of the caller's, run there on request
         (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
 The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
+A writer that dies ends it too, at once, so the server starts it again; the part it died on is found and
+dropped over the next two runs (xdb/writer_failure.py).
 
 Each connection proves the run's key (multiprocessing's challenge) on a thread of its own, within
 HANDSHAKE_TIMEOUT_S: a connection that closes at once or never answers costs only its own thread, and
@@ -23,6 +25,7 @@ was not meant to be served, but they are no security boundary, since a message i
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import signal
 import threading
@@ -37,6 +40,8 @@ from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import DatabaseInUse
 from xdb.store import XDB
+from xdb.writer import spans
+from xdb.writer_failure import WriterFailure
 
 log = logging.getLogger("ahc.xdb.service")
 
@@ -50,6 +55,7 @@ PROCESS_TITLE = "AHC::XDB"
 SUBMIT_TIMEOUT_S = 600.0
 LOCK_WAIT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
+EXIT_WRITER_DIED = 3
 
 Part = list[TimestepRow] | TokenBatch
 
@@ -73,7 +79,10 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     try:
         listener = Listener(spec.address, "AF_UNIX")  # each connection's key is checked on its own thread
         service = Service(spec.authkey)
+        service.failure = WriterFailure.take(Path(spec.data_dir))
         service.xdb = open_when_free(spec, service)
+        assert service.xdb.writer is not None
+        service.xdb.writer.on_failure = service.writer_died
     except BaseException as exc:
         status.send(("error", portable(exc)))
         return
@@ -148,6 +157,8 @@ class Service:
         self._stream: Connection | None = None
         self._committed = 0
         self._lock = threading.Lock()  # the commit count and the stream's sending side
+        self.failure: WriterFailure | None = None  # where the previous run's writer died, if it did
+        self._alone = False  # a part sent again under suspicion is being committed alone
 
     def serve(self, listener: Listener) -> None:
         assert self.xdb is not None
@@ -202,12 +213,44 @@ class Service:
                         part = self._unstored(part)
                         if isinstance(part, TokenBatch):  # its activations went to the service that died
                             part.join_by = 0.0
+                        if len(part) and self.failure is not None and self.failure.holds(part):
+                            self._suspect(part)
+                            continue
                     if len(part):
                         self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
             elif message[0] == "flush":
                 self.xdb.writer.request_flush()
             elif message[0] == "close":
                 return
+
+    def _suspect(self, part: Part) -> None:
+        """A part sent again that lies where the previous run's writer died: dropped if it died on it alone,
+        else committed in a batch of its own (xdb/writer_failure.py)."""
+        assert self.xdb is not None and self.xdb.writer is not None and self.failure is not None
+        where = spans([part])
+        if self.failure.alone:
+            log.error("XDB service: dropped %d rows (%s) that killed the writer twice, the second time alone",
+                      len(part), where)
+            self.xdb.audit_event("rows_dropped", {"reason": "the writer died storing them, twice",
+                                                  "rows": len(part), "spans": [list(span) for span in where]})
+            self.committed(len(part))  # the server holds them until they are counted
+            return
+        self.xdb.writer.flush()
+        self._alone = True
+        self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
+        self.xdb.writer.flush()
+        self._alone = False
+
+    def writer_died(self) -> None:
+        """The writer's `on_failure`: write down where its batch's rows sit, and end this run at once (a
+        service without a writer would accept rows it can never commit; the server starts another)."""
+        assert self.xdb is not None and self.xdb.writer is not None
+        failed = self.xdb.writer.failed_spans
+        if failed:
+            WriterFailure(tuple(failed), self._alone).write(self.xdb.data_dir)
+        log.error("XDB service: the writer died; exiting so that the server starts the service again")
+        logging.shutdown()
+        os._exit(EXIT_WRITER_DIED)
 
     def _unstored(self, part: Part) -> Part:
         """A resent part without the rows the previous process had already committed, which are

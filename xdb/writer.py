@@ -61,10 +61,26 @@ class WriterStopped(RuntimeError):
 
 
 Part = list[TimestepRow] | TokenBatch
-# What the prepare stage hands each file's stage (None: no more batches).
-ToAudit = tuple[PreparedBatch, "_Audited"]
-ToExperience = tuple[pa.Table, list[tuple[int, str]], "_Audited"]
+PartSpan = tuple[str, int, int]  # rows of one session: its id, the first tick and the last
+# What the prepare stage hands each file's stage (None: no more batches), with the batch's spans.
+ToAudit = tuple[PreparedBatch, "_Audited", list[PartSpan]]
+ToExperience = tuple[pa.Table, list[tuple[int, str]], "_Audited", list[PartSpan]]
 Item = TypeVar("Item")
+
+
+def spans(parts: list[Part]) -> list[PartSpan]:
+    """Where the parts' rows sit: a span per part and session."""
+    out: list[PartSpan] = []
+    for part in parts:
+        if isinstance(part, TokenBatch):
+            if len(part):
+                out.append((part.session_id, int(min(part.ticks)), int(max(part.ticks))))
+            continue
+        ticks: dict[str, list[int]] = {}
+        for row in part:
+            ticks.setdefault(row.session_id, []).append(row.tick)
+        out += [(session, min(t), max(t)) for session, t in ticks.items()]
+    return out
 
 
 # The tags of the batch's tokens whose activation of a concept reaches its threshold
@@ -257,6 +273,10 @@ class Writer:
         self._thresholds_lock = threading.Lock()
         self.on_auto_tags: Callable[[], None] | None = None
         self._joiner: ActivationJoiner | None = None  # the engine's activations, once capture is on
+        # The rows of the batch a stage failed on, and who hears of the failure (the XDB service, which
+        # exits so that its next run can tell the part that killed it from the rest).
+        self.failed_spans: list[PartSpan] | None = None
+        self.on_failure: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()
         self._queued = 0          # rows in _pending
@@ -407,9 +427,17 @@ class Writer:
         except BaseException as exc:  # a dead writer must be loud, not silent
             log.exception("XDB writer stage failed")
             with self._cond:
-                if self._error is None:  # the first failure is the cause; the other stages follow it
+                first = self._error is None
+                if first:  # the first failure is the cause; the other stages follow it
                     self._error = exc
                 self._cond.notify_all()
+            if first and self.on_failure is not None:
+                self.on_failure()
+
+    def _failed_on(self, batch: list[PartSpan]) -> None:
+        with self._cond:
+            if self.failed_spans is None:
+                self.failed_spans = batch
 
     def _take_batch(self) -> list[Part] | None:
         """Block until a batch is due; None when closing with nothing left."""
@@ -447,33 +475,45 @@ class Writer:
     def _prepare_stage(self) -> None:
         try:
             while (parts := self._take_batch()) is not None:
-                if self._joiner is not None:
-                    parts = self._joiner.join(parts)
-                table, added = to_arrow(parts, self._next_id, self._concepts, self._k)
-                self._next_id += table.num_rows
-                audited = _Audited()
-                # Handed on before hashing: the experience insert runs while the audit works.
-                if not self._hand_over(self._to_experience, (table.drop_columns(["steering"]), added, audited)):
-                    return
+                batch = spans(parts)
                 try:
-                    prepared = self._audit.prepare(table, added)
+                    if not self._prepare(parts, batch):
+                        return
                 except BaseException:
-                    audited.set(False)
+                    self._failed_on(batch)
                     raise
-                if not self._hand_over(self._to_audit, (prepared, audited)):
-                    audited.set(False)
-                    return
         finally:
             self._hand_over(self._to_audit, None)
             self._hand_over(self._to_experience, None)
 
+    def _prepare(self, parts: list[Part], batch: list[PartSpan]) -> bool:
+        """Join, convert and hand on one batch; False once a stage has failed."""
+        if self._joiner is not None:
+            parts = self._joiner.join(parts)
+        table, added = to_arrow(parts, self._next_id, self._concepts, self._k)
+        self._next_id += table.num_rows
+        audited = _Audited()
+        # Handed on before hashing: the experience insert runs while the audit works.
+        if not self._hand_over(self._to_experience, (table.drop_columns(["steering"]), added, audited, batch)):
+            return False
+        try:
+            prepared = self._audit.prepare(table, added)
+        except BaseException:
+            audited.set(False)
+            raise
+        if not self._hand_over(self._to_audit, (prepared, audited, batch)):
+            audited.set(False)
+            return False
+        return True
+
     def _audit_stage(self) -> None:
         while (item := self._to_audit.get()) is not None:
-            prepared, audited = item
+            prepared, audited, batch = item
             try:
                 self._audit.commit(prepared)
             except BaseException:
                 audited.set(False)
+                self._failed_on(batch)
                 raise
             audited.set(True)
             if self._quiet(self._to_audit):
@@ -497,8 +537,12 @@ class Writer:
 
     def _experience_stage(self) -> None:
         while (item := self._to_experience.get()) is not None:
-            table, added, audited = item
-            fired = insert_batch(self._conn, table, added, self._thresholds_for(added))
+            table, added, audited, batch = item
+            try:
+                fired = insert_batch(self._conn, table, added, self._thresholds_for(added))
+            except BaseException:
+                self._failed_on(batch)
+                raise
             if not audited.wait(lambda: self._error is not None):
                 # The audit never got this batch (its stage says why): it must not exist here either.
                 self._conn.execute("ROLLBACK")
@@ -507,6 +551,7 @@ class Writer:
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
+                self._failed_on(batch)
                 raise
             if fired and self.on_auto_tags is not None:  # before a flush returns: its reads see the tags
                 self.on_auto_tags()
