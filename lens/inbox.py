@@ -7,7 +7,8 @@ calls, aborted requests) are dropped after `ttl_s` so the inbox cannot grow with
 whose rows have all been taken is forgotten at once.
 
 A writer whose tokens' activations have not all come waits for the next delivery (`wait`), woken by
-the receiver thread, not by polling.
+the receiver thread, not by polling, until its deadline or until every sender's messages cover the
+time its tokens were made (`covered`): after that the missing rows will not come.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ActivationInbox:
         self._delivered = threading.Condition()
         self._deliveries = 0  # messages put so far: a waiter sleeps until this moves
         self._last_eviction = time.monotonic()
+        self._covers: dict[str, tuple[float, float]] = {}  # sender -> (what it covers, monotonic time heard)
 
     def put(self, step: StepActivations) -> None:
         now = time.monotonic()
@@ -49,8 +51,15 @@ class ActivationInbox:
                 # Copies: a view would keep the whole message's buffer alive while one row waits.
                 request.rows[position] = (step.concept_index[i].copy(), step.concept_values[i].copy())
                 request.touched = now
+            if step.sender:
+                self._covers[step.sender] = (max(step.covers, self._covers.get(step.sender, (0.0, 0.0))[0]), now)
             self._deliveries += 1
             self._delivered.notify_all()
+
+    def covered(self, made_at: float) -> bool:
+        """Every sender heard from has shipped every row it took up to `made_at` (time.time())."""
+        with self._delivered:
+            return bool(self._covers) and all(covers >= made_at for covers, _ in self._covers.values())
 
     @property
     def deliveries(self) -> int:
@@ -91,6 +100,9 @@ class ActivationInbox:
         with self._delivered:
             for key in [k for k, r in self._requests.items() if now - r.touched > self.ttl_s]:
                 del self._requests[key]
+            # A sender silent this long has stopped (a restarted engine's worker is another sender).
+            for sender in [s for s, (_, heard) in self._covers.items() if now - heard > self.ttl_s]:
+                del self._covers[sender]
 
     def __len__(self) -> int:
         with self._delivered:

@@ -5,8 +5,13 @@ engine steps, bundled every 20 ms, over a ZMQ `ipc://` socket and the process th
 service, or the server itself when XDB runs in-process) PULLs them on a thread of its own. They never
 pass through the API process's event loop: it sends each token's request key and output position with
 the token, and the writer joins the two. A message is three frames: a small JSON header (request keys,
-output positions, k, source) and the raw int32 concept indices and float32 values, [rows, k] each, so
-nothing is pickled and no Python object is made a value.
+output positions, k, source, and its sender and what it covers) and the raw int32 concept indices and
+float32 values, [rows, k] each, so nothing is pickled and no Python object is made a value.
+
+A message also says how far its sender has shipped: every row the sender took up to `covers` (its wall
+clock) is in that message or an earlier one. A token reaches the writer after its step's rows were taken,
+so once a sender's message covers the time a token batch was made, rows of the batch still missing will
+not come (dropped, or never taken), and the writer stops waiting for them.
 
 Request keys: vLLM's AsyncLLM makes the id the worker sees from the one the API process passed:
 `f"{id}-{random 8 hex}"` (InputProcessor.assign_request_id), and for n > 1 each child is
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,10 +59,12 @@ class StepActivations:
     concept_index: np.ndarray  # int32 [rows, k]
     concept_values: np.ndarray  # float32 [rows, k]
     source: str  # "hidden_state" | "logit_lens" | "emulated" (the emulated engine draws them)
+    sender: str = ""  # the shipping process
+    covers: float = 0.0  # the sender's rows taken up to this time (time.time()) are in this message or before
 
     def frames(self) -> list[bytes]:
         header = {"keys": self.keys, "positions": self.positions, "k": int(self.concept_index.shape[1]),
-                  "source": self.source}
+                  "source": self.source, "sender": self.sender, "covers": self.covers}
         return [json.dumps(header, separators=(",", ":")).encode(),
                 np.ascontiguousarray(self.concept_index, dtype=np.int32).tobytes(),
                 np.ascontiguousarray(self.concept_values, dtype=np.float32).tobytes()]
@@ -77,12 +86,15 @@ class StepActivations:
             raise ValueError("activation message: positions must be one non-negative integer per key")
         if type(k) is not int or k <= 0 or not isinstance(source, str):
             raise ValueError("activation message: k must be a positive integer and source a string")
+        sender, covers = header.get("sender", ""), header.get("covers", 0.0)
+        if not isinstance(sender, str) or type(covers) not in (int, float):
+            raise ValueError("activation message: sender must be a string and covers a number")
         size = len(keys) * k * 4
         if len(frames[1]) != size or len(frames[2]) != size:
             raise ValueError(f"activation message: {len(keys)} rows of {k} need {size}-byte frames")
         index = np.frombuffer(frames[1], dtype=np.int32).reshape(len(keys), k)
         values = np.frombuffer(frames[2], dtype=np.float32).reshape(len(keys), k)
-        return cls(keys, positions, index, values, source)
+        return cls(keys, positions, index, values, source, sender, float(covers))
 
 
 class ActivationSender:
@@ -135,6 +147,7 @@ class BundlingSender:
         self._sender, self._on_host, self.interval_s = sender, on_host, interval_s
         self._pending: list[_Pending] = []
         self._source = "hidden_state"
+        self._name = str(os.getpid())  # ipc:// senders share the writer's host
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -176,6 +189,7 @@ class BundlingSender:
 
     def _ship(self) -> None:
         with self._lock:
+            covers = time.time()  # every row added before now is among these items or shipped already
             items, self._pending = self._pending, []
         if not items:
             return
@@ -186,7 +200,8 @@ class BundlingSender:
         self._sender.send(StepActivations([key for item in items for key in item.keys],
                                           [pos for item in items for pos in item.positions],
                                           np.concatenate([item.index for item in items]),
-                                          np.concatenate([item.values for item in items]), self._source))
+                                          np.concatenate([item.values for item in items]), self._source,
+                                          self._name, covers))
 
     def close(self) -> None:
         """Ship what is pending, then close the socket."""

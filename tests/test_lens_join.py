@@ -91,6 +91,62 @@ def test_activations_that_arrive_during_the_wait_are_used(joiner: ActivationJoin
     assert isinstance(run, TokenBatch) and run.concept_index is not None
 
 
+def covering(covers: float, key: str = "other", positions: tuple[int, ...] = (0,)) -> StepActivations:
+    """A message from the worker "w" that says it has shipped every row it took up to `covers`."""
+    return dataclasses.replace(step(key, list(positions)), sender="w", covers=covers)
+
+
+def test_missing_activations_are_not_waited_for_once_the_sender_has_shipped_past_the_tokens(
+        joiner: ActivationJoiner) -> None:
+    """Batches are written in order, so a batch waiting for activations that were lost would hold every
+    batch behind it for its whole deadline. A message covering the time the tokens were made proves the
+    missing rows are not coming: the wait ends there."""
+    made = time.time()
+    waiting = dataclasses.replace(batch("r", 0, 2), created_at=np.array([made - 0.01, made]))
+    joiner.inbox.put(covering(made - 1.0))  # shipped up to before the tokens: rows may still come
+    threading.Timer(0.1, joiner.inbox.put, [covering(made + 0.001)]).start()
+    start = time.monotonic()
+    [run] = joiner.join([dataclasses.replace(waiting, join_by=start + 5.0)])
+    assert 0.05 < time.monotonic() - start < 1.0
+    assert isinstance(run, TokenBatch) and run.concept_index is None
+
+
+def test_rows_covered_later_than_the_tokens_are_still_taken(joiner: ActivationJoiner) -> None:
+    made = time.time()
+    threading.Timer(0.05, joiner.inbox.put, [covering(made + 0.001, "r", (0, 1))]).start()
+    [run] = joiner.join([dataclasses.replace(batch("r", 0, 2), created_at=made, join_by=time.monotonic() + 5.0)])
+    assert isinstance(run, TokenBatch) and run.concept_index is not None
+
+
+def test_a_batch_whose_activations_never_come_holds_another_requests_commit_for_one_message(
+        tmp_path: Path) -> None:
+    """Two requests on a live worker: one's activations were lost. The other's reply is committed, with its
+    activations, as soon as the worker has shipped past it, not at the lost batch's 5 s deadline."""
+    import torch
+
+    address = f"ipc://{tmp_path}/w"
+    with XDB.open(tmp_path / "x") as xdb:
+        xdb.capture_activations(address, 3, 5.0)
+        worker = BundlingSender(ActivationSender(address), on_host=True)
+        try:
+            lost = dataclasses.replace(batch("lost", 0, 2), session_id="lost-s")
+            xdb.writer.submit(lost)
+            time.sleep(0.03)
+            index, values = torch.tensor([[0, 1, 2]] * 2, dtype=torch.int32), torch.tensor([[0.5, 0.4, 0.3]] * 2)
+            worker.add(["b", "b"], [0, 1], np.array([0, 1]), index, values, "hidden_state")
+            xdb.writer.submit(batch("b", 0, 2))
+            worker.add(["next"], [0], np.array([0]), index[:1], values[:1], "hidden_state")  # the next step
+            start = time.monotonic()
+            xdb.writer.flush(timeout=10)
+            waited = time.monotonic() - start
+        finally:
+            worker.close()
+        rows = {(r["session_id"], r["tick"]): r for r in xdb.recall(limit=10, owner=EVERY)}
+    assert waited < 1.0, f"the commit waited {waited:.2f} s"
+    assert [rows[("s", t)]["concept_activations"]["c0"] for t in (0, 1)] == [0.5, 0.5]
+    assert [rows[("lost-s", t)]["concept_activations"] for t in (0, 1)] == [{}, {}]
+
+
 def test_rows_without_a_key_pass_as_they_are(joiner: ActivationJoiner) -> None:
     plain = TokenBatch("s", [0], ["x"])
     assert joiner.join([plain]) == [plain]

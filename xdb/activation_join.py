@@ -10,7 +10,11 @@ The writer's prepare stage joins the batches it takes: a batch whose activations
 waits for them until its `join_by` (set when the writer accepted it: the configured wait later), woken
 as messages arrive; then its rows are written, with the activations that came and NULL for the rest,
 never invented ones. Activations normally come first (the worker ships every 20 ms, the recorder cuts
-token chunks every 32 steps), so the wait is for a reply's last few tokens at most.
+token chunks every 32 steps), so the wait is for a reply's last few tokens at most. Batches are written
+in order, so a wait holds the batches behind it too: it ends as soon as the missing rows provably will
+not come (every sender's messages cover the time the batch was made, lens/side_channel.py), or the
+receiver has died, and a batch whose activations were lost holds the others for one message, not for
+its whole deadline.
 """
 
 from __future__ import annotations
@@ -59,11 +63,18 @@ class ActivationJoiner:
                 rows[i] = row
             missing = [i for i in missing if rows[i] is None]
             left = (batch.join_by or 0.0) - time.monotonic()
-            if not missing or left <= 0:
+            if not missing or left <= 0 or self._not_coming(batch):
                 break
             self.receiver.wake()
             self.inbox.wait(seen, left)
         return runs(batch, rows, self.k, self.inbox.source)
+
+    def _not_coming(self, batch: TokenBatch) -> bool:
+        """The rows still missing will never come: nothing receives them, or every sender has shipped
+        all it took up to when the batch was made (after its tokens' steps)."""
+        if not self.receiver.alive:
+            return True
+        return batch.created_at is not None and self.inbox.covered(float(np.max(batch.created_at)))
 
     def close(self) -> None:
         self.receiver.close()
