@@ -194,3 +194,17 @@ def test_a_stored_response_is_continued_after_a_restart(config: AHCConfig, vllm_
         assert client.responses.retrieve(r1.id).output_text == r1.output_text
         client.responses.create(model="tiny", input="Which number?", previous_response_id=r1.id, max_output_tokens=4)
         assert "Remember 42." in prompt_of(runtime)
+
+
+def test_the_server_names_each_stored_response_whatever_request_id_a_client_sends(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    """vLLM names a response by its request's `request_id`, which a client may set: "" twice was a 500
+    (a duplicate key in the stored responses), and another tenant's response id would clash with it."""
+    http, _ = two_tenants
+    alice, bob = client_for(http), client_for(http, BOB)
+    kept = alice.responses.create(model="tiny", input="Hello", max_output_tokens=4)
+    ids = [bob.responses.create(model="tiny", input="Hi", max_output_tokens=4,
+                                extra_body={"request_id": chosen}).id for chosen in ("", "", kept.id)]
+    assert len({kept.id, *ids}) == 4 and all(i.startswith("resp_") for i in ids)
+    assert alice.responses.retrieve(kept.id).output_text == kept.output_text  # Alice's stays hers
+    assert [bob.responses.retrieve(i).id for i in ids] == ids

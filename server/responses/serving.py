@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -148,16 +149,18 @@ class ResponsesService:
 
     def engine_request(self, exchange: _Exchange, turn: ChatTurn) -> ResponsesRequest:
         """What vLLM's handler is given: a kept turn's prepared prompt as its instructions and input items
-        (the recording engine puts the tenant's salt on the prompt)."""
+        (the recording engine puts the tenant's salt on the prompt), under an id the server makes. vLLM
+        names the response by the request's `request_id`, which a client may set: stored responses are
+        looked up by that id, so a client's choice ("" twice, or another tenant's id) would clash."""
         request = exchange.request
+        response_id = f"resp_{uuid.uuid4().hex}"
         if not exchange.kept:  # a copy even so: the handler sets `store` off on what it is given
-            return request.model_copy()
+            return request.model_copy(update={"request_id": response_id})
         system, rest = instructions_of(turn.messages)
         update = {"instructions": "\n\n".join(text_of(m.get("content")) for m in system) or None,
-                  "input": input_items(rest), "previous_response_id": None}
+                  "input": input_items(rest), "previous_response_id": None, "request_id": response_id}
         # Validated again, so the items are vLLM's types (its handler tells them apart by class).
-        return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True),
-                                                "request_id": request.request_id, **update})
+        return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True), **update})
 
     async def settle(self, turn: ChatTurn, exchange: _Exchange, response: dict[str, Any]) -> None:
         reply = reply_of(response.get("output") or [])
