@@ -74,12 +74,13 @@ def spans(parts: list[Part]) -> list[PartSpan]:
     for part in parts:
         if isinstance(part, TokenBatch):
             if len(part):
-                out.append((part.session_id, int(min(part.ticks)), int(max(part.ticks))))
+                ticks = np.asarray(part.ticks)
+                out.append((part.session_id, int(ticks.min()), int(ticks.max())))
             continue
-        ticks: dict[str, list[int]] = {}
+        by_session: dict[str, list[int]] = {}
         for row in part:
-            ticks.setdefault(row.session_id, []).append(row.tick)
-        out += [(session, min(t), max(t)) for session, t in ticks.items()]
+            by_session.setdefault(row.session_id, []).append(row.tick)
+        out += [(session, min(t), max(t)) for session, t in by_session.items()]
     return out
 
 
