@@ -657,34 +657,6 @@ def test_a_session_named_for_the_first_time_is_looked_up_off_the_event_loop(serv
     assert on_loop and not any(on_loop), on_loop
 
 
-def test_a_state_save_that_fails_leaves_no_turn_behind_for_the_retry(served: tuple[TestClient, Runtime],
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The XDB service died during the save: the client got a 503 and retried. The State the retry reads is
-    the stored one, so the turn joins it once (it held ['first', 'second', 'second'])."""
-    from xdb.remote import ServiceUnavailable
-
-    client, runtime = served
-    store, failures = runtime.xdb.save_session_state, [1]
-
-    def dies_once(session_id: str, state: str) -> int:
-        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
-            failures.pop()
-            raise ServiceUnavailable("the XDB service exited during the call")
-        return store(session_id, state)
-
-    monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
-    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
-    for question in ("First question?", "Second question?"):
-        body = chat("save-dies", question)
-        retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
-                                         extra_body={"context": body["context"]})
-    assert not failures  # the save did fail once, and the client retried
-    in_memory = [t.content for t in runtime.orchestrator.sessions.get("save-dies").turns if t.role == "user"]
-    stored = json.loads(runtime.xdb.load_session_state("save-dies") or "{}")
-    assert in_memory == [t["content"] for t in stored["turns"] if t["role"] == "user"] == \
-        ["First question?", "Second question?"]
-
-
 def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
     """The session's user turns in memory and as stored."""
     in_memory = [t.content for t in runtime.orchestrator.sessions.get(session).turns if t.role == "user"]
@@ -692,30 +664,33 @@ def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
     return in_memory, [t["content"] for t in stored.get("turns", []) if t["role"] == "user"]
 
 
-def test_a_turn_saved_but_unanswered_joins_the_state_once_when_the_sdk_retries(
-        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The save committed, then the XDB service died before answering: the client got a 503 and its SDK
-    retried. The retry takes the saved turn's place (it held ['first', 'second', 'second'])."""
+@pytest.mark.parametrize("committed", [False, True], ids=["save-fails", "saved-unanswered"])
+def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retries(
+        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch, committed: bool) -> None:
+    """The XDB service died during the save (nothing stored) or after the save committed, before answering:
+    the client got a 503 and its SDK retried. Either way the turn is in the State once, in memory and as
+    stored (it held ['first', 'second', 'second'])."""
     from xdb.remote import ServiceUnavailable
 
     client, runtime = served
     store, failures = runtime.xdb.save_session_state, [1]
 
-    def saves_then_dies(session_id: str, state: str) -> int:
-        stored = store(session_id, state)
+    def dies_once(session_id: str, state: str) -> int:
+        stored = store(session_id, state) if committed else 0
         if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
             failures.pop()
-            raise ServiceUnavailable("the XDB service exited before answering")
-        return stored
+            raise ServiceUnavailable("the XDB service exited during the call")
+        return stored if committed else store(session_id, state)
 
-    monkeypatch.setattr(runtime.xdb, "save_session_state", saves_then_dies)
+    monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
     retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
+    session = f"save-dies-{committed}"
     for question in ("First question?", "Second question?"):
-        body = chat("saved-unanswered", question)
+        body = chat(session, question)
         retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
                                          extra_body={"context": body["context"]})
     assert not failures  # the save did fail once, and the client retried
-    assert user_turns(runtime, "saved-unanswered") == (["First question?", "Second question?"],) * 2
+    assert user_turns(runtime, session) == (["First question?", "Second question?"],) * 2
 
 
 def test_an_idempotency_key_makes_a_resent_turn_take_its_own_place(served: tuple[TestClient, Runtime]) -> None:
