@@ -30,7 +30,6 @@ def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> lis
         "--max-model-len", str(engine.max_model_len),
         "--dtype", engine.dtype,
         "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
-        "--max-num-seqs", str(engine.max_num_seqs),
         "--seed", str(engine.seed),
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
         "--shutdown-timeout", str(engine.shutdown_timeout),
@@ -42,6 +41,8 @@ def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> lis
     args.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
     if engine.enforce_eager:
         args.append("--enforce-eager")
+    if engine.max_num_seqs:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if engine.block_size:
@@ -54,7 +55,7 @@ def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> lis
                  "--kv-offloading-backend", engine.kv_offloading_backend]
     if engine.emulate is not None:  # its executor ships emulated activations itself: no worker to replace
         args += emulation_flags(engine.emulate, capture.settings if capture is not None else None,
-                                engine.emulate_reply_tokens)
+                                engine.emulate_reply_tokens, engine.max_num_seqs, engine.max_num_batched_tokens)
     elif capture is not None:
         args += capture.vllm_flags()
     return args + list(engine.extra_args)

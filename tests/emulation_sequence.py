@@ -1,6 +1,7 @@
 """One request sequence through vLLM's engine, emulated or real, printing each request's cached prompt
-tokens as JSON: `python tests/emulation_sequence.py emulated|real MODEL_DIR`. A process of its own, as
-vLLM's engine wants its multiprocess start under `__main__`."""
+tokens as JSON: `python tests/emulation_sequence.py emulated|real MODEL_DIR [OFFLOAD_GIB]`, the last
+turning vLLM's native CPU offloading on with a tier that size. A process of its own, as vLLM's engine
+wants its multiprocess start under `__main__`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def prompt_ids(name: str) -> list[int]:
     return [100 + (ord(name) * 997 + i * 31) % 900 for i in range(PROMPT)]
 
 
-async def run(kind: str, model: str) -> list[int]:
+async def run(kind: str, model: str, offload_gib: float | None = None) -> list[int]:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
@@ -26,6 +27,8 @@ async def run(kind: str, model: str) -> list[int]:
     from server.emulation.engine_flags import emulation_flags
 
     flags = emulation_flags("h100-llama-8b") if kind == "emulated" else ["--enforce-eager"]
+    if offload_gib is not None:
+        flags += ["--kv-offloading-size", str(offload_gib), "--kv-offloading-backend", "native"]
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
     args = parser.parse_args(["--model", model, "--max-model-len", "512", "--num-gpu-blocks-override", str(BLOCKS),
                               *flags, "--block-size", str(BLOCK_SIZE)])  # the CPU engine's blocks are 32s
@@ -45,4 +48,5 @@ async def run(kind: str, model: str) -> list[int]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(run(sys.argv[1], sys.argv[2]))))
+    offload = float(sys.argv[3]) if len(sys.argv) > 3 else None
+    print(json.dumps(asyncio.run(run(sys.argv[1], sys.argv[2], offload))))

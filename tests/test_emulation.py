@@ -81,7 +81,7 @@ def scheduled(new: list[tuple[str, int, int]], cached: list[tuple[str, int]], to
                             for r, n, c in new],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached],
                                               num_computed_tokens=[c for _, c in cached]),
-        num_scheduled_tokens=tokens)
+        num_scheduled_tokens=tokens, kv_connector_metadata=None)
 
 
 def test_a_step_samples_where_a_sequence_reaches_its_end_and_lasts_the_modelled_time() -> None:
@@ -170,9 +170,10 @@ def test_the_emulated_lens_fires_a_concept_tag_now_and_then() -> None:
     assert reached[:, 0].sum() == 200 // TAG_EVERY
 
 
-def sequence(kind: str, model: Path) -> list[int]:
-    done = subprocess.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model)], capture_output=True, text=True,
-                          timeout=600)
+def sequence(kind: str, model: Path, offload_gib: float | None = None) -> list[int]:
+    offload = [str(offload_gib)] if offload_gib is not None else []
+    done = subprocess.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model), *offload], capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -198,6 +199,18 @@ def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(emulated_
                                                                         tiny_model_dir: Path) -> None:
     """The same sequence on vLLM's real (CPU) engine with the same blocks: the same cached tokens, each."""
     assert emulated_sequence == sequence("real", tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier(emulated_sequence: list[int],
+                                                                     tiny_model_dir: Path) -> None:
+    """vLLM's native CPU offloading on the emulated engine, its tier (0.3 GiB: 76 blocks of 4 MiB) room for
+    every prompt: A, evicted from the GPU by C, D and E, is read whole from host memory where the GPU
+    alone had kept one block of it; prompts never seen before still hit nothing."""
+    offloaded = sequence("emulated", tiny_model_dir, 0.3)  # A A B A C D E A E
+    assert emulated_sequence[7] < 288
+    # The connector loads a prompt's last block too, which the GPU's own cache leaves to be recomputed.
+    assert offloaded == [0, 320, 0, 320, 0, 0, 0, 320, 320]
 
 
 @pytest.mark.slow

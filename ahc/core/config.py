@@ -61,7 +61,8 @@ class EngineConfig(_Strict):
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_num_seqs: int = Field(64, gt=0)
+    # None: vLLM's own default for the device (on the emulated engine, the emulated GPU's).
+    max_num_seqs: int | None = Field(None, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
     block_size: int | None = Field(None, gt=0)
     seed: int = 0

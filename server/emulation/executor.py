@@ -5,6 +5,8 @@ drawn deterministically from the vocabulary. No KV memory is allocated: the cach
 bookkeeping is all there is of it. With a lens pack (`{"ahc_lens": ...}` beside `ahc_emulate`), each
 sampled token's top-k concepts are drawn deterministically too and shipped over the capture's side
 channel as its worker would ship them, so the API process joins and records them at the GPU's rate.
+With vLLM's native CPU offloading on (`--kv-offloading-size`), the offloading connector's scheduler side
+runs as it is and the executor moves its jobs over the GPU's modelled host link (host_link.py).
 
 vLLM takes it by name: `--distributed-executor-backend server.emulation.executor.EmulatedExecutor`
 with `--additional-config '{"ahc_emulate": "h100-llama-8b"}'` (server/emulation/engine_flags.py).
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
@@ -31,6 +34,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from lens.pack import load_pack
 from lens.side_channel import ActivationSender, BundlingSender, engine_key
 from server.capture.step_capture import LensSettings
+from server.emulation.host_link import HostLink
 from server.emulation.profiles import profile
 from server.emulation.roofline import Roofline, SequenceStep
 
@@ -68,8 +72,12 @@ class EmulatedExecutor(Executor):
         self.sequences: dict[str, _Sequence] = {}
         self.modelled_s = 0.0  # the GPU time modelled so far
         self.lens = _EmulatedLens.start(self.vllm_config)
-        log.warning("EMULATED engine: %s on %s (roofline model; no model runs, tokens are drawn, not generated)",
-                    self.roofline.model.name, self.roofline.gpu.name)
+        m = self.roofline.model
+        self.host_link = HostLink(self.roofline.gpu.host_bandwidth, self.block_size * m.kv_bytes_per_token)
+        sched = self.vllm_config.scheduler_config
+        log.warning("EMULATED engine: %s on %s (roofline model; no model runs, tokens are drawn, not generated); "
+                    "scheduler: %d tokens a step, %d sequences", self.roofline.model.name, self.roofline.gpu.name,
+                    sched.max_num_batched_tokens, sched.max_num_seqs)
 
     # -- what vLLM's engine core asks of an executor ----------------------------------------------
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
@@ -98,7 +106,8 @@ class EmulatedExecutor(Executor):
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple[Any, ...] = (),
                        kwargs: dict[str, Any] | None = None, non_block: bool = False) -> Any:
         name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-        if name in ("update_max_model_len", "reset_mm_cache", "reset_encoder_cache", "shutdown"):
+        if name in ("update_max_model_len", "reset_mm_cache", "reset_encoder_cache", "shutdown",
+                    "get_kv_connector_handshake_metadata"):  # the offloading connector needs no handshake
             return [None]
         raise NotImplementedError(f"the emulated engine has no worker to run {name!r} on")
 
@@ -137,8 +146,13 @@ class EmulatedExecutor(Executor):
     # -- the step -------------------------------------------------------------------------------
     def step(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Advance every scheduled sequence by its scheduled tokens; those that reach the end of what is
-        known sample one token. Sleeps the modelled time of the step."""
+        known sample one token. Sleeps the modelled time of the step, and of any offload the step must
+        wait for."""
         started = time.perf_counter()
+        offload = out.kv_connector_metadata if isinstance(out.kv_connector_metadata, OffloadingConnectorMetadata) \
+            else None
+        if offload is not None:
+            started += self.host_link.before_step(offload)
         for req_id in out.finished_req_ids:
             self.sequences.pop(req_id, None)
         for new in out.scheduled_new_reqs:
@@ -174,11 +188,20 @@ class EmulatedExecutor(Executor):
         self.modelled_s += modelled
         # The GPU would be busy this long; the CPU spent on bookkeeping above counts towards it.
         remaining = modelled - (time.perf_counter() - started)
+        if not chunks and offload is not None:  # nothing to run but copies: idle until one is done
+            remaining = max(remaining, min(self.host_link.next_done_in() or 0.0, IDLE_POLL_S))
         if remaining > 0:
             time.sleep(remaining)
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                   sampled_token_ids=sampled)
+        if offload is not None:
+            self.host_link.after_step(offload)
+            output.kv_connector_output = self.host_link.finished()
+        return output
 
+
+# The longest an idle step waits for a copy to finish: new requests reach the engine core between steps.
+IDLE_POLL_S = 0.002
 
 # One sampled token in this many has its top concept reach that concept's tagging threshold: concept
 # tags fire now and then, as a real lens fires them, not on every token.

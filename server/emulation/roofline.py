@@ -20,6 +20,7 @@ class GPU:
     memory_bytes: int
     bandwidth: float  # HBM bytes/s
     bf16_flops: float  # dense tensor-core FLOP/s
+    host_bandwidth: float  # bytes/s a pinned copy between GPU and host memory achieves, each direction
 
 
 @dataclass(frozen=True)
