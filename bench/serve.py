@@ -49,9 +49,10 @@ RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter
 
 def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
                max_model_len: int = MAX_MODEL_LEN, emulate: str | None = None,
-               reply_tokens: int | None = None) -> ServerProcess:
+               reply_tokens: int | None = None, extra: Sequence[str] = ()) -> ServerProcess:
     """vLLM's own OpenAI server with the engine flags `ahc serve` would use for this model (on the
-    emulated engine `emulate` names, if any, its replies ending after `reply_tokens` on average)."""
+    emulated engine `emulate` names, if any, its replies ending after `reply_tokens` on average), and
+    `extra` vLLM flags after them."""
     from server.engine_args import vllm_cli_args
 
     port = free_port()
@@ -60,7 +61,7 @@ def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
     config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
-    return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config)], port,
+    return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config), *extra], port,
                   log_dir / "vllm.log", env=env, timeout=600)
 
 

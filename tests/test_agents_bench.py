@@ -62,7 +62,7 @@ def test_hit_ratio_and_ceiling_leave_out_each_sessions_first_turn() -> None:
 def test_cache_is_the_load_over_its_multiple_but_holds_one_session() -> None:
     # 16 sessions of 1000 tokens: 32 blocks each, 512 together, a third of that.
     size = cache_size(16, 1000, 32, 3.0, 4096)
-    assert size == CacheSize(blocks=171, block_size=32, max_model_len=4096)
+    assert size == CacheSize(blocks=171, block_size=32, max_model_len=4096, blocks_for_all=2 * 512 + 1 + 2)
     # Two sessions would need a cache smaller than one of them: one session's blocks, the null block, slack.
     small = cache_size(2, 1000, 32, 3.0, 4096)
     assert small.blocks == 32 + 1 + 2
@@ -121,18 +121,19 @@ HELD = {"session_wait_le:0.5": 0.0, "session_wait_le:1.0": 2.0, "session_wait_le
 
 
 def rounds_of(cached: int, wall: float, preemptions: float, rejections: int = 0,
-              held: dict[str, float] | None = None, jct: tuple[float, float] = (1.0, 1.0)) -> list[AgentRound]:
+              held: dict[str, float] | None = None, jct: tuple[float, float] = (1.0, 1.0),
+              counters: dict[str, float] | None = None) -> list[AgentRound]:
     sessions = [[turn(400), turn(500, cached=cached, wait=2.1, rejections=rejections), turn(600, cached=cached)]
                 for _ in range(2)]
-    counters = {"preemptions": preemptions, "governor:vram_queue": 1.0, **(held or {})}
+    counters = {"preemptions": preemptions, "governor:vram_queue": 1.0, **(held or {}), **(counters or {})}
     return [AgentRound(sessions, wall, counters, list(jct))]
 
 
 def test_result_has_every_figure_and_consistent_ratios() -> None:
     load = AgentLoad(sessions=2, turns=3, rounds=1)
     size = CacheSize(blocks=40, block_size=32, max_model_len=1248)
-    result = result_of(load, size, 700, rounds_of(384, 2.0, 0, held=HELD, jct=(10.0, 12.0)),
-                       rounds_of(96, 4.0, 3, rejections=1, jct=(15.0, 18.0)), switch=True)
+    result = result_of(load, size, 700, {"ahc": rounds_of(384, 2.0, 0, held=HELD, jct=(10.0, 12.0)),
+                                         "fcfs": rounds_of(96, 4.0, 3, rejections=1, jct=(15.0, 18.0))}, switch=True)
     assert result.bench == "agents"
     assert FIGURES <= result.figures.keys() and RATIOS <= result.ratios.keys()
     figures, ratios = result.figures, result.ratios
@@ -157,13 +158,67 @@ def test_result_has_every_figure_and_consistent_ratios() -> None:
     assert figures["cache_multiple"] == pytest.approx(2 * 20 / 39)  # 616 tokens: 20 blocks each
     assert "vram_queue 1" in result.notes["governor"]
     json.loads(result.to_json())
-    unswitched = result_of(load, size, 700, rounds_of(384, 2.0, 0), rounds_of(96, 4.0, 3), switch=False)
+    unswitched = result_of(load, size, 700, {"ahc": rounds_of(384, 2.0, 0), "fcfs": rounds_of(96, 4.0, 3)},
+                           switch=False)
     assert "same policy" in unswitched.notes["fcfs"]
     # Held in (10, 30] s by the histogram, but no turn waited more than 2.1 s at the client: the cap.
     wide = {"session_wait_le:10.0": 0.0, "session_wait_le:30.0": 2.0, "session_wait_le:+Inf": 2.0}
-    capped = result_of(load, size, 700, rounds_of(384, 2.0, 0, held=wide), rounds_of(96, 4.0, 3), switch=True)
+    capped = result_of(load, size, 700, {"ahc": rounds_of(384, 2.0, 0, held=wide), "fcfs": rounds_of(96, 4.0, 3)},
+                       switch=True)
     assert capped.figures["ahc_wait_p99_ms"] == pytest.approx(capped.figures["ahc_ready_to_token_p99_ms"])
     assert capped.figures["ahc_wait_p99_ms"] == pytest.approx(2100)
+
+
+def test_the_emulated_sides_report_jct_ttft_tiers_and_the_gain_captured() -> None:
+    """Vanilla vLLM, vLLM with offload and the ideal beside AHC: each side's JCT percentiles, first-call
+    TTFT, tokens by tier and bytes moved, and the share of the ideal's gain over vLLM each captures."""
+    load = AgentLoad(sessions=2, turns=3, rounds=1)
+    size = CacheSize(blocks=40, block_size=32, max_model_len=1248, blocks_for_all=83)
+    tiers = {"cached_by:device": 700.0, "cached_by:host": 300.0, "load_bytes": 6e8, "store_bytes": 9e8}
+    sides = {"ahc": rounds_of(384, 2.0, 0, jct=(10.0, 12.0), counters=tiers),
+             "fcfs": rounds_of(96, 4.0, 3, jct=(15.0, 18.0)), "vllm": rounds_of(96, 4.0, 3, jct=(20.0, 24.0)),
+             "offload": rounds_of(200, 3.0, 0, jct=(14.0, 18.0)), "ideal": rounds_of(512, 1.0, 0, jct=(8.0, 8.0))}
+    result = result_of(load, size, 700, sides, switch=True)
+    figures, ratios = result.figures, result.ratios
+    assert {f"{side}_jct_mean_s" for side in sides} <= figures.keys()
+    assert (figures["ahc_jct_p50_s"], figures["ahc_jct_max_s"], figures["vllm_jct_mean_s"]) == (11.0, 12.0, 22.0)
+    assert figures["ahc_ttft_p99_s"] == pytest.approx(0.1)  # each session's first call
+    assert (figures["ahc_device_hit_tokens"], figures["ahc_host_hit_tokens"]) == (700, 300)
+    assert (figures["ahc_load_bytes"], figures["ahc_store_bytes"], figures["vllm_load_bytes"]) == (6e8, 9e8, 0)
+    assert figures["ahc_computed_prompt_tokens"] == 3000 - 4 * 384
+    assert ratios["vllm_jct_over_ahc"] == pytest.approx(2.0)
+    assert ratios["offload_jct_over_ahc"] == pytest.approx(16 / 11)
+    # vLLM 22 s, the ideal 8 s: AHC's 11 s captures 11/14 of the gain, offload's 16 s 6/14.
+    assert ratios["ahc_gain_captured"] == pytest.approx(11 / 14)
+    assert ratios["offload_gain_captured"] == pytest.approx(6 / 14)
+    assert "vanilla vllm serve" in result.notes["sides"] and "ideal" in result.notes["cache"]
+
+
+def test_the_emulated_load_is_shaped_like_agents() -> None:
+    """A shared prefix every session opens with, heavy-tailed tool times and open arrivals."""
+    load = AgentLoad(sessions=8, turns=2, calls=40, shared_words=50, tool_min_s=1.0, tool_max_s=3.0,
+                     tool_sigma=1.0, arrival_s=40.0, client="messages")
+    first = scripts(load, 0)
+    shared = first[0].identity.split("You are agent")[0]
+    assert len(shared.split()) > 50 and all(s.identity.startswith(shared) for s in first)
+    assert not scripts(load, 1)[0].identity.startswith(shared)
+    tools = [t for s in first for turn in s.tool_s for t in turn]
+    assert min(tools) >= 1.0 and max(tools) > 3 * 3.0  # a tail far past the uniform range
+    assert 1.5 < sum(tools) / len(tools) < 2.5  # with the uniform range's mean
+    starts = sorted(s.start_s for s in first)
+    assert starts[-1] > 10.0 and all(b >= a for a, b in zip(starts, starts[1:]))
+    assert first[0].system().startswith(first[0].identity) and "## doc0" in first[0].system()
+
+
+@pytest.mark.parametrize("spec, error", [("client=x", "unknown client"),
+                                         ("offload_gib=8", "needs the emulated engine")])
+def test_a_bad_load_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch, spec: str,
+                                                      error: str) -> None:
+    from bench.agents import run
+
+    monkeypatch.setenv("BENCH_AGENTS_LOAD", spec)
+    with pytest.raises(ValueError, match=error):
+        run()
 
 
 def test_the_bench_is_registered() -> None:

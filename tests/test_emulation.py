@@ -280,10 +280,12 @@ def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile(
 @pytest.mark.slow
 def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     """`ahc bench agents --engine emulated` at a small load: sessions of several model calls a turn with
-    tool time between them, AHC's admission against FCFS, each server on its emulated H100."""
+    tool time between them, each sending its whole history, on five servers each on its emulated H100:
+    AHC and FCFS with a CPU tier, vanilla vLLM, vLLM with the same tier, and the ideal cache."""
     env = {**os.environ, "BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
                                               "tool_min_s=0.1,tool_max_s=0.2,think_min_s=0.1,think_max_s=0.2,"
-                                              "identity_words=200,codex_words=100"}
+                                              "identity_words=200,codex_words=100,shared_words=100,"
+                                              "arrival_s=1,rounds=1,offload_gib=1"}
     done = subprocess.run([AHC, "bench", "agents", "--engine", "emulated", "--json"], capture_output=True,
                           text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -292,5 +294,12 @@ def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     figures = result["figures"]
     assert figures["sessions"] == 3 and figures["block_size"] == 16
     assert result["notes"]["device"].startswith("EMULATED h100-llama-8b")
+    assert "--max-num-seqs 1024" in result["notes"]["scheduler"]
     # Each call after a session's first could read most of its prompt from the cache.
     assert figures["hit_ratio_ceiling"] > 0.5 and figures["ahc_jct_mean_s"] > 0
+    # The contexts overflow the GPU: what vanilla vLLM recomputes, the CPU tier serves by a copy.
+    assert figures["vllm_host_hit_tokens"] == 0 and figures["vllm_load_bytes"] == 0
+    for side in ("ahc", "offload"):
+        assert figures[f"{side}_host_hit_tokens"] > 0 and figures[f"{side}_load_bytes"] > 0
+        assert figures[f"{side}_computed_prompt_tokens"] < figures["vllm_computed_prompt_tokens"]
+    assert figures["ideal_host_hit_tokens"] == 0 and figures["ideal_hit_ratio"] > figures["vllm_hit_ratio"]
