@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from orchestrator.cache_report import CacheReport
+from server.admission.host_load_cost import HostLoadCost
 from server.admission.kv_geometry import DeviceMemory, KVGeometry, device_memory
 from server.admission.prefill_cost import PrefillCost
 from server.admission.vram_governor import KVStats
@@ -145,6 +146,7 @@ class AHCMetrics:
         self._geometry: KVGeometry | None = None
         self.kv_stats = kv_stats if kv_stats is not None else KVStats()  # what the VRAM governor reads
         self.prefill = PrefillCost()  # what session-aware admission weighs a wait against
+        self.host_load = HostLoadCost()  # what a miss the CPU tier serves costs instead
         self.one(self.prefill_seconds_per_token).set_function(lambda: self.prefill.s_per_token or 0.0)
         # Device memory is read when scraped, not on every engine step (NVML calls are not free).
         self.one(self.prefix_cache_hit_ratio).set_function(self._agent_hit_ratio)
@@ -251,6 +253,7 @@ def stat_logger_factory(metrics: AHCMetrics) -> PerEngineStatLoggerFactory:
                     metrics.prefill.observe(finished.num_prompt_tokens - finished.num_cached_tokens,
                                             finished.queued_time + finished.prefill_time)
             if scheduler_stats is not None:
+                metrics.host_load.observe(scheduler_stats.kv_connector_stats)
                 if self.geometry is None:
                     self.geometry = KVGeometry.from_vllm_config(self.vllm_config)
                 metrics.record_kv_usage(scheduler_stats.kv_cache_usage, self.geometry)

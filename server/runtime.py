@@ -81,8 +81,10 @@ def build_session_admission(config: AHCConfig, metrics: AHCMetrics) -> SessionAd
     offload_gib = config.engine.kv_offloading_size
     costs = Costs(capacity_blocks=lambda: stats.total_blocks,
                   prefill_s_per_block=lambda: metrics.prefill.s_per_block(stats.block_size),
-                  offload_blocks=lambda: offload_blocks(offload_gib, stats.bytes_per_block))
-    return SessionAdmission(costs, oc.session_hot_s, oc.session_max_wait_s, oc.session_wait_per_prefill)
+                  offload_blocks=lambda: offload_blocks(offload_gib, stats.bytes_per_block),
+                  load_s_per_block=lambda: metrics.host_load.s_per_block(stats.bytes_per_block))
+    return SessionAdmission(costs, oc.session_hot_s, oc.session_max_wait_s, oc.session_wait_per_prefill,
+                            first_wait_s=oc.session_first_wait_s)
 
 
 def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics,

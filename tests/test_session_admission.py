@@ -24,9 +24,11 @@ CHEAP = 0.001  # 30 blocks in 30 ms: not worth any wait
 
 
 def admission(clock: Clock, capacity: int = 100, per_block: float | None = DEAR, offload: int = 0,
-              max_wait_s: float = 30.0) -> SessionAdmission:
-    costs = Costs(lambda: capacity, lambda: per_block, lambda: offload)
-    return SessionAdmission(costs, hot_s=5.0, max_wait_s=max_wait_s, poll_s=0.001, clock=clock)
+              max_wait_s: float = 30.0, load: float | None = None,
+              first_wait_s: float | None = None) -> SessionAdmission:
+    costs = Costs(lambda: capacity, lambda: per_block, lambda: offload, lambda: load)
+    return SessionAdmission(costs, hot_s=5.0, max_wait_s=max_wait_s, poll_s=0.001, clock=clock,
+                            first_wait_s=first_wait_s)
 
 
 async def turn(gate: SessionAdmission, sid: str, blocks: int) -> None:
@@ -333,3 +335,91 @@ def test_a_cold_turn_leaves_the_sessions_ahead_room_to_grow() -> None:
         assert (await waiting).waited_s == pytest.approx(1.6)
 
     asyncio.run(run())
+
+
+# ----- with vLLM's CPU tier -----
+
+def test_a_miss_the_cpu_tier_serves_is_priced_at_its_load() -> None:
+    """Four 30-block sessions in flight re-prefilled at 10 ms a block: 1.2 s against a 1 s gap, drowning.
+    Three of them in the tier, loaded at 1 ms a block, and d's own prefill cost 0.39 s: room enough."""
+    async def run() -> None:
+        prefill = 0.01
+        clock = Clock()
+        dear = admission(clock, per_block=prefill)
+        await three_agents(dear, clock)
+        clock.now = 1.2
+        assert dear.drowning("d", 30, prefill)
+        clock = Clock()
+        tiered = admission(clock, per_block=prefill, offload=400, load=0.001)
+        await three_agents(tiered, clock)
+        clock.now = 1.2
+        assert tiered.miss_s_per_block("a", prefill) == 0.001 and tiered.miss_s_per_block("d", prefill) == prefill
+        assert not tiered.drowning("d", 30, prefill)
+        assert (await tiered.admit("d", 30)).waited_s == 0
+        unmeasured = admission(Clock(), offload=400)  # no load measured yet: the re-prefill's price
+        assert unmeasured.miss_s_per_block("a", DEAR) == DEAR
+
+    asyncio.run(run())
+
+
+def test_sessions_in_flight_are_capped_to_what_the_two_tiers_hold_together() -> None:
+    """A 100-block GPU and a 120-block tier: vLLM's tier copies what the GPU holds, so together they
+    hold 120 blocks, not 220. Three 30-block sessions in flight leave room for a fourth, not a fifth."""
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock, offload=120)  # no load measured: misses priced as re-prefill, drowning
+        await three_agents(gate, clock)
+        clock.now = 1.2
+        assert gate.drowning("d", 30, DEAR)
+        assert gate.fits_in_line("d", 30)  # 120 blocks: within the larger tier
+        d = asyncio.create_task(gate.admit("d", 30))
+        await settle()
+        assert d.done()
+        gate.finished("d")
+        assert not gate.fits_in_line("e", 30)  # 150 blocks would thrash the tier too
+        clock = Clock()
+        without_tier = admission(clock)
+        await three_agents(without_tier, clock)
+        clock.now = 1.2
+        assert not without_tier.fits_in_line("d", 30)  # the GPU alone: 120 blocks do not fit its 100
+
+    asyncio.run(run())
+
+
+def test_a_session_entering_flight_waits_at_most_its_first_wait() -> None:
+    """In flight, sessions may wait up to max_wait_s; one entering waits first_wait_s, then goes past the
+    cap (vLLM's least-recently-used order decides what it evicts)."""
+    async def run() -> None:
+        clock = Clock()
+        gate = admission(clock, first_wait_s=2.0)
+        await three_agents(gate, clock)
+        clock.now = 1.2
+        waiting = asyncio.create_task(gate.admit("d", 30))
+        await settle()
+        assert not waiting.done()
+        clock.now = 2.0
+        for sid in "abc":  # the three keep their turns coming
+            await turn(gate, sid, 30)
+        clock.now = 3.2
+        await settle()
+        admitted = await waiting
+        assert admitted.timed_out and admitted.waited_s == pytest.approx(2.0)
+
+    asyncio.run(run())
+
+
+def test_the_host_load_cost_is_read_from_the_offloading_connectors_stats() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+
+    from server.admission.host_load_cost import LOAD_BYTES, LOAD_TIME, HostLoadCost
+
+    cost = HostLoadCost()
+    cost.observe(None)
+    stats = OffloadingConnectorStats()
+    stats.increase_counter("vllm:kv_offload_store_bytes", 4e9)  # stores say nothing about a load
+    cost.observe(stats.to_dict())
+    assert cost.s_per_block(2 << 20) is None
+    stats.increase_counter(LOAD_BYTES, 4e9)
+    stats.increase_counter(LOAD_TIME, 0.1)
+    cost.observe(stats.to_dict())
+    assert cost.s_per_block(2 << 20) == pytest.approx((2 << 20) * 0.1 / 4e9)

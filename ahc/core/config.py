@@ -152,10 +152,14 @@ class OrchestratorConfig(_Strict):
     # engine's measured prefill), the cache goes to sessions in their order in line: a turn waits until
     # its context fits beside those ahead of it. Otherwise a cold turn that would evict a session about
     # to come back waits only while that costs less than the prefill it spares. No wait passes
-    # session_max_wait_s. False: first come, first served.
+    # session_max_wait_s, and a session not yet in flight (new, or back from quiet) waits at most
+    # session_first_wait_s before it goes in past the cap: none is starved. With a CPU tier
+    # (engine.kv_offloading_size) a miss the tier serves is priced at its load, and the sessions in flight
+    # are capped to what the two tiers hold together. False: first come, first served.
     session_admission: bool = True
     session_hot_s: float = Field(10.0, ge=0)
     session_max_wait_s: float = Field(300.0, ge=0)
+    session_first_wait_s: float = Field(10.0, ge=0)
     session_wait_per_prefill: float = Field(1.0, ge=0)
     retry_after_s: int = Field(2, gt=0)
     # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded

@@ -32,6 +32,13 @@ session's turn goes to the engine, one of two regimes decides:
 Waiting is weighed in the one currency both sides pay: seconds of the engine's measured prefill
 (which, on a busy engine, includes the queue a prefill makes everyone wait in). Each waiter decides
 alone, so a small turn that fits goes past a large one that does not (no head-of-line blocking).
+
+With vLLM's CPU tier (native offloading), a prefix the GPU loses comes back by a copy while the tier
+still keeps it: such a miss is priced at the cheaper of its re-prefill and its measured load, and it is
+not protected on the GPU. The tier copies what the GPU holds (it is inclusive), so the two together
+hold the larger of the two, not their sum: the sessions in flight are capped to that, and past it the
+tier thrashes as the GPU would. A session waiting to enter flight (new, or back from quiet) waits at
+most `first_wait_s`, then goes past the cap into vLLM's least-recently-used order: none is starved.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ class Costs:
     capacity_blocks: Callable[[], int]  # the GPU cache; 0 until the engine reports it: nothing to govern
     prefill_s_per_block: Callable[[], float | None]  # None until a prefill was measured: nothing is held
     offload_blocks: Callable[[], int] = lambda: 0  # the CPU tier's capacity (0: no offloading)
+    load_s_per_block: Callable[[], float | None] = lambda: None  # a block back from the tier; None: unmeasured
 
 
 def offload_blocks(gib: float | None, bytes_per_block: int) -> int:
@@ -100,10 +108,13 @@ def offload_blocks(gib: float | None, bytes_per_block: int) -> int:
 
 class SessionAdmission:
     def __init__(self, costs: Costs, hot_s: float, max_wait_s: float, wait_per_prefill: float = 1.0,
-                 poll_s: float = 0.02, clock: Callable[[], float] = time.monotonic) -> None:
+                 poll_s: float = 0.02, clock: Callable[[], float] = time.monotonic,
+                 first_wait_s: float | None = None) -> None:
+        """`first_wait_s`: the longest a session entering flight waits (None: max_wait_s)."""
         self.costs = costs
         self.hot_s = hot_s
         self.max_wait_s = max_wait_s
+        self.first_wait_s = max_wait_s if first_wait_s is None else min(first_wait_s, max_wait_s)
         self.wait_per_prefill = wait_per_prefill
         self.poll_s = poll_s
         self.clock = clock
@@ -211,12 +222,24 @@ class SessionAdmission:
             del self._flight[sid]
         return sorted(self._flight, key=self._flight.__getitem__)
 
+    def miss_s_per_block(self, session_id: str, per_block: float) -> float:
+        """What a block of the session's prefix costs once the GPU has lost it: its re-prefill, or its
+        load from the CPU tier while that keeps it, if cheaper (and measured)."""
+        load = self.costs.load_s_per_block() if session_id in self._offloaded else None
+        return per_block if load is None else min(per_block, load)
+
     def drowning(self, session_id: str, blocks: int, per_block: float) -> bool:
-        """Whether re-prefilling every session in flight (this one with them) would take the engine longer
+        """Whether bringing back every session in flight (this one with them) would take the engine longer
         than a session's usual gap: then evictions cascade and thrashing slows everyone."""
         flight = {sid: self.resident_blocks(sid) for sid in self.in_flight(self.clock())}
         flight[session_id] = max(flight.get(session_id, 0), blocks)
-        return sum(flight.values()) * per_block * self.wait_per_prefill > self.gap_s(session_id)
+        cost = sum(b * self.miss_s_per_block(sid, per_block) for sid, b in flight.items())
+        return cost * self.wait_per_prefill > self.gap_s(session_id)
+
+    def footprint(self, session_id: str) -> int:
+        """The blocks the session's context takes: what its last turn left, or what the cache still holds."""
+        rhythm = self._rhythms.get(session_id)
+        return max(self.resident_blocks(session_id), rhythm.blocks if rhythm is not None else 0)
 
     def fits_in_line(self, session_id: str, blocks: int, place: int | None = None) -> bool:
         """Whether the turn can go without cutting the prefix of a session in flight ahead of it (one no
@@ -233,25 +256,33 @@ class SessionAdmission:
         held: float = sum(self.resident_blocks(sid) for sid in protected | running)
         if 2 * self.resident_blocks(session_id) < blocks:
             held += GROWTH_TURNS * sum(self._rhythms[sid].growth or 0.0 for sid in protected if sid in self._rhythms)
-        if held + blocks > self.costs.capacity_blocks():
+        capacity = self.costs.capacity_blocks()
+        if held + blocks > capacity:
             return False
+        tier = self.costs.offload_blocks()
+        if tier > 0 and sum(self.footprint(sid) for sid in ahead) + blocks > max(tier, capacity):
+            return False  # past what the two tiers hold together: a context brought back evicts another
         return not protected & self.taken_by(session_id, blocks).keys()
 
-    def hold_s(self, session_id: str, blocks: int, waited_s: float, place: int | None = None) -> float:
+    def hold_s(self, session_id: str, blocks: int, waited_s: float, place: int | None = None,
+               limit_s: float | None = None) -> float:
         """How much longer the turn may still wait; 0: let it go. `place`: its place in line (None: the
-        last). When re-prefill would drown the engine, it waits until it fits beside the sessions ahead
-        of it; otherwise a cold turn waits for the hot sessions it would evict while the wait paid and
-        still to come is under the prefill those sessions would redo."""
+        last); `limit_s`: the longest it may wait (None: max_wait_s). When re-prefill would drown the
+        engine, it waits until it fits beside the sessions ahead of it; otherwise a cold turn waits for the
+        hot sessions it would evict while the wait paid and still to come is under the prefill those
+        sessions would redo."""
+        limit = self.max_wait_s if limit_s is None else limit_s
         per_block = self.costs.prefill_s_per_block()
-        if per_block is None or waited_s >= self.max_wait_s or self.costs.capacity_blocks() <= 0:
+        if per_block is None or waited_s >= limit or self.costs.capacity_blocks() <= 0:
             return 0.0
         if self.drowning(session_id, blocks, per_block):
-            return 0.0 if self.fits_in_line(session_id, blocks, place) else self.max_wait_s - waited_s
+            return 0.0 if self.fits_in_line(session_id, blocks, place) else limit - waited_s
         if self.is_resident(session_id):
             return 0.0
-        return self._hold_for_return(session_id, blocks, waited_s, per_block)
+        return self._hold_for_return(session_id, blocks, waited_s, per_block, limit)
 
-    def _hold_for_return(self, session_id: str, blocks: int, waited_s: float, per_block: float) -> float:
+    def _hold_for_return(self, session_id: str, blocks: int, waited_s: float, per_block: float,
+                         limit: float) -> float:
         protected = self.protected_by(session_id, blocks)
         if not protected:
             return 0.0
@@ -260,19 +291,22 @@ class SessionAdmission:
         until_back = max(self.back_in_s(sid, now) for sid in protected)
         if waited_s + until_back > saved:
             return 0.0
-        return min(saved, self.max_wait_s) - waited_s
+        return min(saved, limit) - waited_s
 
     async def admit(self, session_id: str, blocks: int) -> Admitted:
-        """Wait while holding the turn back pays (at most max_wait_s); it is then counted as running."""
+        """Wait while holding the turn back pays (at most max_wait_s, first_wait_s for a session entering
+        flight); it is then counted as running."""
         start = self.clock()
+        entering = session_id not in self._flight or not self.is_hot(session_id, start)
+        limit = self.first_wait_s if entering else self.max_wait_s
         place = self.place_in_line(session_id, start)
         self._observe_start(session_id, start, blocks)  # its think time ends when it asks, not when it is let in
         waited = timed_out = False
-        while self.hold_s(session_id, blocks, self.clock() - start, place) > 0:
+        while self.hold_s(session_id, blocks, self.clock() - start, place, limit) > 0:
             waited = True
             await asyncio.sleep(self.poll_s)
         if waited:
-            timed_out = self.clock() - start >= self.max_wait_s
+            timed_out = self.clock() - start >= limit
         hot = self.is_resident(session_id)  # its prefix is (still) cached as it goes
         self._enter(session_id, blocks, place)
         return Admitted(self.clock() - start if waited else 0.0, hot, timed_out)
