@@ -132,7 +132,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     add_middleware(app, Middleware(JsonBodyMiddleware))
     add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
     oc = runtime.config.orchestrator
-    add_middleware(app, Middleware(RecordingGate, recorder=runtime.recorder, timeout_s=oc.vram_queue_timeout_s,
+    add_middleware(app, Middleware(RecordingGate, recorder=runtime.recorder, timeout_s=oc.recording_wait_s,
                                    retry_after_s=oc.retry_after_s))
     if runtime.keys:
         # Added after the others, so it runs before them: no route is reached unauthenticated, and an unauthenticated

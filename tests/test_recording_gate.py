@@ -33,7 +33,7 @@ def test_a_backlog_refuses_new_generations_on_every_door(config: AHCConfig, vllm
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     completion = {"model": "tiny", "prompt": "Hi", "max_tokens": 3}
     messages = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
-    with serving(config, vllm_config, tmp_path, **{"orchestrator.vram_queue_timeout_s": 0.2}) as (client, runtime):
+    with serving(config, vllm_config, tmp_path, **{"orchestrator.recording_wait_s": 0.2}) as (client, runtime):
         assert client.post("/v1/completions", json=completion).status_code == 200
         monkeypatch.setattr(RecordQueue, "over_backlog", property(lambda self: True))
         for path, body in (("/v1/completions", completion), ("/v1/messages", messages),

@@ -144,8 +144,12 @@ class OrchestratorConfig(_Strict):
     # max_completion_tokens). A request that names none still gets this much room for its reply:
     # the prompt is kept under max_model_len minus this (at most half the window).
     default_completion_tokens: int = Field(512, gt=0)
-    # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429.
-    vram_queue_timeout_s: float = Field(2.0, ge=0)
+    # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429. Turns
+    # short of blocks wait for running ones to finish, as in vLLM's own queue; a 429 would make the
+    # client wait its whole Retry-After instead.
+    vram_queue_timeout_s: float = Field(30.0, ge=0)
+    # How long a new generation waits while XDB's recording backlog is over its bound, before a 503.
+    recording_wait_s: float = Field(2.0, ge=0)
     # Session-aware admission. A session is in flight while a turn of it runs or it is within its own
     # usual think time (at most session_hot_s). When re-prefilling every session in flight would take the
     # engine longer than that think time (session_wait_per_prefill seconds of wait per second of the

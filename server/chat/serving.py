@@ -42,7 +42,7 @@ class ChatService:
     async def serve(self, call: ChatCall, raw_request: Request, telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = call.request.model
-        await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+        await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         spec = await self.resolve(call)
         async with runtime.orchestrator.turn(call.turn_request(spec)) as turn:
             telemetry.turn = turn

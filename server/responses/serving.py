@@ -89,7 +89,7 @@ class ResponsesService:
                     telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = request.model
-        await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+        await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         handler: OpenAIServingResponses = raw_request.app.state.openai_serving_responses
         exchange, turn_request = await self.prepare(request, raw_request, tenant)
         async with runtime.orchestrator.turn(turn_request) as turn:

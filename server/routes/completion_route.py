@@ -72,7 +72,7 @@ async def serve_completion(request: CompletionRequest, raw_request: Request, run
     from vllm.entrypoints.openai.completion.api_router import create_completion
 
     oc, max_model_len = runtime.config.orchestrator, runtime.config.engine.max_model_len
-    await wait_for_recording(runtime.recorder, oc.vram_queue_timeout_s, oc.retry_after_s)
+    await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
     prompts = prompts_of(request)
     lengths = [await prompt_tokens(runtime, p, i, max_model_len) for i, p in enumerate(prompts)]
     asked = Asked.of(request.max_tokens, request.n)
