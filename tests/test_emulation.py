@@ -22,10 +22,10 @@ from ahc.core.config import load_config
 from bench.servers import start_server
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
-from server.emulation.engine_flags import emulation_flags
+from server.emulation.engine_flags import emulation_flags, gpu_batch_defaults
 from server.emulation.executor import MIN_REPLY_TOKENS, TAG_EVERY, EmulatedExecutor, _EmulatedLens, reply_length
 from server.emulation.profiles import H100_SXM, LLAMA_31_8B, profile
-from server.emulation.roofline import SequenceStep
+from server.emulation.roofline import GPU, SequenceStep
 
 SEQUENCE_SCRIPT = Path(__file__).parent / "emulation_sequence.py"
 
@@ -62,6 +62,19 @@ def test_the_cost_model_meets_published_vllm_measurements(point) -> None:  # typ
 def test_an_unknown_profile_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown emulation profile 'h200-llama-70b'; known: h100-llama-8b"):
         emulation_flags("h200-llama-70b")
+
+
+def test_the_emulated_engine_schedules_with_the_gpus_defaults_unless_the_config_sets_them() -> None:
+    """vLLM's own defaults for its server on that GPU, not its CPU build's (2,048 tokens, 128 sequences)."""
+    flags = emulation_flags("h100-llama-8b")
+    assert flags[flags.index("--max-num-seqs") + 1] == "1024"
+    assert flags[flags.index("--max-num-batched-tokens") + 1] == "8192"
+    own = emulation_flags("h100-llama-8b", max_num_seqs=16, max_num_batched_tokens=4096)
+    assert (own[own.index("--max-num-seqs") + 1], own[own.index("--max-num-batched-tokens") + 1]) == ("16", "4096")
+    gib = 1 << 30
+    sized = {name: gpu_batch_defaults(GPU(name, memory * gib, 1e12, 1e14, 1e10))
+             for name, memory in (("H200", 141), ("B200", 180), ("A100 80GB", 80), ("RTX 4090", 24))}
+    assert sized == {"H200": (8192, 1024), "B200": (16384, 1024), "A100 80GB": (2048, 256), "RTX 4090": (2048, 256)}
 
 
 def executor() -> EmulatedExecutor:

@@ -1,6 +1,7 @@
 """KV offloading: `engine.kv_offloading_size` / `kv_offloading_backend` reach vLLM's engine args as
 its own flags (and its flags come back into the config), and session-aware admission sizes its CPU
-tier from them in the engine's blocks. The offload itself needs a GPU build: no engine here."""
+tier from them in the engine's blocks. The offload itself needs a GPU build's worker: the emulated
+engine stands in for it (tests/test_emulation.py, tests/test_host_link.py)."""
 
 from __future__ import annotations
 
