@@ -13,9 +13,13 @@ match first come, first served. `model=bench-6x512` in the load makes a prefill 
 long context does on a GPU), where a hit is worth a short wait.
 
 Both servers run the same model, flags and load, up together, measured in alternating rounds; FCFS is
-AHC with `orchestrator.session_admission` off. Every round uses new sessions with new content, so no
-round reuses another's cache. Reported per server: the hit ratio (cached / prompt tokens over every
-turn after each session's first) against the ceiling an ideal cache reaches on the same turns,
+AHC with `orchestrator.session_admission` off. On the emulated engine (`ahc bench agents --engine
+emulated`, EMULATED_LOAD) three more sides take the same load: vanilla `vllm serve`, `vllm serve` with
+native CPU offloading of AHC's tier size, and the ideal, vanilla vLLM on a cache that holds every
+session; there every call sends the session's whole history, as agent clients do. Every round uses new
+sessions with new content, so no round reuses another's cache. Reported per server: the hit ratio
+(cached / prompt tokens over every turn after each session's first) against the ceiling an ideal cache
+reaches on the same turns,
 completion tokens per second of the round's wall time, the engine's preemptions, TTFT, the server's
 admission wait (its `ahc_session_wait_seconds` histogram), the client's wait from a turn being ready to
 its first token, and the 429s the VRAM governor answered (each retried after its Retry-After).
