@@ -15,7 +15,7 @@ from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.openai.responses.utils import construct_input_messages
 
 from ahc.core.config import AHCConfig
-from server.responses.protocol import input_items, reply_of
+from server.responses.protocol import input_items, input_messages, readable, reply_of
 from server.runtime import Runtime
 from xdb.browse import session_turns
 from xdb.owner import EVERY
@@ -112,6 +112,23 @@ def test_a_refused_request_is_a_400_in_openais_shape_and_no_turn(two_tenants: tu
     runtime.xdb.writer.flush()
     rows = runtime.xdb.recall(session_id=scoped(runtime, "bad"), owner=EVERY)
     assert [r["event_type"] for r in rows] == ["input"]  # what was asked is kept; no reply, no turn record
+
+
+def test_an_earlier_reply_given_back_with_a_refusal_or_no_part_is_read_not_a_500(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    """vLLM reads only an output message's first part's text: a refusal part (no text) or no part at all
+    was an AttributeError or IndexError there, a 500; the parts are read as the assistant's words."""
+    http, _ = two_tenants
+    said = {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+            "content": [{"type": "refusal", "refusal": "I can't."},
+                        {"type": "output_text", "text": " Ask again.", "annotations": []}]}
+    for earlier in (said, {**said, "content": []}):
+        response = client_for(http).responses.create(
+            model="tiny", max_output_tokens=3,
+            input=[{"role": "user", "content": "Hi"}, earlier, {"role": "user", "content": "Please?"}])  # type: ignore[list-item]
+        assert response.usage is not None and response.usage.output_tokens > 0  # generated, not refused
+    request = ResponsesRequest(model="tiny", input=[said])  # type: ignore[list-item]
+    assert input_messages(readable(request)) == [{"role": "assistant", "content": "I can't. Ask again."}]
 
 
 def test_output_items_make_the_chat_reply_and_chat_messages_make_input_items_back() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 
@@ -22,6 +23,22 @@ def input_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     continues: the server keeps them)."""
     messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
     return [dict(message) for message in messages]
+
+
+def readable(request: ResponsesRequest) -> ResponsesRequest:
+    """The request with each earlier assistant message it gives back as input read as one text part:
+    vLLM reads only an output message's first part's text, which a refusal part has none of and an empty
+    message has no first part of (a 500 in its handler). A refusal reads as what the assistant said."""
+    if isinstance(request.input, str) or not any(isinstance(i, ResponseOutputMessage) for i in request.input):
+        return request
+    return request.model_copy(update={"input": [_one_text_part(item) for item in request.input]})
+
+
+def _one_text_part(item: Any) -> Any:
+    if not isinstance(item, ResponseOutputMessage):
+        return item
+    text = "".join(getattr(part, "text", None) or getattr(part, "refusal", None) or "" for part in item.content)
+    return item.model_copy(update={"content": [ResponseOutputText(type="output_text", text=text, annotations=[])]})
 
 
 def instructions_of(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

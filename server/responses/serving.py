@@ -45,6 +45,7 @@ from server.responses.protocol import (
     input_messages,
     input_tools,
     instructions_of,
+    readable,
     reply_of,
     text_of,
 )
@@ -89,6 +90,7 @@ class ResponsesService:
                     telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = request.model
+        request = readable(request)
         await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         handler: OpenAIServingResponses = raw_request.app.state.openai_serving_responses
         exchange, turn_request = await self.prepare(request, raw_request, tenant)
