@@ -104,3 +104,25 @@ def with_vllm_flags(config: AHCConfig) -> AHCConfig:
         model=namespace.model, host=namespace.host, port=namespace.port,
         served_model_name=served[0] if isinstance(served, list) and served else served or namespace.model,
         **{f"engine.{name}": getattr(namespace, name) for name in ENGINE_FLAGS})
+
+
+def publish_kv_events(args: Namespace, socket_dir: str) -> str | None:
+    """Have the engine publish its KV cache events (session admission reads them: its cache_events)
+    on a socket in `socket_dir`, private to this server since the events carry prompts' token ids;
+    a command line that sets its own publisher keeps it. Returns the endpoint to read (None: the events
+    go nowhere a subscriber can read)."""
+    from vllm.config.kv_events import KVEventsConfig
+    from vllm.config.kv_transfer import KVTransferConfig
+
+    configured: KVEventsConfig | None = args.kv_events_config
+    if configured is None:
+        configured = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                    endpoint=f"ipc://{socket_dir}/kv-events")
+        args.kv_events_config = configured
+        if args.kv_offloading_size is not None:  # the CPU tier's events then name each block, as the GPU's do
+            transfer: KVTransferConfig = args.kv_transfer_config or KVTransferConfig()
+            transfer.kv_connector_extra_config.setdefault("self_describing_kv_events", True)
+            args.kv_transfer_config = transfer
+    if not configured.enable_kv_cache_events or configured.publisher != "zmq":
+        return None
+    return configured.endpoint.replace("*", "127.0.0.1")  # the publisher binds; a subscriber connects

@@ -11,15 +11,18 @@ import atexit
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from ahc.core.config import AHCConfig, resolve_path
+from server.admission.cache_events import CacheEvents, follow
 from server.admission.vram_governor import KVStats
 from server.capture.capture_setup import CaptureSetup, start_capture
-from server.engine_args import build_vllm_namespace, with_vllm_flags
+from server.engine_args import build_vllm_namespace, publish_kv_events, with_vllm_flags
 from server.engine_process import forked_engine, mark_server
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.model.template_check import check_chat_template
@@ -86,6 +89,10 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     # uvicorn's handler replaces this once serving; until then SIGTERM must still stop us.
     signal.signal(signal.SIGTERM, interrupt_init)
     args = build_vllm_namespace(config, capture)
+    # Session admission reads what the cache holds per session from the engine's KV events.
+    events_dir = tempfile.mkdtemp(prefix="ahc-kv-") if config.orchestrator.session_admission else None
+    events_endpoint = publish_kv_events(args, events_dir) if events_dir is not None else None
+    cache_events = CacheEvents() if events_endpoint is not None else None
     configure_logging(args)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats(), config.model_name)
@@ -103,6 +110,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     engine = None
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None
+    events_task: asyncio.Task[None] | None = None
     mark_server()  # the engine process vLLM starts next dies with this one (server/engine_process.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
@@ -118,7 +126,12 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
         supported_tasks = await engine.get_supported_tasks()
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
-        runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys)
+        runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys,
+                                cache_events=cache_events)
+        if cache_events is not None and events_endpoint is not None:
+            events_task = asyncio.create_task(follow(events_endpoint, cache_events))
+            metrics.one(metrics.session_cache_sessions).set_function(
+                lambda: float(cache_events.sessions() if cache_events.trusted else -1))
         report_template(runtime.tokenizer, metrics, chat_template)
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
@@ -141,8 +154,11 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         engine = None
         await shutdown
     finally:
-        if quota_task is not None:
-            quota_task.cancel()
+        for task in (quota_task, events_task):
+            if task is not None:
+                task.cancel()
+        if events_dir is not None:
+            shutil.rmtree(events_dir, ignore_errors=True)
         if engine is not None:
             engine.shutdown(timeout=config.engine.shutdown_timeout)
         if runtime is not None:

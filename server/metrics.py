@@ -132,6 +132,10 @@ class AHCMetrics:
             "1 if the chat template renders each prompt as a prefix of the next (checked at start-up), "
             "0 if it re-renders earlier turns (the prefix cache then breaks every turn), -1 if it cannot render "
             "the probe conversation", m, registry=r)
+        self.session_cache_sessions = Gauge(
+            "ahc_session_cache_sessions", "Sessions whose cached blocks the engine's KV events account for "
+            "(what session admission reads the cache from); -1 once events were dropped and it predicts the "
+            "cache itself", m, registry=r)
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
         for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
                        self.xdb_service_restarts, self.xdb_quota_ratio, self.xdb_deleted_sessions,

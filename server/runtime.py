@@ -17,6 +17,7 @@ from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
+from server.admission.cache_events import CacheEvents
 from server.admission.hidden import HiddenAdmission, TenantBudget
 from server.admission.session_admission import Costs, SessionAdmission, offload_blocks
 from server.admission.vram_governor import VramGovernor
@@ -72,9 +73,11 @@ class Runtime:
 
 
 
-def build_session_admission(config: AHCConfig, metrics: AHCMetrics) -> SessionAdmission | None:
+def build_session_admission(config: AHCConfig, metrics: AHCMetrics,
+                            observed: CacheEvents | None = None) -> SessionAdmission | None:
     """Session-aware admission on the engine's measured cache, prefill rate and offload tier (what the
-    metrics read from the engine); None when the config turns it off (first come, first served)."""
+    metrics read from the engine), and what it holds per session (`observed`: its KV events, when read);
+    None when the config turns it off (first come, first served)."""
     oc, stats = config.orchestrator, metrics.kv_stats
     if not oc.session_admission:
         return None
@@ -84,15 +87,17 @@ def build_session_admission(config: AHCConfig, metrics: AHCMetrics) -> SessionAd
                   offload_blocks=lambda: offload_blocks(offload_gib, stats.bytes_per_block),
                   load_s_per_block=lambda: metrics.host_load.s_per_block(stats.bytes_per_block))
     return SessionAdmission(costs, oc.session_hot_s, oc.session_max_wait_s, oc.session_wait_per_prefill,
-                            first_wait_s=oc.session_first_wait_s)
+                            first_wait_s=oc.session_first_wait_s, observed=observed)
 
 
 def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
-                  chat_template: str | None = None, keys: TenantKeys | None = None) -> Runtime:
+                  chat_template: str | None = None, keys: TenantKeys | None = None,
+                  cache_events: CacheEvents | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;
     `chat_template`: the template vLLM was given (`--chat-template`, loaded), None for the model's;
-    `keys`: the API keys already read (else read from the config)."""
+    `keys`: the API keys already read (else read from the config); `cache_events`: the engine's KV events,
+    as read (None: none are)."""
     tokenizer = engine.get_tokenizer()
     oc = config.orchestrator
     max_model_len = config.engine.max_model_len
@@ -138,7 +143,7 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
 
     orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
-    session_admission = build_session_admission(config, metrics)
+    session_admission = build_session_admission(config, metrics, cache_events)
     recorder = Recorder(xdb, tokenizer, background, capture, config.engine_label)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
     hidden_admission = HiddenAdmission(governor, TenantBudget(int(oc.codex_condense_windows_per_hour * max_model_len)))

@@ -183,7 +183,9 @@ def test_the_emulated_lens_fires_a_concept_tag_now_and_then() -> None:
     assert reached[:, 0].sum() == 200 // TAG_EVERY
 
 
-def sequence(kind: str, model: Path, offload_gib: float | None = None) -> list[int]:
+def sequence(kind: str, model: Path, offload_gib: float | None = None) -> dict[str, list[Any]]:
+    """Each request's cached tokens (`cached`) and what vLLM's KV events said its session held before it
+    (`held`: GPU and CPU-tier blocks), as tests/emulation_sequence.py prints them."""
     offload = [str(offload_gib)] if offload_gib is not None else []
     done = subprocess.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model), *offload], capture_output=True,
                           text=True, timeout=600)
@@ -192,38 +194,52 @@ def sequence(kind: str, model: Path, offload_gib: float | None = None) -> list[i
 
 
 @pytest.fixture(scope="module")
-def emulated_sequence(tiny_model_dir: Path) -> list[int]:
+def emulated_sequence(tiny_model_dir: Path) -> dict[str, list[Any]]:
     """The cached tokens of each prompt of the sequence on the emulated engine (one engine, in a subprocess)."""
     return sequence("emulated", tiny_model_dir)
 
 
 @pytest.mark.slow
-def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(emulated_sequence: list[int]) -> None:
+def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(emulated_sequence: dict[str, list[Any]]) -> None:
     """vLLM's own KV cache manager, 32 blocks of 32 tokens: a repeated 320-token prompt reads its full
     blocks but the one holding its last token; three other prompts later it has been evicted, least
-    recently used first, while the latest one is still whole."""
-    cached = emulated_sequence  # A A B A C D E A E
+    recently used first, while the latest one is still whole. Its KV events, read per session, say
+    before each prompt what the lookup then finds."""
+    cached = emulated_sequence["cached"]  # A A B A C D E A E
     assert cached[:7] == [0, 288, 0, 288, 0, 0, 0]
     assert cached[7] < 288 and cached[8] == 288
+    assert_events_foretell_hits(emulated_sequence)
+
+
+def assert_events_foretell_hits(run: dict[str, list[Any]]) -> None:
+    """Without a CPU tier, the blocks the events say a session holds on the GPU are what its next prompt
+    hits (all but the block with its last token, which vLLM recomputes)."""
+    assert [min(gpu, 9) * 32 for gpu, _ in run["held"]] == run["cached"]
+    assert all(cpu == 0 for _, cpu in run["held"])
 
 
 @pytest.mark.slow
 def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(emulated_sequence: list[int],
                                                                         tiny_model_dir: Path) -> None:
     """The same sequence on vLLM's real (CPU) engine with the same blocks: the same cached tokens, each."""
-    assert emulated_sequence == sequence("real", tiny_model_dir)
+    real = sequence("real", tiny_model_dir)
+    assert emulated_sequence == real
+    assert_events_foretell_hits(real)
 
 
 @pytest.mark.slow
-def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier(emulated_sequence: list[int],
+def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier(emulated_sequence: dict[str, list[Any]],
                                                                      tiny_model_dir: Path) -> None:
     """vLLM's native CPU offloading on the emulated engine, its tier (0.3 GiB: 76 blocks of 4 MiB) room for
     every prompt: A, evicted from the GPU by C, D and E, is read whole from host memory where the GPU
-    alone had kept one block of it; prompts never seen before still hit nothing."""
+    alone had kept one block of it; prompts never seen before still hit nothing. The tier's KV events say
+    so first: one block of A on the GPU, all ten in the tier."""
     offloaded = sequence("emulated", tiny_model_dir, 0.3)  # A A B A C D E A E
-    assert emulated_sequence[7] < 288
+    assert emulated_sequence["cached"][7] < 288
     # The connector loads a prompt's last block too, which the GPU's own cache leaves to be recomputed.
-    assert offloaded == [0, 320, 0, 320, 0, 0, 0, 320, 320]
+    assert offloaded["cached"] == [0, 320, 0, 320, 0, 0, 0, 320, 320]
+    assert offloaded["held"][7] == [1, 10]
+    assert [cpu for _, cpu in offloaded["held"]] == [0, 10, 0, 10, 0, 0, 0, 10, 10]
 
 
 @pytest.mark.slow

@@ -91,3 +91,32 @@ def test_the_admission_counts_the_configured_tier() -> None:
     assert gate.costs.prefill_s_per_block() == pytest.approx(16 * 5e-4)
     off = load_config("cpu-tiny").with_overrides(**{"orchestrator.session_admission": False})
     assert session_admission(off, metrics) is None
+
+
+def test_the_engine_publishes_its_kv_events_where_admission_reads_them(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from server.engine_args import build_vllm_namespace, publish_kv_events
+
+    config = load_config("cpu-tiny").with_overrides(model=str(tiny_model_dir))
+    args = build_vllm_namespace(config)
+    assert publish_kv_events(args, str(tmp_path)) == f"ipc://{tmp_path}/kv-events"
+    assert args.kv_events_config.enable_kv_cache_events and args.kv_events_config.publisher == "zmq"
+    assert args.kv_transfer_config is None  # no tier, no connector to configure
+    # With a CPU tier its events name every block, as the GPU's do.
+    tiered = build_vllm_namespace(config.with_overrides(**{"engine.kv_offloading_size": 8}))
+    publish_kv_events(tiered, str(tmp_path))
+    assert tiered.kv_transfer_config.kv_connector_extra_config == {"self_describing_kv_events": True}
+
+
+@pytest.mark.parametrize("flag, endpoint", [
+    ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5599"}', "tcp://127.0.0.1:5599"),
+    ('{"enable_kv_cache_events": false}', None)])
+def test_a_publisher_the_command_line_sets_is_kept(tiny_model_dir: Path, tmp_path: Path, flag: str,
+                                                   endpoint: str | None) -> None:
+    from server.engine_args import build_vllm_namespace, publish_kv_events
+
+    config = load_config("cpu-tiny").with_overrides(**{"model": str(tiny_model_dir),
+                                                       "engine.extra_args": ["--kv-events-config", flag]})
+    args = build_vllm_namespace(config)
+    kept = args.kv_events_config
+    assert publish_kv_events(args, str(tmp_path)) == endpoint
+    assert args.kv_events_config is kept

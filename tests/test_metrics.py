@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -40,6 +42,12 @@ def test_metrics_present_and_consistent(server, client: openai.OpenAI, model_nam
     assert 0 <= after["ahc_vram_used_bytes"] <= after["ahc_vram_total_bytes"]
     assert after["ahc_vram_total_bytes"] > 0
     assert after["ahc_chat_template_prefix_stable"] == 1  # the tiny model's template, checked at start-up
+    # The engine's KV events named the requests' session: session admission reads what the cache holds
+    # from them.
+    deadline = time.monotonic() + 5
+    while scrape_metrics(server.base_url)["ahc_session_cache_sessions"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scrape_metrics(server.base_url)["ahc_session_cache_sessions"] >= 1
 
 
 def test_every_ahc_series_names_the_model(server, model_name: str) -> None:

@@ -39,6 +39,10 @@ not protected on the GPU. The tier copies what the GPU holds (it is inclusive), 
 hold the larger of the two, not their sum: the sessions in flight are capped to that, and past it the
 tier thrashes as the GPU would. A session waiting to enter flight (new, or back from quiet) waits at
 most `first_wait_s`, then goes past the cap into vLLM's least-recently-used order: none is starved.
+
+The model of the cache is a prediction (vLLM's order replayed from the turns sent). Where vLLM's own KV
+events are read (`observed`, cache_events.py), what each session keeps on the GPU and in the CPU tier is
+taken from them instead, a few times a second, for every session not running a turn.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from server.admission.cache_events import CPU, GPU, CacheEvents
+
 # A session is hot until its usual gap between turns, with this margin, has passed: think times vary.
 HOT_MARGIN = 2.0
 # Weight of the newest gap in a session's running estimate: rhythms drift, one odd gap should not.
@@ -62,6 +68,9 @@ RECENT_GAPS = 64
 # A turn that must prefill its context anew goes only with room left for the sessions ahead of it to grow
 # this many more turns, so that it is not squeezed out again (and re-prefilled again) a few turns later.
 GROWTH_TURNS = 4
+# How often the model of the cache is corrected from vLLM's KV events: a wait is weighed in seconds, and a
+# correction recounts every session's chain.
+GROUND_S = 0.25
 
 
 @dataclass
@@ -109,8 +118,9 @@ def offload_blocks(gib: float | None, bytes_per_block: int) -> int:
 class SessionAdmission:
     def __init__(self, costs: Costs, hot_s: float, max_wait_s: float, wait_per_prefill: float = 1.0,
                  poll_s: float = 0.02, clock: Callable[[], float] = time.monotonic,
-                 first_wait_s: float | None = None) -> None:
-        """`first_wait_s`: the longest a session entering flight waits (None: max_wait_s)."""
+                 first_wait_s: float | None = None, observed: CacheEvents | None = None) -> None:
+        """`first_wait_s`: the longest a session entering flight waits (None: max_wait_s); `observed`:
+        vLLM's KV events, read into what the cache holds (None: the model's own prediction alone)."""
         self.costs = costs
         self.hot_s = hot_s
         self.max_wait_s = max_wait_s
@@ -124,6 +134,9 @@ class SessionAdmission:
         self._gaps: list[float] = []
         self._flight: dict[str, int] = {}  # sessions that entered flight: their place in line (lower goes first)
         self._tickets = itertools.count()
+        self.observed = observed
+        self._grounded_at: float | None = None
+        self._guessed: set[str] = set()  # sessions whose blocks the model set itself since the last grounding
 
     def is_resident(self, session_id: str) -> bool:
         return session_id in self._resident
@@ -272,6 +285,7 @@ class SessionAdmission:
         hot sessions it would evict while the wait paid and still to come is under the prefill those
         sessions would redo."""
         limit = self.max_wait_s if limit_s is None else limit_s
+        self._ground()
         per_block = self.costs.prefill_s_per_block()
         if per_block is None or waited_s >= limit or self.costs.capacity_blocks() <= 0:
             return 0.0
@@ -331,6 +345,7 @@ class SessionAdmission:
         now = self.clock()
         resident.running = max(resident.running - 1, 0)
         resident.last_used = now
+        self._guess(session_id)
         if blocks is not None:
             resident.blocks = blocks
         self._resident.move_to_end(session_id)
@@ -356,6 +371,43 @@ class SessionAdmission:
             _, dropped = self._offloaded.popitem(last=False)
             held -= dropped
 
+    def _ground(self) -> None:
+        """Take what each session not running a turn keeps in each tier from vLLM's KV events, at most
+        every GROUND_S, for the sessions an event touched or the model guessed since: a session the
+        engine still holds comes back into the model (as least recently used), one it freed leaves it."""
+        events, now = self.observed, self.clock()
+        if events is None or not events.trusted or (
+                self._grounded_at is not None and now - self._grounded_at < GROUND_S):
+            return
+        self._grounded_at = now
+        tiered = self.costs.offload_blocks() > 0
+        sessions, self._guessed = events.take_touched() | self._guessed, set()
+        for sid in sessions:
+            resident = self._resident.get(sid)
+            if resident is not None and resident.running:
+                self._guessed.add(sid)  # its blocks are in use; the events catch up with its reply as it runs
+                continue
+            gpu = events.blocks(sid, GPU)
+            if gpu is None:
+                continue  # no event named it (yet): the model's guess stands
+            if resident is not None and gpu:
+                resident.blocks = gpu
+            elif gpu:
+                self._resident[sid] = _Resident(gpu, now)
+                self._resident.move_to_end(sid, last=False)
+            elif resident is not None:
+                del self._resident[sid]
+            cpu = (events.blocks(sid, CPU) or 0) if tiered else 0
+            if cpu:
+                self._offloaded[sid] = cpu
+            else:
+                self._offloaded.pop(sid, None)
+
+    def _guess(self, session_id: str) -> None:
+        """The model changed the session's blocks by its own prediction: the next grounding checks it."""
+        if self.observed is not None:
+            self._guessed.add(session_id)
+
     def _evict_past_capacity(self) -> None:
         """Take from the model what vLLM will have reused past the capacity (`_cuts`): a prefix keeps
         its place as it loses its end, and one left with nothing is dropped."""
@@ -363,6 +415,7 @@ class SessionAdmission:
         if capacity <= 0:
             return
         for sid, taken in self._cuts(sum(r.blocks for r in self._resident.values()) - capacity).items():
+            self._guess(sid)
             resident = self._resident[sid]
             resident.blocks -= taken
             if not resident.blocks:

@@ -255,6 +255,9 @@ class RecordingEngine:
         if xdb_session is None:  # a route other than AHC's chat: the request is a session of its own
             xdb_session = current_tenant.get().scope(new_session_id())
             self._recorder.xdb.start_session(xdb_session)
+        # The engine tags the KV blocks the request stores with its session (session admission reads
+        # them back from vLLM's KV events): the server's session, never one a client names in a body.
+        kwargs["session_id"] = xdb_session
         trace_headers = engine_trace_headers(kwargs.get("trace_headers"))
         if trace_headers is not None:
             kwargs["trace_headers"] = trace_headers
