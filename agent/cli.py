@@ -47,6 +47,8 @@ def discover(
         "--resume/--fresh", help="Continue the run in --data-dir from its last completed turn, or start over.")] = True,
     compaction_tokens: Annotated[int | None, typer.Option(
         min=1, help="Tier-3 tokens before a compaction (default: a third of the window, at most 50k).")] = None,
+    keep_turns: Annotated[int, typer.Option(
+        min=0, help="The newest turns a compaction keeps verbatim, within a quarter of its threshold.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the harness's random states (and of the run id).")] = 0,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Reply tokens per turn (llm).")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (llm).")] = 0.7,
@@ -67,7 +69,7 @@ def discover(
                                           tool_choice.value, seed, label)
         try:
             config = RunConfig(data_dir=data_dir, max_turns=max_turns, compaction_tokens=compaction_tokens,
-                               seed=seed, fresh=not resume, rule_label=label)
+                               keep_turns=keep_turns, seed=seed, fresh=not resume, rule_label=label)
             run = DiscoveryRun(config, hidden, chosen, store, Progress())
             summary = run.run()
         finally:

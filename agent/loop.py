@@ -41,6 +41,8 @@ class RunConfig:
     data_dir: Path
     max_turns: int = 50
     compaction_tokens: int | None = None  # None: a third of the model's window, at most 50k
+    keep_turns: int = compaction.KEEP_TURNS  # the newest turns a compaction keeps verbatim...
+    keep_share: float = compaction.KEEP_SHARE  # ...within this share of the compaction threshold
     seed: int = 0
     fresh: bool = False
     rule_label: str | None = None  # the rule's part of the run id (rule_label_for); None: the rule's name
@@ -171,7 +173,8 @@ class DiscoveryRun:
         self.ckpt.last_error = reply.error
         self.fresh_epoch = False
         used = reply.usage.prompt_tokens + reply.usage.completion_tokens if reply.usage else None
-        if compaction.due(self.journal, self.threshold, used, self.policy.context_window, self.policy.reply_tokens):
+        if compaction.due(self.journal, self.threshold, used, self.policy.context_window, self.policy.reply_tokens,
+                          self.config.keep_turns, self.keep_tokens):
             self._compact()
         self.metrics.append(self._measure(n, entry, reply, time.monotonic() - started))
         self.save()
@@ -184,16 +187,22 @@ class DiscoveryRun:
             text += f" Last turn: {self.ckpt.last_error}."
         return text + " Write your LAB NOTE, then call a tool."
 
+    @property
+    def keep_tokens(self) -> int:
+        """What the turns kept verbatim through a compaction may take together."""
+        return int(self.threshold * self.config.keep_share)
+
     def _ask(self, n: int, query: str) -> Reply:
-        """The policy's reply; a prompt over the window compacts the journal and asks once more."""
-        for attempt in range(2):
+        """The policy's reply; a prompt over the window compacts the journal and asks again, keeping a
+        quarter of the usual recent turns' tokens, then none."""
+        for keep_tokens in (self.keep_tokens // 4, 0, None):
             try:
                 return self.policy.decide(self._turn_input(n, query))
             except ContextOverflow as exc:
-                if attempt or not self.journal.entries:
+                if keep_tokens is None or not self.journal.entries:
                     raise RuntimeError(
                         f"the prompt does not fit the model's window even after compaction: {exc}") from None
-                self._compact(keep=0)
+                self._compact(keep_tokens, at_least=0)
         raise AssertionError("unreachable")
 
     def _turn_input(self, n: int, query: str) -> TurnInput:
@@ -207,8 +216,12 @@ class DiscoveryRun:
         context = context_field(self.session_id, self.identity, self.knowledge, self.policy.prompt_size)
         return TurnInput(n, query, messages, context, self.evidence, self.knowledge)
 
-    def _compact(self, keep: int = 1) -> None:
-        if compaction.compact(self.journal, self.policy, self.toolbox, keep) is not None:
+    def _compact(self, keep_tokens: int | None = None, at_least: int = 1) -> None:
+        """Condense the journal but its newest turns (`keep_tokens`: what they may take, None: the usual;
+        `at_least`: how many stay whatever their size)."""
+        budget = self.keep_tokens if keep_tokens is None else keep_tokens
+        if compaction.compact(self.journal, self.policy, self.toolbox, self.config.keep_turns, budget,
+                              at_least) is not None:
             self.ckpt.compactions += 1
             self.fresh_epoch = True
 

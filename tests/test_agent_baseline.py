@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 from cli_runner import invoke
 
+from agent import compaction
 from agent.evidence import Evidence
+from agent.journal import Journal, JournalEntry
 from agent.loop import DiscoveryRun, RunConfig, run_id_for
+from agent.policies.base import Reply, TurnInput
 from agent.policies.baseline import BaselinePolicy, table_laws
 from agent.rings import coverage_ring, pair_counts
 from agent.run_store import LocalRunStore
@@ -100,6 +103,52 @@ def test_compaction_moves_the_journal_into_negative_knowledge(tmp_path: Path, st
     assert summary["solved"] and summary["compactions"] >= 1
     latest = store.meta_knowledge(run.run_id)
     assert latest["last_compacted_turn"] >= 1 and "Periods ruled out: 1" in latest["negative_knowledge"]
+
+
+class Recording(BaselinePolicy):
+    """The baseline, keeping every turn's input and every journal entry it is shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[TurnInput] = []
+        self.entries: list[JournalEntry] = []
+
+    def decide(self, turn: TurnInput) -> Reply:
+        self.inputs.append(turn)
+        return super().decide(turn)
+
+    def observe(self, entry: JournalEntry) -> None:
+        self.entries.append(entry)
+        super().observe(entry)
+
+
+def test_a_compaction_keeps_the_newest_turns_evidence_verbatim(tmp_path: Path, store) -> None:
+    """The turn before a compaction, its experiment's result (the counterexample) included, is replayed
+    whole into the fresh session after it, while older turns are condensed."""
+    rule = random_rule(4, np.random.default_rng(4))
+    policy = Recording()
+    run = DiscoveryRun(RunConfig(tmp_path, compaction_tokens=2000, max_turns=12), rule, policy, store)
+    run.run()
+    assert run.ckpt.compactions >= 1
+    # The first turn of the session a compaction opened (its id counts compactions) replays the journal.
+    after = next(t for t in policy.inputs if t.context["session_id"].endswith("-c1"))
+    before = next(e for e in policy.entries if e.turn == after.turn - 1)
+    assert before.results, "the turn before the compaction ran an experiment"
+    replayed = [m["content"] for m in after.messages if m["role"] == "tool"]
+    assert before.result_text(0, run.journal.max_result_chars) in replayed
+    assert after.messages[0]["content"] != policy.inputs[0].query  # the first turn was condensed, not replayed
+
+
+def test_the_turns_kept_are_bounded_by_count_and_tokens() -> None:
+    journal = Journal([JournalEntry(n, "x" * 300) for n in range(1, 21)], 800)  # 123 tokens a turn
+    assert compaction.kept(journal, 12) == 12
+    assert compaction.kept(journal, 12, keep_tokens=370) == 3
+    assert compaction.kept(journal, 0) == 0
+    assert compaction.kept(journal, 12, keep_tokens=0) == 1  # the newest turn stays whatever its size...
+    assert compaction.kept(journal, 12, keep_tokens=0, at_least=0) == 0  # ...but when the window overflows
+    # Not due while only kept turns are left to condense.
+    assert not compaction.due(Journal(journal.entries[:3], 800), 100, None, None, 0, keep=12, keep_tokens=370)
+    assert compaction.due(Journal(journal.entries[:5], 800), 100, None, None, 0, keep=12, keep_tokens=370)
 
 
 def discover(*args: str) -> subprocess.CompletedProcess:
