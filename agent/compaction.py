@@ -7,8 +7,9 @@ tier 2 and leave the prompt.
 3. Reset: the condensed turns leave the journal; the most recent ones stay verbatim (their
    counterexamples are the evidence the next hypotheses are tested against): up to `keep` turns
    within `keep_tokens`, a share of the threshold, so one compaction leaves the journal well under the
-   next, and the newest turn whatever its size (but when the prompt overflows the window). The loop starts a fresh server session replaying what is left, so the State that held the
-   raw turns is gone from the prompt, and the summary sits in Karma.
+   next, and the newest turn whatever its size (but when the prompt overflows the window). The loop
+   starts a fresh server session replaying what is left, so the State that held the raw turns is gone
+   from the prompt, and the summary sits in Karma.
 """
 
 from __future__ import annotations
