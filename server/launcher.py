@@ -47,6 +47,8 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
 # HTTP server ends it after these seconds rather than waiting forever.
 GRACE_AFTER_ENGINE_S = 5
 
+log = logging.getLogger("ahc.serve")
+
 
 async def serve(config: AHCConfig) -> None:
     keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
@@ -136,8 +138,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
-        retention = config.xdb.retention
-        if config.xdb.quota_bytes is not None or retention.verbatim_days or retention.delete_after_days:
+        if not config.xdb.keep_forever:  # retention and the quota
             quota_task = asyncio.create_task(enforce_quota_forever(
                 xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
@@ -173,7 +174,13 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
 
 
 def open_xdb(config: AHCConfig, metrics: AHCMetrics) -> XDBClient:
+    """XDB for the server, its quota sized from the data dir's disk when the config names none."""
     data_dir = Path(resolve_path(config.data_dir))
+    quota = config.xdb.sized_quota(data_dir)
+    if quota is not None and quota != config.xdb.quota_bytes:
+        log.info("XDB quota: %.1f GB (%.0f%% of the data dir's disk; xdb.quota_bytes sets one)", quota / 1e9,
+                 100 * config.xdb.disk_quota_share)
+        config = config.with_overrides(**{"xdb.quota_bytes": quota})
     if config.xdb.service_process:
         remote = RemoteXDB(data_dir, config.xdb, on_commit=metrics.one(metrics.xdb_rows_written).inc,
                            on_restart=metrics.one(metrics.xdb_service_restarts).inc)

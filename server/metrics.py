@@ -6,6 +6,7 @@ counted (streamed or not, ours or a hidden orchestrator call) from the engine's 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -105,8 +106,11 @@ class AHCMetrics:
             "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", m, registry=r)
         self.xdb_bytes = Gauge("ahc_xdb_bytes", "Size on disk of each XDB file", m + ["file"], registry=r)
         self.xdb_quota_ratio = Gauge(
-            "ahc_xdb_quota_ratio", "XDB's usage over xdb.quota_bytes after the last storage pass (0: no quota); "
-            "compression starts at xdb.compress_at", m, registry=r)
+            "ahc_xdb_quota_ratio", "XDB's usage (the audit log and exports included) over xdb.quota_bytes after "
+            "the last storage pass (0: no quota); compression starts at xdb.compress_at", m, registry=r)
+        self.data_disk_bytes = Gauge(
+            "ahc_data_disk_bytes", "The data dir's disk: its size (state=total) and what is left (state=free)",
+            m + ["state"], registry=r)
         self.xdb_compressed_rows = Counter(
             "ahc_xdb_compressed_rows", "Rows compressed into records of each level (reply: token rows; coarser: "
             "finer records merged)", m + ["level"], registry=r)
@@ -181,7 +185,11 @@ class AHCMetrics:
         self.kv_stats.bytes_per_block = geometry.block_size * geometry.bytes_per_token * geometry.ranks
 
     def watch_xdb_files(self, data_dir: Path, files: Sequence[Path]) -> None:
-        """`ahc_xdb_bytes{file}`: each file's size (with its write-ahead log), read when scraped."""
+        """`ahc_xdb_bytes{file}`: each file's size (with its write-ahead log), and `ahc_data_disk_bytes`,
+        read when scraped."""
+        for state in ("total", "free"):
+            self.data_disk_bytes.labels(model_name=self.model_name, state=state).set_function(
+                partial(_disk_bytes, data_dir, state))
         for name in files:
             path = data_dir / name
             self.xdb_bytes.labels(model_name=self.model_name, file=name.as_posix()).set_function(
@@ -274,6 +282,11 @@ def _size(path: Path) -> float:
         return float(path.stat().st_size)
     except FileNotFoundError:
         return 0.0
+
+
+def _disk_bytes(data_dir: Path, state: str) -> float:
+    usage = shutil.disk_usage(data_dir)
+    return float(usage.total if state == "total" else usage.free)
 
 
 def _size_with_wal(path: Path) -> float:

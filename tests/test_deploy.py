@@ -317,6 +317,21 @@ def test_promtool_accepts_the_prometheus_config() -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_the_storage_alerts_fire_before_the_disk_fills() -> None:
+    """promtool's rule tests (tests/prometheus/alerts_test.yml): a quota the storage pass cannot meet, a
+    disk that fills within a day, one almost full; and none of them on a steady, roomy disk."""
+    promtool = debian_binary("promtool")
+    rules = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["rule_files"]
+    assert rules == ["alerts.yml"] and (DEPLOY / "alerts.yml").is_file()
+    check = subprocess.run([promtool, "check", "rules", str(DEPLOY / "alerts.yml")], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    cases = Path(__file__).parent / "prometheus" / "alerts_test.yml"
+    tested = subprocess.run([promtool, "test", "rules", cases.name], capture_output=True, text=True, timeout=60,
+                            cwd=cases.parent)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
 # --- the dashboard --------------------------------------------------------------------------------------
 
 

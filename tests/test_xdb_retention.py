@@ -90,13 +90,14 @@ def test_compression_starts_at_compress_at_of_the_quota(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x", XDBConfig(hot_seconds=0)) as xdb:
         write(xdb, "s", 10)
         xdb.compact("s")  # every row released
-        used = usage_bytes(xdb.conn.cursor())
+        used = usage_bytes(xdb.conn.cursor()) + xdb.audit_bytes()  # the audit log counts in the quota
+        assert xdb.audit_bytes() > 0
         xdb.quota_bytes = int(used / 0.9)  # at 90% of the quota: under it, over compress_at
         report = xdb.compact()
         assert report["compressed_rows"].get("reply", 0) > 0
         assert report["usage_bytes"] <= 0.8 * xdb.quota_bytes
         xdb.compress_at = 1.0
-        before = report["usage_bytes"]
+        before = usage_bytes(xdb.conn.cursor()) + xdb.audit_bytes()  # the pass's own audit records counted
         xdb.quota_bytes = int(before / 0.9)
         assert xdb.compact()["compressed_rows"] == {}  # at 90% of the quota with compress_at 1.0
 
@@ -121,6 +122,9 @@ def test_storage_metrics_follow_the_files_and_each_pass(tmp_path: Path) -> None:
     assert 'ahc_xdb_quota_ratio{model_name="m"} 0.75' in text
     assert 'ahc_xdb_compressed_rows_total{level="reply",model_name="m"} 20.0' in text
     assert 'ahc_xdb_deleted_sessions_total{model_name="m"} 2.0' in text
+    disk = {line.split('state="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("ahc_data_disk_bytes{")}
+    assert 0 < disk["free"] <= disk["total"]  # what the alerts in deploy/alerts.yml watch
 
 
 def test_the_storage_loop_applies_retention_and_reports_each_pass(tmp_path: Path) -> None:
@@ -146,3 +150,19 @@ def test_the_storage_loop_applies_retention_and_reports_each_pass(tmp_path: Path
         asyncio.run(run())
         assert passes[0]["deleted_sessions"] == ["idle"] and xdb.recall({}, owner=EVERY) == []
     assert 'ahc_xdb_deleted_sessions_total{model_name="m"} 1.0' in generate_latest(metrics.registry).decode()
+
+
+def test_storage_is_bounded_unless_the_config_says_forever(tmp_path: Path) -> None:
+    import shutil
+
+    config = XDBConfig()
+    assert (config.retention.verbatim_days, config.retention.delete_after_days) == (30.0, 365.0)
+    # No quota named: half the data dir's disk (the dir itself made later, on the disk above it).
+    assert config.sized_quota(tmp_path / "not" / "yet") == shutil.disk_usage(tmp_path).total // 2
+    assert XDBConfig(quota_bytes=10**9).sized_quota(tmp_path) == 10**9
+    forever = XDBConfig(keep_forever=True)
+    assert forever.retention.verbatim_days is None and forever.retention.delete_after_days is None
+    assert forever.sized_quota(tmp_path) is None
+    for contradiction in ({"quota_bytes": 10**9}, {"retention": {"verbatim_days": 7}}):
+        with pytest.raises(ValidationError, match="keep_forever keeps everything"):
+            XDBConfig(keep_forever=True, **contradiction)

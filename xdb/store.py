@@ -492,17 +492,25 @@ class XDB(SessionMethods, LakeMethods):
             deleted = []
             if self.retention.delete_after_days is not None:
                 deleted = retention.delete_expired_sessions(cur, self.retention.delete_after_days, self.audit_event)
-            # Exports count against the quota first: they are copies of what is recorded.
-            room = None if self.quota_bytes is None else max(
-                int(self.quota_bytes * self.compress_at) - compression.usage_bytes(cur), 0)
+            # The audit log counts against the quota (it cannot be compressed), then exports: they are
+            # copies of what is recorded.
+            audit_bytes = self.audit_bytes()
+            target = None if self.quota_bytes is None else max(
+                int(self.quota_bytes * self.compress_at) - audit_bytes, 0)
+            room = None if target is None else max(target - compression.usage_bytes(cur), 0)
             deleted_exports, export_bytes = self.expire_exports(self.export_ttl_s, room)
-            if self.quota_bytes is not None:
-                made += compression.enforce_quota(cur, int(self.quota_bytes * self.compress_at), summarize,
-                                                  self.hot_seconds, audit=self.audit_event)
+            if target is not None:
+                made += compression.enforce_quota(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
-                    "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes}
+                    "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
+                    "quota_bytes": self.quota_bytes}
+
+    def audit_bytes(self) -> int:
+        """What the audit log's files take on disk (its database, log and anchored heads)."""
+        folder = self.data_dir / AUDIT_FILE.parent
+        return sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) if folder.is_dir() else 0
 
     @service
     def state(self) -> dict[str, Any]:
@@ -515,8 +523,8 @@ class XDB(SessionMethods, LakeMethods):
                 "timesteps": counts[0], "sessions": counts[1], "tags": counts[2], "buds": counts[3],
                 "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
                 "fidelity": fidelity.fidelity_counts(cur, self.hot_seconds),
-                "usage_bytes": compression.usage_bytes(cur), "quota_bytes": self.quota_bytes,
-                "export_bytes": sum(e["bytes"] for e in self.exports(None)),
+                "usage_bytes": compression.usage_bytes(cur) + self.audit_bytes(), "audit_bytes": self.audit_bytes(),
+                "quota_bytes": self.quota_bytes, "export_bytes": sum(e["bytes"] for e in self.exports(None)),
                 "warm_quota_bytes": self.warm_quota_bytes, "pinned_bytes": fidelity.pinned_bytes(cur),
                 "writer": None if self.writer is None else {
                     "queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written},

@@ -11,6 +11,7 @@ so it stays out of `ps`.
 from __future__ import annotations
 
 import os
+import shutil
 from contextvars import ContextVar
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -190,12 +191,12 @@ class OrchestratorConfig(_Strict):
 
 
 class RetentionConfig(_Strict):
-    """How long experience is kept as it was recorded (None: no limit)."""
+    """How long experience is kept as it was recorded (null: no limit)."""
 
     # Token rows older than this are compressed into per-reply records (activations and tags kept).
-    verbatim_days: float | None = Field(default=None, gt=0)
+    verbatim_days: float | None = Field(default=30.0, gt=0)
     # A session idle this long is deleted, all of it, unless a window of it is pinned or SUBMITTED.
-    delete_after_days: float | None = Field(default=None, gt=0)
+    delete_after_days: float | None = Field(default=365.0, gt=0)
 
 
 class LakeConfig(_Strict):
@@ -225,8 +226,12 @@ class XDBConfig(_Strict):
     # Defaults go by name (`default=`): mypy without pydantic's plugin reads a positional one as no
     # default at all, and xdb/, which builds XDBConfig(), is type-checked.
 
-    # Over this many bytes the oldest cold records are compressed (None: keep everything verbatim).
+    # Over this many bytes (the experience recorded and the audit log) the oldest cold records are
+    # compressed. None: `disk_quota_share` of the data dir's disk, sized when the server starts.
     quota_bytes: int | None = Field(default=None, gt=0)
+    disk_quota_share: float = Field(default=0.5, gt=0, le=1)
+    # Keep everything verbatim, forever: no retention and no quota (neither may then be set).
+    keep_forever: bool = False
     # Compression starts once usage passes this share of quota_bytes, and brings it back under it,
     # so a burst of writes finds room before the quota itself is reached.
     compress_at: float = Field(default=0.8, gt=0, le=1)
@@ -261,6 +266,27 @@ class XDBConfig(_Strict):
     # what they commit shipped to the shared DuckLake in `lake` (xdb/lake.py).
     backend: Literal["duckdb", "ducklake"] = "duckdb"
     lake: LakeConfig = Field(default_factory=LakeConfig)
+
+    @model_validator(mode="after")
+    def _forever_alone(self) -> XDBConfig:
+        if self.keep_forever:
+            # A value other than the default (or null) was given on purpose, and contradicts it.
+            named = ["xdb.quota_bytes"] if self.quota_bytes is not None else []
+            named += [f"xdb.retention.{name}" for name, field in RetentionConfig.model_fields.items()
+                      if getattr(self.retention, name) not in (None, field.default)]
+            if named:
+                raise ValueError(f"xdb.keep_forever keeps everything: drop {', '.join(named)}")
+            self.retention = RetentionConfig(verbatim_days=None, delete_after_days=None)
+        return self
+
+    def sized_quota(self, data_dir: Path) -> int | None:
+        """The byte quota: the configured one, or `disk_quota_share` of the disk under `data_dir` (None
+        with keep_forever)."""
+        if self.keep_forever or self.quota_bytes is not None:
+            return self.quota_bytes
+        while not data_dir.exists():  # the server makes it on start: size the disk it will be on
+            data_dir = data_dir.parent
+        return int(shutil.disk_usage(data_dir).total * self.disk_quota_share)
 
     @model_validator(mode="after")
     def _lake_when_ducklake(self) -> XDBConfig:
