@@ -21,7 +21,8 @@ from server.http.errors import add_middleware, install_error_handling
 from server.messages.api_router import install_messages_route
 from server.responses.api_router import install_responses_route
 from server.routes.agent_routes import agent_router
-from server.routes.browse_routes import browse_router
+from server.routes.audit_routes import audit_router
+from server.routes.browse_routes import AuditVerifier, browse_router
 from server.routes.codex_routes import codex_router
 from server.routes.completion_route import install_completion_route
 from server.routes.context_routes import context_router
@@ -121,7 +122,9 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
                                      runtime.config.xdb.export_ttl_s))
-    app.include_router(browse_router(runtime.xdb))
+    verifier = AuditVerifier(runtime.xdb)
+    app.include_router(browse_router(runtime.xdb, verifier))
+    app.include_router(audit_router(runtime.xdb, verifier))
     install_ui(app, model=runtime.config.model_name, emulated=runtime.config.engine.emulate,
                auth_required=bool(runtime.keys),
                version=package_version("ahc"))

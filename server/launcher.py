@@ -193,7 +193,7 @@ def check_tenancy(keys: TenantKeys) -> None:
     who asks: with several tenants, one could read another's. Refuse the combination."""
     import os
 
-    tenants = set(keys.by_digest.values())
+    tenants = keys.tenants
     if len(tenants) > 1 and os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"):
         raise ValueError("VLLM_ENABLE_RESPONSES_API_STORE keeps responses readable by any key: unset it to serve "
                          f"several tenants ({len(tenants)} configured)")

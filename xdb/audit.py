@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,24 @@ class AuditLog:
         """The last committed (and anchored) head: (seq, hex hash); (-1, zeros) for an empty log."""
         seq, head = self.committed_head
         return seq, head.hex()
+
+    def records(self, session_id: str | None, event_type: str | None, since: datetime | None,
+                until: datetime | None, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """Committed records in chain order, filtered (see XDB.audit_records); each with its hash."""
+        where, args = ["seq > ?"], list[Any]([after_seq])
+        for clause, value in (("session_id = ?", session_id), ("event_type = ?", event_type),
+                              ("created_at >= ?", since), ("created_at < ?", until)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        rows = self.conn.cursor().execute(f"""
+            SELECT seq, session_id, tick, event_type, role, content, token_id, request_id, created_at, metadata,
+                   record_hash FROM audit_records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?""",
+            [*args, limit]).fetchall()
+        keys = ("seq", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id", "created_at",
+                "metadata", "record_hash")
+        return [{**dict(zip(keys, row, strict=True)), "created_at": row[8].isoformat() + "Z",
+                 "record_hash": row[10].hex()} for row in rows]
 
     def append(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""

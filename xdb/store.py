@@ -540,7 +540,7 @@ class XDB(SessionMethods, LakeMethods):
             doc = runs.save_report(cur, run_id, png, owner)
         return {k: v for k, v in doc.items() if k != "content"}
 
-    # -- the audit (never exposed over HTTP) ------------------------------------------------------
+    # -- the audit (over HTTP to an auditor's key alone) --------------------------------------------------
     @service_after_flush
     def verify_audit(self, seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
         if self.audit is None:
@@ -548,6 +548,16 @@ class XDB(SessionMethods, LakeMethods):
         if self.writer is not None:
             self.writer.flush()
         return self.audit.verify(seq_from, seq_to)
+
+    @service_after_flush
+    def audit_records(self, session_id: str | None = None, event_type: str | None = None,
+                      since: dt.datetime | None = None, until: dt.datetime | None = None, after_seq: int = -1,
+                      limit: int = 100) -> list[dict[str, Any]]:
+        """The audit log's records in chain order, filtered by session, event type and time
+        (`since` inclusive, `until` exclusive), from after `after_seq`: what an auditor reads."""
+        if self.audit is None:
+            raise ValueError("this XDB was opened read-only: the audit log is read by the server that writes it")
+        return self.audit.records(session_id, event_type, since, until, after_seq, limit)
 
     @service
     def audit_head(self) -> tuple[int, str]:

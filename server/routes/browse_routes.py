@@ -91,10 +91,11 @@ class AuditVerifier:
             self._lock.release()
 
 
-def browse_router(xdb: XDBClient) -> APIRouter:
-    """Plain `def` handlers: each runs on FastAPI's thread pool, off the event loop."""
+def browse_router(xdb: XDBClient, verifier: AuditVerifier | None = None) -> APIRouter:
+    """Plain `def` handlers: each runs on FastAPI's thread pool, off the event loop. `verifier`: the
+    server's one (the auditor's routes share it), else one of its own."""
     router = APIRouter(prefix="/v1/xdb", tags=["browse"], route_class=AHCRoute)
-    verifier = AuditVerifier(xdb)
+    verifier = verifier or AuditVerifier(xdb)
     views = TenantViews(xdb)
 
     @router.get("/sessions")

@@ -5,6 +5,7 @@ Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, do
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
 work. Each key is a tenant (server/tenancy/tenants.py): the middleware makes the key's tenant the request's.
+An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them.
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -24,6 +25,7 @@ OPEN_PATHS = ("/health", "/metrics", "/ping")
 # The experience browser's shell (HTML, script, style) holds no data: a browser cannot send a Bearer
 # header on navigation, so the page loads bare, asks for the key, and every read it makes carries it.
 UI_PREFIX = "/ui"
+AUDIT_PREFIX = "/v1/audit"
 
 # RFC 6455's "policy violation": a WebSocket handshake without the key is closed with it.
 _WS_POLICY_VIOLATION = 1008
@@ -51,11 +53,16 @@ class ApiKeyMiddleware:
         headers = Headers(scope=scope)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         tenant = self._tenant(headers)
+        open_path = path in OPEN_PATHS or _is_ui_shell(scope, path)
+        if tenant is not None and not open_path and tenant.auditor != _is_audit(path):
+            await _refuse(scope, receive, send, "An auditor's key reads the audit log (/v1/audit) and nothing else."
+                          if tenant.auditor else "The audit log (/v1/audit) is read with an auditor's key.")
+            return
         if tenant is not None:
             current_tenant.set(tenant)  # this request's task only: each request runs in its own
             await self.app(scope, receive, send)
             return
-        if path in OPEN_PATHS or _is_ui_shell(scope, path) or _is_cors_preflight(scope, headers):
+        if open_path or _is_cors_preflight(scope, headers):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -64,6 +71,17 @@ class ApiKeyMiddleware:
         response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' or "
                                   "'x-api-key: KEY'.", "authentication_error", "invalid_api_key")
         await response(scope, receive, send)
+
+
+def _is_audit(path: str) -> bool:
+    return path == AUDIT_PREFIX or path.startswith(AUDIT_PREFIX + "/")
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
+        return
+    await error_response(403, message, "permission_error", "wrong_role")(scope, receive, send)
 
 
 def _is_ui_shell(scope: Scope, path: str) -> bool:

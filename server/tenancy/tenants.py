@@ -20,6 +20,9 @@ without a "/" (any id with one may be another tenant's), and an id it names with
 The operator: the `default` tenant alone may use what spans every tenant's rows without reading them
 (compressing every released row, resolving evidence submissions on the shared buds).
 
+An auditor (a keys-file line `auditor NAME:KEY`) is no tenant: it owns nothing, reads the audit log
+(`/v1/audit/...`) and nothing else, and no other key reads the audit log.
+
 The prefix cache is isolated the same way: with several tenants every engine request carries its
 tenant's `cache_salt` (an HMAC of the tenant's name under a secret made at start; a client's own salt
 is replaced), so a tenant's `cached_tokens` never tell it what another tenant's prompts hold. With one
@@ -53,6 +56,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 class Tenant:
     name: str
     among_others: bool = False  # the server has other tenants
+    auditor: bool = False  # reads the audit log, and nothing else
 
     @property
     def prefix(self) -> str:
@@ -66,7 +70,7 @@ class Tenant:
 
     @property
     def operator(self) -> bool:
-        return self.name == DEFAULT
+        return self.name == DEFAULT and not self.auditor
 
     def scope(self, local_id: str) -> str:
         """The stored id of one of this tenant's ids."""
@@ -110,7 +114,7 @@ def key_digest(key: str) -> bytes:
 class TenantKeys:
     """The server's keys, by SHA-256 digest (a key is never kept or compared in the clear)."""
 
-    by_digest: Mapping[bytes, Tenant]
+    by_digest: Mapping[bytes, Tenant]  # auditors included
     # Salts differ from one start to the next: the prefix cache does not outlive the process either.
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
@@ -127,20 +131,28 @@ class TenantKeys:
         return self._salt(SEPARATOR + "system")
 
     def _salt(self, name: str) -> str | None:
-        if len(self.by_digest) < 2:
+        if sum(not t.auditor for t in self.by_digest.values()) < 2:
             return None
         return hmac.new(self.salt_secret, name.encode(), hashlib.sha256).hexdigest()
 
     def __bool__(self) -> bool:
         return bool(self.by_digest)
 
+    @property
+    def tenants(self) -> set[str]:
+        """The tenants' names (auditors are none)."""
+        return {t.name for t in self.by_digest.values() if not t.auditor}
+
     @classmethod
     def build(cls, keys: Iterable[str], keys_file: str | Path | None = None) -> TenantKeys:
         """Bare keys (a single one is the `default` tenant, several are named by hash) and a keys file
-        of `tenant:key` lines (`#` comments and blank lines ignored). Raises ValueError naming the
-        problem: an empty key, a bad tenant name, a key given twice, a tenant with two keys."""
+        of `tenant:key` lines, or `auditor name:key` for an auditor (`#` comments and blank lines
+        ignored). Raises ValueError naming the problem: an empty key, a bad name, a key given twice, a
+        name with two keys."""
         bare = list(keys)
-        named = parse_keys_file(Path(keys_file)) if keys_file is not None else []
+        lines = parse_keys_file(Path(keys_file)) if keys_file is not None else []
+        named = [(name, key) for name, key, auditor in lines if not auditor]
+        auditors = [(name, key) for name, key, auditor in lines if auditor]
         if keys_file is not None and Path(keys_file).stat().st_mode & 0o077:
             log.warning("the API keys file %s can be read by other users (mode %o): chmod 600 it", keys_file,
                         Path(keys_file).stat().st_mode & 0o777)
@@ -154,19 +166,20 @@ class TenantKeys:
         by_digest: dict[bytes, Tenant] = {}
         names: set[str] = set()
         among_others = len(pairs) > 1
-        for name, key in pairs:
+        for name, key, auditor in [(n, k, False) for n, k in pairs] + [(n, k, True) for n, k in auditors]:
             digest = key_digest(key)
             if digest in by_digest:
-                raise ValueError(f"api keys: the same key is given twice (tenants {by_digest[digest].name!r} "
+                raise ValueError(f"api keys: the same key is given twice ({by_digest[digest].name!r} "
                                  f"and {name!r})")
             if name in names:
-                raise ValueError(f"api keys: tenant {name!r} has more than one key")
+                raise ValueError(f"api keys: {name!r} has more than one key")
             names.add(name)
-            by_digest[digest] = Tenant(name, among_others)
+            by_digest[digest] = Tenant(name, among_others, auditor)
         return cls(by_digest)
 
 
-def parse_keys_file(path: Path) -> list[tuple[str, str]]:
+def parse_keys_file(path: Path) -> list[tuple[str, str, bool]]:
+    """(name, key, is an auditor) for each key line."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
@@ -178,12 +191,16 @@ def parse_keys_file(path: Path) -> list[tuple[str, str]]:
             continue
         name, sep, key = line.partition(":")
         name, key = name.strip(), key.strip()
+        role, _, named = name.partition(" ")
+        auditor = role == "auditor" and bool(named.strip())
+        name = named.strip() if auditor else name
         if not sep or not key:
-            raise ValueError(f"api keys file {str(path)!r} line {number}: expected 'tenant:key'")
+            raise ValueError(f"api keys file {str(path)!r} line {number}: expected 'tenant:key' or "
+                             "'auditor name:key'")
         if not _NAME.fullmatch(name):
             raise ValueError(f"api keys file {str(path)!r} line {number}: bad tenant name {name!r} "
                              "(letters, digits, '_', '.', '-'; at most 64)")
-        pairs.append((name, key))
+        pairs.append((name, key, auditor))
     if not pairs:
         raise ValueError(f"api keys file {str(path)!r} names no key")
     return pairs
