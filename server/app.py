@@ -129,7 +129,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
                auth_required=bool(runtime.keys),
                version=package_version("ahc"))
     app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
-                                      runtime.rag_indexes))
+                                      runtime.rag_indexes, runtime.config.engine.max_model_len))
     runtime.metrics.attach(get_prometheus_registry())
     # With or without a key: a keyless local server is exactly what a cross-site page would target.
     add_middleware(app, Middleware(JsonBodyMiddleware))

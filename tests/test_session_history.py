@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,6 +131,28 @@ def test_a_session_deleted_over_http_starts_afresh(served: tuple[TestClient, Run
     turn(client, "d1", "new start?")
     assert [t.content for t in runtime.orchestrator.sessions.get("d1").turns][0] == "new start?"
     assert client.delete("/v1/context/sessions/never").status_code == 404
+
+
+def test_a_session_says_where_it_stands_in_its_window(served: tuple[TestClient, Runtime]) -> None:
+    """What a coding agent's `/context` shows, as JSON: tokens per block, the window, the mode, the
+    cached share of the last prompt, turns and compactions."""
+    client, runtime = served
+    replies = [turn(client, "w1", q) for q in ("first?", "second?")]
+    deadline = time.monotonic() + 5  # the turn records are committed within a second of the reply
+    while (found := client.get("/v1/context/sessions/w1").json()).get("turns", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    last = replies[-1]
+    assert found["object"] == "context.session" and found["session_id"] == "w1" and found["turns"] == 2
+    assert found["window"] == runtime.config.engine.max_model_len
+    assert found["mode"] == last["context"]["mode"]
+    assert found["blocks"] == {b["name"]: b["tokens"] for b in last["context"]["blocks"]}
+    assert found["blocks"]["identity"] > 0 and list(found["blocks"])[0] == "identity"
+    assert found["prompt_tokens"] == last["usage"]["prompt_tokens"]
+    assert found["cached_share"] == pytest.approx(last["usage"]["prompt_tokens_details"]["cached_tokens"]
+                                                  / last["usage"]["prompt_tokens"])
+    assert 0 < found["window_share"] < 1 and found["compactions"] == 0
+    missing = client.get("/v1/context/sessions/nobody")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
 def test_a_corrupted_snapshot_loads_the_previous_one_and_is_counted(served: tuple[TestClient, Runtime]) -> None:

@@ -71,6 +71,28 @@ def sessions_overview(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 2
     return out
 
 
+@reads
+def session_context(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, Any]:
+    """Where a session stands, from its last turn's record: each block's tokens, the mode, the prompt
+    and the share of it read from the cache; with its turns and compactions so far."""
+    row = cur.execute(f"""
+        SELECT (SELECT metadata FROM timesteps WHERE session_id = $sid AND {TURN_ROWS} ORDER BY tick DESC LIMIT 1),
+               (SELECT max(created_at) FROM timesteps WHERE session_id = $sid AND {TURN_ROWS}),
+               (SELECT count(*) FROM timesteps WHERE session_id = $sid AND {TURN_ROWS}),
+               (SELECT count(*) FROM compaction_records WHERE session_id = $sid),
+               EXISTS (SELECT 1 FROM session_ticks WHERE session_id = $sid)""", {"sid": session_id}).fetchone()
+    assert row is not None
+    meta, last_at, turns, compactions, known = row
+    if not known:
+        raise NotFound(f"session {session_id!r} not found")
+    turn = json.loads(meta)["turn"] if meta else {}
+    prompt, cached = turn.get("prompt_tokens"), turn.get("cached_tokens")
+    return {"turns": int(turns), "compactions": int(compactions), "last_turn_at": _iso(last_at),
+            "mode": turn.get("mode"), "blocks": {b["name"]: b["tokens"] for b in turn.get("blocks", [])},
+            "prompt_tokens": prompt, "cached_tokens": cached,
+            "cached_share": cached / prompt if prompt and cached is not None else None}
+
+
 def _fill_untracked(cur: duckdb.DuckDBPyConnection, sessions: list[dict[str, Any]]) -> None:
     """Sessions without turn records (raw completions, imported rows): their tokens and last activity
     from the rows themselves, for this page's sessions only."""

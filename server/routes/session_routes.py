@@ -1,5 +1,5 @@
-"""`/v1/context/sessions`: the sessions the server keeps, their stored State versions, rollback and
-deletion.
+"""`/v1/context/sessions`: the sessions the server keeps, where each stands in its window, their
+stored State versions, rollback and deletion.
 
 Each turn of a session saves its State as a new version (the last 16 are kept). A rollback stores an
 earlier version again as the newest, so the session's next turn continues from it; the history is
@@ -63,6 +63,23 @@ class RollbackResult(BaseModel):
     restored_from: int
 
 
+class SessionContext(BaseModel):
+    """Where a session stands, as of its last turn: what a coding agent's `/context` shows."""
+
+    object: Literal["context.session"] = "context.session"
+    session_id: str
+    window: int  # the model's context window (max_model_len)
+    mode: str | None  # cag | rag | passthrough (None: no turn recorded)
+    blocks: dict[str, int]  # tokens per prompt block, in the prompt's order
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    cached_share: float | None  # of the last prompt, read from the prefix cache
+    window_share: float | None  # of the window the last prompt filled
+    turns: int
+    compactions: int
+    last_turn_at: str | None
+
+
 class SessionDeleted(BaseModel):
     id: str
     object: Literal["session.deleted"] = "session.deleted"
@@ -71,7 +88,8 @@ class SessionDeleted(BaseModel):
 
 
 def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolExecutor,
-                   rag_indexes: ScopedIndexes) -> APIRouter:
+                   rag_indexes: ScopedIndexes, window: int) -> APIRouter:
+    """`window`: the model's context window, which a session's prompt is measured against."""
     router = APIRouter(prefix="/v1/context/sessions", tags=["context"], route_class=AHCRoute)
     views = TenantViews(xdb)
 
@@ -85,6 +103,12 @@ def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolEx
                       view: TenantXDB = Depends(views)) -> SessionList:
         rows = await asyncio.to_thread(view.sessions, limit + 1, after)
         return SessionList(data=[SessionInfo(**row) for row in rows[:limit]], has_more=len(rows) > limit)
+
+    @router.get("/{session_id}")
+    async def context(session_id: str, view: TenantXDB = Depends(views)) -> SessionContext:
+        found = await asyncio.to_thread(view.session_context, session_id)
+        prompt = found["prompt_tokens"]
+        return SessionContext(**found, window=window, window_share=prompt / window if prompt is not None else None)
 
     @router.get("/{session_id}/versions")
     async def versions(session_id: str, view: TenantXDB = Depends(views)) -> VersionList:

@@ -19,7 +19,7 @@ from ahc.core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient
-from xdb.browse import session_turns, sessions_overview
+from xdb.browse import session_context, session_turns, sessions_overview
 from xdb.compression import cold_records
 from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
 from xdb.fidelity import list_windows, unpin
@@ -224,6 +224,10 @@ class TenantXDB:
 
     def session_turns(self, session_id: str) -> dict[str, Any]:
         found: dict[str, Any] = self.xdb.read(session_turns, self.stored_id(session_id))
+        return {**found, "session_id": session_id}
+
+    def session_context(self, session_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.xdb.read(session_context, self.stored_id(session_id))
         return {**found, "session_id": session_id}
 
     def session_versions(self, session_id: str) -> list[dict[str, Any]]:
