@@ -162,7 +162,11 @@ class Orchestrator:
                 compactions.append(done)
 
         if can_compact:
-            await compacted(self.config.compaction_tokens(self.max_model_len), force_compaction)
+            assert session is not None
+            requested = session.compaction_requested
+            await compacted(self.config.compaction_tokens(self.max_model_len), force_compaction or requested)
+            if requested:
+                session.compaction_requested = False  # done, or nothing old enough to condense
         # Over the budget, crowding out the excerpts, or leaving no room for the next compaction's call,
         # the State is compacted, then compacted again down to no verbatim turns; a prompt that still
         # does not fit moves its Codex (condensed, then RAG); only one that fits no way is refused.

@@ -40,6 +40,9 @@ class Session:
     placement_key: str | None = None
     mode_switches: int = 0
     last_turn: TurnMark | None = None  # what undoes the last turn, for its retry (orchestrator/turn_retry.py)
+    # A client asked for a compaction: the next turn compacts first, its summary call continuing that
+    # turn's cached prompt (only a turn brings the Identity and Codex the prompt is made of).
+    compaction_requested: bool = False
 
     def without_last_turn(self) -> Session:
         """A copy as the State was before its last turn, for a retry of that turn to take its place: it
@@ -59,6 +62,7 @@ class Session:
             "staged_karma": [k.model_dump() for k in self.staged_karma],
             "placement": self.placement, "placement_key": self.placement_key, "mode_switches": self.mode_switches,
             "last_turn": self.last_turn.to_dict() if self.last_turn is not None else None,
+            "compaction_requested": self.compaction_requested,
         }, sort_keys=True)
 
     @classmethod
@@ -71,7 +75,8 @@ class Session:
                    staged_karma=[KarmaEntry.model_validate(k) for k in data.get("staged_karma", [])],
                    placement=data.get("placement"), placement_key=data.get("placement_key"),
                    mode_switches=data.get("mode_switches", 0),
-                   last_turn=TurnMark.from_dict(data["last_turn"]) if data.get("last_turn") else None)
+                   last_turn=TurnMark.from_dict(data["last_turn"]) if data.get("last_turn") else None,
+                   compaction_requested=data.get("compaction_requested", False))
 
 
 @dataclass

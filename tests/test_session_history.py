@@ -155,6 +155,23 @@ def test_a_session_says_where_it_stands_in_its_window(served: tuple[TestClient, 
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
+def test_a_client_asks_for_a_compaction_and_the_next_turn_makes_it(served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    for n in range(6):  # more turns than compaction keeps verbatim (4)
+        turn(client, "c1", f"question {n}?")
+    asked = client.post("/v1/context/sessions/c1/compact")
+    assert asked.status_code == 202, asked.text
+    assert asked.json() == {"object": "context.compaction", "session_id": "c1", "status": "pending", "turns": 12}
+    settle(runtime)
+    assert runtime.orchestrator.sessions.get("c1").compaction_requested  # stored with the State
+    report = turn(client, "c1", "and now?")["context"]
+    assert "compaction" in report["governor"]
+    session = runtime.orchestrator.sessions.get("c1")
+    assert session.compactions == 1 and not session.compaction_requested and session.summary
+    assert len(session.turns) < 12
+    assert client.post("/v1/context/sessions/nobody/compact").status_code == 404
+
+
 def test_a_corrupted_snapshot_loads_the_previous_one_and_is_counted(served: tuple[TestClient, Runtime]) -> None:
     client, runtime = served
     turn(client, "c1", "one?")

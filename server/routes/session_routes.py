@@ -1,5 +1,5 @@
-"""`/v1/context/sessions`: the sessions the server keeps, where each stands in its window, their
-stored State versions, rollback and deletion.
+"""`/v1/context/sessions`: the sessions the server keeps, where each stands in its window, a
+compaction on request, their stored State versions, rollback and deletion.
 
 Each turn of a session saves its State as a new version (the last 16 are kept). A rollback stores an
 earlier version again as the newest, so the session's next turn continues from it; the history is
@@ -10,12 +10,13 @@ last save to land (they go through the same ordered worker as the saves), and ar
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from ahc.core.errors import NotFound
 from ahc.core.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
@@ -80,6 +81,13 @@ class SessionContext(BaseModel):
     last_turn_at: str | None
 
 
+class CompactionRequested(BaseModel):
+    object: Literal["context.compaction"] = "context.compaction"
+    session_id: str
+    status: Literal["pending"] = "pending"  # the session's next turn compacts first
+    turns: int  # the State's verbatim turns now
+
+
 class SessionDeleted(BaseModel):
     id: str
     object: Literal["session.deleted"] = "session.deleted"
@@ -122,6 +130,21 @@ def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolEx
             result = await ordered(view.rollback_session, session_id, body.version)
             store.forget(stored)  # the next turn loads the restored State
         return RollbackResult(**result)
+
+    @router.post("/{session_id}/compact", status_code=202)
+    async def compact(session_id: str, view: TenantXDB = Depends(views)) -> CompactionRequested:
+        """The session's next turn compacts its State first, as an automatic compaction does (its
+        summary call continues that turn's cached prompt, which only a turn brings)."""
+        stored = view.stored_id(session_id)
+        async with store.lock(stored):
+            session = await store.aget(stored)
+            if not session.turns:
+                raise NotFound(f"session {session_id!r} has no State turns to compact")
+            session.compaction_requested = True
+            receipt = store.save(session)
+            if isinstance(receipt, Future):
+                await asyncio.wrap_future(receipt)
+        return CompactionRequested(session_id=session_id, turns=len(session.turns))
 
     @router.delete("/{session_id}")
     async def delete(session_id: str, view: TenantXDB = Depends(views)) -> SessionDeleted:
