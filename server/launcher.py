@@ -108,6 +108,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         metrics.one(metrics.lens_receiver_up).set_function(lambda: float(bool(xdb.activations_receiving())))
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
+    metrics.one(metrics.audit_chain_verified).set_function(lambda: {None: -1.0, True: 1.0, False: 0.0}[
+        xdb.audit_verified()])
     metrics.watch_xdb_files(Path(resolve_path(config.data_dir)), [Path(EXPERIENCE_FILE), AUDIT_FILE])
     engine = None
     runtime: Runtime | None = None

@@ -131,6 +131,9 @@ class AHCMetrics:
         self.audit_head_seq = Gauge(
             "ahc_audit_head_seq", "Sequence number of the audit chain's last anchored head (-1: empty)", m,
             registry=r)
+        self.audit_chain_verified = Gauge(
+            "ahc_audit_chain_verified", "The whole audit chain's verification since the start, which runs in the "
+            "background (a start verifies the log's tail): 1 intact, 0 broken, -1 still running", m, registry=r)
         self.chat_template_prefix_stable = Gauge(
             "ahc_chat_template_prefix_stable",
             "1 if the chat template renders each prompt as a prefix of the next (checked at start-up), "

@@ -240,17 +240,41 @@ def test_expect_head(logged: Path) -> None:
     assert verify_cli(logged, "--seq-from", "5", "--seq-to", "2").returncode == 2
 
 
-def test_open_refuses_a_broken_chain_and_modifies_nothing(logged: Path) -> None:
-    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 7")
+def test_open_refuses_a_broken_tail_and_modifies_nothing(logged: Path) -> None:
+    """A start verifies the log's last checkpoint (10..14) and its anchor before anything builds on it."""
+    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 12")
     before = head_lines(logged)
-    with pytest.raises(ValueError, match="seq=7"):
+    with pytest.raises(ValueError, match="seq=12"):
         XDB.open(logged)
     recompute_chain(logged)
-    with pytest.raises(ValueError, match="head mismatch at seq=9"):
+    with pytest.raises(ValueError, match="head mismatch at seq=14"):
         XDB.open(logged)
     assert head_lines(logged) == before
     with XDB.open(logged, read_only=True) as xdb:
         assert len(xdb.recall(session_id="s", limit=100, owner=EVERY)) == 15
+
+
+def test_a_break_before_the_tail_is_found_by_the_background_verification(logged: Path, caplog) -> None:
+    """Older records are re-hashed after the start, recording going on meanwhile: the verdict is an
+    error in the log and `audit_verified()` False."""
+    tamper(logged, "UPDATE audit_records SET content = 'forged' WHERE seq = 7")
+    with caplog.at_level("ERROR", logger="ahc.xdb.audit"), XDB.open(logged) as xdb:
+        deadline = time.monotonic() + 30
+        while xdb.audit_verified() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert xdb.audit_verified() is False
+        xdb.writer.submit([TimestepRow("s", t, "input", "user", "still recording") for t in xdb.next_ticks("s", 1)])
+        xdb.writer.flush()  # recording goes on
+    assert "is broken" in caplog.text and "seq=7" in caplog.text
+    assert not verify_audit(logged).ok
+
+
+def test_the_background_verification_of_an_intact_log_says_so(logged: Path) -> None:
+    with XDB.open(logged) as xdb:
+        deadline = time.monotonic() + 30
+        while xdb.audit_verified() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert xdb.audit_verified() is True
 
 
 def test_a_crash_between_commit_and_anchor_is_repaired_at_open(logged: Path, caplog) -> None:
@@ -263,7 +287,7 @@ def test_a_crash_between_commit_and_anchor_is_repaired_at_open(logged: Path, cap
     assert "not anchored" in caplog.text
     assert verify_cli(logged).returncode == 0
     head.write_text("\n".join(head_lines(logged)[:-2]) + "\n")  # two unanchored commits are no crash
-    with pytest.raises(ValueError, match="head mismatch at seq=9"):
+    with pytest.raises(ValueError, match="head mismatch at seq=4.*names no checkpoint at the log's end"):
         XDB.open(logged)
 
 

@@ -33,7 +33,14 @@ import numpy as np
 import pyarrow as pa
 
 from xdb.audit_chain import EVENT_TYPE, GENESIS, HEAD_FILE, RECORD_COLUMNS, chain, checkpoint_hash, concept_hash
-from xdb.audit_verify import AuditReport, check_anchor, check_expected_head, heads_as_of_now, verify_connection
+from xdb.audit_verify import (
+    AuditReport,
+    check_anchor,
+    check_expected_head,
+    heads_as_of_now,
+    verify_connection,
+    verify_tail,
+)
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
 from xdb.private import private_dir, private_files
@@ -115,6 +122,8 @@ class AuditLog:
         self.path = path
         self.head_path = path.parent / HEAD_FILE
         self._head_fd: int | None = None
+        self.full_verification: AuditReport | None = None  # the background re-hash's verdict, once done
+        self._closing = False
         # prepare may run on the writer's thread and, for system events, on any other: the tip
         # moves under this lock. Commits take turns in seq order under `_turn`, and `_commit_lock`
         # keeps a verification from seeing a commit half done (file written, head not yet).
@@ -177,6 +186,7 @@ class AuditLog:
         return QuietCheckpoints(self.conn, self._commit_lock)
 
     def close(self) -> None:
+        self._closing = True
         if self._head_fd is not None:
             os.close(self._head_fd)
             self._head_fd = None
@@ -372,21 +382,58 @@ class AuditLog:
             finally:
                 cur.execute("ROLLBACK")
 
-    def verify_for_open(self) -> None:
-        """Verify the whole chain and its anchor before anything builds on it; raise ValueError
-        naming the first bad record (or the head mismatch). The one fault repaired is a single
-        checkpoint past the anchor with the chain intact: what a crash between a commit's two
-        writes leaves (only one commit is ever in flight); its head is anchored now."""
-        report = self.verify()
+    def verify_for_open(self, seq_from: int | None = None) -> None:
+        """Verify what a start builds on before anything does, in time flat in the log's size: its
+        tail from the last checkpoint (and from `seq_from`, the first record to replay, if earlier) and
+        its last anchor (`verify_tail`); raise ValueError naming the first bad record (or the head
+        mismatch). The one fault repaired is a single checkpoint past the anchor with the chain intact:
+        what a crash between a commit's two writes leaves (only one commit is ever in flight); its head
+        is anchored now. The whole chain is re-hashed by `verify_in_background`."""
+        last_start = one(self.conn.execute("SELECT coalesce(max(seq_start), 0) FROM audit_checkpoints"))[0]
+        start = last_start if seq_from is None else min(seq_from, last_start)
+        report = self._verify_tail(start)
         if not report.ok and len(report.unanchored) == 1:
             seq, head = report.unanchored[0]
             log.warning("audit log %s: checkpoint at seq=%d was committed but not anchored (a crash between "
                         "the two writes); anchoring it now", self.path, seq)
             with self._commit_lock:
                 self._anchor(seq, head)
-            report = self.verify()
+            report = self._verify_tail(start)
         if not report.ok:
             raise ValueError(f"audit log {self.path} is broken: {report.first_bad}; nothing was replayed or modified")
+
+    def _verify_tail(self, seq_from: int) -> AuditReport:
+        with self.conn.cursor() as cur:
+            return verify_tail(cur, self.head_path, seq_from)
+
+    def verify_in_background(self) -> threading.Thread:
+        """Re-hash the whole chain and check every anchor on a thread of its own (no lock held: it reads
+        a snapshot), its verdict in `full_verification` when done; a broken log is logged as an error.
+        A start runs it after `verify_for_open`, so recording and serving never wait for it."""
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                report = self.verify()
+            except duckdb.Error:
+                if self._closing:  # the log closed under it (a stop): no verdict, not a fault
+                    return
+                raise
+            self.full_verification = report
+            if report.ok:
+                log.info("audit log %s: the whole chain verified (%d records, %.1f s)", self.path,
+                         report.records_checked, time.monotonic() - started)
+            else:
+                log.error("audit log %s is broken: %s", self.path, report.first_bad)
+
+        thread = threading.Thread(target=run, name="ahc-audit-verify", daemon=True)
+        thread.start()
+        return thread
+
+    def first_seq_after(self, timestep_id: int) -> int | None:
+        """The first record of a row past `timestep_id` (what a replay starts from); None: none."""
+        found = one(self.conn.execute("SELECT min(seq) FROM audit_records WHERE timestep_id > ? AND event_type != ?",
+                                      [timestep_id, EVENT_TYPE]))[0]
+        return None if found is None else int(found)
 
 
 def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,

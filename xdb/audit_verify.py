@@ -17,7 +17,16 @@ from pathlib import Path
 
 import duckdb
 
-from xdb.audit_chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash, concept_hash, read_heads
+from xdb.audit_chain import (
+    EVENT_TYPE,
+    GENESIS,
+    RECORD_COLUMNS,
+    chain,
+    checkpoint_hash,
+    concept_hash,
+    parse_head,
+    read_heads,
+)
 from xdb.sql import Row, one
 
 
@@ -164,6 +173,20 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
             end = e
             break
     heads = {e: bytes(h) for s, e, h, *_ in checkpoints}
+    report = _verify_records(cur, start, end, prev, heads, chunk)
+    if not report.ok:
+        return report
+    checked = report.records_checked
+    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
+    if seq_to is None and beyond is not None:
+        return AuditReport(False, checked, f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
+    return AuditReport(True, checked)
+
+
+def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: bytes, heads: dict[int, bytes],
+                    chunk: int) -> AuditReport:
+    """Re-hash the records [start, end] onto `prev` (the head before `start`), each checkpoint's head
+    (`heads`, by its last seq) among them."""
     checked = 0
     expected = start
     while expected <= end:
@@ -189,7 +212,95 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
             prev, checked = h, checked + 1
         if expected <= hi:
             return AuditReport(False, checked, f"audit record seq={expected}: missing (deleted)")
-    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
-    if seq_to is None and beyond is not None:
-        return AuditReport(False, checked, f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
     return AuditReport(True, checked)
+
+
+def last_head(path: Path) -> tuple[int, bytes] | None:
+    """The head file's last line, read from the file's end (it has a line for every commit ever made);
+    None when there is no file or no line. A bad last line raises ValueError."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(size - 4096, 0))
+            tail = f.read().decode("ascii", errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    lines = [line for line in (tail[1:] if size > 4096 else tail) if line.strip()]
+    if not lines:
+        return None
+    try:
+        return parse_head(lines[-1])
+    except ValueError as exc:
+        raise ValueError(f"{path}: its last line: {exc}") from None
+
+
+def verify_tail(cur: duckdb.DuckDBPyConnection, head_path: Path, seq_from: int, chunk: int = 200_000) -> AuditReport:
+    """What a start builds on, in time flat in the log's size: the concept chain; the checkpoints from
+    the one before `seq_from` on, each linked by hash to the one before; the records after that one
+    re-hashed onto its head; and the head file's last line naming the last checkpoint. What lies before
+    is left to a full verification (`verify_connection` and `check_anchor`), which a start runs in the
+    background. A single checkpoint past the last anchored line is reported in `unanchored`, as
+    `check_anchor` does."""
+    problem, concept_count, concepts_head = _verify_concepts(cur)
+    if problem:
+        return AuditReport(False, 0, problem)
+    rows = cur.execute("""
+        SELECT seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, checkpoint_hash
+        FROM audit_checkpoints
+        WHERE seq_end >= (SELECT coalesce(max(seq_end), -1) FROM audit_checkpoints WHERE seq_end < ?)
+        ORDER BY seq_end, seq_start""", [max(seq_from, 0)]).fetchall()
+    prev, head, expected_start = GENESIS, GENESIS, 0
+    if rows and rows[0][1] < max(seq_from, 0):  # the checkpoint before: where verification starts from
+        base = rows.pop(0)
+        prev, head, expected_start = bytes(base[6]), bytes(base[2]), base[1] + 1
+    start = expected_start
+    heads: dict[int, bytes] = {}
+    for first, end, chain_head, ccount, chead, stored_prev, stored in rows:
+        if first != expected_start or end < first:
+            return AuditReport(False, 0, f"audit checkpoint seq {first}..{end}: expected to start at seq "
+                                         f"{expected_start}")
+        if bytes(stored_prev) != prev or checkpoint_hash(prev, first, end, bytes(chain_head), ccount,
+                                                         bytes(chead)) != bytes(stored):
+            return AuditReport(False, 0, f"audit checkpoint seq {first}..{end}: hash mismatch (edited)")
+        prev, expected_start = bytes(stored), end + 1
+        heads[end] = bytes(chain_head)
+    last = rows[-1] if rows else None
+    if last is not None and (last[3] != concept_count or bytes(last[4]) != concepts_head):
+        return AuditReport(False, 0, "audit concepts: the concept chain does not match the last checkpoint "
+                                     "(edited or truncated)")
+    report = _verify_records(cur, start, expected_start - 1, head, heads, chunk)
+    if not report.ok:
+        return report
+    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq >= ?", [expected_start]))[0]
+    if beyond is not None:
+        return AuditReport(False, report.records_checked,
+                           f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
+    return _check_last_anchor(cur, head_path, report)
+
+
+def _check_last_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: AuditReport) -> AuditReport:
+    """The head file's last line names the log's last checkpoint (or the one before it, when a crash
+    came between a commit's two writes: then that checkpoint is `unanchored`)."""
+    checkpoints = cur.execute("SELECT seq_end, chain_head FROM audit_checkpoints ORDER BY seq_end DESC LIMIT 2"
+                              ).fetchall()
+
+    def bad(message: str, unanchored: list[tuple[int, bytes]] | None = None) -> AuditReport:
+        return AuditReport(False, report.records_checked, message, unanchored or [])
+
+    try:
+        anchored = last_head(head_path)
+    except ValueError as exc:
+        return bad(f"audit head mismatch: {exc}")
+    ends = [(int(end), bytes(h)) for end, h in checkpoints]
+    if anchored is None:
+        if ends:
+            return bad(f"audit head mismatch: {head_path} is missing or empty but the log holds records up to "
+                       f"seq={ends[0][0]} (deleted, or the log was copied without it)")
+        return report
+    if ends and anchored == ends[0]:
+        return report
+    if len(ends) == 2 and anchored == ends[1]:
+        return bad(f"audit head mismatch at seq={ends[0][0]}: the log goes on past {head_path}'s last anchor "
+                   f"(seq {anchored[0]}): 1 checkpoint never anchored", [ends[0]])
+    return bad(f"audit head mismatch at seq={anchored[0]}: {head_path}'s last anchor names no checkpoint at the "
+               "log's end (its tail was deleted or rewritten)")

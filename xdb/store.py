@@ -125,6 +125,8 @@ class XDB(SessionMethods, LakeMethods):
             conn.close()
             raise
         xdb = cls(data_dir, conn, audit, concepts, writer, config, summarize)
+        if audit is not None:
+            audit.verify_in_background()  # the start verified the log's tail; the rest is re-hashed meanwhile
         if config.backend == "ducklake" and not read_only:
             try:
                 xdb.lake = Lake.open(config.lake, conn, audit.conn if audit is not None else None,
@@ -558,6 +560,13 @@ class XDB(SessionMethods, LakeMethods):
         if self.audit is None:
             raise ValueError("this XDB was opened read-only: the audit log is read by the server that writes it")
         return self.audit.records(session_id, event_type, since, until, after_seq, limit)
+
+    @service
+    def audit_verified(self) -> bool | None:
+        """The verdict of the whole-chain verification a start runs in the background: None while it
+        runs (or on a read-only XDB)."""
+        report = self.audit.full_verification if self.audit is not None else None
+        return None if report is None else report.ok
 
     @service
     def audit_head(self) -> tuple[int, str]:

@@ -244,11 +244,12 @@ def last_timestep_id(conn: duckdb.DuckDBPyConnection) -> int:
 
 def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
     """Copy rows the audit committed but the experience file did not (a crash between the two
-    commits) into the experience file; returns how many. The audit's chain and its anchor are
-    verified first: a broken log raises ValueError naming the first bad record (or the head
-    mismatch), and nothing is copied from it."""
-    audit.verify_for_open()
-    table = audit.rows_after(last_timestep_id(conn))
+    commits) into the experience file; returns how many. The audit's tail, from the first row to
+    copy or its last checkpoint, and its anchor are verified first: a broken log raises ValueError
+    naming the first bad record (or the head mismatch), and nothing is copied from it."""
+    last = last_timestep_id(conn)
+    audit.verify_for_open(audit.first_seq_after(last))
+    table = audit.rows_after(last)
     if table.num_rows == 0:
         return 0
     known = {cid for (cid,) in conn.execute("SELECT id FROM concepts").fetchall()}
