@@ -47,7 +47,7 @@ class AuditVerifier:
     goes on from where the last intact one ended: the concept and checkpoint chains whole, the records
     from the checkpoint before that point, and the anchor. The whole chain is re-hashed by the first
     verification, after a broken one, once `full_every_s` has passed since the last whole one, and at
-    every start of the server (and by `ahc xdb verify-audit`). Any tenant may ask for one; a request
+    every start of the server, in the background (and by `ahc xdb verify-audit`). Any tenant may ask for one; a request
     while one runs, or within `cooldown_s` (at least ten times the last one's duration) after it, is a
     429 with the seconds to wait."""
 
