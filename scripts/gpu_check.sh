@@ -6,9 +6,11 @@
 # 1. finds the GPU (nvidia-smi, else torch); without one: one `error: ...` line on stderr, exit 1;
 # 2. sets up the CUDA build (`make setup EXTRAS=gpu`) unless .venv already has it;
 # 3. universe: `ahc universe bench` of the Triton backend beside the numpy reference, its cell-updates/s
-#    against the GPU's peak memory bandwidth (the roofline of kernels/README.md), and `ahc universe
-#    simulate` with --backend triton and --backend numpy on every bundled rule and a few states,
-#    compared byte for byte;
+#    end to end and of the kernel alone, the kernel's against the GPU's peak memory bandwidth (the
+#    roofline of kernels/README.md), and `ahc universe simulate` with --backend triton and --backend
+#    numpy on every bundled rule and a few states, compared byte for byte. On a bare machine (torch,
+#    Triton and numpy for python3, no .venv) `AHC_GPU_CHECK_STEPS=universe scripts/gpu_check.sh` runs
+#    this step alone from the checkout, with no set-up (scripts/universe_gpu_check.py);
 # 4. `ahc bench serve`, `ahc bench orchestrator` and `ahc bench activations` (each builds its own
 #    random model under .cache/models); `ahc bench agents` twice: as it is, then with vLLM's KV
 #    offloading on for both of its servers (AHC_ENGINE__KV_OFFLOADING_SIZE, GiB of host memory), so
@@ -59,9 +61,11 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     gpu_source=nvidia-smi
     gpu_lines=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader,nounits \
         2>/dev/null) || gpu_lines=""
-elif [[ -x .venv/bin/python ]]; then
+elif [[ -x .venv/bin/python ]] || command -v python3 >/dev/null 2>&1; then
     gpu_source=torch
-    gpu_lines=$(.venv/bin/python -c '
+    torch_python=.venv/bin/python
+    [[ -x $torch_python ]] || torch_python=python3
+    gpu_lines=$("$torch_python" -c '
 import torch
 for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
     p = torch.cuda.get_device_properties(i)
@@ -102,7 +106,17 @@ refuse_cpu_venv() {
     return 1
 }
 
-if [[ -f .venv/.ahc-gpu-installed ]]; then
+# A machine with torch, Triton and numpy but no .venv (and perhaps no package registry): the universe
+# step alone runs from the checkout on python3 (scripts/universe_gpu_check.py), without a set-up.
+bare_universe() {
+    [[ ! -d .venv && $check_steps == universe ]] && python3 -c 'import numpy, torch, triton' >/dev/null 2>&1
+}
+
+if bare_universe; then
+    echo "none: the universe step alone, on python3 from the checkout" >"$logs/setup.note"
+    echo 0 >"$logs/setup.rc"
+    echo "gpu_check: no .venv; the universe step runs on python3 from the checkout" >&2
+elif [[ -f .venv/.ahc-gpu-installed ]]; then
     echo "already installed (.venv/.ahc-gpu-installed)" >"$logs/setup.note"
     echo 0 >"$logs/setup.rc"
     echo "gpu_check: .venv already has the gpu extra; no set-up" >&2
@@ -208,7 +222,10 @@ PY
     return "$rc"
 }
 
-if step_ok setup; then
+if step_ok setup && bare_universe; then
+    run_step universe_bench python3 scripts/universe_gpu_check.py bench
+    run_step universe_exact python3 scripts/universe_gpu_check.py exact "$logs/simulate/cases.tsv"
+elif step_ok setup; then
     if wanted universe; then
         run_step universe_bench "$AHC" universe bench --backend triton --backend numpy
         run_step universe_exact universe_exact
@@ -347,16 +364,17 @@ if rc("universe_bench") is None:
 else:
     line = last_json("universe_bench") or {}
     figures = line.get("figures", {})
-    cells = figures.get("triton_cells_per_s")
+    cells = figures.get("triton_cells_per_s")  # end to end: the trajectory back in host memory
+    kernel_cells = figures.get("triton_kernel_cells_per_s")  # the kernel alone: what the roofline bounds
     numpy_cells = figures.get("numpy_cells_per_s")
     cases = [row.split("\t") for row in text("simulate/cases.tsv").splitlines() if row]
     mismatches = [{"rule": c[0], "state": int(c[1]), "length": int(c[2]), "steps": int(c[3]), "verdict": c[4]}
                   for c in cases if c[4] != "equal"]
     exact = rc("universe_exact") == 0 and bool(cases) and not mismatches
-    achieved = cells * BYTES_PER_CELL_UPDATE / 1e9 if cells else None
+    achieved = (kernel_cells or cells) * BYTES_PER_CELL_UPDATE / 1e9 if kernel_cells or cells else None
     universe = {
         "exact": exact, "cases": len(cases), "mismatches": mismatches,
-        "cells_per_s": cells, "numpy_cells_per_s": numpy_cells,
+        "cells_per_s": cells, "kernel_cells_per_s": kernel_cells, "numpy_cells_per_s": numpy_cells,
         "triton_over_numpy": cells / numpy_cells if cells and numpy_cells else None,
         "bytes_per_cell_update": round(BYTES_PER_CELL_UPDATE, 4),
         "achieved_gb_per_s": achieved,

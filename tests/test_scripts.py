@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -110,3 +111,32 @@ def test_gpu_check_in_this_checkout_finds_no_gpu_here() -> None:
     result = run_script(GPU_CHECK, PATH=path_without_nvidia_smi())
     assert assert_no_gpu_error(result) == "error: no CUDA GPU found (gpu_check.sh needs one)"
     assert gpu_check_logs() == before
+
+
+def test_gpu_check_runs_its_universe_step_on_a_bare_machine(tmp_path: Path) -> None:
+    """No .venv, torch and Triton for python3: `AHC_GPU_CHECK_STEPS=universe` runs the universe step from the
+    checkout with no set-up. Here a fake nvidia-smi names an H100 and python3 is this venv's, so the kernel
+    runs in Triton's interpreter: the summary says so, and the exactness check still compares every case."""
+    checkout = tmp_path / "checkout"
+    for part in ("scripts", "universe", "kernels", "bench"):
+        shutil.copytree(REPO / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559, 550.54.15'\n")
+    (fake / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    for tool in ("nvidia-smi", "python3"):
+        (fake / tool).chmod(0o755)
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"], capture_output=True, text=True, timeout=300, cwd=checkout,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("AHC_GPU_CHECK")},
+             "PATH": path_without_nvidia_smi(fake), "AHC_GPU_CHECK_STEPS": "universe", "UNIVERSE_CHECK_LENGTHS": "1,33",
+             "BENCH_UNIVERSE_LOAD": "grids=2,length=64,steps=2,rounds=1,interpret_grids=1,interpret_length=64,"
+                                    "interpret_steps=2"})
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not (checkout / ".venv").exists()
+    assert summary["setup"]["ok"] and summary["setup"]["action"].startswith("none: the universe step alone")
+    universe = summary["universe"]
+    assert universe["exact"] and universe["cases"] == 16 and not universe["mismatches"]
+    assert universe["bench"]["triton_interpret_cells_per_s"] > 0 and universe["bench"]["numpy_cells_per_s"] > 0
+    assert "interpreter" in universe["error"]  # no GPU here, whatever nvidia-smi says
+    assert result.returncode == 1
