@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 
 from ahc.core.config import XDBConfig
@@ -46,8 +47,6 @@ def synthetic_history(data_dir: Path, records: int, seed: int = 0) -> None:
             audit.append(table, added)
     finally:
         audit.close()
-    import duckdb
-
     con = duckdb.connect(str(data_dir / EXPERIENCE_FILE))
     try:  # what retention leaves: the rows gone from the experience file, their ids used
         con.execute("INSERT OR REPLACE INTO xdb_meta VALUES ('last_timestep_id', ?)", [str(records - 1)])

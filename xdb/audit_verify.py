@@ -132,23 +132,29 @@ def _verify_concepts(cur: duckdb.DuckDBPyConnection) -> tuple[str | None, int, b
     return None, len(rows), prev
 
 
+CHECKPOINT_COLUMNS = "seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, checkpoint_hash"
+
+
 def _verify_checkpoints(cur: duckdb.DuckDBPyConnection, concept_count: int, concepts_head: bytes
                         ) -> tuple[str | None, list[Row]]:
-    rows = cur.execute("SELECT seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, "
-                       "checkpoint_hash FROM audit_checkpoints ORDER BY seq_end, seq_start").fetchall()
-    prev, expected_start = GENESIS, 0
-    heads: dict[int, bytes] = {}
+    rows = cur.execute(f"SELECT {CHECKPOINT_COLUMNS} FROM audit_checkpoints ORDER BY seq_end, seq_start").fetchall()
+    return _check_checkpoints(rows, GENESIS, 0, concept_count, concepts_head), rows
+
+
+def _check_checkpoints(rows: list[Row], prev: bytes, expected_start: int, concept_count: int,
+                       concepts_head: bytes) -> str | None:
+    """Each checkpoint of `rows` starts where the one before ended and is hashed onto its hash (`prev`
+    and `expected_start` for the first); the last names the concept chain's end. The problem, or None."""
     for start, end, head, ccount, chead, stored_prev, stored in rows:
-        head, chead = bytes(head), bytes(chead)
         if start != expected_start or end < start:
-            return f"audit checkpoint seq {start}..{end}: expected to start at seq {expected_start}", rows
-        if bytes(stored_prev) != prev or checkpoint_hash(prev, start, end, head, ccount, chead) != bytes(stored):
-            return f"audit checkpoint seq {start}..{end}: hash mismatch (edited)", rows
+            return f"audit checkpoint seq {start}..{end}: expected to start at seq {expected_start}"
+        if bytes(stored_prev) != prev or checkpoint_hash(prev, start, end, bytes(head), ccount,
+                                                         bytes(chead)) != bytes(stored):
+            return f"audit checkpoint seq {start}..{end}: hash mismatch (edited)"
         prev, expected_start = bytes(stored), end + 1
-        heads[end] = head
     if rows and (rows[-1][3] != concept_count or bytes(rows[-1][4]) != concepts_head):
-        return "audit concepts: the concept chain does not match the last checkpoint (edited or truncated)", rows
-    return None, rows
+        return "audit concepts: the concept chain does not match the last checkpoint (edited or truncated)"
+    return None
 
 
 def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = None, seq_to: int | None = None,
@@ -244,34 +250,22 @@ def verify_tail(cur: duckdb.DuckDBPyConnection, head_path: Path, seq_from: int, 
     problem, concept_count, concepts_head = _verify_concepts(cur)
     if problem:
         return AuditReport(False, 0, problem)
-    rows = cur.execute("""
-        SELECT seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, checkpoint_hash
-        FROM audit_checkpoints
+    rows = cur.execute(f"""
+        SELECT {CHECKPOINT_COLUMNS} FROM audit_checkpoints
         WHERE seq_end >= (SELECT coalesce(max(seq_end), -1) FROM audit_checkpoints WHERE seq_end < ?)
         ORDER BY seq_end, seq_start""", [max(seq_from, 0)]).fetchall()
-    prev, head, expected_start = GENESIS, GENESIS, 0
+    prev, head, start = GENESIS, GENESIS, 0
     if rows and rows[0][1] < max(seq_from, 0):  # the checkpoint before: where verification starts from
         base = rows.pop(0)
-        prev, head, expected_start = bytes(base[6]), bytes(base[2]), base[1] + 1
-    start = expected_start
-    heads: dict[int, bytes] = {}
-    for first, end, chain_head, ccount, chead, stored_prev, stored in rows:
-        if first != expected_start or end < first:
-            return AuditReport(False, 0, f"audit checkpoint seq {first}..{end}: expected to start at seq "
-                                         f"{expected_start}")
-        if bytes(stored_prev) != prev or checkpoint_hash(prev, first, end, bytes(chain_head), ccount,
-                                                         bytes(chead)) != bytes(stored):
-            return AuditReport(False, 0, f"audit checkpoint seq {first}..{end}: hash mismatch (edited)")
-        prev, expected_start = bytes(stored), end + 1
-        heads[end] = bytes(chain_head)
-    last = rows[-1] if rows else None
-    if last is not None and (last[3] != concept_count or bytes(last[4]) != concepts_head):
-        return AuditReport(False, 0, "audit concepts: the concept chain does not match the last checkpoint "
-                                     "(edited or truncated)")
-    report = _verify_records(cur, start, expected_start - 1, head, heads, chunk)
+        prev, head, start = bytes(base[6]), bytes(base[2]), base[1] + 1
+    problem = _check_checkpoints(rows, prev, start, concept_count, concepts_head)
+    if problem:
+        return AuditReport(False, 0, problem)
+    end = rows[-1][1] if rows else start - 1
+    report = _verify_records(cur, start, end, head, {r[1]: bytes(r[2]) for r in rows}, chunk)
     if not report.ok:
         return report
-    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq >= ?", [expected_start]))[0]
+    beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [end]))[0]
     if beyond is not None:
         return AuditReport(False, report.records_checked,
                            f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")

@@ -516,6 +516,7 @@ class XDB(SessionMethods, LakeMethods):
 
     @service
     def state(self) -> dict[str, Any]:
+        audit_bytes = self.audit_bytes()
         with self.cursor() as cur:
             counts = one(cur.execute("""SELECT (SELECT count(*) FROM timesteps), (SELECT count(*) FROM session_ticks),
                 (SELECT count(*) FROM tags), (SELECT count(*) FROM tags WHERE tag_type = 'bud'),
@@ -525,7 +526,7 @@ class XDB(SessionMethods, LakeMethods):
                 "timesteps": counts[0], "sessions": counts[1], "tags": counts[2], "buds": counts[3],
                 "documents": counts[4], "comments": counts[5], "compactions": counts[6], "concepts": counts[7],
                 "fidelity": fidelity.fidelity_counts(cur, self.hot_seconds),
-                "usage_bytes": compression.usage_bytes(cur) + self.audit_bytes(), "audit_bytes": self.audit_bytes(),
+                "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
                 "quota_bytes": self.quota_bytes, "export_bytes": sum(e["bytes"] for e in self.exports(None)),
                 "warm_quota_bytes": self.warm_quota_bytes, "pinned_bytes": fidelity.pinned_bytes(cur),
                 "writer": None if self.writer is None else {
