@@ -53,6 +53,23 @@ def test_data_export_and_backup_are_private_whatever_the_umask(tmp_path: Path, u
         assert modes(root) == {}, root
 
 
+def test_the_xdb_service_makes_even_duckdbs_write_ahead_logs_private(tmp_path: Path, umask_022: None) -> None:
+    from ahc.core.config import XDBConfig
+    from xdb import RemoteXDB
+
+    data = tmp_path / "xdb"
+    remote = RemoteXDB(data, XDBConfig())
+    try:
+        ticks = remote.next_ticks("s1", 3)
+        remote.writer.submit(TokenBatch("s1", ticks, ["a", "b", "c"], token_ids=list(ticks), request_id="r1"))
+        remote.writer.flush()
+        logs = list(data.rglob("*.wal"))
+        assert logs  # written, not yet checkpointed into their files
+        assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in logs} == {str(p): "0o600" for p in logs}
+    finally:
+        remote.close()
+
+
 def test_a_keys_file_others_can_read_is_warned_about(tmp_path: Path, umask_022: None,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     keys = tmp_path / "keys"

@@ -75,6 +75,9 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     # The server stops this process itself, after its last rows: Ctrl-C in a terminal reaches the
     # whole process group, and must not close the database under requests still finishing.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Every file this process makes is XDB's, every tenant's prompts and replies: its user's alone,
+    # DuckDB's write-ahead logs included (DuckDB makes them with the process's umask).
+    os.umask(0o077)
     name_process()
     try:
         listener = Listener(spec.address, "AF_UNIX")  # each connection's key is checked on its own thread
