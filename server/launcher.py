@@ -91,10 +91,6 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     # uvicorn's handler replaces this once serving; until then SIGTERM must still stop us.
     signal.signal(signal.SIGTERM, interrupt_init)
     args = build_vllm_namespace(config, capture)
-    # Session admission reads what the cache holds per session from the engine's KV events.
-    events_dir = tempfile.mkdtemp(prefix="ahc-kv-") if config.orchestrator.session_admission else None
-    events_endpoint = publish_kv_events(args, events_dir) if events_dir is not None else None
-    cache_events = CacheEvents() if events_endpoint is not None else None
     configure_logging(args)
     _, sock = setup_server(args, reuse_port=False)
     metrics = AHCMetrics(KVStats(), config.model_name)
@@ -115,6 +111,11 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     runtime: Runtime | None = None
     quota_task: asyncio.Task[None] | None = None
     events_task: asyncio.Task[None] | None = None
+    # Session admission reads what the cache holds per session from the engine's KV events (the
+    # socket's folder is removed in the `finally` below).
+    events_dir = tempfile.mkdtemp(prefix="ahc-kv-") if config.orchestrator.session_admission else None
+    events_endpoint = publish_kv_events(args, events_dir) if events_dir is not None else None
+    cache_events = CacheEvents() if events_endpoint is not None else None
     mark_server()  # the engine process vLLM starts next dies with this one (server/engine_process.py)
     try:
         usage = UsageContext.OPENAI_API_SERVER
