@@ -12,6 +12,12 @@ its chain verifies, when it is next opened for writing.
 Deletions and rewrites in the experience file (compression, run purges, pruned session states, tag
 and time-window changes) are chained too, as system event records: event_type `xdb_event`,
 timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append_event`).
+
+A session's records hold its content only sealed under the session's key (xdb/audit_seal.py,
+xdb/audit_keys.py). Deleting the session chains a `delete_session` event naming the keys it destroys,
+then destroys them: the content is gone from the log's files, the records and their hashes stay, and
+verification tells such an erasure (a key destroyed by a chained deletion after its last record) from
+tampering (a key missing with no such deletion).
 """
 
 from __future__ import annotations
@@ -33,10 +39,14 @@ import numpy as np
 import pyarrow as pa
 
 from xdb.audit_chain import EVENT_TYPE, GENESIS, HEAD_FILE, RECORD_COLUMNS, chain, checkpoint_hash, concept_hash
+from xdb.audit_keys import KEYS_FILE, SessionKeys
+from xdb.audit_seal import open_sealed, seal
 from xdb.audit_verify import (
     AuditReport,
     check_anchor,
+    check_erasures,
     check_expected_head,
+    destroyed_keys,
     heads_as_of_now,
     verify_connection,
     verify_tail,
@@ -73,6 +83,11 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     ]),
     # Version 2 marks a log whose head is anchored in audit.head; the schema is unchanged.
     (2, ["INSERT INTO audit_meta VALUES ('head_file', 'audit.head')"]),
+    # Version 3 seals each session's records under the session's key (audit.keys); older records stay
+    # in clear, and hash as they did.
+    (3, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS key_id INTEGER",
+         "ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS sealed BLOB",
+         "INSERT OR REPLACE INTO audit_meta VALUES ('keys_file', 'audit.keys')"]),
 ]
 
 
@@ -117,9 +132,10 @@ class AuditLog:
     tip on at once, so the next batch can be hashed while this one is written; `committed_seq` is
     where the file itself is."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, path: Path) -> None:
+    def __init__(self, conn: duckdb.DuckDBPyConnection, path: Path, keys: SessionKeys) -> None:
         self.conn = conn
         self.path = path
+        self.keys = keys
         self.head_path = path.parent / HEAD_FILE
         self._head_fd: int | None = None
         self.full_verification: AuditReport | None = None  # the background re-hash's verdict, once done
@@ -151,10 +167,11 @@ class AuditLog:
         if not read_only:
             private_files(path, path.with_name(path.name + ".wal"))
         try:
+            keys = SessionKeys(path.parent / KEYS_FILE, read_only=read_only)
             if read_only:
                 if stored_version(conn, path, "audit_meta", APP) is None:
                     raise ValueError(f"{path} holds no audit log")
-                return cls(conn, path)
+                return cls(conn, path, keys)
             before = stored_version(conn, path, "audit_meta", APP)
             head_path = path.parent / HEAD_FILE
             adopt = before is not None and before < 2 and not head_path.exists()
@@ -169,7 +186,7 @@ class AuditLog:
             # experience file's insert on another thread: DuckDB's own threads on top of that
             # cost twice the CPU of one (measured: 8 → 4 µs a row) and buy nothing.
             conn.execute("SET threads = 1")
-            audit = cls(conn, path)
+            audit = cls(conn, path, keys)
             if adopt and audit.committed_seq > 0:
                 log.warning("audit log %s predates audit.head: anchoring its current head seq=%d", path,
                             audit.committed_seq - 1)
@@ -190,6 +207,7 @@ class AuditLog:
         if self._head_fd is not None:
             os.close(self._head_fd)
             self._head_fd = None
+        self.keys.close()
         self.conn.close()
 
     def copy_to(self, dest_dir: Path) -> int:
@@ -197,8 +215,9 @@ class AuditLog:
         two commits, so the copied head file names the copied log's last record. Returns that seq."""
         with self._commit_lock:
             copy_database(self.conn, dest_dir / self.path.name)
-            if self.head_path.exists():
-                shutil.copy2(self.head_path, dest_dir / HEAD_FILE)
+            for name in (HEAD_FILE, KEYS_FILE):
+                if (self.path.parent / name).exists():
+                    shutil.copy2(self.path.parent / name, dest_dir / name)
             return self.committed_seq - 1
 
     # -- the anchor ------------------------------------------------------------------------------
@@ -237,14 +256,30 @@ class AuditLog:
             if value is not None:
                 where.append(clause)
                 args.append(value)
-        rows = self.conn.cursor().execute(f"""
+        table = self.conn.cursor().execute(f"""
             SELECT seq, session_id, tick, event_type, role, content, token_id, request_id, created_at, metadata,
-                   record_hash FROM audit_records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?""",
-            [*args, limit]).fetchall()
-        keys = ("seq", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id", "created_at",
-                "metadata", "record_hash")
-        return [{**dict(zip(keys, row, strict=True)), "created_at": row[8].isoformat() + "Z",
-                 "record_hash": row[10].hex()} for row in rows]
+                   record_hash, key_id, sealed FROM audit_records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?""",
+            [*args, limit]).to_arrow_table()
+        opened = self._open_sealed(table)
+        out = []
+        for row, payload in zip(table.drop_columns(["key_id", "sealed"]).to_pylist(), opened):
+            row["created_at"] = row["created_at"].isoformat() + "Z"
+            row["record_hash"] = row["record_hash"].hex()
+            row["erased"] = payload is False
+            if isinstance(payload, tuple):
+                row["token_id"], row["content"], row["metadata"], _ = payload
+            out.append(row)
+        return out
+
+    def _open_sealed(self, table: pa.Table) -> list[tuple[int | None, str | None, str | None, str | None] | bool]:
+        """Per row: the sealed payload, False where its key was destroyed, True for a record in clear."""
+        key_ids = table.column("key_id").combine_chunks()
+        if not key_ids.null_count < len(key_ids):
+            return [True] * table.num_rows
+        opened = open_sealed(table.column("seq").to_numpy(), pa.compute.fill_null(key_ids, -1).to_numpy(),
+                             table.column("sealed").combine_chunks(), self.keys.secrets())
+        return [True if not valid else (False if payload is None else payload)
+                for valid, payload in zip(key_ids.is_valid().to_pylist(), opened)]
 
     def append(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""
@@ -254,11 +289,18 @@ class AuditLog:
         """Chain one system event (a deletion or rewrite elsewhere in XDB) and commit it; returns its
         seq. Callers append before committing their own change, as the writer does its batches,
         so a change the audit does not hold never happens."""
+        session_id = str(details.get("session_id") or "")
+        destroyed = self.keys.session_keys(session_id) if action == "delete_session" and session_id else []
+        if destroyed:
+            details = {**details, "keys_destroyed": destroyed}
         content = json.dumps({"action": action, **details}, sort_keys=True, separators=(",", ":"), default=str)
-        row = TimestepRow(str(details.get("session_id") or ""), -1, EVENT_TYPE, "system", content)
+        row = TimestepRow(session_id, -1, EVENT_TYPE, "system", content)
         table, _ = rows_to_arrow([row], -1, ConceptIndex([]))
         prepared = self.prepare(table, [])
         self.commit(prepared)
+        if destroyed:
+            # Chained first: a key is only ever destroyed by a deletion the log holds.
+            self.keys.destroy(destroyed)
         return prepared.seq_start
 
     def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> PreparedBatch:
@@ -270,7 +312,7 @@ class AuditLog:
         n = batch.num_rows
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
-        records = records.append_column("seq", seq)
+        records = seal(records.append_column("seq", seq), self.keys.key_for, EVENT_TYPE)
         hashes = chain(self.head, records)
         records = (records.append_column("prev_hash", pa.array([self.head, *hashes[:-1]], pa.binary()))
                    .append_column("record_hash", pa.array(hashes, pa.binary())))
@@ -353,8 +395,17 @@ class AuditLog:
         """Audited rows the experience file has not committed yet (replayed after a crash)."""
         cols = "timestep_id AS id, session_id, tick, event_type, role, content, token_id, request_id, " \
                "concept_ids, concept_values, activation_source, created_at, metadata"
-        return self.conn.execute(f"SELECT {cols} FROM audit_records WHERE timestep_id > ? AND event_type != ? "
-                                 "ORDER BY seq", [timestep_id, EVENT_TYPE]).to_arrow_table()
+        table = self.conn.execute(f"SELECT {cols}, seq, key_id, sealed FROM audit_records WHERE timestep_id > ? "
+                                  "AND event_type != ? ORDER BY seq", [timestep_id, EVENT_TYPE]).to_arrow_table()
+        opened = self._open_sealed(table)
+        # A deleted session's rows (its key destroyed) are not replayed: the deletion came after them.
+        keep = pa.array([payload is not False for payload in opened], pa.bool_())
+        rows = table.drop_columns(["seq", "key_id", "sealed"])
+        for i, name in ((0, "token_id"), (1, "content"), (2, "metadata")):
+            clear = rows.column(name).to_pylist()
+            values = [p[i] if isinstance(p, tuple) else v for p, v in zip(opened, clear)]
+            rows = rows.set_column(rows.column_names.index(name), name, pa.array(values, rows.column(name).type))
+        return rows.filter(keep)
 
     def concepts(self) -> list[tuple[int, str]]:
         return self.conn.execute("SELECT id, name FROM audit_concepts ORDER BY id").fetchall()
@@ -374,6 +425,8 @@ class AuditLog:
                 heads = heads_as_of_now(self.head_path)
             try:
                 report = verify_connection(cur, seq_from, seq_to, chunk)
+                if report.ok:
+                    report = check_erasures(cur, self.keys.owners() if self.keys.exists else None, report)
                 if report.ok and anchored:
                     report = check_anchor(cur, self.head_path, report, heads)
                 if report.ok and expect_head is not None:
@@ -401,6 +454,16 @@ class AuditLog:
             report = self._verify_tail(start)
         if not report.ok:
             raise ValueError(f"audit log {self.path} is broken: {report.first_bad}; nothing was replayed or modified")
+        self._carry_deletions_through()
+
+    def _carry_deletions_through(self) -> None:
+        """Destroy the keys a chained deletion named but a crash left in audit.keys."""
+        with self.conn.cursor() as cur:
+            pending = sorted(set(destroyed_keys(cur)) & set(self.keys.owners()))
+        if pending:
+            log.warning("audit log %s: destroying %d key(s) of deleted sessions that a crash left behind", self.path,
+                        len(pending))
+            self.keys.destroy(pending)
 
     def _verify_tail(self, seq_from: int) -> AuditReport:
         with self.conn.cursor() as cur:

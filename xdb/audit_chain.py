@@ -2,7 +2,8 @@
 its head is written outside the log. xdb/audit.py writes the chain, xdb/audit_verify.py checks it, and the
 lake's copy of every replica's chain is checked with the same steps (xdb/lake_reads.py).
 
-Each record is one timestep with ALL its fields (ids, tick, content, activations, steering, ...):
+Each record is one timestep with ALL its fields (ids, tick, content, activations, steering, ...; a
+session's content sealed under its key, xdb/audit_seal.py):
     record_hash_i = SHA-256(record_hash_{i-1} || canonical bytes of record i),  record_hash_{-1} = 0^32
 The canonical bytes (xdb/canonical.py, seq included) are laid out for a whole batch at once, so only
 the hash step itself runs per record in Python. Concept names form a chain of their own, and every
@@ -29,7 +30,7 @@ HEAD_FILE = "audit.head"
 EVENT_TYPE = "xdb_event"
 RECORD_COLUMNS = ("seq", "timestep_id", "session_id", "tick", "event_type", "role", "content", "token_id",
                   "request_id", "concept_ids", "concept_values", "activation_source", "created_at",
-                  "metadata", "steering")
+                  "metadata", "steering", "key_id", "sealed")
 
 
 def chain(prev: bytes, records: pa.Table, k: int = TOP_K) -> list[bytes]:

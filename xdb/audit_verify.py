@@ -7,10 +7,15 @@ the new head outside the file (`audit.head`), and verification checks every anch
 checkpoint that ends at its seq and the last line against the log's end; `--expect-head SEQ:HASH`
 checks a head noted elsewhere (a log line, a scraped gauge). From schema version 2 on, a non-empty
 log without `audit.head` fails verification.
+
+Records sealed under a session's key (xdb/audit_seal.py) verify without it. A key missing from
+`audit.keys` is an erasure by policy when a chained `delete_session` event destroyed it after the last
+record sealed under it; otherwise it is tampering (`check_erasures`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +43,8 @@ class AuditReport:
     # Checkpoints (seq_end, chain_head) the log holds past audit.head's last line, when that is the
     # only fault: one of them is what a crash between the two writes of a commit leaves.
     unanchored: list[tuple[int, bytes]] = field(default_factory=list)
+    # The sessions erased by policy: "session 'x': N records erased by the deletion at record seq=S".
+    erased: list[str] = field(default_factory=list)
 
 
 def _describe(cur: duckdb.DuckDBPyConnection, seq: int) -> str:
@@ -298,3 +305,46 @@ def _check_last_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: 
                    f"(seq {anchored[0]}): 1 checkpoint never anchored", [ends[0]])
     return bad(f"audit head mismatch at seq={anchored[0]}: {head_path}'s last anchor names no checkpoint at the "
                "log's end (its tail was deleted or rewritten)")
+
+
+def destroyed_keys(cur: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, str]]:
+    """Every key a chained deletion destroyed: key id → (the deletion's seq, its session)."""
+    rows = cur.execute("SELECT seq, content FROM audit_records WHERE event_type = ? AND key_id IS NULL "
+                       "AND content LIKE '%\"keys_destroyed\"%' ORDER BY seq", [EVENT_TYPE]).fetchall()
+    destroyed: dict[int, tuple[int, str]] = {}
+    for seq, content in rows:
+        event = json.loads(content)
+        if event.get("action") == "delete_session":
+            for key_id in event.get("keys_destroyed", []):
+                destroyed.setdefault(int(key_id), (int(seq), str(event.get("session_id"))))
+    return destroyed
+
+
+def check_erasures(cur: duckdb.DuckDBPyConnection, owners: dict[int, str] | None, report: AuditReport
+                   ) -> AuditReport:
+    """Every key records are sealed under is in audit.keys (`owners`: key id → session; None when the
+    file is missing) for that session, or was destroyed by a chained deletion of that session after the
+    key's last record. The erasures are listed in the report; anything else is tampering."""
+    sealed = cur.execute("SELECT key_id, any_value(session_id), count(DISTINCT session_id), min(seq), max(seq), "
+                         "count(*) FROM audit_records WHERE key_id IS NOT NULL GROUP BY key_id ORDER BY min(seq)"
+                         ).fetchall()
+    destroyed = destroyed_keys(cur) if sealed else {}
+    erased = []
+    for key_id, session, sessions, first, last, count in sealed:
+        where = f"audit records seq={first}..{last} (session {session!r}, {count} sealed under key {key_id})"
+        if sessions != 1:
+            return AuditReport(False, report.records_checked, f"{where}: one key seals several sessions (forged)")
+        if owners is not None and key_id in owners:
+            if owners[key_id] != session:
+                return AuditReport(False, report.records_checked,
+                                   f"{where}: audit.keys gives that key to session {owners[key_id]!r} (edited)")
+            continue
+        deletion = destroyed.get(key_id)
+        if deletion is None or deletion[1] != session or deletion[0] < last:
+            missing = "audit.keys is missing" if owners is None else "its key is missing from audit.keys"
+            return AuditReport(False, report.records_checked,
+                               f"{where}: {missing} and no deletion of the session chained after them destroyed it "
+                               "(content removed outside a deletion: tampering)")
+        erased.append(f"session {session!r}: {count} records erased by policy, by the deletion at record "
+                      f"seq={deletion[0]}")
+    return AuditReport(report.ok, report.records_checked, report.first_bad, report.unanchored, erased)

@@ -8,7 +8,8 @@ One record, little-endian:
     int32 token_id (-1 for none), uint16 slot mask (bit j: activation slot j is present),
     k × int32 concept id, k × float32 value (0 in an absent slot; the float's exact bits),
     then for session_id, event_type, role, content, request_id, activation_source, metadata and
-    steering in that order: int32 UTF-8 byte length (-1 for null) and the bytes.
+    steering in that order: int32 UTF-8 byte length (-1 for null) and the bytes;
+    then, for a sealed record only (xdb/audit_seal.py): int32 key id, int32 length and the sealed bytes.
 Concept ids refer to `audit_concepts`, whose own chain fixes each id's name.
 """
 
@@ -61,15 +62,44 @@ def canonical_array(table: pa.Table, k: int) -> pa.LargeBinaryArray:
     fixed["ids"], present = _slots(table, "concept_ids", k, "<i4")
     fixed["values"], _ = _slots(table, "concept_values", k, "<f4")
     fixed["mask"] = (present * (1 << np.arange(k, dtype=np.uint32))).sum(axis=1)
+    head = fixed.view(np.uint8).reshape(n, fixed.dtype.itemsize)  # bytes before the first string
+    return pc.binary_join_element_wise(*length_prefixed(table, head, STRING_FIELDS), _sealed_part(table),
+                                       pa.scalar(b"", pa.large_binary()))
 
+
+def length_prefixed(table: pa.Table, head: np.ndarray, fields: tuple[str, ...]) -> list[pa.Array]:
+    """Arrow arrays whose element-wise join is, per row, `head`'s bytes then each string field as an
+    int32 UTF-8 byte length (-1 for null) and its bytes."""
+    n = table.num_rows
     parts: list[pa.Array] = []
-    head = fixed.view(np.uint8).reshape(n, fixed.dtype.itemsize)  # bytes before the next string
-    for name in STRING_FIELDS:
+    for name in fields:
         arr = table.column(name).combine_chunks().cast(pa.large_binary())
         lengths = pc.fill_null(pc.binary_length(arr), -1).to_numpy().astype("<i4")
         head = np.ascontiguousarray(np.concatenate([head, lengths.view(np.uint8).reshape(n, 4)], axis=1))
-        parts.append(pa.FixedSizeBinaryArray.from_buffers(pa.binary(head.shape[1]), n, [None, pa.py_buffer(head)])
-                     .cast(pa.large_binary()))
+        parts.append(_fixed_rows(head))
         parts.append(pc.fill_null(arr, b""))
         head = np.zeros((n, 0), dtype=np.uint8)
-    return pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    return parts
+
+
+def _fixed_rows(head: np.ndarray) -> pa.Array:
+    """An (n, m) uint8 array as n large_binary elements of m bytes."""
+    n, m = head.shape
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(m), n, [None, pa.py_buffer(np.ascontiguousarray(head))]
+                                                ).cast(pa.large_binary())
+
+
+def _sealed_part(table: pa.Table) -> pa.Array:
+    """A sealed record's trailer: int32 key id, int32 length and the sealed bytes; nothing for a record
+    stored in clear (so records written before sealing existed hash as they always did)."""
+    n = table.num_rows
+    if "key_id" not in table.column_names:
+        return pa.array([b""] * n, pa.large_binary())
+    key_ids = table.column("key_id").combine_chunks()
+    sealed = table.column("sealed").combine_chunks().cast(pa.large_binary())
+    head = np.empty((n, 2), dtype="<i4")
+    head[:, 0] = pc.fill_null(key_ids, -1).to_numpy()
+    head[:, 1] = pc.fill_null(pc.binary_length(sealed), -1).to_numpy()
+    joined = pc.binary_join_element_wise(_fixed_rows(head.view(np.uint8).reshape(n, 8)), pc.fill_null(sealed, b""),
+                                         pa.scalar(b"", pa.large_binary()))
+    return pc.if_else(key_ids.is_valid(), joined, pa.scalar(b"", pa.large_binary()))

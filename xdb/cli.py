@@ -115,6 +115,8 @@ def verify_audit_command(
         if not report.ok:
             _fail(report.first_bad or "audit log is not intact")
         typer.echo(f"audit log intact: {report.records_checked} records verified")
+        for line in report.erased:
+            typer.echo(f"deleted by policy: {line}")
     if lake_catalog is not None:
         _verify_lake(lake_catalog, lake_data_path, anchors)
 
@@ -268,6 +270,21 @@ def rollback_command(data_dir: DataDir, session: Session,
                      version: Annotated[int, typer.Option(help="The version to restore.", min=1)]) -> None:
     """Store an earlier State version again as the session's newest: its next turn continues from it."""
     _with_xdb(data_dir, lambda xdb: xdb.rollback_session(session, version))
+
+
+@app.command("vacuum")
+def vacuum_command(data_dir: DataDir) -> None:
+    """Rewrite a stopped server's experience file whole, so deleted sessions' rows leave its free blocks
+    too (needs room for a second copy of the file)."""
+    from xdb.vacuum import vacuum_experience
+
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    try:
+        result = vacuum_experience(data_dir)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result))
 
 
 @app.command("delete-session")

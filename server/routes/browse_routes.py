@@ -18,7 +18,7 @@ import datetime as dt
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
@@ -38,6 +38,7 @@ class Verification:
     finished_at: str
     seconds: float
     from_seq: int  # the first record re-hashed: 0 for the whole chain, else where the last one ended
+    erased: list[str] = field(default_factory=list)  # the sessions deleted by policy, each at its deletion record
 
 
 class AuditVerifier:
@@ -84,7 +85,7 @@ class AuditVerifier:
             self.last = Verification(ok=report.ok, records_checked=report.records_checked,
                                      first_bad=report.first_bad,
                                      finished_at=dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
-                                     seconds=round(seconds, 3), from_seq=from_seq)
+                                     seconds=round(seconds, 3), from_seq=from_seq, erased=report.erased)
             self._ready_at = time.monotonic() + max(self.cooldown_s, 10 * seconds)
             return self.last
         finally:

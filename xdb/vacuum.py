@@ -1,0 +1,55 @@
+"""Vacuuming the experience file: rewriting it whole, so that deleted rows leave the disk's files.
+
+DuckDB reuses the blocks a deletion frees but never clears them, and a deleted row stays in its row
+group's blocks until the group is rewritten: a deleted session's text can be read from the file long
+after the deletion. A vacuum copies the live rows into a new file (COPY FROM DATABASE: every table,
+sequence and index) and renames it over the old one, as SQLite's VACUUM does; the old file's blocks
+then belong to no file. It needs the server stopped (the file to itself) and room for a second copy,
+and costs time in proportion to the file's size. The audit log needs none: a session's content there is
+sealed under a key its deletion destroys (xdb/audit_seal.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from xdb.audit import copy_database
+from xdb.private import private_files
+from xdb.schema import open_experience
+from xdb.store import EXPERIENCE_FILE
+
+
+def vacuum_experience(data_dir: Path) -> dict[str, Any]:
+    """Rewrite DATA_DIR/experience.duckdb whole; its bytes before and after. DatabaseInUse while a
+    server holds it; ValueError for a file that is not XDB's."""
+    path = Path(data_dir) / EXPERIENCE_FILE
+    if not path.is_file():
+        raise ValueError(f"{data_dir} holds no {EXPERIENCE_FILE}")
+    before = path.stat().st_size
+    fresh = path.with_name(path.name + ".vacuum")
+    fresh.unlink(missing_ok=True)  # a vacuum cut short earlier
+    conn = open_experience(path)
+    try:
+        conn.execute("CHECKPOINT")  # the write-ahead log's rows are in the file, and go with it
+        copy_database(conn, fresh)
+    except BaseException:
+        fresh.unlink(missing_ok=True)
+        raise
+    finally:
+        conn.close()
+    private_files(fresh)
+    fd = os.open(fresh, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(fresh, path)
+    path.with_name(path.name + ".wal").unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return {"path": str(path), "bytes_before": before, "bytes_after": path.stat().st_size}
