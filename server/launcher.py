@@ -35,7 +35,8 @@ from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
 from xdb.export import note_engine
 from xdb.remote import RemoteXDB
-from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
+from xdb.schema import EXPERIENCE_FILE
+from xdb.store import AUDIT_FILE
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
     from vllm.engine.protocol import EngineClient
@@ -143,7 +144,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             runtime.background.submit(xdb.register_concepts, capture.pack.concept_hierarchy())
         if not config.xdb.keep_forever:  # retention and the quota
             quota_task = asyncio.create_task(enforce_quota_forever(
-                xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass))
+                xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass,
+                config.xdb.vacuum_every_s))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
         # The recording wrapper stands in for the engine by delegation, which vLLM's nominal type cannot see.
         await init_app_state(cast("EngineClient", runtime.engine), app.state, args, supported_tasks)

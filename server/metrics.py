@@ -117,6 +117,11 @@ class AHCMetrics:
         self.xdb_deleted_sessions = Counter(
             "ahc_xdb_deleted_sessions", "Sessions deleted by retention (xdb.retention.delete_after_days)", m,
             registry=r)
+        self.xdb_vacuum_due = Gauge(
+            "ahc_xdb_vacuum_due", "1 while a deleted session's rows may still sit in the experience file's free "
+            "blocks (until the next vacuum, xdb.vacuum_every_s or POST /v1/xdb/compact with vacuum)", m, registry=r)
+        self.xdb_vacuums = Counter(
+            "ahc_xdb_vacuums", "Times the storage pass rewrote the experience file whole", m, registry=r)
         self.prefill_seconds_per_token = Gauge(
             "ahc_prefill_seconds_per_token", "The engine's measured seconds per computed prompt token, queueing "
             "included (0 until a long enough prefill was seen): what session-aware admission weighs a wait against",
@@ -146,6 +151,7 @@ class AHCMetrics:
         # Every series a scrape should show from the start, at zero (a labelled metric has none until used).
         for metric in (self.compactions, self.session_wait_seconds, self.xdb_rows_written, self.xdb_queue_depth,
                        self.xdb_service_restarts, self.xdb_quota_ratio, self.xdb_deleted_sessions,
+                       self.xdb_vacuum_due, self.xdb_vacuums,
                        self.lake_deferred_states,
                        self.corrupt_session_states,
                        self.audit_head_seq, self.chat_template_prefix_stable):
@@ -206,6 +212,9 @@ class AHCMetrics:
         for level, rows in report.get("compressed_rows", {}).items():
             self.xdb_compressed_rows.labels(model_name=self.model_name, level=level).inc(rows)
         self.one(self.xdb_deleted_sessions).inc(len(report.get("deleted_sessions", ())))
+        vacuumed = "vacuum" in report
+        self.one(self.xdb_vacuums).inc(int(vacuumed))
+        self.one(self.xdb_vacuum_due).set(int(bool(report.get("vacuum_due")) and not vacuumed))
 
     def record_context(self, report: CacheReport) -> None:
         name = self.model_name

@@ -323,6 +323,12 @@ def test_the_default_tenant_among_others_is_a_tenant_not_a_superuser(
     assert [s["session_id"] for s in client.get("/v1/xdb/sessions", headers=auth(ALICE)).json()["data"]] == ["lab"]
     assert client.post("/v1/xdb/compact", headers=auth(ALICE), json={"compress_released": True}).status_code == 403
     assert client.post("/v1/xdb/compact", headers=op, json={"compress_released": True}).status_code == 200
+    # A vacuum holds every tenant's recording: the operator's alone, and this XDB (in the server's own
+    # process) cannot run one live, which it says.
+    refused = client.post("/v1/xdb/compact", headers=auth(ALICE), json={"session_id": "lab", "vacuum": True})
+    assert refused.status_code == 403 and refused.json()["error"]["param"] == "vacuum"
+    in_process = client.post("/v1/xdb/compact", headers=op, json={"vacuum": True})
+    assert in_process.status_code == 409 and "ahc xdb vacuum" in in_process.json()["error"]["message"]
 
 
 def test_the_shared_vocabulary_and_server_wide_views_are_the_operators(

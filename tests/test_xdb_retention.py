@@ -18,7 +18,8 @@ from xdb.audit_chain import EVENT_TYPE
 from xdb.compression import cold_records, usage_bytes
 from xdb.fidelity import submit_evidence
 from xdb.owner import EVERY
-from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
+from xdb.schema import EXPERIENCE_FILE
+from xdb.store import AUDIT_FILE
 
 
 def write(xdb: XDB, session: str, replies: int, tokens: int = 10) -> None:

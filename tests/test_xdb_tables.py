@@ -11,7 +11,8 @@ import duckdb
 import pytest
 
 from xdb import XDB, export, lake_schema, retention, runs
-from xdb.store import AUDIT_FILE, EXPERIENCE_FILE
+from xdb.schema import EXPERIENCE_FILE
+from xdb.store import AUDIT_FILE
 from xdb.tables import RUN, SESSION, TABLES
 
 BY_NAME = {t.name: t for t in TABLES}

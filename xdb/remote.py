@@ -417,6 +417,11 @@ class RemoteXDB:
         """Through the writer, which tells every later run of the service too."""
         self.writer.capture_activations(address, k, wait_s)
 
+    def vacuum(self) -> dict[str, Any]:
+        """The service rewrites the experience file whole, every other call and the rows waiting."""
+        result: dict[str, Any] = self._call("vacuum")
+        return result
+
     def _call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
         return self.writer.process.call(method, args, kwargs)
 

@@ -23,6 +23,9 @@ from xdb.sql import one_int, transaction
 from xdb.tables import SESSION, TABLES
 
 DAY_S = 86_400.0
+# xdb_meta's key for when the experience file was last rewritten whole (xdb/vacuum.py): a deletion since
+# then leaves its rows' bytes in the file's blocks until the next vacuum.
+VACUUMED_AT = "vacuumed_at"
 # A session's rows written up to a tombstone's time, per table (the column that dates a row). Its tick
 # counter stays: rows recorded after the deletion continue the ticks, as on the replica that deleted.
 DATED: tuple[tuple[str, str], ...] = tuple((t.name, t.time_column) for t in TABLES
@@ -130,3 +133,12 @@ def tombstoned_at(cur: duckdb.DuckDBPyConnection, session_id: str) -> datetime |
                       "UNION ALL SELECT deleted_at FROM applied_tombstones WHERE session_id = ?)",
                       [session_id, session_id]).fetchone()
     return None if row is None else row[0]
+
+
+def vacuum_due(cur: duckdb.DuckDBPyConnection) -> bool:
+    """Whether a session was deleted here since the experience file was last vacuumed."""
+    row = cur.execute("SELECT value FROM xdb_meta WHERE key = ?", [VACUUMED_AT]).fetchone()
+    since = datetime.fromisoformat(row[0]) if row else datetime.min
+    found = cur.execute("SELECT 1 FROM session_tombstones WHERE deleted_at > ? UNION ALL "
+                        "SELECT 1 FROM applied_tombstones WHERE applied_at > ? LIMIT 1", [since, since]).fetchone()
+    return found is not None

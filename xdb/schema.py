@@ -197,6 +197,8 @@ def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[
     return current if current is not None else newest
 
 
+EXPERIENCE_FILE = "experience.duckdb"
+
 def open_experience(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if new) and migrate `experience.duckdb`; read-only opens only check it."""
     conn = connect_checked(path, read_only=read_only)

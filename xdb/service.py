@@ -11,6 +11,9 @@ The server talks to it over Unix-socket connections (`multiprocessing.connection
     calls, every further connection: (method, args, kwargs) → ("ok", result) | ("error", exception);
         a keyword argument given as CALLBACK is a function of the caller's, run there on request
         (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
+    `vacuum`, a call of the service's own: the experience file rewritten whole (xdb/vacuum.py) while
+        every other call and the rows wait: XDB is closed (its queue committed), the file rewritten, and
+        XDB opened again.
 The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
 A writer that dies ends it too, at once, so the server starts it again; the part it died on is found and
 dropped over the next two runs (xdb/writer_failure.py).
@@ -30,6 +33,8 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
@@ -40,6 +45,7 @@ from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import DatabaseInUse
 from xdb.store import XDB
+from xdb.vacuum import vacuum_experience
 from xdb.writer import spans
 from xdb.writer_failure import WriterFailure
 
@@ -83,9 +89,7 @@ def main(spec: ServiceSpec, status: Connection) -> None:
         listener = Listener(spec.address, "AF_UNIX")  # each connection's key is checked on its own thread
         service = Service(spec.authkey)
         service.failure = WriterFailure.take(Path(spec.data_dir))
-        service.xdb = open_when_free(spec, service)
-        assert service.xdb.writer is not None
-        service.xdb.writer.on_failure = service.writer_died
+        service.open(spec)
     except BaseException as exc:
         status.send(("error", portable(exc)))
         return
@@ -153,15 +157,74 @@ def portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class Gate:
+    """Many holders at once (`shared`), or one alone (`exclusive`), which new holders wait behind."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holders = 0
+        self._closed = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holders -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._closed = True
+            self._cond.wait_for(lambda: self._holders == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
 class Service:
     def __init__(self, authkey: bytes) -> None:
         self.authkey = authkey
         self.xdb: XDB | None = None
+        self.spec: ServiceSpec | None = None
+        self._gate = Gate()  # every call and every part of rows shares it; a vacuum holds it alone
+        self._capture: tuple[str, int, float] | None = None  # the activations side channel, kept across a vacuum
         self._stream: Connection | None = None
         self._committed = 0
         self._lock = threading.Lock()  # the commit count and the stream's sending side
         self.failure: WriterFailure | None = None  # where the previous run's writer died, if it did
         self._alone = False  # a part sent again under suspicion is being committed alone
+
+    def open(self, spec: ServiceSpec) -> None:
+        self.spec = spec
+        self.xdb = open_when_free(spec, self)
+        assert self.xdb.writer is not None
+        self.xdb.writer.on_failure = self.writer_died
+        if self._capture is not None:
+            self.xdb.capture_activations(*self._capture)
+
+    def vacuum(self) -> dict[str, Any]:
+        """Rewrite the experience file whole (deleted rows leave its blocks), every call and row waiting."""
+        assert self.spec is not None and self.xdb is not None
+        with self._gate.exclusive():
+            started = time.monotonic()
+            self.xdb.close()  # its queue committed, every commit reported
+            try:
+                result = vacuum_experience(Path(self.spec.data_dir))
+            finally:
+                self.open(self.spec)
+            log.info("XDB service: vacuumed the experience file (%d → %d bytes) in %.1f s", result["bytes_before"],
+                     result["bytes_after"], time.monotonic() - started)
+            return {**result, "seconds": round(time.monotonic() - started, 3)}
 
     def serve(self, listener: Listener) -> None:
         assert self.xdb is not None
@@ -211,20 +274,26 @@ class Service:
             except (EOFError, OSError):
                 return
             if message[0] == "rows":
-                for part in message[1]:
-                    if message[2]:
-                        part = self._unstored(part)
-                        if isinstance(part, TokenBatch):  # its activations went to the service that died
-                            part.join_by = 0.0
-                        if len(part) and self.failure is not None and self.failure.holds(part):
-                            self._suspect(part)
-                            continue
-                    if len(part):
-                        self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
+                with self._gate.shared():  # a vacuum reopens XDB: the rows wait for it
+                    for part in message[1]:
+                        self._take_part(part, message[2])
             elif message[0] == "flush":
-                self.xdb.writer.request_flush()
+                with self._gate.shared():
+                    self.xdb.writer.request_flush()
             elif message[0] == "close":
                 return
+
+    def _take_part(self, part: Part, resent: bool) -> None:
+        assert self.xdb is not None and self.xdb.writer is not None
+        if resent:
+            part = self._unstored(part)
+            if isinstance(part, TokenBatch):  # its activations went to the service that died
+                part.join_by = 0.0
+            if len(part) and self.failure is not None and self.failure.holds(part):
+                self._suspect(part)
+                return
+        if len(part):
+            self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
 
     def _suspect(self, part: Part) -> None:
         """A part sent again that lies where the previous run's writer died: dropped if it died on it alone,
@@ -309,10 +378,16 @@ class Service:
                     conn.send(("ok", result))
 
     def _call(self, conn: Connection, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == "vacuum":
+            return self.vacuum()
         if name not in METHODS:
             raise ValueError(f"the XDB service has no method {name!r}")
         kwargs = {key: _callback(conn, key) if value == CALLBACK else value for key, value in kwargs.items()}
-        return getattr(self.xdb, name)(*args, **kwargs)
+        if name == "capture_activations":
+            self._capture = (args[0], args[1], args[2]) if len(args) == 3 else (
+                kwargs["address"], kwargs["k"], kwargs["wait_s"])
+        with self._gate.shared():
+            return getattr(self.xdb, name)(*args, **kwargs)
 
 
 def _callback(conn: Connection, name: str) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from ahc.core.config import XDBConfig
-from ahc.core.errors import InvalidRequest, NotFound
+from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb import (
     browse,
     compression,
@@ -45,7 +45,7 @@ from xdb.lake_session import LakeTicks, ResumableTickBook
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import RecallFilters, TagCache, recall, timestep
-from xdb.schema import TOP_K, open_experience
+from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
 from xdb.store_lake import LakeMethods
 from xdb.store_sessions import SessionMethods
@@ -54,7 +54,6 @@ from xdb.writer import Writer, last_timestep_id, replay_from_audit
 P = ParamSpec("P")
 R = TypeVar("R")
 
-EXPERIENCE_FILE = "experience.duckdb"
 AUDIT_FILE = Path("audit") / "audit.duckdb"
 
 
@@ -505,9 +504,16 @@ class XDB(SessionMethods, LakeMethods):
                 made += compression.enforce_quota(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
             return {"compaction": record, "compressed_record_ids": made,
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
+                    "vacuum_due": retention.vacuum_due(cur),
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
                     "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
                     "quota_bytes": self.quota_bytes}
+
+    def vacuum(self) -> dict[str, Any]:
+        """Rewriting the experience file needs it closed: the XDB service does it between its calls
+        (xdb/service.py); an XDB open in the server's own process cannot."""
+        raise Conflict("vacuuming the experience file needs the XDB service (xdb.service_process: true, the "
+                       "default); with it off, stop the server and run `ahc xdb vacuum --data-dir DIR`")
 
     def audit_bytes(self) -> int:
         """What the audit log's files take on disk (its database, log and anchored heads)."""

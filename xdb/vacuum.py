@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from xdb.audit import copy_database
+from xdb.fidelity import hot_cutoff
 from xdb.private import private_files
-from xdb.schema import open_experience
-from xdb.store import EXPERIENCE_FILE
+from xdb.retention import VACUUMED_AT
+from xdb.schema import EXPERIENCE_FILE, open_experience
 
 
 def vacuum_experience(data_dir: Path) -> dict[str, Any]:
@@ -32,6 +33,7 @@ def vacuum_experience(data_dir: Path) -> dict[str, Any]:
     fresh.unlink(missing_ok=True)  # a vacuum cut short earlier
     conn = open_experience(path)
     try:
+        conn.execute("INSERT OR REPLACE INTO xdb_meta VALUES (?, ?)", [VACUUMED_AT, hot_cutoff(0.0).isoformat()])
         conn.execute("CHECKPOINT")  # the write-ahead log's rows are in the file, and go with it
         copy_database(conn, fresh)
     except BaseException:

@@ -237,6 +237,10 @@ class XDBConfig(_Strict):
     compress_at: float = Field(default=0.8, gt=0, le=1)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     quota_check_s: float = Field(default=60.0, gt=0)
+    # After a session is deleted, the storage pass rewrites the experience file whole (a vacuum: the
+    # deleted rows' bytes leave its blocks) at most this often; recording waits while it runs, for a
+    # time in proportion to the file's size. None: only on request (POST /v1/xdb/compact with vacuum).
+    vacuum_every_s: float | None = Field(default=86_400.0, gt=0)
     summary_max_tokens: int = Field(default=96, gt=0)
     # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).
     warm_quota_bytes: int | None = Field(default=None, gt=0)

@@ -1,6 +1,7 @@
 """The XDB storage loop: every `quota_check_s`, apply retention (compress rows past
 `xdb.retention.verbatim_days`, delete sessions idle past `delete_after_days`) and, past
-`compress_at` of the byte quota, compress the oldest cold records.
+`compress_at` of the byte quota, compress the oldest cold records. Once a session was deleted, it
+vacuums the experience file (at most every `vacuum_every_s`), so the deleted rows leave its blocks.
 
 The pass runs in a worker thread; compression summaries come from the served model through a hidden
 call (the worker thread hands the coroutine to the server's event loop).
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ahc.core.errors import Conflict
 from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
 
@@ -32,9 +35,12 @@ def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_
 
 
 async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Callable[[str], str],
-                                on_pass: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Until cancelled (at shutdown): bring XDB within its quota and retention, then sleep; `on_pass`
-    hears each pass's report (the metrics)."""
+                                on_pass: Callable[[dict[str, Any]], None] | None = None,
+                                vacuum_every_s: float | None = None) -> None:
+    """Until cancelled (at shutdown): bring XDB within its quota and retention, vacuum it when a
+    deletion is due and `vacuum_every_s` has passed since the last, then sleep; `on_pass` hears each
+    pass's report (the metrics)."""
+    vacuumed_at = -float("inf")
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -44,6 +50,16 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
             continue
         if report["deleted_sessions"]:
             log.info("retention deleted %d idle sessions", len(report["deleted_sessions"]))
+        if (vacuum_every_s is not None and report.get("vacuum_due")
+                and time.monotonic() - vacuumed_at >= vacuum_every_s):
+            vacuumed_at = time.monotonic()
+            try:
+                report["vacuum"] = await asyncio.to_thread(xdb.vacuum)
+            except Conflict as exc:  # XDB in the server's own process: a stopped server's `ahc xdb vacuum`
+                log.warning("deleted sessions stay in the experience file's free blocks: %s", exc)
+                vacuum_every_s = None
+            except Exception:
+                log.exception("XDB vacuum failed; the file is as it was")
         if on_pass is not None:
             on_pass(report)
         log.debug("XDB storage manager pass: %s", report)

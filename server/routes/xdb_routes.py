@@ -134,6 +134,8 @@ class CompactBody(_Body):
     tokens_after: int | None = Field(None, ge=0, le=INT64_MAX)
     tokens_before: int | None = Field(None, ge=0, le=INT64_MAX)
     compress_released: bool = False
+    # Then rewrite the experience file whole, so deleted sessions' rows leave its blocks (recording waits).
+    vacuum: bool = False
 
 
 def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) -> APIRouter:
@@ -301,7 +303,13 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
         if body.session_id is None and not view.tenant.operator:
             raise PermissionDenied("without a session_id this runs the storage pass over every tenant's rows: only "
                                    "the server's default tenant may ask for it", param="session_id")
-        return view.compact(body.session_id, summarize, **body.model_dump(exclude={"session_id"}))
+        if body.vacuum and not view.tenant.operator:
+            raise PermissionDenied("vacuum rewrites the whole experience file while every tenant's recording waits: "
+                                   "only the server's default tenant may ask for it", param="vacuum")
+        result = view.compact(body.session_id, summarize, **body.model_dump(exclude={"session_id", "vacuum"}))
+        if body.vacuum:
+            result["vacuum"] = xdb.vacuum()
+        return result
 
     @router.get("/state")
     def state(view: TenantXDB = Depends(views)) -> Any:

@@ -1,0 +1,88 @@
+"""A live vacuum: the XDB service rewrites the experience file whole while rows keep coming, so a deleted
+session's text leaves every file under the data dir and no row is lost; the storage loop runs it once a
+deletion is due; an XDB in the server's own process refuses with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from ahc.core.errors import Conflict
+from server.recording.quota_loop import enforce_quota_forever
+from xdb import XDB, RemoteXDB, TimestepRow, verify_audit
+from xdb.owner import EVERY
+
+WORD = "xyzzyplughquux"
+
+
+def say(xdb: XDB | RemoteXDB, session: str, text: str, n: int = 3) -> None:
+    xdb.writer.submit([TimestepRow(session, t, "output", "assistant", f"{text}{t}", token_id=t)
+                       for t in xdb.next_ticks(session, n)])
+
+
+def files_holding(folder: Path, needle: bytes) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path: Path) -> None:
+    data = tmp_path / "x"
+    with RemoteXDB(data) as xdb:
+        say(xdb, "victim", WORD)
+        say(xdb, "keeper", "kept")
+        xdb.writer.flush(10)
+        assert xdb.compact()["vacuum_due"] is False
+        xdb.delete_session("victim")
+        assert xdb.compact()["vacuum_due"] is True
+        stop = threading.Event()
+        sent = [3]
+
+        def keep_recording() -> None:
+            while not stop.wait(0.001):
+                say(xdb, "keeper", "more", 1)
+                sent[0] += 1
+
+        recorder = threading.Thread(target=keep_recording)
+        recorder.start()
+        try:
+            result = xdb.vacuum()
+        finally:
+            stop.set()
+            recorder.join()
+        assert result["bytes_after"] > 0 and result["seconds"] >= 0
+        xdb.writer.flush(10)
+        assert xdb.compact()["vacuum_due"] is False
+        assert sent[0] > 3 and xdb.committed_tick("keeper") == sent[0] - 1  # ticks 0.. all committed
+        assert len(xdb.recall(session_id="keeper", tick_from=sent[0] - 50, limit=1000, owner=EVERY)) == 50
+        assert files_holding(data, WORD.encode()) == []
+        assert xdb.verify_audit().ok
+    assert verify_audit(data).ok
+
+
+def test_the_storage_loop_vacuums_once_a_deletion_is_due(tmp_path: Path) -> None:
+    reports: list[dict] = []  # type: ignore[type-arg]
+
+    async def run(xdb: RemoteXDB) -> None:
+        def heard(report: dict) -> None:  # type: ignore[type-arg]
+            reports.append(report)
+            if len(reports) == 3:
+                raise asyncio.CancelledError
+
+        await enforce_quota_forever(xdb, 0.05, lambda text: "gist", heard, vacuum_every_s=3600.0)
+
+    with RemoteXDB(tmp_path / "x") as xdb:
+        say(xdb, "victim", WORD)
+        xdb.writer.flush(10)
+        xdb.delete_session("victim")
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(run(xdb))
+    assert "vacuum" in reports[0] and not any("vacuum" in r for r in reports[1:])
+    assert [r["vacuum_due"] for r in reports] == [True, False, False]
+    assert files_holding(tmp_path / "x", WORD.encode()) == []
+
+
+def test_an_in_process_xdb_refuses_a_live_vacuum(tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "x") as xdb, pytest.raises(Conflict, match="ahc xdb vacuum"):
+        xdb.vacuum()
