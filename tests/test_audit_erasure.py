@@ -143,3 +143,22 @@ def test_vacuum_refuses_a_missing_or_busy_data_dir(tmp_path: Path) -> None:
         busy = subprocess.run([str(Path(sys.executable).with_name("ahc")), "xdb", "vacuum", "--data-dir",
                                str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert busy.returncode == 1 and "in use" in busy.stderr and len(busy.stderr.strip().splitlines()) == 1
+
+
+def test_a_session_deleted_over_http_leaves_no_file_once_vacuumed(config, vllm_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """As a user does it: a chat turn with a unique word, `DELETE /v1/context/sessions/{id}`, the server
+    stopped; the audit log is clean at once, the experience file after `ahc xdb vacuum`."""
+    from fake_app import serving
+
+    with serving(config, vllm_config, tmp_path) as (client, _):
+        said = client.post("/v1/chat/completions", json={
+            "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": f"The code is {WORD}."}],
+            "context": {"session_id": "lab", "identity": "You are terse."}})
+        assert said.status_code == 200, said.text
+        assert client.delete("/v1/context/sessions/lab").status_code == 200
+    data = tmp_path / "xdb"
+    assert files_holding(data / "audit", WORD.encode()) == []
+    assert cli_runner.ahc("xdb", "vacuum", "--data-dir", str(data)).returncode == 0
+    assert files_holding(data, WORD.encode()) == []
+    report = verify_audit(data)
+    assert report.ok and report.erased and report.erased[0].startswith("session 'lab': ")
