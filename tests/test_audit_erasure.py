@@ -162,3 +162,33 @@ def test_a_session_deleted_over_http_leaves_no_file_once_vacuumed(config, vllm_c
     assert files_holding(data, WORD.encode()) == []
     report = verify_audit(data)
     assert report.ok and report.erased and report.erased[0].startswith("session 'lab': ")
+
+
+def test_sealing_round_trips_a_mixed_batch_and_leaves_events_in_clear() -> None:
+    """A batch of two sessions and a system event: the sessions' payloads come back exactly under their
+    keys, the event is untouched, and a missing key opens nothing."""
+    import numpy as np
+    import pyarrow as pa
+
+    from xdb.audit_seal import open_sealed, seal
+    from xdb.concepts import ConceptIndex
+    from xdb.rows import rows_to_arrow
+
+    rows = [TimestepRow("a", 0, "output", "assistant", "héllo", token_id=7, metadata={"k": 1}),
+            TimestepRow("", -1, "xdb_event", "system", '{"action":"x"}'),
+            TimestepRow("b", 0, "input", "user", "x" * 40, steering=[{"v": 2}]),
+            TimestepRow("a", 1, "output", "assistant", "", token_id=None)]
+    table, _ = rows_to_arrow(rows, 0, ConceptIndex([]))
+    table = table.rename_columns(["timestep_id" if c == "id" else c for c in table.column_names])
+    table = table.append_column("seq", pa.array(np.arange(10, 14)))
+    keys = {"a": (3, bytes(range(32))), "b": (5, bytes(range(1, 33)))}
+    sealed = seal(table, lambda names: {n: keys[n] for n in names}, "xdb_event")
+    assert sealed.column("key_id").to_pylist() == [3, None, 5, 3]
+    assert sealed.column("content").to_pylist() == [None, '{"action":"x"}', None, None]
+    assert b"h\xc3\xa9llo" not in sealed.column("sealed").to_pylist()[0]
+    opened = open_sealed(np.arange(10, 14), np.array([3, -1, 5, 3]), sealed.column("sealed").combine_chunks(),
+                         {3: keys["a"][1], 5: keys["b"][1]})
+    assert opened == [(7, "héllo", '{"k":1}', None), None, (None, "x" * 40, None, '[{"v":2}]'), (None, "", None, None)]
+    partial = open_sealed(np.arange(10, 14), np.array([3, -1, 5, 3]), sealed.column("sealed").combine_chunks(),
+                          {5: keys["b"][1]})
+    assert partial[0] is None and partial[2] == opened[2]

@@ -52,19 +52,22 @@ class SessionKeys:
             self.current[entry[0]] = int(key_id)
             self.next_id = max(self.next_id, int(key_id) + 1)
 
-    def key_for(self, session_id: str) -> tuple[int, bytes]:
-        """The session's current key, made (and durable) now if it has none."""
+    def keys_for(self, session_ids: list[str]) -> dict[str, tuple[int, bytes]]:
+        """Each session's current key (id, key); those that have none get one now, all written with one
+        fsync before this returns."""
         with self._lock:
-            key_id = self.current.get(session_id)
-            if key_id is not None:
-                return key_id, self.keys[key_id][1]
-            if self.read_only:
-                raise ValueError(f"{self.path} is open read-only: no key can be made for {session_id!r}")
-            key_id, key = self.next_id, os.urandom(KEY_BYTES)
-            self._append(f"{key_id} {key.hex()} {json.dumps(session_id)}\n")
-            self.keys[key_id], self.current[session_id] = (session_id, key), key_id
-            self.next_id += 1
-            return key_id, key
+            found = {s: (k, self.keys[k][1]) for s in session_ids if (k := self.current.get(s)) is not None}
+            new = [s for s in session_ids if s not in found]
+            if new and self.read_only:
+                raise ValueError(f"{self.path} is open read-only: no key can be made for {new[0]!r}")
+            made = {s: (self.next_id + i, os.urandom(KEY_BYTES)) for i, s in enumerate(new)}
+            if made:
+                self._append("".join(f"{k} {key.hex()} {json.dumps(s)}\n" for s, (k, key) in made.items()),
+                             self.next_id + len(made))
+                for session_id, (key_id, key) in made.items():
+                    self.keys[key_id], self.current[session_id] = (session_id, key), key_id
+                self.next_id += len(made)
+            return {**found, **made}
 
     def session_keys(self, session_id: str) -> list[int]:
         with self._lock:
@@ -103,16 +106,16 @@ class SessionKeys:
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
 
-    def _append(self, line: str) -> None:
+    def _append(self, lines: str, next_id: int) -> None:
         if self._fd is None:
             created = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             private_files(self.path)
             if created:
-                os.write(self._fd, f"next {self.next_id}\n".encode())
+                lines = f"next {next_id}\n" + lines
                 _fsync_dir(self.path.parent)
             self.exists = True
-        os.write(self._fd, line.encode())
+        os.write(self._fd, lines.encode())
         os.fsync(self._fd)
 
     def close(self) -> None:

@@ -29,10 +29,11 @@ SEALED_COLUMNS = ("token_id", *PAYLOAD_FIELDS)
 BLOCK = 16
 
 
-def seal(records: pa.Table, key_for: Callable[[str], tuple[int, bytes]], system_event: str) -> pa.Table:
+def seal(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int, bytes]]], system_event: str
+         ) -> pa.Table:
     """`records` (audit_records columns but key_id and sealed, with seq) with every session's record
-    sealed under `key_for(session_id)` (its key id and key); system events and session-less records
-    stay in clear."""
+    sealed under its session's key (`keys_for(session ids)`: each one's key id and key, made at once for
+    those that have none); system events and session-less records stay in clear."""
     n = records.num_rows
     sessions = records.column("session_id").combine_chunks()
     clear = np.asarray(pc.fill_null(pc.or_(pc.equal(records.column("event_type"), system_event),
@@ -40,14 +41,15 @@ def seal(records: pa.Table, key_for: Callable[[str], tuple[int, bytes]], system_
     if n == 0 or clear.all():
         return (records.append_column("key_id", pa.nulls(n, pa.int32()))
                 .append_column("sealed", pa.nulls(n, pa.binary())))
-    key_ids = np.full(n, -1, dtype=np.int32)
-    keys: dict[int, bytes] = {}
-    for name in pc.unique(sessions.filter(pa.array(~clear))).to_pylist():
-        key_id, key = key_for(name)
-        keys[key_id] = key
-        key_ids[np.asarray(pc.fill_null(pc.equal(sessions, name), False), dtype=bool) & ~clear] = key_id
-    payload = _payload(records)
-    sealed = _crypt(payload, records.column("seq").to_numpy(), key_ids, keys, ~clear)
+    encoded = pc.dictionary_encode(sessions)
+    names = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+    wanted = sorted({names[c] for c in np.unique(codes[~clear]).tolist()})
+    found = keys_for(wanted)
+    ids_by_code = np.array([found[name][0] if name in found else -1 for name in names], dtype=np.int32)
+    key_ids = np.where(clear, -1, ids_by_code[codes]).astype(np.int32)
+    sealed = _crypt(_payload(records), records.column("seq").to_numpy(), key_ids,
+                    {key_id: key for key_id, key in found.values()}, ~clear)
     for name in SEALED_COLUMNS:
         column = records.column(name)
         records = records.set_column(records.column_names.index(name), name,
@@ -98,22 +100,23 @@ def _crypt(data: pa.Array, seqs: np.ndarray, key_ids: np.ndarray, keys: dict[int
         counters[:, 1] = np.arange(total, dtype=np.uint64) - np.repeat(first_block, blocks).astype(np.uint64)
         owner = np.repeat(key_ids, blocks)
         stream = np.empty((total, BLOCK), dtype=np.uint8)
-        for key_id in np.unique(owner).tolist():
-            sel = owner == key_id
-            encryptor = Cipher(algorithms.AES(keys[key_id]), modes.ECB()).encryptor()
-            stream[sel] = np.frombuffer(encryptor.update(counters[sel].tobytes()), dtype=np.uint8).reshape(-1, BLOCK)
-        where = np.repeat(offsets[:-1] - offsets[0], lengths) + _ranks(lengths)
-        flat[where] ^= stream.reshape(-1)[np.repeat(first_block * BLOCK, lengths) + _ranks(lengths)]
+        # One AES call a key: the blocks sorted by key, each key's a contiguous run.
+        order = np.argsort(owner, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(owner[order]) != 0])
+        for a, b in zip(starts.tolist(), [*starts[1:].tolist(), total]):
+            run = order[a:b]
+            encryptor = Cipher(algorithms.AES(keys[int(owner[run[0]])]), modes.ECB()).encryptor()
+            stream[run] = np.frombuffer(encryptor.update(counters[run].tobytes()), dtype=np.uint8).reshape(-1, BLOCK)
+        # Byte i of the data, in row j, takes keystream byte i + base[j]: row j's bytes start at its first
+        # block; an unselected row's bytes all fall in a run of zeros after the keystream.
+        every = np.diff(offsets)
+        zeros = int(every[~rows].max()) if not rows.all() else 0
+        keystream = np.concatenate([stream.reshape(-1), np.zeros(zeros, np.uint8)])
+        base = np.where(rows, first_block * BLOCK, total * BLOCK) - (offsets[:-1] - offsets[0])
+        flat ^= keystream[np.arange(len(flat), dtype=np.int64) + np.repeat(base, every)]
     rebased = (offsets - offsets[0]).astype(np.int64)
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(data), [None, pa.py_buffer(rebased),
                                                                           pa.py_buffer(flat)])
-
-
-def _ranks(lengths: np.ndarray) -> np.ndarray:
-    """0..len-1 for each row's bytes, concatenated."""
-    total = int(lengths.sum())
-    ranks: np.ndarray = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return ranks
 
 
 def _parse(data: bytes) -> tuple[int | None, str | None, str | None, str | None]:

@@ -217,7 +217,7 @@ def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: 
             expected += 1
         hashes = chain(prev, batch) if seqs else []
         for seq, stored_prev, stored, h in zip(seqs, stored_prevs, stored_hashes, hashes):
-            if bytes(stored) != h or bytes(stored_prev) != prev:
+            if bytes(stored) != h or (stored_prev is not None and bytes(stored_prev) != prev):
                 return AuditReport(False, checked, f"{_describe(cur, seq)}: hash mismatch "
                                    "(edited, reordered or a neighbour removed)")
             if seq in heads and heads[seq] != h:

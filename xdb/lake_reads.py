@@ -300,7 +300,7 @@ def _verify_replica(cur: duckdb.DuckDBPyConnection, a: str, replica: str, chunk:
         hashes = chain(prev, batch)
         for seq, stored_prev, stored, h in zip(seqs, batch.column("prev_hash").to_pylist(),
                                                batch.column("record_hash").to_pylist(), hashes):
-            if bytes(stored) != h or bytes(stored_prev) != prev:
+            if bytes(stored) != h or (stored_prev is not None and bytes(stored_prev) != prev):
                 return AuditReport(False, checked, f"replica {replica!r} audit record seq={seq}: hash mismatch "
                                                    "(edited, reordered or a neighbour removed)")
             prev, checked = h, checked + 1
