@@ -377,9 +377,11 @@ class AuditLog:
                 if p.concept_rows:
                     con.execute("INSERT INTO audit_concepts SELECT id, name, prev_hash, hash FROM audit_new_concepts")
                 con.execute(f"INSERT INTO audit_records ({cols}) SELECT {cols} FROM audit_batch")
-                con.execute("INSERT INTO audit_checkpoints VALUES (?, ?, ?, ?, ?, now(), ?, ?)",
-                            [p.seq_start, p.seq_end, p.head, p.concept_count, p.concepts_head,
-                             p.prev_checkpoint, p.checkpoint])
+                # Numbers and hashes only, so a literal: a statement with parameters is prepared anew on
+                # every call (a millisecond of a small batch's commit).
+                con.execute(f"INSERT INTO audit_checkpoints VALUES ({int(p.seq_start)}, {int(p.seq_end)}, "
+                            f"from_hex('{p.head.hex()}'), {int(p.concept_count)}, from_hex('{p.concepts_head.hex()}'), "
+                            f"now(), from_hex('{p.prev_checkpoint.hex()}'), from_hex('{p.checkpoint.hex()}'))")
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
