@@ -277,7 +277,7 @@ class AuditLog:
     def _open_sealed(self, table: pa.Table) -> list[tuple[int | None, str | None, str | None, str | None] | bool]:
         """Per row: the sealed payload, False where its key was destroyed, True for a record in clear."""
         key_ids = table.column("key_id").combine_chunks()
-        if not key_ids.null_count < len(key_ids):
+        if key_ids.null_count == len(key_ids):
             return [True] * table.num_rows
         opened = open_sealed(table.column("seq").to_numpy(), pa.compute.fill_null(key_ids, -1).to_numpy(),
                              table.column("sealed").combine_chunks(), self.keys.secrets())
@@ -427,10 +427,12 @@ class AuditLog:
                 cur.execute("BEGIN TRANSACTION")
                 cur.execute("SELECT count(*) FROM audit_checkpoints").fetchone()  # the snapshot, taken now
                 heads = heads_as_of_now(self.head_path)
+                # The keys as of the snapshot too: a deletion destroys its keys after its record commits.
+                owners = self.keys.owners() if self.keys.exists else None
             try:
                 report = verify_connection(cur, seq_from, seq_to, chunk)
                 if report.ok:
-                    report = check_erasures(cur, self.keys.owners() if self.keys.exists else None, report)
+                    report = check_erasures(cur, owners, report)
                 if report.ok and anchored:
                     report = check_anchor(cur, self.head_path, report, heads)
                 if report.ok and expect_head is not None:
