@@ -349,6 +349,7 @@ class AuditLog:
                 self._turn.wait(remaining)
         try:
             with self._commit_lock:
+                self.keys.sync()  # the keys of the batch's new sessions, on disk before their records
                 self._write(p)
                 self._anchor(p.seq_end, p.head)
         except BaseException as exc:

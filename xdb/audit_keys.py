@@ -4,7 +4,7 @@ key, after a first line `next N` (the next key id, so a destroyed key's id is ne
 A session's records are sealed under its current key (xdb/audit_seal.py). Deleting the session destroys
 its keys: the file is written anew without them and renamed over the old one, so the keys leave the
 disk's files with it (a DuckDB file could keep a deleted row in a free block; this one is replaced
-whole). A new key is appended and fsynced before any record sealed under it is committed.
+whole). A new key is appended when a batch is sealed, and fsynced before that batch is committed.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class SessionKeys:
         self.path, self.read_only = path, read_only
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._unsynced = False  # keys appended and not yet fsynced
         self.keys: dict[int, tuple[str, bytes]] = {}
         self.current: dict[str, int] = {}
         self.next_id = 0
@@ -53,8 +54,8 @@ class SessionKeys:
             self.next_id = max(self.next_id, int(key_id) + 1)
 
     def keys_for(self, session_ids: list[str]) -> dict[str, tuple[int, bytes]]:
-        """Each session's current key (id, key); those that have none get one now, all written with one
-        fsync before this returns."""
+        """Each session's current key (id, key); those that have none get one now, written to the file
+        (made durable by `sync`, which the audit log runs before it commits records sealed under them)."""
         with self._lock:
             found = {s: (k, self.keys[k][1]) for s in session_ids if (k := self.current.get(s)) is not None}
             new = [s for s in session_ids if s not in found]
@@ -105,6 +106,7 @@ class SessionKeys:
                 os.close(fd)
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
+            self._unsynced = False  # every key left is in the new file, fsynced
 
     def _append(self, lines: str, next_id: int) -> None:
         if self._fd is None:
@@ -116,7 +118,14 @@ class SessionKeys:
                 _fsync_dir(self.path.parent)
             self.exists = True
         os.write(self._fd, lines.encode())
-        os.fsync(self._fd)
+        self._unsynced = True
+
+    def sync(self) -> None:
+        """fsync the keys appended since the last sync, if any."""
+        with self._lock:
+            if self._unsynced and self._fd is not None:
+                os.fsync(self._fd)
+            self._unsynced = False
 
     def close(self) -> None:
         with self._lock:

@@ -5,8 +5,9 @@ group's blocks until the group is rewritten: a deleted session's text can be rea
 after the deletion. A vacuum copies the live rows into a new file (COPY FROM DATABASE: every table,
 sequence and index) and renames it over the old one, as SQLite's VACUUM does; the old file's blocks
 then belong to no file. It needs the file to itself (a stopped server, or the XDB service between its
-calls, xdb/service.py) and room for a second copy, and costs time in proportion to the file's size. The audit log needs none: a session's content there is
-sealed under a key its deletion destroys (xdb/audit_seal.py).
+calls, xdb/service.py) and room for a second copy, and costs time in proportion to the file's size.
+The audit log needs none: a session's content there is sealed under a key its deletion destroys
+(xdb/audit_seal.py).
 """
 
 from __future__ import annotations
