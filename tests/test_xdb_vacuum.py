@@ -86,3 +86,18 @@ def test_the_storage_loop_vacuums_once_a_deletion_is_due(tmp_path: Path) -> None
 def test_an_in_process_xdb_refuses_a_live_vacuum(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb, pytest.raises(Conflict, match="ahc xdb vacuum"):
         xdb.vacuum()
+
+
+def test_a_file_over_the_bound_is_not_vacuumed_live(tmp_path: Path) -> None:
+    """Recording waits while a vacuum copies the file: past xdb.vacuum_max_bytes the service refuses, naming
+    the offline command, and goes on serving."""
+    from ahc.core.config import XDBConfig
+
+    with RemoteXDB(tmp_path / "x", XDBConfig(vacuum_max_bytes=4096)) as xdb:
+        say(xdb, "s", "kept")
+        xdb.writer.flush(10)
+        with pytest.raises(Conflict, match="over xdb.vacuum_max_bytes.*ahc xdb vacuum --data-dir"):
+            xdb.vacuum()
+        say(xdb, "s", "more")
+        xdb.writer.flush(10)
+        assert xdb.committed_tick("s") == 5

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from ahc.core.config import XDBConfig
+from ahc.core.errors import Conflict
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
-from xdb.schema import DatabaseInUse
+from xdb.schema import EXPERIENCE_FILE, DatabaseInUse
 from xdb.store import XDB
 from xdb.vacuum import vacuum_experience
 from xdb.writer import spans
@@ -215,6 +216,12 @@ class Service:
     def vacuum(self) -> dict[str, Any]:
         """Rewrite the experience file whole (deleted rows leave its blocks), every call and row waiting."""
         assert self.spec is not None and self.xdb is not None
+        path = Path(self.spec.data_dir) / EXPERIENCE_FILE
+        bound = XDBConfig(**self.spec.config).vacuum_max_bytes
+        if bound is not None and path.stat().st_size > bound:
+            raise Conflict(f"{path} is {path.stat().st_size:,} bytes, over xdb.vacuum_max_bytes ({bound:,}): a live "
+                           "vacuum would hold recording too long; stop the server and run `ahc xdb vacuum --data-dir "
+                           f"{self.spec.data_dir}`")
         with self._gate.exclusive():
             started = time.monotonic()
             self.xdb.close()  # its queue committed, every commit reported

@@ -241,6 +241,10 @@ class XDBConfig(_Strict):
     # deleted rows' bytes leave its blocks) at most this often; recording waits while it runs, for a
     # time in proportion to the file's size. None: only on request (POST /v1/xdb/compact with vacuum).
     vacuum_every_s: float | None = Field(default=86_400.0, gt=0)
+    # A live vacuum holds recording while it copies the file (~55 MB/s measured on 2 cores), and rows
+    # queue meanwhile (max_queue_rows): past this size it is refused, and `ahc xdb vacuum` runs it with the
+    # server stopped. None: no bound.
+    vacuum_max_bytes: int | None = Field(default=2 << 30, gt=0)
     summary_max_tokens: int = Field(default=96, gt=0)
     # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).
     warm_quota_bytes: int | None = Field(default=None, gt=0)
