@@ -472,6 +472,19 @@ def test_verify_lake_audit_checks_every_chain_and_names_a_tampered_row(lake: Lak
     assert "replica 'B' audit record seq=4: missing" in result.output
 
 
+def test_a_lake_made_before_the_audit_was_sealed_gains_its_columns(lake: LakeConfig, tmp_path: Path) -> None:
+    """A lake an earlier AHC made lacks the audit's key_id and sealed columns: a replica adds them when it
+    attaches, ships its sealed records, and the lake's chain verifies."""
+    lake_sql(lake, "ALTER TABLE lake.audit_records DROP COLUMN key_id")
+    lake_sql(lake, "ALTER TABLE lake.audit_records DROP COLUMN sealed")
+    with XDB.open(tmp_path / "a", config(lake, "A")) as a:
+        record(a, "sa", 5, text="secret")
+        a.lake_ship_now()
+        assert a.verify_lake_audit()["A"].ok
+    rows = lake_sql(lake, "SELECT key_id, sealed IS NOT NULL, content FROM lake.audit_records WHERE replica = 'A'")
+    assert len(rows) == 5 and all(key is not None and has and content is None for key, has, content in rows)
+
+
 def test_bad_lake_config_is_a_clear_value_error(lake: LakeConfig, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="xdb.backend ducklake needs xdb.lake.replica_id"):
         XDBConfig(backend="ducklake", lake=lake)

@@ -112,6 +112,18 @@ def lake_ddl(alias: str) -> list[str]:
     return statements + [ddl.format(a=alias) for ddl in EXTRA_DDL]
 
 
+def lake_upgrades(conn: duckdb.DuckDBPyConnection, alias: str) -> list[str]:
+    """The columns a lake made by an earlier AHC lacks (a local table gained them since), as ALTERs: a
+    replica of this version ships them, and every replica reads them (older rows hold nulls there)."""
+    have: dict[str, set[str]] = {}
+    for table, column in conn.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?",
+                                      [alias]).fetchall():
+        have.setdefault(table, set()).add(column)
+    return [f"ALTER TABLE {alias}.{table.name} ADD COLUMN {name} {kind}"
+            for table in TABLES if table.name in have
+            for name, kind in table.columns if name not in have[table.name]]
+
+
 # -- the extensions ---------------------------------------------------------------------------------
 def extension_file(package: str, name: str) -> Path:
     """The extension binary a `duckdb-extension-<package>` wheel carries for this DuckDB release."""
@@ -203,6 +215,8 @@ def create_tables(conn: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:
         conn.execute("BEGIN")
         try:
             for ddl in lake_ddl(alias):
+                conn.execute(ddl)
+            for ddl in lake_upgrades(conn, alias):
                 conn.execute(ddl)
             conn.execute("COMMIT")
             return
