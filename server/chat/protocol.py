@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from starlette.datastructures import Headers
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
@@ -25,6 +25,16 @@ class ChatRequest(ChatCompletionRequest):
     context: ContextSpec | None = None
     # OpenAI's key for requests that share a prefix: here it names the session (server/http/session_key.py).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=ID_MAX_CHARS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _structured_outputs_is_an_object(cls, data: Any) -> Any:
+        """vLLM's own check of `structured_outputs` reads it as an object and fails (a 500) on anything
+        else: a string, a list or a number is a 400 here, before it."""
+        if isinstance(data, dict) and data.get("structured_outputs") is not None \
+                and not isinstance(data["structured_outputs"], dict):
+            raise ValueError("structured_outputs must be an object (json, regex, choice, grammar, ...) or null")
+        return data
 
     @field_validator("messages")
     @classmethod
