@@ -9,22 +9,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_audit_erasure import WORD, files_holding
 
 from ahc.core.errors import Conflict
 from server.recording.quota_loop import enforce_quota_forever
 from xdb import XDB, RemoteXDB, TimestepRow, verify_audit
 from xdb.owner import EVERY
 
-WORD = "xyzzyplughquux"
-
 
 def say(xdb: XDB | RemoteXDB, session: str, text: str, n: int = 3) -> None:
     xdb.writer.submit([TimestepRow(session, t, "output", "assistant", f"{text}{t}", token_id=t)
                        for t in xdb.next_ticks(session, n)])
-
-
-def files_holding(folder: Path, needle: bytes) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes())
 
 
 def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ from xdb.audit_verify import (
 )
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
-from xdb.private import private_dir, private_files
+from xdb.private import fsync_path, private_dir, private_files
 from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
 from xdb.sql import one
@@ -230,11 +230,7 @@ class AuditLog:
             self._head_fd = os.open(self.head_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             private_files(self.head_path)  # made before files were private
             if created:  # the new name must survive a crash too, not only the bytes
-                dir_fd = os.open(self.head_path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                fsync_path(self.head_path.parent)
         return self._head_fd
 
     def _anchor(self, seq: int, head: bytes) -> None:

@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from xdb.private import private_files
+from xdb.private import fsync_path, private_files
 
 KEYS_FILE = "audit.keys"
 KEY_BYTES = 32
@@ -105,7 +105,7 @@ class SessionKeys:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_path(self.path.parent)
             self._unsynced = False  # every key left is in the new file, fsynced
 
     def _append(self, lines: str, next_id: int) -> None:
@@ -115,7 +115,7 @@ class SessionKeys:
             private_files(self.path)
             if created:
                 lines = f"next {next_id}\n" + lines
-                _fsync_dir(self.path.parent)
+                fsync_path(self.path.parent)
             self.exists = True
         os.write(self._fd, lines.encode())
         self._unsynced = True
@@ -133,10 +133,3 @@ class SessionKeys:
                 os.close(self._fd)
                 self._fd = None
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

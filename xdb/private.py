@@ -30,6 +30,15 @@ def private_tree(root: Path) -> None:
         _chmod(path, 0o700 if path.is_dir() else 0o600)
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a new or renamed name in it survives a crash only then) by its path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _chmod(path: Path, mode: int) -> None:
     if path.stat().st_uid == os.geteuid() and path.stat().st_mode & 0o777 != mode:
         path.chmod(mode)

@@ -18,7 +18,7 @@ from typing import Any
 
 from xdb.audit import copy_database
 from xdb.fidelity import hot_cutoff
-from xdb.private import private_files
+from xdb.private import fsync_path, private_files
 from xdb.retention import VACUUMED_AT
 from xdb.schema import EXPERIENCE_FILE, open_experience
 
@@ -43,16 +43,8 @@ def vacuum_experience(data_dir: Path) -> dict[str, Any]:
     finally:
         conn.close()
     private_files(fresh)
-    fd = os.open(fresh, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(fresh)
     os.replace(fresh, path)
     path.with_name(path.name + ".wal").unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_path(path.parent)
     return {"path": str(path), "bytes_before": before, "bytes_after": path.stat().st_size}
