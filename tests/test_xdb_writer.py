@@ -50,6 +50,23 @@ def test_token_batch_round_trip_matches_timestep_rows(tmp_path: Path) -> None:
         assert list(xdb.next_ticks("s", 1)) == [4]  # session_ticks saw the batch
 
 
+@pytest.mark.parametrize("session", ["it's", "nul\x00inside", "back\\slash ' é 😀", "'", "\x00"])
+def test_each_sessions_last_tick_and_the_last_id_survive_a_reopen_whatever_the_session_id(
+        tmp_path: Path, session: str) -> None:
+    with XDB.open(tmp_path / "x") as xdb:
+        xdb.writer.submit(token_batch(xdb, session, ["a", "b", "c"], "r1"))
+        xdb.writer.submit(token_batch(xdb, "plain", ["d"], "r2"))
+        xdb.writer.flush()
+        xdb.writer.submit(token_batch(xdb, session, ["e"], "r3"))
+        xdb.writer.flush()
+    with XDB.open(tmp_path / "x") as xdb:
+        assert list(xdb.next_ticks(session, 1)) == [4] and list(xdb.next_ticks("plain", 1)) == [1]
+        xdb.writer.submit(token_batch(xdb, "plain", ["f"], "r4"))
+        xdb.writer.flush()
+        assert [r["id"] for r in xdb.recall(owner=EVERY)] == [0, 1, 2, 3, 4, 5]  # ids go on from the last
+        assert [r["content"] for r in xdb.recall(session_id=session, owner=EVERY)] == ["a", "b", "c", "e"]
+
+
 def test_token_batch_and_rows_make_the_same_arrow_table() -> None:
     index = np.array([[0, 1], [2, -1], [-1, -1]])
     values = np.array([[0.5, 0.25], [0.75, 0], [0, 0]], dtype=np.float32)

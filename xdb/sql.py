@@ -12,6 +12,13 @@ import duckdb
 Row = tuple[Any, ...]
 
 
+def string_literal(text: str) -> str:
+    """`text` as a SQL string literal (a NUL, which ends a quoted string in DuckDB's parser, as chr(0)).
+    A literal where a statement runs on every batch: one with parameters is prepared anew each call."""
+    quoted = ["'" + part.replace("'", "''") + "'" for part in text.split("\x00")]
+    return " || chr(0) || ".join(quoted)
+
+
 def one(result: duckdb.DuckDBPyConnection) -> Row:
     """The first row of a query that always yields one."""
     row = result.fetchone()
