@@ -242,10 +242,11 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
         if cid is None:
             return None
         value = f"array_extract(t.concept_values, array_position(t.concept_ids, {int(cid)}))"
-        # A test of one column, so DuckDB runs it inside the scan (the bounds read two columns, so they
-        # run after it): a row without the concept never has its other columns read. The rows are
-        # selected whole, so a bound alone read every column of each row the other filters passed.
-        where.append(f"array_contains(t.concept_ids, {int(cid)})")
+        if f.min_activation is None and f.max_activation is None:
+            # Alone, array_contains is the cheap test (~2x faster than finding the value's slot). With a
+            # bound, the slot's value is NULL where the concept is absent, so the bound alone filters,
+            # and DuckDB then tests the session first (measured ~3x faster with a session and a band).
+            where.append(f"array_contains(t.concept_ids, {int(cid)})")
     else:
         value = "list_max(t.concept_values)"
     if f.min_activation is not None:
