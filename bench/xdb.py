@@ -140,9 +140,9 @@ def writer_rows_per_s(parts: list, work: Path) -> float:
 
 def generate_rows(data_dir: Path, n: int) -> None:
     """n token rows straight into a new XDB's experience file with DuckDB's own generator: SESSIONS
-    sessions taking turns of TURN tokens, 10 distinct concepts of 256 a token with uniform values, one
-    row a millisecond up to now; plus the concept names, each session's last tick and a tag on a
-    51-tick range per session."""
+    sessions taking turns of TURN tokens, 10 distinct concepts of 256 a token with uniform values (a hash
+    of the row and slot, so every run recalls over the same file), one row a millisecond up to now; plus
+    the concept names, each session's last tick and a tag on a 51-tick range per session."""
     XDB.open(data_dir).close()  # schema, migrations, audit log
     con = duckdb.connect(str(data_dir / "experience.duckdb"))
     words = ", ".join(f"'{w}'" for w in WORDS)
@@ -153,7 +153,8 @@ def generate_rows(data_dir: Path, n: int) -> None:
                'assistant', [{words}][1 + (hash(i) % {len(WORDS)})::INTEGER], (hash(i * 7) % 32000)::INTEGER,
                's' || ((i // {TURN}) % {SESSIONS}) || '-r' || (i // {TURN * SESSIONS * 4}),
                list_transform(range(10), k -> ((i * 37 + k * 26) % 256)::INTEGER)::INTEGER[10],
-               list_transform(range(10), k -> random()::FLOAT)::FLOAT[10], 'hidden_state',
+               list_transform(range(10), k -> ((hash(i * 10 + k) % 1000003) / 1000003)::FLOAT)::FLOAT[10],
+               'hidden_state',
                now()::TIMESTAMP - to_milliseconds({n} - i), NULL
         FROM range({n}) t(i)""")
     con.execute("INSERT INTO session_ticks SELECT session_id, max(tick) FROM timesteps GROUP BY 1")
