@@ -179,7 +179,8 @@ def last_ticks(table: pa.Table) -> str:
     """Each session's last tick in the batch, as the rows of a VALUES list."""
     last = table.group_by("session_id").aggregate([("tick", "max")])
     return ", ".join(f"({string_literal(session)}, {int(tick)})"
-                     for session, tick in zip(last.column(0).to_pylist(), last.column(1).to_pylist()))
+                     for session, tick in zip(last.column("session_id").to_pylist(),
+                                              last.column("tick_max").to_pylist()))
 
 
 def set_last_timestep_id(conn: duckdb.DuckDBPyConnection, last_id: int) -> None:
