@@ -56,7 +56,7 @@ from xdb.concepts import ConceptIndex
 from xdb.private import fsync_path, private_dir, private_files
 from xdb.rows import TimestepRow, rows_to_arrow
 from xdb.schema import TOP_K, connect_checked, migrate, stored_version
-from xdb.sql import one
+from xdb.sql import one, string_literal
 
 log = logging.getLogger("ahc.xdb.audit")
 
@@ -116,17 +116,13 @@ def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
     try:
         source = cur.execute("SELECT current_database()").fetchone()
         assert source is not None
-        cur.execute(f"ATTACH '{_sql_path(dest)}' AS ahc_backup")
+        cur.execute(f"ATTACH {string_literal(str(dest))} AS ahc_backup")
         try:
             cur.execute(f'COPY FROM DATABASE "{source[0]}" TO ahc_backup')
         finally:
             cur.execute("DETACH ahc_backup")
     finally:
         cur.close()
-
-
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 class AuditLog:

@@ -29,6 +29,7 @@ from xdb.audit import AuditEvent
 from xdb.interface import writes
 from xdb.owner import owned
 from xdb.private import private_dir, private_files, private_tree
+from xdb.sql import string_literal
 from xdb.tables import TABLES as XDB_TABLES
 from xdb.tables import Table
 
@@ -155,11 +156,12 @@ def _export_table(conn: duckdb.DuckDBPyConnection, out: Path, fmt: Format, table
     if rows:
         target = out / table.name
         if fmt == "parquet" and table.session_column is not None:
-            conn.execute(f"COPY ({query}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY "
+            conn.execute(f"COPY ({query}) TO {string_literal(str(target))} (FORMAT parquet, PARTITION_BY "
                          f"({table.session_column}), FILENAME_PATTERN 'data_{{i}}')", query_params)
         elif fmt == "parquet":
             target.mkdir()
-            conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.parquet')}' (FORMAT parquet)", query_params)
+            conn.execute(f"COPY ({query}) TO {string_literal(str(target / 'data_0.parquet'))} (FORMAT parquet)",
+                         query_params)
         else:
             _export_jsonl(conn, target, table, query, query_params)
         files = [_file_entry(out, path) for path in sorted(target.rglob("*")) if path.is_file()]
@@ -171,7 +173,7 @@ def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: Table, q
     """JSON lines with the Parquet layout (DuckDB partitions only Parquet and CSV writes)."""
     if table.session_column is None:
         target.mkdir()
-        conn.execute(f"COPY ({query}) TO '{_sql_path(target / 'data_0.jsonl')}' (FORMAT json)", params)
+        conn.execute(f"COPY ({query}) TO {string_literal(str(target / 'data_0.jsonl'))} (FORMAT json)", params)
         return
     column = table.session_column
     keys = conn.execute(f"SELECT DISTINCT {column} FROM ({query}) ORDER BY 1", params).fetchall()
@@ -179,7 +181,7 @@ def _export_jsonl(conn: duckdb.DuckDBPyConnection, target: Path, table: Table, q
         part = target / f"{column}={urllib.parse.quote(key, safe='')}"
         part.mkdir(parents=True)
         conn.execute(f"COPY (SELECT * EXCLUDE ({column}) FROM ({query}) WHERE {column} = ?) "
-                     f"TO '{_sql_path(part / 'data_0.jsonl')}' (FORMAT json)", [*params, key])
+                     f"TO {string_literal(str(part / 'data_0.jsonl'))} (FORMAT json)", [*params, key])
 
 
 def _file_entry(root: Path, path: Path) -> dict[str, Any]:
@@ -188,10 +190,6 @@ def _file_entry(root: Path, path: Path) -> dict[str, Any]:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def read_manifest(src: Path) -> dict[str, Any]:
@@ -229,7 +227,7 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, A
             if not entry or not entry["rows"]:
                 continue
             reader = "read_parquet" if manifest["format"] == "parquet" else "read_json"
-            files = ", ".join(f"'{_sql_path(src / f['path'])}'" for f in entry["files"])
+            files = ", ".join(string_literal(str(src / f["path"])) for f in entry["files"])
             hive = ", hive_partitioning = true, hive_types_autocast = false" if entry["partitioned_by"] else ""
             columns = [r[0] for r in conn.execute(f"DESCRIBE {table.name}").fetchall()]
             inserted = conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "

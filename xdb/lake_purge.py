@@ -23,7 +23,8 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
-from xdb.lake_schema import TOMBSTONED, rollback, sql_string
+from xdb.lake_schema import TOMBSTONED, rollback
+from xdb.sql import string_literal
 
 log = logging.getLogger("ahc.xdb.lake")
 
@@ -102,7 +103,7 @@ class LakePurger:
         return True
 
     def _commit(self, batch: list[Purge]) -> None:
-        a, cur, me = self.alias, self._lake, sql_string(self.replica)
+        a, cur, me = self.alias, self._lake, string_literal(self.replica)
         purges = pa.table({"session_id": pa.array([p.session_id for p in batch], pa.string()),
                            "deleted_at": pa.array([p.deleted_at for p in batch], pa.timestamp("us")),
                            "only_mine": pa.array([p.only_mine for p in batch], pa.bool_())})

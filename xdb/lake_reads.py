@@ -23,7 +23,7 @@ from xdb.concepts import ConceptIndex
 from xdb.recall import COLUMNS, RecallFilterError, RecallFilters, _double, _strings, conditions
 from xdb.schema import TOP_K
 from xdb.session_state import StateVersion
-from xdb.sql import Row, one
+from xdb.sql import Row, one, string_literal
 
 LAKE_COLUMNS = ("replica", *COLUMNS)
 VERIFY_CHUNK = 200_000
@@ -38,10 +38,6 @@ class NameCache:
     tags: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 # -- recall -------------------------------------------------------------------------------------------
 def _concept_terms(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters) -> tuple[list[str], str] | None:
     """WHERE terms for the concept filter, resolved to each replica's id for the name, and the SQL of
@@ -50,12 +46,13 @@ def _concept_terms(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters) -> 
                         [f.concept]).fetchall()
     if not pairs:
         return None
-    value = "CASE " + " ".join(f"WHEN t.replica = {_lit(r)} THEN array_extract(t.concept_values, "
+    value = "CASE " + " ".join(f"WHEN t.replica = {string_literal(r)} THEN array_extract(t.concept_values, "
                                f"array_position(t.concept_ids, {int(cid)}))" for r, cid in pairs) + " END"
     where = []
     if f.min_activation is None and f.max_activation is None:
-        where.append("(" + " OR ".join(f"(t.replica = {_lit(r)} AND array_contains(t.concept_ids, {int(cid)}))"
-                                       for r, cid in pairs) + ")")
+        present = [f"(t.replica = {string_literal(r)} AND array_contains(t.concept_ids, {int(cid)}))"
+                   for r, cid in pairs]
+        where.append("(" + " OR ".join(present) + ")")
     if f.min_activation is not None:
         where.append(f"{value} >= {_double(f.min_activation)}")
     if f.max_activation is not None:
@@ -96,7 +93,7 @@ def build_lake_query(cur: duckdb.DuckDBPyConnection, a: str, f: RecallFilters,
     tag_ids = _tag_ids(cur, a, f.tags)
     if not tag_ids:
         return None
-    chosen = "(VALUES " + ", ".join(f"({_lit(r)}, {i})" for r, i in tag_ids) + ") g(replica, id)"
+    chosen = "(VALUES " + ", ".join(f"({string_literal(r)}, {i})" for r, i in tag_ids) + ") g(replica, id)"
     apps = (f"SELECT {{cols}} FROM {a}.tag_applications x JOIN {chosen} ON x.replica = g.replica AND x.tag_id = g.id "
             "WHERE x.target_type = '{kind}'")
     joins = [

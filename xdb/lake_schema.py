@@ -32,6 +32,7 @@ from ahc.core.config import cache_dir
 from xdb.audit import APP as AUDIT_APP
 from xdb.audit import AUDIT_MIGRATIONS
 from xdb.schema import APP, MIGRATIONS, migrate
+from xdb.sql import string_literal
 from xdb.tables import TABLES as XDB_TABLES
 from xdb.tables import LakeShipping, Table
 
@@ -151,14 +152,10 @@ def postgres_extension() -> Path:
     return target
 
 
-def sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def load_extensions(conn: duckdb.DuckDBPyConnection) -> None:
     """LOAD ducklake and postgres by path from their PyPI wheels (no network: never INSTALL)."""
-    conn.execute(f"LOAD {sql_string(str(extension_file('ducklake', 'ducklake')))}")
-    conn.execute(f"LOAD {sql_string(str(postgres_extension()))}")
+    conn.execute(f"LOAD {string_literal(str(extension_file('ducklake', 'ducklake')))}")
+    conn.execute(f"LOAD {string_literal(str(postgres_extension()))}")
 
 
 _PASSWORDS = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)
@@ -190,11 +187,11 @@ def attach_lake(conn: duckdb.DuckDBPyConnection, catalog: str, data_path: str | 
             data_dir.mkdir(parents=True, exist_ok=True)
             if data_dir.stat().st_uid == os.geteuid():
                 data_dir.chmod(0o700)  # the lake's Parquet files are every replica's records: nobody else's
-        options.insert(0, f"DATA_PATH {sql_string(str(data_dir) + os.sep)}")
+        options.insert(0, f"DATA_PATH {string_literal(str(data_dir) + os.sep)}")
         where = f" (data path {data_dir})"
     if read_only:
         options.append("READ_ONLY")
-    attach = f"ATTACH {sql_string('ducklake:postgres:' + catalog)} AS {alias} ({', '.join(options)})"
+    attach = f"ATTACH {string_literal('ducklake:postgres:' + catalog)} AS {alias} ({', '.join(options)})"
     for attempt in range(CREATE_ATTEMPTS):
         try:
             conn.execute(attach)

@@ -45,8 +45,9 @@ import pyarrow as pa
 
 from ahc.core.errors import Unavailable
 from xdb.lake_purge import PURGED, LakePurger, Purge, retried_on_conflict
-from xdb.lake_schema import TABLES, LakeTable, redacted, rollback, sql_string
+from xdb.lake_schema import TABLES, LakeTable, redacted, rollback
 from xdb.retention import Tombstone
+from xdb.sql import string_literal
 
 log = logging.getLogger("ahc.xdb.lake")
 
@@ -388,7 +389,7 @@ class LakeShipper:
 
     def _commit(self, batches: list[_Batch]) -> None:
         """The batches and their watermarks, in one lake transaction."""
-        a, cur, replica = self.alias, self._lake, sql_string(self.replica)
+        a, cur, replica = self.alias, self._lake, string_literal(self.replica)
         marks = []
         cur.execute("BEGIN")
         try:
@@ -397,7 +398,7 @@ class LakeShipper:
                 if b.watermark is not None:
                     gaps = json.dumps([[lo, hi] for lo, hi, _ in b.gaps]) if b.gaps else None
                     marks.append(f"({replica}, '{b.table.name}', {int(b.watermark)}, now(), "
-                                 f"{'NULL' if gaps is None else sql_string(gaps)})")
+                                 f"{'NULL' if gaps is None else string_literal(gaps)})")
                 if not b.rows.num_rows:
                     continue
                 cur.register("xdb_ship", b.rows)
