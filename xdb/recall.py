@@ -119,6 +119,7 @@ class RecallFilters(BaseModel):
 
 COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",
            "concept_ids", "concept_values", "activation_source", "created_at", "metadata")
+ROW_COLUMNS = ", ".join(f"t.{c}" for c in COLUMNS)
 
 # Tag applications reach a timestep three ways: directly, through its reply (event = request_id, in
 # the session the tag was put in: a request id is a client's to choose) or through a tick range of its session.
@@ -257,12 +258,12 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None, *, owner: str, columns: str = "t.id"
-                ) -> tuple[str, list[Any]] | None:
-    """SQL and parameters for the first `limit` matches, oldest first (`columns` of them without tags;
-    with tags, their ids); None when the filters can match nothing (unknown concept or tags). DuckDB's
-    top-N pushes a growing `id` bound into the scan, so row groups past the first matches are skipped
-    by their zone maps, and it fetches the other columns of the matches alone (late materialization)."""
+                tag_kinds: list[str] | None = None, *, owner: str) -> tuple[str, list[Any]] | None:
+    """SQL and parameters for the rows of the first `limit` matches, oldest first; None when the filters
+    can match nothing (unknown concept or tags). DuckDB's top-N pushes a growing `id` bound into the scan,
+    so row groups past the first matches are skipped by their zone maps. Without tags the rows come
+    straight from the filtered top-N: fetching them by id afterwards read every column of the id range
+    the matches span (2x slower at 10M rows when they are sparse); with tags, the ids come first."""
     found = conditions(f, concepts, owner)
     if found is None:
         return None
@@ -270,7 +271,7 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
     sql_where = (" WHERE " + " AND ".join(where)) if where else ""
     page = f"LIMIT {f.limit}" + (f" OFFSET {int(f.offset)}" if f.offset else "")
     if tag_ids is None:
-        return f"SELECT {columns} FROM timesteps t{sql_where} ORDER BY t.id {page}", params
+        return f"SELECT {ROW_COLUMNS} FROM timesteps t{sql_where} ORDER BY t.id {page}", params
     kinds = [k for k in TAG_JOINS if tag_kinds is None or k in tag_kinds]
     if not tag_ids or not kinds:
         return None
@@ -280,10 +281,7 @@ def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | N
                         WHERE target_type = '{k}' AND tag_id IN ({_ints(tag_ids)})) a ON {TAG_JOINS[k][1]}
                     {sql_where} ORDER BY t.id LIMIT {f.limit + f.offset})""" for k in kinds]
     sql = f"SELECT DISTINCT id FROM ({' UNION ALL '.join(branches)}) ORDER BY id {page}"
-    return sql, params * len(kinds)
-
-
-ROW_COLUMNS = ", ".join(f"t.{c}" for c in COLUMNS)
+    return rows_query(sql), params * len(kinds)
 
 
 def rows_query(ids_sql: str) -> str:
@@ -368,16 +366,14 @@ def to_record(row: Row, concepts: ConceptIndex, tags: list[str],
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
            tag_cache: TagCache | None = None, *, owner: str) -> list[dict[str, Any]]:
-    """The matching rows in one query (with tags: their ids, then those rows); then their tags.
-    Without tags the rows come straight from the filtered top-N: fetching them by id afterwards read every
-    column of the id range the matches span (2x slower at 10M rows when they are sparse)."""
+    """The matching rows in one query (`build_query`); then their tags and comments."""
     tag_cache = tag_cache or TagCache()
     tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
-    query = build_query(filters, concepts, tag_ids, kinds, owner=owner, columns=ROW_COLUMNS)
+    query = build_query(filters, concepts, tag_ids, kinds, owner=owner)
     if query is None:
         return []
     sql, params = query
-    rows = cur.execute(sql if tag_ids is None else rows_query(sql), params).fetchall()
+    rows = cur.execute(sql, params).fetchall()
     tags = tags_for(cur, rows, tag_cache.names(cur))
     comments = comments_for(cur, rows)
     return [to_record(r, concepts, tags.get(r[0], []), comments.get(r[0])) for r in rows]
