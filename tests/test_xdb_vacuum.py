@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_audit_erasure import WORD, files_holding
 
+from ahc.core.config import XDBConfig
 from ahc.core.errors import Conflict
 from server.recording.quota_loop import enforce_quota_forever
 from xdb import XDB, RemoteXDB, TimestepRow, verify_audit
@@ -86,8 +87,6 @@ def test_an_in_process_xdb_refuses_a_live_vacuum(tmp_path: Path) -> None:
 def test_a_file_over_the_bound_is_not_vacuumed_live(tmp_path: Path) -> None:
     """Recording waits while a vacuum copies the file: past xdb.vacuum_max_bytes the service refuses, naming
     the offline command, and goes on serving."""
-    from ahc.core.config import XDBConfig
-
     with RemoteXDB(tmp_path / "x", XDBConfig(vacuum_max_bytes=4096)) as xdb:
         say(xdb, "s", "kept")
         xdb.writer.flush(10)
