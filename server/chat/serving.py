@@ -199,8 +199,9 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
     last output on without waiting), the chunk that finishes the reply is held until the reply's rows
     are committed. Its last tokens go out first, in a chunk of their own, so that wait never lengthens
     the gap before the last token; the finish follows with an empty delta, as OpenAI's streams end."""
-    # Only a session's State keeps the reply's text; its tool calls are recorded in any case.
-    accumulator = ReplyAccumulator(text=turn.prepared.session is not None)
+    # The reply's text is kept where the turn needs it: a session's State, or the conversation's chain, which
+    # the client's next request (with this reply resent) must match. Its tool calls are recorded in any case.
+    accumulator = ReplyAccumulator(text=turn.prepared.session is not None or turn.prepared.conversation is not None)
     report_due, settled, held = True, False, usage is not None and usage.route_holds_end
     try:
         async for chunk in chunks:
