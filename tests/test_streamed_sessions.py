@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anthropic
-import openai
 import pytest
 from test_serve_doors import turn_records
 
