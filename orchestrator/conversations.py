@@ -62,18 +62,33 @@ class Conversations:
         self.capacity = max(capacity, 1)
         self._sessions: OrderedDict[str, str] = OrderedDict()  # head -> session id
         self._heads: dict[str, str] = {}  # session id -> its latest head
+        self._asked: dict[str, str] = {}  # session id -> its last request's head (before the reply)
 
-    def find(self, heads: list[str]) -> str | None:
-        """The session whose latest head is the longest of a request's `heads` (`chain`), or None."""
-        for head in reversed(heads):
-            session_id = self._sessions.get(head)
+    def find(self, heads: list[str]) -> tuple[str, int] | None:
+        """The session whose latest head is the longest of a request's `heads` (`chain`), with how many of
+        the request's messages that head covers (the messages its session has seen); None if none is."""
+        for index in range(len(heads) - 1, -1, -1):
+            session_id = self._sessions.get(heads[index])
             if session_id is not None:
-                self._sessions.move_to_end(head)
-                return session_id
+                self._sessions.move_to_end(heads[index])
+                return session_id, index + 1
         return None
 
-    def advance(self, session_id: str, head: str) -> None:
-        """`head` (a request's last, extended by its reply) is now the session's latest."""
+    def seen(self, session_id: str, heads: list[str]) -> int | None:
+        """How many of a request's messages the session has seen: those its latest head covers, or else
+        its last request's (a client that gives back another reply than the model's); None when the
+        request continues neither, or the session is not known."""
+        for head in (self._heads.get(session_id), self._asked.get(session_id)):
+            if head is not None:
+                for index in range(len(heads) - 1, -1, -1):
+                    if heads[index] == head:
+                        return index + 1
+        return None
+
+    def advance(self, session_id: str, head: str, asked: str | None = None) -> None:
+        """`head` (a request's last, `asked`, extended by its reply) is now the session's latest."""
+        if asked is not None:
+            self._asked[session_id] = asked
         previous = self._heads.pop(session_id, None)
         if previous is not None:
             self._sessions.pop(previous, None)
@@ -85,3 +100,4 @@ class Conversations:
         while len(self._sessions) > self.capacity:
             _, dropped = self._sessions.popitem(last=False)
             self._heads.pop(dropped, None)
+            self._asked.pop(dropped, None)

@@ -112,6 +112,8 @@ class Orchestrator:
         self.formatters = FormatterRegistry()
         self.named = NamedSessions(config.max_sessions)
         self.conversations = Conversations(config.max_sessions)
+        # The sessions clients name, apart: a request naming none never joins one by its messages.
+        self.named_conversations = Conversations(config.max_sessions)
         self.render_cache = RenderCache(max_chars=config.cache_max_chars)
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
@@ -403,18 +405,23 @@ class Orchestrator:
         """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
         named its session."""
-        messages, label, naming, heads = turn.messages, turn.label, "explicit", None
+        messages, label, naming = turn.messages, turn.label, "explicit"
+        heads = chain(turn.tenant_prefix, messages)
         if label is None:  # named by no one: the conversation its messages continue, if any
-            heads = chain(turn.tenant_prefix, messages)
-            label = self.conversations.find(heads)
+            found = self.conversations.find(heads)
+            label, seen = found if found is not None else (None, None)
             naming = "new" if label is None else "inferred"
+        else:
+            seen = self.named_conversations.seen(label, heads)
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
                              first_changed(prompt.blocks, self.named.last_hashes(label)), session_naming=naming)
+        seen_turns = None if seen is None else sum(m.get("role") not in INSTRUCTIONS for m in messages[:seen])
         return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
-                        turn, query=query, named=label is not None, conversation=heads[-1] if heads else None)
+                        turn, query=query, named=label is not None, conversation=heads[-1] if heads else None,
+                        seen_turns=seen_turns)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it
@@ -438,7 +445,9 @@ class Orchestrator:
             if prepared.named or prepared.report.session_naming == "new":
                 self.named.remember(prepared.session_id, prepared.prompt.hashes())
             if prepared.conversation is not None:
-                self.conversations.advance(prepared.session_id, extend(prepared.conversation, reply))
+                conversations = self.named_conversations if prepared.report.session_naming == "explicit" \
+                    else self.conversations
+                conversations.advance(prepared.session_id, extend(prepared.conversation, reply), prepared.conversation)
             return None
         session.last_turn = TurnMark(prepared.brought, prepared.request.retry.key, len(session.turns),
                                      list(session.karma), list(session.staged_karma))
@@ -456,12 +465,16 @@ class Orchestrator:
         return self.sessions.save(session)
 
 
+# The roles whose messages make the Identity, not the State.
+INSTRUCTIONS = ("system", "developer")
+
+
 def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Turn], str | None]:
     """(identity from the system messages, the turns before the query, the query or None)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidRequest("messages: must be a list of message objects", param="messages")
-    system = [m for m in messages if m.get("role") in ("system", "developer")]
-    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    system = [m for m in messages if m.get("role") in INSTRUCTIONS]
+    rest = [m for m in messages if m.get("role") not in INSTRUCTIONS]
     identity = "\n\n".join(str(m.get("content") or "") for m in system)
     query = None
     if rest and rest[-1].get("role") == "user":

@@ -38,9 +38,12 @@ class Prepared:
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
     named: bool = False  # session_id named by the client (header, prompt_cache_key), its State not kept
     placement: Placement | None = None  # where the Codex sits; the session keeps it when the turn commits
-    # A request that named no session: the head of its messages' chain (orchestrator/conversations.py),
+    # A request sent as written: the head of its messages' chain (orchestrator/conversations.py),
     # which its reply extends into its session's latest head when the turn commits.
     conversation: str | None = None
+    # A request sent as written whose messages continue its session's conversation: how many of its turns
+    # (new_turns) the session has had already; None when that is not known.
+    seen_turns: int | None = None
     brought: str = ""  # a digest of the turns and query it brings to the State (orchestrator/turn_retry.py)
 
     @property

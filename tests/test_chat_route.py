@@ -230,7 +230,7 @@ def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig
 
 
 def test_a_request_without_context_records_its_new_input_turns(served: tuple[TestClient, Runtime]) -> None:
-    """Like a request with `context` and no session: what follows the model's last message."""
+    """Like a request with `context` and no session: a new session holds the whole history it brings."""
     client, runtime = served
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is A?"},
                 {"role": "assistant", "content": "", "tool_calls": [{"id": "call-1", "type": "function", "function": {
@@ -247,7 +247,7 @@ def test_a_request_without_context_records_its_new_input_turns(served: tuple[Tes
         return [(r["event_type"], r["role"], r["content"]) for r in rows if "turn" not in (r["metadata"] or {})]
 
     passthrough = recorded({**chat(), "messages": messages})
-    assert passthrough == [("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
+    assert passthrough == [("input", "user", "Where is A?"), ("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
     assert recorded({**chat(), "messages": messages, "context": {}}) == passthrough
 
 

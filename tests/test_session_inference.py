@@ -104,7 +104,7 @@ def test_a_resent_tool_call_matches_whatever_its_spacing_and_ids() -> None:
               {"role": "tool", "tool_call_id": "toolu_9", "content": "sunny"}]
     conversations = Conversations(8)
     conversations.advance("s1", head("", sent))
-    assert conversations.find(chain("", resent)) == "s1"
+    assert conversations.find(chain("", resent)) == ("s1", 2)  # the two messages sent and answered
     assert conversations.find(chain("tenant:b/", resent)) is None
     assert chain("", sent)[0] == chain("", resent)[0]
     # a reply extends a request's last head into the head of the messages resent with it
@@ -120,7 +120,8 @@ def test_only_the_latest_head_continues_and_the_index_is_bounded() -> None:
     assert conversations.find(chain("", [*first, {"role": "user", "content": "x"}])) is None  # an earlier state: a fork
     conversations.advance("s2", head("", [{"role": "user", "content": "e"}]))
     conversations.advance("s3", head("", [{"role": "user", "content": "f"}]))
-    assert conversations.find(chain("", [{"role": "user", "content": "e"}, {"role": "user", "content": "g"}])) == "s2"
+    assert conversations.find(chain("", [{"role": "user", "content": "e"}, {"role": "user", "content": "g"}])) \
+        == ("s2", 1)
     # s1, least recently used, dropped
     assert conversations.find(chain("", [*later, {"role": "user", "content": "h"}])) is None
 

@@ -27,25 +27,49 @@ CHUNKS = [
 ]
 
 
+@pytest.mark.parametrize("text", [False, True], ids=["textless", "with-text"])
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("dumps", [lambda c: json.dumps(c, separators=(",", ":")), json.dumps,
                                    lambda c: json.dumps(c, indent=1)], ids=["compact", "spaced", "indented"])
-def test_a_chunk_left_unparsed_could_not_have_changed_a_textless_reply(chunk: dict[str, Any], dumps: Any) -> None:
-    parsed = ReplyAccumulator(text=False)
+def test_a_chunk_taken_unparsed_makes_the_reply_parsing_would(chunk: dict[str, Any], dumps: Any, text: bool) -> None:
+    parsed = ReplyAccumulator(text=text)
     parsed.add(chunk)
-    if not ReplyAccumulator(text=False).wants(dumps(chunk)):
-        assert parsed == ReplyAccumulator(text=False)
+    taken = ReplyAccumulator(text=text)
+    if taken.take(dumps(chunk)):
+        assert taken == parsed
 
 
-def test_content_chunks_go_unparsed_without_text_and_a_finish_is_read() -> None:
+def stream(reply: ReplyAccumulator, payloads: list[str]) -> list[str]:
+    """The payloads the reply could not take unparsed, each added as the stream does."""
+    parsed = [payload for payload in payloads if not reply.take(payload)]
+    for payload in parsed:
+        reply.add(json.loads(payload))
+    return parsed
+
+
+def test_content_chunks_go_unparsed_and_a_finish_is_read() -> None:
     compact = [json.dumps(c, separators=(",", ":")) for c in CHUNKS]
     reply = ReplyAccumulator(text=False)
-    wanted = [c for c in compact if reply.wants(c)]
-    assert compact[0] not in wanted and compact[-2] not in wanted  # vLLM's role chunk and usage chunk
-    for payload in wanted:
-        reply.add(json.loads(payload))
+    parsed = stream(reply, compact)
+    assert compact[0] not in parsed and compact[-2] not in parsed  # vLLM's role chunk and usage chunk
     assert reply.finished and reply.message()["tool_calls"][0]["id"] == "c1"
-    assert all(ReplyAccumulator().wants(c) for c in compact)  # a State keeps the text: every chunk is read
+    kept = ReplyAccumulator()
+    parsed = stream(kept, compact)
+    assert compact[1] not in parsed  # content alone, its text taken as it stands
+    assert compact[0] in parsed and compact[3] in parsed  # a role beside the content; two choices
+    whole = ReplyAccumulator()
+    for chunk in CHUNKS:
+        whole.add(chunk)
+    assert kept.message() == whole.message()
+
+
+def test_a_quoted_delta_or_escapes_in_content_are_read_right() -> None:
+    for content in ('a "delta":{"content":"x"} b', 'line\nbreak \u00e9 \"q\"', "naïve 😀"):
+        payload = json.dumps({"choices": [choice({"content": content})]}, separators=(",", ":"), ensure_ascii=False)
+        reply = ReplyAccumulator()
+        if not reply.take(payload):
+            reply.add(json.loads(payload))
+        assert reply.message()["content"] == content
 
 
 def test_streamed_reasoning_joins_the_reply_for_the_state() -> None:

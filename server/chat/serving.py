@@ -206,8 +206,8 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
     try:
         async for chunk in chunks:
             text = chunk.decode() if isinstance(chunk, bytes) else chunk
-            if not report_due and not accumulator.wants(text) and "[DONE]" not in text:
-                yield chunk  # the usual chunk: tokens only, nothing in it changes the reply
+            if not report_due and accumulator.take(text):
+                yield chunk  # the usual chunk: tokens only, their text (if kept) taken as it stands
                 continue
             events = text.split("\n\n")
             out: list[str] = []
@@ -223,7 +223,7 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: ChatTurn,
                     if not settled:
                         settled = True
                         await settle(turn, accumulator.message() if accumulator.finished else None, runtime)
-                elif payload and (report_due or accumulator.wants(payload)):
+                elif payload and (report_due or not accumulator.take(payload)):
                     data = json.loads(payload)
                     accumulator.add(data)
                     if report_due and "choices" in data:

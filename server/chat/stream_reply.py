@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from json.decoder import scanstring
 from typing import Any
+
+
+# How vLLM writes a chunk of content alone (index 0, no other key in the delta): its text is read from
+# the payload as it stands, without parsing the whole chunk.
+CONTENT_ONLY = '{"index":0,"delta":{"content":"'
 
 
 @dataclass
 class ReplyAccumulator:
-    """`text=False`: the reply's text is not kept (no State will hold it), so only the chunks that
-    may carry a tool call or the finish need parsing: see `wants`."""
+    """`text=False`: the reply's text is not kept (nothing will need it), so only the chunks that may
+    carry a tool call or the finish need parsing; with text, a chunk of content alone has its text taken
+    as it stands. See `take`."""
 
     text: bool = True
     content: list[str] = field(default_factory=list)
@@ -17,16 +24,33 @@ class ReplyAccumulator:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
 
-    def wants(self, payload: str) -> bool:
-        """Whether a chunk's JSON may change the reply; False only when it provably cannot.
+    def take(self, payload: str) -> bool:
+        """Whether a chunk's text (one event's JSON, or a whole chunk of events) need not be parsed: it
+        provably changes nothing the reply keeps, or it is one event of content alone, whose text is
+        taken here. False: parse it and `add` it.
 
-        Both tests read the raw text. A key is written with its quotes, so `"tool_calls"` is in every
+        The tests read the raw text. A key is written with its quotes, so `"tool_calls"` is in every
         chunk that has one (anywhere else it costs only a needless parse). When every `"finish_reason"`
         in the text is followed by `:null`, no choice finishes, since the real keys are among them;
-        other spacing fails the count and is merely parsed."""
-        if self.text or '"tool_calls"' in payload:
+        other spacing fails the count and is merely parsed. Content is taken only where the delta holds
+        nothing else and the text has one delta (a quoted `"delta":` inside the content fails that)."""
+        if '"tool_calls"' in payload or "[DONE]" in payload:
+            return False
+        if payload.count('"finish_reason"') != payload.count('"finish_reason":null'):
+            return False
+        if not self.text or '"delta"' not in payload:  # nothing kept, or no delta (the usage chunk)
             return True
-        return payload.count('"finish_reason"') != payload.count('"finish_reason":null')
+        start = payload.find(CONTENT_ONLY)
+        if start < 0 or payload.count('"delta":') != 1:
+            return False
+        try:
+            text, end = scanstring(payload, start + len(CONTENT_ONLY))
+        except ValueError:
+            return False
+        if payload[end:end + 1] != "}":
+            return False
+        self.content.append(text)
+        return True
 
     def add(self, chunk: dict[str, Any]) -> None:
         for choice in chunk.get("choices") or []:

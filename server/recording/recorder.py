@@ -108,10 +108,7 @@ class Recorder:
     def record_inputs(self, prepared: Prepared) -> None:
         if prepared.session is None and not prepared.named:  # an id made for it: nothing stored to look up
             self.xdb.start_session(prepared.session_id)
-        turns = new_input_turns(prepared)
-        events: list[RowEvent] = [(EVENT_OF_ROLE[t.role], t.role, t.content,
-                                   {"tool_call_id": t.tool_call_id} if t.tool_call_id else None)
-                                  for t in turns]
+        events: list[RowEvent] = [event for turn in new_input_turns(prepared) for event in input_events(turn)]
         if prepared.query is not None:
             events.append(("input", "user", prepared.query, None))
         for action in prepared.report.governor:
@@ -223,13 +220,32 @@ class TokenStream:
 
 
 def new_input_turns(prepared: Prepared) -> list[Turn]:
-    """The turns this request adds: with a session, all of them but those recorded already; without one,
-    the client resent the history, so only what follows the model's last message is new."""
+    """The turns this request adds: with a session, all of them but those recorded already; a request
+    continuing its conversation, what follows the messages the session has had; a new session's, all it
+    brings (a history may start it); otherwise, only what follows the model's last message."""
     if prepared.session is not None:
         return prepared.new_turns[prepared.request.recorded_turns:]
     turns = prepared.new_turns
+    if prepared.seen_turns is not None:
+        return turns[prepared.seen_turns:]
+    if prepared.report.session_naming == "new":
+        return turns
     last_assistant = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
     return turns[last_assistant + 1:]
+
+
+def input_events(turn: Turn) -> list[RowEvent]:
+    """A turn's rows as the client sent it: an assistant turn's text (its reasoning in the metadata) and
+    each tool call it made as the reply's would be; a tool result with the call it answers."""
+    if turn.role != "assistant":
+        return [(EVENT_OF_ROLE[turn.role], turn.role, turn.content,
+                 {"tool_call_id": turn.tool_call_id} if turn.tool_call_id else None)]
+    events: list[RowEvent] = []
+    if turn.content or turn.reasoning:
+        events.append(("input", "assistant", turn.content, {"reasoning": turn.reasoning} if turn.reasoning else None))
+    events += [("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call["id"]})
+               for call in turn.message.get("tool_calls") or ()]
+    return events
 
 
 class RecordingEngine:
