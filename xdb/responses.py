@@ -5,8 +5,9 @@ A stored response belongs to the session it was served in: it is deleted with th
 retention or another replica's tombstone) and read only by the tenant that owns the session. Each one
 keeps the conversation it added (its request's input items as chat messages, without the
 instructions, then its reply), so the whole conversation up to a response is its chain of
-`previous_id`s walked back. `kept` says whether the turn was served from the session's server-kept
-State (a continuation): only then does the State hold the conversation up to it.
+`previous_id`s walked back; each of its output items can be found by id (`item_reference`). `kept`
+says whether the turn was served from the session's server-kept State (a continuation): only then does
+the State hold the conversation up to it.
 """
 
 from __future__ import annotations
@@ -41,9 +42,14 @@ class StoredResponse:
 def save_response(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, response_id: str, session_id: str,
                   previous_id: str | None, kept: bool, conversation: list[dict[str, Any]],
                   response: dict[str, Any]) -> None:
+    created_at = hot_cutoff(0.0)
     cur.execute("INSERT INTO stored_responses VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [response_id, session_id, previous_id, kept, json.dumps(conversation, ensure_ascii=False),
-                 json.dumps(response, ensure_ascii=False), hot_cutoff(0.0)])
+                 json.dumps(response, ensure_ascii=False), created_at])
+    items = [item["id"] for item in response.get("output") or () if isinstance(item, dict) and item.get("id")]
+    if items:
+        cur.executemany("INSERT INTO response_items VALUES (?, ?, ?, ?)",
+                        [[item, response_id, session_id, created_at] for item in items])
 
 
 @reads
@@ -56,6 +62,17 @@ def stored_response(cur: duckdb.DuckDBPyConnection, response_id: str) -> StoredR
         return None
     rid, session_id, previous_id, kept, latest, response = row
     return StoredResponse(rid, session_id, previous_id, bool(kept), bool(latest), json.loads(response))
+
+
+@reads
+def response_items(cur: duckdb.DuckDBPyConnection, item_ids: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The stored output items with these ids, newest first, each with its session: (session id, item)."""
+    rows = cur.execute(
+        "SELECT i.item_id, i.session_id, r.response_json FROM response_items i "
+        "JOIN stored_responses r ON r.id = i.response_id WHERE i.item_id IN (SELECT unnest(?)) "
+        "ORDER BY i.created_at DESC", [item_ids]).fetchall()
+    return [(session_id, item) for item_id, session_id, response in rows
+            for item in json.loads(response).get("output") or () if item.get("id") == item_id]
 
 
 @reads
@@ -75,6 +92,7 @@ def response_conversation(cur: duckdb.DuckDBPyConnection, response_id: str) -> l
 @writes
 def delete_response(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, response_id: str) -> bool:
     deleted = one_int(cur.execute("DELETE FROM stored_responses WHERE id = ?", [response_id])) > 0
+    cur.execute("DELETE FROM response_items WHERE response_id = ?", [response_id])
     if deleted and audit is not None:
         audit("delete_response", {"response_id": response_id})
     return deleted

@@ -126,6 +126,19 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             conversation_json VARCHAR NOT NULL, response_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
         "CREATE INDEX stored_responses_session ON stored_responses (session_id)",
     ]),
+    (6, [
+        # The output items of each stored response by id, so that a later request may name one instead of
+        # sending it again (the Responses API's `item_reference`); the items already stored are indexed.
+        """CREATE TABLE response_items (
+            item_id VARCHAR NOT NULL, response_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL)""",
+        "CREATE INDEX response_items_item ON response_items (item_id)",
+        """INSERT INTO response_items
+            SELECT item_id, id, session_id, created_at FROM (
+                SELECT unnest(json_extract_string(response_json, '$.output[*].id')) AS item_id, id, session_id,
+                       created_at FROM stored_responses)
+            WHERE item_id IS NOT NULL""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

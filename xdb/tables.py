@@ -89,6 +89,7 @@ TABLES: tuple[Table, ...] = (
     Table("session_states", SESSION, "created_at", "created_at", export=True,
           lake=LakeShipping("keyed", key=("session_id", "version"), identity=("sha256", "created_at"))),
     Table("stored_responses", SESSION, "created_at", "created_at", export=True),
+    Table("response_items", SESSION, "created_at", export=True),
     Table("documents", None, "updated_at", export=True, id_column="id"),
     Table("interaction_log", RUN, "timestamp", export=True, sequence="turn_ids", sequence_column="turn_id",
           lake=LakeShipping("seq", order="turn_id")),

@@ -11,6 +11,8 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 
+from ahc.core.errors import InvalidRequest
+
 # Where a Responses request may name its session, after the X-Session-ID header and prompt_cache_key.
 CONVERSATION = "conversation"
 
@@ -23,6 +25,40 @@ def input_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     continues: the server keeps them)."""
     messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
     return [dict(message) for message in messages]
+
+
+def reference_id(item: Any) -> str | None:
+    """The id an input item names when it is an `item_reference` (its type may be left out), else None."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        return None
+    if item.get("type") == "item_reference" or (item.keys() == {"id"}):
+        return str(item["id"])
+    return None
+
+
+def references(request: ResponsesRequest) -> list[str]:
+    """The ids of the items the request names instead of sending them, in order."""
+    if isinstance(request.input, str):
+        return []
+    return [ref for item in request.input if (ref := reference_id(item)) is not None]
+
+
+def with_items(request: ResponsesRequest, found: dict[str, dict[str, Any]]) -> ResponsesRequest:
+    """The request with each `item_reference` replaced by the stored item it names; a 400 naming the
+    first it does not find."""
+    assert not isinstance(request.input, str)
+    items: list[Any] = []
+    for index, item in enumerate(request.input):
+        ref = reference_id(item)
+        if ref is not None:
+            if ref not in found:
+                raise InvalidRequest(f"input[{index}]: item {ref!r} not found (an item_reference names an output "
+                                     "item of a response stored with this key)", param=f"input[{index}].id")
+            item = found[ref]
+        items.append(item)
+    data = request.model_dump(mode="python", exclude_unset=True)
+    data["input"] = items
+    return ResponsesRequest.model_validate(data)
 
 
 def readable(request: ResponsesRequest) -> ResponsesRequest:

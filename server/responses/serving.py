@@ -46,8 +46,10 @@ from server.responses.protocol import (
     input_tools,
     instructions_of,
     readable,
+    references,
     reply_of,
     text_of,
+    with_items,
 )
 from server.runtime import Runtime
 from server.telemetry.chat_telemetry import ChatTelemetry
@@ -90,7 +92,7 @@ class ResponsesService:
                     telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = request.model
-        request = readable(request)
+        request = readable(await self.resolved(request, tenant))
         await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         handler: OpenAIServingResponses = raw_request.app.state.openai_serving_responses
         exchange, turn_request = await self.prepare(request, raw_request, tenant)
@@ -109,6 +111,14 @@ class ResponsesService:
                 data["context"] = report
                 return JSONResponse(data, headers={HEADER: session_header(turn)})
             return TurnStream(self.events(result, turn, exchange), turn.hand_over(), telemetry)
+
+    async def resolved(self, request: ResponsesRequest, tenant: Tenant) -> ResponsesRequest:
+        """The request with the items it names by `item_reference` read from the tenant's stored responses."""
+        ids = references(request)
+        if not ids:
+            return request
+        found = await asyncio.to_thread(TenantXDB(self.runtime.xdb, tenant).response_items, ids)
+        return with_items(request, found)
 
     async def prepare(self, request: ResponsesRequest, raw_request: Request,
                       tenant: Tenant) -> tuple[_Exchange, TurnRequest]:

@@ -24,7 +24,14 @@ from xdb.compression import cold_records
 from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
 from xdb.fidelity import list_windows, unpin
 from xdb.recall import RecallFilters
-from xdb.responses import StoredResponse, delete_response, response_conversation, save_response, stored_response
+from xdb.responses import (
+    StoredResponse,
+    delete_response,
+    response_conversation,
+    response_items,
+    save_response,
+    stored_response,
+)
 from xdb.runs import (
     list_interactions,
     list_runs,
@@ -98,6 +105,14 @@ class TenantXDB:
         if not self.tenant.owns(response.session_id):
             raise NotFound(f"response {response.id!r} not found")
         return list(self.xdb.read(response_conversation, response.id))
+
+    def response_items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The output items of the tenant's stored responses with these ids, by id (the newest of an id)."""
+        found: dict[str, dict[str, Any]] = {}
+        for session_id, item in self.xdb.read(response_items, item_ids):
+            if self.tenant.owns(session_id):
+                found.setdefault(item["id"], item)
+        return found
 
     def save_response(self, response_id: str, session_id: str, previous_id: str | None, kept: bool,
                       conversation: list[dict[str, Any]], response: dict[str, Any]) -> None:
