@@ -26,6 +26,7 @@ from server.admission.turn_admission import Asked, admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
 from server.chat.protocol import ChatCall
 from server.chat.stream_reply import ReplyAccumulator
+from server.emulation.grammar import refuse_chat_grammar
 from server.http.errors import error_body, error_response
 from server.http.session_key import HEADER, header_value
 from server.runtime import Runtime
@@ -42,6 +43,7 @@ class ChatService:
     async def serve(self, call: ChatCall, raw_request: Request, telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = call.request.model
+        refuse_chat_grammar(runtime.config.engine.emulate, call.request)
         await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         spec = await self.resolve(call)
         async with runtime.orchestrator.turn(call.turn_request(spec)) as turn:

@@ -36,6 +36,7 @@ from orchestrator.orchestrator import new_session_id
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked, wait_for_recording
 from server.chat.serving import ChatService, TurnStream, record_inputs, report_json, session_header, settle
+from server.emulation.grammar import refuse_responses_grammar
 from server.http.retry_headers import request_retry
 from server.http.session_key import HEADER, SessionKey, session_key
 from server.responses.protocol import (
@@ -92,6 +93,7 @@ class ResponsesService:
                     telemetry: ChatTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = request.model
+        refuse_responses_grammar(runtime.config.engine.emulate, request)
         request = readable(await self.resolved(request, tenant))
         await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
         handler: OpenAIServingResponses = raw_request.app.state.openai_serving_responses
