@@ -23,8 +23,8 @@ CHAT = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content
 
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
-    ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "look"}}},
-     "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": {"type": "function",
+                                                                       "function": {"name": "look"}}}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/messages", {**CHAT, "tools": [MESSAGES_TOOL], "tool_choice": {"type": "any"}}, "tool_choice"),
     ("/v1/responses", {"model": "tiny", "input": "Look.", "tools": [RESPONSES_TOOL], "tool_choice": "required"},
@@ -44,6 +44,7 @@ def test_a_grammar_request_is_a_400_naming_the_emulation_and_leaves_no_session(
         assert "emulated engine (h100-llama-8b)" in error["message"]
         if path != "/v1/messages":  # the Messages API's error names no parameter
             assert error["param"] == param
-        assert http.post("/v1/chat/completions", json={**CHAT, "tools": [TOOL], "tool_choice": "auto"}).status_code == 200
+        auto = http.post("/v1/chat/completions", json={**CHAT, "tools": [TOOL], "tool_choice": "auto"})
+        assert auto.status_code == 200
         runtime.xdb.writer.flush()
         assert len(runtime.xdb.read(list_sessions, EVERY, 100)) == 1  # the auto request's; none of the refused
