@@ -64,7 +64,8 @@ def test_sessions_list_by_prefix_and_page(xdb: XDB) -> None:
     page = xdb.read(list_sessions, "a/", limit=2)
     assert [s["session_id"] for s in page] == ["a/1", "a/2"] and page[0]["latest_version"] == 1
     rest = xdb.read(list_sessions, "a/", after="a/2")
-    assert rest == [{"session_id": "a/3", "last_tick": 1, "latest_version": None, "versions": 0, "updated_at": None}]
+    assert rest == [{"session_id": "a/3", "last_tick": 1, "latest_version": None, "versions": 0, "updated_at": None,
+                     "turns": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "last_turn_at": None}]
 
 
 def test_deleting_a_session_removes_every_row_and_is_audited(xdb: XDB) -> None:
@@ -112,8 +113,11 @@ def test_a_session_rolls_back_over_http_and_its_next_turn_continues_from_there(
     assert report["first_changed_block"] == "state"
     turns = runtime.orchestrator.sessions.get("h1").turns
     assert [t.content for t in turns if t.role == "user"][:2] == ["first?", "again?"]
+    runtime.xdb.writer.flush()
     listed = client.get("/v1/context/sessions").json()
     assert "h1" in [s["session_id"] for s in listed["data"]] and listed["has_more"] is False
+    h1 = next(s for s in listed["data"] if s["session_id"] == "h1")
+    assert h1["turns"] == 4 and h1["prompt_tokens"] > 0 and h1["completion_tokens"] > 0 and h1["last_turn_at"]
     bad = client.post("/v1/context/sessions/h1/rollback", json={"version": "1"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "version"
     assert client.post("/v1/context/sessions/nobody/rollback", json={"version": 1}).status_code == 404

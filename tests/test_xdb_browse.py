@@ -38,6 +38,8 @@ def report(mode: str = "cag", first_changed: str | None = "state", compactions: 
 
 def test_why_the_cache_broke() -> None:
     assert break_reason(report(), None) == "first turn: nothing cached yet"
+    assert break_reason({**report(), "cached_tokens": 480}, None) == \
+        "first turn: 480 tokens read from a prefix already cached"
     assert break_reason(report(first_changed=None), report()) is None
     assert break_reason(report(compactions=1), report()) == "the State was compacted"
     assert break_reason(report("rag", "codex"), report("cag")) == "mode cag → rag"

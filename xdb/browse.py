@@ -110,7 +110,9 @@ def _fill_untracked(cur: duckdb.DuckDBPyConnection, sessions: list[dict[str, Any
 def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str | None:
     """Why the prefix cache broke at this turn's first changed block, from the two turns' reports."""
     if previous is None:
-        return "first turn: nothing cached yet"
+        cached = turn.get("cached_tokens") or 0
+        return f"first turn: {cached} tokens read from a prefix already cached" if cached else \
+            "first turn: nothing cached yet"
     block = turn.get("first_changed_block")
     if block is None:
         return None

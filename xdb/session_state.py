@@ -22,6 +22,7 @@ import duckdb
 
 from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
+from xdb.browse import TURN_ROWS
 from xdb.interface import reads
 from xdb.owner import owned
 from xdb.sql import one_int, transaction
@@ -126,8 +127,8 @@ def _append(cur: duckdb.DuckDBPyConnection, session_id: str, state_json: str, la
 @reads
 def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 100,
                   after: str | None = None) -> list[dict[str, Any]]:
-    """One tenant's sessions (`owner`, xdb/owner.py), in id order from `after`: each with
-    its last tick and its stored State versions."""
+    """One tenant's sessions (`owner`, xdb/owner.py), in id order from `after`: each with its last tick,
+    its stored State versions, and its turns (their count, tokens and when the last one ended)."""
     condition, params = owned("session_id", owner)
     rows = cur.execute(f"""
         SELECT session_id, t.last_tick, s.latest, s.n, s.updated_at
@@ -136,6 +137,31 @@ def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 100,
                                               FROM session_states GROUP BY 1) s USING (session_id)
         WHERE {condition} AND (? IS NULL OR session_id > ?)
         ORDER BY session_id LIMIT ?""", [*params, after, after, limit]).fetchall()
+    turns = _turn_totals(cur, [row[0] for row in rows])
     return [{"session_id": sid, "last_tick": tick, "latest_version": latest, "versions": n or 0,
-             "updated_at": at.isoformat() + "Z" if at is not None else None}
+             "updated_at": _iso(at), **turns.get(sid, NO_TURNS)}
             for sid, tick, latest, n, at in rows]
+
+
+NO_TURNS: dict[str, Any] = {"turns": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
+                            "last_turn_at": None}
+
+
+def _turn_totals(cur: duckdb.DuckDBPyConnection, session_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each session's turn records summed: how many, their engine's token counts, the last one's time."""
+    if not session_ids:
+        return {}
+    rows = cur.execute(f"""
+        SELECT session_id, count(*),
+               sum(TRY_CAST(json_extract_string(metadata, '$.turn.prompt_tokens') AS BIGINT)),
+               sum(TRY_CAST(json_extract_string(metadata, '$.turn.cached_tokens') AS BIGINT)),
+               sum(TRY_CAST(json_extract_string(metadata, '$.turn.completion_tokens') AS BIGINT)), max(created_at)
+        FROM timesteps WHERE session_id IN (SELECT unnest(?)) AND {TURN_ROWS}
+        GROUP BY session_id""", [session_ids]).fetchall()
+    return {sid: {"turns": count, "prompt_tokens": prompt or 0, "cached_tokens": cached or 0,
+                  "completion_tokens": completion or 0, "last_turn_at": _iso(at)}
+            for sid, count, prompt, cached, completion, at in rows}
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return at.isoformat() + "Z" if at is not None else None

@@ -31,6 +31,11 @@ class SessionInfo(BaseModel):
     latest_version: int | None  # the newest stored State version (None: no State saved)
     versions: int
     updated_at: str | None
+    turns: int  # its turn records: one a completed request
+    prompt_tokens: int  # summed over its turns, as the engine counted them
+    cached_tokens: int
+    completion_tokens: int
+    last_turn_at: str | None
 
 
 class SessionList(BaseModel):
