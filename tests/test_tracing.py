@@ -4,7 +4,9 @@ context the engine is handed is that span's, so vLLM's own span joins the same t
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_app import serving
+from fake_app import ALICE, serving
 from fastapi.testclient import TestClient
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -21,10 +23,27 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ahc.core.config import AHCConfig
-from ahc.core.spans import CACHE_READ_INPUT_TOKENS, CONTEXT_MODE, INPUT_TOKENS, SESSION_ID
+from ahc.core.spans import (
+    CACHE_READ_INPUT_TOKENS,
+    CONTEXT_MODE,
+    INPUT_MESSAGES,
+    INPUT_TOKENS,
+    LEGACY_USAGE,
+    OPERATION_NAME,
+    OUTPUT_MESSAGES,
+    OUTPUT_TOKENS,
+    SESSION_ID,
+)
 from bench.servers import start_server
 from server.runtime import Runtime
-from server.telemetry.tracing import engine_trace_headers, start_tracing
+from server.telemetry.tracing import (
+    CAPTURE_MESSAGE_CONTENT,
+    engine_trace_headers,
+    name_the_service,
+    start_tracing,
+    tracer_provider,
+)
+from server.telemetry.usage_once import UsageOnce
 
 CLIENT_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 CLIENT_SPAN = 0xB7AD6B7169203331
@@ -96,7 +115,7 @@ def test_a_chat_request_is_one_trace_from_the_client_through_ahc_to_the_engine(
                            headers={"traceparent": TRACEPARENT})
     assert response.status_code == 200, response.text
 
-    request = only(spans, "ahc.chat")
+    request = only(spans, "chat tiny")
     assert request.context is not None and request.context.trace_id == CLIENT_TRACE
     assert request.parent is not None and request.parent.span_id == CLIENT_SPAN  # the client's span
     # Assembly, admission and the flush that makes the reply durable (in the stream, after the route
@@ -122,11 +141,159 @@ def test_a_chat_request_is_one_trace_from_the_client_through_ahc_to_the_engine(
     assert (only(spans, "ahc.record.flush").attributes or {})[SESSION_ID] == "s1"
 
 
+def test_the_request_span_is_a_genai_chat_with_the_requests_parameters_and_the_engines_response(
+        served: tuple[TestClient, Runtime], spans: InMemorySpanExporter) -> None:
+    client, _ = served
+    sampling = {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "frequency_penalty": 0.25, "presence_penalty": 0.5,
+                "seed": 7, "stop": "\n\n", "n": 2, "max_completion_tokens": 6}
+    response = client.post("/v1/chat/completions", json=chat("s10", **sampling))
+    assert response.status_code == 200, response.text
+    body = response.json()
+
+    attributes = only(spans, "chat tiny").attributes or {}  # `{operation} {model}`, as the conventions name it
+    assert attributes["ahc.door"] == "chat" and attributes["ahc.tenant"] == "default"
+    assert attributes[OPERATION_NAME] == "chat" and attributes["gen_ai.provider.name"] == "vllm"
+    assert {key: attributes[f"gen_ai.request.{name}"] for key, name in [
+        ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
+        ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty"),
+        ("max_completion_tokens", "max_tokens"), ("n", "choice.count")]} == {
+        key: value for key, value in sampling.items() if key != "stop"}
+    assert attributes["gen_ai.request.stop_sequences"] == ("\n\n",)
+    assert attributes["gen_ai.response.id"] == body["id"] and attributes["gen_ai.response.model"] == body["model"]
+    assert list(attributes["gen_ai.response.finish_reasons"]) == [c["finish_reason"] for c in body["choices"]]
+    assert attributes[OUTPUT_TOKENS] == body["usage"]["completion_tokens"]  # both choices
+    assert attributes[INPUT_TOKENS] == body["usage"]["prompt_tokens"]
+    assert INPUT_MESSAGES not in attributes and OUTPUT_MESSAGES not in attributes  # never without the opt-in
+    # The usage is on the request span alone (the assembly's own count is under its own span).
+    assert [s.name for s in spans.get_finished_spans() if OUTPUT_TOKENS in (s.attributes or {})] == ["chat tiny"]
+
+
+def test_a_request_without_sampling_fields_has_no_request_attributes_for_them(
+        served: tuple[TestClient, Runtime], spans: InMemorySpanExporter) -> None:
+    client, _ = served
+    assert client.post("/v1/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "hi"}], "max_tokens": 4, "n": 1}).status_code == 200
+    attributes = only(spans, "chat tiny").attributes or {}
+    assert sorted(k for k in attributes if k.startswith("gen_ai.request.")) == [
+        "gen_ai.request.max_tokens", "gen_ai.request.model"]  # no choice count for n=1
+
+
+def test_the_messages_and_responses_doors_are_chat_spans_too(
+        two_tenants: tuple[TestClient, Runtime], spans: InMemorySpanExporter) -> None:
+    client, runtime = two_tenants
+    key = {"Authorization": f"Bearer {ALICE}"}
+    message = client.post("/v1/messages", headers=key, json={
+        "model": "tiny", "max_tokens": 8, "stop_sequences": ["END"], "top_k": 3,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert message.status_code == 200, message.text
+    response = client.post("/v1/responses", headers=key, json={
+        "model": "tiny", "max_output_tokens": 8, "temperature": 0.0, "input": "hi", "store": False})
+    assert response.status_code == 200, response.text
+
+    doors = {(s.attributes or {})["ahc.door"]: s.attributes or {} for s in named(spans, "chat tiny")}
+    assert set(doors) == {"messages", "responses"}
+    tenant = runtime.keys.tenant_for(ALICE).name  # type: ignore[union-attr]
+    assert all(a["ahc.tenant"] == tenant for a in doors.values()) and ALICE not in tenant
+    messages, responses = doors["messages"], doors["responses"]
+    assert messages["gen_ai.request.stop_sequences"] == ("END",) and messages["gen_ai.request.top_k"] == 3
+    assert messages["gen_ai.request.max_tokens"] == 8 and messages["gen_ai.response.id"] == message.json()["id"]
+    assert responses["gen_ai.request.max_tokens"] == 8 and responses["gen_ai.request.temperature"] == 0.0
+    assert responses["gen_ai.response.id"] == response.json()["id"]
+    assert all(a[OUTPUT_TOKENS] > 0 and a["gen_ai.response.finish_reasons"] for a in doors.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_conversation_is_on_the_span_only_when_the_user_opts_in(
+        served: tuple[TestClient, Runtime], spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch,
+        stream: bool) -> None:
+    client, _ = served
+    monkeypatch.setenv(CAPTURE_MESSAGE_CONTENT, "true")
+    history = [{"role": "user", "content": "List the files"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "README.md"},
+               {"role": "user", "content": [{"type": "text", "text": "Open it"}]}]
+    response = client.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 8, "messages": history,
+                                                          "stream": stream})
+    assert response.status_code == 200, response.text
+    if stream:
+        choices = [json.loads(line[6:])["choices"] for line in response.text.splitlines() if line.startswith("data: {")]
+        text = "".join(c[0]["delta"].get("content") or "" for c in choices if c)
+        finish = next(c[0]["finish_reason"] for c in choices if c and c[0]["finish_reason"])
+    else:
+        choice = response.json()["choices"][0]
+        text, finish = choice["message"]["content"], choice["finish_reason"]
+
+    attributes = only(spans, "chat tiny").attributes or {}
+    # The conventions' shape: a role and parts; tool calls and their results as parts of their own.
+    assert json.loads(attributes[INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "List the files"}]},
+        {"role": "assistant", "parts": [
+            {"type": "tool_call", "id": "call_1", "name": "shell", "arguments": {"cmd": "ls"}}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": "README.md"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "Open it"}]}]
+    assert json.loads(attributes[OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": finish}]
+    assert text
+
+
+def test_vllms_engine_span_leaves_the_usage_to_ahcs_request_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own code makes the engine spans, as its output processor does for each finished request: the
+    one under AHC's request span goes out without the usage, the one under a compaction keeps it."""
+    from vllm.tracing import SpanAttributes, extract_trace_context, instrument_manual
+
+    provider, memory = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(UsageOnce(SimpleSpanProcessor(memory)))
+    monkeypatch.setattr(trace, "get_tracer", lambda name, *_, **__: provider.get_tracer(name))  # vLLM's, too
+    ahc = provider.get_tracer("ahc")
+    usage = {SpanAttributes.GEN_AI_USAGE_PROMPT_TOKENS: 12, SpanAttributes.GEN_AI_USAGE_COMPLETION_TOKENS: 3,
+             SpanAttributes.GEN_AI_LATENCY_E2E: 0.5}
+
+    def engine_span() -> None:
+        context = extract_trace_context(engine_trace_headers(None))
+        instrument_manual("llm_request", time.time_ns(), attributes=usage, context=context)
+
+    request = ahc.start_span("chat tiny", attributes={OPERATION_NAME: "chat"})
+    with trace.use_span(request, end_on_exit=True):
+        with ahc.start_as_current_span("ahc.compaction"):
+            engine_span()  # the summary call: no other span counts its tokens
+        engine_span()
+        request.set_attributes({INPUT_TOKENS: 12, OUTPUT_TOKENS: 3})
+    summary, engine, _, _ = sorted(memory.get_finished_spans(), key=lambda s: s.name != "llm_request")
+    assert summary.parent is not None and engine.parent is not None
+    assert engine.parent.span_id == span_id(only(memory, "chat tiny"))
+    assert set(LEGACY_USAGE) & set(engine.attributes or {}) == set()
+    assert (engine.attributes or {})[SpanAttributes.GEN_AI_LATENCY_E2E] == 0.5  # the rest is vLLM's as it was
+    assert {k: (summary.attributes or {})[k] for k in LEGACY_USAGE} == {k: usage[k] for k in LEGACY_USAGE}
+
+
+def test_the_service_is_ahc_unless_the_user_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    unset(monkeypatch, "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
+    name_the_service()
+    provider = tracer_provider("http://127.0.0.1:4318/v1/traces")
+    assert provider.resource.attributes["service.name"] == "ahc"
+    provider.shutdown()
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "mine")
+    name_the_service()
+    assert tracer_provider_service() == "mine"
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test, service.name=theirs")
+    name_the_service()
+    assert "OTEL_SERVICE_NAME" not in os.environ and tracer_provider_service() == "theirs"
+
+
+def tracer_provider_service() -> object:
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource.create().attributes["service.name"]
+
+
 def test_without_a_traceparent_the_request_span_starts_the_trace(
         served: tuple[TestClient, Runtime], spans: InMemorySpanExporter) -> None:
     client, _ = served
     assert client.post("/v1/chat/completions", json=chat("s2")).status_code == 200
-    request = only(spans, "ahc.chat")
+    request = only(spans, "chat tiny")
     assert request.parent is None
     assert engine_context(served) == (request.context.trace_id, span_id(request))  # type: ignore[union-attr]
 
@@ -156,7 +323,7 @@ def test_a_rag_request_traces_its_retrieval(served: tuple[TestClient, Runtime], 
     retrieval = only(spans, "ahc.retrieval")
     assert retrieval.parent is not None and retrieval.parent.span_id == span_id(only(spans, "ahc.prompt.assemble"))
     assert (retrieval.attributes or {})["ahc.retrieval.excerpts"] >= 1
-    assert (only(spans, "ahc.chat").attributes or {})[CONTEXT_MODE] == "rag"
+    assert (only(spans, "chat tiny").attributes or {})[CONTEXT_MODE] == "rag"
 
 
 def test_each_chat_request_logs_one_line(served: tuple[TestClient, Runtime], caplog: pytest.LogCaptureFixture) -> None:
@@ -185,7 +352,7 @@ def test_a_refused_request_still_logs_its_line(served: tuple[TestClient, Runtime
     [line] = [r.getMessage() for r in caplog.records if r.name == "ahc.chat"]
     assert line == ("chat session=- mode=- prompt_tokens=- cached_tokens=- first_changed_block=- governor=- "
                     "outcome=InvalidRequest")
-    request = only(spans, "ahc.chat")
+    request = only(spans, "chat tiny")
     assert not request.status.is_ok and (request.attributes or {})["ahc.outcome"] == "InvalidRequest"
 
 
@@ -195,23 +362,34 @@ def test_the_engine_gets_the_callers_headers_when_nothing_is_traced() -> None:
     assert start_tracing(None) is False
 
 
-def test_without_the_engines_tracer_provider_ahc_sets_up_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_tracer_provider_ahc_installs_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    unset(monkeypatch, "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
     installed: list[object] = []
     monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
     monkeypatch.setattr(trace, "set_tracer_provider", installed.append)
     monkeypatch.setattr("atexit.register", lambda *_: None)  # shut down here, not at the session's end
     assert start_tracing("http://127.0.0.1:4317") is True
     [provider] = installed
-    assert isinstance(provider, TracerProvider)
+    assert isinstance(provider, TracerProvider) and provider.resource.attributes["service.name"] == "ahc"
+    assert os.environ["OTEL_SERVICE_NAME"] == "ahc"  # where the engine's own processes read it too
     provider.shutdown()
 
 
+def unset(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Unset `names` for the test, and unset again after it, whatever the code under test sets."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 class Collector(ThreadingHTTPServer):
-    """An OTLP/HTTP trace collector in a thread: every span it is sent, by name."""
+    """An OTLP/HTTP trace collector in a thread: every span it is sent, by name, and the services that
+    sent them."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _CollectorHandler)
         self.spans: list[Any] = []  # opentelemetry.proto.trace.v1.trace_pb2.Span
+        self.services: set[str] = set()  # each resource's service.name
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -238,6 +416,8 @@ class _CollectorHandler(BaseHTTPRequestHandler):
         request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
         assert isinstance(self.server, Collector)
         self.server.spans += [s for r in request.resource_spans for scope in r.scope_spans for s in scope.spans]
+        self.server.services |= {a.value.string_value for r in request.resource_spans for a in r.resource.attributes
+                                 if a.key == "service.name"}
         body = ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
@@ -251,25 +431,55 @@ class _CollectorHandler(BaseHTTPRequestHandler):
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_vllms_engine_span_is_a_child_of_ahcs_request_span(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content", [False, True], ids=["default", "content"])
+def test_an_otlp_receiver_gets_ahcs_request_span_with_vllms_engine_span_as_its_child(
+        tmp_path: Path, content: bool) -> None:
     """The real engine, `--otlp-traces-endpoint` on `ahc serve`'s command line, OTLP over HTTP to a
-    collector in the test."""
+    collector in the test: what Langfuse or Phoenix would be sent."""
     collector = Collector()
-    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
+           "OTEL_SERVICE_NAME": "", "OTEL_RESOURCE_ATTRIBUTES": "", CAPTURE_MESSAGE_CONTENT: str(content).lower()}
     srv = start_server(tmp_path / "xdb", lens="off", extra=["--otlp-traces-endpoint", collector.endpoint], env=env)
     try:
-        srv.client(default_headers={"traceparent": TRACEPARENT}).chat.completions.create(
-            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}],
-            extra_body={"context": {"session_id": "traced"}})
-        spans = collector.wait_for("ahc.chat", "ahc.prompt.assemble", "ahc.record.flush", "llm_request")
+        reply = srv.client(default_headers={"traceparent": TRACEPARENT}).chat.completions.create(
+            model="tiny", max_tokens=2, temperature=0.5, top_p=0.9, seed=7, stop=["STOP"],
+            messages=[{"role": "user", "content": "hi"}], extra_body={"context": {"session_id": "traced"}})
+        spans = collector.wait_for("chat tiny", "ahc.prompt.assemble", "ahc.record.flush", "llm_request")
     finally:
         srv.stop()
         collector.shutdown()
-    request, engine = spans["ahc.chat"], spans["llm_request"]
+    request, engine = spans["chat tiny"], spans["llm_request"]
+    assert collector.services == {"ahc"}  # vLLM's spans went out with AHC's, under its resource
     assert request.trace_id == engine.trace_id == CLIENT_TRACE.to_bytes(16, "big")
     assert request.parent_span_id == CLIENT_SPAN.to_bytes(8, "big")
     assert engine.parent_span_id == request.span_id  # vLLM's span is the child of AHC's
     assert spans["ahc.prompt.assemble"].parent_span_id == request.span_id
+
     attributes = {a.key: a.value for a in request.attributes}
     assert attributes[SESSION_ID].string_value == "traced"
-    assert attributes[INPUT_TOKENS].int_value > 0 and attributes[CACHE_READ_INPUT_TOKENS].HasField("int_value")
+    assert attributes[OPERATION_NAME].string_value == "chat" and attributes["ahc.door"].string_value == "chat"
+    assert attributes["gen_ai.request.temperature"].double_value == 0.5
+    assert attributes["gen_ai.request.top_p"].double_value == 0.9 and attributes["gen_ai.request.seed"].int_value == 7
+    assert attributes["gen_ai.request.max_tokens"].int_value == 2
+    assert [v.string_value for v in attributes["gen_ai.request.stop_sequences"].array_value.values] == ["STOP"]
+    assert attributes["gen_ai.response.id"].string_value == reply.id
+    assert attributes["gen_ai.response.model"].string_value == reply.model
+    assert [v.string_value for v in attributes["gen_ai.response.finish_reasons"].array_value.values] == [
+        reply.choices[0].finish_reason]
+    # The usage once: on AHC's span, as the engine counted it; vLLM's span without its own count of it.
+    assert reply.usage is not None
+    assert attributes[INPUT_TOKENS].int_value == reply.usage.prompt_tokens
+    assert attributes[OUTPUT_TOKENS].int_value == reply.usage.completion_tokens
+    assert attributes[CACHE_READ_INPUT_TOKENS].HasField("int_value")
+    engine_keys = {a.key for a in engine.attributes}
+    assert "gen_ai.latency.e2e" in engine_keys and not engine_keys & {*LEGACY_USAGE, INPUT_TOKENS, OUTPUT_TOKENS}
+
+    recorded = {key for s in collector.spans for key in (a.key for a in s.attributes)}
+    if not content:
+        assert not recorded & {INPUT_MESSAGES, OUTPUT_MESSAGES}  # never without the opt-in
+        return
+    assert json.loads(attributes[INPUT_MESSAGES].string_value)[-1] == {
+        "role": "user", "parts": [{"type": "text", "content": "hi"}]}
+    assert json.loads(attributes[OUTPUT_MESSAGES].string_value) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": reply.choices[0].message.content}],
+         "finish_reason": reply.choices[0].finish_reason}]

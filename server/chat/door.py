@@ -24,9 +24,10 @@ def install_ahead(app: FastAPI, route: APIRoute) -> None:
 
 
 async def traced(raw_request: Request, door: str, serve: Callable[[ChatTelemetry], Awaitable[Response]]) -> Response:
-    """`serve` under the request's log line and span (`ahc.DOOR`), ended here, or by the stream."""
+    """`serve` under the request's log line and span (`chat MODEL`), ended here, or by the stream."""
     telemetry = ChatTelemetry(raw_request.headers, door)
     try:
+        telemetry.requested(await raw_request.json())  # parsed by FastAPI already; Starlette keeps it
         with telemetry.current():
             response = await serve(telemetry)
     except BaseException as exc:

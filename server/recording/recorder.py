@@ -307,11 +307,12 @@ class RecordingEngine:
         streams: dict[int, TokenStream] = {}
         seen: dict[int, int] = {}
         finished = False
+        if usage is not None:  # the route's id, as the rows show it (not the engine's)
+            usage.request_id, usage.model = request_id, self._served_model(kwargs.get("lora_request"))
         try:
             async for output in self._engine.generate(*args, **kwargs):
-                if usage is not None and (output.finished or usage.prompt_tokens is None):
-                    usage.saw(output)
-                    usage.request_id = request_id  # the route's, as the rows show it (not the engine's)
+                if usage is not None:
+                    usage.saw(output, delta)
                 for completion in output.outputs:
                     stream = streams.get(completion.index)
                     if stream is None:
@@ -346,6 +347,13 @@ class RecordingEngine:
             if not finished:  # aborted: the tokens gathered so far are written anyway
                 for stream in streams.values():
                     stream.finish()
+
+    def _served_model(self, lora_request: Any) -> str:
+        """The model's name in the engine's responses, as vLLM's routes name it: the adapter's, or the
+        first served name (vLLM's ModelConfig keeps only that one)."""
+        if lora_request is not None:
+            return str(lora_request.lora_name)
+        return str(self._engine.model_config.served_model_name)
 
     async def _make_durable(self, streams: list[TokenStream], xdb_session: str) -> None:
         for stream in streams:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends
@@ -19,23 +19,37 @@ from server.tenancy.tenants import LOCAL, Tenant
 
 @dataclass
 class EngineUsage:
-    """A request's prompt as the engine saw it: its tokens and how many of them the prefix cache held."""
+    """A request as the engine saw it: its prompt's tokens and how many of them the prefix cache held, and
+    what it generated."""
 
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
-    request_id: str | None = None  # the engine's id, which the reply's token rows carry
+    request_id: str | None = None  # the route's id for the engine request, which the reply's token rows carry
+    model: str | None = None  # the model the engine ran it on: its served name, or the LoRA adapter's
     completion_tokens: int = 0  # generated so far, over every choice
+    finish_reasons: dict[int, str] = field(default_factory=dict)  # the engine's, by choice index
+    # Each choice's generated text, by choice index: kept only when traces record the conversation.
+    texts: dict[int, list[str]] | None = None
     # Set by a route that streams one choice and holds the end of its stream until the reply is
     # durable itself (the chat route): the engine then hands its last output on at once, and
     # `durable` is done once the reply's rows are committed.
     route_holds_end: bool = False
     durable: asyncio.Future[None] | None = None
 
-    def saw(self, output: Any) -> None:
-        """Read from one of the engine's outputs (a vLLM RequestOutput)."""
-        self.prompt_tokens = len(output.prompt_token_ids or ())
-        self.cached_tokens = output.num_cached_tokens or 0
-        self.request_id = output.request_id
+    def saw(self, output: Any, delta: bool) -> None:
+        """Read from each of the engine's outputs (a vLLM RequestOutput); `delta`: each output holds only
+        what is new, not everything so far."""
+        if self.prompt_tokens is None or output.finished:
+            self.prompt_tokens = len(output.prompt_token_ids or ())
+            self.cached_tokens = output.num_cached_tokens or 0
+        for completion in output.outputs:
+            if completion.finish_reason is not None:
+                self.finish_reasons[completion.index] = completion.finish_reason
+            if self.texts is not None:
+                text = self.texts.setdefault(completion.index, [])
+                if not delta:
+                    text.clear()
+                text.append(completion.text)
 
 
 current_session: ContextVar[str | None] = ContextVar("ahc_current_session", default=None)
