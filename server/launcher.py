@@ -121,6 +121,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
     try:
         usage = UsageContext.OPENAI_API_SERVER
         vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
+        # AHC's tracer provider before the engine's: vLLM's spans then go through it (service `ahc`, usage once).
+        start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
         with forked_engine(current_platform.is_cpu()):
             engine = AsyncLLM.from_vllm_config(
                 vllm_config=vllm_config,
@@ -129,7 +131,6 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
                 disable_log_stats=args.disable_log_stats,
                 stat_loggers=[stat_logger_factory(metrics)],
             )
-        start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
         supported_tasks = await engine.get_supported_tasks()
         chat_template = load_chat_template(args.chat_template)  # a path or the template itself, as vLLM reads it
         runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys,

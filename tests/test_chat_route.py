@@ -247,7 +247,8 @@ def test_a_request_without_context_records_its_new_input_turns(served: tuple[Tes
         return [(r["event_type"], r["role"], r["content"]) for r in rows if "turn" not in (r["metadata"] or {})]
 
     passthrough = recorded({**chat(), "messages": messages})
-    assert passthrough == [("input", "user", "Where is A?"), ("tool_result", "tool", "x=3"), ("input", "user", "And B?")]
+    assert passthrough == [("input", "user", "Where is A?"), ("tool_result", "tool", "x=3"),
+                           ("input", "user", "And B?")]
     assert recorded({**chat(), "messages": messages, "context": {}}) == passthrough
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from fake_app import ALICE, BOB
+from fake_app import BOB
 from fastapi.testclient import TestClient
 from test_responses_route import client_for, prompt_of, scoped
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # typeshed leaves it out
 from typing import Any
-
 
 # How vLLM writes a chunk of content alone (index 0, no other key in the delta): its text is read from
 # the payload as it stands, without parsing the whole chunk.

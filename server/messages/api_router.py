@@ -8,10 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from server.chat.door import install_ahead, traced
-from server.chat.serving import ChatService
 from server.messages.protocol import MessagesRequest
 from server.messages.serving import MessagesService
+from server.pipeline.door import install_ahead, traced
+from server.pipeline.turn_pipeline import TurnPipeline
 from server.runtime import Runtime
 from server.telemetry.chat_telemetry import ChatTelemetry
 from server.tenancy.request_context import current_tenant
@@ -20,7 +20,7 @@ PATH = "/v1/messages"
 
 
 def install_messages_route(app: FastAPI, runtime: Runtime) -> None:
-    service = MessagesService(ChatService(runtime))
+    service = MessagesService(TurnPipeline(runtime))
 
     async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
         async def serve(telemetry: ChatTelemetry) -> Response:

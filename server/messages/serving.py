@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
 
 from server.chat.protocol import ChatCall, ChatRequest
-from server.chat.serving import ChatService
+from server.chat.serving import ChatDoorCall
 from server.messages.protocol import MessagesRequest, metadata_session
+from server.pipeline.turn_pipeline import TurnPipeline
 from server.telemetry.chat_telemetry import ChatTelemetry
 from server.tenancy.tenants import Tenant
 
@@ -41,8 +42,8 @@ THINKING_DROPPED = ("extended thinking was requested but the served model has no
 class MessagesService:
     """The work of one Messages request: to a chat call, through the chat pipeline, back."""
 
-    def __init__(self, chat: ChatService) -> None:
-        self.chat = chat
+    def __init__(self, pipeline: TurnPipeline) -> None:
+        self.pipeline = pipeline
         self._warned: set[str] = set()  # models whose dropped thinking has been logged (once each)
 
     async def serve(self, request: MessagesRequest, raw_request: Request, tenant: Tenant,
@@ -57,7 +58,7 @@ class MessagesService:
                 log.warning("%s (model %s; said once, and in each response's Warning header)", THINKING_DROPPED,
                             request.model)
         call = await chat_call(handler, request, raw_request, tenant)
-        response = await self.chat.serve(call, raw_request, telemetry)
+        response = await self.pipeline.serve(ChatDoorCall(call), raw_request, telemetry)
         if warning is not None:
             response.headers[WARNING_HEADER] = f'299 ahc "{warning}"'
         return to_messages(response, handler)

@@ -9,7 +9,7 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
-from server.chat.door import install_ahead, traced
+from server.pipeline.door import install_ahead, traced
 from server.responses.serving import ResponsesService
 from server.runtime import Runtime
 from server.telemetry.chat_telemetry import ChatTelemetry

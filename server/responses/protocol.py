@@ -54,8 +54,9 @@ def with_items(request: ResponsesRequest, found: dict[str, dict[str, Any]]) -> R
             if ref not in found:
                 raise InvalidRequest(f"input[{index}]: item {ref!r} not found (an item_reference names an output "
                                      "item of a response stored with this key)", param=f"input[{index}].id")
-            item = found[ref]
-        items.append(item)
+            items.append(found[ref])
+        else:
+            items.append(item)
     data = request.model_dump(mode="python", exclude_unset=True)
     data["input"] = items
     return ResponsesRequest.model_validate(data)

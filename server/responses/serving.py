@@ -1,5 +1,5 @@
-"""The Responses API as AHC's door: vLLM's own Responses handler generates (its input items, tools and
-events stay what its clients parse), inside the turn a chat request takes. The input items, as the chat
+"""The Responses API as AHC's door on the turn pipeline (server/pipeline/turn_pipeline.py): vLLM's own
+Responses route generates (its input items, tools and events stay what its clients parse). The input items, as the chat
 messages vLLM renders them into, prepare the turn (session, cache report, recorded inputs); the turn is
 admitted against the KV cache (the VRAM governor's 429), the engine request carries the tenant's cache
 salt and its tokens are recorded under the session; the response's output items settle into the
@@ -20,25 +20,24 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
-from starlette.responses import JSONResponse, Response
-from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from starlette.responses import Response
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
 from ahc.core.errors import InvalidRequest, NotFound
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
 from orchestrator.turn_request import TurnRequest
-from server.admission.turn_admission import Asked, wait_for_recording
-from server.chat.serving import ChatService, TurnStream, record_inputs, report_json, session_header, settle
+from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
 from server.http.retry_headers import request_retry
 from server.http.session_key import HEADER, SessionKey, session_key
+from server.pipeline.turn_pipeline import TurnPipeline, made_durable, report_json
 from server.responses.protocol import (
     CONVERSATION,
     conversation_id,
@@ -54,16 +53,16 @@ from server.responses.protocol import (
 )
 from server.runtime import Runtime
 from server.telemetry.chat_telemetry import ChatTelemetry
-from server.tenancy.request_context import current_session
+from server.tenancy.request_context import current_usage
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb.responses import StoredResponse
 
-if TYPE_CHECKING:
-    from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
-
 # What a response echoes of its request, as the client sent it (the engine request may differ).
 ECHOED = ("instructions", "previous_response_id", "store")
+# The stream's events that carry the response object: each echoes the request.
+RESPONSE_EVENTS = frozenset(("response.created", "response.in_progress", "response.completed",
+                             "response.incomplete", "response.failed"))
 
 
 @dataclass
@@ -81,65 +80,60 @@ class _Exchange:
         return response
 
 
-class ResponsesService:
-    """The work of one Responses request: prepare → admit → generate (vLLM's handler) → settle, and the
-    stored responses read back and deleted."""
+@dataclass
+class ResponsesDoorCall:
+    """A Responses request on the turn pipeline: its items as the chat messages vLLM renders them into
+    (the conversation of a stored response it continues, the items it names by reference), vLLM's
+    Responses route on the prepared prompt, the reply from the response's output items, and the
+    response stored when `store` asks."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.chat = ChatService(runtime)  # whose admission every door shares
+    request: ResponsesRequest
+    raw_request: Request
+    tenant: Tenant
+    exchange: _Exchange | None = field(default=None, init=False)  # once resolved
 
-    async def serve(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant,
-                    telemetry: ChatTelemetry) -> Response:
-        runtime, oc = self.runtime, self.runtime.config.orchestrator
-        telemetry.model = request.model
-        refuse_responses_grammar(runtime.config.engine.emulate, request)
-        request = readable(await self.resolved(request, tenant))
-        await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
-        handler: OpenAIServingResponses = raw_request.app.state.openai_serving_responses
-        exchange, turn_request = await self.prepare(request, raw_request, tenant)
-        async with runtime.orchestrator.turn(turn_request) as turn:
-            telemetry.turn = turn
-            await self.chat.admit(turn, Asked.of(request.max_output_tokens, 1))
-            await record_inputs(turn, runtime)
-            current_session.set(turn.session_id)
-            result = await handler.create_responses(self.engine_request(exchange, turn), raw_request)
-            if isinstance(result, ErrorResponse):  # the turn rolls back
-                return JSONResponse(result.model_dump(mode="json", by_alias=True), status_code=result.error.code)
-            if isinstance(result, ResponsesResponse):
-                data = exchange.echo(result.model_dump(mode="json", by_alias=True))
-                report = report_json(turn)  # as the turn was prepared (stored without it)
-                await self.settle(turn, exchange, data)
-                data["context"] = report
-                return JSONResponse(data, headers={HEADER: session_header(turn)})
-            return TurnStream(self.events(result, turn, exchange), turn.hand_over(), telemetry)
+    @property
+    def model(self) -> str | None:
+        return self.request.model
 
-    async def resolved(self, request: ResponsesRequest, tenant: Tenant) -> ResponsesRequest:
-        """The request with the items it names by `item_reference` read from the tenant's stored responses."""
-        ids = references(request)
-        if not ids:
-            return request
-        found = await asyncio.to_thread(TenantXDB(self.runtime.xdb, tenant).response_items, ids)
-        return with_items(request, found)
+    @property
+    def asked(self) -> Asked:
+        return Asked.of(self.request.max_output_tokens, 1)
 
-    async def prepare(self, request: ResponsesRequest, raw_request: Request,
-                      tenant: Tenant) -> tuple[_Exchange, TurnRequest]:
+    @property
+    def streamed(self) -> bool:
+        return bool(self.request.stream)
+
+    def refuse(self, runtime: Runtime) -> None:
+        refuse_responses_grammar(runtime.config.engine.emulate, self.request)
+
+    async def resolve(self, runtime: Runtime) -> TurnRequest:
+        """The items it names by `item_reference`, read from the tenant's stored responses; then its turn."""
+        view = TenantXDB(runtime.xdb, self.tenant)
+        request = self.request
+        if ids := references(request):
+            request = with_items(request, await asyncio.to_thread(view.response_items, ids))
+        self.request = readable(request)
+        self.exchange, turn_request = await self.prepare(runtime, view)
+        return turn_request
+
+    async def prepare(self, runtime: Runtime, view: TenantXDB) -> tuple[_Exchange, TurnRequest]:
         """The turn a request takes: as sent (its session named by the client, or inferred), or, continuing
         a stored response, a turn of that response's session's State (or of a new session's, seeded)."""
-        view = TenantXDB(self.runtime.xdb, tenant)
+        request, raw_request, tenant = self.request, self.raw_request, self.tenant
         messages = input_messages(request)
         instructions, own = instructions_of(messages)
         tools = tuple(input_tools(request))
         if request.previous_response_id is None:
             return (_Exchange(request, view, own, None, kept=False),
                     TurnRequest(None, messages, request.max_output_tokens, tools, tenant.prefix,
-                                self.label(request, raw_request, tenant)))
+                                self.label()))
         previous = await asyncio.to_thread(view.stored_response, request.previous_response_id)
         if previous is None:
             raise NotFound(f"previous response {request.previous_response_id!r} not found (responses are "
                            "continued only when stored, by the key that made them)")
         session_id = previous.session_id
-        state = await self.runtime.orchestrator.sessions.aget(session_id)
+        state = await runtime.orchestrator.sessions.aget(session_id)
         # The session's State holds this conversation when the response was its last and was kept; a
         # session with no State yet takes it seeded; anything else forks.
         continues = previous.latest and previous.kept and bool(state.turns)
@@ -151,9 +145,10 @@ class ResponsesService:
                 TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,
                             recorded_turns=len(history), retry=request_retry(raw_request.headers)))
 
-    def label(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant) -> str | None:
+    def label(self) -> str | None:
         """The (scoped) session the request names: `X-Session-ID`, `prompt_cache_key` (Codex CLI's
         conversation id) or `conversation`."""
+        request, raw_request, tenant = self.request, self.raw_request, self.tenant
         key: SessionKey
         if request.prompt_cache_key is not None:
             key = session_key(None, raw_request.headers.get(HEADER), request.prompt_cache_key)
@@ -176,35 +171,74 @@ class ResponsesService:
         # Validated again, so the items are vLLM's types (its handler tells them apart by class).
         return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True), **update})
 
-    async def settle(self, turn: ChatTurn, exchange: _Exchange, response: dict[str, Any]) -> None:
-        reply = reply_of(response.get("output") or [])
-        await settle(turn, reply, self.runtime)
+    async def generate(self, turn: ChatTurn, raw_request: Request) -> Response | None:
+        """vLLM's own Responses route on the engine request (its cancellation when the client hangs up)."""
+        from vllm.entrypoints.openai.responses.api_router import create_responses
+
+        assert self.exchange is not None
+        response: Response | None = await create_responses(self.engine_request(self.exchange, turn), raw_request)
+        return response
+
+    def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return reply_of(body.get("output") or [])
+
+    async def settled(self, turn: ChatTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """The response echoing the request as the client sent it, stored (without the report) if asked."""
+        assert self.exchange is not None
+        exchange = self.exchange
+        exchange.echo(body)
         if exchange.request.store:
             previous_id = exchange.previous.id if exchange.previous is not None else None
-            await asyncio.to_thread(exchange.view.save_response, response["id"], turn.session_id, previous_id,
-                                    exchange.kept, [*exchange.own, reply], response)
+            await asyncio.to_thread(exchange.view.save_response, body["id"], turn.session_id, previous_id,
+                                    exchange.kept, [*exchange.own, reply], body)
+        return body
 
-    async def events(self, events: AsyncGenerator[Any, None], turn: ChatTurn,
-                     exchange: _Exchange) -> AsyncIterator[str]:
-        """vLLM's events as it sends them (SSE), their responses echoing the request and the cache report
-        added to `response.created`'s; the turn settles before `response.completed` goes out, and closes
-        when the stream ends."""
+    async def stream(self, chunks: AsyncIterable[str | bytes], turn: ChatTurn,
+                     pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
+        """vLLM's events as its route sends them, those carrying the response echoing the request and the
+        cache report added to `response.created`'s. `response.completed` is held until the reply's rows are
+        committed (its last tokens have gone out before it) and the turn has settled; the turn closes when
+        the stream ends."""
+        assert self.exchange is not None
+        usage, sent = current_usage.get(), 0
         try:
-            async for event in events:
-                kind = getattr(event, "type", "unknown")
-                if getattr(event, "response", None) is not None:
-                    data = event.model_dump(mode="json", by_alias=True)
-                    exchange.echo(data["response"])
-                    if kind == "response.completed":
-                        await self.settle(turn, exchange, data["response"])
-                    if kind == "response.created":
-                        data["response"]["context"] = report_json(turn)
-                    payload = json.dumps(data, ensure_ascii=False)
-                else:
-                    payload = event.model_dump_json(indent=None, by_alias=True)
-                yield f"event: {kind}\ndata: {payload}\n\n"
+            async for chunk in chunks:
+                text = chunk.decode() if isinstance(chunk, bytes) else chunk
+                kind = text[7:text.find("\n")] if text.startswith("event: ") else ""
+                if kind not in RESPONSE_EVENTS:
+                    sent += 1
+                    yield chunk  # the usual event: tokens, items, parts; nothing in it names the request
+                    continue
+                name, _, payload = text.partition("\ndata: ")
+                data = json.loads(payload)
+                self.exchange.echo(data["response"])
+                if kind == "response.created":
+                    data["response"]["context"] = report_json(turn)
+                if kind == "response.completed":
+                    if (failure := await made_durable(usage)) is not None:
+                        error = {"type": "error", "code": "server_error", "message": failure["error"]["message"],
+                                 "param": None, "sequence_number": sent}
+                        yield f"event: error\ndata: {json.dumps(error)}\n\n"
+                        return
+                    reply = reply_of(data["response"].get("output") or [])
+                    await pipeline.settle(turn, reply)
+                    await self.settled(turn, data["response"], reply)
+                sent += 1
+                yield f"{name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
         finally:
             turn.close()
+
+
+class ResponsesService:
+    """A new response through the turn pipeline; the stored responses read back and deleted."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.pipeline = TurnPipeline(runtime)
+
+    async def serve(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant,
+                    telemetry: ChatTelemetry) -> Response:
+        return await self.pipeline.serve(ResponsesDoorCall(request, raw_request, tenant), raw_request, telemetry)
 
     async def retrieve(self, response_id: str, tenant: Tenant, stream: bool) -> dict[str, Any]:
         if stream:

@@ -29,8 +29,8 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
-from server.chat.door import install_ahead
 from server.http.session_key import HEADER, header_value, session_key
+from server.pipeline.door import install_ahead
 from server.runtime import Runtime
 from server.tenancy.request_context import current_session, current_tenant
 

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from server.chat.serving import TurnStream
+from server.pipeline.turn_stream import TurnStream
 from server.telemetry.chat_telemetry import ChatTelemetry
 
 

@@ -1,0 +1,174 @@
+"""The turn every generating door runs, one step after another: wait (for recording to keep up) →
+resolve (the door reads what its request names: documents, stored items, an earlier response) →
+orchestrate (the session's turn, its prompt and cache report) → admit (against the KV cache) → record
+(the turn's inputs) → generate (vLLM's own route for the door, so a client hanging up cancels the
+engine request) → settle (the reply joins the session's State, durably, before the client sees the
+end). A door adds only its conversions: what it reads of its request, the request vLLM's route gets,
+and where the reply and the cache report sit in its response.
+
+A JSON response settles here. A stream is the door's to transform (`DoorCall.stream`): it settles the
+turn when the reply completes, holding the event that ends the reply until the reply's rows are
+committed (`made_durable`), after the reply's last tokens have gone out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, Protocol, cast
+
+from fastapi import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from orchestrator.chat_turn import ChatTurn
+from orchestrator.turn_request import TurnRequest
+from server.admission.turn_admission import Asked, admit, wait_for_recording
+from server.admission.vram_governor import GovernorRejected
+from server.http.errors import error_body, error_response
+from server.http.session_key import HEADER, header_value
+from server.pipeline.turn_stream import TurnStream
+from server.runtime import Runtime
+from server.telemetry.chat_telemetry import ChatTelemetry
+from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
+from server.tenancy.tenants import Tenant
+
+
+class DoorCall(Protocol):
+    """One request as its door read it, and the door's conversions around the turn."""
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def tenant(self) -> Tenant: ...
+
+    @property
+    def asked(self) -> Asked:
+        """What it asks to generate (admission's and the orchestrator's budget)."""
+
+    @property
+    def streamed(self) -> bool:
+        """A single streamed reply: its end is held for the reply's rows (`made_durable`)."""
+
+    def refuse(self, runtime: Runtime) -> None:
+        """What the server cannot serve, refused (a 4xx) before any session is touched."""
+
+    async def resolve(self, runtime: Runtime) -> TurnRequest:
+        """What the orchestrator gets, with everything the request names by reference read."""
+
+    async def generate(self, turn: ChatTurn, raw_request: Request) -> Response | None:
+        """vLLM's route for the door on the engine request made from the prepared turn."""
+
+    def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """A JSON response's reply, as the chat message the session's State keeps."""
+
+    async def settled(self, turn: ChatTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """The JSON response as the door sends it, once its turn has settled (the report goes in after)."""
+
+    def stream(self, chunks: AsyncIterable[str | bytes], turn: ChatTurn,
+               pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
+        """vLLM's SSE chunks as the door sends them, settling the turn through `pipeline`."""
+
+
+class TurnPipeline:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def serve(self, call: DoorCall, raw_request: Request, telemetry: ChatTelemetry) -> Response:
+        runtime, oc = self.runtime, self.runtime.config.orchestrator
+        telemetry.model = call.model
+        call.refuse(runtime)
+        await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
+        request = await call.resolve(runtime)
+        async with runtime.orchestrator.turn(request) as turn:
+            telemetry.turn = turn
+            self.want_condensed(turn, call.tenant)
+            await self.admit(turn, call.asked)
+            await self.record_inputs(turn)
+            current_session.set(turn.session_id)
+            usage = current_usage.get()
+            if usage is not None and call.streamed:
+                usage.route_holds_end = True  # the stream's end waits for the reply's rows (made_durable)
+            response = await call.generate(turn, raw_request)
+            if isinstance(response, StreamingResponse):  # settled by the stream, when it ends
+                chunks = cast("AsyncIterable[str | bytes]", response.body_iterator)  # vLLM's SSE chunks are str
+                return TurnStream(call.stream(chunks, turn, self), turn.hand_over(), telemetry,
+                                  status_code=response.status_code, raw_headers=response.raw_headers,
+                                  background=response.background)
+            return await self.finish_json(call, response, turn)
+
+    def want_condensed(self, turn: ChatTurn, tenant: Tenant) -> None:
+        """A Codex the orchestrator could not fit whole gets its condensed rendition made in the
+        background, for the turns after this one."""
+        if turn.prepared.condense_wanted and self.runtime.config.orchestrator.codex_condense:
+            self.runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
+
+    async def admit(self, turn: ChatTurn, asked: Asked) -> None:
+        """Against the KV cache (session admission, the VRAM governor); a refused turn's inputs are
+        still recorded."""
+        runtime = self.runtime
+        try:
+            await admit(turn, runtime.governor, asked, runtime.config.engine.max_model_len,
+                        runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
+        except GovernorRejected:
+            turn.report.note("vram_reject")
+            await self.record_inputs(turn)
+            raise
+
+    async def record_inputs(self, turn: ChatTurn) -> None:
+        """The turn's inputs and cache report, before the engine sees the request (the recording engine
+        puts the tenant's salt on the prompt and records its tokens under the session)."""
+        runtime = self.runtime
+        runtime.metrics.record_context(turn.report)
+        if turn.prepared.session is not None or turn.prepared.named:  # may have rows from before
+            await runtime.recorder.know_session(turn.session_id)
+        runtime.recorder.record_inputs(turn.prepared)
+
+    async def finish_json(self, call: DoorCall, response: Response | None, turn: ChatTurn) -> Response:
+        if response is None:  # the client went away; vLLM aborted the request
+            return error_response(499, "client closed the request")
+        if response.status_code != 200:  # the turn rolls back
+            return response
+        assert isinstance(response.body, bytes)  # a rendered JSONResponse's, never a memoryview
+        body = json.loads(response.body)
+        report = report_json(turn)  # as the turn was prepared
+        reply = call.reply(body)
+        if reply is not None:
+            await self.settle(turn, reply)
+        body = await call.settled(turn, body, reply or {})
+        body["context"] = report
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        headers[HEADER] = session_header(turn)
+        return JSONResponse(body, status_code=200, headers=headers)
+
+    async def settle(self, turn: ChatTurn, reply: dict[str, Any]) -> None:
+        """A completed reply: its tool calls and the turn record are recorded (the calls durable before the
+        response ends, like the tokens), and it joins the session's State."""
+        recorder = self.runtime.recorder
+        recorder.record_reply(turn.prepared, reply)
+        recorder.record_turn(turn.prepared, current_usage.get())
+        if reply.get("tool_calls"):
+            await recorder.aflush(session_id=turn.session_id)
+        await turn.commit(reply)
+
+
+def session_header(turn: ChatTurn) -> str:
+    """The session's id for the `X-Session-ID` response header, as the client names it."""
+    return header_value(current_tenant.get().unscope(turn.session_id))
+
+
+def report_json(turn: ChatTurn) -> dict[str, Any]:
+    """The cache report, naming the session as the client does."""
+    return turn.report.to_json(current_tenant.get().unscope(turn.session_id))
+
+
+async def made_durable(usage: EngineUsage | None) -> dict[str, Any] | None:
+    """Until the engine's last output is recorded and committed (a client going away meanwhile does not
+    cancel the recording); the error that ends the stream instead when it could not be."""
+    if usage is None or usage.durable is None:
+        return None
+    try:
+        await asyncio.shield(usage.durable)
+    except Exception as exc:  # as vLLM reports an engine failure mid-stream; the turn is not committed
+        return error_body(500, f"the reply could not be recorded: {exc}", "server_error")
+    return None

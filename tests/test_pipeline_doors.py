@@ -1,0 +1,112 @@
+"""What the turn pipeline gives every door, held on the doors that once ran their own: on the Responses
+door, a client hanging up cancels the engine request of a response it is not streaming, and a streamed
+response's last token never waits for the commit its `response.completed` waits for. On AHC's whole app
+(fake engine), driven over ASGI so the client's hang-up and the disk's pace are the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_app import ahc_app
+from fake_engine import FakeEngine
+from vllm.config import VllmConfig
+
+from ahc.core.config import AHCConfig
+from server.runtime import Runtime
+from xdb import XDB
+
+PATH = "/v1/responses"
+
+
+def scope(body: bytes) -> dict[str, object]:
+    """The ASGI scope of a Responses POST with `body`."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": "POST", "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
+            "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        (b"x-session-id", b"door-test")]}
+
+
+def test_a_client_hanging_up_cancels_its_unstreamed_response(config: AHCConfig, vllm_config: VllmConfig,
+                                                               tmp_path: Path) -> None:
+    body = json.dumps({"model": "tiny", "input": "Take your time.", "max_output_tokens": 64}).encode()
+
+    async def scenario() -> tuple[FakeEngine, list[dict[str, Any]], Runtime]:
+        engine = FakeEngine(vllm_config, step_delay=0.05)  # 64 tokens: 3 s unless cancelled
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")), engine, xdb)
+        messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            while not engine.requests:  # hang up once the engine has the request
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope(body), receive, send), 2.5)
+        runtime.close()
+        xdb.close()
+        return engine, sent, runtime
+
+    engine, sent, runtime = asyncio.run(scenario())
+    assert engine.requests[-1].aborted  # the engine stopped generating for a client that left
+    assert runtime.orchestrator.sessions.lock("door-test").locked() is False
+
+
+def test_a_streamed_responses_last_token_does_not_wait_for_the_disk_but_completed_does(
+        config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = json.dumps({"model": "tiny", "input": "Stream please.", "max_output_tokens": 8, "stream": True}).encode()
+
+    async def scenario() -> tuple[list[str], list[str], Runtime]:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
+                                     FakeEngine(vllm_config), xdb)
+        flush, committed = runtime.recorder.aflush, asyncio.Event()
+
+        async def slow_flush(timeout: float = 10.0, session_id: str | None = None) -> None:
+            await asyncio.sleep(0.3)  # a disk taking its time
+            await flush(timeout, session_id)
+            committed.set()
+
+        monkeypatch.setattr(runtime.recorder, "aflush", slow_flush)
+        before: list[str] = []
+        after: list[str] = []
+        messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client stays to the end
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                (after if committed.is_set() else before).append(message["body"].decode())
+
+        await app(scope(body), receive, send)
+        runtime.close()
+        xdb.close()
+        return before, after, runtime
+
+    before, after, runtime = asyncio.run(scenario())
+
+    def kinds(chunks: list[str]) -> list[str]:
+        return [event.split("\n")[0].removeprefix("event: ") for event in "".join(chunks).split("\n\n") if event]
+
+    sent_before, sent_after = kinds(before), kinds(after)
+    assert "response.output_text.delta" in sent_before and "response.output_text.done" in sent_before
+    assert "response.completed" not in sent_before and sent_after[-1] == "response.completed"
+    text = "".join(json.loads(event.split("\ndata: ", 1)[1])["delta"] for event in "".join(before).split("\n\n")
+                   if event.startswith("event: response.output_text.delta"))
+    completed = json.loads("".join(after).split("\n\n")[-2].split("\ndata: ", 1)[1])["response"]
+    assert text and completed["output"][0]["content"][0]["text"] == text  # every token went out before the wait
