@@ -12,6 +12,7 @@ PASSTHROUGH = "passthrough"  # a request without `context`: sent as the client w
 # `first_changed_block` of a session's first turn on a server other than the one that served it last
 # (a failover, or a router that moved it): its prefix is cached over there, nothing is cached here.
 REPLICA = "replica"
+SIDE_CALL = "side"  # session_naming of a side call
 
 
 @dataclass
@@ -25,7 +26,8 @@ class CacheReport:
     mode_switches: int = 0  # the session's changes of Codex placement so far, this request's included
     switched: tuple[str, str] | None = None  # this request's change of placement (from, to)
     # How the request's session was named: by the client (`explicit`), continued from the messages of a
-    # recent request that named none (`inferred`), or started by this request (`new`).
+    # recent request that named none (`inferred`), or started by this request (`new`); `side`: a side call
+    # of a session the client named (orchestrator/named_sessions.py), not one of its turns.
     session_naming: str = "explicit"
 
     def note(self, action: str) -> None:

@@ -21,7 +21,7 @@ from ahc.core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, 
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat
-from orchestrator.cache_report import PASSTHROUGH, REPLICA, CacheReport
+from orchestrator.cache_report import PASSTHROUGH, REPLICA, SIDE_CALL, CacheReport
 from orchestrator.chat_turn import ChatTurn
 from orchestrator.codex_placement import RAG, Placement, codex_key, decide, moved
 from orchestrator.codex_renditions import (
@@ -39,7 +39,7 @@ from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
-from orchestrator.named_sessions import NamedSessions
+from orchestrator.named_sessions import NamedSessions, tools_key
 from orchestrator.prepared import Prepared
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
@@ -411,17 +411,22 @@ class Orchestrator:
             found = self.conversations.find(heads)
             label, seen = found if found is not None else (None, None)
             naming = "new" if label is None else "inferred"
-        else:
+        thread = tools_key(turn.tools)
+        if label is not None and naming == "explicit":
             seen = self.named_conversations.seen(label, heads)
+            if self.named.side(label, thread):  # a title, summary or quota call beside the session's turns
+                naming, seen = SIDE_CALL, None
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
+        last = self.named.last_hashes(label, thread if naming in ("explicit", SIDE_CALL) else None,
+                                      side=naming == SIDE_CALL)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
-                             first_changed(prompt.blocks, self.named.last_hashes(label)), session_naming=naming)
+                             first_changed(prompt.blocks, last), session_naming=naming)
         seen_turns = None if seen is None else sum(m.get("role") not in INSTRUCTIONS for m in messages[:seen])
         return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
                         turn, query=query, named=label is not None, conversation=heads[-1] if heads else None,
-                        seen_turns=seen_turns)
+                        seen_turns=seen_turns, thread=thread)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it
@@ -442,9 +447,10 @@ class Orchestrator:
         which is persisted; returns the store's receipt (a future when it saves in the background)."""
         session = prepared.session
         if session is None:
+            side = prepared.report.session_naming == SIDE_CALL
             if prepared.named or prepared.report.session_naming == "new":
-                self.named.remember(prepared.session_id, prepared.prompt.hashes())
-            if prepared.conversation is not None:
+                self.named.remember(prepared.session_id, prepared.prompt.hashes(), prepared.thread, side)
+            if prepared.conversation is not None and not side:
                 conversations = self.named_conversations if prepared.report.session_naming == "explicit" \
                     else self.conversations
                 conversations.advance(prepared.session_id, extend(prepared.conversation, reply), prepared.conversation)

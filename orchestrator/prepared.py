@@ -44,6 +44,7 @@ class Prepared:
     # A request sent as written whose messages continue its session's conversation: how many of its turns
     # (new_turns) the session has had already; None when that is not known.
     seen_turns: int | None = None
+    thread: str | None = None  # sent as written: the tool set it offers (orchestrator/named_sessions.py)
     brought: str = ""  # a digest of the turns and query it brings to the State (orchestrator/turn_retry.py)
 
     @property

@@ -1,4 +1,4 @@
-"""Claude Code and Codex CLI, the npm packages pinned in tests/clients (installed by `make clients`), against
+"""Claude Code, Codex CLI and opencode, the npm packages pinned in tests/clients (installed by `make clients`), against
 `ahc serve` as their users run them: two turns each, the second continuing the first (`claude -p
 --continue`, `codex exec resume --last`). Each lands in one session named by the client's own session id,
 its input rows hold what the user typed, both turns have turn records, and the second turn reads the
@@ -11,6 +11,7 @@ replies are drawn tokens that end (an EOS after a drawn length), so each client 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -77,6 +78,17 @@ env_key = "LOCAL_TEST_KEY"
                                   "HOME": str(home)}
 
 
+def opencode(server: ServerProcess, home: Path) -> tuple[Path, dict[str, str]]:
+    """opencode with AHC as a custom OpenAI-compatible provider (its config in the project it works in)."""
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "AHC", "models": {MODEL: {"name": MODEL}},
+                "options": {"baseURL": f"{server.base_url}/v1", "apiKey": server.api_key or "none"}}
+    config = {"provider": {"ahc": provider}, "model": f"ahc/{MODEL}", "small_model": f"ahc/{MODEL}",
+              "autoupdate": False, "share": "disabled"}
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "opencode.json").write_text(json.dumps(config))
+    return require_cli("opencode"), {"HOME": str(home), "OPENCODE_CONFIG": str(home / "opencode.json")}
+
+
 def run(client: tuple[Path, dict[str, str]], *args: str, cwd: Path) -> str:
     cli, env = client
     done = subprocess.run([str(cli), *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
@@ -85,14 +97,17 @@ def run(client: tuple[Path, dict[str, str]], *args: str, cwd: Path) -> str:
     return done.stdout + done.stderr
 
 
+FIRST_TURN = {"codex": ["exec", "--skip-git-repo-check"], "claude": ["-p"], "opencode": ["run"]}
+NEXT_TURN = {"codex": ["exec", "--skip-git-repo-check", "resume", "--last"], "claude": ["-p", "--continue"],
+             "opencode": ["run", "--continue"]}
+
+
 def first_turn(client: tuple[Path, dict[str, str]], question: str, cwd: Path) -> str:
-    skip_git = ["exec", "--skip-git-repo-check"] if client[0].name == "codex" else ["-p"]
-    return run(client, *skip_git, question, cwd=cwd)
+    return run(client, *FIRST_TURN[client[0].name], question, cwd=cwd)
 
 
 def next_turn(client: tuple[Path, dict[str, str]], question: str, cwd: Path) -> str:
-    args = ["exec", "--skip-git-repo-check", "resume", "--last"] if client[0].name == "codex" else ["-p", "--continue"]
-    return run(client, *args, question, cwd=cwd)
+    return run(client, *NEXT_TURN[client[0].name], question, cwd=cwd)
 
 
 def workspace(root: Path) -> Path:
@@ -149,6 +164,31 @@ def test_codex_cli_resumes_its_session_from_the_cache(emulated_server: ServerPro
     session, records = typed_session(emulated_server, first, second)
     check_two_turns(records)
     assert f"session id: {session}" in out  # Codex's conversation id (prompt_cache_key) names the session
+
+
+def test_opencode_continues_its_session_and_its_title_request_stays_a_side_call(
+        emulated_server: ServerProcess, tmp_path: Path) -> None:
+    """opencode sends its title generator's request under the session's own id, before the first turn:
+    a side call, with its own report, that neither counts as a turn nor breaks the first turn's report."""
+    client, work = opencode(emulated_server, tmp_path / "home"), workspace(tmp_path)
+    first, second = "List the files in this project.", "Now open the README."
+    first_turn(client, first, work)
+    next_turn(client, second, work)
+    session, _ = typed_session(emulated_server, first, second)
+    assert session.startswith("ses_")  # opencode's own session id (x-session-id) names the session
+    deadline = time.monotonic() + 5  # a turn's record is queryable within a second of its response
+    with emulated_server.http() as http:
+        while True:
+            turns = http.get(f"/v1/xdb/sessions/{session}/turns").raise_for_status().json()["turns"]
+            side, main = [t for t in turns if t["side"]], [t for t in turns if not t["side"]]
+            if len(main) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        listed = http.get("/v1/context/sessions", params={"limit": 1000}).raise_for_status().json()["data"]
+    assert side and all(t["prompt_tokens"] for t in side)  # the title request: recorded, with its own report
+    check_two_turns(main)
+    assert main[0]["first_changed_block"] is None  # the title request before it broke nothing
+    assert next(s for s in listed if s["session_id"] == session)["turns"] == len(main) == 2
 
 
 @pytest.fixture(scope="module")

@@ -35,15 +35,31 @@ def tenant_of(session_id: str) -> str:
     return head if sep else "default"
 
 
+# A turn record that is a side call of its session, not one of its turns (orchestrator/named_sessions.py):
+# reported as one, or offering no tools where the session's last turn offered some (a side call an agent
+# sent before its first turn). Over `t` (turn records, `m` their report) joined with `main`.
+MAIN_THREADS = """main AS (
+        SELECT session_id, arg_max(m ->> 'thread', tick) FILTER (WHERE coalesce(m ->> 'session_naming', '') <> 'side') AS thread
+        FROM t GROUP BY session_id)"""
+SIDE = ("(coalesce(m ->> 'session_naming', '') = 'side' "
+        "OR (coalesce(m ->> 'thread', '-') = '' AND coalesce(main.thread, '') <> ''))")
+
+
+def is_side(report: dict[str, Any], main_thread: str | None) -> bool:
+    """SIDE, for one turn record's report."""
+    return report.get("session_naming") == "side" or (report.get("thread") == "" and bool(main_thread))
+
+
 OVERVIEW = f"""
     WITH t AS (
         SELECT session_id, tick, created_at, CAST(metadata AS JSON) -> 'turn' AS m FROM timesteps
         WHERE {TURN_ROWS} AND {owned_named('session_id')}),
+    {MAIN_THREADS},
     agg AS (
-        SELECT session_id, count(*) AS turns, sum((m ->> 'prompt_tokens')::BIGINT) AS prompt,
+        SELECT session_id, count(*) FILTER (WHERE NOT {SIDE}) AS turns, sum((m ->> 'prompt_tokens')::BIGINT) AS prompt,
                sum((m ->> 'cached_tokens')::BIGINT) AS cached, sum((m ->> 'completion_tokens')::BIGINT) AS generated,
                max(created_at) AS last_at, arg_max(m ->> 'mode', tick) AS mode
-        FROM t GROUP BY session_id),
+        FROM t JOIN main USING (session_id) GROUP BY session_id),
     win AS (
         SELECT session_id, bool_or(pinned) AS pinned, bool_or(len(submission_ids) > 0) AS submitted
         FROM time_windows WHERE {owned_named('session_id')} GROUP BY session_id)
@@ -151,13 +167,16 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
                                         trigger, summary FROM compaction_records WHERE session_id = ? ORDER BY id""",
                               [session_id]).fetchall()
     turns: list[dict[str, Any]] = []
-    start, previous = 0, None
-    for row_id, tick, at, meta in turn_rows:
-        report = json.loads(meta)["turn"]
-        turns.append({"index": len(turns) + 1, "row_id": row_id, "tick_from": start, "tick_to": tick,
-                      "created_at": _iso(at), **report, "reason": break_reason(report, previous),
-                      "events": [], "compactions": []})
-        start, previous = tick + 1, report
+    reports = [json.loads(meta)["turn"] for _, _, _, meta in turn_rows]
+    main = next((r.get("thread") for r in reversed(reports) if r.get("session_naming") != "side"), None)
+    start, previous, index = 0, {False: None, True: None}, 0  # a side call's reason is against the last side call
+    for (row_id, tick, at, _), report in zip(turn_rows, reports):
+        side = is_side(report, main)
+        index += not side
+        turns.append({"index": None if side else index, "side": side, "row_id": row_id, "tick_from": start,
+                      "tick_to": tick, "created_at": _iso(at), **report,
+                      "reason": break_reason(report, previous[side]), "events": [], "compactions": []})
+        start, previous[side] = tick + 1, report
     ends = [t["tick_to"] for t in turns]
 
     def owner(tick: int) -> dict[str, Any] | None:

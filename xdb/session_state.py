@@ -22,7 +22,7 @@ import duckdb
 
 from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
-from xdb.browse import TURN_ROWS
+from xdb.browse import MAIN_THREADS, SIDE, TURN_ROWS
 from xdb.interface import reads
 from xdb.owner import owned
 from xdb.sql import one_int, transaction
@@ -148,16 +148,18 @@ NO_TURNS: dict[str, Any] = {"turns": 0, "prompt_tokens": 0, "cached_tokens": 0, 
 
 
 def _turn_totals(cur: duckdb.DuckDBPyConnection, session_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Each session's turn records summed: how many, their engine's token counts, the last one's time."""
+    """Each session's turn records summed: its turns (side calls apart), the tokens of every request, and
+    when the last ended."""
     if not session_ids:
         return {}
     rows = cur.execute(f"""
-        SELECT session_id, count(*),
-               sum(TRY_CAST(json_extract_string(metadata, '$.turn.prompt_tokens') AS BIGINT)),
-               sum(TRY_CAST(json_extract_string(metadata, '$.turn.cached_tokens') AS BIGINT)),
-               sum(TRY_CAST(json_extract_string(metadata, '$.turn.completion_tokens') AS BIGINT)), max(created_at)
-        FROM timesteps WHERE session_id IN (SELECT unnest(?)) AND {TURN_ROWS}
-        GROUP BY session_id""", [session_ids]).fetchall()
+        WITH t AS (
+            SELECT session_id, tick, created_at, CAST(metadata AS JSON) -> 'turn' AS m FROM timesteps
+            WHERE session_id IN (SELECT unnest(?)) AND {TURN_ROWS}),
+        {MAIN_THREADS}
+        SELECT session_id, count(*) FILTER (WHERE NOT {SIDE}), sum((m ->> 'prompt_tokens')::BIGINT),
+               sum((m ->> 'cached_tokens')::BIGINT), sum((m ->> 'completion_tokens')::BIGINT), max(created_at)
+        FROM t JOIN main USING (session_id) GROUP BY session_id""", [session_ids]).fetchall()
     return {sid: {"turns": count, "prompt_tokens": prompt or 0, "cached_tokens": cached or 0,
                   "completion_tokens": completion or 0, "last_turn_at": _iso(at)}
             for sid, count, prompt, cached, completion, at in rows}

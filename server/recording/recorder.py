@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from ahc.core.spans import SESSION_ID
 from lens.side_channel import completion_key
+from orchestrator.cache_report import SIDE_CALL
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
 from orchestrator.turn import Turn
@@ -108,8 +109,10 @@ class Recorder:
     def record_inputs(self, prepared: Prepared) -> None:
         if prepared.session is None and not prepared.named:  # an id made for it: nothing stored to look up
             self.xdb.start_session(prepared.session_id)
-        events: list[RowEvent] = [event for turn in new_input_turns(prepared) for event in input_events(turn)]
-        if prepared.query is not None:
+        side = prepared.report.session_naming == SIDE_CALL  # its turn record holds what it was
+        events: list[RowEvent] = [] if side else [
+            event for turn in new_input_turns(prepared) for event in input_events(turn)]
+        if prepared.query is not None and not side:
             events.append(("input", "user", prepared.query, None))
         for action in prepared.report.governor:
             events.append(("system", None, f"governor action {action}", {"action": action}))
@@ -151,6 +154,8 @@ class Recorder:
                 "request_id": usage.request_id if usage else None}
         if self.engine_label is not None:
             turn["engine"] = self.engine_label
+        if prepared.thread is not None:  # the tools it offered: a side call's are not its session's turns'
+            turn["thread"] = prepared.thread
         summary = (f"turn: {report.mode}, {turn['prompt_tokens']} prompt tokens, {turn['cached_tokens']} cached, "
                    f"first changed block {report.first_changed_block}")
         self.submit(self.rows(prepared.session_id, [("system", None, summary, {"turn": turn})]))
