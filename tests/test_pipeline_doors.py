@@ -1,6 +1,7 @@
 """What the turn pipeline gives every door, held on the doors that once ran their own: on the Responses
 door, a client hanging up cancels the engine request of a response it is not streaming, and a streamed
-response's last token never waits for the commit its `response.completed` waits for. On AHC's whole app
+response's last token never waits for the commit its `response.completed` waits for; on every door, a
+reply's turn record is committed before the client has the reply. On AHC's whole app
 (fake engine), driven over ASGI so the client's hang-up and the disk's pace are the test's."""
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_app import ahc_app
+from fake_app import ALICE, ahc_app
 from fake_engine import FakeEngine
+from fastapi.testclient import TestClient
 from vllm.config import VllmConfig
 
 from ahc.core.config import AHCConfig
@@ -110,3 +112,18 @@ def test_a_streamed_responses_last_token_does_not_wait_for_the_disk_but_complete
                    if event.startswith("event: response.output_text.delta"))
     completed = json.loads("".join(after).split("\n\n")[-2].split("\ndata: ", 1)[1])["response"]
     assert text and completed["output"][0]["content"][0]["text"] == text  # every token went out before the wait
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_a_replys_turn_record_is_readable_once_the_client_has_the_reply(
+        two_tenants: tuple[TestClient, Runtime], stream: bool) -> None:
+    http, _ = two_tenants
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Session-ID": f"at-once-{stream}"}
+    for n in (1, 2):
+        body = {"model": "tiny", "max_tokens": 4, "stream": stream,
+                "messages": [{"role": "user", "content": f"Question {n}?"}]}
+        with http.stream("POST", "/v1/chat/completions", headers=headers, json=body) as response:
+            assert response.status_code == 200
+            response.read()
+        turns = http.get(f"/v1/xdb/sessions/at-once-{stream}/turns", headers=headers).json()["turns"]
+        assert len(turns) == n  # no wait: the record was committed before the response ended

@@ -142,13 +142,12 @@ class TurnPipeline:
         return JSONResponse(body, status_code=200, headers=headers)
 
     async def settle(self, turn: ChatTurn, reply: dict[str, Any]) -> None:
-        """A completed reply: its tool calls and the turn record are recorded (the calls durable before the
-        response ends, like the tokens), and it joins the session's State."""
+        """A completed reply: its tool calls and the turn record are recorded and committed (a client that
+        reads its session once it has the reply finds the turn there), and it joins the session's State."""
         recorder = self.runtime.recorder
         recorder.record_reply(turn.prepared, reply)
         recorder.record_turn(turn.prepared, current_usage.get())
-        if reply.get("tool_calls"):
-            await recorder.aflush(session_id=turn.session_id)
+        await recorder.aflush(session_id=turn.session_id)
         await turn.commit(reply)
 
 
