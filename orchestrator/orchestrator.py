@@ -2,7 +2,7 @@
 CAG/RAG decision, the CTC governor, assembly, and the cache report.
 
 `prepare` decides; it never adds to the session's State. `commit` (with the reply) and `rollback`
-settle it. The server drives them through a `ChatTurn` (`Orchestrator.turn`), which guarantees one
+settle it. The server drives them through a `RequestTurn` (`Orchestrator.turn`), which guarantees one
 of the two happens, exactly once, whatever becomes of the request."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, 
 from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, REPLICA, SIDE_CALL, CacheReport
-from orchestrator.chat_turn import ChatTurn
 from orchestrator.codex_placement import RAG, Placement, codex_key, decide, moved
 from orchestrator.codex_renditions import (
     CONDENSE_ACTION,
@@ -41,6 +40,7 @@ from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
 from orchestrator.named_sessions import NamedSessions, tools_key
 from orchestrator.prepared import Prepared
+from orchestrator.request_turn import RequestTurn
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
@@ -376,12 +376,12 @@ class Orchestrator:
             f"max_model_len {self.max_model_len:,}; shorten the largest block or ask for fewer max_tokens",
             param="context", code="context_length_exceeded")
 
-    def turn(self, request: TurnRequest) -> ChatTurn:
+    def turn(self, request: TurnRequest) -> RequestTurn:
         """One request's life: `async with orchestrator.turn(request) as turn: ...`, then
         `await turn.commit(reply)`; anything else rolls the session back."""
         spec = request.spec
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return ChatTurn(self, request, lock)
+        return RequestTurn(self, request, lock)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from ahc.core.config import AHCConfig
 from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
-from orchestrator.chat_turn import ChatTurn
+from orchestrator.request_turn import RequestTurn
 from server.chat import serving as chat_route
 from server.runtime import Runtime
 from server.tenancy.request_context import EngineUsage
@@ -159,7 +159,7 @@ def spy_on_stream(monkeypatch: pytest.MonkeyPatch) -> StreamSpy:
     spy = StreamSpy()
     original = chat_route.stream_with_report
 
-    def teeing(chunks: AsyncIterator[str | bytes], turn: ChatTurn, runtime: Runtime,
+    def teeing(chunks: AsyncIterator[str | bytes], turn: RequestTurn, runtime: Runtime,
                usage: EngineUsage | None = None) -> AsyncIterator[str | bytes]:
         async def tee() -> AsyncIterator[str | bytes]:
             async for chunk in chunks:

@@ -67,7 +67,7 @@ def test_ahc_loggers_write_through_vllms_handler_in_its_format(vllm_handler: io.
     logging.getLogger("xdb").handlers = [own]  # set up by the user's own config: left alone
     follow_vllm_logging()
     logging.getLogger("vllm.engine").info("engine line")
-    logging.getLogger("ahc.chat").info("chat line")
+    logging.getLogger("ahc.requests").info("chat line")
     logging.getLogger("orchestrator.retrieval.scoped_indexes").warning("index line")
     logging.getLogger("server.model.token_process").debug("below vLLM's level")
     lines = vllm_handler.getvalue().splitlines()

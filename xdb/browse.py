@@ -39,7 +39,8 @@ def tenant_of(session_id: str) -> str:
 # reported as one, or offering no tools where the session's last turn offered some (a side call an agent
 # sent before its first turn). Over `t` (turn records, `m` their report) joined with `main`.
 MAIN_THREADS = """main AS (
-        SELECT session_id, arg_max(m ->> 'thread', tick) FILTER (WHERE coalesce(m ->> 'session_naming', '') <> 'side') AS thread
+        SELECT session_id,
+               arg_max(m ->> 'thread', tick) FILTER (WHERE coalesce(m ->> 'session_naming', '') <> 'side') AS thread
         FROM t GROUP BY session_id)"""
 SIDE = ("(coalesce(m ->> 'session_naming', '') = 'side' "
         "OR (coalesce(m ->> 'thread', '-') = '' AND coalesce(main.thread, '') <> ''))")

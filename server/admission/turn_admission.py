@@ -14,7 +14,7 @@ from prometheus_client import Histogram
 
 from ahc.core.errors import Unavailable
 from ahc.core.spans import GOVERNOR_ACTIONS, SESSION_ID
-from orchestrator.chat_turn import ChatTurn
+from orchestrator.request_turn import RequestTurn
 from server.admission.session_admission import SessionAdmission
 from server.admission.vram_governor import VramGovernor
 from server.recording.recorder import Recorder
@@ -24,7 +24,7 @@ POLL_S = 0.05
 tracer = trace.get_tracer(__name__)
 
 
-async def admit(turn: ChatTurn, governor: VramGovernor, asked: Asked, max_model_len: int,
+async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_model_len: int,
                 sessions: SessionAdmission | None = None, waits: Histogram | None = None) -> None:
     """Let the session's turn in (session-aware, when on), then reserve its blocks (`asked`: what the
     turn's request asks to generate) or raise GovernorRejected; what the governors did goes in the report."""
@@ -49,7 +49,7 @@ async def admit(turn: ChatTurn, governor: VramGovernor, asked: Asked, max_model_
     turn.on_close(reservation.release)
 
 
-async def _admit_session(turn: ChatTurn, sessions: SessionAdmission, governor: VramGovernor, asked: Asked,
+async def _admit_session(turn: RequestTurn, sessions: SessionAdmission, governor: VramGovernor, asked: Asked,
                          actions: list[str], waits: Histogram | None) -> None:
     # What the turn leaves in the cache: its whole prompt and the reply it asks room for.
     footprint = governor.blocks_needed(turn.prepared.prompt.tokens, 0, asked.completion_tokens or 0)
@@ -110,6 +110,6 @@ def request_blocks(governor: VramGovernor, asked: Asked, max_model_len: int, pro
                                   asked.choices)
 
 
-def _blocks_needed(turn: ChatTurn, governor: VramGovernor, asked: Asked, max_model_len: int) -> int:
+def _blocks_needed(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_model_len: int) -> int:
     return request_blocks(governor, asked, max_model_len, turn.prepared.prompt.tokens,
                           turn.report.cached_estimate())

@@ -13,7 +13,7 @@ from server.chat.serving import ChatDoorCall
 from server.pipeline.door import install_ahead, traced
 from server.pipeline.turn_pipeline import TurnPipeline
 from server.runtime import Runtime
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_tenant
 
 PATH = "/v1/chat/completions"
@@ -23,7 +23,7 @@ def install_chat_route(app: FastAPI, runtime: Runtime) -> None:
     pipeline = TurnPipeline(runtime)
 
     async def chat_completions(request: ChatRequest, raw_request: Request) -> Response:
-        async def serve(telemetry: ChatTelemetry) -> Response:
+        async def serve(telemetry: RequestTelemetry) -> Response:
             body = await raw_request.json()  # parsed once by FastAPI already; Starlette keeps it
             call = ChatCall.read(request, body, raw_request.headers, current_tenant.get())
             return await pipeline.serve(ChatDoorCall(call), raw_request, telemetry)

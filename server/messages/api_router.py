@@ -13,7 +13,7 @@ from server.messages.serving import MessagesService
 from server.pipeline.door import install_ahead, traced
 from server.pipeline.turn_pipeline import TurnPipeline
 from server.runtime import Runtime
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_tenant
 
 PATH = "/v1/messages"
@@ -23,7 +23,7 @@ def install_messages_route(app: FastAPI, runtime: Runtime) -> None:
     service = MessagesService(TurnPipeline(runtime))
 
     async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
-        async def serve(telemetry: ChatTelemetry) -> Response:
+        async def serve(telemetry: RequestTelemetry) -> Response:
             return await service.serve(request, raw_request, current_tenant.get(), telemetry)
 
         return await traced(raw_request, "messages", serve)

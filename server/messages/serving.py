@@ -23,7 +23,7 @@ from server.chat.protocol import ChatCall, ChatRequest
 from server.chat.serving import ChatDoorCall
 from server.messages.protocol import MessagesRequest, metadata_session
 from server.pipeline.turn_pipeline import TurnPipeline
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.tenants import Tenant
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class MessagesService:
         self._warned: set[str] = set()  # models whose dropped thinking has been logged (once each)
 
     async def serve(self, request: MessagesRequest, raw_request: Request, tenant: Tenant,
-                    telemetry: ChatTelemetry) -> Response:
+                    telemetry: RequestTelemetry) -> Response:
         handler: AnthropicServingMessages = raw_request.app.state.anthropic_serving_messages
         warning = None
         if request.thinking is not None and request.thinking.type == "enabled" and not reasoning(raw_request):

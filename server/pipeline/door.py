@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from server.pipeline.turn_stream import TurnStream
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 
 
 def install_ahead(app: FastAPI, route: APIRoute) -> None:
@@ -23,9 +23,9 @@ def install_ahead(app: FastAPI, route: APIRoute) -> None:
     app.router.routes.insert(0, route)
 
 
-async def traced(raw_request: Request, door: str, serve: Callable[[ChatTelemetry], Awaitable[Response]]) -> Response:
+async def traced(raw_request: Request, door: str, serve: Callable[[RequestTelemetry], Awaitable[Response]]) -> Response:
     """`serve` under the request's log line and span (`chat MODEL`), ended here, or by the stream."""
-    telemetry = ChatTelemetry(raw_request.headers, door)
+    telemetry = RequestTelemetry(raw_request.headers, door)
     try:
         telemetry.requested(await raw_request.json())  # parsed by FastAPI already; Starlette keeps it
         with telemetry.current():

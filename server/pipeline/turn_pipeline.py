@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from orchestrator.chat_turn import ChatTurn
+from orchestrator.request_turn import RequestTurn
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked, admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
@@ -28,7 +28,7 @@ from server.http.errors import error_body, error_response
 from server.http.session_key import HEADER, header_value
 from server.pipeline.turn_stream import TurnStream
 from server.runtime import Runtime
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.tenancy.tenants import Tenant
 
@@ -56,16 +56,16 @@ class DoorCall(Protocol):
     async def resolve(self, runtime: Runtime) -> TurnRequest:
         """What the orchestrator gets, with everything the request names by reference read."""
 
-    async def generate(self, turn: ChatTurn, raw_request: Request) -> Response | None:
+    async def generate(self, turn: RequestTurn, raw_request: Request) -> Response | None:
         """vLLM's route for the door on the engine request made from the prepared turn."""
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """A JSON response's reply, as the chat message the session's State keeps."""
 
-    async def settled(self, turn: ChatTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    async def settled(self, turn: RequestTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The JSON response as the door sends it, once its turn has settled (the report goes in after)."""
 
-    def stream(self, chunks: AsyncIterable[str | bytes], turn: ChatTurn,
+    def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
                pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
         """vLLM's SSE chunks as the door sends them, settling the turn through `pipeline`."""
 
@@ -74,7 +74,7 @@ class TurnPipeline:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def serve(self, call: DoorCall, raw_request: Request, telemetry: ChatTelemetry) -> Response:
+    async def serve(self, call: DoorCall, raw_request: Request, telemetry: RequestTelemetry) -> Response:
         runtime, oc = self.runtime, self.runtime.config.orchestrator
         telemetry.model = call.model
         call.refuse(runtime)
@@ -97,13 +97,13 @@ class TurnPipeline:
                                   background=response.background)
             return await self.finish_json(call, response, turn)
 
-    def want_condensed(self, turn: ChatTurn, tenant: Tenant) -> None:
+    def want_condensed(self, turn: RequestTurn, tenant: Tenant) -> None:
         """A Codex the orchestrator could not fit whole gets its condensed rendition made in the
         background, for the turns after this one."""
         if turn.prepared.condense_wanted and self.runtime.config.orchestrator.codex_condense:
             self.runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
 
-    async def admit(self, turn: ChatTurn, asked: Asked) -> None:
+    async def admit(self, turn: RequestTurn, asked: Asked) -> None:
         """Against the KV cache (session admission, the VRAM governor); a refused turn's inputs are
         still recorded."""
         runtime = self.runtime
@@ -115,7 +115,7 @@ class TurnPipeline:
             await self.record_inputs(turn)
             raise
 
-    async def record_inputs(self, turn: ChatTurn) -> None:
+    async def record_inputs(self, turn: RequestTurn) -> None:
         """The turn's inputs and cache report, before the engine sees the request (the recording engine
         puts the tenant's salt on the prompt and records its tokens under the session)."""
         runtime = self.runtime
@@ -124,7 +124,7 @@ class TurnPipeline:
             await runtime.recorder.know_session(turn.session_id)
         runtime.recorder.record_inputs(turn.prepared)
 
-    async def finish_json(self, call: DoorCall, response: Response | None, turn: ChatTurn) -> Response:
+    async def finish_json(self, call: DoorCall, response: Response | None, turn: RequestTurn) -> Response:
         if response is None:  # the client went away; vLLM aborted the request
             return error_response(499, "client closed the request")
         if response.status_code != 200:  # the turn rolls back
@@ -141,7 +141,7 @@ class TurnPipeline:
         headers[HEADER] = session_header(turn)
         return JSONResponse(body, status_code=200, headers=headers)
 
-    async def settle(self, turn: ChatTurn, reply: dict[str, Any]) -> None:
+    async def settle(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
         """A completed reply: its tool calls and the turn record are recorded and committed (a client that
         reads its session once it has the reply finds the turn there), and it joins the session's State."""
         recorder = self.runtime.recorder
@@ -151,12 +151,12 @@ class TurnPipeline:
         await turn.commit(reply)
 
 
-def session_header(turn: ChatTurn) -> str:
+def session_header(turn: RequestTurn) -> str:
     """The session's id for the `X-Session-ID` response header, as the client names it."""
     return header_value(current_tenant.get().unscope(turn.session_id))
 
 
-def report_json(turn: ChatTurn) -> dict[str, Any]:
+def report_json(turn: RequestTurn) -> dict[str, Any]:
     """The cache report, naming the session as the client does."""
     return turn.report.to_json(current_tenant.get().unscope(turn.session_id))
 

@@ -12,7 +12,7 @@ from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from server.pipeline.door import install_ahead, traced
 from server.responses.serving import ResponsesService
 from server.runtime import Runtime
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_tenant
 
 PATH = "/v1/responses"
@@ -22,7 +22,7 @@ def install_responses_route(app: FastAPI, runtime: Runtime) -> None:
     service = ResponsesService(runtime)
 
     async def create_response(request: ResponsesRequest, raw_request: Request) -> Response:
-        async def serve(telemetry: ChatTelemetry) -> Response:
+        async def serve(telemetry: RequestTelemetry) -> Response:
             return await service.serve(request, raw_request, current_tenant.get(), telemetry)
 
         return await traced(raw_request, "responses", serve)

@@ -29,9 +29,9 @@ from starlette.responses import Response
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
 from ahc.core.errors import InvalidRequest, NotFound
-from orchestrator.chat_turn import ChatTurn
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
+from orchestrator.request_turn import RequestTurn
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
@@ -52,7 +52,7 @@ from server.responses.protocol import (
     with_items,
 )
 from server.runtime import Runtime
-from server.telemetry.chat_telemetry import ChatTelemetry
+from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_usage
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import Tenant
@@ -156,7 +156,7 @@ class ResponsesDoorCall:
             key = session_key(None, raw_request.headers.get(HEADER), conversation_id(request), CONVERSATION)
         return tenant.scope(key.session_id) if key.session_id is not None else None
 
-    def engine_request(self, exchange: _Exchange, turn: ChatTurn) -> ResponsesRequest:
+    def engine_request(self, exchange: _Exchange, turn: RequestTurn) -> ResponsesRequest:
         """What vLLM's handler is given: a kept turn's prepared prompt as its instructions and input items
         (the recording engine puts the tenant's salt on the prompt), under an id the server makes. vLLM
         names the response by the request's `request_id`, which a client may set: stored responses are
@@ -171,7 +171,7 @@ class ResponsesDoorCall:
         # Validated again, so the items are vLLM's types (its handler tells them apart by class).
         return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True), **update})
 
-    async def generate(self, turn: ChatTurn, raw_request: Request) -> Response | None:
+    async def generate(self, turn: RequestTurn, raw_request: Request) -> Response | None:
         """vLLM's own Responses route on the engine request (its cancellation when the client hangs up)."""
         from vllm.entrypoints.openai.responses.api_router import create_responses
 
@@ -182,7 +182,7 @@ class ResponsesDoorCall:
     def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return reply_of(body.get("output") or [])
 
-    async def settled(self, turn: ChatTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    async def settled(self, turn: RequestTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The response echoing the request as the client sent it, stored (without the report) if asked."""
         assert self.exchange is not None
         exchange = self.exchange
@@ -193,7 +193,7 @@ class ResponsesDoorCall:
                                     exchange.kept, [*exchange.own, reply], body)
         return body
 
-    async def stream(self, chunks: AsyncIterable[str | bytes], turn: ChatTurn,
+    async def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
                      pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
         """vLLM's events as its route sends them, those carrying the response echoing the request and the
         cache report added to `response.created`'s. `response.completed` is held until the reply's rows are
@@ -237,7 +237,7 @@ class ResponsesService:
         self.pipeline = TurnPipeline(runtime)
 
     async def serve(self, request: ResponsesRequest, raw_request: Request, tenant: Tenant,
-                    telemetry: ChatTelemetry) -> Response:
+                    telemetry: RequestTelemetry) -> Response:
         return await self.pipeline.serve(ResponsesDoorCall(request, raw_request, tenant), raw_request, telemetry)
 
     async def retrieve(self, response_id: str, tenant: Tenant, stream: bool) -> dict[str, Any]:

@@ -34,7 +34,7 @@ class TurnDriver(Protocol):
     def rollback(self, prepared: Prepared) -> None: ...
 
 
-class ChatTurn:
+class RequestTurn:
     def __init__(self, driver: TurnDriver, request: TurnRequest, lock: asyncio.Lock | None) -> None:
         self._driver = driver
         self._request = request
@@ -45,7 +45,7 @@ class ChatTurn:
         self._closed = False
         self._handed_over = False
 
-    async def __aenter__(self) -> ChatTurn:
+    async def __aenter__(self) -> RequestTurn:
         if self._lock is not None:
             await self._lock.acquire()
         try:
@@ -117,7 +117,7 @@ class ChatTurn:
         if saving.cancelled() or saving.exception() is not None:
             self._driver.abandon(self.prepared)
 
-    def hand_over(self) -> ChatTurn:
+    def hand_over(self) -> RequestTurn:
         """The `async with` ends but the turn goes on (a streamed reply); the new owner closes it."""
         self._handed_over = True
         return self

@@ -37,13 +37,13 @@ from ahc.core.spans import (
     RESPONSE_MODEL,
     TENANT,
 )
-from orchestrator.chat_turn import ChatTurn
 from orchestrator.orchestrator import prompt_attributes
+from orchestrator.request_turn import RequestTurn
 from server.telemetry.genai_messages import input_messages, output_messages
 from server.telemetry.tracing import records_content, start_request_span
 from server.tenancy.request_context import EngineUsage, current_tenant, current_usage
 
-log = logging.getLogger("ahc.chat")
+log = logging.getLogger("ahc.requests")
 
 OPERATION = "chat"  # the GenAI operation of every door: the Messages and Responses APIs are chats too
 # A request body's sampling fields, whichever door's (chat completions, Messages, Responses), as the
@@ -64,7 +64,7 @@ REQUEST_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
-class ChatTelemetry:
+class RequestTelemetry:
     def __init__(self, headers: Mapping[str, str], door: str = "chat") -> None:
         """`door`: the API the request came by (`chat`, `messages`, `responses`), naming its log line.
         The span is named after the GenAI operation, and its model once that is read."""
@@ -73,7 +73,7 @@ class ChatTelemetry:
             OPERATION_NAME: OPERATION, PROVIDER_NAME: "vllm", DOOR: door, TENANT: current_tenant.get().name})
         # What the engine reports of the prompt, once it has seen it, and of the reply.
         self.usage = EngineUsage(texts={} if records_content() else None)
-        self.turn: ChatTurn | None = None  # set once the orchestrator has prepared the prompt
+        self.turn: RequestTurn | None = None  # set once the orchestrator has prepared the prompt
         self._model: str | None = None
         self._ended = False
 
@@ -192,7 +192,7 @@ def response_id(door: str, request_id: str) -> str:
     return request_id.rpartition("_")[0]
 
 
-def outcome_of(turn: ChatTurn | None, error: BaseException | None) -> str:
+def outcome_of(turn: RequestTurn | None, error: BaseException | None) -> str:
     """`committed` (the reply completed and joined the session), the error that ended the request, or
     `incomplete` (an error response from vLLM, a client gone before the end)."""
     if error is not None:

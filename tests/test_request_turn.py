@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.chat_turn import ChatTurn
 from orchestrator.prepared import Prepared
+from orchestrator.request_turn import RequestTurn
 from orchestrator.turn_request import TurnRequest
 
 
@@ -40,7 +40,7 @@ class SlowSave:
 def test_a_client_leaving_during_the_save_neither_cancels_it_nor_hides_its_failure(outcome: str) -> None:
     async def run() -> SlowSave:
         driver = SlowSave()
-        turn = ChatTurn(driver, TurnRequest(None), asyncio.Lock())
+        turn = RequestTurn(driver, TurnRequest(None), asyncio.Lock())
 
         async def request() -> None:
             async with turn:
