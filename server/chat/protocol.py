@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from starlette.datastructures import Headers
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
+from ahc.core.errors import InvalidRequest
 from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.turn_request import TurnRequest
@@ -39,14 +40,29 @@ class ChatRequest(ChatCompletionRequest):
     @field_validator("messages")
     @classmethod
     def _message_sizes(cls, messages: list[Any]) -> list[Any]:
-        """Each message's text within MESSAGE_MAX_CHARS (ahc/core/limits.py): a message may be a pasted
-        document, but not the whole body's worth of one."""
-        for i, message in enumerate(messages):
-            chars = _content_chars(message.get("content") if isinstance(message, dict) else None)
-            if chars > MESSAGE_MAX_CHARS:
-                raise ValueError(f"messages.{i}.content is {chars:,} characters, over the limit of "
-                                 f"{MESSAGE_MAX_CHARS:,}")
+        if (oversized := oversized_message(messages)) is not None:
+            raise ValueError(oversized[1])
         return messages
+
+    @classmethod
+    def of(cls, converted: ChatCompletionRequest, **ahc: Any) -> ChatRequest:
+        """A chat request vLLM has made and validated (another door's, converted), with AHC's fields: not
+        validated again, but for the messages' sizes."""
+        if (oversized := oversized_message(converted.messages)) is not None:
+            raise InvalidRequest(oversized[1], param=f"messages.{oversized[0]}.content")
+        fields = {name: getattr(converted, name) for name in type(converted).model_fields}
+        given = {name: value for name, value in ahc.items() if value is not None}
+        return cls.model_construct(_fields_set=converted.model_fields_set | given.keys(), **fields, **given)
+
+
+def oversized_message(messages: list[Any]) -> tuple[int, str] | None:
+    """The first message whose text is over MESSAGE_MAX_CHARS (ahc/core/limits.py), and why: a message
+    may be a pasted document, but not the whole body's worth of one."""
+    for i, message in enumerate(messages):
+        chars = _content_chars(message.get("content") if isinstance(message, dict) else None)
+        if chars > MESSAGE_MAX_CHARS:
+            return i, f"messages.{i}.content is {chars:,} characters, over the limit of {MESSAGE_MAX_CHARS:,}"
+    return None
 
 
 def _content_chars(content: Any) -> int:

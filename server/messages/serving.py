@@ -14,8 +14,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
 
@@ -78,16 +76,11 @@ async def chat_call(handler: AnthropicServingMessages, request: MessagesRequest,
         effort = await handler._get_disabled_thinking_effort()
     converted = handler.to_chat_completion_request(request, merge_inline_system=handler._merge_inline_system,
                                                    disabled_thinking_effort=effort)
-    body = converted.model_dump(mode="json", exclude_unset=True)
+    session = metadata_session(request.metadata)
+    chat = ChatRequest.of(converted, context=request.context, prompt_cache_key=session)
+    body = converted.model_dump(mode="json", exclude_unset=True)  # the messages as the orchestrator keeps them
     if request.context is not None:
         body["context"] = request.context.model_dump(mode="json", exclude_unset=True)
-    session = metadata_session(request.metadata)
-    if session is not None:
-        body["prompt_cache_key"] = session
-    try:
-        chat = ChatRequest.model_validate(body)
-    except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
     return ChatCall.read(chat, body, raw_request.headers, tenant, cache_param="metadata.user_id")
 
 
