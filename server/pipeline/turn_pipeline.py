@@ -144,9 +144,11 @@ class TurnPipeline:
     async def settle(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
         """A completed reply: its tool calls and the turn record are recorded and committed (a client that
         reads its session once it has the reply finds the turn there), and it joins the session's State."""
-        recorder = self.runtime.recorder
+        recorder, usage = self.runtime.recorder, current_usage.get()
         recorder.record_reply(turn.prepared, reply)
-        recorder.record_turn(turn.prepared, current_usage.get())
+        recorder.record_turn(turn.prepared, usage)
+        if usage is not None and usage.texts is not None:  # the trace records the conversation
+            usage.reply = reply
         await recorder.aflush(session_id=turn.session_id)
         await turn.commit(reply)
 

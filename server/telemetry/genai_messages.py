@@ -23,6 +23,14 @@ def output_messages(texts: Mapping[int, Sequence[str]], finish_reasons: Mapping[
                       ensure_ascii=False)
 
 
+def settled_output(reply: Mapping[str, Any], finish_reason: str | None) -> str:
+    """The reply as its door settled it: its text, reasoning and tool calls (parsed) as parts."""
+    message = genai_message(reply)
+    if finish_reason is not None:
+        message["finish_reason"] = finish_reason
+    return json.dumps([message], ensure_ascii=False)
+
+
 def genai_message(message: Mapping[str, Any]) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     if thought := message.get("reasoning") or message.get("reasoning_content"):

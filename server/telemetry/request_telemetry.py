@@ -39,7 +39,7 @@ from ahc.core.spans import (
 )
 from orchestrator.orchestrator import prompt_attributes
 from orchestrator.request_turn import RequestTurn
-from server.telemetry.genai_messages import input_messages, output_messages
+from server.telemetry.genai_messages import input_messages, output_messages, settled_output
 from server.telemetry.tracing import records_content, start_request_span
 from server.tenancy.request_context import EngineUsage, current_tenant, current_usage
 
@@ -150,7 +150,9 @@ class RequestTelemetry:
         if self.usage.texts is not None:
             if self.turn is not None:
                 attributes[INPUT_MESSAGES] = input_messages(self.turn.prepared.messages)
-            if self.usage.texts:
+            if self.usage.reply is not None and len(self.usage.texts) <= 1:  # n > 1: every choice as made
+                attributes[OUTPUT_MESSAGES] = settled_output(self.usage.reply, self.usage.finish_reasons.get(0))
+            elif self.usage.texts:  # not settled (cut off): what the engine made
                 attributes[OUTPUT_MESSAGES] = output_messages(self.usage.texts, self.usage.finish_reasons)
         return attributes
 

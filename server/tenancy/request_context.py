@@ -30,6 +30,8 @@ class EngineUsage:
     finish_reasons: dict[int, str] = field(default_factory=dict)  # the engine's, by choice index
     # Each choice's generated text, by choice index: kept only when traces record the conversation.
     texts: dict[int, list[str]] | None = None
+    # With `texts`: the reply as its door settled it (tool calls parsed), once it has.
+    reply: dict[str, Any] | None = None
     # Set by a route that streams one choice and holds the end of its stream until the reply is
     # durable itself (the chat route): the engine then hands its last output on at once, and
     # `durable` is done once the reply's rows are committed.
