@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from ahc.core.config import OrchestratorConfig
 from ahc.core.errors import InvalidRequest
-from ahc.core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, INPUT_TOKENS, SESSION_ID
+from ahc.core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, PROMPT_TOKENS, SESSION_ID
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat
@@ -503,7 +503,7 @@ def prompt_attributes(prepared: Prepared) -> dict[str, Any]:
     report = prepared.report
     attributes: dict[str, Any] = {SESSION_ID: prepared.session_id, CONTEXT_MODE: report.mode}
     if prepared.prompt_tokens:
-        attributes[INPUT_TOKENS] = prepared.prompt_tokens
+        attributes[PROMPT_TOKENS] = prepared.prompt_tokens
     if report.first_changed_block is not None:
         attributes[FIRST_CHANGED_BLOCK] = report.first_changed_block
     if report.governor:

@@ -32,6 +32,7 @@ from ahc.core.spans import (
     OPERATION_NAME,
     OUTPUT_MESSAGES,
     OUTPUT_TOKENS,
+    PROMPT_TOKENS,
     SESSION_ID,
 )
 from bench.servers import start_server
@@ -137,7 +138,7 @@ def test_a_chat_request_is_one_trace_from_the_client_through_ahc_to_the_engine(
     generated = attributes["gen_ai.usage.output_tokens"]
     assert generated > 0 and (stream or generated == response.json()["usage"]["completion_tokens"])
     assembled = only(spans, "ahc.prompt.assemble").attributes or {}
-    assert assembled[SESSION_ID] == "s1" and assembled[INPUT_TOKENS] > 0
+    assert assembled[SESSION_ID] == "s1" and assembled[PROMPT_TOKENS] > 0 and INPUT_TOKENS not in assembled
     # two flushes: the reply's tokens, then its turn record (committed before the response ends)
     flushes = [s for s in spans.get_finished_spans() if s.name == "ahc.record.flush"]
     assert len(flushes) == 2 and all((s.attributes or {})[SESSION_ID] == "s1" for s in flushes)

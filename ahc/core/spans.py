@@ -22,6 +22,8 @@ RESPONSE_ID = "gen_ai.response.id"
 RESPONSE_MODEL = "gen_ai.response.model"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"  # the engine's, one for each choice
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
+# The orchestrator's count of the prompt it assembled: AHC's own name, so usage is counted once (the engine's).
+PROMPT_TOKENS = "ahc.prompt.tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prompt tokens the prefix cache held
 # The conversation itself, as JSON: only when the user opts in (server/telemetry/genai_messages.py).

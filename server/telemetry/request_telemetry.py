@@ -143,8 +143,7 @@ class RequestTelemetry:
         if self.model is not None:
             attributes[REQUEST_MODEL] = self.model
         if self.turn is not None:
-            # The usage is the engine's count alone: the orchestrator's goes on the assembly's span.
-            attributes.update({k: v for k, v in prompt_attributes(self.turn.prepared).items() if k != INPUT_TOKENS})
+            attributes.update(prompt_attributes(self.turn.prepared))
             attributes[CONVERSATION_ID] = self.turn.session_id
         attributes.update(self.response_attributes())
         if self.usage.texts is not None:
