@@ -3,12 +3,13 @@
 keeps is the last request's block hashes, so each report can still say where the prefix changed since
 that request.
 
-Agents send side requests under their session's id: a title, a summary, a quota or topic check. They
-carry no tools beside turns that carry the agent's: such a request is a side call of the session,
-reported against its own last request, and neither becomes the session's turn nor breaks the next turn's
-report. A session whose first requests offered no tools takes its turns' tools from the first request
-that offers some (an agent's first turn after a side call it sent first): the requests before it read
-as side calls (xdb/browse.py)."""
+Agents send side requests under their session's id: a title, a summary, a quota or topic check, a
+sub-agent's conversation. They do not continue the session's history, or carry no tools beside turns
+that carry the agent's: such a request is a side call of the session (`side`), reported against its own
+last request, and neither becomes the session's turn nor breaks the next turn's report. A session whose
+first requests offered no tools takes its turns' tools from the first request that offers some (an
+agent's first turn after a side call it sent first): the requests before it read as side calls
+(xdb/browse.py)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,18 @@ class NamedSessions:
         self.capacity = max(capacity, 1)
         self._hashes: OrderedDict[str, tuple[str | None, dict[str, str]]] = OrderedDict()
 
-    def side(self, session_id: str, thread: str) -> bool:
-        """Whether a request of the session offering the tools `thread` names is a side call: it offers
-        none, and the session's turns offer some."""
-        return thread == NO_TOOLS and self._main(session_id) not in (None, NO_TOOLS)
+    def side(self, session_id: str, thread: str, continues: bool) -> bool:
+        """Whether a request of the session is a side call: offering no tools where its turns offer some
+        (whatever its messages: a summary call resends the history), or not continuing the session's
+        history with other tools than its turns' (a sub-agent's) or, in a session without tools, with
+        none (a title call). A request offering tools to a session whose requests offered none is its
+        turn: an agent's first, after side calls it sent first."""
+        main = self._main(session_id)
+        if main is None or thread == main:
+            return thread == NO_TOOLS and main == NO_TOOLS and not continues
+        if thread == NO_TOOLS:
+            return True
+        return main != NO_TOOLS and not continues
 
     def _main(self, session_id: str) -> str | None:
         known = self._hashes.get(session_id)

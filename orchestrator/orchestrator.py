@@ -414,7 +414,7 @@ class Orchestrator:
         thread = tools_key(turn.tools)
         if label is not None and naming == "explicit":
             seen = self.named_conversations.seen(label, heads)
-            if self.named.side(label, thread):  # a title, summary or quota call beside the session's turns
+            if self.named.side(label, thread, continues=seen is not None):  # a title, summary, quota call...
                 naming, seen = SIDE_CALL, None
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
