@@ -4,12 +4,12 @@ keeps is the last request's block hashes, so each report can still say where the
 that request.
 
 Agents send side requests under their session's id: a title, a summary, a quota or topic check, a
-sub-agent's conversation. They do not continue the session's history, or carry no tools beside turns
-that carry the agent's: such a request is a side call of the session (`side`), reported against its own
-last request, and neither becomes the session's turn nor breaks the next turn's report. A session whose
-first requests offered no tools takes its turns' tools from the first request that offers some (an
-agent's first turn after a side call it sent first): the requests before it read as side calls
-(xdb/browse.py)."""
+sub-agent's conversation. They carry no tools beside turns that carry the agent's, or neither continue
+the session's history nor keep its tools (or, without tools, its system prompt): such a request is a
+side call of the session (`side`), reported against its own last request, and neither becomes the
+session's turn nor breaks the next turn's report. A session whose first requests offered no tools takes
+its turns' tools from the first request that offers some (an agent's first turn after a side call it
+sent first): the requests before it read as side calls (xdb/browse.py)."""
 
 from __future__ import annotations
 
@@ -36,15 +36,19 @@ class NamedSessions:
         self.capacity = max(capacity, 1)
         self._hashes: OrderedDict[str, tuple[str | None, dict[str, str]]] = OrderedDict()
 
-    def side(self, session_id: str, thread: str, continues: bool) -> bool:
+    def side(self, session_id: str, thread: str, continues: bool, identity: str | None) -> bool:
         """Whether a request of the session is a side call: offering no tools where its turns offer some
-        (whatever its messages: a summary call resends the history), or not continuing the session's
-        history with other tools than its turns' (a sub-agent's) or, in a session without tools, with
-        none (a title call). A request offering tools to a session whose requests offered none is its
-        turn: an agent's first, after side calls it sent first."""
-        main = self._main(session_id)
-        if main is None or thread == main:
-            return thread == NO_TOOLS and main == NO_TOOLS and not continues
+        (whatever its messages: a summary call resends the history); not continuing the session's history
+        with other tools than its turns' (a sub-agent's); or, in a session without tools, neither
+        continuing its history nor keeping its turns' system prompt (`identity`, the block's hash: a title
+        call; Aider lays each turn out anew under the same system prompt). A request offering tools to a
+        session whose requests offered none is its turn: an agent's first, after side calls it sent first."""
+        known = self._hashes.get(session_id)
+        if known is None:
+            return False
+        main, hashes = known
+        if thread == main:
+            return thread == NO_TOOLS and not continues and hashes.get("identity") != identity
         if thread == NO_TOOLS:
             return True
         return main != NO_TOOLS and not continues

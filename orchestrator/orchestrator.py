@@ -411,14 +411,14 @@ class Orchestrator:
             found = self.conversations.find(heads)
             label, seen = found if found is not None else (None, None)
             naming = "new" if label is None else "inferred"
-        thread = tools_key(turn.tools)
-        if label is not None and naming == "explicit":
-            seen = self.named_conversations.seen(label, heads)
-            if self.named.side(label, thread, continues=seen is not None):  # a title, summary, quota call...
-                naming, seen = SIDE_CALL, None
         identity, turns, query = split_messages(messages, strict=False)
         inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
+        thread = tools_key(turn.tools)
+        if label is not None and naming == "explicit":
+            seen = self.named_conversations.seen(label, heads)
+            if self.named.side(label, thread, seen is not None, prompt.hashes().get("identity")):
+                naming, seen = SIDE_CALL, None  # a title, summary or quota call beside the session's turns
         last = self.named.last_hashes(label, thread if naming in ("explicit", SIDE_CALL) else None,
                                       side=naming == SIDE_CALL)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,

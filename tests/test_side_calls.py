@@ -61,9 +61,9 @@ def test_a_side_call_between_turns_neither_counts_nor_breaks_the_next_report(
 def test_a_side_call_sent_before_the_first_turn_reads_as_one_once_the_turns_come() -> None:
     named = NamedSessions(8)
     no_tools, tools = tools_key([]), tools_key(TOOLS)
-    assert not named.side("s", no_tools, continues=False)  # nothing known yet: the first request is a turn
+    assert not named.side("s", no_tools, False, "sys")  # nothing known yet: the first request is a turn
     named.remember("s", {"identity": "a"}, no_tools)
-    assert not named.side("s", tools, continues=False)  # the agent's first turn takes over as the session's tools
+    assert not named.side("s", tools, False, "sys")  # the agent's first turn takes over as the session's tools
     assert named.last_hashes("s", tools) is None  # and is not reported against the title request
     named.remember("s", {"identity": "b"}, tools)
     assert named.last_hashes("s", tools) == {"identity": "b"}
@@ -73,21 +73,35 @@ def test_what_makes_a_side_call() -> None:
     named = NamedSessions(8)
     no_tools, tools = tools_key([]), tools_key(TOOLS)
     other = tools_key([{"type": "function", "function": {"name": "grep"}}])
-    named.remember("plain", {}, no_tools)
-    assert named.side("plain", no_tools, continues=False)  # a title call beside a chat without tools
-    assert not named.side("plain", no_tools, continues=True)
-    named.remember("agent", {}, tools)
-    assert named.side("agent", no_tools, continues=True)  # a summary call resends the history, without tools
-    assert not named.side("agent", tools, continues=False)  # the agent's own tools: a history compacted
-    assert named.side("agent", other, continues=False)  # a sub-agent's conversation
-    assert not named.side("agent", other, continues=True)  # a tool added to the agent's conversation
+    named.remember("plain", {"identity": "chat"}, no_tools)
+    assert named.side("plain", no_tools, False, "title")  # a title call beside a chat without tools
+    assert not named.side("plain", no_tools, True, "title")
+    assert not named.side("plain", no_tools, False, "chat")  # a turn laid out anew under the same system prompt
+    named.remember("agent", {"identity": "agent"}, tools)
+    assert named.side("agent", no_tools, True, "agent")  # a summary call resends the history, without tools
+    assert not named.side("agent", tools, False, "agent")  # the agent's own tools: a history compacted
+    assert named.side("agent", other, False, "sub")  # a sub-agent's conversation
+    assert not named.side("agent", other, True, "agent")  # a tool added to the agent's conversation
 
 
 def test_a_title_call_beside_a_chat_without_tools_is_a_side_call(two_tenants: tuple[TestClient, Runtime]) -> None:
     http, _ = two_tenants
-    history: list[dict[str, Any]] = [{"role": "user", "content": "What is rule 110?"}]
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You explain automata."},
+                                     {"role": "user", "content": "What is rule 110?"}]
     first = ask(http, history, tools=False)
     assert title(http, "What is rule 110?")["context"]["session_naming"] == "side"
     history += [first["choices"][0]["message"], {"role": "user", "content": "And rule 30?"}]
     second = ask(http, history, tools=False)
     assert second["context"]["session_naming"] == "explicit" and second["context"]["first_changed_block"] == "state"
+
+
+def test_a_turn_laid_out_anew_under_the_same_system_prompt_is_a_turn(two_tenants: tuple[TestClient, Runtime]) -> None:
+    """Aider puts the history before the files each turn: no turn extends the last, all are turns."""
+    http, _ = two_tenants
+    system = {"role": "system", "content": "Act as an expert software developer."}
+    first = ask(http, [system, {"role": "user", "content": "main.py:\nprint(1)"},
+                       {"role": "user", "content": "What does it print?"}], tools=False)
+    second = ask(http, [system, {"role": "user", "content": "What does it print?"}, first["choices"][0]["message"],
+                        {"role": "user", "content": "main.py:\nprint(1)"},
+                        {"role": "user", "content": "Explain it."}], tools=False)
+    assert second["context"]["session_naming"] == "explicit"
