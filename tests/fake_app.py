@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from fake_engine import FakeEngine
 from fastapi import FastAPI
@@ -76,3 +77,51 @@ def health_while_posting(client: TestClient, path: str, body: bytes) -> tuple[Re
             latencies.append(time.perf_counter() - last - 0.01)
             last = time.perf_counter()
         return pending.result(), latencies
+
+
+def post_scope(path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> dict[str, object]:
+    """The ASGI scope of a JSON POST of `body` to `path`."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        *headers]}
+
+
+def stream_past_a_slow_disk(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, monkeypatch: Any,
+                            scope: dict[str, object], body: bytes) -> tuple[list[str], list[str], Runtime]:
+    """A streamed response over ASGI while every commit takes 0.3 s, its client staying to the end: the
+    body chunks sent before the first commit ended, those after, and the runtime (closed)."""
+
+    async def scenario() -> tuple[list[str], list[str], Runtime]:
+        xdb = XDB.open(tmp_path / "xdb")
+        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
+                                     FakeEngine(vllm_config), xdb)
+        flush, committed = runtime.recorder.aflush, asyncio.Event()
+
+        async def slow_flush(timeout: float = 10.0, session_id: str | None = None) -> None:
+            await asyncio.sleep(0.3)  # a disk taking its time
+            await flush(timeout, session_id)
+            committed.set()
+
+        monkeypatch.setattr(runtime.recorder, "aflush", slow_flush)
+        before: list[str] = []
+        after: list[str] = []
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client stays to the end
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                (after if committed.is_set() else before).append(bytes(message["body"]).decode())
+
+        await app(scope, receive, send)
+        runtime.close()
+        xdb.close()
+        return before, after, runtime
+
+    return asyncio.run(scenario())

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from fake_app import ahc_app, health_while_posting, serving
+from fake_app import ahc_app, health_while_posting, post_scope, serving, stream_past_a_slow_disk
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
@@ -374,7 +374,7 @@ def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCCon
                 responding.set()
                 await asyncio.sleep(0.5)  # the hang-up is noticed before the first chunk
 
-        await app(chat_scope(body), receive, send)
+        await app(post_scope("/v1/chat/completions", body), receive, send)
         runtime.close()
         xdb.close()
         return runtime
@@ -389,40 +389,8 @@ def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  #
     """The reply is durable before the client sees it finish, and the commit it waits for never holds
     up its last token: every token goes out first, the finish once the rows are committed."""
     body = json.dumps(chat("s11", stream=True)).encode()
-
-    async def scenario() -> tuple[list[str], list[str], Runtime]:
-        xdb = XDB.open(tmp_path / "xdb")
-        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
-                                     FakeEngine(vllm_config), xdb)
-        flush, committed = runtime.recorder.aflush, asyncio.Event()
-
-        async def slow_flush(timeout: float = 10.0, session_id: str | None = None) -> None:
-            await asyncio.sleep(0.3)  # a disk taking its time
-            await flush(timeout, session_id)
-            committed.set()
-
-        monkeypatch.setattr(runtime.recorder, "aflush", slow_flush)
-        before: list[str] = []
-        after: list[str] = []
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, object]:
-            if messages:
-                return messages.pop(0)
-            await asyncio.Event().wait()  # the client stays to the end
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                text = message["body"].decode() if isinstance(message["body"], bytes) else ""
-                (after if committed.is_set() else before).append(text)
-
-        await app(chat_scope(body), receive, send)
-        runtime.close()
-        xdb.close()
-        return before, after, runtime
-
-    before, after, runtime = asyncio.run(scenario())
+    before, after, runtime = stream_past_a_slow_disk(config, vllm_config, tmp_path, monkeypatch,
+                                                     post_scope("/v1/chat/completions", body), body)
     sent_before = [json.loads(e.removeprefix("data: ")) for e in "".join(before).split("\n\n") if e]
     sent_after = [e for e in "".join(after).split("\n\n") if e]
     reply = runtime.orchestrator.sessions.get("s11").turns[-1].content
@@ -431,15 +399,6 @@ def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  #
     finish = json.loads(sent_after[0].removeprefix("data: "))
     assert finish["choices"][0]["finish_reason"] == "stop" and finish["choices"][0]["delta"] == {}
     assert sent_after[-1] == "data: [DONE]"
-
-
-def chat_scope(body: bytes) -> dict[str, object]:
-    """The ASGI scope of a chat completions POST with `body`."""
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-            "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
-            "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json"),
-                                                       (b"content-length", str(len(body)).encode())]}
 
 
 def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_app import ALICE, ahc_app
+from fake_app import ALICE, ahc_app, post_scope, stream_past_a_slow_disk
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 from vllm.config import VllmConfig
@@ -24,13 +24,7 @@ from xdb import XDB
 PATH = "/v1/responses"
 
 
-def scope(body: bytes) -> dict[str, object]:
-    """The ASGI scope of a Responses POST with `body`."""
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": "POST", "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
-            "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"x-session-id", b"door-test")]}
+HEADERS = [(b"x-session-id", b"door-test")]
 
 
 def test_a_client_hanging_up_cancels_its_unstreamed_response(config: AHCConfig, vllm_config: VllmConfig,
@@ -55,7 +49,7 @@ def test_a_client_hanging_up_cancels_its_unstreamed_response(config: AHCConfig, 
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        await asyncio.wait_for(app(scope(body), receive, send), 2.5)
+        await asyncio.wait_for(app(post_scope(PATH, body, HEADERS), receive, send), 2.5)
         runtime.close()
         xdb.close()
         return engine, sent, runtime
@@ -69,38 +63,8 @@ def test_a_streamed_responses_last_token_does_not_wait_for_the_disk_but_complete
         config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     body = json.dumps({"model": "tiny", "input": "Stream please.", "max_output_tokens": 8, "stream": True}).encode()
 
-    async def scenario() -> tuple[list[str], list[str], Runtime]:
-        xdb = XDB.open(tmp_path / "xdb")
-        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
-                                     FakeEngine(vllm_config), xdb)
-        flush, committed = runtime.recorder.aflush, asyncio.Event()
-
-        async def slow_flush(timeout: float = 10.0, session_id: str | None = None) -> None:
-            await asyncio.sleep(0.3)  # a disk taking its time
-            await flush(timeout, session_id)
-            committed.set()
-
-        monkeypatch.setattr(runtime.recorder, "aflush", slow_flush)
-        before: list[str] = []
-        after: list[str] = []
-        messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, object]:
-            if messages:
-                return messages.pop(0)
-            await asyncio.Event().wait()  # the client stays to the end
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                (after if committed.is_set() else before).append(message["body"].decode())
-
-        await app(scope(body), receive, send)
-        runtime.close()
-        xdb.close()
-        return before, after, runtime
-
-    before, after, runtime = asyncio.run(scenario())
+    before, after, _ = stream_past_a_slow_disk(config, vllm_config, tmp_path, monkeypatch,
+                                               post_scope(PATH, body, HEADERS), body)
 
     def kinds(chunks: list[str]) -> list[str]:
         return [event.split("\n")[0].removeprefix("event: ") for event in "".join(chunks).split("\n\n") if event]
