@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import openai
 import pytest
 from fake_app import BOB
@@ -17,6 +19,8 @@ from test_responses_route import client_for, prompt_of, scoped
 
 from server.runtime import Runtime
 from xdb.owner import EVERY
+from xdb.responses import response_items
+from xdb.schema import APP, MIGRATIONS, migrate
 from xdb.session_state import list_sessions
 
 CALL = {"type": "function_call", "call_id": "call_7", "name": "read_file", "arguments": '{"path": "laws.md"}'}
@@ -109,3 +113,16 @@ def test_a_client_sent_function_call_is_recorded_with_its_name_arguments_and_cal
     client.responses.create(model="tiny", store=False, max_output_tokens=4, prompt_cache_key="named-tools",
                             input=[user("Read the laws."), CALL, RESULT])  # type: ignore[list-item]
     assert_call_recorded(runtime, scoped(runtime, "named-tools"))
+
+
+def test_the_items_of_responses_stored_before_the_index_are_found_after_the_migration(tmp_path: Path) -> None:
+    path = tmp_path / "experience.duckdb"
+    conn = duckdb.connect(str(path))
+    migrate(conn, path, MIGRATIONS[:5], "xdb_meta", APP)  # a file from before response_items
+    response = {"id": "resp_1", "output": [{"id": "msg_a", "type": "message"}, {"id": "fc_b", "type": "function_call"},
+                                           {"type": "no id"}]}
+    conn.execute("INSERT INTO stored_responses VALUES ('resp_1', 's1', NULL, false, '[]', ?, now())",
+                 [json.dumps(response)])
+    migrate(conn, path, MIGRATIONS, "xdb_meta", APP)
+    found = response_items(conn.cursor(), ["fc_b", "msg_a", "msg_none"])
+    assert sorted((session, item["id"]) for session, item in found) == [("s1", "fc_b"), ("s1", "msg_a")]
