@@ -27,8 +27,12 @@ def message_digest(message: dict[str, Any]) -> bytes:
     for call in message.get("tool_calls") or ():
         function = (call.get("function") or {}) if isinstance(call, dict) else {}
         calls.append([function.get("name"), _arguments(function.get("arguments"))])
-    canonical = [message.get("role"), content or "", calls, message.get("tool_call_id")]
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).digest()
+    # The text is hashed as it stands, not inside the JSON of the rest: a long history (an agent's system
+    # prompt, pasted files) is hashed on every request, and JSON-escaping it cost most of that.
+    rest = [message.get("role"), calls, message.get("tool_call_id")]
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode() + b"\0")
+    digest.update(str(content or "").encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def _arguments(arguments: Any) -> Any:
