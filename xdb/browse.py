@@ -26,7 +26,8 @@ CONTENT_CHARS = 4000
 SEPARATOR = "/"  # a tenant's sessions are stored under `tenant/`
 
 
-def _iso(at: dt.datetime | None) -> str | None:
+def iso(at: dt.datetime | None) -> str | None:
+    """A stored (UTC) time as the API writes it."""
     return None if at is None else at.isoformat() + "Z"
 
 
@@ -82,7 +83,7 @@ def sessions_overview(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 2
         out.append({"session_id": sid, "tenant": tenant_of(sid), "last_tick": last_tick, "turns": turns or 0,
                     "prompt_tokens": int(prompt or 0), "cached_tokens": int(cached or 0),
                     "generated_tokens": int(generated or 0),
-                    "hit_ratio": (cached or 0) / prompt if prompt else None, "last_activity": _iso(last_at),
+                    "hit_ratio": (cached or 0) / prompt if prompt else None, "last_activity": iso(last_at),
                     "mode": mode, "pinned": bool(pinned), "submitted": bool(submitted)})
     _fill_untracked(cur, [r for r in out if not r["turns"]])
     return out
@@ -104,7 +105,7 @@ def session_context(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str
         raise NotFound(f"session {session_id!r} not found")
     turn = json.loads(meta)["turn"] if meta else {}
     prompt, cached = turn.get("prompt_tokens"), turn.get("cached_tokens")
-    return {"turns": int(turns), "compactions": int(compactions), "last_turn_at": _iso(last_at),
+    return {"turns": int(turns), "compactions": int(compactions), "last_turn_at": iso(last_at),
             "mode": turn.get("mode"), "blocks": {b["name"]: b["tokens"] for b in turn.get("blocks", [])},
             "prompt_tokens": prompt, "cached_tokens": cached,
             "cached_share": cached / prompt if prompt and cached is not None else None}
@@ -120,7 +121,7 @@ def _fill_untracked(cur: duckdb.DuckDBPyConnection, sessions: list[dict[str, Any
                           FROM timesteps WHERE session_id IN (SELECT unnest($ids)) GROUP BY session_id""",
                        {"ids": list(by_id)}).fetchall()
     for sid, last_at, generated in rows:
-        by_id[sid]["last_activity"] = _iso(last_at)
+        by_id[sid]["last_activity"] = iso(last_at)
         by_id[sid]["generated_tokens"] = int(generated)
 
 
@@ -175,7 +176,7 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
         side = is_side(report, main)
         index += not side
         turns.append({"index": None if side else index, "side": side, "row_id": row_id, "tick_from": start,
-                      "tick_to": tick, "created_at": _iso(at), **report,
+                      "tick_to": tick, "created_at": iso(at), **report,
                       "reason": break_reason(report, previous[side]), "events": [], "compactions": []})
         start, previous[side] = tick + 1, report
     ends = [t["tick_to"] for t in turns]
@@ -187,13 +188,13 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
     pending: list[dict[str, Any]] = []  # rows after the last turn record: a turn still running or cut off
     for row_id, tick, event, role, content, cut, meta, at in messages:
         item = {"id": row_id, "tick": tick, "event_type": event, "role": role, "content": content,
-                "truncated": bool(cut), "metadata": json.loads(meta) if meta else None, "created_at": _iso(at)}
+                "truncated": bool(cut), "metadata": json.loads(meta) if meta else None, "created_at": iso(at)}
         turn = owner(tick)
         (turn["events"] if turn else pending).append(item)
     for cid, at, lo, hi, before, after, trigger, summary in compactions:
         turn = owner(hi + 1)
         if turn is not None:
-            turn["compactions"].append({"id": cid, "created_at": _iso(at), "range_start": lo, "range_end": hi,
+            turn["compactions"].append({"id": cid, "created_at": iso(at), "range_start": lo, "range_end": hi,
                                         "tokens_before": before, "tokens_after": after, "trigger": trigger,
                                         "summary": summary[:CONTENT_CHARS]})
     last_tick = cur.execute("SELECT last_tick FROM session_ticks WHERE session_id = ?", [session_id]).fetchone()

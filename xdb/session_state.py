@@ -22,7 +22,7 @@ import duckdb
 
 from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit import AuditEvent
-from xdb.browse import MAIN_THREADS, SIDE, TURN_ROWS
+from xdb.browse import MAIN_THREADS, SIDE, TURN_ROWS, iso
 from xdb.interface import reads
 from xdb.owner import owned
 from xdb.sql import one_int, transaction
@@ -139,7 +139,7 @@ def list_sessions(cur: duckdb.DuckDBPyConnection, owner: str, limit: int = 100,
         ORDER BY session_id LIMIT ?""", [*params, after, after, limit]).fetchall()
     turns = _turn_totals(cur, [row[0] for row in rows])
     return [{"session_id": sid, "last_tick": tick, "latest_version": latest, "versions": n or 0,
-             "updated_at": _iso(at), **turns.get(sid, NO_TURNS)}
+             "updated_at": iso(at), **turns.get(sid, NO_TURNS)}
             for sid, tick, latest, n, at in rows]
 
 
@@ -161,9 +161,5 @@ def _turn_totals(cur: duckdb.DuckDBPyConnection, session_ids: list[str]) -> dict
                sum((m ->> 'cached_tokens')::BIGINT), sum((m ->> 'completion_tokens')::BIGINT), max(created_at)
         FROM t JOIN main USING (session_id) GROUP BY session_id""", [session_ids]).fetchall()
     return {sid: {"turns": count, "prompt_tokens": prompt or 0, "cached_tokens": cached or 0,
-                  "completion_tokens": completion or 0, "last_turn_at": _iso(at)}
+                  "completion_tokens": completion or 0, "last_turn_at": iso(at)}
             for sid, count, prompt, cached, completion, at in rows}
-
-
-def _iso(at: dt.datetime | None) -> str | None:
-    return at.isoformat() + "Z" if at is not None else None
