@@ -115,6 +115,8 @@ class AgentLoad:
     # What a call sends: "context", its new message with AHC's `context` (the server keeps the State);
     # "messages", the whole history, as agent clients do (the only way vanilla vLLM can be served).
     client: str = "context"
+    # The sides to run, joined by "+" ("ahc+vllm+offload"; empty: every side the engine has, SIDES).
+    sides: str = ""
 
     def describe(self) -> str:
         calls = (f", {self.calls} model calls a turn (tool results ~{self.tool_words} words after "
@@ -400,8 +402,15 @@ def ratios_of(figures: dict[str, float | int]) -> dict[str, float]:
               "ahc_ttft_p99_over_vllm": over("ahc_ttft_p99_s", "vllm_ttft_p99_s"),
               "vllm_hit_over_ceiling": over("vllm_hit_ratio", "vllm_hit_ratio_ceiling"),
               "offload_hit_over_ceiling": over("offload_hit_ratio", "offload_hit_ratio_ceiling"),
-              "ahc_gain_captured": gain_captured(figures, "ahc_"),
               "offload_gain_captured": gain_captured(figures, "offload_")}
+    for side in ("ahc", "ahc_priority", "ahc_cpu"):
+        suffix = "" if side == "ahc" else side.removeprefix("ahc")
+        ratios[f"ahc{suffix}_gain_captured"] = gain_captured(figures, f"{side}_")
+        if side != "ahc":
+            ratios[f"offload_jct_over_ahc{suffix}"] = over("offload_jct_mean_s", f"{side}_jct_mean_s")
+        ratios[f"ahc{suffix}_jct_max_over_offload"] = over(f"{side}_jct_max_s", "offload_jct_max_s")
+        if side != "ahc":
+            ratios[f"ahc{suffix}_ttft_p99_over_vllm"] = over(f"{side}_ttft_p99_s", "vllm_ttft_p99_s")
     return {name: value for name, value in ratios.items() if math.isfinite(value)}
 
 
@@ -577,9 +586,13 @@ def start_sides(model_dir: Path, tmp: Path, size: CacheSize, load: AgentLoad,
     # may still compact a State to admit a turn, as it would for any agent.
     common = {"AHC_ORCHESTRATOR__COMPACTION_THRESHOLD_TOKENS": str(size.max_model_len)}
     ahc_extra = [*extra, *tier, *(["--emulate", load.emulate] if load.emulate else [])]
+    envs = {"ahc": common, "fcfs": {**common, **fcfs_env}}
+    if load.emulate:  # the ablations: what program order alone, and order in the CPU tier alone, are worth
+        envs |= {"ahc_priority": {**common, "AHC_ENGINE__RETURN_ORDER": "off"},
+                 "ahc_cpu": {**common, "AHC_ENGINE__RETURN_ORDER": "cpu"}}
     starts: dict[str, Callable[[], ServerProcess]] = {
         name: partial(start_server, tmp / name / "xdb", model=model_dir, lens="off", extra=ahc_extra, env=env)
-        for name, env in {"ahc": common, "fcfs": {**common, **fcfs_env}}.items()}
+        for name, env in envs.items()}
     if load.emulate:
         vllm = partial(start_vllm, model_dir, max_model_len=size.max_model_len, emulate=load.emulate)
         starts["vllm"] = partial(vllm, tmp / "vllm", extra=extra)
@@ -587,7 +600,21 @@ def start_sides(model_dir: Path, tmp: Path, size: CacheSize, load: AgentLoad,
             starts["offload"] = partial(vllm, tmp / "offload", extra=[*extra, *tier])
         everything = ["--num-gpu-blocks-override", str(size.blocks_for_all)]
         starts["ideal"] = partial(vllm, tmp / "ideal", extra=[*extra, *everything])
+    chosen = chosen_sides(load)
+    if chosen:
+        starts = {name: start for name, start in starts.items() if name in chosen}
     return dict(zip(starts, start_together(list(starts.values()))))
+
+
+def chosen_sides(load: AgentLoad) -> list[str]:
+    """The sides the load names (AgentLoad.sides), checked; empty: every side."""
+    chosen = [name.strip() for name in load.sides.split("+") if name.strip()]
+    if chosen and "ahc" not in chosen:
+        raise ValueError(f"{LOAD_ENV}: sides must include ahc, the side every ratio is of")
+    unknown = [name for name in chosen if name not in SIDES]
+    if unknown:
+        raise ValueError(f"{LOAD_ENV}: unknown side {unknown[0]!r}; choose from {', '.join(SIDES)}")
+    return chosen
 
 
 def sizing(model_dir: Path, load: AgentLoad, block_size: int) -> tuple[CacheSize, int]:
@@ -615,6 +642,7 @@ def run(load: AgentLoad | None = None, emulated: bool = False) -> BenchResult:
         raise ValueError(f"{LOAD_ENV}: vanilla vLLM knows no `context`: the emulated sides need client=messages")
     if load.offload_gib and not load.emulate:
         raise ValueError(f"{LOAD_ENV}: offload_gib needs the emulated engine (vLLM's CPU build has no CPU tier)")
+    chosen_sides(load)
     model_dir = ensure_model(cache_dir() / "models" / load.model, *MODELS[load.model])
     block_size = EMULATED_BLOCK_SIZE if load.emulate else load_config("cpu-tiny").engine.block_size
     if block_size is None:
@@ -640,7 +668,7 @@ CLIENTS = ("context", "messages")
 def result_of(load: AgentLoad, size: CacheSize, estimate: int, sides: dict[str, Sequence[AgentRound]],
               switch: bool) -> BenchResult:
     figures = combine(sides, size.block_size)
-    ahc, fcfs = sides["ahc"], sides["fcfs"]
+    ahc = sides["ahc"]
     last = [turns[-1].prompt_tokens + turns[-1].completion_tokens for r in ahc for turns in r.sessions]
     per_session = statistics.mean(math.ceil(t / size.block_size) for t in last)
     figures.update(sessions=load.sessions, turns=load.turns, max_tokens=load.max_tokens, rounds=load.rounds,
@@ -679,9 +707,10 @@ def result_of(load: AgentLoad, size: CacheSize, estimate: int, sides: dict[str, 
                          "(vllm:kv_offload_*_bytes) summed over the measured rounds",
              "rounds_jct_mean_s": "; ".join(f"{name} " + ", ".join(f"{statistics.mean(r.jct_s):.1f}" for r in rounds)
                                             for name, rounds in sides.items()),
-             "rounds_tok_per_s": f"ahc {', '.join(f'{r.tok_per_s:.1f}' for r in ahc)}; "
-                                 f"fcfs {', '.join(f'{r.tok_per_s:.1f}' for r in fcfs)}",
-             "governor": f"ahc {governor_actions(ahc)}; fcfs {governor_actions(fcfs)}"}
+             "rounds_tok_per_s": "; ".join(f"{name} " + ", ".join(f"{r.tok_per_s:.1f}" for r in rounds)
+                                           for name, rounds in sides.items()),
+             "governor": "; ".join(f"{name} {governor_actions(rounds)}" for name, rounds in sides.items()
+                                   if name in AHC_SIDES)}
     if load.emulate:
         tokens, seqs = gpu_batch_defaults(profile(load.emulate).gpu)
         notes["scheduler"] = (f"every side: --max-num-batched-tokens {tokens} --max-num-seqs {seqs}, vLLM's "
@@ -689,7 +718,12 @@ def result_of(load: AgentLoad, size: CacheSize, estimate: int, sides: dict[str, 
     return BenchResult("agents", figures, ratios_of(figures), notes)
 
 
-SIDES = {"ahc": "AHC, session-aware admission", "fcfs": "AHC, first come first served",
+AHC_SIDES = ("ahc", "fcfs", "ahc_priority", "ahc_cpu")
+SIDES = {"ahc": "AHC, session-aware admission, program order (priority), expected-return eviction in both "
+                "tiers (engine.return_order both)",
+         "fcfs": "AHC, first come first served",
+         "ahc_priority": "AHC with program order alone (engine.return_order off)",
+         "ahc_cpu": "AHC without the GPU's order (engine.return_order cpu)",
          "vllm": "vanilla vllm serve", "offload": "vllm serve with native CPU offload, the same tier as AHC's",
          "ideal": "vanilla vllm serve on a cache that holds every session"}
 

@@ -53,6 +53,10 @@ def vllm_cli_args(config: AHCConfig, capture: CaptureSetup | None = None) -> lis
     if engine.kv_offloading_size is not None:
         args += ["--kv-offloading-size", str(engine.kv_offloading_size),
                  "--kv-offloading-backend", engine.kv_offloading_backend]
+    if engine.session_priority:
+        args += ["--scheduling-policy", "priority"]
+    if engine.return_order in ("gpu", "both"):
+        args += ["--scheduler-cls", RETURN_ORDER_SCHEDULER]
     if engine.emulate is not None:  # its executor ships emulated activations itself: no worker to replace
         args += emulation_flags(engine.emulate, capture.settings if capture is not None else None,
                                 engine.emulate_reply_tokens, engine.max_num_seqs, engine.max_num_batched_tokens)
@@ -85,7 +89,26 @@ def build_vllm_namespace(config: AHCConfig, capture: CaptureSetup | None = None)
     elif not config.model and not any(a == "--model" or a.startswith("--model=") for a in config.engine.extra_args):
         raise ValueError(NO_MODEL)
     validate_parsed_serve_args(namespace)
+    if config.engine.return_order in ("cpu", "both"):
+        order_cpu_tier(namespace)
     return namespace
+
+
+RETURN_ORDER_SCHEDULER = "server.kv_order.scheduler.return_order_scheduler"
+RETURN_ORDER_POLICY = {"eviction_policy": "ReturnOrderPolicy", "cache_policy_module_path": "server.kv_order.cpu_policy"}
+
+
+def order_cpu_tier(args: Namespace) -> None:
+    """vLLM's native CPU tier, if on, evicts by AHC's return order (a connector configured by the command
+    line keeps its own policy)."""
+    from vllm.config.kv_transfer import KVTransferConfig
+
+    if args.kv_offloading_size is None or args.kv_offloading_backend != "native":
+        return
+    transfer: KVTransferConfig = args.kv_transfer_config or KVTransferConfig()
+    if "eviction_policy" not in transfer.kv_connector_extra_config:
+        transfer.kv_connector_extra_config.update(RETURN_ORDER_POLICY)
+    args.kv_transfer_config = transfer
 
 
 # AHC settings that are vLLM flags of the same name: a flag given straight to vLLM sets them too, so the

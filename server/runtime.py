@@ -24,6 +24,7 @@ from server.admission.vram_governor import VramGovernor
 from server.capture.capture_setup import CaptureSetup
 from server.codex.codex_condenser import CodexCondenser
 from server.codex.codex_resolver import CodexResolver
+from server.kv_order.session_returns import SessionReturns
 from server.metrics import AHCMetrics
 from server.model.hidden_calls import HiddenCaller
 from server.model.token_process import TokenProcess
@@ -150,7 +151,10 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,
                                oc.codex_condense_ratio, max_model_len, hidden_admission)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
-    recording = RecordingEngine(engine, recorder, keys.cache_salt)  # every route's requests, salted by tenant
+    ec = config.engine
+    returns = SessionReturns(ec.session_priority, ec.return_order != "off") \
+        if ec.session_priority or ec.return_order != "off" else None
+    recording = RecordingEngine(engine, recorder, keys.cache_salt, returns)  # every route's requests, salted by tenant
     return Runtime(config=config, engine=recording, tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
                    session_admission=session_admission,

@@ -211,7 +211,8 @@ def test_the_emulated_load_is_shaped_like_agents() -> None:
 
 
 @pytest.mark.parametrize("spec, error", [("client=x", "unknown client"),
-                                         ("offload_gib=8", "needs the emulated engine")])
+                                         ("offload_gib=8", "needs the emulated engine"),
+                                         ("sides=vllm", "must include ahc"), ("sides=ahc+x", "unknown side")])
 def test_a_bad_load_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch, spec: str,
                                                       error: str) -> None:
     from bench.agents import run

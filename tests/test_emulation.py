@@ -309,8 +309,9 @@ def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile(
 @pytest.mark.slow
 def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     """`ahc bench agents --engine emulated` at a small load: sessions of several model calls a turn with
-    tool time between them, each sending its whole history, on five servers each on its emulated H100:
-    AHC and FCFS with a CPU tier, vanilla vLLM, vLLM with the same tier, and the ideal cache."""
+    tool time between them, each sending its whole history, on seven servers each on its emulated H100:
+    AHC, its two ablations and FCFS with a CPU tier, vanilla vLLM, vLLM with the same tier, and the ideal
+    cache."""
     env = {**os.environ, "BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
                                               "tool_min_s=0.1,tool_max_s=0.2,think_min_s=0.1,think_max_s=0.2,"
                                               "identity_words=200,codex_words=100,shared_words=100,"
@@ -332,3 +333,6 @@ def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
         assert figures[f"{side}_host_hit_tokens"] > 0 and figures[f"{side}_load_bytes"] > 0
         assert figures[f"{side}_computed_prompt_tokens"] < figures["vllm_computed_prompt_tokens"]
     assert figures["ideal_host_hit_tokens"] == 0 and figures["ideal_hit_ratio"] > figures["vllm_hit_ratio"]
+    # The ablations ran beside it: program order alone, and without the GPU's order.
+    for side in ("ahc_priority", "ahc_cpu"):
+        assert figures[f"{side}_jct_mean_s"] > 0 and figures[f"{side}_host_hit_tokens"] > 0

@@ -82,6 +82,15 @@ class EngineConfig(_Strict):
     # own CPU tier; "lmcache": an LMCache server, whose own capacity this should state).
     kv_offloading_size: float | None = Field(None, gt=0)
     kv_offloading_backend: Literal["native", "lmcache"] = "native"
+    # Each request's priority is its session's place in line (the one its first call drew), and the engine
+    # schedules by it (vLLM's `--scheduling-policy priority`): a session that has started finishes before
+    # new ones crowd it out. A client's own `priority` still ranks first.
+    session_priority: bool = True
+    # Which KV tiers evict the idle session expected back latest first, its return predicted from the
+    # gaps sessions leave between calls, rather than the least recently used: "cpu" (the CPU tier's
+    # eviction policy, with kv_offloading_size and the native backend), "gpu" (the scheduler orders the
+    # GPU's free blocks), "both" or "off". Advisory: a wrong prediction only changes which block goes first.
+    return_order: Literal["off", "cpu", "gpu", "both"] = "both"
     # Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"]).
     extra_args: list[str] = Field(default_factory=list)
     # An emulated GPU instead of this machine's device (e.g. "h100-llama-8b", server/emulation/): vLLM's

@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this modu
     from vllm.engine.protocol import EngineClient
     from vllm.tokenizers.protocol import TokenizerLike
 
+    from server.kv_order.session_returns import SessionReturns
+
 log = logging.getLogger("ahc.recorder")
 tracer = trace.get_tracer(__name__)
 
@@ -259,10 +261,13 @@ class RecordingEngine:
     tenant's salt, None with a single tenant), whichever route made it."""
 
     def __init__(self, engine: EngineClient, recorder: Recorder,
-                 salt: Callable[[Tenant], str | None] | None = None) -> None:
+                 salt: Callable[[Tenant], str | None] | None = None, returns: SessionReturns | None = None) -> None:
+        """`returns`: each call's session's place in line and return hint, for the engine's scheduler and
+        KV tiers (None: the engine gets neither)."""
         self._engine = engine
         self._recorder = recorder
         self._salt = salt
+        self._returns = returns
         self._serial = itertools.count(1)
         self._engine_ids: dict[str, list[str]] = {}  # a request's id as vLLM's route knows it -> the engine's
 
@@ -289,6 +294,8 @@ class RecordingEngine:
         # engine gets one of the server's, so two clients' requests never share the key that joins their
         # tokens to their activations.
         engine_id = f"{request_id}~{next(self._serial):x}"
+        if self._returns is not None:
+            kwargs.update(self._returns.engine_kwargs(xdb_session, engine_id, kwargs.get("priority") or 0))
         return self._generate(xdb_session, current_usage.get(), request_id,
                               (prompt, sampling_params, engine_id, *args), kwargs)
 
@@ -344,6 +351,8 @@ class RecordingEngine:
                         await ending
                 yield output
         finally:
+            if self._returns is not None:
+                self._returns.ended(xdb_session)
             ids = self._engine_ids.get(request_id, [])
             if engine_id in ids:
                 ids.remove(engine_id)
