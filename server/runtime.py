@@ -53,6 +53,7 @@ class Runtime:
     retriever: CodexRetriever
     governor: VramGovernor
     session_admission: SessionAdmission | None  # None: first come, first served
+    returns: SessionReturns | None  # each session's place in line and return hint (None: the engine gets neither)
     recorder: Recorder
     summarize_records: Callable[[str], str]  # XDB compression summaries, by the served model
     capture: CaptureSetup | None
@@ -157,7 +158,7 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     recording = RecordingEngine(engine, recorder, keys.cache_salt, returns)  # every route's requests, salted by tenant
     return Runtime(config=config, engine=recording, tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,
-                   session_admission=session_admission,
+                   session_admission=session_admission, returns=returns,
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys,

@@ -49,3 +49,34 @@ def test_a_chat_request_asks_max_completion_tokens_before_max_tokens() -> None:
     assert asked(max_tokens=30, n=2) == Asked(30, 2)
     assert asked(max_tokens=30, max_completion_tokens=12) == Asked(12, 1)
     assert asked(max_tokens=30, max_completion_tokens=0) == Asked(30, 1)
+
+
+
+def test_waiting_requests_get_blocks_in_priority_order() -> None:
+    """Short of blocks, the governor gives freed ones to the waiters of the lowest priority (the oldest
+    sessions) first, whatever order they came in: a younger waiter does not take what an older one waits
+    for, even when it would fit."""
+    import asyncio
+
+    async def scenario() -> None:
+        governor = VramGovernor(KVStats(total_blocks=100, block_size=16), queue_timeout_s=5, retry_after_s=1,
+                                poll_s=0.001)
+        first, second = await governor.admit(60), await governor.admit(30)  # 10 blocks left
+        admitted: list[str] = []
+
+        async def ask(name: str, blocks: int, priority: int) -> None:
+            await governor.admit(blocks, priority=priority)
+            admitted.append(name)
+
+        waiters = [asyncio.create_task(ask(*args)) for args in (("young", 20, 9), ("old", 20, 1), ("mid", 15, 5))]
+        await asyncio.sleep(0.02)
+        assert admitted == []
+        second.release()  # 40 free: old's 20 and mid's 15; young's 20 would be more than is left
+        await asyncio.wait_for(asyncio.gather(waiters[1], waiters[2]), 1)
+        await asyncio.sleep(0.02)
+        assert sorted(admitted) == ["mid", "old"] and not waiters[0].done()
+        first.release()
+        await asyncio.wait_for(waiters[0], 1)
+        assert admitted[-1] == "young"
+
+    asyncio.run(scenario())

@@ -153,6 +153,7 @@ def test_the_gpu_free_queue_is_rethreaded_by_expected_return() -> None:
     scheduler = object.__new__(ReturnOrderScheduler)  # the mixin's state alone, over a real block pool
     scheduler.kv_cache_manager = SimpleNamespace(block_pool=pool)
     scheduler.idle = IdleSessions(clock)
+    scheduler.in_cpu_tier = None
     scheduler._cached = {"A": [(b, b.block_hash) for b in blocks[0:3]],
                          "B": [(b, b.block_hash) for b in blocks[3:6]]}
     scheduler.idle.started(ReturnHint("A", GAPS), "a")
@@ -170,6 +171,43 @@ def test_the_gpu_free_queue_is_rethreaded_by_expected_return() -> None:
     blocks[0].reset_hash()  # A's head was evicted and reused: no longer A's
     scheduler.reorder()
     assert [b for b, _ in scheduler._cached["A"]] == blocks[1:3]
+
+
+def test_the_gpu_gives_up_blocks_the_cpu_tier_holds_first() -> None:
+    """Through vLLM's own CPU offloading manager, running AHC's policy: the blocks it holds a copy of go
+    first, then the others, each in return order."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    from server.kv_order.scheduler import cpu_tier_lookup
+
+    pool = BlockPool(num_gpu_blocks=7, enable_caching=True, hash_block_size=16)
+    blocks = pool.blocks[1:7]
+    for i, block in enumerate(blocks):
+        block.set_block_hash(make_offload_key(bytes([i]) * 8, 0))  # type: ignore[arg-type]
+    manager = CPUOffloadingManager(num_chunks=8, cache_policy="ReturnOrderPolicy",
+                                   cache_policy_module_path="server.kv_order.cpu_policy")
+    stored = [OffloadKey(blocks[i].block_hash) for i in (0, 3)]  # type: ignore[arg-type]
+    context = ReqContext(req_id="r", kv_hints=ReturnHint("A", GAPS).envelope("r"))
+    assert manager.prepare_store(stored, context) is not None
+    manager.complete_store(stored, context)
+    config = SimpleNamespace(kv_group_configs=[SimpleNamespace(hashes_per_chunk=1)])
+    lookup = cpu_tier_lookup(SimpleNamespace(connector_scheduler=SimpleNamespace(manager=manager, config=config)))
+    assert lookup is not None and [lookup(b.block_hash) for b in blocks] == [True, False, False, True, False, False]
+    assert cpu_tier_lookup(None) is None
+    clock = Clock()
+    scheduler = object.__new__(ReturnOrderScheduler)
+    scheduler.kv_cache_manager = SimpleNamespace(block_pool=pool)
+    scheduler.idle = IdleSessions(clock)
+    scheduler.in_cpu_tier = lookup
+    scheduler._cached = {"A": [(b, b.block_hash) for b in blocks[0:3]], "B": [(b, b.block_hash) for b in blocks[3:6]]}
+    for session, at in (("A", 0.0), ("B", 1.0)):
+        clock.now = at
+        scheduler.idle.started(ReturnHint(session, GAPS), session)
+        scheduler.idle.finished(ReturnHint(session, GAPS), session)
+    clock.now = 1.5
+    scheduler.reorder()
+    # The copies first (B's, back later, then A's), then what only the GPU holds, in the same order.
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [4, 1, 6, 5, 3, 2]
 
 
 def test_the_scheduler_vllm_builds_matches_its_async_setting() -> None:

@@ -25,9 +25,11 @@ tracer = trace.get_tracer(__name__)
 
 
 async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_model_len: int,
-                sessions: SessionAdmission | None = None, waits: Histogram | None = None) -> None:
+                sessions: SessionAdmission | None = None, waits: Histogram | None = None,
+                priority: int | None = None) -> None:
     """Let the session's turn in (session-aware, when on), then reserve its blocks (`asked`: what the
-    turn's request asks to generate) or raise GovernorRejected; what the governors did goes in the report."""
+    turn's request asks to generate; `priority`: the engine's priority for it, by which the governor lets
+    waiting turns in) or raise GovernorRejected; what the governors did goes in the report."""
 
     async def shrink() -> int | None:
         return _blocks_needed(turn, governor, asked, max_model_len) if await turn.shrink() else None
@@ -39,7 +41,7 @@ async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_mod
             if sessions is not None and turn.prepared.session is not None:
                 await _admit_session(turn, sessions, governor, asked, actions, waits)
             reservation = await governor.admit(blocks, shrink if turn.prepared.session is not None else None,
-                                               actions)
+                                               actions, priority)
         finally:
             for action in actions:
                 turn.report.note(action)

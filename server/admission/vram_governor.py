@@ -10,6 +10,7 @@ Short of blocks it waits (up to a timeout), then asks for the State to be compac
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -57,6 +58,10 @@ class VramGovernor:
         self.retry_after_s = retry_after_s
         self.poll_s = poll_s
         self._reserved = 0  # admitted requests whose blocks the usage figure may not show yet
+        # Requests waiting for blocks: (priority, arrival) -> blocks needed. One goes only with room left
+        # for those ahead of it, so blocks are given in priority order as vLLM's own queue would.
+        self._waiting: dict[tuple[float, int], int] = {}
+        self._arrivals = itertools.count()
 
     def blocks_needed(self, prompt_tokens: int, cached_tokens: int, max_new_tokens: int, n: int = 1) -> int:
         """Fresh blocks for `n` sequences of up to `max_new_tokens` each after one prompt. The
@@ -73,28 +78,42 @@ class VramGovernor:
             return 1 << 62
         return self.stats.total_blocks - max(self.stats.used_blocks, self._reserved)
 
+    def room_for(self, place: tuple[float, int]) -> int:
+        """The free blocks a request at `place` may take: what those waiting ahead of it need is theirs."""
+        return self.free_blocks() - sum(n for ahead, n in self._waiting.items() if ahead < place)
+
     async def admit(self, needed: int, shrink: Callable[[], Awaitable[int | None]] | None = None,
-                    actions: list[str] | None = None) -> Reservation:
-        """Wait for `needed` blocks; `shrink` (compaction) may lower the need once before rejecting."""
-        actions = actions if actions is not None else []
+                    actions: list[str] | None = None, priority: int | None = None) -> Reservation:
+        """Wait for `needed` blocks; `shrink` (compaction) may lower the need once before rejecting.
+        `priority`: the request's engine priority (lower first; None: after every prioritised one)."""
+        place = (math.inf if priority is None else float(priority), next(self._arrivals))
+        self._waiting[place] = needed
+        try:
+            return await self._admit(place, needed, shrink, actions if actions is not None else [])
+        finally:
+            del self._waiting[place]
+
+    async def _admit(self, place: tuple[float, int], needed: int,
+                     shrink: Callable[[], Awaitable[int | None]] | None, actions: list[str]) -> Reservation:
         if self.stats.total_blocks and needed > self.stats.total_blocks:
             if shrink is not None and (smaller := await shrink()) is not None:
                 actions.append("vram_compact")
                 needed = smaller
+            self._waiting[place] = needed
             if needed > self.stats.total_blocks:
                 raise GovernorRejected(
                     f"the request needs {needed} KV blocks but the cache holds {self.stats.total_blocks}; "
                     "shorten the prompt or max_tokens", self.retry_after_s)
-        if needed > self.free_blocks():
+        if needed > self.room_for(place):
             actions.append("vram_queue")
             deadline = time.monotonic() + self.queue_timeout_s
-            while needed > self.free_blocks() and time.monotonic() < deadline:
+            while needed > self.room_for(place) and time.monotonic() < deadline:
                 await asyncio.sleep(self.poll_s)
-        if needed > self.free_blocks() and shrink is not None and "vram_compact" not in actions:
+        if needed > self.room_for(place) and shrink is not None and "vram_compact" not in actions:
             if (smaller := await shrink()) is not None:
                 actions.append("vram_compact")
-                needed = smaller
-        if needed > self.free_blocks():
+                needed = self._waiting[place] = smaller
+        if needed > self.room_for(place):
             raise GovernorRejected(
                 f"KV cache full: {needed} blocks needed, {max(self.free_blocks(), 0)} free; retry later",
                 self.retry_after_s)

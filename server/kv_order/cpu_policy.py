@@ -43,7 +43,9 @@ class ReturnOrderPolicy(LRUCachePolicy):
         super().__init__(cache_capacity)
         self.sessions = IdleSessions()
         self._owners: dict[OffloadKey, set[str]] = {}
-        self._keys_of: dict[str, dict[OffloadKey, int]] = {}  # session -> its chunks, by position
+        # Each session's chunks in the order it claimed them (a prefix's head first): an ordered set.
+        self._keys_of: dict[str, dict[OffloadKey, None]] = {}
+        self._unclaimed: set[OffloadKey] = set()  # chunks no hinted request claimed
 
     def _claim(self, keys: Iterable[OffloadKey], req_context: ReqContext, start: bool) -> ReturnHint | None:
         hint = hint_of(req_context)
@@ -53,9 +55,9 @@ class ReturnOrderPolicy(LRUCachePolicy):
             self.sessions.started(hint, req_context.req_id)
         own = self._keys_of.setdefault(hint.session, {})
         for key in keys:
-            position = req_context.get_offload_key_position(key)
-            own[key] = position if position is not None else own.get(key, 0)
+            own[key] = None
             self._owners.setdefault(key, set()).add(hint.session)
+            self._unclaimed.discard(key)
         return hint
 
     @override
@@ -81,23 +83,34 @@ class ReturnOrderPolicy(LRUCachePolicy):
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
 
     @override
+    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+        super().insert(key, chunk)
+        if key not in self._owners:
+            self._unclaimed.add(key)
+
+    @override
     def remove(self, key: OffloadKey) -> None:
         super().remove(key)
-        self._disown(key)
+        self._forget(key)
 
     @override
     def clear(self) -> None:
         super().clear()
         self._owners.clear()
         self._keys_of.clear()
+        self._unclaimed.clear()
 
-    def _disown(self, key: OffloadKey) -> None:
+    def _forget(self, key: OffloadKey) -> None:
+        self._unclaimed.discard(key)
         for session in self._owners.pop(key, ()):
-            own = self._keys_of.get(session)
-            if own is not None:
-                own.pop(key, None)
-                if not own:
-                    del self._keys_of[session]
+            self._drop(session, key)
+
+    def _drop(self, session: str, key: OffloadKey) -> None:
+        own = self._keys_of.get(session)
+        if own is not None:
+            own.pop(key, None)
+            if not own:
+                del self._keys_of[session]
 
     @override
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
@@ -111,7 +124,7 @@ class ReturnOrderPolicy(LRUCachePolicy):
             chunk = self.chunks.pop(key)
             self._evictable.remove(key)
             del self._ranks[key]
-            self._disown(key)
+            self._forget(key)
             evicted.append((key, chunk))
         self._maybe_compact_heap()
         return evicted
@@ -122,24 +135,30 @@ class ReturnOrderPolicy(LRUCachePolicy):
             return key in self._evictable and key not in protected
 
         # Chunks no hinted request claimed: least recently used first, as vLLM's LRU would.
-        picked = sorted((k for k in self._evictable if k not in self._owners and k not in protected),
-                        key=self._ranks.__getitem__)[:n]
+        picked = sorted((k for k in self._unclaimed if free(k)), key=self._ranks.__getitem__)[:n]
         if len(picked) == n:
             return picked
         ranks = self.sessions.ranks(self._keys_of)
-        order = sorted(self._keys_of, key=lambda s: ranks.get(s, (0, 0.0)))
-        for session in order:
-            mine = ranks.get(session, (0, 0.0))
-            own = self._keys_of[session]
-            for key in sorted(own, key=own.__getitem__, reverse=True):  # its tail first
-                if free(key) and not self._kept_by_another(key, session, mine, ranks):
+        left_to_others: list[tuple[str, OffloadKey]] = []
+        for session in sorted(self._keys_of, key=ranks.__getitem__):
+            mine = ranks[session]
+            for key in reversed(self._keys_of[session]):  # its tail first
+                if self._kept_by_another(key, session, mine, ranks):
+                    left_to_others.append((session, key))
+                elif free(key):
                     picked.append(key)
                     if len(picked) == n:
-                        return picked
-        return None
+                        break
+            if len(picked) == n:
+                break
+        # A shared chunk this session would lose first stays with an owner due back sooner: this session
+        # lets it go (its next request claims it again), so it is not walked past on every eviction.
+        for session, key in left_to_others:
+            self._owners[key].discard(session)
+            self._drop(session, key)
+        return picked if len(picked) == n else None
 
     def _kept_by_another(self, key: OffloadKey, session: str, mine: Rank, ranks: dict[str, Rank]) -> bool:
         """A shared chunk goes with the owner ranked to go last (it is picked when that owner's turn comes)."""
         owners = self._owners.get(key, ())
-        return len(owners) > 1 and any(ranks.get(o, (0, 0.0)) > mine or (ranks.get(o, (0, 0.0)) == mine and o > session)
-                                       for o in owners if o != session)
+        return len(owners) > 1 and any((ranks[o], o) > (mine, session) for o in owners if o != session)

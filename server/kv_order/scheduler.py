@@ -8,6 +8,12 @@ expected back latest to the one expected back soonest, so the soonest ends last 
 or pinned: allocation, preemption and the waiting queue behave as vLLM's own; a wrong prediction only
 changes which free block goes first.
 
+With vLLM's native CPU tier the GPU first gives up the blocks the tier also holds (they come back by a
+copy), then the others. The tier copies every block as it is computed (it is inclusive), so with
+least-recently-used order on both the two hold the larger of their sizes; giving up the copies first
+makes them hold nearly their sum: the tier keeps the sessions due back soonest, the GPU what the tier
+let go.
+
 Installed with `--scheduler-cls server.kv_order.scheduler.return_order_scheduler`, which builds the
 synchronous or the asynchronous scheduler as vLLM's configuration asks. It overrides three methods of
 vLLM 0.32's scheduler (`add_request`, `schedule`, `_free_blocks`, the last not public): `check_vllm`
@@ -16,6 +22,8 @@ refuses to start if they or the free-block queue's methods have moved.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
@@ -23,10 +31,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.request import Request
 
 from server.kv_order.idle_sessions import RUNNING, IdleSessions
 from server.kv_order.return_hint import ReturnHint
+
+log = logging.getLogger("ahc.kv_order")
 
 WALK_S = 0.1  # the most often the free queue is re-threaded: ~100 ns a block, ~3 ms for an H100's cache
 NEEDED = ((Scheduler, ("add_request", "schedule", "_free_blocks")), (KVCacheManager, ("get_blocks",)),
@@ -53,6 +64,7 @@ class ReturnOrderMixin:
         # Each idle session's last request's blocks, head to tail, with the hash each had then.
         self._cached: dict[str, list[tuple[KVCacheBlock, Any]]] = {}
         self._walked_at = float("-inf")
+        self.in_cpu_tier = cpu_tier_lookup(self.get_kv_connector())  # type: ignore[attr-defined]
 
     def add_request(self, request: Request) -> None:
         hint = ReturnHint.read(request.kv_hints)
@@ -82,6 +94,9 @@ class ReturnOrderMixin:
         pool: BlockPool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
         queue = pool.free_block_queue
         ranks = self.idle.ranks(self._cached)
+        copied: list[KVCacheBlock] = []  # the CPU tier holds them too: they go first
+        only_here: list[KVCacheBlock] = []
+        in_cpu = self.in_cpu_tier
         for session in sorted(self._cached, key=ranks.__getitem__):
             if ranks[session][0] == RUNNING:
                 continue  # its blocks are in use; the next free records them anew
@@ -90,10 +105,33 @@ class ReturnOrderMixin:
                 del self._cached[session]
                 continue
             self._cached[session] = still
-            free = [b for b, _ in reversed(still) if b.ref_cnt == 0 and b.prev_free_block is not None]
-            for block in free:
-                queue.remove(block)
-            queue.append_n(free)
+            for block, block_hash in reversed(still):
+                if block.ref_cnt == 0 and block.prev_free_block is not None:
+                    (copied if in_cpu is not None and in_cpu(block_hash) else only_here).append(block)
+        moved = copied + only_here
+        for block in moved:
+            queue.remove(block)
+        queue.append_n(moved)
+
+
+def cpu_tier_lookup(connector: Any) -> Callable[[Any], bool] | None:
+    """Whether vLLM's native CPU tier holds a GPU block (by its hash), or None without that tier. Its key
+    for a block is the block's own hash and group when a chunk is one block (the default); other chunk
+    sizes are not looked up."""
+    scheduler_side = getattr(connector, "connector_scheduler", None)
+    manager, config = getattr(scheduler_side, "manager", None), getattr(scheduler_side, "config", None)
+    if manager is None or config is None or not hasattr(manager, "lookup"):
+        return None
+    if any(group.hashes_per_chunk != 1 for group in config.kv_group_configs):
+        log.info("the CPU tier's chunks span several blocks: the GPU's order does not look them up")
+        return None
+    context = ReqContext(req_id="ahc-return-order")
+
+    def in_cpu(block_hash: Any) -> bool:
+        # A GPU block's hash with its group is the tier's key for it (make_offload_key packs the same).
+        return bool(manager.lookup(OffloadKey(block_hash), context) is LookupResult.HIT)
+
+    return in_cpu
 
 
 class ReturnOrderScheduler(ReturnOrderMixin, Scheduler):

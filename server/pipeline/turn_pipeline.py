@@ -107,9 +107,12 @@ class TurnPipeline:
         """Against the KV cache (session admission, the VRAM governor); a refused turn's inputs are
         still recorded."""
         runtime = self.runtime
+        returns = runtime.returns
+        priority = returns.priority(turn.session_id) if returns is not None and returns.with_priority else None
         try:
             await admit(turn, runtime.governor, asked, runtime.config.engine.max_model_len,
-                        runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds))
+                        runtime.session_admission, runtime.metrics.one(runtime.metrics.session_wait_seconds),
+                        priority)
         except GovernorRejected:
             turn.report.note("vram_reject")
             await self.record_inputs(turn)
