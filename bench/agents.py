@@ -403,7 +403,7 @@ def ratios_of(figures: dict[str, float | int]) -> dict[str, float]:
               "vllm_hit_over_ceiling": over("vllm_hit_ratio", "vllm_hit_ratio_ceiling"),
               "offload_hit_over_ceiling": over("offload_hit_ratio", "offload_hit_ratio_ceiling"),
               "offload_gain_captured": gain_captured(figures, "offload_")}
-    for side in ("ahc", "ahc_priority", "ahc_cpu"):
+    for side in ("ahc", "ahc_priority", "ahc_gpu"):
         suffix = "" if side == "ahc" else side.removeprefix("ahc")
         ratios[f"ahc{suffix}_gain_captured"] = gain_captured(figures, f"{side}_")
         if side != "ahc":
@@ -587,9 +587,9 @@ def start_sides(model_dir: Path, tmp: Path, size: CacheSize, load: AgentLoad,
     common = {"AHC_ORCHESTRATOR__COMPACTION_THRESHOLD_TOKENS": str(size.max_model_len)}
     ahc_extra = [*extra, *tier, *(["--emulate", load.emulate] if load.emulate else [])]
     envs = {"ahc": common, "fcfs": {**common, **fcfs_env}}
-    if load.emulate:  # the ablations: what program order alone, and order in the CPU tier alone, are worth
+    if load.emulate:  # the ablations: program order alone, and return order on the GPU as well
         envs |= {"ahc_priority": {**common, "AHC_ENGINE__RETURN_ORDER": "off"},
-                 "ahc_cpu": {**common, "AHC_ENGINE__RETURN_ORDER": "cpu"}}
+                 "ahc_gpu": {**common, "AHC_ENGINE__RETURN_ORDER": "both"}}
     starts: dict[str, Callable[[], ServerProcess]] = {
         name: partial(start_server, tmp / name / "xdb", model=model_dir, lens="off", extra=ahc_extra, env=env)
         for name, env in envs.items()}
@@ -718,12 +718,12 @@ def result_of(load: AgentLoad, size: CacheSize, estimate: int, sides: dict[str, 
     return BenchResult("agents", figures, ratios_of(figures), notes)
 
 
-AHC_SIDES = ("ahc", "fcfs", "ahc_priority", "ahc_cpu")
-SIDES = {"ahc": "AHC, session-aware admission, program order (priority), expected-return eviction in both "
-                "tiers (engine.return_order both)",
+AHC_SIDES = ("ahc", "fcfs", "ahc_priority", "ahc_gpu")
+SIDES = {"ahc": "AHC, session-aware admission, program order (priority), expected-return eviction in the "
+                "CPU tier (engine.return_order cpu, the defaults)",
          "fcfs": "AHC, first come first served",
          "ahc_priority": "AHC with program order alone (engine.return_order off)",
-         "ahc_cpu": "AHC without the GPU's order (engine.return_order cpu)",
+         "ahc_gpu": "AHC with the GPU's free blocks in return order too (engine.return_order both)",
          "vllm": "vanilla vllm serve", "offload": "vllm serve with native CPU offload, the same tier as AHC's",
          "ideal": "vanilla vllm serve on a cache that holds every session"}
 

@@ -15,6 +15,9 @@
 #    random model under .cache/models); `ahc bench agents` twice: as it is, then with vLLM's KV
 #    offloading on for both of its servers (AHC_ENGINE__KV_OFFLOADING_SIZE, GiB of host memory), so
 #    session-aware admission counts the CPU tier and the engine starts with the offloading connector;
+#    both runs serve with program order (`--scheduling-policy priority`) and AHC's return-order
+#    scheduler (`--scheduler-cls`, which refuses to start on a vLLM whose internals moved), and the
+#    offloading run loads AHC's eviction policy into the CPU tier (engine.return_order, server/kv_order);
 # 5. the test suite (`make test EXTRAS=gpu`).
 #
 # Progress and every command's output go to stderr (and to a log directory under .cache/gpu-check);

@@ -4,13 +4,16 @@ free blocks (vLLM's own block pool)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
+from ahc.core.config import load_config
 from server.kv_order.cpu_policy import ReturnOrderPolicy
 from server.kv_order.idle_sessions import EXPECTED, OVERDUE, RUNNING, UNKNOWN, IdleSessions
 from server.kv_order.return_hint import ReturnHint, expected_back_s
@@ -155,18 +158,22 @@ def test_the_gpu_free_queue_is_rethreaded_by_expected_return() -> None:
     scheduler.idle = IdleSessions(clock)
     scheduler.in_cpu_tier = None
     scheduler._cached = {"A": [(b, b.block_hash) for b in blocks[0:3]],
-                         "B": [(b, b.block_hash) for b in blocks[3:6]]}
+                         "B": [(b, b.block_hash) for b in blocks[3:6]],
+                         "C": [(blocks[7], blocks[7].block_hash)]}
     scheduler.idle.started(ReturnHint("A", GAPS), "a")
     scheduler.idle.finished(ReturnHint("A", GAPS), "a")
     clock.now = 1.0
     scheduler.idle.started(ReturnHint("B", GAPS), "b")
     scheduler.idle.finished(ReturnHint("B", GAPS), "b")
+    scheduler.idle.started(ReturnHint("C", GAPS), "c")  # C runs: its blocks are in use or its own
     clock.now = 1.5
+    scheduler._cached["B"].insert(0, (blocks[0], blocks[0].block_hash))  # A and B share their head
     blocks[4].ref_cnt = 1  # in use again: not free, never moved
     pool.free_block_queue.remove(blocks[4])
     scheduler.reorder()
     order = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
-    # Untracked free blocks stay ahead; then B (back later), tail first; A, due soonest, last in line.
+    # Untracked free blocks and those of C (running) stay ahead; then B (back later), tail first; A, due
+    # soonest, last in line, with the head it shares with B.
     assert order == [7, 8, 6, 4, 3, 2, 1]
     blocks[0].reset_hash()  # A's head was evicted and reused: no longer A's
     scheduler.reorder()
@@ -247,3 +254,32 @@ def test_a_sessions_calls_keep_the_place_its_first_drew_and_carry_the_gaps_seen(
     assert returns.engine_kwargs("c", "r5", -1)["priority"] == 2 - CLIENT_PRIORITY_WEIGHT
     off = SessionReturns(priority=False, hints=False, clock=clock)
     assert off.engine_kwargs("a", "r1", 0) == {}
+
+
+def test_the_engine_is_started_with_program_order_and_return_order(tiny_model_dir: Path) -> None:
+    """By default vLLM schedules by priority and its native CPU tier evicts by AHC's policy; AHC's
+    scheduler class orders the GPU's free blocks on request; each is off on its own setting, and a policy
+    of the command line's is kept."""
+    from server.engine_args import RETURN_ORDER_POLICY, RETURN_ORDER_SCHEDULER, build_vllm_namespace, vllm_cli_args
+
+    base = load_config("cpu-tiny").with_overrides(model=str(tiny_model_dir))
+    assert "--scheduler-cls" not in vllm_cli_args(base)
+    args = vllm_cli_args(base.with_overrides(**{"engine.return_order": "both"}))
+    assert args[args.index("--scheduling-policy") + 1] == "priority"
+    assert args[args.index("--scheduler-cls") + 1] == RETURN_ORDER_SCHEDULER
+    tiered = base.with_overrides(**{"engine.kv_offloading_size": 4})
+    extra = build_vllm_namespace(tiered).kv_transfer_config.kv_connector_extra_config
+    assert RETURN_ORDER_POLICY.items() <= extra.items()
+    own = tiered.with_overrides(**{"engine.extra_args": [
+        "--kv-transfer-config", '{"kv_connector_extra_config": {"eviction_policy": "arc"}}']})
+    assert build_vllm_namespace(own).kv_transfer_config.kv_connector_extra_config["eviction_policy"] == "arc"
+    off = tiered.with_overrides(**{"engine.return_order": "off", "engine.session_priority": False})
+    assert "--scheduler-cls" not in vllm_cli_args(off) and "--scheduling-policy" not in vllm_cli_args(off)
+    transfer = build_vllm_namespace(off).kv_transfer_config
+    assert transfer is None or "eviction_policy" not in transfer.kv_connector_extra_config
+    gpu_only = tiered.with_overrides(**{"engine.return_order": "gpu"})
+    assert "--scheduler-cls" in vllm_cli_args(gpu_only)
+    transfer = build_vllm_namespace(gpu_only).kv_transfer_config
+    assert transfer is None or "eviction_policy" not in transfer.kv_connector_extra_config
+    with pytest.raises(ValidationError, match="return_order"):
+        base.with_overrides(**{"engine.return_order": "sometimes"})

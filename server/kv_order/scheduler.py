@@ -34,7 +34,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.request import Request
 
-from server.kv_order.idle_sessions import RUNNING, IdleSessions
+from server.kv_order.idle_sessions import OVERDUE, RUNNING, IdleSessions
 from server.kv_order.return_hint import ReturnHint
 
 log = logging.getLogger("ahc.kv_order")
@@ -85,7 +85,13 @@ class ReturnOrderMixin:
         now = self.idle.clock()
         if self._cached and now - self._walked_at >= WALK_S:
             self._walked_at = now
-            self.reorder()
+            try:
+                self.reorder()
+            except Exception:  # the order is advisory: the engine goes on in vLLM's own
+                log.exception("ordering the GPU's free blocks failed; it keeps vLLM's order from now on")
+                self._cached.clear()
+                self.idle = IdleSessions(self.idle.clock)
+                self._walked_at = float("inf")
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def reorder(self) -> None:
@@ -94,8 +100,12 @@ class ReturnOrderMixin:
         pool: BlockPool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
         queue = pool.free_block_queue
         ranks = self.idle.ranks(self._cached)
-        copied: list[KVCacheBlock] = []  # the CPU tier holds them too: they go first
-        only_here: list[KVCacheBlock] = []
+        # By block id, in order: a block several sessions share (a common system prompt) moves with each
+        # and ends where the one due back soonest puts it. Overdue sessions' blocks go first, then the
+        # tier's copies, then what only the GPU holds.
+        overdue: dict[int, KVCacheBlock] = {}
+        copied: dict[int, KVCacheBlock] = {}
+        only_here: dict[int, KVCacheBlock] = {}
         in_cpu = self.in_cpu_tier
         for session in sorted(self._cached, key=ranks.__getitem__):
             if ranks[session][0] == RUNNING:
@@ -107,8 +117,12 @@ class ReturnOrderMixin:
             self._cached[session] = still
             for block, block_hash in reversed(still):
                 if block.ref_cnt == 0 and block.prev_free_block is not None:
-                    (copied if in_cpu is not None and in_cpu(block_hash) else only_here).append(block)
-        moved = copied + only_here
+                    group = overdue if ranks[session][0] == OVERDUE else \
+                        copied if in_cpu is not None and in_cpu(block_hash) else only_here
+                    for other in (overdue, copied, only_here):
+                        other.pop(block.block_id, None)
+                    group[block.block_id] = block
+        moved = [*overdue.values(), *copied.values(), *only_here.values()]
         for block in moved:
             queue.remove(block)
         queue.append_n(moved)
