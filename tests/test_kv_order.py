@@ -18,7 +18,7 @@ from server.kv_order.cpu_policy import ReturnOrderPolicy
 from server.kv_order.idle_sessions import EXPECTED, OVERDUE, RUNNING, UNKNOWN, IdleSessions
 from server.kv_order.return_hint import ReturnHint, expected_back_s
 from server.kv_order.scheduler import ReturnOrderScheduler, check_vllm, return_order_scheduler
-from server.kv_order.session_returns import CLIENT_PRIORITY_WEIGHT, SessionReturns
+from server.kv_order.session_returns import SessionReturns
 
 GAPS = (1.0, 2.0, 3.0)
 
@@ -251,7 +251,8 @@ def test_a_sessions_calls_keep_the_place_its_first_drew_and_carry_the_gaps_seen(
     again = returns.engine_kwargs("a", "r3", 0)
     assert again["priority"] == 0 and ReturnHint.read(again["kv_hints"]) == ReturnHint("a", (2.5,))
     assert returns.engine_kwargs("b", "r4", 0)["priority"] == 1
-    assert returns.engine_kwargs("c", "r5", -1)["priority"] == 2 - CLIENT_PRIORITY_WEIGHT
+    # A client's own priority goes to the engine as it is, however large (vLLM takes any int64).
+    assert returns.engine_kwargs("c", "r5", 475794402)["priority"] == 475794402
     off = SessionReturns(priority=False, hints=False, clock=clock)
     assert off.engine_kwargs("a", "r1", 0) == {}
 

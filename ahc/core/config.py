@@ -84,7 +84,7 @@ class EngineConfig(_Strict):
     kv_offloading_backend: Literal["native", "lmcache"] = "native"
     # Each request's priority is its session's place in line (the one its first call drew), and the engine
     # schedules by it (vLLM's `--scheduling-policy priority`): a session that has started finishes before
-    # new ones crowd it out. A client's own `priority` still ranks first.
+    # new ones crowd it out. A request with a `priority` of its own keeps it.
     session_priority: bool = True
     # Which KV tiers evict the idle session expected back latest first, its return predicted from the
     # gaps sessions leave between calls, rather than the least recently used: "cpu" (the CPU tier's

@@ -19,8 +19,6 @@ from server.kv_order.return_hint import MAX_GAPS, ReturnHint
 # Sessions whose place and last reply are remembered; past this the least recently seen are forgotten
 # (one coming back draws a new place, as a new session would).
 MAX_SESSIONS = 65_536
-# A client's own priority (vLLM's `priority`, lower first) ranks above the place in line.
-CLIENT_PRIORITY_WEIGHT = 1 << 40
 
 
 class SessionReturns:
@@ -52,7 +50,8 @@ class SessionReturns:
         return ReturnHint(session, tuple(sorted(self._gaps)))
 
     def priority(self, session: str, asked: int = 0) -> int:
-        """The engine priority of a call of `session` (lower goes first); `asked`: the client's own."""
+        """The engine priority of a call of `session` (lower goes first); `asked`: the client's own (vLLM's
+        `priority`), which, when not 0, is passed on as it is."""
         place = self._places.pop(session, None)
         if place is None:
             place = next(self._tickets)
@@ -60,7 +59,7 @@ class SessionReturns:
         while len(self._places) > MAX_SESSIONS:
             forgotten, _ = self._places.popitem(last=False)
             self._replied.pop(forgotten, None)
-        return asked * CLIENT_PRIORITY_WEIGHT + place
+        return asked if asked else place
 
     def ended(self, session: str) -> None:
         """A call of `session` ended (its reply complete, or aborted)."""
