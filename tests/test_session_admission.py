@@ -423,21 +423,3 @@ def test_the_host_load_cost_is_read_from_the_offloading_connectors_stats() -> No
     stats.increase_counter(LOAD_TIME, 0.1)
     cost.observe(stats.to_dict())
     assert cost.s_per_block(2 << 20) == pytest.approx((2 << 20) * 0.1 / 4e9)
-
-
-def test_a_session_in_flight_that_lost_its_cache_still_counts_as_re_prefill_to_come() -> None:
-    """A 60-block cache holds two of three 30-block sessions; the one it lost still needs its whole
-    context back at its next call: four sessions at 10 ms a block are 1.2 s against a 1 s gap."""
-    async def run() -> None:
-        clock = Clock()
-        capacity = [100]
-        costs = Costs(lambda: capacity[0], lambda: 0.01)
-        gate = SessionAdmission(costs, hot_s=5.0, max_wait_s=30.0, poll_s=0.001, clock=clock)
-        await three_agents(gate, clock)
-        clock.now = 1.2
-        capacity[0] = 60  # the engine's cache is smaller than it was: the model drops the least recent
-        gate.finished("c")
-        assert gate.resident_blocks("a") == 0 and gate.in_flight(clock.now) == ["a", "b", "c"]
-        assert gate.drowning("d", 30, 0.01)  # counting only what is cached: 0.9 s, under the gap
-
-    asyncio.run(run())

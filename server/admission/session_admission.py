@@ -243,10 +243,8 @@ class SessionAdmission:
 
     def drowning(self, session_id: str, blocks: int, per_block: float) -> bool:
         """Whether bringing back every session in flight (this one with them) would take the engine longer
-        than a session's usual gap: then evictions cascade and thrashing slows everyone. Each is counted
-        at its whole context, whether or not the cache still holds it: one that lost it is a re-prefill
-        already queued for its next call."""
-        flight = {sid: self.footprint(sid) for sid in self.in_flight(self.clock())}
+        than a session's usual gap: then evictions cascade and thrashing slows everyone."""
+        flight = {sid: self.resident_blocks(sid) for sid in self.in_flight(self.clock())}
         flight[session_id] = max(flight.get(session_id, 0), blocks)
         cost = sum(b * self.miss_s_per_block(sid, per_block) for sid, b in flight.items())
         return cost * self.wait_per_prefill > self.gap_s(session_id)

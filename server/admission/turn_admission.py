@@ -38,7 +38,7 @@ async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_mod
     blocks = _blocks_needed(turn, governor, asked, max_model_len)
     with tracer.start_as_current_span("ahc.governor.admit") as span:
         try:
-            if sessions is not None:  # a session the server keeps, or one a client's history names
+            if sessions is not None and turn.prepared.session is not None:
                 await _admit_session(turn, sessions, governor, asked, actions, waits)
             reservation = await governor.admit(blocks, shrink if turn.prepared.session is not None else None,
                                                actions, priority)
