@@ -153,8 +153,10 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                                oc.codex_condense_ratio, max_model_len, hidden_admission)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     ec = config.engine
-    returns = SessionReturns(ec.session_priority, ec.return_order != "off") \
-        if ec.session_priority or ec.return_order != "off" else None
+    # A hint only where something reads it: the scheduler class, or the native CPU tier's policy.
+    hinted = ec.return_order in ("gpu", "both") or (
+        ec.return_order == "cpu" and ec.kv_offloading_size is not None and ec.kv_offloading_backend == "native")
+    returns = SessionReturns(ec.session_priority, hinted) if ec.session_priority or hinted else None
     recording = RecordingEngine(engine, recorder, keys.cache_salt, returns)  # every route's requests, salted by tenant
     return Runtime(config=config, engine=recording, tokenizer=tokenizer, xdb=xdb,
                    metrics=metrics, orchestrator=orchestrator, retriever=retriever, governor=governor,

@@ -35,23 +35,16 @@ class IdleSessions:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently finished first
-        self.version = 0  # moves whenever a session starts or finishes a call
-
-    def __contains__(self, session: str) -> bool:
-        return session in self._sessions
 
     def started(self, hint: ReturnHint, request_id: str) -> None:
         state = self._state(hint)
-        if request_id not in state.running:
-            state.running[request_id] = self.clock()
-            self.version += 1
+        state.running.setdefault(request_id, self.clock())
 
     def finished(self, hint: ReturnHint, request_id: str) -> None:
         state = self._state(hint)
         state.running.pop(request_id, None)
         state.finished_at = self.clock()
         self._sessions.move_to_end(hint.session)
-        self.version += 1
         while len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
 
