@@ -139,6 +139,18 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
                        created_at FROM stored_responses)
             WHERE item_id IS NOT NULL""",
     ]),
+    (7, [
+        # A stored response keeps only what it added to its conversation: a request that resends its
+        # history references the earlier response of its session the history begins with (base_id,
+        # base_messages), found by the digests of each response's input and conversation; state_sha
+        # is the session's State once a continuation committed. Rows stored before keep NULLs: they
+        # read as before, are never referenced, and a continuation of one forks a session.
+        "ALTER TABLE stored_responses ADD COLUMN base_id VARCHAR",
+        "ALTER TABLE stored_responses ADD COLUMN base_messages INTEGER",
+        "ALTER TABLE stored_responses ADD COLUMN input_sha VARCHAR",
+        "ALTER TABLE stored_responses ADD COLUMN conversation_sha VARCHAR",
+        "ALTER TABLE stored_responses ADD COLUMN state_sha VARCHAR",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

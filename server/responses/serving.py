@@ -8,11 +8,18 @@ cache report rides in the response as `context` (in `response.created`'s respons
 
 `store` (the API's default) is AHC's, in XDB (xdb/responses.py), not vLLM's in-memory store: a stored
 response is read back by `GET /v1/responses/{id}` and continued by `previous_response_id`, by its own
-tenant, across a restart. A continuation is a turn of the session's server-kept State, so it reads the
-cache and compaction applies: the first continuation of a conversation seeds the State with the
-conversation stored up to it, later ones add only their input; continuing an earlier response than the
-session's last forks a new session from the conversation up to it. The engine request then carries the
-prepared prompt as its input items; the response echoes what the client sent.
+tenant, across a restart. A continuation sees exactly the conversation up to the response it continues
+(the inputs and replies of its chain), never another turn of the same session. It is a turn of the
+session's server-kept State, so it reads the cache and compaction applies, while that State holds just
+that conversation: the response's own turn was the State's last (its digest, stored with the response,
+is the State's now) and no turn of the session is in flight; the first continuation of a conversation
+seeds a State the session does not have yet with the conversation stored up to it. Anything else (a
+later turn with `store: false`, a sibling continuation of the same response, in parallel or before)
+forks a new session seeded from the stored conversation. The engine request then carries the prepared
+prompt as its input items; the response echoes what the client sent.
+
+`DELETE /v1/responses/{id}` removes the stored response only, and says so: the session's recorded
+tokens and turns, its State and the audit log stay until `DELETE /v1/context/sessions/{id}`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from ahc.core.errors import InvalidRequest, NotFound
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
 from orchestrator.request_turn import RequestTurn
+from orchestrator.session import Session
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
@@ -56,13 +64,18 @@ from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_usage
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import Tenant
-from xdb.responses import StoredResponse
+from xdb.responses import StoredResponse, state_digest
 
 # What a response echoes of its request, as the client sent it (the engine request may differ).
 ECHOED = ("instructions", "previous_response_id", "store")
 # The stream's events that carry the response object: each echoes the request.
 RESPONSE_EVENTS = frozenset(("response.created", "response.in_progress", "response.completed",
                              "response.incomplete", "response.failed"))
+# How often a continuation waits out the turns in flight on its session before it forks instead.
+IDLE_WAITS = 3
+# What a deleted response's reply says stays, and where it goes.
+KEPT_AFTER_DELETE = ("Only the stored response is removed: the session's recorded tokens and turns, its State "
+                     "and the audit log keep what it said; DELETE /v1/context/sessions/{session_id} removes those.")
 
 
 @dataclass
@@ -132,18 +145,41 @@ class ResponsesDoorCall:
         if previous is None:
             raise NotFound(f"previous response {request.previous_response_id!r} not found (responses are "
                            "continued only when stored, by the key that made them)")
-        session_id = previous.session_id
-        state = await runtime.orchestrator.sessions.aget(session_id)
-        # The session's State holds this conversation when the response was its last and was kept; a
-        # session with no State yet takes it seeded; anything else forks.
-        continues = previous.latest and previous.kept and bool(state.turns)
-        if not continues and not (previous.latest and not previous.kept and not state.turns):
-            session_id = tenant.prefix + new_session_id()
-        history = [] if continues else await asyncio.to_thread(view.response_conversation, previous)
+        session_id, history = await self.continued(runtime, view, previous)
+        # Nothing awaits from here to the turn taking the session's lock: the State was checked idle.
         spec = ContextSpec().model_copy(update={"session_id": session_id})
         return (_Exchange(request, view, own, previous, kept=True),
                 TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,
                             recorded_turns=len(history), retry=request_retry(raw_request.headers)))
+
+    async def continued(self, runtime: Runtime, view: TenantXDB,
+                        previous: StoredResponse) -> tuple[str, list[dict[str, Any]]]:
+        """The session a continuation of `previous` is a turn of, and the stored conversation its State is
+        seeded with (none when the State holds it). The check is made with no turn of the session in
+        flight and returns without awaiting again, so the State it saw is the one the turn takes."""
+        sessions = runtime.orchestrator.sessions
+        history: list[dict[str, Any]] | None = None
+        for _ in range(IDLE_WAITS):
+            lock = sessions.lock(previous.session_id)
+            if busy(lock):
+                async with lock:  # the turns in flight first: the State they leave is the one to check
+                    pass
+                continue
+            state = await sessions.aget(previous.session_id)
+            if busy(sessions.lock(previous.session_id)):  # a turn came in meanwhile
+                continue
+            if previous.kept and state_sha(state) == previous.state_sha:
+                return previous.session_id, []
+            if history is None:  # read once; the State is checked again after
+                history = await asyncio.to_thread(view.response_conversation, previous)
+                continue
+            return (previous.session_id if not previous.kept and fresh(state) else self.fork()), history
+        if history is None:
+            history = await asyncio.to_thread(view.response_conversation, previous)
+        return self.fork(), history
+
+    def fork(self) -> str:
+        return self.tenant.prefix + new_session_id()
 
     def label(self) -> str | None:
         """The (scoped) session the request names: `X-Session-ID`, `prompt_cache_key` (Codex CLI's
@@ -189,8 +225,10 @@ class ResponsesDoorCall:
         exchange.echo(body)
         if exchange.request.store:
             previous_id = exchange.previous.id if exchange.previous is not None else None
+            session = turn.prepared.session if exchange.kept else None  # as the turn committed it
             await asyncio.to_thread(exchange.view.save_response, body["id"], turn.session_id, previous_id,
-                                    exchange.kept, [*exchange.own, reply], body)
+                                    exchange.kept, [*exchange.own, reply], body,
+                                    state_sha(session) if session is not None else None)
         return body
 
     async def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
@@ -249,6 +287,27 @@ class ResponsesService:
         return found.response
 
     async def delete(self, response_id: str, tenant: Tenant) -> dict[str, Any]:
-        if not await asyncio.to_thread(TenantXDB(self.runtime.xdb, tenant).delete_response, response_id):
+        """OpenAI's reply, with the session the response was served in and a `note` of what stays."""
+        view = TenantXDB(self.runtime.xdb, tenant)
+        found = await asyncio.to_thread(view.stored_response, response_id)
+        if found is None or not await asyncio.to_thread(view.delete_response, response_id):
             raise NotFound(f"response {response_id!r} not found")
-        return {"id": response_id, "object": "response", "deleted": True}
+        session_id = view.shown_id(found.session_id)
+        return {"id": response_id, "object": "response", "deleted": True, "session_id": session_id,
+                "note": KEPT_AFTER_DELETE.format(session_id=session_id)}
+
+
+def busy(lock: asyncio.Lock) -> bool:
+    """A turn of the session is in flight or waiting (a released lock wakes its next waiter before that
+    waiter holds it, so `locked()` alone would miss it)."""
+    return lock.locked() or bool(getattr(lock, "_waiters", None))
+
+
+def state_sha(session: Session) -> str:
+    """The digest of the conversation a session's State holds."""
+    return state_digest(session.summary, [turn.to_message() for turn in session.turns])
+
+
+def fresh(session: Session) -> bool:
+    """A session with no State yet."""
+    return not session.turns and session.summary is None
