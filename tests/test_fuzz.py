@@ -2,10 +2,15 @@
 to one real `ahc serve` (the tiny model). Whatever it sends, the server must never answer 5xx, and every
 4xx must be in OpenAI's error shape, since clients written against OpenAI parse it.
 
-AHC's own routes (`/v1/xdb/*`, `/v1/context/*`) get many examples: they are cheap. The generating
-routes (`/v1/chat/completions`, `/v1/completions`, `/v1/messages`, `/v1/responses`) get few, with the
-completion budget clamped so a request that does validate costs a few tokens; most generated bodies fail
-validation, which is cheap too. `/v1/messages` answers in Anthropic's error shape, the rest in OpenAI's.
+AHC's own routes (`/v1/xdb/*`, `/v1/context/*`, the audit log's records by an auditor's key) get many
+examples: they are cheap. The generating routes (`/v1/chat/completions`, `/v1/completions`,
+`/v1/messages`, `/v1/responses`) get few, with the completion budget clamped so a request that does
+validate costs a few tokens; most generated bodies fail validation, which is cheap too. `/v1/messages` answers in Anthropic's error shape, the rest in OpenAI's.
+
+The schema's own values stop short of the edges of their types: Hypothesis's strings never hold a lone
+surrogate, and its date-times are never within a day of year 1 or 9999 with an offset that carries them
+off the calendar. So half the time a field that reaches an id or a key (in a body) or a time bound (in a
+query) takes such a value instead (`at_the_edges`).
 """
 
 from __future__ import annotations
@@ -30,11 +35,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 API_KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+AUDITOR_KEY = "fuzz-audit-key"  # the audit log answers an auditor's key and no tenant's
+AUDITOR = {"Authorization": f"Bearer {AUDITOR_KEY}"}
 GENERATING = r"^/v1/((chat/)?completions|messages|responses)$"
 # A cap on what one generated request may cost the engine: a random model never stops early, so an
 # unclamped `max_tokens` would have it generate to the end of the window.
 MAX_TOKENS = 4
 MAX_CHOICES = 2
+# Body fields whose strings become ids or keys XDB stores or looks up, and query fields that are times.
+ID_FIELDS = frozenset({"request_id", "prompt_cache_key", "conversation", "previous_response_id", "user", "session_id"})
+TIME_FIELDS = frozenset({"since", "until"})
+# Half of a UTF-16 pair, alone (JSON's "\ud800" escape: the client escapes it), after some text or none.
+LONE_SURROGATES = st.builds(str.__add__, st.text(max_size=3), st.characters(categories=["Cs"]))
+EDGE_TIMES = st.sampled_from(["0001-01-01T00:00:00Z", "0001-01-01T00:00:00+01:00", "0001-01-01T00:30:00+14:00",
+                              "9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59.999999-12:00",
+                              "9999-12-31T23:59:59.999999Z"])
 
 stats: Counter[str] = Counter()
 refusals: Counter[str] = Counter()  # why requests were refused, printed with the stats
@@ -46,7 +61,11 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     writes documents at random, which would change what the other engine tests find in XDB."""
     if not (TINY_MODEL / "config.json").exists():
         raise RuntimeError("the tiny model is missing: run `make setup` first")
-    srv = start_server(tmp_path_factory.mktemp("fuzz") / "xdb", api_key=API_KEY)
+    home = tmp_path_factory.mktemp("fuzz")
+    keys = home / "keys"
+    keys.write_text(f"auditor fuzz-auditor:{AUDITOR_KEY}\n")
+    keys.chmod(0o600)
+    srv = start_server(home / "xdb", api_key=API_KEY, extra=["--api-keys-file", str(keys)])
     started = time.monotonic()
     yield srv
     capture = request.config.pluginmanager.get_plugin("capturemanager")
@@ -103,21 +122,34 @@ def operations(schema: Any, path_regex: str) -> list[Any]:
     return found
 
 
+def at_the_edges(case: Any, edges: st.DataObject) -> None:
+    """Each id field of the case's body, and each time field of its query, takes a value at the edge of
+    its type (a lone surrogate, a time off the calendar once in UTC) with even odds."""
+    for container, fields, values in ((case.body, ID_FIELDS, LONE_SURROGATES), (case.query, TIME_FIELDS, EDGE_TIMES)):
+        if not isinstance(container, dict):
+            continue
+        for field in sorted(fields & container.keys()):
+            if edges.draw(st.booleans()):
+                container[field] = edges.draw(values)
+
+
 def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | None = None,
-         modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)) -> str | None:
-    """One operation, half valid bodies and queries, half invalid ones (by default); the first failure,
-    shrunk by Hypothesis, or None. (schemathesis's own pytest plugin is not used: its lazy-fixture
-    runner sets `Function._nodeid`, which pytest 9 no longer has.)"""
+         modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
+         headers: dict[str, str] = AUTH) -> str | None:
+    """One operation, half valid bodies and queries, half invalid ones (by default), some fields at the
+    edges of their types; the first failure, shrunk by Hypothesis, or None. (schemathesis's own pytest
+    plugin is not used: its lazy-fixture runner sets `Function._nodeid`, which pytest 9 no longer has.)"""
     strategy = st.one_of(*(operation.as_strategy(mode) for mode in modes))
 
-    @given(case=strategy)
+    @given(case=strategy, edges=st.data())
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
-    def run(case: Any) -> None:
+    def run(case: Any, edges: st.DataObject) -> None:
         if prepare is not None:
             prepare(case)
+        at_the_edges(case, edges)
         stats["requests"] += 1
-        response = case.call_and_validate(headers=AUTH, checks=CHECKS)
+        response = case.call_and_validate(headers=headers, checks=CHECKS)
         stats[f"{operation.path} {response.status_code // 100}xx"] += 1
         if response.status_code >= 400:
             refusals[f"{operation.path}: {response.json()['error']['message'][:100]}"] += 1
@@ -131,6 +163,7 @@ def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | Non
 
 def test_ahc_routes(openapi: Any) -> None:
     failures = [f for op in operations(openapi, r"^/v1/(xdb|context)/") if (f := fuzz(op, 300))]
+    failures += [f for op in operations(openapi, r"^/v1/audit/records$") if (f := fuzz(op, 30, headers=AUDITOR))]
     assert not failures, "\n\n".join(failures)
 
 

@@ -102,10 +102,12 @@ def storable(part: list[TimestepRow] | TokenBatch) -> list[TimestepRow] | TokenB
         if not joined.isascii() and utf8(joined) is not joined:
             part.contents = [utf8(text) for text in part.contents]
         part.session_id = utf8(part.session_id)
+        part.request_id = part.request_id and utf8(part.request_id)
         return part
     for row in part:
         row.content = utf8(row.content)
         row.session_id = utf8(row.session_id)
+        row.request_id = row.request_id and utf8(row.request_id)
         if row.metadata is not None:
             row.metadata = _utf8_json(row.metadata)
     return part

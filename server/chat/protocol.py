@@ -16,7 +16,7 @@ from orchestrator.turn_request import TurnRequest
 from orchestrator.turn_retry import Retry
 from server.admission.turn_admission import Asked
 from server.http.retry_headers import request_retry
-from server.http.session_key import HEADER, SessionKey, session_key
+from server.http.session_key import HEADER, SessionKey, session_key, unicode_id
 from server.tenancy.tenants import Tenant
 
 
@@ -36,6 +36,9 @@ class ChatRequest(ChatCompletionRequest):
                 and not isinstance(data["structured_outputs"], dict):
             raise ValueError("structured_outputs must be an object (json, regex, choice, grammar, ...) or null")
         return data
+
+    # A client's `request_id` names the request's rows in XDB ("chatcmpl-" and it): UTF-8 must hold it.
+    _request_id = field_validator("request_id")(unicode_id)
 
     @field_validator("messages")
     @classmethod

@@ -42,6 +42,8 @@ def session_key(context_id: str | None, header: str | None, cache_key: object = 
     if cache_key is not None and (not isinstance(cache_key, str) or not 0 < len(cache_key) <= ID_MAX_CHARS):
         raise InvalidRequest(f"{cache_param} must be a string of 1 to {ID_MAX_CHARS} characters",
                              param=cache_param)
+    if cache_key is not None and (at := lone_surrogate(cache_key)) is not None:
+        raise InvalidRequest(f"{cache_param}: {not_unicode(at)}", param=cache_param)
     named = [(param, value) for param, value in (("context.session_id", context_id), (HEADER, header),
                                                  (cache_param, cache_key)) if value is not None]
     for param, value in named[1:]:
@@ -52,6 +54,27 @@ def session_key(context_id: str | None, header: str | None, cache_key: object = 
     if not named:
         return SessionKey(None, False)
     return SessionKey(named[0][1], keeps_state=context_id is not None)
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds half of a UTF-16 surrogate pair (JSON's `"\\ud800"` escape, or an emoji cut in
+    two), which UTF-8 cannot hold, nor therefore XDB's id columns or DuckDB's parameters; None if nowhere."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def not_unicode(at: int) -> str:
+    return f"not valid Unicode text (a lone surrogate at character {at})"
+
+
+def unicode_id(value: str | None) -> str | None:
+    """A request model's check of an id the server stores or looks up (pydantic answers its 400)."""
+    if value is not None and (at := lone_surrogate(value)) is not None:
+        raise ValueError(not_unicode(at))
+    return value
 
 
 def header_value(session_id: str) -> str:

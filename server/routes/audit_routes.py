@@ -8,7 +8,7 @@ ids are as stored (a tenant's carry its prefix), since the log spans every tenan
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -20,8 +20,15 @@ from xdb import XDBClient
 
 
 def _utc(at: datetime | None) -> datetime | None:
-    """The log's times are naive UTC: an aware time is converted, a naive one read as UTC."""
-    return at.astimezone(UTC).replace(tzinfo=None) if at is not None and at.tzinfo is not None else at
+    """The log's times are naive UTC: an aware time is converted, a naive one read as UTC. A time within
+    a day of year 1 or 9999 whose offset carries it off the calendar (0001-01-01T00:00+01:00) is still a
+    bound: before, or after, every record the log can hold."""
+    if at is None or at.tzinfo is None:
+        return at
+    try:
+        return at.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError:
+        return datetime.min if (at.utcoffset() or timedelta(0)) > timedelta(0) else datetime.max
 
 
 def audit_router(xdb: XDBClient, verifier: AuditVerifier) -> APIRouter:

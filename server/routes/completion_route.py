@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -29,7 +29,7 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from ahc.core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
-from server.http.session_key import HEADER, header_value, session_key
+from server.http.session_key import HEADER, header_value, session_key, unicode_id
 from server.pipeline.door import install_ahead
 from server.runtime import Runtime
 from server.tenancy.request_context import current_session, current_tenant
@@ -47,6 +47,8 @@ class CompletionBody(CompletionRequest):
     way). Only the OpenAPI document changes, so clients and fuzzers generated from it send a prompt."""
 
     model_config = ConfigDict(json_schema_extra=_prompt_required)
+    # A client's `request_id` names the request's rows in XDB ("cmpl-" and it): UTF-8 must hold it.
+    _request_id = field_validator("request_id")(unicode_id)
 
 
 def install_completion_route(app: FastAPI, runtime: Runtime) -> None:

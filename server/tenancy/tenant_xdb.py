@@ -32,6 +32,7 @@ from xdb.responses import (
     save_response,
     stored_response,
 )
+from xdb.rows import utf8
 from xdb.runs import (
     list_interactions,
     list_runs,
@@ -97,6 +98,8 @@ class TenantXDB:
     # -- stored responses (the Responses API) ---------------------------------------------------------
     # A response id is global (the server made it); the response is the tenant's when its session is.
     def stored_response(self, response_id: str) -> StoredResponse | None:
+        if utf8(response_id) is not response_id:  # a lone surrogate: XDB holds no such id, and DuckDB refuses it
+            return None
         found = self.xdb.read(stored_response, response_id)
         return found if found is not None and self.tenant.owns(found.session_id) else None
 
@@ -109,18 +112,18 @@ class TenantXDB:
     def response_items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The output items of the tenant's stored responses with these ids, by id (the newest of an id)."""
         found: dict[str, dict[str, Any]] = {}
+        item_ids = [i for i in item_ids if utf8(i) is i]  # as in stored_response
         for session_id, item in self.xdb.read(response_items, item_ids):
             if self.tenant.owns(session_id):
                 found.setdefault(item["id"], item)
         return found
 
     def save_response(self, response_id: str, session_id: str, previous_id: str | None, kept: bool,
-                      conversation: list[dict[str, Any]], response: dict[str, Any],
-                      state_sha: str | None = None) -> None:
+                      conversation: list[dict[str, Any]], response: dict[str, Any]) -> None:
         """`session_id` as stored (the turn's, scoped already)."""
         if not self.tenant.owns(session_id):
             raise ValueError(f"tenant {self.tenant.name!r} does not own {session_id!r}")
-        self.xdb.write(save_response, response_id, session_id, previous_id, kept, conversation, response, state_sha)
+        self.xdb.write(save_response, response_id, session_id, previous_id, kept, conversation, response)
 
     def delete_response(self, response_id: str) -> bool:
         return self.stored_response(response_id) is not None and bool(self.xdb.write(delete_response, response_id))
