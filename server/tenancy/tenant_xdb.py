@@ -119,11 +119,12 @@ class TenantXDB:
         return found
 
     def save_response(self, response_id: str, session_id: str, previous_id: str | None, kept: bool,
-                      conversation: list[dict[str, Any]], response: dict[str, Any]) -> None:
+                      conversation: list[dict[str, Any]], response: dict[str, Any],
+                      state_sha: str | None = None) -> None:
         """`session_id` as stored (the turn's, scoped already)."""
         if not self.tenant.owns(session_id):
             raise ValueError(f"tenant {self.tenant.name!r} does not own {session_id!r}")
-        self.xdb.write(save_response, response_id, session_id, previous_id, kept, conversation, response)
+        self.xdb.write(save_response, response_id, session_id, previous_id, kept, conversation, response, state_sha)
 
     def delete_response(self, response_id: str) -> bool:
         return self.stored_response(response_id) is not None and bool(self.xdb.write(delete_response, response_id))
