@@ -3,7 +3,8 @@ whole history each turn and send no id): a request whose messages begin with a r
 latest messages (its last request's, then the reply) continues that conversation's session.
 
 Each conversation is known by one hash, chained over its messages and seeded with the tenant's prefix,
-so another tenant's conversation never matches. Only a conversation's latest head continues it: a
+so another tenant's conversation never matches; each tenant's are kept in a table of its own, so
+another tenant's traffic never pushes them out either. Only a conversation's latest head continues it: a
 request that edits an earlier message, or resends an earlier state, matches no head and starts a new
 session, never rewriting the first one's history.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -58,50 +60,83 @@ def extend(head: str, message: dict[str, Any]) -> str:
     return hashlib.sha256(bytes.fromhex(head) + message_digest(message)).hexdigest()
 
 
+# Tenants whose conversations are kept; past this the tenant least recently heard from loses its table.
+MAX_TENANTS = 64
+
+
 class Conversations:
-    """The latest head of the most recently continued conversations (least recently used dropped). A
-    request's chain is hashed once: `find` takes it, and `advance` the reply's extension of its last head."""
+    """The latest head of each tenant's most recently continued conversations. Each tenant's table is its
+    own, bounded at `capacity` (least recently used dropped), so one tenant's one-off requests never push
+    another's conversations out; at most `max_tenants` tables are kept (the least recently used dropped).
+    A request's chain is hashed once: `find` takes it, and `advance` the reply's extension of its last head.
+    `tenant`: the tenant's prefix (the one its heads are seeded with)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_tenants: int = MAX_TENANTS) -> None:
         self.capacity = max(capacity, 1)
-        self._sessions: OrderedDict[str, str] = OrderedDict()  # head -> session id
-        self._heads: dict[str, str] = {}  # session id -> its latest head
-        self._asked: dict[str, str] = {}  # session id -> its last request's head (before the reply)
+        self.max_tenants = max(max_tenants, 1)
+        self._tables: OrderedDict[str, _Table] = OrderedDict()
 
-    def find(self, heads: list[str]) -> tuple[str, int] | None:
+    def find(self, heads: list[str], tenant: str = "") -> tuple[str, int] | None:
         """The session whose latest head is the longest of a request's `heads` (`chain`), with how many of
         the request's messages that head covers (the messages its session has seen); None if none is."""
+        table = self._tables.get(tenant)
+        if table is None:
+            return None
+        self._tables.move_to_end(tenant)
+        return table.find(heads)
+
+    def seen(self, session_id: str, heads: list[str], tenant: str = "") -> int | None:
+        """How many of a request's messages the session has seen: those its latest head covers, or else
+        its last request's (a client that gives back another reply than the model's); None when the
+        request continues neither, or the session is not known."""
+        table = self._tables.get(tenant)
+        return None if table is None else table.seen(session_id, heads)
+
+    def advance(self, session_id: str, head: str, asked: str | None = None, tenant: str = "") -> None:
+        """`head` (a request's last, `asked`, extended by its reply) is now the session's latest."""
+        table = self._tables.pop(tenant, None) or _Table()
+        self._tables[tenant] = table
+        while len(self._tables) > self.max_tenants:
+            self._tables.popitem(last=False)
+        table.advance(session_id, head, asked, self.capacity)
+
+
+@dataclass
+class _Table:
+    """One tenant's conversations."""
+
+    sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)  # head -> session id
+    heads: dict[str, str] = field(default_factory=dict)  # session id -> its latest head
+    asked: dict[str, str] = field(default_factory=dict)  # session id -> its last request's head (before the reply)
+
+    def find(self, heads: list[str]) -> tuple[str, int] | None:
         for index in range(len(heads) - 1, -1, -1):
-            session_id = self._sessions.get(heads[index])
+            session_id = self.sessions.get(heads[index])
             if session_id is not None:
-                self._sessions.move_to_end(heads[index])
+                self.sessions.move_to_end(heads[index])
                 return session_id, index + 1
         return None
 
     def seen(self, session_id: str, heads: list[str]) -> int | None:
-        """How many of a request's messages the session has seen: those its latest head covers, or else
-        its last request's (a client that gives back another reply than the model's); None when the
-        request continues neither, or the session is not known."""
-        for head in (self._heads.get(session_id), self._asked.get(session_id)):
+        for head in (self.heads.get(session_id), self.asked.get(session_id)):
             if head is not None:
                 for index in range(len(heads) - 1, -1, -1):
                     if heads[index] == head:
                         return index + 1
         return None
 
-    def advance(self, session_id: str, head: str, asked: str | None = None) -> None:
-        """`head` (a request's last, `asked`, extended by its reply) is now the session's latest."""
+    def advance(self, session_id: str, head: str, asked: str | None, capacity: int) -> None:
         if asked is not None:
-            self._asked[session_id] = asked
-        previous = self._heads.pop(session_id, None)
+            self.asked[session_id] = asked
+        previous = self.heads.pop(session_id, None)
         if previous is not None:
-            self._sessions.pop(previous, None)
-        stale = self._sessions.pop(head, None)  # another session that ended on the same messages
+            self.sessions.pop(previous, None)
+        stale = self.sessions.pop(head, None)  # another session that ended on the same messages
         if stale is not None:
-            self._heads.pop(stale, None)
-        self._sessions[head] = session_id
-        self._heads[session_id] = head
-        while len(self._sessions) > self.capacity:
-            _, dropped = self._sessions.popitem(last=False)
-            self._heads.pop(dropped, None)
-            self._asked.pop(dropped, None)
+            self.heads.pop(stale, None)
+        self.sessions[head] = session_id
+        self.heads[session_id] = head
+        while len(self.sessions) > capacity:
+            _, dropped = self.sessions.popitem(last=False)
+            self.heads.pop(dropped, None)
+            self.asked.pop(dropped, None)

@@ -408,7 +408,7 @@ class Orchestrator:
         messages, label, naming = turn.messages, turn.label, "explicit"
         heads = chain(turn.tenant_prefix, messages)
         if label is None:  # named by no one: the conversation its messages continue, if any
-            found = self.conversations.find(heads)
+            found = self.conversations.find(heads, turn.tenant_prefix)
             label, seen = found if found is not None else (None, None)
             naming = "new" if label is None else "inferred"
         identity, turns, query = split_messages(messages, strict=False)
@@ -416,7 +416,7 @@ class Orchestrator:
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         thread = tools_key(turn.tools)
         if label is not None and naming == "explicit":
-            seen = self.named_conversations.seen(label, heads)
+            seen = self.named_conversations.seen(label, heads, turn.tenant_prefix)
             if self.named.side(label, thread, seen is not None, prompt.hashes().get("identity")):
                 naming, seen = SIDE_CALL, None  # a title, summary or quota call beside the session's turns
         last = self.named.last_hashes(label, thread if naming in ("explicit", SIDE_CALL) else None,
@@ -453,7 +453,8 @@ class Orchestrator:
             if prepared.conversation is not None and not side:
                 conversations = self.named_conversations if prepared.report.session_naming == "explicit" \
                     else self.conversations
-                conversations.advance(prepared.session_id, extend(prepared.conversation, reply), prepared.conversation)
+                conversations.advance(prepared.session_id, extend(prepared.conversation, reply), prepared.conversation,
+                                      prepared.request.tenant_prefix)
             return None
         session.last_turn = TurnMark(prepared.brought, prepared.request.retry.key, len(session.turns),
                                      list(session.karma), list(session.staged_karma))
