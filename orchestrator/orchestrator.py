@@ -438,9 +438,14 @@ class Orchestrator:
 
     def abandon(self, prepared: Prepared) -> None:
         """The commit's save failed: the turn is not in the State the next request reads (a client's
-        retry of it joins the State once, not twice)."""
+        retry of it joins the State once, not twice), or, stored after all, is read back undelivered."""
         if prepared.session is not None:
-            self.sessions.reload(prepared.session_id)
+            self.sessions.reload(prepared.session_id, undelivered=prepared.mark)
+
+    def delivered(self, prepared: Prepared) -> None:
+        """The committed turn's reply reached the server's socket whole: no retry takes its place now."""
+        if prepared.mark is not None:
+            prepared.mark.delivered = True
 
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any:
         """After the response: the request's turns, the query and the reply join the session's State,
@@ -456,8 +461,9 @@ class Orchestrator:
                 conversations.advance(prepared.session_id, extend(prepared.conversation, reply), prepared.conversation,
                                       prepared.request.tenant_prefix)
             return None
-        session.last_turn = TurnMark(prepared.brought, prepared.request.retry.key, len(session.turns),
-                                     list(session.karma), list(session.staged_karma))
+        session.last_turn = prepared.mark = TurnMark(prepared.brought, prepared.request.retry.key,
+                                                     len(session.turns), list(session.karma),
+                                                     list(session.staged_karma), delivered=False)
         session.turns.extend(prepared.new_turns)
         session.last_hashes = prepared.prompt.hashes()
         session.moved_from = None

@@ -15,6 +15,7 @@ from orchestrator.karma import KarmaPlan
 from orchestrator.session import Session
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
+from orchestrator.turn_retry import TurnMark
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Prepared:
     seen_turns: int | None = None
     thread: str | None = None  # sent as written: the tool set it offers (orchestrator/named_sessions.py)
     brought: str = ""  # a digest of the turns and query it brings to the State (orchestrator/turn_retry.py)
+    mark: TurnMark | None = None  # the one its commit left on the session, which its delivery completes
 
     @property
     def actions(self) -> list[str]:

@@ -3,6 +3,7 @@
     async with orchestrator.turn(TurnRequest(spec, messages)) as turn:
         ... send turn.messages to the engine ...
         await turn.commit(reply)
+    ... send the reply; once it is out whole: turn.delivered() ...
 
 Entering takes the session's lock (so a session's requests join its State in order) and prepares the
 prompt. Leaving without a commit rolls the session back, whatever the reason (an error, a 429, a
@@ -31,6 +32,7 @@ class TurnDriver(Protocol):
     async def shrink(self, prepared: Prepared) -> Prepared | None: ...
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any: ...
     def abandon(self, prepared: Prepared) -> None: ...
+    def delivered(self, prepared: Prepared) -> None: ...
     def rollback(self, prepared: Prepared) -> None: ...
 
 
@@ -112,6 +114,12 @@ class RequestTurn:
         except Exception:  # not saved: the State the next request reads is the stored one
             self._driver.abandon(self.prepared)
             raise
+
+    def delivered(self) -> None:
+        """The committed reply went out whole (callable after `close`): a client that sends the turn again
+        now sends a turn of its own (orchestrator/turn_retry.py)."""
+        if self._committed and self._prepared is not None:
+            self._driver.delivered(self._prepared)
 
     def _abandon_unless_saved(self, saving: asyncio.Future[Any]) -> None:
         if saving.cancelled() or saving.exception() is not None:

@@ -85,6 +85,7 @@ class _Entry:
     session: Session | None = None
     saving: Any = None  # the last save's receipt, when the save callable returns a future
     stored: str | None = None  # the State as this server last loaded or saved it
+    undelivered: TurnMark | None = None  # a turn whose save failed or went unanswered: loaded, undelivered
 
     def busy(self) -> bool:
         """In use: its lock held or awaited (a released lock wakes its next waiter before that waiter
@@ -163,6 +164,9 @@ class SessionStore:
 
     def _take(self, entry: _Entry, session_id: str, stored: str | None) -> None:
         session = Session.from_json(stored) if stored else Session(session_id)
+        if session.last_turn is not None and session.last_turn == entry.undelivered:
+            session.last_turn.delivered = False  # its client got the error, not the reply
+        entry.undelivered = None
         if self.replica is not None and session.replica not in (None, self.replica):
             session.moved_from = session.replica
         entry.session, entry.stored = session, stored
@@ -174,12 +178,14 @@ class SessionStore:
         if entry is not None:
             entry.session = None
 
-    def reload(self, session_id: str) -> None:
+    def reload(self, session_id: str, undelivered: TurnMark | None = None) -> None:
         """A save of the session failed: memory may hold a turn the store does not, so the next request
-        reads the stored State instead (without a `load` callable memory is all there is: kept)."""
+        reads the stored State instead (without a `load` callable memory is all there is: kept).
+        `undelivered`: the failed turn's mark; stored after all, that turn is read back undelivered."""
         entry = self._entries.get(session_id)
         if entry is not None and self._load is not None:
             entry.session, entry.saving, entry.stored = None, None, None
+            entry.undelivered = undelivered
 
     def save(self, session: Session) -> Any:
         """Persist, and hold `session` as the session's State (a retried turn commits a copy); returns

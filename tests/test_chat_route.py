@@ -653,14 +653,17 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
     assert user_turns(runtime, session) == (["First question?", "Second question?"],) * 2
 
 
-def test_an_idempotency_key_makes_a_resent_turn_take_its_own_place(served: tuple[TestClient, Runtime]) -> None:
-    """A client that lost a reply sends the turn again with the same Idempotency-Key: it replaces the turn
-    it repeats. The same words sent again as a new request (no key, or another) are a turn of their own."""
+def test_an_idempotency_key_sent_again_is_the_same_request_and_another_key_a_turn_of_its_own(
+        served: tuple[TestClient, Runtime]) -> None:
+    """The same Idempotency-Key once its reply was delivered is answered 409, the State as it was (a reply
+    that never reached the client is replaced by its retry: tests/test_turn_retry_hardening.py). The same
+    words sent again as a new request (no key, or another) are a turn of their own."""
     client, runtime = served
     client.post("/v1/chat/completions", json=chat("resent", "First question?")).raise_for_status()
-    for key in ("turn-2", "turn-2"):
-        sent = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": key})
-        assert sent.status_code == 200, sent.text
+    sent = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
+    assert sent.status_code == 200, sent.text
+    again = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
+    assert again.status_code == 409, again.text
     assert user_turns(runtime, "resent") == (["First question?", "Go on."],) * 2
     client.post("/v1/chat/completions", json=chat("resent", "Go on."),
                 headers={"Idempotency-Key": "turn-3"}).raise_for_status()
@@ -672,13 +675,15 @@ def test_an_idempotency_key_makes_a_resent_turn_take_its_own_place(served: tuple
     assert user_turns(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
 
 
-def test_a_first_attempt_of_the_same_words_is_a_new_turn_and_an_sdk_retry_is_not(
+def test_the_same_words_join_the_state_each_time_their_reply_was_delivered(
         served: tuple[TestClient, Runtime]) -> None:
+    """An SDK retry (`X-Stainless-Retry-Count` above 0) replaces only a turn whose reply the client never
+    got: after a delivered reply it is a retry of a request that never got in, a turn of its own."""
     client, runtime = served
     for retries in ("0", "0", "1", "2"):
         client.post("/v1/chat/completions", json=chat("same-words", "Yes."),
                     headers={"X-Stainless-Retry-Count": retries}).raise_for_status()
-    assert user_turns(runtime, "same-words") == (["Yes.", "Yes."],) * 2
+    assert user_turns(runtime, "same-words") == (["Yes."] * 4,) * 2
 
 
 def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],

@@ -32,6 +32,9 @@ class SlowSave:
     def abandon(self, prepared: Prepared) -> None:
         self.abandoned += 1
 
+    def delivered(self, prepared: Prepared) -> None:
+        pass
+
     def rollback(self, prepared: Prepared) -> None:
         raise AssertionError("a committed turn is not rolled back")
 

@@ -100,7 +100,7 @@ def to_messages(response: Response, handler: AnthropicServingMessages) -> Respon
     if context is not None:
         message["context"] = context
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
-    return JSONResponse(message, headers=headers)
+    return JSONResponse(message, headers=headers, background=response.background)  # the reply's delivery
 
 
 async def message_events(chunks: AsyncIterable[Any], handler: AnthropicServingMessages) -> AsyncIterator[str]:

@@ -8,7 +8,8 @@ and where the reply and the cache report sit in its response.
 
 A JSON response settles here. A stream is the door's to transform (`DoorCall.stream`): it settles the
 turn when the reply completes, holding the event that ends the reply until the reply's rows are
-committed (`made_durable`), after the reply's last tokens have gone out."""
+committed (`made_durable`), after the reply's last tokens have gone out. A settled turn whose response
+went out whole (the JSON body, or the stream's last event) is delivered: no retry takes its place."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol, cast
 
 from fastapi import Request
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from orchestrator.request_turn import RequestTurn
@@ -142,7 +144,8 @@ class TurnPipeline:
         body["context"] = report
         headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
         headers[HEADER] = session_header(turn)
-        return JSONResponse(body, status_code=200, headers=headers)
+        # Run once the body is handed to the server for sending: the turn's reply is delivered.
+        return JSONResponse(body, status_code=200, headers=headers, background=BackgroundTask(turn.delivered))
 
     async def settle(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
         """A completed reply: its tool calls and the turn record are recorded and committed (a client that

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterable
 
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from orchestrator.request_turn import RequestTurn
 from server.http.session_key import HEADER, header_value
@@ -38,10 +38,21 @@ class TurnStream(StreamingResponse):
             # The stream runs after the route has returned: its span is made current again, so the
             # reply's recording and the engine's outputs stay in the request's trace.
             with self._telemetry.current():
-                await super().__call__(scope, receive, send)
+                await super().__call__(scope, receive, self._delivering(send))
         except BaseException as exc:
             error = exc
             raise
         finally:
             self._turn.close()
             self._telemetry.end(error)
+
+    def _delivering(self, send: Send) -> Send:
+        """`send`, telling the turn its reply was delivered once the body's last message is sent (a
+        client gone before it cancels or fails that send)."""
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self._turn.delivered()
+
+        return sending
