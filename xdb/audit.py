@@ -14,10 +14,18 @@ and time-window changes) are chained too, as system event records: event_type `x
 timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append_event`).
 
 A session's records hold its content only sealed under the session's key (xdb/audit_seal.py,
-xdb/audit_keys.py). Deleting the session chains a `delete_session` event naming the keys it destroys,
-then destroys them: the content is gone from the log's files, the records and their hashes stay, and
+xdb/audit_keys.py). Deleting the session first retires its keys under the lock that moves the chain's
+tip (`retire_keys`), so every batch hashed after that point seals the session's new rows under a new
+key; the deletion then chains a `delete_session` event naming the retired keys and the last timestep
+sealed under them, the experience file drops those rows, and only then are the keys destroyed
+(`destroy_keys`): the content is gone from the log's files, the records and their hashes stay, and
 verification tells such an erasure (a key destroyed by a chained deletion after its last record) from
-tampering (a key missing with no such deletion).
+tampering (a key missing with no such deletion). A deletion a crash cut short after its event was
+chained is finished at the next start (`pending_deletions`).
+
+The head file's last line is written and fsynced after the commit: a crash between the two can leave
+it torn. Opening the log for writing cuts a torn last line off (the commit it named is anchored again
+from the log), logs the repair and chains it as an `audit_head_repaired` event.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -38,15 +47,25 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from xdb.audit_chain import EVENT_TYPE, GENESIS, HEAD_FILE, RECORD_COLUMNS, chain, checkpoint_hash, concept_hash
+from xdb.audit_chain import (
+    EVENT_TYPE,
+    GENESIS,
+    HEAD_FILE,
+    RECORD_COLUMNS,
+    chain,
+    checkpoint_hash,
+    concept_hash,
+    cut_torn_line,
+)
 from xdb.audit_keys import KEYS_FILE, SessionKeys
 from xdb.audit_seal import open_sealed, seal
 from xdb.audit_verify import (
     AuditReport,
+    Deletion,
+    chained_deletions,
     check_anchor,
     check_erasures,
     check_expected_head,
-    destroyed_keys,
     heads_as_of_now,
     verify_connection,
     verify_tail,
@@ -94,6 +113,16 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
 ]
 
 
+@dataclass(frozen=True)
+class Retirement:
+    """A session's keys retired at one point of the chain: `keys` (every key of the session), and
+    `before_seq`, the first seq hashed after it; no record from there on is sealed under them."""
+
+    session_id: str
+    keys: list[int]
+    before_seq: int
+
+
 @dataclass
 class PreparedBatch:
     """A batch hashed onto the chain, ready for `AuditLog.commit`."""
@@ -138,6 +167,7 @@ class AuditLog:
         self.head_path = path.parent / HEAD_FILE
         self._head_fd: int | None = None
         self.full_verification: AuditReport | None = None  # the background re-hash's verdict, once done
+        self.repairs: list[dict[str, Any]] = []  # torn tails cut at open, chained by `verify_for_open`
         self._closing = False
         # prepare may run on the writer's thread and, for system events, on any other: the tip
         # moves under this lock. Commits take turns in seq order under `_turn`, and `_commit_lock`
@@ -173,6 +203,7 @@ class AuditLog:
                 return cls(conn, path, keys)
             before = stored_version(conn, path, "audit_meta", APP)
             head_path = path.parent / HEAD_FILE
+            repairs = _cut_torn_tails(head_path, keys)
             adopt = before is not None and before < 2 and not head_path.exists()
             if adopt:
                 # A log from before anchoring: anchor what it holds now, but only a chain that
@@ -186,6 +217,7 @@ class AuditLog:
             # cost twice the CPU of one (measured: 8 → 4 µs a row) and buy nothing.
             conn.execute("SET threads = 1")
             audit = cls(conn, path, keys)
+            audit.repairs = repairs
             if adopt and audit.committed_seq > 0:
                 log.warning("audit log %s predates audit.head: anchoring its current head seq=%d", path,
                             audit.committed_seq - 1)
@@ -214,9 +246,10 @@ class AuditLog:
         two commits, so the copied head file names the copied log's last record. Returns that seq."""
         with self._commit_lock:
             copy_database(self.conn, dest_dir / self.path.name)
-            for name in (HEAD_FILE, KEYS_FILE):
-                if (self.path.parent / name).exists():
-                    shutil.copy2(self.path.parent / name, dest_dir / name)
+            if self.head_path.exists():
+                shutil.copy2(self.head_path, dest_dir / HEAD_FILE)
+            if self.keys.exists:
+                self.keys.copy_to(dest_dir / KEYS_FILE)
             return self.committed_seq - 1
 
     # -- the anchor ------------------------------------------------------------------------------
@@ -271,8 +304,9 @@ class AuditLog:
         key_ids = table.column("key_id").combine_chunks()
         if key_ids.null_count == len(key_ids):
             return [True] * table.num_rows
-        opened = open_sealed(table.column("seq").to_numpy(), pa.compute.fill_null(key_ids, -1).to_numpy(),
-                             table.column("sealed").combine_chunks(), self.keys.secrets())
+        ids = pa.compute.fill_null(key_ids, -1).to_numpy()
+        opened = open_sealed(table.column("seq").to_numpy(), ids, table.column("sealed").combine_chunks(),
+                             self.keys.secrets(np.unique(ids[ids >= 0]).tolist()))
         return [True if not valid else (False if payload is None else payload)
                 for valid, payload in zip(key_ids.is_valid().to_pylist(), opened)]
 
@@ -283,20 +317,53 @@ class AuditLog:
     def append_event(self, action: str, details: dict[str, Any]) -> int:
         """Chain one system event (a deletion or rewrite elsewhere in XDB) and commit it; returns its
         seq. Callers append before committing their own change, as the writer does its batches,
-        so a change the audit does not hold never happens."""
+        so a change the audit does not hold never happens. A `delete_session` event names the keys
+        its deletion destroys (`keys_destroyed`, from `retire_keys`); they are destroyed by
+        `destroy_keys` once the deletion is committed."""
         session_id = str(details.get("session_id") or "")
-        destroyed = self.keys.session_keys(session_id) if action == "delete_session" and session_id else []
-        if destroyed:
-            details = {**details, "keys_destroyed": destroyed}
         content = json.dumps({"action": action, **details}, sort_keys=True, separators=(",", ":"), default=str)
         row = TimestepRow(session_id, -1, EVENT_TYPE, "system", content)
         table, _ = rows_to_arrow([row], -1, ConceptIndex([]))
         prepared = self.prepare(table, [])
         self.commit(prepared)
-        if destroyed:
-            # Chained first: a key is only ever destroyed by a deletion the log holds.
-            self.keys.destroy(destroyed)
         return prepared.seq_start
+
+    def retire_keys(self, session_id: str) -> Retirement:
+        """Retire the session's keys where the chain's tip is now: a record hashed after this seals the
+        session's rows under a new key, so destroying these never touches a row recorded after."""
+        with self._tip_lock:
+            return Retirement(session_id, self.keys.retire(session_id), self.next_seq)
+
+    def last_timestep_before(self, retirement: Retirement) -> int | None:
+        """The session's last timestep recorded before its keys were retired (None: none), once the
+        records up to there are committed (waits for them)."""
+        self._wait_committed(retirement.before_seq)
+        with self.conn.cursor() as cur:
+            found = one(cur.execute("SELECT max(timestep_id) FROM audit_records WHERE session_id = ? AND seq < ? "
+                                    "AND event_type != ?", [retirement.session_id, retirement.before_seq,
+                                                            EVENT_TYPE]))[0]
+        return None if found is None else int(found)
+
+    def _wait_committed(self, seq: int, timeout: float = COMMIT_TURN_TIMEOUT_S) -> None:
+        with self._turn:
+            if not self._turn.wait_for(lambda: self.committed_seq >= seq or self._failed is not None, timeout):
+                raise RuntimeError(f"audit records before seq {seq} were not committed in {timeout:.0f} s")
+            if self._failed is not None and self.committed_seq < seq:
+                raise RuntimeError(f"audit log failed earlier: {self._failed!r}") from self._failed
+
+    def destroy_keys(self, key_ids: list[int]) -> None:
+        """Destroy keys a committed deletion named (chained first: a key is only ever destroyed by a
+        deletion the log holds)."""
+        self.keys.destroy(key_ids)
+
+    def pending_deletions(self) -> list[Deletion]:
+        """Chained deletions whose keys are still in audit.keys: a crash came between the event and the
+        keys' destruction, so the experience file may still hold the rows (finished by the caller)."""
+        with self.conn.cursor() as cur:
+            deletions = chained_deletions(cur)
+        named = sorted({k for d in deletions for k in d.keys})
+        alive = set(self.keys.owners(named)) if named else set()
+        return [d for d in deletions if alive & set(d.keys)]
 
     def prepare(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> PreparedBatch:
         """Hash a batch onto the chain's tip (Python work, nothing written yet) and move the tip on."""
@@ -341,7 +408,6 @@ class AuditLog:
                 self._turn.wait(remaining)
         try:
             with self._commit_lock:
-                self.keys.sync()  # the keys of the batch's new sessions, on disk before their records
                 self._write(p)
                 self._anchor(p.seq_end, p.head)
         except BaseException as exc:
@@ -420,12 +486,13 @@ class AuditLog:
                 cur.execute("BEGIN TRANSACTION")
                 cur.execute("SELECT count(*) FROM audit_checkpoints").fetchone()  # the snapshot, taken now
                 heads = heads_as_of_now(self.head_path)
-                # The keys as of the snapshot too: a deletion destroys its keys after its record commits.
-                owners = self.keys.owners() if self.keys.exists else None
+            owners = self.keys.owners if self.keys.exists else None
             try:
                 report = verify_connection(cur, seq_from, seq_to, chunk)
                 if report.ok:
-                    report = check_erasures(cur, owners, report)
+                    # Keys are read after the snapshot: one destroyed since is checked against the
+                    # deletions chained since, too.
+                    report = check_erasures(cur, owners, report, self._deletions_now)
                 if report.ok and anchored:
                     report = check_anchor(cur, self.head_path, report, heads)
                 if report.ok and expect_head is not None:
@@ -453,16 +520,13 @@ class AuditLog:
             report = self._verify_tail(start)
         if not report.ok:
             raise ValueError(f"audit log {self.path} is broken: {report.first_bad}; nothing was replayed or modified")
-        self._carry_deletions_through()
+        for repair in self.repairs:
+            self.append_event("audit_head_repaired" if repair["file"] == HEAD_FILE else "audit_keys_repaired", repair)
+        self.repairs = []
 
-    def _carry_deletions_through(self) -> None:
-        """Destroy the keys a chained deletion named but a crash left in audit.keys."""
+    def _deletions_now(self) -> list[Deletion]:
         with self.conn.cursor() as cur:
-            pending = sorted(set(destroyed_keys(cur)) & set(self.keys.owners()))
-        if pending:
-            log.warning("audit log %s: destroying %d key(s) of deleted sessions that a crash left behind", self.path,
-                        len(pending))
-            self.keys.destroy(pending)
+            return chained_deletions(cur)
 
     def _verify_tail(self, seq_from: int) -> AuditReport:
         with self.conn.cursor() as cur:
@@ -476,8 +540,8 @@ class AuditLog:
             started = time.monotonic()
             try:
                 report = self.verify()
-            except duckdb.Error:
-                if self._closing:  # the log closed under it (a stop): no verdict, not a fault
+            except (duckdb.Error, sqlite3.ProgrammingError):
+                if self._closing:  # the log or its keys closed under it (a stop): no verdict, not a fault
                     return
                 raise
             self.full_verification = report
@@ -496,6 +560,20 @@ class AuditLog:
         found = one(self.conn.execute("SELECT min(seq) FROM audit_records WHERE timestep_id > ? AND event_type != ?",
                                       [timestep_id, EVENT_TYPE]))[0]
         return None if found is None else int(found)
+
+
+def _cut_torn_tails(head_path: Path, keys: SessionKeys) -> list[dict[str, Any]]:
+    """Cut a torn last line off the head file (and note one dropped converting a text keys file): what a
+    crash between a line's write and its fsync leaves. Each cut is logged here and chained at open."""
+    repairs = []
+    torn = cut_torn_line(head_path)
+    if torn is not None:
+        log.warning("audit head file %s ended in a torn line (%d bytes, a crash before its fsync): cut off; the "
+                    "last whole line is the anchor", head_path, len(torn))
+        repairs.append({"file": HEAD_FILE, "dropped_bytes": len(torn), "dropped": torn[:200]})
+    if keys.torn is not None:
+        repairs.append({"file": KEYS_FILE, "dropped_bytes": len(keys.torn)})
+    return repairs
 
 
 def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,

@@ -16,6 +16,7 @@ seq and its record hash in hex.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,11 +70,13 @@ def parse_head(text: str) -> tuple[int, bytes]:
 
 
 def read_heads(path: Path) -> list[tuple[int, bytes]] | None:
-    """Every head anchored in a head file, oldest first; None when there is no file."""
+    """Every head anchored in a head file, oldest first; None when there is no file. A last line with no
+    newline is not anchored yet (being written, or torn by a crash before its fsync) and is left out."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", "replace")
     except FileNotFoundError:
         return None
+    text = text[:text.rfind("\n") + 1]
     heads = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -82,3 +85,19 @@ def read_heads(path: Path) -> list[tuple[int, bytes]] | None:
             except ValueError as exc:
                 raise ValueError(f"{path} line {n}: {exc}") from None
     return heads
+
+
+def cut_torn_line(path: Path) -> str | None:
+    """Truncate a file after its last newline, fsynced; returns what was cut (None: nothing was)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as f:
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return data[keep:].decode("utf-8", "replace")

@@ -1,23 +1,55 @@
-"""The audit log's session keys: `audit.keys` beside the log, one line `ID HEX_KEY JSON_SESSION_ID` per
-key, after a first line `next N` (the next key id, so a destroyed key's id is never given again).
+"""The audit log's session keys: `audit.keys` beside the log, a SQLite database with one row a key
+(id, session, key, retired).
 
-A session's records are sealed under its current key (xdb/audit_seal.py). Deleting the session destroys
-its keys: the file is written anew without them and renamed over the old one, so the keys leave the
-disk's files with it (a DuckDB file could keep a deleted row in a free block; this one is replaced
-whole). A new key is appended when a batch is sealed, and fsynced before that batch is committed.
+A session's records are sealed under its current key (xdb/audit_seal.py): its newest key not retired.
+A deletion retires the session's keys first (every batch sealed after that takes a new key), and destroys
+them once the deletion is committed. SQLite's `secure_delete` overwrites a destroyed key's bytes in the
+file, and the write-ahead log is checkpointed and truncated after every destruction, so the key leaves
+the disk's files. Keys are looked up by id or session through the database's indexes: opening the file
+and destroying a session's keys cost the same with a thousand keys or a million, and SQLite's journal
+keeps the file whole through a crash at any point of a write.
+
+A key is committed (and fsynced) when it is made, before any record sealed under it is committed.
+
+Logs from before this layout kept the keys in a text file of the same name, one line
+`ID HEX_KEY JSON_SESSION_ID` after a first line `next N`; it is converted when the log is next opened
+for writing (`convert_text_keys`), a torn last line (a crash between its write and its fsync, so no
+record was ever sealed under it) dropped and reported.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
 import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 from xdb.private import fsync_path, private_files
 
+log = logging.getLogger("ahc.xdb.audit")
+
 KEYS_FILE = "audit.keys"
 KEY_BYTES = 32
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# Sessions whose current key is kept in memory: the recording sessions; a miss costs one indexed lookup.
+CACHED_SESSIONS = 4096
+# Ids a statement names at most (SQLite's default limit on a statement's parameters is 32,766).
+ID_CHUNK = 900
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS keys (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+    "key BLOB NOT NULL, retired INTEGER NOT NULL DEFAULT 0)",
+    "CREATE INDEX IF NOT EXISTS keys_by_session ON keys (session_id)",
+)
+
+
+def is_sqlite(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
 
 
 class SessionKeys:
@@ -26,110 +58,213 @@ class SessionKeys:
     def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path, self.read_only = path, read_only
         self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._unsynced = False  # keys appended and not yet fsynced
-        self.keys: dict[int, tuple[str, bytes]] = {}
-        self.current: dict[str, int] = {}
-        self.next_id = 0
-        self.exists = path.exists()
-        if self.exists:
-            self._load()
-
-    def _load(self) -> None:
-        for n, line in enumerate(self.path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                if line.startswith("next "):
-                    self.next_id = max(self.next_id, int(line[5:]))
-                    continue
-                key_id, key, session = line.split(" ", 2)
-                entry = (json.loads(session), bytes.fromhex(key))
-                if len(entry[1]) != KEY_BYTES or not isinstance(entry[0], str):
-                    raise ValueError
-            except ValueError:
-                raise ValueError(f"{self.path} line {n}: not a key line (ID HEX_KEY JSON_SESSION_ID)") from None
-            self.keys[int(key_id)] = entry
-            self.current[entry[0]] = int(key_id)
-            self.next_id = max(self.next_id, int(key_id) + 1)
+        self._current: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self.torn: str | None = None  # a torn last line dropped converting a text keys file
+        self.exists = path.exists() and path.stat().st_size > 0
+        if self.exists and not is_sqlite(path):
+            if read_only:
+                self._db = _text_keys_in_memory(path)
+                return
+            self.torn = convert_text_keys(path)
+        if read_only and not self.exists:
+            self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        elif read_only:
+            self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False,
+                                       isolation_level=None)
+            return
+        else:
+            created = not path.exists()
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            _configure(self._db)
+            private_files(path)
+            if created:
+                fsync_path(path.parent)
+            self.exists = True
+        for statement in SCHEMA:
+            self._db.execute(statement)
 
     def keys_for(self, session_ids: list[str]) -> dict[str, tuple[int, bytes]]:
-        """Each session's current key (id, key); those that have none get one now, written to the file
-        (made durable by `sync`, which the audit log runs before it commits records sealed under them)."""
+        """Each session's current key (id, key); those that have none get one now, committed to the file
+        before this returns (so before any record sealed under it can be)."""
         with self._lock:
-            found = {s: (k, self.keys[k][1]) for s in session_ids if (k := self.current.get(s)) is not None}
+            found = {s: k for s in session_ids if (k := self._cached(s)) is not None}
             new = [s for s in session_ids if s not in found]
-            if new and self.read_only:
+            if not new:
+                return found
+            if self.read_only:
                 raise ValueError(f"{self.path} is open read-only: no key can be made for {new[0]!r}")
-            made = {s: (self.next_id + i, os.urandom(KEY_BYTES)) for i, s in enumerate(new)}
-            if made:
-                self._append("".join(f"{k} {key.hex()} {json.dumps(s)}\n" for s, (k, key) in made.items()),
-                             self.next_id + len(made))
-                for session_id, (key_id, key) in made.items():
-                    self.keys[key_id], self.current[session_id] = (session_id, key), key_id
-                self.next_id += len(made)
+            made = {}
+            with self._transaction():
+                for session_id in new:
+                    key = os.urandom(KEY_BYTES)
+                    cur = self._db.execute("INSERT INTO keys (session_id, key) VALUES (?, ?)", (session_id, key))
+                    assert cur.lastrowid is not None
+                    made[session_id] = (int(cur.lastrowid), key)
+            for session_id, entry in made.items():
+                self._remember(session_id, entry)
             return {**found, **made}
+
+    def _cached(self, session_id: str) -> tuple[int, bytes] | None:
+        entry = self._current.get(session_id)
+        if entry is not None:
+            self._current.move_to_end(session_id)
+            return entry
+        row = self._db.execute("SELECT id, key FROM keys WHERE session_id = ? AND retired = 0 ORDER BY id DESC "
+                               "LIMIT 1", (session_id,)).fetchone()
+        if row is None:
+            return None
+        self._remember(session_id, (int(row[0]), bytes(row[1])))
+        return self._current[session_id]
+
+    def _remember(self, session_id: str, entry: tuple[int, bytes]) -> None:
+        self._current[session_id] = entry
+        self._current.move_to_end(session_id)
+        while len(self._current) > CACHED_SESSIONS:
+            self._current.popitem(last=False)
+
+    def retire(self, session_id: str) -> list[int]:
+        """Retire the session's keys (the next record of the session is sealed under a new one); returns
+        every key of the session, retired before or now, for its deletion to destroy."""
+        with self._lock:
+            with self._transaction():
+                self._db.execute("UPDATE keys SET retired = 1 WHERE session_id = ? AND retired = 0", (session_id,))
+            self._current.pop(session_id, None)
+            return [int(k) for (k,) in self._db.execute("SELECT id FROM keys WHERE session_id = ? ORDER BY id",
+                                                        (session_id,))]
 
     def session_keys(self, session_id: str) -> list[int]:
         with self._lock:
-            return sorted(k for k, (s, _) in self.keys.items() if s == session_id)
+            return [int(k) for (k,) in self._db.execute("SELECT id FROM keys WHERE session_id = ? ORDER BY id",
+                                                        (session_id,))]
 
-    def secrets(self) -> dict[int, bytes]:
-        with self._lock:
-            return {k: key for k, (_, key) in self.keys.items()}
+    def secrets(self, key_ids: Iterable[int]) -> dict[int, bytes]:
+        """The keys that still exist among `key_ids`."""
+        return {k: key for k, key in self._select("id, key", key_ids) if isinstance(key, bytes)}
 
-    def owners(self) -> dict[int, str]:
+    def owners(self, key_ids: Iterable[int]) -> dict[int, str]:
+        """The session of each key that still exists among `key_ids`."""
+        return {k: str(session) for k, session in self._select("id, session_id", key_ids)}
+
+    def _select(self, columns: str, key_ids: Iterable[int]) -> Iterator[tuple[int, object]]:
+        ids = sorted({int(k) for k in key_ids})
         with self._lock:
-            return {k: s for k, (s, _) in self.keys.items()}
+            for start in range(0, len(ids), ID_CHUNK):
+                chunk = ids[start:start + ID_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                yield from self._db.execute(f"SELECT {columns} FROM keys WHERE id IN ({marks})", chunk).fetchall()
 
     def destroy(self, key_ids: list[int]) -> None:
-        """Write the file anew without these keys and rename it over the old one (fsynced)."""
+        """Delete these keys, their bytes overwritten in the file and the write-ahead log truncated."""
+        if not key_ids:
+            return
         with self._lock:
-            gone = [k for k in key_ids if k in self.keys]
-            if not gone:
-                return
-            for key_id in gone:
-                session, _ = self.keys.pop(key_id)
-                if self.current.get(session) == key_id:
-                    del self.current[session]
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-            tmp = self.path.with_name(self.path.name + ".new")
-            lines = [f"next {self.next_id}\n"] + [f"{k} {key.hex()} {json.dumps(s)}\n"
-                                                  for k, (s, key) in sorted(self.keys.items())]
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, "".join(lines).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            fsync_path(self.path.parent)
-            self._unsynced = False  # every key left is in the new file, fsynced
+            with self._transaction():
+                for start in range(0, len(key_ids), ID_CHUNK):
+                    chunk = key_ids[start:start + ID_CHUNK]
+                    self._db.execute(f"DELETE FROM keys WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            gone = set(key_ids)
+            for session_id in [s for s, (k, _) in self._current.items() if k in gone]:
+                del self._current[session_id]
 
-    def _append(self, lines: str, next_id: int) -> None:
-        if self._fd is None:
-            created = not self.path.exists()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            private_files(self.path)
-            if created:
-                lines = f"next {next_id}\n" + lines
-                fsync_path(self.path.parent)
-            self.exists = True
-        os.write(self._fd, lines.encode())
-        self._unsynced = True
+    def copy_to(self, dest: Path) -> None:
+        """A consistent copy of the file (SQLite's online backup), private to this user."""
+        with self._lock, closing(sqlite3.connect(dest)) as copy:
+            self._db.backup(copy)
+        private_files(dest)
 
-    def sync(self) -> None:
-        """fsync the keys appended since the last sync, if any."""
+    def count(self) -> int:
         with self._lock:
-            if self._unsynced and self._fd is not None:
-                os.fsync(self._fd)
-            self._unsynced = False
+            return int(self._db.execute("SELECT count(*) FROM keys").fetchone()[0])
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._db.close()
 
+
+class _Transaction:
+    """BEGIN IMMEDIATE … COMMIT (rolled back on an error) on an autocommit connection."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _configure(db: sqlite3.Connection) -> None:
+    # secure_delete: a deleted key's bytes are overwritten, not left in a free page; FULL: a commit is
+    # fsynced before it returns.
+    for pragma in ("journal_mode = WAL", "synchronous = FULL", "secure_delete = ON"):
+        db.execute(f"PRAGMA {pragma}")
+
+
+def read_text_keys(path: Path) -> tuple[list[tuple[int, str, bytes]], int, str | None]:
+    """The key lines of a text keys file, its `next` id, and its torn last line (None if whole)."""
+    text = path.read_bytes().decode("utf-8", "surrogateescape")
+    torn = None
+    if text and not text.endswith("\n"):
+        text, _, torn = text.rpartition("\n")
+    keys, next_id = [], 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            if line.startswith("next "):
+                next_id = max(next_id, int(line[5:]))
+                continue
+            key_id, key, session = line.split(" ", 2)
+            owner, secret = json.loads(session), bytes.fromhex(key)
+            if len(secret) != KEY_BYTES or not isinstance(owner, str):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{path} line {n}: not a key line (ID HEX_KEY JSON_SESSION_ID)") from None
+        keys.append((int(key_id), owner, secret))
+        next_id = max(next_id, int(key_id) + 1)
+    return keys, next_id, torn
+
+
+def _load_text(db: sqlite3.Connection, keys: list[tuple[int, str, bytes]], next_id: int) -> None:
+    for statement in SCHEMA:
+        db.execute(statement)
+    db.execute("BEGIN")
+    db.executemany("INSERT INTO keys (id, session_id, key) VALUES (?, ?, ?)", keys)
+    # A destroyed key's id is never given again: AUTOINCREMENT goes on from the text file's `next`.
+    db.execute("DELETE FROM sqlite_sequence WHERE name = 'keys'")
+    db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('keys', ?)", (next_id - 1,))
+    db.execute("COMMIT")
+
+
+def convert_text_keys(path: Path) -> str | None:
+    """Rewrite a text keys file as the SQLite one, in place (a new file renamed over it); returns the torn
+    last line it dropped, if any."""
+    keys, next_id, torn = read_text_keys(path)
+    tmp = path.with_name(path.name + ".new")
+    tmp.unlink(missing_ok=True)
+    with closing(sqlite3.connect(tmp, isolation_level=None)) as db:
+        _configure(db)
+        _load_text(db, keys, next_id)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode = DELETE")  # folded into the one file before the rename
+    private_files(tmp)
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+    if torn is not None:
+        log.warning("%s: dropped a torn last line (%d bytes): a key whose write a crash cut short, no record "
+                    "sealed under it", path, len(torn))
+    log.info("%s: converted %d session keys from the text layout", path, len(keys))
+    return torn
+
+
+def _text_keys_in_memory(path: Path) -> sqlite3.Connection:
+    """A read-only view of a text keys file not yet converted (verifying a log no server has opened since)."""
+    keys, next_id, _ = read_text_keys(path)
+    db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    _load_text(db, keys, next_id)
+    return db

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -307,37 +308,65 @@ def _check_last_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: 
                "log's end (its tail was deleted or rewritten)")
 
 
-def destroyed_keys(cur: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, str]]:
-    """Every key a chained deletion destroyed: key id → (the deletion's seq, its session)."""
-    rows = cur.execute("SELECT seq, content FROM audit_records WHERE event_type = ? AND key_id IS NULL "
+@dataclass(frozen=True)
+class Deletion:
+    """A chained `delete_session` event: its seq and time, the session, the keys it names and the last
+    timestep sealed under them (None: the event predates the field, or named no key)."""
+
+    seq: int
+    at: datetime
+    session_id: str
+    keys: list[int]
+    through_timestep: int | None
+
+
+def chained_deletions(cur: duckdb.DuckDBPyConnection) -> list[Deletion]:
+    """Every chained `delete_session` event that names keys, in chain order."""
+    rows = cur.execute("SELECT seq, created_at, content FROM audit_records WHERE event_type = ? AND key_id IS NULL "
                        "AND content LIKE '%\"keys_destroyed\"%' ORDER BY seq", [EVENT_TYPE]).fetchall()
-    destroyed: dict[int, tuple[int, str]] = {}
-    for seq, content in rows:
+    found = []
+    for seq, at, content in rows:
         event = json.loads(content)
         if event.get("action") == "delete_session":
-            for key_id in event.get("keys_destroyed", []):
-                destroyed.setdefault(int(key_id), (int(seq), str(event.get("session_id"))))
+            through = event.get("through_timestep")
+            found.append(Deletion(int(seq), at, str(event.get("session_id")),
+                                  [int(k) for k in event.get("keys_destroyed", [])],
+                                  None if through is None else int(through)))
+    return found
+
+
+def destroyed_keys(deletions: list[Deletion]) -> dict[int, tuple[int, str]]:
+    """Every key the chained deletions destroyed: key id → (the deletion's seq, its session)."""
+    destroyed: dict[int, tuple[int, str]] = {}
+    for deletion in deletions:
+        for key_id in deletion.keys:
+            destroyed.setdefault(key_id, (deletion.seq, deletion.session_id))
     return destroyed
 
 
-def check_erasures(cur: duckdb.DuckDBPyConnection, owners: dict[int, str] | None, report: AuditReport
-                   ) -> AuditReport:
-    """Every key records are sealed under is in audit.keys (`owners`: key id → session; None when the
-    file is missing) for that session, or was destroyed by a chained deletion of that session after the
-    key's last record. The erasures are listed in the report; anything else is tampering."""
+def check_erasures(cur: duckdb.DuckDBPyConnection, owners: Callable[[list[int]], dict[int, str]] | None,
+                   report: AuditReport, deletions_now: Callable[[], list[Deletion]] | None = None) -> AuditReport:
+    """Every key records are sealed under is in audit.keys (`owners`: the sessions of those of the given
+    key ids that exist; None when the file is missing) for that session, or was destroyed by a chained
+    deletion of that session after the key's last record. The keys are read after the snapshot the
+    records come from, so a key destroyed since is checked against `deletions_now` (the deletions
+    chained by now) as well. The erasures are listed in the report; anything else is tampering."""
     sealed = cur.execute("SELECT key_id, any_value(session_id), count(DISTINCT session_id), min(seq), max(seq), "
                          "count(*) FROM audit_records WHERE key_id IS NOT NULL GROUP BY key_id ORDER BY min(seq)"
                          ).fetchall()
-    destroyed = destroyed_keys(cur) if sealed else {}
+    known = owners([int(row[0]) for row in sealed]) if owners is not None and sealed else {}
+    destroyed = destroyed_keys(chained_deletions(cur)) if sealed else {}
+    if deletions_now is not None and any(row[0] not in known and row[0] not in destroyed for row in sealed):
+        destroyed = {**destroyed_keys(deletions_now()), **destroyed}
     erased = []
     for key_id, session, sessions, first, last, count in sealed:
         where = f"audit records seq={first}..{last} (session {session!r}, {count} sealed under key {key_id})"
         if sessions != 1:
             return AuditReport(False, report.records_checked, f"{where}: one key seals several sessions (forged)")
-        if owners is not None and key_id in owners:
-            if owners[key_id] != session:
+        if key_id in known:
+            if known[key_id] != session:
                 return AuditReport(False, report.records_checked,
-                                   f"{where}: audit.keys gives that key to session {owners[key_id]!r} (edited)")
+                                   f"{where}: audit.keys gives that key to session {known[key_id]!r} (edited)")
             continue
         deletion = destroyed.get(key_id)
         if deletion is None or deletion[1] != session or deletion[0] < last:

@@ -17,6 +17,7 @@ from datetime import datetime
 import duckdb
 
 from xdb.audit import AuditEvent
+from xdb.audit_verify import Deletion
 from xdb.compression import Summarize, _compress_replies
 from xdb.fidelity import hot_cutoff
 from xdb.sql import one_int, transaction
@@ -32,6 +33,7 @@ DATED: tuple[tuple[str, str], ...] = tuple((t.name, t.time_column) for t in TABL
                                            if t.dated and t.time_column is not None)
 # Every table that holds a session's rows: the dated ones, then the tick counter (the order in which a
 # deletion reports its counts).
+TIMESTEPS = "timesteps"  # the recorded tokens: the rows the audit log seals under the session's keys
 SESSION_TABLES = (*(name for name, _ in DATED),
                   *(t.name for t in TABLES if t.session_column == SESSION and not t.dated))
 
@@ -71,26 +73,57 @@ EXPIRED = f"""
     ORDER BY a.last_at, a.session_id LIMIT ?"""
 
 
-def delete_expired_sessions(cur: duckdb.DuckDBPyConnection, delete_after_days: float,
-                            audit: AuditEvent | None = None, limit: int = 1000) -> list[str]:
-    """Delete the sessions idle for `delete_after_days` that nothing protects; returns their ids."""
-    expired = [row[0] for row in cur.execute(EXPIRED, [cutoff(delete_after_days), limit]).fetchall()]
-    for session_id in expired:
-        delete_session(cur, session_id, audit, reason="retention", delete_after_days=delete_after_days)
-    return expired
+def expired_sessions(cur: duckdb.DuckDBPyConnection, delete_after_days: float, limit: int = 1000) -> list[str]:
+    """The sessions idle for `delete_after_days` that nothing protects, longest idle first."""
+    return [row[0] for row in cur.execute(EXPIRED, [cutoff(delete_after_days), limit]).fetchall()]
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What a deletion erases of a session's recorded tokens when there is an audit log: the timesteps
+    up to `through_timestep` (-1: none), the ones sealed under `keys`, which the deletion destroys once
+    committed. Rows recorded after the keys were retired are sealed under a new key and stay."""
+
+    keys: list[int]
+    through_timestep: int
 
 
 def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: AuditEvent | None = None,
-                   **why: object) -> dict[str, int]:
-    """Every row of one session, in one transaction chained in the audit log, and its tombstone (which
-    the shared lake and the other replicas follow); rows deleted per table."""
+                   erasure: Erasure | None = None, **why: object) -> dict[str, int]:
+    """Every row of one session (its timesteps up to the erasure's, with one), in one transaction chained
+    in the audit log, and its tombstone (which the shared lake and the other replicas follow); rows
+    deleted per table."""
     with transaction(cur):
-        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id]))
+        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?{_through(table, erasure)}",
+                                              [session_id]))
                    for table in SESSION_TABLES}
         cur.execute("INSERT INTO session_tombstones (session_id, deleted_at, reason) VALUES (?, ?, ?)",
                     [session_id, hot_cutoff(0.0), str(why.get("reason", "request"))])
         if audit is not None:
-            audit("delete_session", {"session_id": session_id, **why, "deleted": deleted})
+            named = {} if erasure is None else {"keys_destroyed": erasure.keys,
+                                                "through_timestep": erasure.through_timestep}
+            audit("delete_session", {"session_id": session_id, **why, "deleted": deleted, **named})
+    return deleted
+
+
+def _through(table: str, erasure: Erasure | None) -> str:
+    return "" if erasure is None or table != TIMESTEPS else f" AND id <= {int(erasure.through_timestep)}"
+
+
+def finish_deletion(cur: duckdb.DuckDBPyConnection, deletion: Deletion) -> dict[str, int]:
+    """Carry out a deletion the audit log chained but a crash kept from the experience file (or whose
+    keys it kept): the session's rows up to it, and its tombstone if missing. Chained already: no event."""
+    with transaction(cur):
+        deleted = {}
+        for table, column in DATED:
+            bound = f"id <= {int(deletion.through_timestep)}" \
+                if table == TIMESTEPS and deletion.through_timestep is not None else f"{column} <= ?"
+            args = [deletion.session_id] + ([] if bound.startswith("id") else [deletion.at])
+            deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {bound}", args))
+        if cur.execute("SELECT 1 FROM session_tombstones WHERE session_id = ? AND deleted_at >= ?",
+                       [deletion.session_id, deletion.at]).fetchone() is None:
+            cur.execute("INSERT INTO session_tombstones (session_id, deleted_at, reason) VALUES (?, ?, ?)",
+                        [deletion.session_id, deletion.at, "request"])
     return deleted
 
 
@@ -106,25 +139,34 @@ class Tombstone:
 
 
 def apply_tombstone(cur: duckdb.DuckDBPyConnection, stone: Tombstone,
-                    audit: AuditEvent | None = None) -> dict[str, int]:
+                    audit: AuditEvent | None = None, erasure: Erasure | None = None) -> dict[str, int]:
     """Delete this file's rows of the session written up to the tombstone (once per tombstone), in one
-    transaction chained in the audit log; rows deleted per table ({} when applied before)."""
+    transaction chained in the audit log; rows deleted per table ({} when applied before). With an
+    erasure, the timesteps sealed under its keys go too (the keys are destroyed after): rows recorded
+    here since the other replica's deletion but before this one are erased with it."""
     with transaction(cur):
         if cur.execute("SELECT 1 FROM applied_tombstones WHERE replica = ? AND id = ?",
                        [stone.replica, stone.id]).fetchone() is not None:
             return {}
-        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {column} <= ?",
-                                              [stone.session_id, stone.deleted_at]))
-                   for table, column in DATED}
+        deleted = {table: one_int(cur.execute(
+            f"DELETE FROM {table} WHERE session_id = ? AND "
+            f"({column} <= ?{_sealed_under(table, erasure)})", [stone.session_id, stone.deleted_at]))
+            for table, column in DATED}
         cur.execute("INSERT INTO applied_tombstones VALUES (?, ?, ?, ?, ?)",
                     [stone.replica, stone.id, stone.session_id, stone.deleted_at, hot_cutoff(0.0)])
-        if audit is not None and any(deleted.values()):
-            audit("delete_session", {"session_id": stone.session_id, "reason": "tombstone",
+        if audit is not None and (any(deleted.values()) or erasure is not None and erasure.keys):
+            named = {} if erasure is None else {"keys_destroyed": erasure.keys,
+                                                "through_timestep": erasure.through_timestep}
+            audit("delete_session", {"session_id": stone.session_id, "reason": "tombstone", **named,
                                      "tombstone": {"replica": stone.replica, "id": stone.id,
                                                    "reason": stone.reason,
                                                    "deleted_at": stone.deleted_at.isoformat() + "Z"},
                                      "deleted": deleted})
     return deleted
+
+
+def _sealed_under(table: str, erasure: Erasure | None) -> str:
+    return "" if erasure is None or table != TIMESTEPS else f" OR id <= {int(erasure.through_timestep)}"
 
 
 def tombstoned_at(cur: duckdb.DuckDBPyConnection, session_id: str) -> datetime | None:

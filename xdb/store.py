@@ -48,7 +48,7 @@ from xdb.recall import RecallFilters, TagCache, recall, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
 from xdb.store_lake import LakeMethods
-from xdb.store_sessions import SessionMethods
+from xdb.store_sessions import SessionMethods, finish_deletions
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 P = ParamSpec("P")
@@ -112,6 +112,7 @@ class XDB(SessionMethods, LakeMethods):
             if not read_only:
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)
+                finish_deletions(conn, audit)
             concepts = ConceptIndex(conn.execute("SELECT id, name FROM concepts").fetchall())
             if audit is not None:
                 next_id = max(last_timestep_id(conn), audit.last_timestep_id()) + 1
@@ -492,7 +493,10 @@ class XDB(SessionMethods, LakeMethods):
                                                 self.audit_event)
             deleted = []
             if self.retention.delete_after_days is not None:
-                deleted = retention.delete_expired_sessions(cur, self.retention.delete_after_days, self.audit_event)
+                days = self.retention.delete_after_days
+                deleted = retention.expired_sessions(cur, days)
+                for expired in deleted:
+                    self._delete_recorded(cur, expired, reason="retention", delete_after_days=days)
             # The audit log counts against the quota (it cannot be compressed), then exports: they are
             # copies of what is recorded.
             audit_bytes = self.audit_bytes()

@@ -19,7 +19,7 @@ import duckdb
 
 from ahc.core.errors import NotFound
 from xdb import retention, session_state
-from xdb.audit import AuditEvent
+from xdb.audit import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
 from xdb.lake_reads import newer
@@ -34,6 +34,7 @@ class SessionMethods:
 
     lake: Lake | None
     writer: Writer | None
+    audit: AuditLog | None
     _ticks: ResumableTickBook
     _lake_ticks: LakeTicks
     _compress_lock: threading.Lock
@@ -106,23 +107,51 @@ class SessionMethods:
     def _apply_tombstone(self, stone: retention.Tombstone) -> dict[str, int]:
         """Another replica deleted a session: delete this file's rows of it up to then (the lake shipper's
         callback; queued rows are written first, so none of them comes back after)."""
-        if self.writer is not None and self.writer.queue_depth():
-            self.writer.flush()
         with self._compress_lock, self.cursor() as cur:
-            return retention.apply_tombstone(cur, stone, self.audit_event)
+            erasure = self._erasure(stone.session_id)
+            deleted = retention.apply_tombstone(cur, stone, self.audit_event, erasure)
+            self._destroy_keys(erasure)
+            return deleted
+
+    def _erasure(self, session_id: str) -> retention.Erasure | None:
+        """Retire the session's audit keys, then wait for every row recorded before that to be committed,
+        so the deletion erases exactly the rows sealed under them: a row recorded meanwhile (a stream
+        still running) is sealed under a new key and stays, readable in the log, never left in the
+        experience file with its audit content destroyed. None without an audit log."""
+        if self.audit is None:
+            if self.writer is not None and self.writer.queue_depth():
+                self.writer.flush()
+            return None
+        retired = self.audit.retire_keys(session_id)
+        if self.writer is not None:
+            self.writer.flush()
+        through = self.audit.last_timestep_before(retired)
+        return retention.Erasure(retired.keys, -1 if through is None else through)
+
+    def _delete_recorded(self, cur: duckdb.DuckDBPyConnection, session_id: str, **why: object) -> dict[str, int]:
+        """Delete a session's rows (the caller holds the compression lock), its keys destroyed once the
+        experience file has committed the deletion: a crash in between leaves a deletion the next start
+        finishes (`finish_deletions`)."""
+        erasure = self._erasure(session_id)
+        deleted = retention.delete_session(cur, session_id, self.audit_event, erasure, **why)
+        self._destroy_keys(erasure)
+        return deleted
+
+    def _destroy_keys(self, erasure: retention.Erasure | None) -> None:
+        if erasure is not None and self.audit is not None:
+            self.audit.destroy_keys(erasure.keys)
 
     @service_after_flush
     def delete_session(self, session_id: str) -> dict[str, int]:
-        """Every row of the session (tokens, tags, comments, windows, records, States); an audit event."""
-        if self.writer is not None and self.writer.queue_depth():
-            self.writer.flush()  # its queued rows are deleted too, not written after
+        """Every row of the session (tokens, tags, comments, windows, records, States) recorded before
+        this call; an audit event."""
         with self._compress_lock, self.cursor() as cur:
             here = cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ? UNION ALL SELECT 1 FROM "
                                "session_states WHERE session_id = ? LIMIT 1", [session_id, session_id]).fetchone()
             if here is None and not self._in_lake(session_id):
                 raise NotFound(f"session {session_id!r} not found")
             # Its tick counter goes on: rows of a session that comes back never reuse a deleted tick.
-            deleted = retention.delete_session(cur, session_id, self.audit_event, reason="request")
+            deleted = self._delete_recorded(cur, session_id, reason="request")
         if self.lake is not None:
             try:
                 self.lake.ship_now()  # the tombstone, and the lake's rows with it, gone before this returns
@@ -138,3 +167,16 @@ class SessionMethods:
             return False
         resume = self.lake.session_resume(session_id)
         return resume.state is not None or resume.last_tick >= 0 and resume.deleted_at is None
+
+
+def finish_deletions(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
+    """Finish the deletions a crash cut short after the audit log chained them (their keys still in
+    audit.keys): their rows leave the experience file, then their keys are destroyed. Returns how many."""
+    pending = audit.pending_deletions()
+    for deletion in pending:
+        log.warning("session %r: finishing its deletion (audit seq=%d) that a crash cut short",
+                    deletion.session_id, deletion.seq)
+        with conn.cursor() as cur:
+            retention.finish_deletion(cur, deletion)
+        audit.destroy_keys(deletion.keys)
+    return len(pending)
