@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.middleware import Middleware
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from server.admission.recording_gate import RecordingGate
 from server.chat.api_router import install_chat_route
@@ -86,15 +86,20 @@ REMOVED_PATHS: tuple[str, ...] = (
 
 def install_health_route(app: FastAPI, runtime: Runtime) -> None:
     """`/health` is 200 only while both the engine and XDB's writer live, so a supervisor restarts a
-    server that can no longer record (placed ahead of vLLM's own `/health`, which asks the engine only)."""
+    server that can no longer record (placed ahead of vLLM's own `/health`, which asks the engine only).
+    A healthy server answers an empty 200, as vLLM does; otherwise the body says what is wrong: recording
+    stopped (503), or paused while the disk fails (200: serving goes on, rows are held)."""
 
     async def health() -> Response:
-        if not runtime.recorder.alive:
-            return Response(status_code=503)
+        state, why = runtime.recorder.recording_state()
+        if state == "stopped":
+            return JSONResponse({"status": "unhealthy", "recording": state, "reason": why}, status_code=503)
         try:
             await runtime.engine.check_health()
-        except Exception:  # vLLM's EngineDeadError, or a dead engine client's own error
-            return Response(status_code=503)
+        except Exception as exc:  # vLLM's EngineDeadError, or a dead engine client's own error
+            return JSONResponse({"status": "unhealthy", "engine": "dead", "reason": repr(exc)}, status_code=503)
+        if state == "paused":
+            return JSONResponse({"status": "degraded", "recording": state, "reason": why}, status_code=200)
         return Response(status_code=200)
 
     app.router.routes.insert(0, APIRoute("/health", health, methods=["GET"], response_class=Response,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,7 @@ from server.telemetry.tracing import start_tracing
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
 from xdb.export import note_engine
-from xdb.remote import RemoteXDB
+from xdb.remote import RECORDING_STATES, RemoteXDB
 from xdb.schema import EXPERIENCE_FILE
 from xdb.store import AUDIT_FILE
 
@@ -104,6 +105,10 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         xdb.capture_activations(capture.address, capture.k, capture.finish_wait_s)
         metrics.one(metrics.lens_receiver_up).set_function(lambda: float(bool(xdb.activations_receiving())))
     metrics.one(metrics.xdb_queue_depth).set_function(xdb.writer.queue_depth)
+    writer = xdb.writer
+    for state in RECORDING_STATES:
+        metrics.xdb_recording.labels(model_name=metrics.model_name, state=state).set_function(
+            functools.partial(lambda s: float(writer.recording_state()[0] == s), state))
     metrics.one(metrics.audit_head_seq).set_function(lambda: xdb.audit_head()[0])
     metrics.one(metrics.audit_chain_verified).set_function(lambda: {None: -1.0, True: 1.0, False: 0.0}[
         xdb.audit_verified()])

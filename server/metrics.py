@@ -102,6 +102,9 @@ class AHCMetrics:
         self.lens_receiver_up = Gauge(
             "ahc_lens_receiver_up", "1 while the XDB writer receives the engine's activations (capture on)", m,
             registry=r)
+        self.xdb_recording = Gauge(
+            "ahc_xdb_recording", "1 for XDB's recording state: recording, paused (its disk failed: rows held, "
+            "retrying) or stopped (nothing more is recorded; /health answers 503)", m + ["state"], registry=r)
         self.xdb_service_restarts = Counter(
             "ahc_xdb_service_restarts", "Times the XDB service process died and was started again", m, registry=r)
         self.xdb_bytes = Gauge("ahc_xdb_bytes", "Size on disk of each XDB file", m + ["file"], registry=r)

@@ -313,3 +313,64 @@ def test_a_part_that_kills_the_writer_is_dropped_after_it_kills_a_second_run_alo
         events = [json.loads(c) for (c,) in audit.execute(
             "SELECT content FROM audit_records WHERE content LIKE '%rows_dropped%'").fetchall()]
     assert [(e["rows"], e["spans"]) for e in events] == [(1, [["p", 0, 0]])]
+
+
+def poison_value() -> Unjsonable:
+    return Unjsonable()
+
+
+def test_only_the_row_that_kills_the_writer_alone_is_dropped_not_the_rest_of_its_part(tmp_path: Path) -> None:
+    """A part of three rows, the middle one poison: the run after the part killed a run alone commits it a
+    row a batch; the one row that kills that run is the only one dropped."""
+    with RemoteXDB(tmp_path / "x") as xdb:
+        rows = [TimestepRow("p", t, "input", "user", f"row{t}") for t in xdb.next_ticks("p", 3)]
+        rows[1].metadata = {"x": poison_value()}
+        xdb.writer.submit(rows)
+        xdb.writer.flush(90)
+        assert xdb.writer.alive and xdb.writer.restarts == 3
+        assert [r["content"] for r in xdb.recall(session_id="p", owner=EVERY)] == ["row0", "row2"]
+    assert verify_audit(tmp_path / "x").ok
+
+
+def fill_disk_while(marker: str) -> int:
+    """Run where the row is unpickled (the XDB service): while `marker` exists, the process may write no
+    file past its first byte, as on a full disk (the kernel answers EFBIG, SIGXFSZ ignored)."""
+    import resource
+
+    if Path(marker).exists():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return 1
+
+
+class FullDisk:
+    """A metadata value that fills the service's disk where it is unpickled while its marker exists."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return fill_disk_while, (self.marker,)
+
+
+def test_a_disk_fault_pauses_recording_and_drops_nothing(tmp_path: Path) -> None:
+    from xdb.writer_failure import FILE, is_disk_fault
+
+    assert is_disk_fault(OSError(28, "No space left on device"))
+    assert not is_disk_fault(ValueError("bad row"))
+    marker = tmp_path / "disk-full"
+    marker.touch()
+    with RemoteXDB(tmp_path / "x") as xdb:
+        xdb.writer.submit([TimestepRow("s", 0, "input", "user", "kept", metadata={"a": FullDisk(marker)})])
+        deadline = time.monotonic() + 60
+        while xdb.writer.recording_state()[0] != "paused" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        state, why = xdb.writer.recording_state()
+        assert state == "paused" and "failed" in (why or "")
+        assert not (tmp_path / "x" / FILE).exists()  # no row is suspected of a disk's fault
+        time.sleep(2.5)  # it keeps failing: still paused, however often, never stopped
+        assert xdb.writer.recording_state()[0] == "paused" and xdb.writer.alive
+        marker.unlink()  # the disk has room again
+        xdb.writer.flush(60)
+        assert xdb.writer.recording_state() == ("recording", None)
+        assert [r["content"] for r in xdb.recall(session_id="s", owner=EVERY)] == ["kept"]

@@ -38,6 +38,7 @@ from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
 from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
+from xdb.writer_failure import is_disk_fault
 
 log = logging.getLogger("ahc.xdb")
 
@@ -51,6 +52,10 @@ RESTART_ATTEMPTS = 5
 # A service that dies this often is failing on what it is sent (a full disk, a broken file), not
 # crashing by accident: recording stops (the server answers 503) rather than restarting it forever.
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
+# A disk fault is waited out instead (it is no row's fault and no restart mends it): first retry after this,
+# doubling up to the maximum.
+DISK_RETRY_FIRST_S, DISK_RETRY_MAX_S = 1.0, 60.0
+RECORDING_STATES = ("recording", "paused", "stopped")
 SERVED = service_methods(XDB)
 
 
@@ -172,6 +177,8 @@ class RemoteWriter:
         self.send_interval_s = send_interval_s
         self.restarts = 0
         self._restarted_at: deque[float] = deque(maxlen=MAX_RESTARTS)
+        self.paused: str | None = None  # why recording waits on a failed disk
+        self._disk_faults = 0  # in a row, since the last commit
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()   # accepted, not sent yet
         self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
@@ -292,6 +299,9 @@ class RemoteWriter:
                 if process is not self.process:
                     return
                 delta, self._acked = total - self._acked, total
+                if delta and self.paused is not None:
+                    log.warning("XDB recording resumed after a disk fault")
+                    self.paused, self._disk_faults = None, 0
                 while self._held and self._held[0][0] <= self.rows_written:
                     self._held.popleft()
                 self._cond.notify_all()
@@ -355,25 +365,37 @@ class RemoteWriter:
     def _restart(self) -> None:
         dead = self.process
         dead.kill()
-        if len(self._restarted_at) == MAX_RESTARTS and time.monotonic() - self._restarted_at[0] < RESTART_WINDOW_S:
+        disk = dead.process.exitcode == service.EXIT_DISK_FAULT
+        if disk:
+            self._pause_for_disk()
+        elif len(self._restarted_at) == MAX_RESTARTS and time.monotonic() - self._restarted_at[0] < RESTART_WINDOW_S:
             raise WriterStopped(f"the XDB service died {MAX_RESTARTS + 1} times in {RESTART_WINDOW_S:.0f} s (last exit "
                                 f"code {dead.process.exitcode}); {self._sent - self.rows_written} rows uncommitted")
-        self._restarted_at.append(time.monotonic())
-        log.error("the XDB service died (exit code %s); starting it again with %d uncommitted rows",
-                  dead.process.exitcode, self._sent - self.rows_written)
-        for attempt in range(1, RESTART_ATTEMPTS + 1):
+        else:
+            self._restarted_at.append(time.monotonic())
+            log.error("the XDB service died (exit code %s); starting it again with %d uncommitted rows",
+                      dead.process.exitcode, self._sent - self.rows_written)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 process = ServiceProcess(self._data_dir, self._config)
                 if self._capture is not None:  # before the held rows: they join what comes from now on
                     process.call("capture_activations", self._capture, {})
                 break
-            except Exception:
+            except Exception as exc:
+                if disk or is_disk_fault(exc):  # a full or failing disk: wait for it as long as it takes
+                    disk = True
+                    self._pause_for_disk(exc)
+                    continue
                 if attempt == RESTART_ATTEMPTS:
                     raise
                 log.exception("starting the XDB service again failed (attempt %d)", attempt)
                 time.sleep(attempt)
         with self._cond:
-            self._credited += self._acked
+            # Credit the rows before the first part still held: the new run counts again the rows of a
+            # part the dead one committed only in part (it skips them as already stored, xdb/service.py).
+            self._credited = self._held[0][0] - len(self._held[0][1]) if self._held else self._credited + self._acked
             self._acked = 0
             self.process, self._dead = process, False
             held = [part for _, part in self._held]
@@ -387,6 +409,28 @@ class RemoteWriter:
         self.restarts += 1
         if self.on_restart is not None:
             self.on_restart()
+
+    def _pause_for_disk(self, cause: BaseException | None = None) -> None:
+        """Recording paused: the disk failed under the service. Every row is held (new ones wait in the
+        queue, and past its bound the server answers 503); the service starts again after a wait that
+        doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits."""
+        wait = min(DISK_RETRY_FIRST_S * 2 ** self._disk_faults, DISK_RETRY_MAX_S)
+        self._disk_faults += 1
+        with self._cond:
+            self.paused = f"the disk under {self._data_dir} failed{f' ({cause})' if cause else ''}; " \
+                          f"{self._sent - self.rows_written} rows held, retrying in {wait:.0f} s"
+        log.error("XDB recording paused: %s", self.paused)
+        time.sleep(wait)
+
+    def recording_state(self) -> tuple[str, str | None]:
+        """("recording", None), ("paused", why) while the disk fails, or ("stopped", why): for /health and
+        the `ahc_xdb_recording` gauge."""
+        with self._cond:
+            if self._error is not None:
+                return "stopped", str(self._error)
+            if self.paused is not None:
+                return "paused", self.paused
+            return "recording", None
 
 
 class RemoteXDB:

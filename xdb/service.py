@@ -47,8 +47,8 @@ from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import EXPERIENCE_FILE, DatabaseInUse
 from xdb.store import XDB
 from xdb.vacuum import vacuum_experience
-from xdb.writer import spans
-from xdb.writer_failure import WriterFailure
+from xdb.writer import PartSpan
+from xdb.writer_failure import WriterFailure, is_disk_fault, rows_of, without
 
 log = logging.getLogger("ahc.xdb.service")
 
@@ -63,6 +63,7 @@ SUBMIT_TIMEOUT_S = 600.0
 LOCK_WAIT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
 EXIT_WRITER_DIED = 3
+EXIT_DISK_FAULT = 4  # the disk failed under the writer: the server pauses, nothing is dropped
 
 Part = list[TimestepRow] | TokenBatch
 
@@ -303,27 +304,43 @@ class Service:
             self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
 
     def _suspect(self, part: Part) -> None:
-        """A part sent again that lies where the previous run's writer died: dropped if it died on it alone,
-        else committed in a batch of its own (xdb/writer_failure.py)."""
+        """A part sent again that lies where the previous run's writer died (xdb/writer_failure.py): the row
+        that killed it alone is dropped and the rest kept; a part that killed it alone is committed a row a
+        batch; any other part in a batch of its own."""
         assert self.xdb is not None and self.xdb.writer is not None and self.failure is not None
-        where = spans([part])
-        if self.failure.alone:
-            log.error("XDB service: dropped %d rows (%s) that killed the writer twice, the second time alone",
-                      len(part), where)
-            self.xdb.audit_event("rows_dropped", {"reason": "the writer died storing them, twice",
-                                                  "rows": len(part), "spans": [list(span) for span in where]})
-            self.committed(len(part))  # the server holds them until they are counted
+        if self.failure.alone and self.failure.one_row:
+            self._drop(part, self.failure.spans)
             return
+        pieces = rows_of(part) if self.failure.alone else [part]
         self.xdb.writer.flush()
         self._alone = True
-        self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
-        self.xdb.writer.flush()
+        for piece in pieces:
+            self.xdb.writer.submit(piece, timeout=SUBMIT_TIMEOUT_S)
+            self.xdb.writer.flush()
         self._alone = False
 
-    def writer_died(self) -> None:
-        """The writer's `on_failure`: write down where its batch's rows sit, and end this run at once (a
-        service without a writer would accept rows it can never commit; the server starts another)."""
+    def _drop(self, part: Part, gone: tuple[PartSpan, ...]) -> None:
         assert self.xdb is not None and self.xdb.writer is not None
+        kept = without(part, gone)
+        dropped = len(part) - sum(len(p) for p in kept)
+        log.error("XDB service: dropped %d row(s) (%s) that killed the writer twice, the second time alone; "
+                  "kept the other %d of the part", dropped, list(gone), len(part) - dropped)
+        self.xdb.audit_event("rows_dropped", {"reason": "the writer died storing them, twice, the second time alone",
+                                              "rows": dropped, "spans": [list(span) for span in gone]})
+        self.committed(dropped)  # the server holds them until they are counted
+        for piece in kept:
+            self.xdb.writer.submit(piece, timeout=SUBMIT_TIMEOUT_S)
+
+    def writer_died(self) -> None:
+        """The writer's `on_failure`: write down where its batch's rows sit (unless the disk failed: no
+        row is to blame), and end this run at once (a service without a writer would accept rows it can
+        never commit; the server starts another)."""
+        assert self.xdb is not None and self.xdb.writer is not None
+        if is_disk_fault(self.xdb.writer.error):
+            log.error("XDB service: the disk failed under the writer (%r); exiting, nothing dropped",
+                      self.xdb.writer.error)
+            logging.shutdown()
+            os._exit(EXIT_DISK_FAULT)
         failed = self.xdb.writer.failed_spans
         if failed:
             WriterFailure(tuple(failed), self._alone).write(self.xdb.data_dir)

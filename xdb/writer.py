@@ -410,6 +410,15 @@ class Writer:
                 self._threshold_by_id = self._concepts.by_id(by_name)
             return self._threshold_by_id
 
+    def recording_state(self) -> tuple[str, str | None]:
+        """("recording", None) or ("stopped", why)."""
+        return ("recording", None) if self._error is None else ("stopped", repr(self._error))
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the writer (None while it runs)."""
+        return self._error
+
     @property
     def alive(self) -> bool:
         """False once closed or once a stage has failed: nothing more can be committed."""

@@ -76,6 +76,10 @@ class Recorder:
     def alive(self) -> bool:
         return self.writer.alive
 
+    def recording_state(self) -> tuple[str, str | None]:
+        """("recording", None), ("paused", why) while XDB's disk fails, or ("stopped", why)."""
+        return self.writer.recording_state()
+
     async def aflush(self, timeout: float = 10.0, session_id: str | None = None) -> None:
         """Wait, off the event loop, until every row accepted so far is committed. A disk that cannot keep
         up within `timeout` does not fail the reply: its rows stay queued, in order, and are written later.
