@@ -251,8 +251,12 @@ def test_a_sessions_calls_keep_the_place_its_first_drew_and_carry_the_gaps_seen(
     again = returns.engine_kwargs("a", "r3", 0)
     assert again["priority"] == 0 and ReturnHint.read(again["kv_hints"]) == ReturnHint("a", (2.5,))
     assert returns.engine_kwargs("b", "r4", 0)["priority"] == 1
-    # A client's own priority goes to the engine as it is, however large (vLLM takes any int64).
-    assert returns.engine_kwargs("c", "r5", 475794402)["priority"] == 475794402
+    # A client's own priority defers its call, bounded within vLLM's int64; it never moves it ahead of a
+    # session that began before its own (a tenant cannot starve the others with a negative one).
+    assert returns.engine_kwargs("c", "r5", 475794402)["priority"] == 2 + 475794402
+    assert returns.engine_kwargs("c", "r6", 2 ** 63 - 1)["priority"] == 2 + 2 ** 40
+    assert returns.engine_kwargs("d", "r7", -10 ** 9)["priority"] == 3
+    assert returns.engine_kwargs("d", "r8", -10 ** 9)["priority"] > returns.engine_kwargs("a", "r9", 0)["priority"]
     off = SessionReturns(priority=False, hints=False, clock=clock)
     assert off.engine_kwargs("a", "r1", 0) == {}
 

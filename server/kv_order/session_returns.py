@@ -19,6 +19,8 @@ from server.kv_order.return_hint import MAX_GAPS, ReturnHint
 # Sessions whose place and last reply are remembered; past this the least recently seen are forgotten
 # (one coming back draws a new place, as a new session would).
 MAX_SESSIONS = 65_536
+# The most a client's own priority defers its call: far past any place in line, far from int64's end.
+MAX_DEFERRAL = 2 ** 40
 
 
 class SessionReturns:
@@ -50,8 +52,10 @@ class SessionReturns:
         return ReturnHint(session, tuple(sorted(self._gaps)))
 
     def priority(self, session: str, asked: int = 0) -> int:
-        """The engine priority of a call of `session` (lower goes first); `asked`: the client's own (vLLM's
-        `priority`), which, when not 0, is passed on as it is."""
+        """The engine priority of a call of `session` (lower goes first): its place in line, put later by
+        `asked`, the client's own (vLLM's `priority`). A client may defer its calls, never move them ahead
+        of sessions that began before its own: on a server shared by tenants a negative priority would
+        otherwise let one of them starve the rest."""
         place = self._places.pop(session, None)
         if place is None:
             place = next(self._tickets)
@@ -59,7 +63,7 @@ class SessionReturns:
         while len(self._places) > MAX_SESSIONS:
             forgotten, _ = self._places.popitem(last=False)
             self._replied.pop(forgotten, None)
-        return asked if asked else place
+        return place + min(max(asked, 0), MAX_DEFERRAL)
 
     def ended(self, session: str) -> None:
         """A call of `session` ended (its reply complete, or aborted)."""
