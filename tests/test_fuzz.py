@@ -5,12 +5,15 @@ to one real `ahc serve` (the tiny model). Whatever it sends, the server must nev
 AHC's own routes (`/v1/xdb/*`, `/v1/context/*`, the audit log's records by an auditor's key) get many
 examples: they are cheap. The generating routes (`/v1/chat/completions`, `/v1/completions`,
 `/v1/messages`, `/v1/responses`) get few, with the completion budget clamped so a request that does
-validate costs a few tokens; most generated bodies fail validation, which is cheap too. `/v1/messages` answers in Anthropic's error shape, the rest in OpenAI's.
+validate costs a few tokens; most generated bodies fail validation, which is cheap too. `/v1/messages`
+answers in Anthropic's error shape, the rest in OpenAI's.
 
 The schema's own values stop short of the edges of their types: Hypothesis's strings never hold a lone
 surrogate, and its date-times are never within a day of year 1 or 9999 with an offset that carries them
 off the calendar. So half the time a field that reaches an id or a key (in a body) or a time bound (in a
-query) takes such a value instead (`at_the_edges`).
+query) takes such a value instead (`at_the_edges`). The generating routes also get the headers a retrying
+client sends (`Idempotency-Key`, `X-Stainless-Retry-Count`) and a session named in `X-Session-ID`, drawn
+from a few values so that retries, reused keys with other words and shared sessions all occur.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ LONE_SURROGATES = st.builds(str.__add__, st.text(max_size=3), st.characters(cate
 EDGE_TIMES = st.sampled_from(["0001-01-01T00:00:00Z", "0001-01-01T00:00:00+01:00", "0001-01-01T00:30:00+14:00",
                               "9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59.999999-12:00",
                               "9999-12-31T23:59:59.999999Z"])
+
+RETRY_HEADERS = st.fixed_dictionaries({}, optional={
+    "Idempotency-Key": st.sampled_from(["fuzz-key-1", "fuzz-key-2", " ", "k" * 300]),
+    "X-Stainless-Retry-Count": st.sampled_from(["0", "1", "2", "-1", "99999999999999999999999", " 3 ", "two"]),
+    "X-Session-ID": st.sampled_from(["fuzz-a", "fuzz-b"]),
+})
 
 stats: Counter[str] = Counter()
 refusals: Counter[str] = Counter()  # why requests were refused, printed with the stats
@@ -135,7 +144,8 @@ def at_the_edges(case: Any, edges: st.DataObject) -> None:
 
 def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | None = None,
          modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
-         headers: dict[str, str] = AUTH) -> str | None:
+         headers: dict[str, str] = AUTH, extra_headers: st.SearchStrategy[dict[str, str]] | None = None
+         ) -> str | None:
     """One operation, half valid bodies and queries, half invalid ones (by default), some fields at the
     edges of their types; the first failure, shrunk by Hypothesis, or None. (schemathesis's own pytest
     plugin is not used: its lazy-fixture runner sets `Function._nodeid`, which pytest 9 no longer has.)"""
@@ -149,7 +159,8 @@ def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | Non
             prepare(case)
         at_the_edges(case, edges)
         stats["requests"] += 1
-        response = case.call_and_validate(headers=headers, checks=CHECKS)
+        sent = headers if extra_headers is None else {**headers, **edges.draw(extra_headers)}
+        response = case.call_and_validate(headers=sent, checks=CHECKS)
         stats[f"{operation.path} {response.status_code // 100}xx"] += 1
         if response.status_code >= 400:
             refusals[f"{operation.path}: {response.json()['error']['message'][:100]}"] += 1
@@ -172,7 +183,8 @@ def test_generating_routes(openapi: Any, served_model: str) -> None:
         if isinstance(case.body, dict):
             cheapen(case.body, served_model, "max_output_tokens" if case.path == "/v1/responses" else "max_tokens")
 
-    failures = [f for op in operations(openapi, GENERATING) if (f := fuzz(op, 100, prepare))]
+    failures = [f for op in operations(openapi, GENERATING)
+                if (f := fuzz(op, 100, prepare, extra_headers=RETRY_HEADERS))]
     failures += [f for op in operations(openapi, r"^/v1/models$") if (f := fuzz(op, 10))]
     assert not failures, "\n\n".join(failures)
 

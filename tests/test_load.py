@@ -3,8 +3,9 @@
 tokens in XDB and the audit chain intact after a SIGTERM.
 
 The sessions belong to two tenants (half each), while a third tenant exports its data and asks for
-audit verifications in a loop: nothing but deliberate 429/503 refusals anywhere, every completed reply
-recorded, and each tenant sees exactly its own sessions.
+audit verifications in a loop, and streams a session of its own that it deletes again and again: nothing
+but deliberate 429/503 refusals anywhere, every completed reply recorded, each tenant sees exactly its own
+sessions, and every verification finds the log intact.
 
 Figures (TTFT percentiles, replies, tokens, deliberate refusals) are printed (`pytest -s`) and written to
 `load.json` under the test's tmp_path, so a run can be compared with the last."""
@@ -18,6 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,6 +187,41 @@ class ThirdParty:
     errors: list[str] = field(default_factory=list)
 
 
+DOOMED = "carol-doomed"  # the third party's session, deleted while it streams
+
+
+def stream_and_delete(server: ServerProcess, model: str, stop: threading.Event, out: ThirdParty) -> None:
+    """Stream turns of one session while deleting it every 200 ms: each deletion retires what the stream
+    has recorded so far, and the rows recorded after it stay readable in the audit log."""
+    tenant = as_tenant(server, THIRD_PARTY[0])
+
+    def deleter() -> None:
+        with tenant.http(timeout=120) as http:
+            while not stop.wait(0.2):
+                gone = http.delete(f"/v1/context/sessions/{DOOMED}")
+                if gone.status_code == 200:
+                    out.done["delete"] += 1
+                elif gone.status_code != 404:  # not recorded yet since the last deletion
+                    out.errors.append(f"delete session: {gone.status_code} {gone.text[:200]}")
+
+    thread = threading.Thread(target=deleter, name="load-deleter")
+    thread.start()
+    with tenant.client(timeout=120) as client:
+        while not stop.is_set():
+            try:
+                for _ in client.chat.completions.create(
+                        model=model, max_tokens=MAX_TOKENS, stream=True,
+                        messages=[{"role": "user", "content": "Count the particles."}],
+                        extra_headers={"X-Session-ID": DOOMED}):
+                    pass
+                out.done["doomed_turn"] += 1
+            except openai.APIStatusError as exc:
+                if exc.status_code not in (429, 503):
+                    out.errors.append(f"doomed turn: {exc.status_code} {exc.message}")
+                stop.wait(0.2)
+    thread.join()
+
+
 def export_and_verify(server: ServerProcess, stop: threading.Event, out: ThirdParty) -> None:
     """Export everything the tenant holds, delete the export, ask for an audit verification; again."""
     with as_tenant(server, THIRD_PARTY[0]).http(timeout=120) as http:
@@ -198,6 +235,8 @@ def export_and_verify(server: ServerProcess, stop: threading.Event, out: ThirdPa
                     out.errors.append(f"{route}: {response.status_code} {response.text[:200]}")
                 else:
                     out.done[route] += 1
+                    if route == "verify" and not response.json().get("ok"):
+                        out.errors.append(f"verify: {response.text[:300]}")
                     if route == "export":
                         gone = http.delete(f"/v1/xdb/exports/{response.json()['id']}")
                         if gone.status_code != 200:
@@ -237,23 +276,27 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
             except Exception as exc:  # noqa: BLE001 - an unexpected failure must reach the assertions
                 results[i] = SessionResult(f"load-{i:02d}", tenant_of(i), errors=[f"{type(exc).__name__}: {exc}"])
 
-        def background() -> None:
+        def background(job: Callable[[], None]) -> None:
             try:
-                export_and_verify(server, stop, third)
+                job()
             except Exception as exc:  # noqa: BLE001 - an unexpected failure must reach the assertions
                 third.errors.append(f"{type(exc).__name__}: {exc}")
 
         stop = threading.Event()
         threads = [threading.Thread(target=worker, args=(i,), name=f"load-{i}") for i in range(SESSIONS)]
-        exporter = threading.Thread(target=background, name="load-exporter")
+        third_party = [threading.Thread(target=background, args=(job,), name=f"load-third-{n}") for n, job in
+                       enumerate([lambda: export_and_verify(server, stop, third),
+                                  lambda: stream_and_delete(server, model, stop, third)])]
         began = time.monotonic()
-        exporter.start()
+        for t in third_party:
+            t.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         stop.set()
-        exporter.join()
+        for t in third_party:
+            t.join()
         wall = time.monotonic() - began
         done = [r for r in results if r is not None]
 
@@ -280,7 +323,7 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
         "refused_429": refused[429], "refused_503": refused[503],
         "errors": sum(len(r.errors) for r in done), "min_replies_per_session": min(r.replies for r in done),
         "server_exit": status, "exports": third.done["export"], "verifications": third.done["verify"],
-        "third_party_refused": sum(third.refused.values()),
+        "third_party_refused": sum(third.refused.values()), "deletions_while_streaming": third.done["delete"],
     }
     (tmp_path / "load.json").write_text(json.dumps(figures, indent=2))
     print("\nload:", json.dumps(figures))
@@ -292,8 +335,8 @@ def test_concurrent_streaming_sessions_lose_nothing(tmp_path: Path) -> None:
     assert not missing, f"XDB output rows differ from the replies' usage: {missing}"
     for name in TENANTS:
         assert seen[name] == {r.session_id for r in done if r.tenant == name}, (name, seen[name])
-    assert seen[THIRD_PARTY[0]] == set(), seen[THIRD_PARTY[0]]
-    assert third.done["export"] >= 1 and third.done["verify"] >= 1, figures
+    assert seen[THIRD_PARTY[0]] <= {DOOMED}, seen[THIRD_PARTY[0]]  # what it recorded since its last deletion
+    assert third.done["export"] >= 1 and third.done["verify"] >= 1 and third.done["delete"] >= 5, figures
     assert status == 0, f"server exited {status} on SIGTERM:\n{server.log_tail()}"
     verify = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(data_dir)], capture_output=True,
                             text=True, env=child_env())
