@@ -140,7 +140,8 @@ def publish_kv_events(args: Namespace, socket_dir: str) -> str | None:
     configured: KVEventsConfig | None = args.kv_events_config
     if configured is None:
         configured = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
-                                    endpoint=f"ipc://{socket_dir}/kv-events")
+                                    endpoint=f"ipc://{socket_dir}/kv-events",
+                                    replay_endpoint=f"ipc://{socket_dir}/kv-events-replay")
         args.kv_events_config = configured
         if args.kv_offloading_size is not None:  # the CPU tier's events then name each block, as the GPU's do
             transfer: KVTransferConfig = args.kv_transfer_config or KVTransferConfig()
@@ -149,3 +150,10 @@ def publish_kv_events(args: Namespace, socket_dir: str) -> str | None:
     if not configured.enable_kv_cache_events or configured.publisher != "zmq":
         return None
     return configured.endpoint.replace("*", "127.0.0.1")  # the publisher binds; a subscriber connects
+
+
+def kv_events_replay(args: Namespace) -> str | None:
+    """The publisher's replay endpoint (what a reader that missed batches asks for them), if it has one."""
+    configured = args.kv_events_config
+    replay = getattr(configured, "replay_endpoint", None) if configured is not None else None
+    return replay.replace("*", "127.0.0.1") if replay else None

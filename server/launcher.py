@@ -23,7 +23,7 @@ from ahc.core.config import AHCConfig, resolve_path
 from server.admission.cache_events import CacheEvents, follow
 from server.admission.vram_governor import KVStats
 from server.capture.capture_setup import CaptureSetup, start_capture
-from server.engine_args import build_vllm_namespace, publish_kv_events, with_vllm_flags
+from server.engine_args import build_vllm_namespace, kv_events_replay, publish_kv_events, with_vllm_flags
 from server.engine_process import forked_engine, mark_server
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.model.template_check import check_chat_template
@@ -141,9 +141,10 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         runtime = build_runtime(config, engine, xdb, metrics, capture, chat_template=chat_template, keys=keys,
                                 cache_events=cache_events)
         if cache_events is not None and events_endpoint is not None:
-            events_task = asyncio.create_task(follow(events_endpoint, cache_events))
+            events_task = asyncio.create_task(follow(events_endpoint, cache_events, kv_events_replay(args)))
             metrics.one(metrics.session_cache_sessions).set_function(
                 lambda: float(cache_events.sessions() if cache_events.trusted else -1))
+            metrics.one(metrics.kv_events_undecodable).set_function(lambda: float(cache_events.undecodable))
         report_template(runtime.tokenizer, metrics, chat_template)
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts

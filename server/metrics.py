@@ -102,6 +102,9 @@ class AHCMetrics:
         self.lens_receiver_up = Gauge(
             "ahc_lens_receiver_up", "1 while the XDB writer receives the engine's activations (capture on)", m,
             registry=r)
+        self.kv_events_undecodable = Gauge(
+            "ahc_kv_events_undecodable", "KV event batches from the engine that did not decode and were skipped "
+            "(session admission's account is untrusted until the engine's cache is next cleared)", m, registry=r)
         self.xdb_recording = Gauge(
             "ahc_xdb_recording", "1 for XDB's recording state: recording, paused (its disk failed: rows held, "
             "retrying) or stopped (nothing more is recorded; /health answers 503)", m + ["state"], registry=r)
