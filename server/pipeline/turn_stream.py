@@ -6,7 +6,7 @@ from collections.abc import AsyncIterable
 
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from orchestrator.request_turn import RequestTurn
 from server.http.session_key import HEADER, header_value
@@ -38,7 +38,7 @@ class TurnStream(StreamingResponse):
             # The stream runs after the route has returned: its span is made current again, so the
             # reply's recording and the engine's outputs stay in the request's trace.
             with self._telemetry.current():
-                await super().__call__(scope, receive, self._delivering(send))
+                await super().__call__(scope, receive, send)
         except BaseException as exc:
             error = exc
             raise
@@ -46,13 +46,9 @@ class TurnStream(StreamingResponse):
             self._turn.close()
             self._telemetry.end(error)
 
-    def _delivering(self, send: Send) -> Send:
-        """`send`, telling the turn its reply was delivered once the body's last message is sent (a
-        client gone before it cancels or fails that send)."""
-
-        async def sending(message: Message) -> None:
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                self._turn.delivered()
-
-        return sending
+    async def stream_response(self, send: Send) -> None:
+        """The stream, then the turn told its reply was delivered: this returns only once the body's last
+        message is sent (a client gone before that cancels or fails it), so no wrapper is laid over
+        every chunk's `send`."""
+        await super().stream_response(send)
+        self._turn.delivered()
