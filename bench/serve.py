@@ -82,8 +82,10 @@ class Side:
         if self.target.pid and self.children is None:
             self.children = len(psutil.Process(self.target.pid).children(recursive=True))
         target = self.target
-        if target.pid and self.check_xdb:
-            target = dataclasses.replace(target, xdb_pid=xdb_service_pid(target.pid))
+        if target.pid:
+            xdb_pid = xdb_service_pid(target.pid) if self.check_xdb else None
+            engine = tuple(c.pid for c in psutil.Process(target.pid).children(recursive=True) if c.pid != xdb_pid)
+            target = dataclasses.replace(target, xdb_pid=xdb_pid, engine_pids=engine)
         result = measure(target, load)
         if self.check_xdb or any(r.session_id for r in result.replies):
             self.check_recording(result)
@@ -159,9 +161,12 @@ def side_figures(side: Side, rounds: Sequence[Round]) -> dict[str, float]:
     cpu = [r.cpu_us_per_token for r in rounds]
     if all(c is not None for c in cpu):
         figures[f"{p}cpu_us_per_token"] = statistics.median(c for c in cpu if c is not None)
-    xdb_cpu = [r.xdb_cpu_us_per_token for r in rounds]
-    if all(c is not None for c in xdb_cpu):
-        figures[f"{p}xdb_cpu_us_per_token"] = statistics.median(c for c in xdb_cpu if c is not None)
+    for name in ("xdb_cpu_us_per_token", "engine_cpu_us_per_token", "cpu_us_per_request"):
+        values = [getattr(r, name) for r in rounds]
+        if all(v is not None for v in values):
+            figures[f"{p}{name}"] = statistics.median(v for v in values if v is not None)
+    for process in rounds[0].cores:
+        figures[f"{p}{process}_cores"] = statistics.median(r.cores[process] for r in rounds)
     figures.update({f"{p}{name}": value for name, value in latency_ms(rounds).items()})
     figures[f"{p}tokens_per_chunk"] = sum(r.tokens for r in rounds) / max(sum(r.chunks for r in rounds), 1)
     return figures
@@ -172,8 +177,10 @@ def side_notes(side: Side, rounds: Sequence[Round]) -> dict[str, str]:
     notes = {f"rounds_{name}": ", ".join(f"{r.tok_per_s:.1f}" for r in rounds),
              f"client_cpu_us_per_token_{name}": f"{statistics.median(r.client_cpu_us_per_token for r in rounds):.1f}"}
     if side.target.pid:
-        notes[f"cpu_{name}"] = (f"API process (pid {side.target.pid}) only, user+system; not its "
-                                f"{side.children} child processes")
+        notes[f"cpu_{name}"] = (f"API process (pid {side.target.pid}) only, user+system; its "
+                                f"{side.children} child processes apart: the XDB service (xdb_cpu_*) and the "
+                                "engine core with any other (engine_cpu_*); *_cores: CPU seconds over wall "
+                                "seconds, per process, the load generator's as client_cores")
         if side.check_xdb:
             notes[f"xdb_cpu_{name}"] = ("AHC's XDB service process (the database, its writer, the audit chain), "
                                         "measured apart from the API process: xdb_cpu_us_per_token")
@@ -241,8 +248,9 @@ def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | Non
 
 def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, target: Target | None = None,
                 streams: Sequence[int] | None = None) -> BenchResult:
-    """Tokens/s, API CPU per token and ITL p99 at each number of concurrent streams (the profile's), for
-    AHC and vLLM (or the one server at `target`); figures are named `..._at_N` for N streams."""
+    """Every figure of the plain run (tokens/s, each process's CPU per token and per request, the cores each
+    used, latency percentiles) at each number of concurrent streams (the profile's), for AHC and vLLM (or
+    the one server at `target`); figures are named `..._at_N` for N streams."""
     prof = profile_named(profile)
     streams = streams or prof.scaling_streams
     n_rounds = rounds or SCALING_ROUNDS
@@ -255,11 +263,8 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
         for n in streams:
             load = load_of(prof, n)
             results = alternating_rounds([lambda s=s, ld=load: s.measure(ld) for s in sides], n_rounds)
-            for side, rs in zip(sides, results):
-                for name in ("tok_per_s", "cpu_us_per_token", "itl_p99_ms"):
-                    value = side_figures(side, rs).get(f"{side.prefix}{name}")
-                    if value is not None:
-                        figures[f"{side.prefix}{name}_at_{n}"] = value
+            for side, rs in zip(sides, results):  # every figure of the plain run, at each N
+                figures.update({f"{name}_at_{n}": value for name, value in side_figures(side, rs).items()})
             if len(sides) == 2:
                 ratios[f"ahc_over_vllm_at_{n}"] = figures[f"ahc_tok_per_s_at_{n}"] / figures[f"vllm_tok_per_s_at_{n}"]
                 ratios[f"ahc_cpu_over_vllm_at_{n}"] = (figures[f"ahc_cpu_us_per_token_at_{n}"]

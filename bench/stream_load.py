@@ -46,6 +46,7 @@ class Target:
     api_key: str | None = None
     pid: int | None = None
     xdb_pid: int | None = None  # AHC's XDB service process, measured on its own
+    engine_pids: tuple[int, ...] = ()  # the other processes under the API process (vLLM's EngineCore)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Round:
     client_cpu_s: float
     api_cpu_s: float | None  # None when the API process is not known
     xdb_cpu_s: float | None = None  # AHC's XDB service process, when known
+    engine_cpu_s: float | None = None  # the engine core (every other process under the API process)
 
     @property
     def tokens(self) -> int:
@@ -93,12 +95,39 @@ class Round:
         return None if self.xdb_cpu_s is None else cpu_us_per_token(self.xdb_cpu_s, self.tokens)
 
     @property
+    def engine_cpu_us_per_token(self) -> float | None:
+        return None if self.engine_cpu_s is None else cpu_us_per_token(self.engine_cpu_s, self.tokens)
+
+    @property
+    def cpu_us_per_request(self) -> float | None:
+        """The API process's CPU a reply (its per-request and per-token work together)."""
+        return None if self.api_cpu_s is None or not self.replies else self.api_cpu_s / len(self.replies) * 1e6
+
+    @property
+    def cores(self) -> dict[str, float]:
+        """Cores each process kept busy on average over the round (CPU seconds over wall seconds)."""
+        used = {"api": self.api_cpu_s, "xdb": self.xdb_cpu_s, "engine": self.engine_cpu_s, "client": self.client_cpu_s}
+        return {name: cpu / self.wall_s for name, cpu in used.items() if cpu is not None}
+
+    @property
     def client_cpu_us_per_token(self) -> float:
         return cpu_us_per_token(self.client_cpu_s, self.tokens)
 
     @property
     def chunks(self) -> int:
         return sum(len(r.chunk_times) for r in self.replies)
+
+
+def processes_cpu_s(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of these processes together (each alone, as `process_cpu_s`); one that has
+    ended counts nothing."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += process_cpu_s(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def process_cpu_s(pid: int) -> float:
@@ -166,12 +195,14 @@ async def run_round(target: Target, load: Load) -> Round:
 
         api_before = process_cpu_s(target.pid) if target.pid else None
         xdb_before = process_cpu_s(target.xdb_pid) if target.xdb_pid else None
+        engine_before = processes_cpu_s(target.engine_pids) if target.engine_pids else None
         client_before, started = time.process_time(), time.perf_counter()
         replies = [r for rs in await asyncio.gather(*(client(c) for c in range(load.clients))) for r in rs]
         wall, client_cpu = time.perf_counter() - started, time.process_time() - client_before
         api_cpu = process_cpu_s(target.pid) - api_before if target.pid and api_before is not None else None
         xdb_cpu = process_cpu_s(target.xdb_pid) - xdb_before if target.xdb_pid and xdb_before is not None else None
-    result = Round(replies, wall, client_cpu, api_cpu, xdb_cpu)
+        engine_cpu = processes_cpu_s(target.engine_pids) - engine_before if engine_before is not None else None
+    result = Round(replies, wall, client_cpu, api_cpu, xdb_cpu, engine_cpu)
     if result.tokens != load.expected_tokens:
         raise RuntimeError(f"{target.base_url}: {result.tokens} completion tokens, expected {load.expected_tokens}")
     return result

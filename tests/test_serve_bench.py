@@ -69,6 +69,8 @@ def test_cpu_per_token_and_the_medians_across_rounds() -> None:
     assert figures["ahc_tok_per_s"] == pytest.approx(500)  # 1000, 500, 250 tok/s
     assert figures["ahc_cpu_us_per_token"] == pytest.approx(100)  # 50, 200, 100 µs
     assert figures["ahc_tokens_per_chunk"] == pytest.approx(500)
+    assert figures["ahc_cpu_us_per_request"] == pytest.approx(100_000)  # one reply a round: 50, 200, 100 ms
+    assert figures["ahc_api_cores"] == pytest.approx(0.05) and figures["ahc_client_cores"] == pytest.approx(0.001 / 2)
     # Without the API process's pid there is no CPU figure at all (not a zero).
     assert "cpu_us_per_token" not in side_figures(Side("", Target("http://x", "m")), [rnd(10, 1.0, None)])
 
@@ -175,4 +177,7 @@ def test_short_load_on_the_real_server_is_recorded(server: ServerProcess, model_
     assert result.tokens == 32 * 32 and side.recorded_rows == result.tokens
     figures = side_figures(side, [result])
     assert figures["tok_per_s"] > 0 and figures["cpu_us_per_token"] > 0
+    # The engine core's CPU apart from the API process's, and how many cores each kept busy.
+    assert figures["engine_cpu_us_per_token"] > 0 and figures["engine_cores"] > 0
+    assert figures["cpu_us_per_request"] == pytest.approx(figures["cpu_us_per_token"] * 32, rel=1e-6)
     assert 0 < figures["ttft_p50_ms"] <= figures["ttft_p99_ms"] and 0 < figures["itl_p50_ms"] <= figures["itl_p99_ms"]
