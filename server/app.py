@@ -16,7 +16,6 @@ from server.chat.api_router import install_chat_route
 from server.emulation.models_route import install_models_route
 from server.http.body_limit import BodyLimitMiddleware
 from server.http.content_type import JsonBodyMiddleware
-from server.http.engine_label import EngineLabelMiddleware
 from server.http.errors import add_middleware, install_error_handling
 from server.messages.api_router import install_messages_route
 from server.responses.api_router import install_responses_route
@@ -147,11 +146,11 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
         # caller learns nothing (not even a 415) before the 401. It also sets the request's tenant
         # before anything downstream reads it.
         add_middleware(app, Middleware(ApiKeyMiddleware, keys=runtime.keys))
-    # Outermost: every refusal, the middlewares' above included, in the shape of the API it was sent to.
-    install_error_handling(app)
+    # Outermost: every refusal, the middlewares' above included, in the shape of the API it was sent to,
+    # and on the emulated engine every response (a refusal too) labelled so.
     label = runtime.config.engine_label
-    if label is not None:  # around everything: even a refusal says the engine is emulated
-        add_middleware(app, Middleware(EngineLabelMiddleware, label=label))
+    install_error_handling(app, label)
+    if label is not None:
         runtime.metrics.engine_emulated.labels(model_name=runtime.metrics.model_name,
                                                profile=runtime.config.engine.emulate).set(1)
     return app

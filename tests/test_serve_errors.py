@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -94,3 +96,37 @@ def test_normalise_rewrites_foreign_error_bodies() -> None:
     assert vllm["error"]["type"] == "invalid_request_error" and vllm["error"]["param"] == "n"
     text = json.loads(normalise(502, b"upstream <html>"))["error"]
     assert text["type"] == "server_error" and text["message"] == "upstream <html>"
+
+
+def test_the_error_layer_labels_every_response_and_passes_a_streams_chunks_untouched() -> None:
+    """One wrapper over `send`: a refusal is reshaped and labelled, a stream's start labelled and its chunks
+    sent as they come."""
+    import asyncio
+
+    from starlette.responses import PlainTextResponse, StreamingResponse
+
+    from server.http.errors import ErrorShapeMiddleware
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b"data: 1\n\n"
+        yield b"data: 2\n\n"
+
+    def run(app, path: str) -> list[dict]:  # type: ignore[no-untyped-def]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [], "asgi": {"spec_version": "2.4"}}
+        asyncio.run(ErrorShapeMiddleware(app, label="emulated:h100")(scope, receive, send))
+        return sent
+
+    refused = run(PlainTextResponse("nope", status_code=404), "/v1/x")
+    assert (b"x-ahc-engine", b"emulated:h100") in refused[0]["headers"]
+    assert json.loads(refused[1]["body"])["error"]["message"] == "nope"
+    streamed = run(StreamingResponse(chunks(), media_type="text/event-stream"), "/v1/chat/completions")
+    assert (b"x-ahc-engine", b"emulated:h100") in streamed[0]["headers"]
+    assert [m.get("body") for m in streamed[1:]] == [b"data: 1\n\n", b"data: 2\n\n", b""]

@@ -108,19 +108,23 @@ async def internal_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(500, f"internal server error ({type(cause).__name__})")
 
 
-def install_error_handling(app: FastAPI) -> None:
-    """The handlers above on `app`, and the middleware that reshapes everyone else's error bodies, as the
-    outermost middleware so far (installed last, it reshapes the other middlewares' refusals too)."""
+def install_error_handling(app: FastAPI, engine_label: str | None = None) -> None:
+    """The handlers above on `app`, and the middleware that reshapes everyone else's error bodies (and
+    labels every response with `engine_label`, on the emulated engine), as the outermost middleware
+    (installed last, it reshapes and labels the other middlewares' refusals too)."""
     app.add_exception_handler(AHCError, ahc_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(InternalError, internal_error_handler)
-    add_middleware(app, Middleware(ErrorShapeMiddleware))
+    add_middleware(app, Middleware(ErrorShapeMiddleware, label=engine_label))
 
 
 def add_middleware(app: FastAPI, middleware: Middleware) -> None:
     """Add an outermost middleware even though vLLM's app has already built its stack once."""
     app.user_middleware.insert(0, middleware)
     app.middleware_stack = None  # rebuilt on the first request, with ours in it
+
+
+ENGINE_HEADER = b"x-ahc-engine"  # the emulated engine's label, on every response
 
 
 class InternalError(Exception):
@@ -176,8 +180,14 @@ def normalise(status: int, body: bytes, anthropic: bool = False) -> bytes:
 
 
 class ErrorShapeMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    """Reshapes every error body into the API's shape and, on the emulated engine, labels every response
+    (`X-AHC-Engine: emulated:PROFILE`, so a figure measured through the API cannot travel without its
+    label, whatever the client keeps of the body). One wrapper over `send`, the only one a streamed
+    chunk passes through: a success's chunks go straight on."""
+
+    def __init__(self, app: ASGIApp, label: str | None = None) -> None:
         self.app = app
+        self.label = None if label is None else (ENGINE_HEADER, label.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -186,11 +196,17 @@ class ErrorShapeMiddleware:
         start: Message | None = None
         chunks: list[bytes] = []
         anthropic = is_anthropic(scope["path"].removeprefix(scope.get("root_path", "")))
+        label = self.label
 
         async def send_wrapper(message: Message) -> None:
             nonlocal start
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message
+            if message["type"] == "http.response.start":
+                if label is not None:
+                    message = {**message, "headers": [*message.get("headers", []), label]}
+                if message["status"] >= 400:
+                    start = message
+                    return
+                await send(message)
                 return
             if start is None or message["type"] != "http.response.body":
                 await send(message)
