@@ -333,13 +333,22 @@ def test_only_the_row_that_kills_the_writer_alone_is_dropped_not_the_rest_of_its
 
 
 def fill_disk_while(marker: str) -> int:
-    """Run where the row is unpickled (the XDB service): while `marker` exists, the process may write no
-    file past its first byte, as on a full disk (the kernel answers EFBIG, SIGXFSZ ignored)."""
-    import resource
+    """Run where the row is unpickled (the XDB service): from then on, while `marker` exists, the writer's
+    insert fails as on a full disk (ENOSPC), the way the kernel answers a write there."""
+    import errno
 
-    if Path(marker).exists():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    from xdb import writer
+
+    if not hasattr(writer, "disk_full_marker"):
+        insert = writer.insert_batch
+
+        def full_disk_insert(*args: object, **kwargs: object) -> object:
+            if Path(writer.disk_full_marker).exists():  # type: ignore[attr-defined]
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return insert(*args, **kwargs)  # type: ignore[arg-type]
+
+        writer.insert_batch = full_disk_insert  # type: ignore[assignment]
+    writer.disk_full_marker = marker  # type: ignore[attr-defined]
     return 1
 
 
