@@ -138,35 +138,40 @@ class Tombstone:
     reason: str
 
 
-def apply_tombstone(cur: duckdb.DuckDBPyConnection, stone: Tombstone,
-                    audit: AuditEvent | None = None, erasure: Erasure | None = None) -> dict[str, int]:
+def apply_tombstone(cur: duckdb.DuckDBPyConnection, stone: Tombstone, audit: AuditEvent | None = None,
+                    erasure: Erasure | None = None) -> tuple[dict[str, int], list[int]]:
     """Delete this file's rows of the session written up to the tombstone (once per tombstone), in one
-    transaction chained in the audit log; rows deleted per table ({} when applied before). With an
-    erasure, the timesteps sealed under its keys go too (the keys are destroyed after): rows recorded
-    here since the other replica's deletion but before this one are erased with it."""
+    transaction chained in the audit log; returns the rows deleted per table ({} when applied before) and
+    the keys to destroy once committed. With an erasure, its keys are destroyed only when no row sealed
+    under them stays: rows recorded here after the other replica's deletion (the session carried on here)
+    stay, and so does the key that keeps their content readable in the log, which the event names
+    (`keys_kept`)."""
     with transaction(cur):
         if cur.execute("SELECT 1 FROM applied_tombstones WHERE replica = ? AND id = ?",
                        [stone.replica, stone.id]).fetchone() is not None:
-            return {}
-        deleted = {table: one_int(cur.execute(
-            f"DELETE FROM {table} WHERE session_id = ? AND "
-            f"({column} <= ?{_sealed_under(table, erasure)})", [stone.session_id, stone.deleted_at]))
-            for table, column in DATED}
+            return {}, []
+        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {column} <= ?",
+                                              [stone.session_id, stone.deleted_at]))
+                   for table, column in DATED}
         cur.execute("INSERT INTO applied_tombstones VALUES (?, ?, ?, ?, ?)",
                     [stone.replica, stone.id, stone.session_id, stone.deleted_at, hot_cutoff(0.0)])
-        if audit is not None and (any(deleted.values()) or erasure is not None and erasure.keys):
-            named = {} if erasure is None else {"keys_destroyed": erasure.keys,
-                                                "through_timestep": erasure.through_timestep}
+        named: dict[str, object] = {}
+        destroy: list[int] = []
+        if erasure is not None and erasure.keys:
+            kept = one_int(cur.execute(f"SELECT count(*) FROM {TIMESTEPS} WHERE session_id = ? AND id <= ?",
+                                       [stone.session_id, erasure.through_timestep]))
+            if kept:
+                named = {"keys_kept": erasure.keys, "rows_kept": kept}
+            else:
+                destroy = erasure.keys
+                named = {"keys_destroyed": erasure.keys, "through_timestep": erasure.through_timestep}
+        if audit is not None and (any(deleted.values()) or destroy):
             audit("delete_session", {"session_id": stone.session_id, "reason": "tombstone", **named,
                                      "tombstone": {"replica": stone.replica, "id": stone.id,
                                                    "reason": stone.reason,
                                                    "deleted_at": stone.deleted_at.isoformat() + "Z"},
                                      "deleted": deleted})
-    return deleted
-
-
-def _sealed_under(table: str, erasure: Erasure | None) -> str:
-    return "" if erasure is None or table != TIMESTEPS else f" OR id <= {int(erasure.through_timestep)}"
+    return deleted, destroy
 
 
 def tombstoned_at(cur: duckdb.DuckDBPyConnection, session_id: str) -> datetime | None:

@@ -109,8 +109,13 @@ class SessionMethods:
         callback; queued rows are written first, so none of them comes back after)."""
         with self._compress_lock, self.cursor() as cur:
             erasure = self._erasure(stone.session_id)
-            deleted = retention.apply_tombstone(cur, stone, self.audit_event, erasure)
-            self._destroy_keys(erasure)
+            deleted, destroy = retention.apply_tombstone(cur, stone, self.audit_event, erasure)
+            if self.audit is not None and destroy:
+                self.audit.destroy_keys(destroy)
+            elif erasure is not None and erasure.keys and any(deleted.values()):
+                log.warning("session %r: rows recorded here after replica %r deleted it are sealed under the key of "
+                            "the rows its tombstone deleted; the key is kept so that they stay readable in the "
+                            "audit log", stone.session_id, stone.replica)
             return deleted
 
     def _erasure(self, session_id: str) -> retention.Erasure | None:
