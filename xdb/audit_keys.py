@@ -129,13 +129,15 @@ class SessionKeys:
             with self._transaction():
                 self._db.execute("UPDATE keys SET retired = 1 WHERE session_id = ? AND retired = 0", (session_id,))
             self._current.pop(session_id, None)
-            return [int(k) for (k,) in self._db.execute("SELECT id FROM keys WHERE session_id = ? ORDER BY id",
-                                                        (session_id,))]
+            return self._session_keys(session_id)
 
     def session_keys(self, session_id: str) -> list[int]:
         with self._lock:
-            return [int(k) for (k,) in self._db.execute("SELECT id FROM keys WHERE session_id = ? ORDER BY id",
-                                                        (session_id,))]
+            return self._session_keys(session_id)
+
+    def _session_keys(self, session_id: str) -> list[int]:
+        return [int(k) for (k,) in self._db.execute("SELECT id FROM keys WHERE session_id = ? ORDER BY id",
+                                                    (session_id,))]
 
     def secrets(self, key_ids: Iterable[int]) -> dict[int, bytes]:
         """The keys that still exist among `key_ids`."""
