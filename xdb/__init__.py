@@ -9,6 +9,8 @@
         # writer's batching and bounds, DuckDB's threads and the lake.
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
     xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; raises WriterBackpressure when full
+    xdb.decode_tokens_with(tokenizer_json)  # a TokenBatch may then bring token ids without texts: decoded
+        # by the writer (xdb/token_decoder.py), in the service process under `ahc serve`
     await xdb.writer.asubmit(rows) ; xdb.writer.flush(timeout=None) ; xdb.close()
 
     xdb.read(fn, *args, **kwargs)     # a read function of XDB's modules (marked @reads): fn(cur, *args, **kwargs)

@@ -191,6 +191,7 @@ class RemoteWriter:
         self._closing = False
         self._error: BaseException | None = None
         self._capture: tuple[str, int, float] | None = None  # the side channel, told to every service run
+        self._tokenizer: str | None = None  # what the service decodes token ids with, told to every run
         self.process = ServiceProcess(data_dir, config)
         self._listen(self.process)
         self._sender = threading.Thread(target=self._send_loop, name="xdb-sender", daemon=True)
@@ -209,12 +210,12 @@ class RemoteWriter:
         return self._error is None and not self._closing
 
     def try_submit(self, rows: Part) -> bool:
-        return self._offer(accepted(rows, self._k))
+        return self._offer(accepted(rows, self._k, self._tokenizer is not None))
 
     def submit(self, rows: Part, timeout: float | None = None) -> None:
         timeout = self.submit_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        rows = accepted(rows, self._k)
+        rows = accepted(rows, self._k, self._tokenizer is not None)
         while not self._offer(rows):
             with self._cond:
                 remaining = deadline - time.monotonic()
@@ -243,6 +244,12 @@ class RemoteWriter:
         """As Writer.capture_activations, in the service (and again in each service started after)."""
         self._capture = (address, k, wait_s)
         self.process.call("capture_activations", self._capture, {})
+
+    def decode_tokens_with(self, tokenizer: str) -> None:
+        """As Writer.decode_tokens_with, in the service (and again in each service started after): token
+        batches are shipped as ids and their texts decoded there, off this process."""
+        self._tokenizer = tokenizer
+        self.process.call("decode_tokens_with", (tokenizer,), {})
 
     def flush(self, timeout: float | None = None) -> None:
         with self._cond:
@@ -382,6 +389,8 @@ class RemoteWriter:
                 process = ServiceProcess(self._data_dir, self._config)
                 if self._capture is not None:  # before the held rows: they join what comes from now on
                     process.call("capture_activations", self._capture, {})
+                if self._tokenizer is not None:  # before the held rows, which it decodes
+                    process.call("decode_tokens_with", (self._tokenizer,), {})
                 break
             except Exception as exc:
                 if disk or is_disk_fault(exc):  # a full or failing disk: wait for it as long as it takes
@@ -460,6 +469,10 @@ class RemoteXDB:
     def capture_activations(self, address: str, k: int, wait_s: float) -> None:
         """Through the writer, which tells every later run of the service too."""
         self.writer.capture_activations(address, k, wait_s)
+
+    def decode_tokens_with(self, tokenizer: str) -> None:
+        """Through the writer, which tells every later run of the service too."""
+        self.writer.decode_tokens_with(tokenizer)
 
     def vacuum(self) -> dict[str, Any]:
         """The service rewrites the experience file whole, every other call and the rows waiting."""

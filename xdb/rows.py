@@ -24,6 +24,9 @@ from ahc.core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 
+# How many of a reply's ids before a TokenBatch it carries to decode its texts after: a character is at
+# most four byte tokens, and the decoder comes in step with the reply once one completes among them.
+DECODE_CONTEXT = 8
 # Column order of `timesteps`; the audit table has these plus seq, steering and the hashes.
 TIMESTEP_COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_id", "request_id",
                     "concept_ids", "concept_values", "activation_source", "created_at", "metadata")
@@ -96,11 +99,12 @@ def _utf8_json(value: Any) -> Any:
 
 
 def storable(part: list[TimestepRow] | TokenBatch) -> list[TimestepRow] | TokenBatch:
-    """The part with every text UTF-8 can store (the writer's check where it accepts rows)."""
+    """The part with every text UTF-8 can store (the writer's check where it accepts rows). Texts the
+    writer decodes from token ids are UTF-8 already."""
     if isinstance(part, TokenBatch):
-        joined = "".join(part.contents)
+        joined = "".join(part.contents or ())
         if not joined.isascii() and utf8(joined) is not joined:
-            part.contents = [utf8(text) for text in part.contents]
+            part.contents = [utf8(text) for text in part.contents or ()]
         part.session_id = utf8(part.session_id)
         part.request_id = part.request_id and utf8(part.request_id)
         return part
@@ -223,11 +227,15 @@ class TokenBatch:
     Or the writer joins them (xdb/activation_join.py): `activation_key` names the engine request whose
     output tokens these are, from output position `first_position` on, and the writer fills in the
     activations the engine sent for them, waiting for late ones until `join_by` (monotonic seconds; set
-    by the writer that accepts the batch)."""
+    by the writer that accepts the batch).
+
+    Texts: `contents`, stored as given; or None, and the writer decodes them from `token_ids` with the
+    tokenizer it was given (XDB.decode_tokens_with, xdb/token_decoder.py), after `context_ids`: the
+    reply's last ids before this batch (up to DECODE_CONTEXT), so that the batch decodes on its own."""
 
     session_id: str
     ticks: Sequence[int] | np.ndarray           # n ticks, e.g. xdb.next_ticks(session_id, n)
-    contents: Sequence[str]                     # each token's text
+    contents: Sequence[str] | None              # each token's text; None: decoded from token_ids
     token_ids: Sequence[int] | np.ndarray | None = None
     request_id: str | None = None
     event_type: str = "output"
@@ -242,15 +250,19 @@ class TokenBatch:
     activation_key: str | None = None
     first_position: int = 0
     join_by: float | None = None
+    context_ids: Sequence[int] = ()
 
     def __len__(self) -> int:
-        return len(self.contents)
+        rows = self.contents if self.contents is not None else self.token_ids
+        return 0 if rows is None else len(rows)
 
     def check(self, k: int = TOP_K) -> None:
         """Shapes and values, at submit time, so a bad batch fails its caller, not the writer. Runs on
         the event loop once per recorded step, so the common shapes (a range of ticks, a one-row
         batch, the pack's same names each time) take the cheap paths."""
-        n = len(self.contents)
+        if self.contents is None and self.token_ids is None:
+            raise ValueError("TokenBatch needs contents, or token_ids to decode them from")
+        n = len(self)
         if not self.session_id or not self.event_type:
             raise ValueError("TokenBatch needs a session_id and an event_type")
         if not _ticks_ok(self.ticks, n):
@@ -283,11 +295,19 @@ class TokenBatch:
         def cut(value: Any) -> Any:
             return value if value is None or (isinstance(value, (int, float)) or np.ndim(value) == 0) \
                 else value[start:stop]
-        return TokenBatch(self.session_id, self.ticks[start:stop], self.contents[start:stop],
+        contents = None if self.contents is None else self.contents[start:stop]
+        return TokenBatch(self.session_id, self.ticks[start:stop], contents,
                           cut(self.token_ids), self.request_id, self.event_type, self.role, self.concept_names,
                           cut(self.concept_index), cut(self.concept_values), self.activation_source,
                           cut(self.created_at), self.metadata, self.steering, self.activation_key,
-                          self.first_position + start, self.join_by)
+                          self.first_position + start, self.join_by, self._context_at(start))
+
+    def _context_at(self, start: int) -> Sequence[int]:
+        """The ids before row `start` that its texts decode after (none needed once texts are given)."""
+        if self.contents is not None or self.token_ids is None or not start:
+            return self.context_ids
+        before = self.token_ids[max(start - DECODE_CONTEXT, 0):start]
+        return [*self.context_ids, *np.asarray(before).tolist()][-DECODE_CONTEXT:]
 
 
 def batch_to_arrow(batch: TokenBatch, first_id: int, concepts: ConceptIndex,
@@ -366,7 +386,7 @@ def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: Concept
                          if batches else np.zeros(0, np.int64)),
         "event_type": shared("event_type"),
         "role": shared("role"),
-        "content": pa.array([c for b in batches for c in b.contents], pa.string()),
+        "content": pa.array([c for b in batches for c in _texts(b)], pa.string()),
         "token_id": token_ids,
         "request_id": shared("request_id"),
         "concept_ids": concept_ids,
@@ -377,6 +397,12 @@ def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: Concept
         "steering": shared("steering", _json),
     })
     return table, added
+
+
+def _texts(batch: TokenBatch) -> Sequence[str]:
+    if batch.contents is None:
+        raise ValueError("a TokenBatch of token ids reached the conversion undecoded")
+    return batch.contents
 
 
 def _pad(array: np.ndarray, width: int, fill: float) -> np.ndarray:

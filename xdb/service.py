@@ -14,6 +14,8 @@ The server talks to it over Unix-socket connections (`multiprocessing.connection
     `vacuum`, a call of the service's own: the experience file rewritten whole (xdb/vacuum.py) while
         every other call and the rows wait: XDB is closed (its queue committed), the file rewritten, and
         XDB opened again.
+The server's token batches come as ids, without texts: the writer here decodes them (xdb/token_decoder.py)
+with the tokenizer the server gave (`decode_tokens_with`, kept across a vacuum and told again to every run).
 The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
 A writer that dies ends it too, at once, so the server starts it again; the part it died on is found and
 dropped over the next two runs (xdb/writer_failure.py).
@@ -200,6 +202,7 @@ class Service:
         self.spec: ServiceSpec | None = None
         self._gate = Gate()  # every call and every part of rows shares it; a vacuum holds it alone
         self._capture: tuple[str, int, float] | None = None  # the activations side channel, kept across a vacuum
+        self._tokenizer: str | None = None  # what token ids are decoded with, kept across a vacuum
         self._stream: Connection | None = None
         self._committed = 0
         self._lock = threading.Lock()  # the commit count and the stream's sending side
@@ -213,6 +216,8 @@ class Service:
         self.xdb.writer.on_failure = self.writer_died
         if self._capture is not None:
             self.xdb.capture_activations(*self._capture)
+        if self._tokenizer is not None:
+            self.xdb.decode_tokens_with(self._tokenizer)
 
     def vacuum(self) -> dict[str, Any]:
         """Rewrite the experience file whole (deleted rows leave its blocks), every call and row waiting."""
@@ -410,6 +415,8 @@ class Service:
         if name == "capture_activations":
             self._capture = (args[0], args[1], args[2]) if len(args) == 3 else (
                 kwargs["address"], kwargs["k"], kwargs["wait_s"])
+        if name == "decode_tokens_with":
+            self._tokenizer = args[0] if args else kwargs["tokenizer"]
         with self._gate.shared():
             return getattr(self.xdb, name)(*args, **kwargs)
 

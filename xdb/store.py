@@ -205,6 +205,14 @@ class XDB(SessionMethods, LakeMethods):
         self.writer.capture_activations(address, k, wait_s)
 
     @service
+    def decode_tokens_with(self, tokenizer: str) -> None:
+        """Decode the texts of token batches recorded with ids alone, from now on, with this tokenizer (a
+        fast tokenizer's `backend_tokenizer.to_str()`; Writer.decode_tokens_with)."""
+        if self.writer is None:
+            raise ValueError("decode_tokens_with: this XDB is open read-only")
+        self.writer.decode_tokens_with(tokenizer)
+
+    @service
     def activations_receiving(self) -> bool | None:
         """Whether the writer's side-channel receiver runs (None: no capture, or read-only)."""
         return None if self.writer is None else self.writer.activations_receiving()

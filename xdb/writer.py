@@ -4,7 +4,8 @@ Generation never waits on disk: `submit` only appends to a deque under a lock (i
 queue is full — back-pressure — and raises after a timeout). It takes TimestepRow lists or, for a
 reply's tokens, a column-wise TokenBatch. Three stages, each a thread, so Python's work overlaps
 DuckDB's inserts (which release the GIL), and the two files' inserts overlap each other:
-    prepare stage:    parts → tokens joined to their activations, if capture is on
+    prepare stage:    parts → token texts decoded from ids where only ids came (xdb/token_decoder.py)
+                      → tokens joined to their activations, if capture is on
                       (xdb/activation_join.py) → one Arrow table, handed to the experience stage at
                       once → audit chain hashed (the next batch is hashed while this one is written)
     audit stage:      the hashed batch → audit file, committed
@@ -45,6 +46,7 @@ from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow
 from xdb.schema import TOP_K
 from xdb.sql import string_literal
+from xdb.token_decoder import TokenDecoder
 
 log = logging.getLogger(__name__)
 
@@ -226,11 +228,14 @@ def _split(part: Part, n: int) -> tuple[Part, Part]:
     return part[:n], part[n:]
 
 
-def accepted(rows: Part, k: int) -> Part:
+def accepted(rows: Part, k: int, decodes: bool = False) -> Part:
     """Rows as a writer takes them: validated at submit time, so a bad batch fails its caller and not
-    the writer, and a TokenBatch stamped with its arrival time as a TimestepRow is when made."""
+    the writer, and a TokenBatch stamped with its arrival time as a TimestepRow is when made.
+    `decodes`: the writer was given a tokenizer, which a TokenBatch of token ids without texts needs."""
     if isinstance(rows, TokenBatch):
         rows.check(k)
+        if rows.contents is None and not decodes:
+            raise ValueError("a TokenBatch without contents needs a writer that decodes (XDB.decode_tokens_with)")
         storable(rows)
         return rows if rows.created_at is not None else dataclasses.replace(rows, created_at=time.time())
     rows = list(rows)
@@ -290,6 +295,7 @@ class Writer:
         self._thresholds_lock = threading.Lock()
         self.on_auto_tags: Callable[[], None] | None = None
         self._joiner: ActivationJoiner | None = None  # the engine's activations, once capture is on
+        self._decoder: TokenDecoder | None = None  # the texts of token batches that bring ids alone
         # The rows of the batch a stage failed on, and who hears of the failure (the XDB service, which
         # exits so that its next run can tell the part that killed it from the rest).
         self.failed_spans: list[PartSpan] | None = None
@@ -335,7 +341,7 @@ class Writer:
             await asyncio.to_thread(self.submit, rows, timeout)
 
     def _offer(self, rows: Part, *, block: bool, timeout: float) -> bool:
-        rows = accepted(rows, self._k)
+        rows = accepted(rows, self._k, self._decoder is not None)
         n = len(rows)
         if not n:
             return True
@@ -388,6 +394,11 @@ class Writer:
         if self._joiner is not None:
             self._joiner.close()
         self._joiner = ActivationJoiner(address, min(k, self._k), wait_s)
+
+    def decode_tokens_with(self, tokenizer: str) -> None:
+        """Decode the texts of the token batches that come with ids alone, with this tokenizer (a fast
+        tokenizer's serialized form, `backend_tokenizer.to_str()`), in the prepare stage."""
+        self._decoder = TokenDecoder.from_str(tokenizer)
 
     def set_auto_tag_thresholds(self, thresholds: dict[str, float] | None) -> None:
         """The concepts' thresholds (by name) from the batch committed next on; None or empty: none."""
@@ -513,7 +524,9 @@ class Writer:
             self._hand_over(self._to_experience, None)
 
     def _prepare(self, parts: list[Part], batch: list[PartSpan]) -> bool:
-        """Join, convert and hand on one batch; False once a stage has failed."""
+        """Decode, join, convert and hand on one batch; False once a stage has failed."""
+        if self._decoder is not None:
+            self._decoder.fill(parts)
         if self._joiner is not None:
             parts = self._joiner.join(parts)
         table, added = to_arrow(parts, self._next_id, self._concepts, self._k)

@@ -34,7 +34,7 @@ from server.telemetry.tracing import engine_trace_headers
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient
-from xdb.rows import TimestepRow, TokenBatch
+from xdb.rows import DECODE_CONTEXT, TimestepRow, TokenBatch
 from xdb.writer import FlushTimeout
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module
@@ -57,6 +57,12 @@ class Recorder:
         self.xdb = xdb
         self.engine_label = engine_label  # "emulated:PROFILE" on the emulated engine: on every turn record
         self.tokenizer = tokenizer
+        # A fast tokenizer's texts are decoded where the rows are built (the XDB service), so this process,
+        # whose CPU a token bounds throughput at GPU rates, ships token ids alone; a slow one's are made here.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.decodes_in_xdb = backend is not None
+        if backend is not None:
+            xdb.decode_tokens_with(backend.to_str())
         self.background = background  # one ordered worker for small synchronous XDB writes
         self.capture = capture  # activations from the engine's lens, when on (joined by the writer)
         # One tuple for every token batch: the writer groups batches by their names' identity.
@@ -178,9 +184,12 @@ class TokenStream:
     """One completion's generated tokens, turned into `output` rows. Tokens are gathered and turned
     into rows CHUNK at a time: at GPU rates a reply's tokens come one engine step at a time, and the
     work a batch costs (ticks, validation, the hand-off to the writer) is paid once per chunk instead
-    of once per token. With capture on, each batch names its engine request (`activation_key`) and the
-    output position of its first token; the XDB writer joins the activations the engine sent it, so
-    no activation passes through this process.
+    of once per token. A batch carries token ids, not texts: XDB decodes them (xdb/token_decoder.py),
+    each batch after the reply's last DECODE_CONTEXT ids before it, so that it decodes on its own. A
+    slow tokenizer (no fast one for XDB to load) has its texts made here (TokenTexts). With capture
+    on, each batch names its engine request (`activation_key`) and the output position of its first
+    token; the XDB writer joins the activations the engine sent it, so no activation passes through
+    this process.
 
     Replies that start together (a batch of agents, a benchmark's clients) step in lockstep. Had every
     stream cut its chunks at the same counts, all of them would turn a chunk into rows in the same
@@ -195,10 +204,11 @@ class TokenStream:
         self.recorder = recorder
         self.session_id = session_id
         self.request_id = request_id
-        self.texts = TokenTexts(recorder.tokenizer)
+        self.texts = None if recorder.decodes_in_xdb else TokenTexts(recorder.tokenizer)
         self.activation_key = activation_key
         self._names = recorder.concept_names if activation_key is not None else ()
         self._ids: list[int] = []
+        self._before: list[int] = []  # the reply's last DECODE_CONTEXT ids before the gathered ones
         self._times: list[float] = []  # when each gathered token arrived
         self._position = 0  # the output position of the first gathered token
         self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
@@ -217,13 +227,20 @@ class TokenStream:
         if not token_ids:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
-        texts = [self.texts.step(t) for t in token_ids]
+        texts, context = self._texts(token_ids)
         # Column-wise: no row object per token on the event loop.
         self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
                                         request_id=self.request_id, created_at=np.array(created_at),
                                         concept_names=self._names, activation_key=self.activation_key,
-                                        first_position=self._position))
+                                        first_position=self._position, context_ids=context))
         self._position += len(token_ids)
+
+    def _texts(self, token_ids: list[int]) -> tuple[list[str] | None, list[int]]:
+        """The batch's texts made here (a slow tokenizer), or None and the ids XDB decodes them after."""
+        if self.texts is not None:
+            return [self.texts.step(t) for t in token_ids], []
+        context, self._before = self._before, (self._before + token_ids)[-DECODE_CONTEXT:]
+        return None, context
 
     def finish(self) -> None:
         """The reply is complete, or ended early (client gone): the gathered tokens go out now."""
@@ -336,8 +353,8 @@ class RecordingEngine:
                             xdb_session, request_id, n, completion.index, engine_id)
                     if delta:  # each output holds only its new tokens
                         new = completion.token_ids
-                    else:
-                        new = list(completion.token_ids)[seen.get(completion.index, 0):]
+                    else:  # only the new ones copied: a copy of all so far, every step, grows with the reply
+                        new = list(completion.token_ids[seen.get(completion.index, 0):])
                         seen[completion.index] = seen.get(completion.index, 0) + len(new)
                     stream.add(new)
                     if usage is not None:

@@ -2,6 +2,9 @@
 
 Byte-level BPE splits multi-byte characters over tokens; the tokenizers library's DecodeStream holds
 the partial bytes back and releases the character with the token that completes it.
+
+The recorder makes texts here only for a slow tokenizer: a fast one's are decoded in XDB from the
+token ids (xdb/token_decoder.py), to the same texts as this stream gives.
 """
 
 from __future__ import annotations
