@@ -70,6 +70,20 @@ def test_a_batch_decodes_alone_at_every_phase(fast_tokenizer: Any) -> None:
         assert texts == expected, f"phase {phase}"
 
 
+def test_a_slice_of_a_batch_decodes_alone(fast_tokenizer: Any) -> None:
+    """What the writer and the service cut a batch into (a batch's size, a resent part's stored rows, the
+    activation join's runs) carries the ids before it too."""
+    ids = reply_ids(fast_tokenizer)
+    expected = reference(fast_tokenizer, ids)
+    decoder = TokenDecoder.from_str(fast_tokenizer.backend_tokenizer.to_str())
+    batch = TokenBatch("s", range(len(ids)), None, token_ids=ids)
+    for start in range(0, len(ids), 5):
+        part = batch.slice(start, start + 11)
+        assert decoder.texts(part.token_ids or [], part.context_ids) == expected[start:start + 11], start
+    twice = batch.slice(10, 60).slice(5, 20)
+    assert decoder.texts(twice.token_ids or [], twice.context_ids) == expected[15:30]
+
+
 def spied(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> list[TokenBatch]:
     submitted: list[TokenBatch] = []
     submit = recorder.submit

@@ -214,10 +214,14 @@ class TokenStream:
         self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
 
     def add(self, token_ids: Sequence[int]) -> None:
-        if not token_ids:
+        n = len(token_ids)
+        if not n:
             return
         self._ids += token_ids
-        self._times += [time.time()] * len(token_ids)
+        if n == 1:  # an engine step's one token, the usual case: no list made for its stamp
+            self._times.append(time.time())
+        else:
+            self._times += [time.time()] * n
         if len(self._ids) >= self._due:
             self._due = self.CHUNK
             self._turn_into_rows()
