@@ -8,15 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, Response
 
 from server.admission.recording_gate import RecordingGate
 from server.chat.api_router import install_chat_route
 from server.emulation.models_route import install_models_route
-from server.http.body_limit import BodyLimitMiddleware
-from server.http.content_type import JsonBodyMiddleware
-from server.http.errors import add_middleware, install_error_handling
+from server.http.body_limit import BodyLimit
+from server.http.gateway import install_gateway
 from server.messages.api_router import install_messages_route
 from server.responses.api_router import install_responses_route
 from server.routes.agent_routes import agent_router
@@ -30,7 +28,7 @@ from server.routes.session_routes import session_router
 from server.routes.ui_routes import install_ui
 from server.routes.xdb_routes import xdb_router
 from server.runtime import Runtime
-from server.tenancy.auth import ApiKeyMiddleware
+from server.tenancy.auth import ApiKeyCheck
 
 if TYPE_CHECKING:
     from vllm.tasks import SupportedTask
@@ -135,21 +133,16 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
                                       runtime.rag_indexes, runtime.config.engine.max_model_len))
     runtime.metrics.attach(get_prometheus_registry())
-    # With or without a key: a keyless local server is exactly what a cross-site page would target.
-    add_middleware(app, Middleware(JsonBodyMiddleware))
-    add_middleware(app, Middleware(BodyLimitMiddleware, max_bytes=runtime.config.max_request_bytes))
     oc = runtime.config.orchestrator
-    add_middleware(app, Middleware(RecordingGate, recorder=runtime.recorder, timeout_s=oc.recording_wait_s,
-                                   retry_after_s=oc.retry_after_s))
-    if runtime.keys:
-        # Added after the others, so it runs before them: no route is reached unauthenticated, and an unauthenticated
-        # caller learns nothing (not even a 415) before the 401. It also sets the request's tenant
-        # before anything downstream reads it.
-        add_middleware(app, Middleware(ApiKeyMiddleware, keys=runtime.keys))
-    # Outermost: every refusal, the middlewares' above included, in the shape of the API it was sent to,
-    # and on the emulated engine every response (a refusal too) labelled so.
     label = runtime.config.engine_label
-    install_error_handling(app, label)
+    # Outermost, one layer: every response in the shape of the API it was sent to (labelled on the emulated
+    # engine), then the key (no route is reached unauthenticated, and an unauthenticated caller learns
+    # nothing, not even a 415, before the 401; it sets the request's tenant before anything downstream
+    # reads it), then XDB's back-pressure, the body limit, and the JSON content type (with or without a
+    # key: a keyless local server is exactly what a cross-site page would target).
+    install_gateway(app, label, auth=ApiKeyCheck(runtime.keys) if runtime.keys else None,
+                    recording=RecordingGate(runtime.recorder, oc.recording_wait_s, oc.retry_after_s),
+                    json_bodies=True, body_limit=BodyLimit(runtime.config.max_request_bytes))
     if label is not None:
         runtime.metrics.engine_emulated.labels(model_name=runtime.metrics.model_name,
                                                profile=runtime.config.engine.emulate).set(1)

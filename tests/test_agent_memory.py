@@ -17,7 +17,7 @@ from agent.policies.base import Reply, TurnInput
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore
 from agent.tools import Toolbox, tool_schemas
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
 from universe import Harness, load_rule
 from xdb import XDB
@@ -33,7 +33,7 @@ def store(request, tmp_path: Path):
         return
     xdb = XDB.open(tmp_path / "server-xdb")
     app = FastAPI()
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(agent_router(xdb))
     with TestClient(app) as client:
         store = HttpRunStore("", client=client)
@@ -76,7 +76,7 @@ def test_a_run_id_reaches_the_store_whole_whatever_its_characters(store, run_id:
 def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "xdb") as xdb:
         app = FastAPI()
-        install_error_handling(app)
+        install_gateway(app)
         app.include_router(agent_router(xdb))
         with TestClient(app) as client:
             for method, path, kwargs, param in [

@@ -23,7 +23,8 @@ from starlette.testclient import WebSocketDisconnect
 from ahc.core.config import AHCConfig
 from server.app import REMOVED_PATHS
 from server.engine_args import build_vllm_namespace
-from server.tenancy.auth import OPEN_PATHS, UI_PREFIX, ApiKeyMiddleware
+from server.http.gateway import Gateway
+from server.tenancy.auth import OPEN_PATHS, UI_PREFIX, ApiKeyCheck
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB
 
@@ -133,7 +134,7 @@ def test_a_websocket_without_the_key_is_closed() -> None:
         await websocket.close()
 
     app = Starlette(routes=[WebSocketRoute("/v1/realtime", echo)])
-    client = TestClient(ApiKeyMiddleware(app, TenantKeys.build([KEY])))
+    client = TestClient(Gateway(app, auth=ApiKeyCheck(TenantKeys.build([KEY]))))
     with pytest.raises(WebSocketDisconnect) as closed:
         with client.websocket_connect("/v1/realtime") as ws:
             ws.receive_text()

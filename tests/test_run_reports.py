@@ -19,7 +19,7 @@ from matplotlib.image import imsave
 from agent.loop import DiscoveryRun, RunConfig
 from agent.policies.baseline import BaselinePolicy
 from agent.run_store import HttpRunStore, LocalRunStore, StoreUnavailable
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
 from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
@@ -45,7 +45,7 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     with XDB.open(tmp_path / "xdb") as xdb:
         app = FastAPI()
         app.state.xdb = xdb
-        install_error_handling(app)
+        install_gateway(app)
         app.include_router(agent_router(xdb))
         yield app
 

@@ -105,7 +105,7 @@ def test_the_error_layer_labels_every_response_and_passes_a_streams_chunks_untou
 
     from starlette.responses import PlainTextResponse, StreamingResponse
 
-    from server.http.errors import ErrorShapeMiddleware
+    from server.http.gateway import Gateway
 
     async def chunks():  # type: ignore[no-untyped-def]
         yield b"data: 1\n\n"
@@ -121,7 +121,7 @@ def test_the_error_layer_labels_every_response_and_passes_a_streams_chunks_untou
             sent.append(message)
 
         scope = {"type": "http", "method": "GET", "path": path, "headers": [], "asgi": {"spec_version": "2.4"}}
-        asyncio.run(ErrorShapeMiddleware(app, label="emulated:h100")(scope, receive, send))
+        asyncio.run(Gateway(app, label="emulated:h100")(scope, receive, send))
         return sent
 
     refused = run(PlainTextResponse("nope", status_code=404), "/v1/x")

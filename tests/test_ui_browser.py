@@ -23,7 +23,7 @@ from fastapi import FastAPI
 
 from agent.chart import chart
 from server.cluster.server_process import ServerProcess
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
 from server.routes.browse_routes import browse_router
 from server.routes.ui_routes import install_ui
@@ -109,7 +109,7 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
                                                                    {"name": "B moves left", "status": "open"}]))
         xdb.save_run_report("run-1", report_png(tmp), owner=EVERY)
         app = FastAPI()
-        install_error_handling(app)
+        install_gateway(app)
         for router in (xdb_router(xdb), browse_router(xdb), agent_router(xdb)):
             app.include_router(router)
         install_ui(app, model="bare", auth_required=False, version="test")

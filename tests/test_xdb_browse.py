@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.browse_routes import browse_router
 from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
@@ -137,7 +137,7 @@ def test_a_concepts_strongest_tokens(xdb: XDB) -> None:
 @pytest.fixture
 def client(xdb: XDB) -> Iterator[tuple[TestClient, list[Tenant]]]:
     app = FastAPI()
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(browse_router(xdb))
     caller = [Tenant("alice")]
     app.dependency_overrides[request_tenant] = lambda: caller[0]

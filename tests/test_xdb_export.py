@@ -17,7 +17,7 @@ from cli_runner import ahc
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.export_routes import export_router
 from xdb import XDB, TimestepRow
 from xdb.audit import verify_audit
@@ -168,7 +168,7 @@ def test_the_cli_exports_and_imports_a_stopped_servers_data(tmp_path: Path) -> N
 
 def test_exports_over_http_list_download_and_stay_within_the_tenant(source: XDB) -> None:
     app = FastAPI()
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(export_router(source))
     with TestClient(app) as client:
         made = client.post("/v1/xdb/exports", json={"session_id": "s1", "format": "parquet"})
@@ -198,7 +198,7 @@ def test_exports_are_bounded_one_at_a_time_deletable_and_expire(source: XDB) -> 
     import threading
 
     app = FastAPI()
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(export_router(source, max_per_tenant=2, ttl_s=3600))
     with TestClient(app) as client:
         first = client.post("/v1/xdb/exports", json={"session_id": "s1"}).json()

@@ -16,7 +16,7 @@ from ahc.core.limits import (
     NOTE_MAX_CHARS,
     TAG_MAX_CHARS,
 )
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
@@ -32,7 +32,7 @@ def client(tmp_path: Path):
     xdb.writer.flush()
     app = FastAPI()
     app.state.xdb = xdb
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(xdb_router(xdb))
     app.include_router(agent_router(xdb))
     with TestClient(app) as c:

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ahc.core.config import XDBConfig
-from server.http.errors import install_error_handling
+from server.http.gateway import install_gateway
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 
@@ -42,7 +42,7 @@ def xdb(tmp_path: Path) -> Iterator[XDB]:
 @pytest.fixture
 def client(xdb: XDB) -> Iterator[TestClient]:
     app = FastAPI()
-    install_error_handling(app)
+    install_gateway(app)
     app.include_router(xdb_router(xdb))
     with TestClient(app) as c:
         yield c

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Scope
 
 from ahc.core.errors import AHCError
 from server.admission.turn_admission import wait_for_recording
@@ -37,20 +38,20 @@ def gated(path: str) -> bool:
 
 
 class RecordingGate:
-    def __init__(self, app: ASGIApp, recorder: Recorder, timeout_s: float, retry_after_s: int) -> None:
-        self.app = app
+    """The gateway's `Guard` (server/http/gateway.py) that waits while XDB is behind, then refuses (503)."""
+
+    def __init__(self, recorder: Recorder, timeout_s: float, retry_after_s: int) -> None:
         self.recorder = recorder
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            path = scope["path"].removeprefix(scope.get("root_path", ""))
-            if gated(path):
-                try:
-                    await wait_for_recording(self.recorder, self.timeout_s, self.retry_after_s)
-                except AHCError as exc:
-                    response = error_response(exc.status, exc.message, exc.type, exc.code, headers=exc.headers)
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+    async def __call__(self, scope: Scope, headers: Headers) -> ASGIApp | None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return None
+        if not gated(scope["path"].removeprefix(scope.get("root_path", ""))):
+            return None
+        try:
+            await wait_for_recording(self.recorder, self.timeout_s, self.retry_after_s)
+        except AHCError as exc:
+            return error_response(exc.status, exc.message, exc.type, exc.code, headers=exc.headers)
+        return None

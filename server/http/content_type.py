@@ -7,33 +7,26 @@ type, so without this check such a page could drive a keyless local server (chat
 run's purge) and never be asked. `application/json` is not a simple type: the browser must ask first,
 and the server allows no cross-origin callers unless configured to. The `openai` client and vLLM's
 routes send `application/json` (with or without `; charset=...`), so nothing legitimate is refused;
-requests without a body (`DELETE /v1/xdb/runs/{id}`) are not concerned.
+requests without a body (`DELETE /v1/xdb/runs/{id}`) are not concerned. server/http/gateway.py asks.
 """
 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Scope
 
 from server.http.errors import error_response
 
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 
-class JsonBodyMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] in BODY_METHODS:
-            headers = Headers(scope=scope)
-            if _has_body(headers) and not _is_json(headers.get("content-type", "")):
-                response = error_response(415, "A request body must be sent as 'Content-Type: application/json'.",
-                                          "invalid_request_error", "unsupported_media_type",
-                                          param="Content-Type")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def unsupported_media_type(scope: Scope, headers: Headers) -> Response | None:
+    """The 415 for an HTTP request whose body is not declared JSON; None for any other."""
+    if scope["method"] not in BODY_METHODS or not _has_body(headers) or _is_json(headers.get("content-type", "")):
+        return None
+    return error_response(415, "A request body must be sent as 'Content-Type: application/json'.",
+                          "invalid_request_error", "unsupported_media_type", param="Content-Type")
 
 
 def _has_body(headers: Headers) -> bool:

@@ -6,8 +6,9 @@ Three places produce errors and all end up here:
 - AHC's own code raises `ahc.core.errors.AHCError` subclasses; one exception handler answers them.
 - Request bodies and queries are typed: FastAPI's validation errors become 400s naming the parameter.
 - vLLM's routes answer `{"error": {...}}` with its exception names as `type` ("BadRequestError"), and
-  Starlette answers unknown routes with `{"detail": ...}`; a middleware rewrites those bodies into
-  OpenAI's vocabulary, since clients written against OpenAI branch on `type`.
+  Starlette answers unknown routes with `{"detail": ...}`; the gateway (server/http/gateway.py) rewrites
+  those bodies with `normalise` into OpenAI's vocabulary, since clients written against OpenAI branch on
+  `type`.
 Inside AHC's own routers (`AHCRoute`), any other exception is a bug and is answered 500, never a 400.
 """
 
@@ -22,9 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ahc.core.errors import AHCError
 
@@ -108,23 +107,10 @@ async def internal_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(500, f"internal server error ({type(cause).__name__})")
 
 
-def install_error_handling(app: FastAPI, engine_label: str | None = None) -> None:
-    """The handlers above on `app`, and the middleware that reshapes everyone else's error bodies (and
-    labels every response with `engine_label`, on the emulated engine), as the outermost middleware
-    (installed last, it reshapes and labels the other middlewares' refusals too)."""
+def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AHCError, ahc_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(InternalError, internal_error_handler)
-    add_middleware(app, Middleware(ErrorShapeMiddleware, label=engine_label))
-
-
-def add_middleware(app: FastAPI, middleware: Middleware) -> None:
-    """Add an outermost middleware even though vLLM's app has already built its stack once."""
-    app.user_middleware.insert(0, middleware)
-    app.middleware_stack = None  # rebuilt on the first request, with ours in it
-
-
-ENGINE_HEADER = b"x-ahc-engine"  # the emulated engine's label, on every response
 
 
 class InternalError(Exception):
@@ -177,48 +163,3 @@ def normalise(status: int, body: bytes, anthropic: bool = False) -> bytes:
     if anthropic:
         return json.dumps(anthropic_error_body(status, message or f"HTTP {status}")).encode()
     return json.dumps(error_body(status, message or f"HTTP {status}", openai_type(status), code, param)).encode()
-
-
-class ErrorShapeMiddleware:
-    """Reshapes every error body into the API's shape and, on the emulated engine, labels every response
-    (`X-AHC-Engine: emulated:PROFILE`, so a figure measured through the API cannot travel without its
-    label, whatever the client keeps of the body). One wrapper over `send`, the only one a streamed
-    chunk passes through: a success's chunks go straight on."""
-
-    def __init__(self, app: ASGIApp, label: str | None = None) -> None:
-        self.app = app
-        self.label = None if label is None else (ENGINE_HEADER, label.encode())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        chunks: list[bytes] = []
-        anthropic = is_anthropic(scope["path"].removeprefix(scope.get("root_path", "")))
-        label = self.label
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                if label is not None:
-                    message = {**message, "headers": [*message.get("headers", []), label]}
-                if message["status"] >= 400:
-                    start = message
-                    return
-                await send(message)
-                return
-            if start is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            body = normalise(start["status"], b"".join(chunks), anthropic)
-            headers = [(k, v) for k, v in start.get("headers", [])
-                       if k.lower() not in (b"content-length", b"content-type")]
-            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            await send({**start, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-
-        await self.app(scope, receive, send_wrapper)

@@ -4,7 +4,7 @@ as OpenAI's clients send it, or `x-api-key: KEY` as Anthropic's do.
 Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, docs and whatever a later
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
-work. Each key is a tenant (server/tenancy/tenants.py): the middleware makes the key's tenant the request's.
+work. Each key is a tenant (server/tenancy/tenants.py): the check makes the key's tenant the request's.
 An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them.
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
@@ -31,11 +31,11 @@ AUDIT_PREFIX = "/v1/audit"
 _WS_POLICY_VIOLATION = 1008
 
 
-class ApiKeyMiddleware:
-    """Authenticates the key and makes its tenant the request's (`current_tenant`)."""
+class ApiKeyCheck:
+    """The gateway's `Guard` (server/http/gateway.py): authenticates the key and makes its tenant the
+    request's (`current_tenant`), on HTTP and WebSocket requests."""
 
-    def __init__(self, app: ASGIApp, keys: TenantKeys) -> None:
-        self.app = app
+    def __init__(self, keys: TenantKeys) -> None:
         self._keys = keys
 
     def _tenant(self, headers: Headers) -> Tenant | None:
@@ -46,42 +46,36 @@ class ApiKeyMiddleware:
         anthropic_key = headers.get("x-api-key")
         return self._keys.tenant_for(anthropic_key) if anthropic_key is not None else None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):  # lifespan
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
+    async def __call__(self, scope: Scope, headers: Headers) -> ASGIApp | None:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         tenant = self._tenant(headers)
         open_path = path in OPEN_PATHS or _is_ui_shell(scope, path)
         if tenant is not None and not open_path and tenant.auditor != _is_audit(path):
-            await _refuse(scope, receive, send, "An auditor's key reads the audit log (/v1/audit) and nothing else."
-                          if tenant.auditor else "The audit log (/v1/audit) is read with an auditor's key.")
-            return
+            return _refusal(scope, "An auditor's key reads the audit log (/v1/audit) and nothing else."
+                            if tenant.auditor else "The audit log (/v1/audit) is read with an auditor's key.")
         if tenant is not None:
             current_tenant.set(tenant)  # this request's task only: each request runs in its own
-            await self.app(scope, receive, send)
-            return
+            return None
         if open_path or _is_cors_preflight(scope, headers):
-            await self.app(scope, receive, send)
-            return
+            return None
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
-            return
-        response = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' or "
-                                  "'x-api-key: KEY'.", "authentication_error", "invalid_api_key")
-        await response(scope, receive, send)
+            return _close_websocket
+        return error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' or "
+                              "'x-api-key: KEY'.", "authentication_error", "invalid_api_key")
 
 
 def _is_audit(path: str) -> bool:
     return path == AUDIT_PREFIX or path.startswith(AUDIT_PREFIX + "/")
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+def _refusal(scope: Scope, message: str) -> ASGIApp:
     if scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
-        return
-    await error_response(403, message, "permission_error", "wrong_role")(scope, receive, send)
+        return _close_websocket
+    return error_response(403, message, "permission_error", "wrong_role")
+
+
+async def _close_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
 
 
 def _is_ui_shell(scope: Scope, path: str) -> bool:
