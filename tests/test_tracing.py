@@ -139,9 +139,9 @@ def test_a_chat_request_is_one_trace_from_the_client_through_ahc_to_the_engine(
     assert generated > 0 and (stream or generated == response.json()["usage"]["completion_tokens"])
     assembled = only(spans, "ahc.prompt.assemble").attributes or {}
     assert assembled[SESSION_ID] == "s1" and assembled[PROMPT_TOKENS] > 0 and INPUT_TOKENS not in assembled
-    # two flushes: the reply's tokens, then its turn record (committed before the response ends)
+    # one flush: the reply's tokens and its turn record, committed together before the response ends
     flushes = [s for s in spans.get_finished_spans() if s.name == "ahc.record.flush"]
-    assert len(flushes) == 2 and all((s.attributes or {})[SESSION_ID] == "s1" for s in flushes)
+    assert len(flushes) == 1 and all((s.attributes or {})[SESSION_ID] == "s1" for s in flushes)
 
 
 def test_the_request_span_is_a_genai_chat_with_the_requests_parameters_and_the_engines_response(

@@ -23,7 +23,7 @@ from server.admission.turn_admission import Asked
 from server.chat.protocol import ChatCall
 from server.chat.stream_reply import ReplyAccumulator
 from server.emulation.grammar import refuse_chat_grammar
-from server.pipeline.turn_pipeline import TurnPipeline, made_durable, report_json
+from server.pipeline.turn_pipeline import TurnPipeline, report_json
 from server.runtime import Runtime
 from server.tenancy.request_context import EngineUsage, current_usage
 from server.tenancy.tenants import Tenant
@@ -50,8 +50,8 @@ class ChatDoorCall:
         return self.call.asked
 
     @property
-    def streamed(self) -> bool:
-        return bool(self.call.request.stream) and (self.call.request.n or 1) == 1
+    def holds_end(self) -> bool:
+        return not self.call.request.stream or (self.call.request.n or 1) == 1
 
     def refuse(self, runtime: Runtime) -> None:
         refuse_chat_grammar(runtime.config.engine.emulate, self.call.request)
@@ -106,10 +106,11 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: RequestTu
     The event loop serves every stream: a chunk goes out as vLLM wrote it, parsed only when the reply
     needs what it holds, and only the chunk with the report is written anew.
 
-    The reply is durable before the client sees it finish: with `usage.durable` (the engine handed its
-    last output on without waiting), the chunk that finishes the reply is held until the reply's rows
-    are committed. Its last tokens go out first, in a chunk of their own, so that wait never lengthens
-    the gap before the last token; the finish follows with an empty delta, as OpenAI's streams end."""
+    The reply is durable before the client sees it finish: with `usage.route_holds_end` (the engine
+    handed its last output on without waiting), the chunk that finishes the reply is held until the
+    reply's rows are committed and the turn settled (`TurnPipeline.settle_durably`). Its last tokens go
+    out first, in a chunk of their own, so that wait never lengthens the gap before the last token; the
+    finish follows with an empty delta, as OpenAI's streams end."""
     # The reply's text is kept where the turn needs it: a session's State, or the conversation's chain, which
     # the client's next request (with this reply resent) must match. Its tool calls are recorded in any case.
     accumulator = ReplyAccumulator(text=turn.prepared.session is not None or turn.prepared.conversation is not None)
@@ -127,8 +128,8 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: RequestTu
                 payload = event[6:] if event.startswith("data: ") else ""
                 if payload == "[DONE]":
                     if held:  # no finish chunk came (an error): the rows still go first
-                        held = False
-                        if (failure := await made_durable(usage)) is not None:
+                        held, settled = False, True
+                        if (failure := await pipeline.settle_durably(turn, None)) is not None:
                             yield "\n\n".join([*out, "data: " + json.dumps(failure), "data: [DONE]", ""])
                             return
                     if not settled:
@@ -143,12 +144,13 @@ async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: RequestTu
                         event = "data: " + json.dumps(data, ensure_ascii=False)
                         report_due, rewritten = False, True
                     if held and accumulator.finished:
-                        held, rewritten = False, True
+                        held, settled, rewritten = False, True, True
                         tokens, finish = split_finish(data)
                         if tokens is not None:
                             yield "\n\n".join([*out, "data: " + json.dumps(tokens, ensure_ascii=False), ""])
                             out = []
-                        if (failure := await made_durable(usage)) is not None:
+                        reply = accumulator.message()
+                        if (failure := await pipeline.settle_durably(turn, reply)) is not None:
                             yield "\n\n".join([*out, "data: " + json.dumps(failure), "data: [DONE]", ""])
                             return
                         event = "data: " + json.dumps(finish, ensure_ascii=False)

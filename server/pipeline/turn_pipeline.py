@@ -8,12 +8,15 @@ and where the reply and the cache report sit in its response.
 
 A JSON response settles here. A stream is the door's to transform (`DoorCall.stream`): it settles the
 turn when the reply completes, holding the event that ends the reply until the reply's rows are
-committed (`made_durable`), after the reply's last tokens have gone out. A settled turn whose response
-went out whole (the JSON body, or the stream's last event) is delivered: no retry takes its place."""
+committed (`settle_durably`), after the reply's last tokens have gone out. A settled turn whose response
+went out whole (the JSON body, or the stream's last event) is delivered: no retry takes its place.
+
+A reply's token rows, its tool calls and its turn record are made durable by one commit, which the door
+waits for before its reply ends: the engine hands its last output on without waiting (`holds_end`).
+Short agent turns end many times a second, and each wait for a commit is a wait the client sees."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol, cast
@@ -31,7 +34,7 @@ from server.http.session_key import HEADER, header_value
 from server.pipeline.turn_stream import TurnStream
 from server.runtime import Runtime
 from server.telemetry.request_telemetry import RequestTelemetry
-from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
+from server.tenancy.request_context import current_session, current_tenant, current_usage
 from server.tenancy.tenants import Tenant
 
 
@@ -49,8 +52,9 @@ class DoorCall(Protocol):
         """What it asks to generate (admission's and the orchestrator's budget)."""
 
     @property
-    def streamed(self) -> bool:
-        """A single streamed reply: its end is held for the reply's rows (`made_durable`)."""
+    def holds_end(self) -> bool:
+        """The door makes the reply durable itself before the client sees it end (a JSON body, a single
+        streamed reply): the engine then hands its last output on without waiting for the commit."""
 
     def refuse(self, runtime: Runtime) -> None:
         """What the server cannot serve, refused (a 4xx) before any session is touched."""
@@ -89,8 +93,8 @@ class TurnPipeline:
             await self.record_inputs(turn)
             current_session.set(turn.session_id)
             usage = current_usage.get()
-            if usage is not None and call.streamed:
-                usage.route_holds_end = True  # the stream's end waits for the reply's rows (made_durable)
+            if usage is not None and call.holds_end:
+                usage.route_holds_end = True  # one commit for the reply's tokens and its turn (settle_durably)
             response = await call.generate(turn, raw_request)
             if isinstance(response, StreamingResponse):  # settled by the stream, when it ends
                 chunks = cast("AsyncIterable[str | bytes]", response.body_iterator)  # vLLM's SSE chunks are str
@@ -140,6 +144,8 @@ class TurnPipeline:
         reply = call.reply(body)
         if reply is not None:
             await self.settle(turn, reply)
+        else:  # nothing to settle; the tokens are still durable before the body goes out
+            await self.runtime.recorder.aflush(session_id=turn.session_id)
         body = await call.settled(turn, body, reply or {})
         body["context"] = report
         headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
@@ -148,15 +154,34 @@ class TurnPipeline:
         return JSONResponse(body, status_code=200, headers=headers, background=BackgroundTask(turn.delivered))
 
     async def settle(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
-        """A completed reply: its tool calls and the turn record are recorded and committed (a client that
-        reads its session once it has the reply finds the turn there), and it joins the session's State."""
+        """A completed reply: its tool calls and the turn record are recorded and committed with its tokens
+        (a client that reads its session once it has the reply finds the turn there), and it joins the
+        session's State."""
+        self.record_end(turn, reply)
+        await self.runtime.recorder.aflush(session_id=turn.session_id)
+        await turn.commit(reply)
+
+    async def settle_durably(self, turn: RequestTurn, reply: dict[str, Any] | None) -> dict[str, Any] | None:
+        """`settle` for a stream whose end is held (None: a reply that never completed, its tokens made
+        durable only); the error event that ends the stream instead when the rows could not be committed,
+        the turn then not committed."""
+        if reply is not None:
+            self.record_end(turn, reply)
+        try:
+            await self.runtime.recorder.aflush(session_id=turn.session_id)
+        except Exception as exc:  # as vLLM reports an engine failure mid-stream
+            return error_body(500, f"the reply could not be recorded: {exc}", "server_error")
+        if reply is not None:
+            await turn.commit(reply)
+        return None
+
+    def record_end(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
+        """The reply's tool calls and the turn record, queued after its tokens."""
         recorder, usage = self.runtime.recorder, current_usage.get()
         recorder.record_reply(turn.prepared, reply)
         recorder.record_turn(turn.prepared, usage)
         if usage is not None and usage.texts is not None:  # the trace records the conversation
             usage.reply = reply
-        await recorder.aflush(session_id=turn.session_id)
-        await turn.commit(reply)
 
 
 def session_header(turn: RequestTurn) -> str:
@@ -167,15 +192,3 @@ def session_header(turn: RequestTurn) -> str:
 def report_json(turn: RequestTurn) -> dict[str, Any]:
     """The cache report, naming the session as the client does."""
     return turn.report.to_json(current_tenant.get().unscope(turn.session_id))
-
-
-async def made_durable(usage: EngineUsage | None) -> dict[str, Any] | None:
-    """Until the engine's last output is recorded and committed (a client going away meanwhile does not
-    cancel the recording); the error that ends the stream instead when it could not be."""
-    if usage is None or usage.durable is None:
-        return None
-    try:
-        await asyncio.shield(usage.durable)
-    except Exception as exc:  # as vLLM reports an engine failure mid-stream; the turn is not committed
-        return error_body(500, f"the reply could not be recorded: {exc}", "server_error")
-    return None

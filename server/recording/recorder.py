@@ -367,13 +367,13 @@ class RecordingEngine:
                     finished = True
                     # A completed reply is durable before the client sees it complete (kill -9 safe);
                     # the tokens themselves were never held up by the disk. A route that holds the
-                    # end of its stream waits for it there, so the last token is not held up either.
-                    ending = self._make_durable(list(streams.values()), xdb_session)
-                    if usage is not None and usage.route_holds_end:
-                        usage.durable = asyncio.ensure_future(ending)
-                        usage.durable.add_done_callback(_log_durable_failure)
-                    else:
-                        await ending
+                    # end of its reply commits the tokens with its turn's own rows, in one wait (so the
+                    # last token is not held up either); for any other, the commit is waited for here.
+                    for stream in streams.values():
+                        stream.finish()
+                    if usage is None or not usage.route_holds_end:
+                        # Committed once the writer has joined the last tokens' activations (a bounded wait).
+                        await self._recorder.aflush(session_id=xdb_session)
                 yield output
         finally:
             if self._returns is not None:
@@ -394,12 +394,6 @@ class RecordingEngine:
             return str(lora_request.lora_name)
         return str(self._engine.model_config.served_model_name)
 
-    async def _make_durable(self, streams: list[TokenStream], xdb_session: str) -> None:
-        for stream in streams:
-            stream.finish()
-        # Committed once the writer has joined the last tokens' activations (a bounded wait there).
-        await self._recorder.aflush(session_id=xdb_session)
-
 
 def with_salt(prompt: Any, salt: str) -> Any:
     """An engine prompt (text, a prompt dict, an engine request) with `salt` as its prefix-cache salt."""
@@ -411,11 +405,6 @@ def with_salt(prompt: Any, salt: str) -> Any:
         prompt.cache_salt = salt
         return prompt
     raise TypeError(f"cannot salt an engine prompt of type {type(prompt).__name__}")
-
-
-def _log_durable_failure(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("a reply's rows could not be made durable: %s", future.exception())
 
 
 def _log_compaction_failure(future: Future[Any]) -> None:

@@ -45,7 +45,7 @@ from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
 from server.http.retry_headers import request_retry
 from server.http.session_key import HEADER, SessionKey, session_key
-from server.pipeline.turn_pipeline import TurnPipeline, made_durable, report_json
+from server.pipeline.turn_pipeline import TurnPipeline, report_json
 from server.responses.protocol import (
     CONVERSATION,
     conversation_id,
@@ -61,7 +61,6 @@ from server.responses.protocol import (
 )
 from server.runtime import Runtime
 from server.telemetry.request_telemetry import RequestTelemetry
-from server.tenancy.request_context import current_usage
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb.responses import StoredResponse, state_digest
@@ -114,8 +113,8 @@ class ResponsesDoorCall:
         return Asked.of(self.request.max_output_tokens, 1)
 
     @property
-    def streamed(self) -> bool:
-        return bool(self.request.stream)
+    def holds_end(self) -> bool:
+        return True  # one output item: the stream holds `response.completed`, a JSON body settles before it goes
 
     def refuse(self, runtime: Runtime) -> None:
         refuse_responses_grammar(runtime.config.engine.emulate, self.request)
@@ -238,7 +237,7 @@ class ResponsesDoorCall:
         committed (its last tokens have gone out before it) and the turn has settled; the turn closes when
         the stream ends."""
         assert self.exchange is not None
-        usage, sent = current_usage.get(), 0
+        sent = 0
         try:
             async for chunk in chunks:
                 text = chunk.decode() if isinstance(chunk, bytes) else chunk
@@ -253,13 +252,12 @@ class ResponsesDoorCall:
                 if kind == "response.created":
                     data["response"]["context"] = report_json(turn)
                 if kind == "response.completed":
-                    if (failure := await made_durable(usage)) is not None:
+                    reply = reply_of(data["response"].get("output") or [])
+                    if (failure := await pipeline.settle_durably(turn, reply)) is not None:
                         error = {"type": "error", "code": "server_error", "message": failure["error"]["message"],
                                  "param": None, "sequence_number": sent}
                         yield f"event: error\ndata: {json.dumps(error)}\n\n"
                         return
-                    reply = reply_of(data["response"].get("output") or [])
-                    await pipeline.settle(turn, reply)
                     await self.settled(turn, data["response"], reply)
                 sent += 1
                 yield f"{name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"

@@ -7,7 +7,6 @@ threading them through vLLM's code.
 
 from __future__ import annotations
 
-import asyncio
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -32,11 +31,10 @@ class EngineUsage:
     texts: dict[int, list[str]] | None = None
     # With `texts`: the reply as its door settled it (tool calls parsed), once it has.
     reply: dict[str, Any] | None = None
-    # Set by a route that streams one choice and holds the end of its stream until the reply is
-    # durable itself (the chat route): the engine then hands its last output on at once, and
-    # `durable` is done once the reply's rows are committed.
+    # Set by a route that makes the reply durable itself before the client sees it end (a JSON body, a
+    # stream of one choice): the engine hands its last output on at once, its tokens queued, and the
+    # route commits them with the turn's own rows (server/pipeline/turn_pipeline.py).
     route_holds_end: bool = False
-    durable: asyncio.Future[None] | None = None
 
     def saw(self, output: Any, delta: bool) -> None:
         """Read from each of the engine's outputs (a vLLM RequestOutput); `delta`: each output holds only
