@@ -202,7 +202,8 @@ def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
     return {"profile": profile.name, "model": profile.description, "device": device,
             "load": f"{load.clients} streaming clients x {load.requests} chat requests x {load.max_tokens} tokens "
                     f"(ignore_eos), one asyncio client; {rounds} measured rounds after a warm-up each",
-            "latency": "TTFT: request sent to first content chunk; ITL: gaps between content chunks; "
+            "latency": "TTFT: request sent to first content chunk; ITL: gaps between content chunks; end_wait: "
+                       "last content chunk to the stream's end (AHC holds the finish for the reply's commit); "
                        "percentiles over every reply of the measured rounds"}
 
 

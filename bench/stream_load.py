@@ -51,13 +51,21 @@ class Target:
 
 @dataclass
 class TimedReply:
-    """One streamed reply: when it was sent, when each chunk with content arrived (perf_counter
-    seconds), its completion tokens (from the usage chunk), and AHC's XDB session of it."""
+    """One streamed reply: when it was sent, when each chunk with content arrived and when the stream
+    ended (perf_counter seconds), its completion tokens (from the usage chunk), and AHC's XDB session
+    of it."""
 
     sent: float
     chunk_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     session_id: str | None = None
+    ended: float | None = None
+
+    @property
+    def end_wait(self) -> float | None:
+        """From the last token to the stream's end: what a client waits for the reply's finish (on AHC,
+        the commit that makes the reply durable before it ends)."""
+        return None if self.ended is None or not self.chunk_times else self.ended - self.chunk_times[-1]
 
     @property
     def ttft(self) -> float:
@@ -148,12 +156,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def latency_ms(rounds: Sequence[Round]) -> dict[str, float]:
-    """TTFT and inter-token latency p50/p99 in ms, over every reply of the rounds together (p99 of one
-    round's 32 TTFTs would be its slowest one)."""
+    """TTFT, inter-token latency and the wait from last token to the stream's end, p50/p99 in ms, over
+    every reply of the rounds together (p99 of one round's 32 TTFTs would be its slowest one)."""
     ttfts = [r.ttft for rnd in rounds for r in rnd.replies if r.chunk_times]
     gaps = [g for rnd in rounds for r in rnd.replies for g in r.gaps()]
+    ends = [w for rnd in rounds for r in rnd.replies if (w := r.end_wait) is not None]
     return {"ttft_p50_ms": percentile(ttfts, 50) * 1e3, "ttft_p99_ms": percentile(ttfts, 99) * 1e3,
-            "itl_p50_ms": percentile(gaps, 50) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3}
+            "itl_p50_ms": percentile(gaps, 50) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3,
+            "end_wait_p50_ms": percentile(ends, 50) * 1e3, "end_wait_p99_ms": percentile(ends, 99) * 1e3}
 
 
 def parse_event(line: bytes, reply: TimedReply, now: float) -> None:
@@ -181,6 +191,7 @@ async def one_reply(session: aiohttp.ClientSession, target: Target, load: Load, 
             raise RuntimeError(f"{target.base_url} answered {response.status}: {(await response.text())[:500]}")
         async for line in response.content:
             parse_event(line, reply, time.perf_counter())
+    reply.ended = time.perf_counter()
     return reply
 
 

@@ -50,13 +50,16 @@ def test_percentile_matches_numpy(q: float) -> None:
 
 def test_latency_from_chunk_times() -> None:
     # Two replies sent at t=0: first content at 0.1 and 0.3 s, then chunks 10 ms and 30 ms apart.
-    replies = [TimedReply(sent=0.0, chunk_times=[0.1, 0.11, 0.12, 0.13], completion_tokens=4),
-               TimedReply(sent=0.0, chunk_times=[0.3, 0.33], completion_tokens=2)]
+    # The streams end 20 ms and 60 ms after their last tokens.
+    replies = [TimedReply(sent=0.0, chunk_times=[0.1, 0.11, 0.12, 0.13], completion_tokens=4, ended=0.15),
+               TimedReply(sent=0.0, chunk_times=[0.3, 0.33], completion_tokens=2, ended=0.39)]
     figures = latency_ms([Round(replies, wall_s=1.0, client_cpu_s=0.0, api_cpu_s=None)])
     assert figures["ttft_p50_ms"] == pytest.approx(200)
     assert figures["ttft_p99_ms"] == pytest.approx(100 + 200 * 0.99)
     assert figures["itl_p50_ms"] == pytest.approx(10)
     assert figures["itl_p99_ms"] == pytest.approx(10 + 20 * 0.97)  # gaps 10, 10, 10, 30 ms
+    assert figures["end_wait_p50_ms"] == pytest.approx(40)
+    assert figures["end_wait_p99_ms"] == pytest.approx(20 + 40 * 0.99)
 
 
 def test_cpu_per_token_and_the_medians_across_rounds() -> None:
