@@ -298,7 +298,11 @@ class XDB(SessionMethods, LakeMethods):
         (`@writes`), given the audit log's event hook (None when opened read-only, where nothing is written)."""
         check_entry(fn, "write")
         with self._write_lock, self.cursor() as cur:
-            return fn(cur, self.audit_event if self.audit is not None else None, *args, **kwargs)
+            try:
+                return fn(cur, self.audit_event if self.audit is not None else None, *args, **kwargs)
+            finally:
+                if self.writer is not None:  # e.g. a tag made a bud is no concept tag to auto-tag with
+                    self.writer.invalidate_auto_tags()
 
     # -- recording -----------------------------------------------------------------------------
     def next_ticks(self, session_id: str, n: int = 1) -> range:
@@ -436,7 +440,7 @@ class XDB(SessionMethods, LakeMethods):
                                                description=description)
                 return tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
             finally:
-                self.tag_cache.invalidate()
+                self._tags_changed()
 
     @service_after_flush
     def comment(self, content: str, *, timestep_id: int | None = None, session_id: str | None = None,
@@ -453,7 +457,13 @@ class XDB(SessionMethods, LakeMethods):
             try:
                 return tags.get_or_create_tag(cur, name, tag_type=tag_type, **fields)
             finally:
-                self.tag_cache.invalidate()
+                self._tags_changed()
+
+    def _tags_changed(self) -> None:
+        """Tags may have been made or changed: recall's tag list and the writer's auto-tag map reload."""
+        self.tag_cache.invalidate()
+        if self.writer is not None:
+            self.writer.invalidate_auto_tags()
 
     # -- documents -----------------------------------------------------------------------------
     @service

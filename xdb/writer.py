@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ahc.core.errors import Unavailable
+from xdb import auto_tags
 from xdb.activation_join import ActivationJoiner
 from xdb.audit import AuditLog, PreparedBatch
 from xdb.checkpoints import QuietCheckpoints
@@ -87,28 +88,6 @@ def spans(parts: list[Part]) -> list[PartSpan]:
     return out
 
 
-# The tags of the batch's tokens whose activation of a concept reaches its threshold
-# (concept_hierarchy.threshold, from the lens pack): AUTO on each such token, and INHERITED on the
-# parent concept over the span of each reply in which any of its children fired. One statement over
-# `xdb_fired`, the batch's (token, concept) pairs that `over_threshold` found in numpy: every statement
-# over a registered table costs ms of the writer's CPU, and with a lens that fires often this ran on
-# every batch (five statements: the largest part of capture's cost on a small model).
-AUTO_TAGS = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, range_start, range_end,
-                                          confidence, source, created_at)
-    WITH fired AS (
-        SELECT u.id, u.session_id, u.tick, u.request_id, u.v, g.id AS tag_id, pg.id AS parent_tag_id
-        FROM xdb_fired u
-        JOIN concepts c ON c.id = u.cid
-        JOIN concept_hierarchy h ON h.concept = c.name AND h.threshold IS NOT NULL AND u.v >= h.threshold
-        JOIN tags g ON g.tag_type = 'concept' AND g.concept_id = h.concept
-        LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent)
-    SELECT tag_id, session_id, 'timestep', id, NULL, NULL, greatest(0.0, least(1.0, v)), 'auto', now() FROM fired
-    UNION ALL
-    SELECT parent_tag_id, session_id, 'range', NULL, min(tick), max(tick), greatest(0.0, least(1.0, max(v))),
-           'inherited', now()
-    FROM fired WHERE parent_tag_id IS NOT NULL GROUP BY parent_tag_id, session_id, request_id"""
-
-
 def over_threshold(table: pa.Table, thresholds: np.ndarray) -> pa.Table | None:
     """The batch's (token, concept) pairs whose activation reaches the concept's threshold
     (`thresholds[concept id]`, NaN: none), as `id, session_id, tick, request_id, cid, v`; None if
@@ -132,14 +111,11 @@ def over_threshold(table: pa.Table, thresholds: np.ndarray) -> pa.Table | None:
 
 
 def insert_auto_tags(conn: duckdb.DuckDBPyConnection, fired: pa.Table) -> int:
-    """Within the batch's transaction: the AUTO and INHERITED tags of `fired` (`over_threshold`);
-    returns how many tag applications were made."""
-    conn.register("xdb_fired", fired)
-    try:
-        made = conn.execute(AUTO_TAGS).fetchone()
-        return int(made[0]) if made else 0
-    finally:
-        conn.unregister("xdb_fired")
+    """Within the batch's transaction: the AUTO and INHERITED tags of `fired` (`over_threshold`),
+    joined to their tags in numpy (xdb/auto_tags.py), in one insert or none; returns how many tag
+    applications were made."""
+    made = auto_tags.tag_map(conn).applications(fired)
+    return 0 if made is None else auto_tags.insert_applications(conn, made)
 
 
 def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]],
@@ -160,6 +136,7 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
         try:
             if new_concepts:
                 conn.execute("INSERT INTO concepts SELECT id, name FROM xdb_new_concepts")
+                auto_tags.forget(conn)  # a new concept may be one the hierarchy has a threshold for
             conn.execute(f"INSERT INTO timesteps ({cols}) SELECT {cols} FROM xdb_batch")
             # Literals, not scans of the batch: each statement over the registered table costs a
             # millisecond of CPU, a fifth of a small batch's insert.
@@ -405,6 +382,11 @@ class Writer:
         with self._thresholds_lock:
             self._auto_tag_thresholds = dict(thresholds) if thresholds else None
             self._threshold_by_id = None
+        self.invalidate_auto_tags()
+
+    def invalidate_auto_tags(self) -> None:
+        """Concepts, their hierarchy or tags changed: the next batch's auto tags see the change."""
+        auto_tags.forget(self._conn)
 
     @property
     def auto_tag_floor(self) -> float | None:

@@ -1,0 +1,64 @@
+"""The writer's cached auto-tag map (xdb/auto_tags.py) follows every change to what it caches: a
+threshold changed mid-run, a concept tag made a bud, a concept first seen after the map was loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xdb import XDB, TimestepRow
+from xdb.owner import EVERY
+from xdb.tags import set_bud_status
+
+HIERARCHY = [{"id": "motion", "name": "Motion", "parent": None, "threshold": None},
+             {"id": "right", "name": "Moves right", "parent": "motion", "threshold": 0.5},
+             {"id": "left", "name": "Moves left", "parent": "motion", "threshold": 0.5}]
+
+
+def write(xdb: XDB, request: str, acts: dict[str, float]) -> int:
+    """One token of session s with these activations, committed; returns its tick."""
+    (tick,) = xdb.next_ticks("s", 1)
+    xdb.writer.submit([TimestepRow("s", tick, "output", "assistant", f"w{tick}", request_id=request,
+                                   concept_activations=acts, activation_source="hidden_state")])
+    xdb.writer.flush()
+    return tick
+
+
+def tagged(xdb: XDB, tag: str) -> list[int]:
+    return [r["tick"] for r in xdb.recall({"tags": tag}, owner=EVERY)]
+
+
+@pytest.fixture
+def xdb(tmp_path: Path) -> Iterator[XDB]:
+    with XDB.open(tmp_path / "x") as db:
+        db.register_concepts(HIERARCHY)
+        yield db
+
+
+def test_a_threshold_changed_mid_run_changes_what_fires_next(xdb: XDB) -> None:
+    first = write(xdb, "r1", {"right": 0.6})
+    xdb.register_concepts([{**HIERARCHY[1], "threshold": 0.7}])
+    write(xdb, "r2", {"right": 0.6})  # under the new threshold
+    third = write(xdb, "r3", {"right": 0.75})
+    assert tagged(xdb, "right") == [first, third]
+    xdb.register_concepts([{**HIERARCHY[1], "parent": None}])  # no parent any more: nothing inherited
+    fourth = write(xdb, "r4", {"right": 0.8})
+    assert tagged(xdb, "right") == [first, third, fourth]
+    assert tagged(xdb, "motion") == [first, third]
+
+
+def test_a_concept_tag_made_a_bud_stops_firing(xdb: XDB) -> None:
+    first = write(xdb, "r1", {"right": 0.9})
+    xdb.write(set_bud_status, "right", "collecting")
+    write(xdb, "r2", {"right": 0.9})
+    assert tagged(xdb, "right") == [first]
+    assert tagged(xdb, "motion") == [first]
+
+
+def test_a_concept_first_seen_after_the_map_was_loaded_fires(xdb: XDB) -> None:
+    first = write(xdb, "r1", {"right": 0.9})  # loads the map: `left` is in no activation yet
+    second = write(xdb, "r2", {"left": 0.9})
+    assert tagged(xdb, "right") == [first] and tagged(xdb, "left") == [second]
+    assert tagged(xdb, "motion") == [first, second]

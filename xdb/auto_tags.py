@@ -1,0 +1,149 @@
+"""The tags a batch's activations earn as it is written, computed in numpy from a cached map.
+
+A token whose activation of a concept reaches the concept's threshold (concept_hierarchy.threshold,
+from the lens pack) gets the concept's tag (source `auto`, on the timestep), and the concept's parent
+gets an `inherited` range tag over the span of each reply in which any of its children fired. This
+was one SQL statement joining the batch's fired pairs with `concepts`, `concept_hierarchy` and `tags`
+on every batch (~4 ms of the writer's CPU a batch, the planning of a four-way join); the join's
+right side changes only when concepts, the hierarchy or tags do, so it is read once into
+`AutoTagMap` (its rows: concept id, threshold, tag id, parent tag id) and the join runs in numpy.
+The writer reloads the map when it is told they changed (`Writer.invalidate_auto_tags`) and when a
+batch registers new concepts.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# The join the SQL made, one row a (concept, tag, parent tag) match; several concept tags may name one
+# concept, and each match tags the token (as the join did).
+MAP_QUERY = """SELECT c.id, h.threshold, g.id, coalesce(pg.id, -1)
+    FROM concepts c
+    JOIN concept_hierarchy h ON h.concept = c.name AND h.threshold IS NOT NULL
+    JOIN tags g ON g.tag_type = 'concept' AND g.concept_id = h.concept
+    LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent
+    ORDER BY 1, 3, 4"""
+
+INSERT = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, range_start, range_end,
+                                          confidence, source, created_at)
+    SELECT tag_id, session_id, target_type, timestep_id, range_start, range_end, confidence, source, now()
+    FROM xdb_auto_tags"""
+
+SCHEMA = pa.schema([("tag_id", pa.int64()), ("session_id", pa.string()), ("target_type", pa.string()),
+                    ("timestep_id", pa.int64()), ("range_start", pa.int64()), ("range_end", pa.int64()),
+                    ("confidence", pa.float64()), ("source", pa.string())])
+
+
+@dataclass(frozen=True)
+class AutoTagMap:
+    """The (concept id, threshold, tag id, parent tag id or -1) rows, sorted by concept id."""
+
+    cids: np.ndarray
+    thresholds: np.ndarray
+    tag_ids: np.ndarray
+    parent_tag_ids: np.ndarray
+
+    @classmethod
+    def load(cls, conn: duckdb.DuckDBPyConnection) -> AutoTagMap:
+        rows = conn.execute(MAP_QUERY).fetchall()
+        cols = list(zip(*rows)) if rows else [(), (), (), ()]
+        return cls(np.array(cols[0], np.int64), np.array(cols[1], np.float64), np.array(cols[2], np.int64),
+                   np.array(cols[3], np.int64))
+
+    def matches(self, cids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For fired pairs (concept id, float32 value): (pair index, map row) of every map row of the
+        pair's concept whose threshold the value reaches (compared as DOUBLE, as the SQL did)."""
+        first = np.searchsorted(self.cids, cids, side="left")
+        counts = np.searchsorted(self.cids, cids, side="right") - first
+        pair = np.repeat(np.arange(len(cids)), counts)
+        row = np.repeat(first, counts) + np.arange(len(pair)) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep = values.astype(np.float64)[pair] >= self.thresholds[row]
+        return pair[keep], row[keep]
+
+    def applications(self, fired: pa.Table) -> pa.Table | None:
+        """The tag applications (SCHEMA) of `fired` (`id, session_id, tick, request_id, cid, v`, the
+        batch's pairs over a threshold): AUTO rows, then INHERITED ranges; None if there are none."""
+        values = fired.column("v").to_numpy()
+        pair, row = self.matches(fired.column("cid").to_numpy().astype(np.int64), values)
+        if not len(pair):
+            return None
+        taken = pa.array(pair)
+        v = values[pair]
+        auto = _rows(self.tag_ids[row], fired.column("session_id").take(taken), "timestep",
+                     fired.column("id").take(taken), None, None, v, "auto")
+        parents = self.parent_tag_ids[row] >= 0
+        if not parents.any():
+            return auto
+        under = pa.array(pair[parents])
+        spans = pa.table({"parent": self.parent_tag_ids[row][parents],
+                          "session_id": fired.column("session_id").take(under),
+                          "request_id": fired.column("request_id").take(under),
+                          "tick": fired.column("tick").take(under), "v": v[parents]})
+        groups = spans.group_by(["parent", "session_id", "request_id"], use_threads=False).aggregate(
+            [("tick", "min"), ("tick", "max"), ("v", "max")])
+        inherited = _rows(groups.column("parent").to_numpy(), groups.column("session_id"), "range", None,
+                          groups.column("tick_min"), groups.column("tick_max"),
+                          groups.column("v_max").to_numpy(), "inherited")
+        return pa.concat_tables([auto, inherited])
+
+
+def _rows(tag_ids: np.ndarray, sessions: pa.ChunkedArray | pa.Array, target: str,
+          timesteps: pa.ChunkedArray | pa.Array | None, starts: pa.ChunkedArray | None,
+          ends: pa.ChunkedArray | None, values: np.ndarray, source: str) -> pa.Table:
+    """Tag applications in SCHEMA; confidence is the value clipped to [0, 1] (exact: float32 in double)."""
+    n = len(tag_ids)
+    nulls = pa.nulls(n, pa.int64())
+    return pa.Table.from_arrays([
+        pa.array(tag_ids, pa.int64()), pc.cast(sessions, pa.string()), pa.array([target] * n, pa.string()),
+        nulls if timesteps is None else pc.cast(timesteps, pa.int64()),
+        nulls if starts is None else pc.cast(starts, pa.int64()), nulls if ends is None else pc.cast(ends, pa.int64()),
+        pa.array(np.clip(values.astype(np.float64), 0.0, 1.0)), pa.array([source] * n, pa.string())], schema=SCHEMA)
+
+
+def insert_applications(conn: duckdb.DuckDBPyConnection, made: pa.Table) -> int:
+    """Within the batch's transaction: insert the applications; returns how many."""
+    conn.register("xdb_auto_tags", made)
+    try:
+        conn.execute(INSERT)
+    finally:
+        conn.unregister("xdb_auto_tags")
+    return int(made.num_rows)
+
+
+class _Cached:
+    """A connection's map and the generation it was loaded at."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.loaded: tuple[int, AutoTagMap] | None = None
+
+
+_maps: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, _Cached] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def tag_map(conn: duckdb.DuckDBPyConnection) -> AutoTagMap:
+    """The map as `conn` sees it (read within its transaction), loaded once until `forget`."""
+    with _lock:
+        cached = _maps.setdefault(conn, _Cached())
+        generation, loaded = cached.generation, cached.loaded
+    if loaded is not None and loaded[0] == generation:
+        return loaded[1]
+    fresh = AutoTagMap.load(conn)
+    with _lock:
+        # A `forget` while this loaded may have come after the read: keep it only for that generation.
+        cached.loaded = (generation, fresh)
+    return fresh
+
+
+def forget(conn: duckdb.DuckDBPyConnection) -> None:
+    """Concepts, the hierarchy or tags changed: the next batch on `conn` reloads the map."""
+    with _lock:
+        _maps.setdefault(conn, _Cached()).generation += 1
