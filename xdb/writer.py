@@ -152,11 +152,13 @@ def append(conn: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
 
 
 def last_ticks(table: pa.Table) -> str:
-    """Each session's last tick in the batch, as the rows of a VALUES list."""
-    last = table.group_by("session_id").aggregate([("tick", "max")])
+    """Each session's last tick in the batch, as the rows of a VALUES list (sessions in order of first
+    appearance). In numpy: an Arrow group-by costs ~0.7 ms a call whatever its size."""
+    encoded = pc.dictionary_encode(table.column("session_id").combine_chunks())
+    last = np.full(len(encoded.dictionary), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, encoded.indices.to_numpy(zero_copy_only=False), table.column("tick").to_numpy())
     return ", ".join(f"({string_literal(session)}, {int(tick)})"
-                     for session, tick in zip(last.column("session_id").to_pylist(),
-                                              last.column("tick_max").to_pylist()))
+                     for session, tick in zip(encoded.dictionary.to_pylist(), last.tolist()))
 
 
 def set_last_timestep_id(conn: duckdb.DuckDBPyConnection, last_id: int) -> None:
