@@ -132,10 +132,7 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             append(conn, "concepts", pa.table({"id": pa.array(ids, pa.int32()), "name": pa.array(names, pa.string())}))
             auto_tags.forget(conn)  # a new concept may be one the hierarchy has a threshold for
         append(conn, "timesteps", table.select(list(TIMESTEP_COLUMNS)))
-        # Literals, not scans of the batch: each statement over the registered table costs a
-        # millisecond of CPU, a fifth of a small batch's insert.
-        conn.execute(f"INSERT INTO session_ticks VALUES {last_ticks(table)} ON CONFLICT (session_id) DO UPDATE "
-                     "SET last_tick = greatest(session_ticks.last_tick, excluded.last_tick)")
+        store_last_ticks(conn, table)
         set_last_timestep_id(conn, int(pc.max(table.column("id")).as_py()))
         fired = None if thresholds is None else over_threshold(table, thresholds)
         return 0 if fired is None else insert_auto_tags(conn, fired)
@@ -151,14 +148,27 @@ def append(conn: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
     conn.from_arrow(table).insert_into(name)
 
 
-def last_ticks(table: pa.Table) -> str:
-    """Each session's last tick in the batch, as the rows of a VALUES list (sessions in order of first
-    appearance). In numpy: an Arrow group-by costs ~0.7 ms a call whatever its size."""
+def store_last_ticks(conn: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
+    """Move each session's last tick in `session_ticks` on to the batch's. Literals, not scans of the
+    batch: each statement over the registered table costs a millisecond of CPU, a fifth of a small
+    batch's insert. An UPDATE first, at three quarters of an upsert's CPU; the upsert only when a
+    session has no row yet (its first batch, or a batch after its deletion)."""
+    last = last_ticks(table)
+    values = ", ".join(f"({string_literal(session)}, {tick})" for session, tick in last)
+    updated = conn.execute(f"UPDATE session_ticks SET last_tick = greatest(session_ticks.last_tick, v.t) "
+                           f"FROM (VALUES {values}) v(s, t) WHERE session_id = v.s").fetchone()
+    if updated is None or updated[0] < len(last):
+        conn.execute(f"INSERT INTO session_ticks VALUES {values} ON CONFLICT (session_id) DO UPDATE "
+                     "SET last_tick = greatest(session_ticks.last_tick, excluded.last_tick)")
+
+
+def last_ticks(table: pa.Table) -> list[tuple[str, int]]:
+    """Each session's last tick in the batch, sessions in order of first appearance. In numpy: an
+    Arrow group-by costs ~0.7 ms a call whatever its size."""
     encoded = pc.dictionary_encode(table.column("session_id").combine_chunks())
     last = np.full(len(encoded.dictionary), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last, encoded.indices.to_numpy(zero_copy_only=False), table.column("tick").to_numpy())
-    return ", ".join(f"({string_literal(session)}, {int(tick)})"
-                     for session, tick in zip(encoded.dictionary.to_pylist(), last.tolist()))
+    return list(zip(encoded.dictionary.to_pylist(), last.tolist()))
 
 
 def set_last_timestep_id(conn: duckdb.DuckDBPyConnection, last_id: int) -> None:
