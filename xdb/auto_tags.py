@@ -31,10 +31,11 @@ MAP_QUERY = """SELECT c.id, h.threshold, g.id, coalesce(pg.id, -1)
     LEFT JOIN tags pg ON pg.tag_type = 'concept' AND pg.concept_id = h.parent
     ORDER BY 1, 3, 4"""
 
-INSERT = """INSERT INTO tag_applications (tag_id, session_id, target_type, timestep_id, range_start, range_end,
-                                          confidence, source, created_at)
-    SELECT tag_id, session_id, target_type, timestep_id, range_start, range_end, confidence, source, now()
-    FROM xdb_auto_tags"""
+# `tag_applications`' columns in its order, from SCHEMA's: ids from its sequence (as its DEFAULT
+# would), the transaction's time.
+COLUMNS = ("nextval('tag_application_ids') AS id, tag_id, session_id, target_type, timestep_id, "
+           "NULL::VARCHAR AS event_id, range_start, range_end, confidence, source, now() AS created_at, "
+           "NULL::VARCHAR AS note")
 
 SCHEMA = pa.schema([("tag_id", pa.int64()), ("session_id", pa.string()), ("target_type", pa.string()),
                     ("timestep_id", pa.int64()), ("range_start", pa.int64()), ("range_end", pa.int64()),
@@ -135,12 +136,9 @@ def _rows(tag_ids: np.ndarray, sessions: pa.Array, target: str, timesteps: np.nd
 
 
 def insert_applications(conn: duckdb.DuckDBPyConnection, made: pa.Table) -> int:
-    """Within the batch's transaction: insert the applications; returns how many."""
-    conn.register("xdb_auto_tags", made)
-    try:
-        conn.execute(INSERT)
-    finally:
-        conn.unregister("xdb_auto_tags")
+    """Within the batch's transaction: insert the applications, through a relation over them rather
+    than a registered view (a view's creation and drop are catalog changes); returns how many."""
+    conn.from_arrow(made).project(COLUMNS).insert_into("tag_applications")
     return int(made.num_rows)
 
 
