@@ -143,10 +143,12 @@ def insert_applications(conn: duckdb.DuckDBPyConnection, made: pa.Table) -> int:
 
 
 class _Cached:
-    """A connection's map and the generation it was loaded at."""
+    """A connection's map, the generation it is current for, and the generation when the connection's
+    transaction began (what a map loaded in it can see)."""
 
     def __init__(self) -> None:
         self.generation = 0
+        self.began = 0
         self.loaded: tuple[int, AutoTagMap] | None = None
 
 
@@ -154,21 +156,31 @@ _maps: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, _Cached] = weakref.W
 _lock = threading.Lock()
 
 
-def tag_map(conn: duckdb.DuckDBPyConnection) -> AutoTagMap:
-    """The map as `conn` sees it (read within its transaction), loaded once until `forget`."""
+def beginning(conn: duckdb.DuckDBPyConnection) -> None:
+    """Called just before `conn` begins the transaction in which `tag_map` may load: every change
+    forgotten so far was committed before it, so its snapshot sees them."""
     with _lock:
         cached = _maps.setdefault(conn, _Cached())
-        generation, loaded = cached.generation, cached.loaded
-    if loaded is not None and loaded[0] == generation:
-        return loaded[1]
+        cached.began = cached.generation
+
+
+def tag_map(conn: duckdb.DuckDBPyConnection) -> AutoTagMap:
+    """The map as `conn`'s transaction sees it, loaded once until `forget`."""
+    with _lock:
+        cached = _maps.setdefault(conn, _Cached())
+        began, loaded = cached.began, cached.loaded
+        if loaded is not None and loaded[0] == cached.generation:
+            return loaded[1]
     fresh = AutoTagMap.load(conn)
     with _lock:
-        # A `forget` while this loaded may have come after the read: keep it only for that generation.
-        cached.loaded = (generation, fresh)
+        # Current only as of the transaction's start: a change committed since (forgotten after
+        # `beginning`) is not in this snapshot, and the next transaction loads again.
+        cached.loaded = (began, fresh)
     return fresh
 
 
 def forget(conn: duckdb.DuckDBPyConnection) -> None:
-    """Concepts, the hierarchy or tags changed: the next batch on `conn` reloads the map."""
+    """Concepts, the hierarchy or tags changed (committed, or inserted by `conn`'s own open
+    transaction): the map is loaded again."""
     with _lock:
         _maps.setdefault(conn, _Cached()).generation += 1

@@ -125,6 +125,7 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
     thresholds (`thresholds[concept id]`; None: no concept has one; no activation reaching one runs
     no tag statement) — without committing: the caller commits (or rolls back) once the audit has the
     batch. Rolls back itself if an insert fails. Returns how many tokens were auto-tagged."""
+    auto_tags.beginning(conn)
     conn.execute("BEGIN")
     try:
         if new_concepts:
