@@ -266,8 +266,11 @@ class XDBConfig(_Strict):
     # max_exports_per_tenant at a time and makes one at a time.
     export_ttl_s: float = Field(default=86_400.0, gt=0)
     max_exports_per_tenant: int = Field(default=4, gt=0)
-    # The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived.
-    batch_rows: int = Field(default=50_000, gt=0)
+    # The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived. A reply's
+    # end waits for the batch in flight as well as its own, so batch_rows bounds that wait. On the
+    # service alone, with 128 streams' rows arriving (~30k a second), a batch a second made the wait
+    # ~210 ms and 8192-row batches ~110 ms, for ~2 µs more of the service's CPU a row.
+    batch_rows: int = Field(default=8192, gt=0)
     max_latency_s: float = Field(default=1.0, gt=0)
     # Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure.
     max_queue_rows: int = Field(default=1_000_000, gt=0)
