@@ -1,13 +1,22 @@
-"""The server's side of the XDB service (xdb/service.py): the same interface as an in-process XDB, with
-the database, its writer and the audit chain in a child process.
+"""The API processes' side of the XDB service (xdb/service.py): the same interface as an in-process XDB,
+with the database, its writer and the audit chain in a child process.
 
 `RemoteWriter` takes rows exactly as the in-process writer does (validated on the caller's thread,
 never waiting on disk) and a sender thread ships what has gathered every few milliseconds as one
-message. The service reports every commit back, so the count of rows not yet committed — the queue
-depth that back-pressure reads — and `flush` need no round trip. Rows stay held here until the
-service says they are committed: if it dies, it is started again (replaying from the audit what the
-audit had), the held rows are sent again, those it already stored are skipped, and no accepted row is
-lost or written twice. `RemoteXDB` runs every other call in the service over a pool of connections.
+message on its stream. The service reports every commit of this stream's rows back, so the count of
+rows not yet committed — the queue depth that back-pressure reads — and `flush` need no round trip.
+Rows stay held here until the service says they are committed: if it dies, the next run is told the
+tokenizer and side channel again, the held rows are sent again, those it already stored are skipped,
+and no accepted row is lost or written twice. `RemoteXDB` runs every other call in the service over a
+pool of connections.
+
+Two modes, one service. The owner (`RemoteXDB(data_dir, config)`) makes the service's `ServiceSpec`
+(address and key) once, spawns each run there (`ServiceProcess`), starts another when one dies, and
+stops it on closing; the socket's directory goes with its last close. An attached process
+(`RemoteXDB(data_dir, config, attach=owner.service_spec)`, any number of them) connects to the run
+there (`ServiceLink`) with a stream of its own; when the run dies it kills and spawns nothing but tries
+the address until the owner's next run answers (up to `reconnect_timeout_s`, else recording stops), and
+on closing commits what it accepted and closes its stream alone.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ STOP_TIMEOUT_S = 120.0    # the last commits after the stream closes
 # any call takes (an export or backup of a large file, a storage pass between its summaries).
 CALL_TIMEOUT_S = 900.0
 RESTART_ATTEMPTS = 5
+RECONNECT_INTERVAL_S = 0.1  # how often an attached writer tries the address while the owner restarts the service
 # A service that dies this often is failing on what it is sent (a full disk, a broken file), not
 # crashing by accident: recording stops (the server answers 503) rather than restarting it forever.
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
@@ -63,42 +73,44 @@ class ServiceUnavailable(Unavailable):
     """The XDB service died during the call (it is being started again): retry."""
 
 
-class ServiceProcess:
-    """One run of the service process: started, connected, stopped."""
+def new_spec(data_dir: Path, config: XDBConfig) -> ServiceSpec:
+    """Where every run of one owner's service listens, and its key: a socket in a 0700 directory of its
+    own (removed by `remove_spec`) and a key made for the owner's life."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="ahc-xdb-"))
+    return ServiceSpec(str(data_dir), config.model_dump(), str(socket_dir / "xdb.sock"), secrets.token_bytes(32))
 
-    def __init__(self, data_dir: Path, config: XDBConfig) -> None:
+
+def remove_spec(spec: ServiceSpec) -> None:
+    shutil.rmtree(Path(spec.address).parent, ignore_errors=True)
+
+
+class ServiceLink:
+    """This process's connections to one run of the service: its stream (opened on construction) and a
+    pool of call connections. Made as it is by an attached process; `kill()` closes the connections and
+    never touches the service, which is its owner's."""
+
+    def __init__(self, spec: ServiceSpec, *, owner: bool = False, connect: bool = True) -> None:
+        self.spec = spec
+        self.announced_exit: int | None = None  # the exit code the run said it was ending with
         self._pool: list[Connection] = []  # idle call connections
         self._pool_lock = threading.Lock()
         self._opened: list[Connection] = []  # every connection made to this run, closed by kill()
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="ahc-xdb-"))
-        self.spec = ServiceSpec(str(data_dir), config.model_dump(), str(self._socket_dir / "xdb.sock"),
-                                secrets.token_bytes(32))
-        ctx = multiprocessing.get_context("spawn")
-        status, child_status = ctx.Pipe(duplex=False)
-        # Daemonic: if this process exits without stopping it, the service does not keep it waiting.
-        self.process: BaseProcess = ctx.Process(target=service.main, args=(self.spec, child_status),
-                                                name="ahc-xdb", daemon=True)
-        self.process.start()
-        child_status.close()
+        self._owner = owner
+        if connect:
+            self._open_stream()
+
+    def _open_stream(self) -> None:
         try:
-            self._wait_ready(status)
             self.stream = self.connect()
-            self.stream.send(("stream",))
+            self.stream.send(("stream", "owner") if self._owner else ("stream",))
         except BaseException:
             self.kill()
             raise
 
-    def _wait_ready(self, status: Connection) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not status.poll(0.2):
-            if not self.process.is_alive():
-                raise RuntimeError(f"the XDB service exited during start-up (exit code {self.process.exitcode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the XDB service did not open {self.spec.data_dir} in {START_TIMEOUT_S:.0f} s")
-        kind, error = status.recv()
-        status.close()
-        if kind == "error":
-            raise error
+    @property
+    def exitcode(self) -> int | None:
+        """How the run ended, as far as this process can tell."""
+        return self.announced_exit
 
     def connect(self) -> Connection:
         conn = Client(self.spec.address, "AF_UNIX")
@@ -106,10 +118,17 @@ class ServiceProcess:
         try:
             service.handshake(conn, self.spec.authkey, client=True)
         except TimeoutError:
-            log.error("the XDB service did not answer a new connection; killing it")
-            self.process.kill()  # as good as dead: the writer starts a new one
+            conn.close()
+            self._unanswered("a new connection")
+            raise
+        except BaseException:
+            conn.close()
             raise
         return conn
+
+    def _unanswered(self, what: str) -> None:
+        """The run did not answer `what` in time (an attached process waits for its owner to act)."""
+        log.error("the XDB service did not answer %s", what)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         callbacks = {k: v for k, v in kwargs.items() if callable(v)}
@@ -121,10 +140,7 @@ class ServiceProcess:
             conn.send((name, args, sent))
             while True:
                 if not conn.poll(CALL_TIMEOUT_S):
-                    # A service that does not answer is as good as dead: killed, so the writer starts
-                    # a new one (which takes the rows not yet committed again).
-                    log.error("the XDB service did not answer %s in %.0f s; killing it", name, CALL_TIMEOUT_S)
-                    self.process.kill()
+                    self._unanswered(f"{name} in {CALL_TIMEOUT_S:.0f} s")
                     raise TimeoutError(f"no answer in {CALL_TIMEOUT_S:.0f} s")
                 kind, *rest = conn.recv()
                 if kind != "callback":
@@ -141,10 +157,65 @@ class ServiceProcess:
         return rest[0]
 
     def stop(self) -> int | None:
-        """Tell the service to stop (it commits what it holds and exits) and wait for it. A message, not
-        closing the socket: another thread is reading it, and Linux does not end a connection while a
-        read on it is blocked."""
+        """Close this process's stream (the service commits what it took; an ordinary stream's closing ends
+        nothing else) and every connection. A message, not closing the socket: another thread is reading
+        it, and Linux does not end a connection while a read on it is blocked."""
         with contextlib.suppress(OSError):  # already gone: nothing to ask
+            self.stream.send(("close",))
+        self.kill()
+        return None
+
+    def kill(self) -> None:
+        for conn in self._opened:
+            conn.close()
+
+
+class ServiceProcess(ServiceLink):
+    """One run of the service process, spawned by its owner (this process): started, connected by the
+    owner's stream, stopped. It listens at `spec` (a new one, removed by kill(), when none is given)."""
+
+    def __init__(self, data_dir: Path, config: XDBConfig, spec: ServiceSpec | None = None) -> None:
+        self._own_spec = spec is None
+        super().__init__(spec or new_spec(data_dir, config), owner=True, connect=False)
+        ctx = multiprocessing.get_context("spawn")
+        status, child_status = ctx.Pipe(duplex=False)
+        # Daemonic: if this process exits without stopping it, the service does not keep it waiting.
+        self.process: BaseProcess = ctx.Process(target=service.main, args=(self.spec, child_status),
+                                                name="ahc-xdb", daemon=True)
+        self.process.start()
+        child_status.close()
+        try:
+            self._wait_ready(status)
+        except BaseException:
+            self.kill()
+            raise
+        self._open_stream()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def _wait_ready(self, status: Connection) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not status.poll(0.2):
+            if not self.process.is_alive():
+                raise RuntimeError(f"the XDB service exited during start-up (exit code {self.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the XDB service did not open {self.spec.data_dir} in {START_TIMEOUT_S:.0f} s")
+        kind, error = status.recv()
+        status.close()
+        if kind == "error":
+            raise error
+
+    def _unanswered(self, what: str) -> None:
+        # A service that does not answer is as good as dead: killed, so the writer starts a new one
+        # (which takes the rows not yet committed again).
+        log.error("the XDB service did not answer %s; killing it", what)
+        self.process.kill()
+
+    def stop(self) -> int | None:
+        """Tell the service to stop (it commits what it holds and exits) and wait for it."""
+        with contextlib.suppress(OSError):
             self.stream.send(("close",))
         self.process.join(STOP_TIMEOUT_S)
         if self.process.is_alive():
@@ -156,9 +227,9 @@ class ServiceProcess:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-        for conn in self._opened:
-            conn.close()
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        super().kill()
+        if self._own_spec:
+            remove_spec(self.spec)
 
 
 def _run_callback(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
@@ -169,9 +240,17 @@ def _run_callback(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, A
 
 
 class RemoteWriter:
+    """The writer's interface over one stream to the service. The owner (no `attach`) spawns each run of
+    the service at `spec`, made here; an attached writer (`attach`: an owner's `spec`) connects to the run
+    there, and after the run dies waits up to `reconnect_timeout_s` for the owner's next one."""
+
     def __init__(self, data_dir: Path, config: XDBConfig, on_commit: Callable[[int], None] | None = None,
-                 on_restart: Callable[[], None] | None = None, k: int = TOP_K, send_interval_s: float = 0.05) -> None:
+                 on_restart: Callable[[], None] | None = None, k: int = TOP_K, send_interval_s: float = 0.05,
+                 *, attach: ServiceSpec | None = None, reconnect_timeout_s: float = START_TIMEOUT_S) -> None:
         self._data_dir, self._config, self._k = data_dir, config, k
+        self.attached = attach is not None
+        self.spec: ServiceSpec = attach or new_spec(data_dir, config)
+        self.reconnect_timeout_s = reconnect_timeout_s
         self.max_queue_rows, self.submit_timeout_s = config.max_queue_rows, config.submit_timeout_s
         self.on_commit, self.on_restart = on_commit, on_restart
         self.send_interval_s = send_interval_s
@@ -192,7 +271,15 @@ class RemoteWriter:
         self._error: BaseException | None = None
         self._capture: tuple[str, int, float] | None = None  # the side channel, told to every service run
         self._tokenizer: str | None = None  # what the service decodes token ids with, told to every run
-        self.process = ServiceProcess(data_dir, config)
+        self.process: ServiceLink
+        if self.attached:
+            self.process = self._attach()
+        else:
+            try:
+                self.process = ServiceProcess(data_dir, config, self.spec)
+            except BaseException:
+                remove_spec(self.spec)
+                raise
         self._listen(self.process)
         self._sender = threading.Thread(target=self._send_loop, name="xdb-sender", daemon=True)
         self._sender.start()
@@ -267,12 +354,17 @@ class RemoteWriter:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Send and commit everything accepted, then stop the service."""
+        """Send and commit everything accepted, then stop the service (the owner's), or close this
+        writer's stream alone (an attached one's: the service goes on)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._sender.join()
-        code = self.process.stop()
+        try:
+            code = self.process.stop()
+        finally:
+            if not self.attached:
+                remove_spec(self.spec)
         if self._error is not None:
             raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
         if self.rows_written < self._accepted:
@@ -286,11 +378,12 @@ class RemoteWriter:
             raise WriterStopped("XDB writer is closed")
 
     # -- the service's side ----------------------------------------------------------------------
-    def _listen(self, process: ServiceProcess) -> None:
+    def _listen(self, process: ServiceLink) -> None:
         threading.Thread(target=self._ack_loop, args=(process,), name="xdb-acks", daemon=True).start()
 
-    def _ack_loop(self, process: ServiceProcess) -> None:
-        """The service's commit counts; a broken stream marks the service dead (the sender restarts it)."""
+    def _ack_loop(self, process: ServiceLink) -> None:
+        """The service's commit counts for this stream; a broken stream marks the service dead (the sender
+        restarts it, or waits for the owner to)."""
         while True:
             try:
                 kind, total = process.stream.recv()
@@ -300,6 +393,8 @@ class RemoteWriter:
                         self._dead = True
                         self._cond.notify_all()
                 return
+            if kind == "exit":  # the run is ending with this code (what an attached writer cannot see)
+                process.announced_exit = total
             if kind != "committed":
                 continue
             with self._cond:
@@ -372,35 +467,19 @@ class RemoteWriter:
     def _restart(self) -> None:
         dead = self.process
         dead.kill()
-        disk = dead.process.exitcode == service.EXIT_DISK_FAULT
+        disk = dead.exitcode == service.EXIT_DISK_FAULT
         if disk:
             self._pause_for_disk()
         elif len(self._restarted_at) == MAX_RESTARTS and time.monotonic() - self._restarted_at[0] < RESTART_WINDOW_S:
             raise WriterStopped(f"the XDB service died {MAX_RESTARTS + 1} times in {RESTART_WINDOW_S:.0f} s (last exit "
-                                f"code {dead.process.exitcode}); {self._sent - self.rows_written} rows uncommitted")
+                                f"code {dead.exitcode}); {self._sent - self.rows_written} rows uncommitted")
         else:
             self._restarted_at.append(time.monotonic())
-            log.error("the XDB service died (exit code %s); starting it again with %d uncommitted rows",
-                      dead.process.exitcode, self._sent - self.rows_written)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                process = ServiceProcess(self._data_dir, self._config)
-                if self._capture is not None:  # before the held rows: they join what comes from now on
-                    process.call("capture_activations", self._capture, {})
-                if self._tokenizer is not None:  # before the held rows, which it decodes
-                    process.call("decode_tokens_with", (self._tokenizer,), {})
-                break
-            except Exception as exc:
-                if disk or is_disk_fault(exc):  # a full or failing disk: wait for it as long as it takes
-                    disk = True
-                    self._pause_for_disk(exc)
-                    continue
-                if attempt == RESTART_ATTEMPTS:
-                    raise
-                log.exception("starting the XDB service again failed (attempt %d)", attempt)
-                time.sleep(attempt)
+            log.error("the XDB service died (exit code %s); %s with %d uncommitted rows",
+                      "unknown" if dead.exitcode is None else dead.exitcode,
+                      "waiting for its owner to start it again" if self.attached else "starting it again",
+                      self._sent - self.rows_written)
+        process = self._reattach() if self.attached else self._respawn(disk)
         with self._cond:
             # Credit the rows before the first part still held: the new run counts again the rows of a
             # part the dead one committed only in part (it skips them as already stored, xdb/service.py).
@@ -418,6 +497,54 @@ class RemoteWriter:
         self.restarts += 1
         if self.on_restart is not None:
             self.on_restart()
+
+    def _respawn(self, disk: bool) -> ServiceProcess:
+        """The owner's: a new run of the service, at the same address, told what the last one was."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                process = ServiceProcess(self._data_dir, self._config, self.spec)
+                self._tell(process)
+                return process
+            except Exception as exc:
+                if disk or is_disk_fault(exc):  # a full or failing disk: wait for it as long as it takes
+                    disk = True
+                    self._pause_for_disk(exc)
+                    continue
+                if attempt == RESTART_ATTEMPTS:
+                    raise
+                log.exception("starting the XDB service again failed (attempt %d)", attempt)
+                time.sleep(attempt)
+
+    def _reattach(self) -> ServiceLink:
+        """An attached writer's: the owner's next run, once it listens, told what this writer told the last."""
+        link = self._attach()
+        try:
+            self._tell(link)
+        except BaseException:
+            link.kill()
+            raise
+        return link
+
+    def _tell(self, link: ServiceLink) -> None:
+        if self._capture is not None:  # before the held rows: they join what comes from now on
+            link.call("capture_activations", self._capture, {})
+        if self._tokenizer is not None:  # before the held rows, which it decodes
+            link.call("decode_tokens_with", (self._tokenizer,), {})
+
+    def _attach(self) -> ServiceLink:
+        """A stream to the run listening at `spec`, trying again until one answers (a restarted run opens XDB
+        before it listens) or `reconnect_timeout_s` has passed."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while True:
+            try:
+                return ServiceLink(self.spec)
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise WriterStopped(f"no XDB service answered at {self.spec.address} in "
+                                        f"{self.reconnect_timeout_s:.0f} s (last: {exc!r})") from exc
+                time.sleep(RECONNECT_INTERVAL_S)
 
     def _pause_for_disk(self, cause: BaseException | None = None) -> None:
         """Recording paused: the disk failed under the service. Every row is held (new ones wait in the
@@ -446,16 +573,24 @@ class RemoteXDB:
     """XDB's interface, served by the XDB service process."""
 
     def __init__(self, data_dir: Path | str, config: XDBConfig | None = None, *,
-                 on_commit: Callable[[int], None] | None = None, on_restart: Callable[[], None] | None = None) -> None:
+                 on_commit: Callable[[int], None] | None = None, on_restart: Callable[[], None] | None = None,
+                 attach: ServiceSpec | None = None, reconnect_timeout_s: float = START_TIMEOUT_S) -> None:
         config = config or XDBConfig()
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart)
+        self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart, attach=attach,
+                                   reconnect_timeout_s=reconnect_timeout_s)
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
         self.has_lake = config.backend == "ducklake"  # the service ships to it; `lake_*` read it there
         self._closed = False
 
+    @property
+    def service_spec(self) -> ServiceSpec:
+        """Where the service listens, and its key: what another process attaches with (`attach=`)."""
+        return self.writer.spec
+
     def close(self) -> None:
+        """Commit every row accepted; the owner's closing stops the service, an attached one's its stream."""
         if not self._closed:
             self._closed = True
             self.writer.close()

@@ -1,40 +1,54 @@
 """The XDB service: a process of its own that owns the experience database and the audit log while a
 server runs, so their cost (Arrow conversion, the audit's SHA-256 chain, DuckDB's commits) and their
-threads' hold on the GIL stay out of the process that streams tokens — the way vLLM keeps its engine
-out of its API server.
+threads' hold on the GIL stay out of the processes that stream tokens — the way vLLM keeps its engine
+out of its API servers.
 
-The server talks to it over Unix-socket connections (`multiprocessing.connection`, pickled messages):
-    the stream, the first connection: rows in, ("rows", parts, resent) and ("flush",) (commit what is
-        queued now); commit counts out, ("committed", total rows committed since this process began),
-        sent after every commit. Rows resent after a restart may have been committed before the crash:
-        those already stored are skipped and counted as committed.
-    calls, every further connection: (method, args, kwargs) → ("ok", result) | ("error", exception);
+One process owns the service (spawns each run of it, and starts another when a run dies); any number of
+others attach to it (`ahc serve --api-server-count N`: every API process). Every run listens at the
+owner's one address with its one key (`ServiceSpec`), so an attached process reaches the next run where
+it reached the last. They talk over Unix-socket connections (`multiprocessing.connection`, pickled
+messages); a connection's first message says what it is:
+    a stream, ("stream", "owner") for the owner's and ("stream",) for any other, at any time, before the
+        owner's or after: rows in, ("rows", parts, resent) and ("flush",) (commit what is queued now);
+        commit counts out, ("committed", rows of THIS stream committed since it connected), sent after
+        every commit of its rows. The writer commits rows in the order it was given them (a batch waiting
+        for its activations holds those behind it), so the service keeps the parts it submitted, with their
+        stream, in that order, and credits each commit to the streams of its rows. Rows resent after a
+        restart may have been committed before the crash: those already stored are skipped and counted as
+        committed. The owner's stream closing (or ("close",) on it) ends the service: what is queued is
+        committed first. Another stream closing (its process stopped, or was killed) ends only its own
+        thread: the rows it had handed over are committed all the same.
+    calls, any other first message: (method, args, kwargs) → ("ok", result) | ("error", exception);
         a keyword argument given as CALLBACK is a function of the caller's, run there on request
         (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
     `vacuum`, a call of the service's own: the experience file rewritten whole (xdb/vacuum.py) while
         every other call and the rows wait: XDB is closed (its queue committed), the file rewritten, and
         XDB opened again.
-The server's token batches come as ids, without texts: the writer here decodes them (xdb/token_decoder.py)
-with the tokenizer the server gave (`decode_tokens_with`, kept across a vacuum and told again to every run).
-The stream closing (the server stopped, or died) ends the service: what is queued is committed first.
-A writer that dies ends it too, at once, so the server starts it again; the part it died on is found and
-dropped over the next two runs (xdb/writer_failure.py).
+The API processes' token batches come as ids, without texts: the writer here decodes them
+(xdb/token_decoder.py) with the tokenizer a process gave (`decode_tokens_with`, kept across a vacuum and
+told again to every run by each process); the activations side channel (`capture_activations`) is kept
+the same way, and told again unchanged it stays bound. Both are the service's, not a stream's.
+A writer that dies ends the service at once (every stream is told ("exit", code) first, since only the
+owner sees the exit code), so the owner starts it again; the part it died on is found and dropped over
+the next two runs (xdb/writer_failure.py). A stream whose rows cannot be taken at all ends it too.
 
-Each connection proves the run's key (multiprocessing's challenge) on a thread of its own, within
+Each connection proves the key (multiprocessing's challenge) on a thread of its own, within
 HANDSHAKE_TIMEOUT_S: a connection that closes at once or never answers costs only its own thread, and
-the accept loop survives anything one connection does. The socket is the server's alone (a 0700
-directory, a key made per run): the method marks (xdb/interface.py) keep the server from calling what
+the accept loop survives anything one connection does. The socket is the owner's processes' alone (a
+0700 directory, a key made per owner): the method marks (xdb/interface.py) keep them from calling what
 was not meant to be served, but they are no security boundary, since a message is unpickled on receipt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +78,7 @@ PROCESS_TITLE = "AHC::XDB"
 SUBMIT_TIMEOUT_S = 600.0
 LOCK_WAIT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
+LISTEN_BACKLOG = 64  # every API process connects to a restarted run at once
 EXIT_WRITER_DIED = 3
 EXIT_DISK_FAULT = 4  # the disk failed under the writer: the server pauses, nothing is dropped
 
@@ -80,7 +95,7 @@ class ServiceSpec:
 
 def main(spec: ServiceSpec, status: Connection) -> None:
     """The process's entry point: open XDB, report ("ready", None) or ("error", exception) on `status`,
-    then serve until the stream closes."""
+    then serve until the owner's stream closes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The server stops this process itself, after its last rows: Ctrl-C in a terminal reaches the
     # whole process group, and must not close the database under requests still finishing.
@@ -89,12 +104,21 @@ def main(spec: ServiceSpec, status: Connection) -> None:
     # DuckDB's write-ahead logs included (DuckDB makes them with the process's umask).
     os.umask(0o077)
     name_process()
+    service = Service(spec.authkey)
     try:
-        listener = Listener(spec.address, "AF_UNIX")  # each connection's key is checked on its own thread
-        service = Service(spec.authkey)
         service.failure = WriterFailure.take(Path(spec.data_dir))
         service.open(spec)
+        # Every run listens at the same address: a run killed outright leaves its socket file behind (its
+        # owner has ended that run before starting this one). Bound once XDB is open, so a process that
+        # connects to it is answered at once.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spec.address)
+        # Each connection's key is checked on its own thread.
+        listener = Listener(spec.address, "AF_UNIX", backlog=LISTEN_BACKLOG)
     except BaseException as exc:
+        if service.xdb is not None:
+            with contextlib.suppress(Exception):
+                service.xdb.close()
         status.send(("error", portable(exc)))
         return
     status.send(("ready", None))
@@ -195,6 +219,44 @@ class Gate:
                 self._cond.notify_all()
 
 
+class Stream:
+    """One stream connection: rows in, this stream's commit count out."""
+
+    def __init__(self, conn: Connection, owner: bool) -> None:
+        self.conn, self.owner = conn, owner
+        self.committed = 0  # rows of this stream committed since it connected (under the service's _counts)
+        self._send = threading.Lock()  # the connection's sending side
+        self._open = True
+
+    def report(self) -> None:
+        """Send the stream its count as it is now (read under the send lock, so the counts a stream is sent
+        never go down, whichever threads credit it)."""
+        with self._send:
+            if not self._open:
+                return
+            try:
+                self.conn.send(("committed", self.committed))
+            except OSError:  # its process is gone; the rows are committed all the same
+                self._open = False
+
+    def announce_exit(self, code: int) -> None:
+        """Best effort, from a thread that is about to end the process: why it ends (an attached process
+        cannot see the exit code)."""
+        if self._send.acquire(timeout=1.0):
+            try:
+                if self._open:
+                    self.conn.send(("exit", code))
+            except OSError:
+                pass
+            finally:
+                self._send.release()
+
+    def close(self) -> None:
+        with self._send:
+            self._open = False
+            self.conn.close()
+
+
 class Service:
     def __init__(self, authkey: bytes) -> None:
         self.authkey = authkey
@@ -203,9 +265,19 @@ class Service:
         self._gate = Gate()  # every call and every part of rows shares it; a vacuum holds it alone
         self._capture: tuple[str, int, float] | None = None  # the activations side channel, kept across a vacuum
         self._tokenizer: str | None = None  # what token ids are decoded with, kept across a vacuum
-        self._stream: Connection | None = None
-        self._committed = 0
-        self._lock = threading.Lock()  # the commit count and the stream's sending side
+        self._streams: list[Stream] = []  # every stream connected and not yet ended
+        # Submissions to the writer, one at a time: held across `writer.submit` (which may wait on
+        # back-pressure), so that `_queue` is in the writer's order. `committed` never takes it.
+        self._submitting = threading.Lock()
+        # Short: the rows in the writer's queue, as (stream, rows) in the order submitted, and the counts.
+        # The writer commits in that order (xdb/writer.py: one queue, batches cut off its front, each stage
+        # one thread; a batch waiting for its activations (`join_by`) holds those behind it, never passed),
+        # so each commit of n rows is the queue's first n.
+        self._counts = threading.Lock()
+        self._queue: deque[list[Any]] = deque()  # [Stream, rows not yet committed]
+        self._ended = threading.Event()  # the owner's stream ended, or a stream's thread failed
+        self._ending = False
+        self._failure: BaseException | None = None
         self.failure: WriterFailure | None = None  # where the previous run's writer died, if it did
         self._alone = False  # a part sent again under suspicion is being committed alone
 
@@ -240,91 +312,160 @@ class Service:
             return {**result, "seconds": round(time.monotonic() - started, 3)}
 
     def serve(self, listener: Listener) -> None:
+        """Accept connections until the owner's stream ends; then commit what is queued and return."""
         assert self.xdb is not None
-        stream = self._accept_stream(listener)
-        with self._lock:
-            self._stream = stream
-            if self._committed:
-                stream.send(("committed", self._committed))
-        threading.Thread(target=self._accept_calls, args=(listener,), name="xdb-calls", daemon=True).start()
+        threading.Thread(target=self._accept, args=(listener,), name="xdb-accept", daemon=True).start()
+        self._ended.wait()
+        with self._counts:
+            self._ending = True
+        listener.close()  # no new connection reaches a service that is ending (its socket is unlinked)
         try:
-            self._take_rows(stream)
+            self.xdb.close()  # commits what is queued; each commit is still reported on the streams
         finally:
-            self.xdb.close()  # commits what is queued; each commit is still reported on the stream
-            with self._lock:
-                self._stream = None
-            stream.close()
+            with self._counts:
+                streams, self._streams = self._streams, []
+            for stream in streams:
+                stream.close()
+        if self._failure is not None:
+            raise self._failure
 
-    def _accept_stream(self, listener: Listener) -> Connection:
-        """The first connection that proves the key and asks for the stream (another is dropped)."""
+    def _accept(self, listener: Listener) -> None:
         while True:
-            conn = listener.accept()
             try:
-                handshake(conn, self.authkey)
-                if conn.poll(HANDSHAKE_TIMEOUT_S) and conn.recv() == ("stream",):
-                    return conn
-                log.warning("XDB service: a connection that is not the stream came first; dropped")
-            except Exception as exc:
-                log.warning("XDB service: a connection failed its handshake: %r", exc)
+                conn = listener.accept()
+            except OSError:  # the listener closed: the service is stopping
+                return
+            except Exception as exc:  # one connection's failure ends nothing
+                log.warning("XDB service: accepting a connection failed: %r", exc)
+                continue
+            threading.Thread(target=self._serve_connection, args=(conn,), name="xdb-conn", daemon=True).start()
+
+    def _serve_connection(self, conn: Connection) -> None:
+        """A connection's own thread: the handshake, then its first message says what it is: ("stream",),
+        ("stream", "owner"), or the first call."""
+        try:
+            handshake(conn, self.authkey)
+            first = conn.recv()
+        except (EOFError, OSError):
             conn.close()
+            return
+        except Exception as exc:  # a stray or stalled connection: closed, and nothing else changes
+            log.warning("XDB service: a connection failed its handshake: %r", exc)
+            conn.close()
+            return
+        if first in (("stream",), ("stream", "owner")):
+            self._serve_stream(Stream(conn, owner=first == ("stream", "owner")))
+        else:
+            self._serve_calls(conn, first)
 
     def committed(self, n: int) -> None:
-        """The writer committed n rows (XDB's on_commit hook); the server hears of it at once."""
-        with self._lock:
-            self._committed += n
-            if self._stream is not None:
-                try:
-                    self._stream.send(("committed", self._committed))
-                except OSError:  # the server is gone; the rows are committed all the same
-                    self._stream = None
+        """The writer committed n rows (XDB's on_commit hook), the first n of its queue: each stream hears
+        of its own at once."""
+        credited: dict[Stream, None] = {}
+        with self._counts:
+            while n and self._queue:
+                entry = self._queue[0]
+                taken = min(n, entry[1])
+                entry[0].committed += taken
+                credited[entry[0]] = None
+                entry[1] -= taken
+                n -= taken
+                if not entry[1]:
+                    self._queue.popleft()
+        if n:
+            log.error("XDB service: the writer committed %d rows no stream had submitted", n)
+        for stream in credited:
+            stream.report()
+
+    def _credit(self, stream: Stream, n: int) -> None:
+        """Rows of `stream` counted as committed without the writer (already stored, or dropped)."""
+        with self._counts:
+            stream.committed += n
+        stream.report()
+
+    def _submit(self, stream: Stream, part: Part) -> None:
+        """Hand a part to the writer, its rows recorded as the stream's in the writer's order (with
+        `_submitting` held)."""
+        assert self.xdb is not None and self.xdb.writer is not None
+        with self._counts:
+            self._queue.append([stream, len(part)])
+        try:
+            self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
+        except BaseException:
+            with self._counts:  # never queued: it is the last entry, as no other submission came after it
+                self._queue.pop()
+            raise
 
     # -- rows ------------------------------------------------------------------------------------
-    def _take_rows(self, stream: Connection) -> None:
-        assert self.xdb is not None and self.xdb.writer is not None
+    def _serve_stream(self, stream: Stream) -> None:
+        with self._counts:
+            if self._ending:
+                stream.close()
+                return
+            self._streams.append(stream)
+        try:
+            self._take_rows(stream)
+        except BaseException as exc:
+            if not self._ending:
+                log.exception("XDB service: taking a stream's rows failed; ending the service")
+                self._failure = self._failure or exc
+                self._ended.set()
+            return
+        if stream.owner:
+            self._ended.set()  # its connection stays open: the last commits are reported on it
+            return
+        with self._counts:
+            if stream in self._streams:
+                self._streams.remove(stream)
+        stream.close()  # what it had handed to the writer is committed all the same
+
+    def _take_rows(self, stream: Stream) -> None:
+        assert self.xdb is not None
         while True:
             try:
-                message = stream.recv()
+                message = stream.conn.recv()
             except (EOFError, OSError):
                 return
             if message[0] == "rows":
                 with self._gate.shared():  # a vacuum reopens XDB: the rows wait for it
                     for part in message[1]:
-                        self._take_part(part, message[2])
+                        self._take_part(stream, part, message[2])
             elif message[0] == "flush":
                 with self._gate.shared():
+                    assert self.xdb.writer is not None
                     self.xdb.writer.request_flush()
             elif message[0] == "close":
                 return
 
-    def _take_part(self, part: Part, resent: bool) -> None:
-        assert self.xdb is not None and self.xdb.writer is not None
-        if resent:
-            part = self._unstored(part)
-            if isinstance(part, TokenBatch):  # its activations went to the service that died
-                part.join_by = 0.0
-            if len(part) and self.failure is not None and self.failure.holds(part):
-                self._suspect(part)
-                return
-        if len(part):
-            self.xdb.writer.submit(part, timeout=SUBMIT_TIMEOUT_S)
+    def _take_part(self, stream: Stream, part: Part, resent: bool) -> None:
+        with self._submitting:
+            if resent:
+                part = self._unstored(stream, part)
+                if isinstance(part, TokenBatch):  # its activations went to the service that died
+                    part.join_by = 0.0
+                if len(part) and self.failure is not None and self.failure.holds(part):
+                    self._suspect(stream, part)
+                    return
+            if len(part):
+                self._submit(stream, part)
 
-    def _suspect(self, part: Part) -> None:
+    def _suspect(self, stream: Stream, part: Part) -> None:
         """A part sent again that lies where the previous run's writer died (xdb/writer_failure.py): the row
         that killed it alone is dropped and the rest kept; a part that killed it alone is committed a row a
         batch; any other part in a batch of its own."""
         assert self.xdb is not None and self.xdb.writer is not None and self.failure is not None
         if self.failure.alone and self.failure.one_row:
-            self._drop(part, self.failure.spans)
+            self._drop(stream, part, self.failure.spans)
             return
         pieces = rows_of(part) if self.failure.alone else [part]
         self.xdb.writer.flush()
         self._alone = True
         for piece in pieces:
-            self.xdb.writer.submit(piece, timeout=SUBMIT_TIMEOUT_S)
+            self._submit(stream, piece)
             self.xdb.writer.flush()
         self._alone = False
 
-    def _drop(self, part: Part, gone: tuple[PartSpan, ...]) -> None:
+    def _drop(self, stream: Stream, part: Part, gone: tuple[PartSpan, ...]) -> None:
         assert self.xdb is not None and self.xdb.writer is not None
         kept = without(part, gone)
         dropped = len(part) - sum(len(p) for p in kept)
@@ -332,28 +473,38 @@ class Service:
                   "kept the other %d of the part", dropped, list(gone), len(part) - dropped)
         self.xdb.audit_event("rows_dropped", {"reason": "the writer died storing them, twice, the second time alone",
                                               "rows": dropped, "spans": [list(span) for span in gone]})
-        self.committed(dropped)  # the server holds them until they are counted
+        # Counted once the rows sent before them are committed: the stream's count never runs ahead of them.
+        self.xdb.writer.flush()
+        self._credit(stream, dropped)  # the server holds them until they are counted
         for piece in kept:
-            self.xdb.writer.submit(piece, timeout=SUBMIT_TIMEOUT_S)
+            self._submit(stream, piece)
 
     def writer_died(self) -> None:
         """The writer's `on_failure`: write down where its batch's rows sit (unless the disk failed: no
         row is to blame), and end this run at once (a service without a writer would accept rows it can
-        never commit; the server starts another)."""
+        never commit; the owner starts another). Every stream is told the exit code first."""
         assert self.xdb is not None and self.xdb.writer is not None
         if is_disk_fault(self.xdb.writer.error):
             log.error("XDB service: the disk failed under the writer (%r); exiting, nothing dropped",
                       self.xdb.writer.error)
+            self._announce_exit(EXIT_DISK_FAULT)
             logging.shutdown()
             os._exit(EXIT_DISK_FAULT)
         failed = self.xdb.writer.failed_spans
         if failed:
             WriterFailure(tuple(failed), self._alone).write(self.xdb.data_dir)
-        log.error("XDB service: the writer died; exiting so that the server starts the service again")
+        log.error("XDB service: the writer died; exiting so that the owner starts the service again")
+        self._announce_exit(EXIT_WRITER_DIED)
         logging.shutdown()
         os._exit(EXIT_WRITER_DIED)
 
-    def _unstored(self, part: Part) -> Part:
+    def _announce_exit(self, code: int) -> None:
+        with self._counts:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.announce_exit(code)
+
+    def _unstored(self, stream: Stream, part: Part) -> Part:
         """A resent part without the rows the previous process had already committed, which are
         counted as committed now. Parts are committed in order, so those rows are its first ones."""
         assert self.xdb is not None
@@ -365,7 +516,7 @@ class Service:
             stored = self._stored(session_id, min(ticks), max(ticks))
         if not stored:
             return part
-        self.committed(stored)
+        self._credit(stream, stored)
         return part.slice(stored, len(part)) if isinstance(part, TokenBatch) else part[stored:]
 
     def _stored(self, session_id: str, first: int, last: int) -> int:
@@ -376,35 +527,21 @@ class Service:
         return int(row[0]) if row else 0
 
     # -- calls -----------------------------------------------------------------------------------
-    def _accept_calls(self, listener: Listener) -> None:
-        while True:
-            try:
-                conn = listener.accept()
-            except OSError:  # the listener closed: the service is stopping
-                return
-            except Exception as exc:  # one connection's failure ends nothing
-                log.warning("XDB service: accepting a connection failed: %r", exc)
-                continue
-            threading.Thread(target=self._serve_calls, args=(conn,), name="xdb-call", daemon=True).start()
-
-    def _serve_calls(self, conn: Connection) -> None:
+    def _serve_calls(self, conn: Connection, first: Any) -> None:
         with conn:
-            try:
-                handshake(conn, self.authkey)
-            except Exception as exc:  # a stray or stalled connection: closed, and nothing else changes
-                log.warning("XDB service: a connection failed its handshake: %r", exc)
-                return
+            message = first
             while True:
-                try:
-                    name, args, kwargs = conn.recv()
-                except (EOFError, OSError):
-                    return
+                name, args, kwargs = message
                 try:
                     result = self._call(conn, name, args, kwargs)
                 except Exception as exc:
                     conn.send(("error", portable(exc)))
                 else:
                     conn.send(("ok", result))
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    return
 
     def _call(self, conn: Connection, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name == "vacuum":
@@ -413,8 +550,11 @@ class Service:
             raise ValueError(f"the XDB service has no method {name!r}")
         kwargs = {key: _callback(conn, key) if value == CALLBACK else value for key, value in kwargs.items()}
         if name == "capture_activations":
-            self._capture = (args[0], args[1], args[2]) if len(args) == 3 else (
+            capture = (args[0], args[1], args[2]) if len(args) == 3 else (
                 kwargs["address"], kwargs["k"], kwargs["wait_s"])
+            if capture == self._capture and self.xdb is not None and self.xdb.activations_receiving():
+                return None  # told again by another process after a restart: the channel stays bound
+            self._capture = capture
         if name == "decode_tokens_with":
             self._tokenizer = args[0] if args else kwargs["tokenizer"]
         with self._gate.shared():
