@@ -43,6 +43,7 @@ from orchestrator.prepared import Prepared
 from orchestrator.request_turn import RequestTurn
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
+from orchestrator.shared_conversations import ConversationTable
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
@@ -100,9 +101,12 @@ class _Plan:
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, max_model_len: int, counter: TokenCounter,
                  sessions: SessionStore, retriever: Retriever | None = None,
-                 summarize: Summarize | None = None, render: RenderChat | None = None) -> None:
+                 summarize: Summarize | None = None, render: RenderChat | None = None,
+                 conversations: tuple[ConversationTable, ConversationTable] | None = None) -> None:
         """`render`: the served chat template, (messages, tools) -> text, so prompt budgets count its
-        tokens; without it they are estimated (orchestrator/budget.py)."""
+        tokens; without it they are estimated (orchestrator/budget.py). `conversations`: the tables of
+        sessions inferred from messages and of sessions clients name, when other processes share them
+        (None: kept in this process)."""
         self.config = config
         self.max_model_len = max_model_len
         self.counter = counter
@@ -111,9 +115,9 @@ class Orchestrator:
         self.summarize = summarize
         self.formatters = FormatterRegistry()
         self.named = NamedSessions(config.max_sessions)
-        self.conversations = Conversations(config.max_sessions)
         # The sessions clients name, apart: a request naming none never joins one by its messages.
-        self.named_conversations = Conversations(config.max_sessions)
+        self.conversations, self.named_conversations = conversations or (
+            Conversations(config.max_sessions), Conversations(config.max_sessions))
         self.render_cache = RenderCache(max_chars=config.cache_max_chars)
         self.meter = PromptMeter(counter, render)
         self.limits = RagLimits(config.rag_max_documents, config.rag_max_document_chars, config.rag_max_total_chars)
@@ -381,7 +385,7 @@ class Orchestrator:
         `await turn.commit(reply)`; anything else rolls the session back."""
         spec = request.spec
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return RequestTurn(self, request, lock)
+        return RequestTurn(self, request, lock, self.sessions.holds)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);

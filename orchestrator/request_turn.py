@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from orchestrator.cache_report import CacheReport
 from orchestrator.prepared import Prepared
+from orchestrator.session import SessionHolds, SessionLock
 from orchestrator.turn_request import TurnRequest
 
 
@@ -37,10 +38,16 @@ class TurnDriver(Protocol):
 
 
 class RequestTurn:
-    def __init__(self, driver: TurnDriver, request: TurnRequest, lock: asyncio.Lock | None) -> None:
+    def __init__(self, driver: TurnDriver, request: TurnRequest, lock: SessionLock | None,
+                 holds: SessionHolds | None = None) -> None:
+        """`lock`: the session's, for a session whose State the server keeps; `holds`: when other processes
+        serve the same sessions, a session the client keeps (named, or inferred from its messages) is held
+        through them once known, so its records continue where another process's ended."""
         self._driver = driver
         self._request = request
         self._lock = lock
+        self._holds = holds if lock is None else None
+        self._held: str | None = None
         self._prepared: Prepared | None = None
         self._on_close: list[Callable[[], None]] = []
         self._committed = False
@@ -52,6 +59,9 @@ class RequestTurn:
             await self._lock.acquire()
         try:
             self._prepared = await self._driver.prepare(self._request)
+            if self._holds is not None:
+                await self._holds.take(self._prepared.session_id)
+                self._held = self._prepared.session_id
         except BaseException:
             self._release_lock()
             raise
@@ -143,6 +153,9 @@ class RequestTurn:
             self._release_lock()
 
     def _release_lock(self) -> None:
+        if self._held is not None and self._holds is not None:
+            self._holds.give(self._held)
+            self._held = None
         if self._lock is not None and self._lock.locked():
             self._lock.release()
             self._lock = None

@@ -1,7 +1,9 @@
 """Sessions: the State the server keeps for a `session_id`, append-only between compactions.
 
 Persisted through a pair of callables (XDB in the server) so a restart resumes the session. One lock
-per session keeps its turns in request order when a client sends concurrently.
+per session keeps its turns in request order when a client sends concurrently; when several processes
+serve the same sessions (`SharedSessions`), the lock also takes the session's lease across them, and a
+session another process served since this one last did is read again from the store.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import asyncio
 import concurrent.futures
 import json
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn import Turn
@@ -79,9 +81,131 @@ class Session:
                    compaction_requested=data.get("compaction_requested", False))
 
 
+class Lease(Protocol):
+    """A session held across processes, until `release`."""
+
+    @property
+    def moved(self) -> bool: ...  # another process held it since this one last did
+    def release(self) -> None: ...
+
+
+class Leases(Protocol):
+    async def acquire(self, session_id: str) -> Lease: ...
+
+
+@dataclass(frozen=True)
+class SharedSessions:
+    """What a store needs when other processes serve the same sessions from the same State store."""
+
+    leases: Leases
+    on_moved: Callable[[str], None]  # another process served the session: forget what else is cached of it
+    # A lease goes once this process's records of the turn are stored, or the next process would continue
+    # the session's ticks from before them: `unsettled` says some are not yet, `settle` waits for them.
+    unsettled: Callable[[], bool]
+    settle: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class _Hold:
+    requests: int = 0  # this process's requests of the session that hold it
+    lease: Lease | None = None
+    taking: asyncio.Lock = field(default_factory=asyncio.Lock)  # the first request takes the lease; the rest wait
+
+
+class SessionHolds:
+    """A session held across processes for as long as any of this process's requests of it runs: the
+    first takes the lease (dropping what is cached of the session if another process served it since),
+    the last lets it go once its records are stored. Requests of one session in this process run side by
+    side as before (an agent's side calls); across processes they take turns."""
+
+    def __init__(self, store: SessionStore, shared: SharedSessions) -> None:
+        self._store, self._shared = store, shared
+        self._holds: dict[str, _Hold] = {}
+        self._releasing: set[asyncio.Task[None]] = set()  # held, or the loop may drop one mid-settle
+
+    async def take(self, session_id: str) -> None:
+        hold = self._holds.setdefault(session_id, _Hold())
+        hold.requests += 1
+        try:
+            async with hold.taking:
+                if hold.lease is None:
+                    lease = await self._shared.leases.acquire(session_id)
+                    if lease.moved:
+                        self._store.forget(session_id)
+                        self._shared.on_moved(session_id)
+                    hold.lease = lease
+        except BaseException:
+            self.give(session_id)
+            raise
+
+    def give(self, session_id: str) -> None:
+        hold = self._holds[session_id]
+        hold.requests -= 1
+        if hold.requests:
+            return
+        del self._holds[session_id]  # a request that comes now takes the lease again, after this release
+        if hold.lease is None:
+            return
+        if self._shared.unsettled():
+            task = asyncio.get_running_loop().create_task(self._release_settled(hold.lease))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+        else:
+            hold.lease.release()
+
+    async def _release_settled(self, lease: Lease) -> None:
+        try:
+            await self._shared.settle()
+        finally:  # stored or failed, the session is not held forever
+            lease.release()
+
+
+class SessionLock:
+    """A session's lock, as asyncio.Lock's interface: its turns in order in this process and, with
+    `SharedSessions`, across processes (the lease is taken after the local lock, so a process waits
+    for its own earlier turns before it asks the others)."""
+
+    def __init__(self, store: SessionStore, session_id: str) -> None:
+        self._store, self._session_id = store, session_id
+        self._local = asyncio.Lock()
+        self._held = False
+
+    async def acquire(self) -> bool:
+        await self._local.acquire()
+        if self._store.holds is not None:
+            try:
+                await self._store.holds.take(self._session_id)
+            except BaseException:
+                self._local.release()
+                raise
+            self._held = True
+        return True
+
+    def release(self) -> None:
+        if self._held and self._store.holds is not None:
+            self._held = False
+            self._store.holds.give(self._session_id)
+        self._local.release()
+
+    def locked(self) -> bool:
+        return self._local.locked()
+
+    @property
+    def _waiters(self) -> Any:
+        """asyncio.Lock's own, read by `busy` checks (a released lock wakes its next waiter before that
+        waiter holds it)."""
+        return getattr(self._local, "_waiters", None)
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
 @dataclass
 class _Entry:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: SessionLock
     session: Session | None = None
     saving: Any = None  # the last save's receipt, when the save callable returns a future
     stored: str | None = None  # the State as this server last loaded or saved it
@@ -106,8 +230,11 @@ class SessionStore:
 
     def __init__(self, load: Callable[[str], str | None] | None = None,
                  save: Callable[[str, str], object] | None = None, max_sessions: int = 10_000,
-                 on_evict: Callable[[str], object] | None = None, replica: str | None = None) -> None:
+                 on_evict: Callable[[str], object] | None = None, replica: str | None = None,
+                 shared: SharedSessions | None = None) -> None:
         self._load, self._save = load, save
+        # Other processes serve the same sessions (None: this one alone).
+        self.holds = SessionHolds(self, shared) if shared is not None else None
         self.replica = replica  # this server's name among several sharing one store (None: alone)
         self.max_sessions = max_sessions
         self._on_evict = on_evict
@@ -121,7 +248,7 @@ class SessionStore:
     def _entry(self, session_id: str) -> _Entry:
         entry = self._entries.get(session_id)
         if entry is None:
-            entry = self._entries[session_id] = _Entry()
+            entry = self._entries[session_id] = _Entry(SessionLock(self, session_id))
             self._trim()
         else:
             self._entries.move_to_end(session_id)
@@ -136,7 +263,7 @@ class SessionStore:
             if self._on_evict is not None:
                 self._on_evict(session_id)
 
-    def lock(self, session_id: str) -> asyncio.Lock:
+    def lock(self, session_id: str) -> SessionLock:
         return self._entry(session_id).lock
 
     def get(self, session_id: str) -> Session:

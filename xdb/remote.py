@@ -626,6 +626,10 @@ class RemoteXDB:
     def next_ticks(self, session_id: str, n: int = 1) -> range:
         return self._ticks.next_ticks(session_id, n)
 
+    def forget_ticks(self, session_id: str) -> None:
+        """Another process recorded in the session since this one did: its next tick is looked up again."""
+        self._ticks.forget(session_id)
+
     def ticks_known(self, session_id: str) -> bool:
         """Whether `next_ticks` would reserve for this session without looking its last tick up."""
         return self._ticks.knows(session_id)

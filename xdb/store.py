@@ -310,6 +310,10 @@ class XDB(SessionMethods, LakeMethods):
         tick stored for it (across restarts and compression)."""
         return self._ticks.next_ticks(session_id, n)
 
+    def forget_ticks(self, session_id: str) -> None:
+        """Another process recorded in the session since this one did: its next tick is looked up again."""
+        self._ticks.forget(session_id)
+
     def ticks_known(self, session_id: str) -> bool:
         """Whether `next_ticks` would reserve for this session without looking its last tick up."""
         return self._ticks.knows(session_id)

@@ -41,6 +41,12 @@ class TickBook:
         with self._lock:
             self._last.setdefault(session_id, -1)
 
+    def forget(self, session_id: str) -> None:
+        """Drop the session's next tick, so the next reservation looks it up again: another process
+        recorded in the session since (call it once every tick reserved here is committed)."""
+        with self._lock:
+            self._last.pop(session_id, None)
+
     def knows(self, session_id: str) -> bool:
         with self._lock:
             return session_id in self._last

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ahc.core.errors import RateLimited
 
@@ -40,6 +41,13 @@ class KVStats:
         return math.ceil(self.usage * self.total_blocks)
 
 
+class SharedReservations(Protocol):
+    """The blocks every API process of the server has reserved, when there are several."""
+
+    def publish_reserved(self, blocks: int) -> None: ...
+    def others_reserved(self) -> int: ...
+
+
 @dataclass
 class Reservation:
     blocks: int
@@ -47,13 +55,16 @@ class Reservation:
 
     def release(self) -> None:
         if self._governor is not None:
-            self._governor._reserved -= self.blocks
+            self._governor.reserve(-self.blocks)
             self._governor = None
 
 
 class VramGovernor:
-    def __init__(self, stats: KVStats, queue_timeout_s: float, retry_after_s: int, poll_s: float = 0.02) -> None:
+    def __init__(self, stats: KVStats, queue_timeout_s: float, retry_after_s: int, poll_s: float = 0.02,
+                 shared: SharedReservations | None = None) -> None:
+        """`shared`: the other API processes' reservations (None: this process is the only one)."""
         self.stats = stats
+        self.shared = shared
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self.poll_s = poll_s
@@ -76,7 +87,14 @@ class VramGovernor:
     def free_blocks(self) -> int:
         if self.stats.total_blocks == 0:  # the engine has not reported yet: nothing to govern against
             return 1 << 62
-        return self.stats.total_blocks - max(self.stats.used_blocks, self._reserved)
+        reserved = self._reserved if self.shared is None else self._reserved + self.shared.others_reserved()
+        return self.stats.total_blocks - max(self.stats.used_blocks, reserved)
+
+    def reserve(self, blocks: int) -> None:
+        """Count `blocks` more (fewer, when negative) as reserved, here and for the other API processes."""
+        self._reserved += blocks
+        if self.shared is not None:
+            self.shared.publish_reserved(self._reserved)
 
     def room_for(self, place: tuple[float, int]) -> int:
         """The free blocks a request at `place` may take: what those waiting ahead of it need is theirs."""
@@ -117,5 +135,5 @@ class VramGovernor:
             raise GovernorRejected(
                 f"KV cache full: {needed} blocks needed, {max(self.free_blocks(), 0)} free; retry later",
                 self.retry_after_s)
-        self._reserved += needed
+        self.reserve(needed)
         return Reservation(needed, self)

@@ -39,7 +39,7 @@ from ahc.core.errors import InvalidRequest, NotFound
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
 from orchestrator.request_turn import RequestTurn
-from orchestrator.session import Session
+from orchestrator.session import Session, SessionLock
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
@@ -295,7 +295,7 @@ class ResponsesService:
                 "note": KEPT_AFTER_DELETE.format(session_id=session_id)}
 
 
-def busy(lock: asyncio.Lock) -> bool:
+def busy(lock: SessionLock) -> bool:
     """A turn of the session is in flight or waiting (a released lock wakes its next waiter before that
     waiter holds it, so `locked()` alone would miss it)."""
     return lock.locked() or bool(getattr(lock, "_waiters", None))
