@@ -89,10 +89,10 @@ def build_vllm_namespace(config: AHCConfig, capture: CaptureSetup | None = None)
     elif not config.model and not any(a == "--model" or a.startswith("--model=") for a in config.engine.extra_args):
         raise ValueError(NO_MODEL)
     validate_parsed_serve_args(namespace)
-    if namespace.api_server_count not in (None, 1):
-        # Taken by vLLM's parser but not by AHC: silently serving from one process would hide it.
-        raise ValueError(f"--api-server-count {namespace.api_server_count}: ahc serve runs one API process "
-                         "(several, each keeping a session's turns in order, are not built yet)")
+    if namespace.api_server_count is None:  # vLLM leaves it unset for one process
+        namespace.api_server_count = 1
+    if namespace.api_server_count < 1:
+        raise ValueError(f"--api-server-count {namespace.api_server_count}: at least 1 API process")
     if config.engine.return_order in ("cpu", "both"):
         order_cpu_tier(namespace)
     return namespace

@@ -15,12 +15,16 @@ from ahc.core.config import AHCConfig, resolve_path
 from orchestrator.compaction import SummaryCall, SummaryReply
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes
-from orchestrator.session import SessionStore
+from orchestrator.session import SessionStore, SharedSessions
+from orchestrator.shared_conversations import ConversationTable, SharedConversations
 from orchestrator.token_counter import TokenCounter
 from server.admission.cache_events import CacheEvents
 from server.admission.hidden import HiddenAdmission, TenantBudget
 from server.admission.session_admission import Costs, SessionAdmission, offload_blocks
 from server.admission.vram_governor import VramGovernor
+from server.api_servers.group import ApiGroup
+from server.api_servers.session_lease import SessionLeases
+from server.api_servers.shared_board import SharedBoard
 from server.capture.capture_setup import CaptureSetup
 from server.codex.codex_condenser import CodexCondenser
 from server.codex.codex_resolver import CodexResolver
@@ -95,19 +99,20 @@ def build_session_admission(config: AHCConfig, metrics: AHCMetrics,
 def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics,
                   capture: CaptureSetup | None = None, loop: asyncio.AbstractEventLoop | None = None,
                   chat_template: str | None = None, keys: TenantKeys | None = None,
-                  cache_events: CacheEvents | None = None) -> Runtime:
+                  cache_events: CacheEvents | None = None, group: ApiGroup | None = None) -> Runtime:
     """`engine`: vLLM's AsyncLLM (or a stand-in with its interface); `loop`: the serving event loop;
     `chat_template`: the template vLLM was given (`--chat-template`, loaded), None for the model's;
     `keys`: the API keys already read (else read from the config); `cache_events`: the engine's KV events,
-    as read (None: none are)."""
+    as read (None: none are); `group`: the API processes this one serves among (None: it is alone)."""
     tokenizer = engine.get_tokenizer()
     oc = config.orchestrator
     max_model_len = config.engine.max_model_len
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahc-xdb-state")
     keys = keys if keys is not None else TenantKeys.build(config.api_key, config.api_keys_file)
     hidden = HiddenCaller(engine, tokenizer, max_model_len, chat_template, keys=keys)
-    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / "rag",  # one per session's Codex
-                                max_files=oc.rag_max_index_files)
+    # One per session's Codex, and per API process: an index file is open in one process at a time.
+    rag_dir = "rag" if group is None or group.index == 0 else f"rag.api-{group.index}"
+    rag_indexes = ScopedIndexes(Path(resolve_path(config.data_dir)) / rag_dir, max_files=oc.rag_max_index_files)
     retriever = CodexRetriever(rag_indexes)
     # A session dropped from memory keeps its State in XDB, but its RAG index is only a cache of the
     # Codex the client sends with every request: it is deleted (off the event loop) rather than kept
@@ -122,7 +127,8 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                             lambda sid, state: background.submit(save_state, xdb, metrics, sid, state),
                             oc.max_sessions, on_evict=lambda sid: background.submit(rag_indexes.drop, sid),
                             # In a cluster a session may come back on another replica: its State says so.
-                            replica=config.xdb.lake.replica_id if config.xdb.backend == "ducklake" else None)
+                            replica=config.xdb.lake.replica_id if config.xdb.backend == "ducklake" else None,
+                            shared=shared_sessions(group, xdb) if group is not None else None)
 
     async def summarize_state(call: SummaryCall) -> SummaryReply:
         reply = await hidden.complete(call.messages, oc.compaction_max_tokens, call.tools)
@@ -143,8 +149,10 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
         return str(tokenizer.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True,
                                                  chat_template=chat_template))
 
-    orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render)
-    governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s)
+    orchestrator = Orchestrator(oc, max_model_len, counter, sessions, retriever, summarize_state, render,
+                                conversations=shared_conversations(group, oc.max_sessions) if group else None)
+    board = SharedBoard(group.files.board, group.index) if group is not None else None
+    governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s, shared=board)
     session_admission = build_session_admission(config, metrics, cache_events)
     recorder = Recorder(xdb, tokenizer, background, capture, config.engine_label)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
@@ -166,6 +174,26 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                    keys=keys,
                    codex=codex, condenser=condenser, hidden=hidden,
                    token_process=token_process)
+
+
+def shared_sessions(group: ApiGroup, xdb: XDBClient) -> SharedSessions:
+    """Sessions served by several API processes: leased across them, and a session another process
+    served since is read again (its State from XDB, its next tick from what XDB committed). A lease
+    goes once this process's rows are committed, so the next holder's ticks continue after them."""
+    writer = xdb.writer
+    assert writer is not None
+
+    async def settle() -> None:
+        await asyncio.to_thread(writer.flush)
+
+    return SharedSessions(SessionLeases(group.files.leases), on_moved=xdb.forget_ticks,
+                          unsettled=lambda: writer.queue_depth() > 0, settle=settle)
+
+
+def shared_conversations(group: ApiGroup, capacity: int) -> tuple[ConversationTable, ConversationTable]:
+    """The sessions inferred from messages, and those clients name, in tables every API process reads."""
+    return (SharedConversations(group.files.conversations, capacity, name="inferred"),
+            SharedConversations(group.files.conversations, capacity, name="named"))
 
 
 def save_state(xdb: XDBClient, metrics: AHCMetrics, session_id: str, state: str) -> None:

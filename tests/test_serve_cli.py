@@ -41,7 +41,7 @@ def test_the_served_name_defaults_to_the_model_as_in_vllm(tiny_model_dir: Path) 
 @pytest.mark.parametrize("flags, message", [
     (["--no-such-vllm-flag", "1"], "unrecognized arguments: --no-such-vllm-flag"),
     (["--max-model-len", "lots"], "max-model-len"),
-    (["--api-server-count", "2"], "--api-server-count 2: ahc serve runs one API process"),
+    (["--api-server-count", "0"], "--api-server-count 0: at least 1 API process"),
 ])
 def test_a_bad_vllm_flag_is_a_clear_error(flags: list[str], message: str) -> None:
     from server.engine_args import with_vllm_flags

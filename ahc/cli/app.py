@@ -169,7 +169,8 @@ def serve(
     import uvloop
 
     from ahc.core.config import NO_MODEL, load_config
-    from server.launcher import exit_served
+    from server.api_process import exit_served
+    from server.api_supervisor import ProcessDied
     from server.launcher import serve as run_server
 
     cfg = load_config(config)
@@ -199,6 +200,8 @@ def serve(
         uvloop.run(run_server(cfg))
     except KeyboardInterrupt:
         pass
+    except ProcessDied as exc:  # one of several API processes, or the engine core
+        fail(str(exc))
     exit_served()
 
 
@@ -285,6 +288,9 @@ def bench(
         rich_help_panel="serve", help="serve, with --base-url: the server's API key.")] = None,
     pid: Annotated[int | None, typer.Option(
         rich_help_panel="serve", help="serve, with --base-url: its API process, for CPU per token.")] = None,
+    api_server_count: Annotated[int, typer.Option(
+        min=1, rich_help_panel="serve",
+        help="serve: API processes on each side (`--api-server-count` for both servers).")] = 1,
     scaling: Annotated[bool, typer.Option(
         "--scaling", rich_help_panel="serve",
         help=f"serve: tokens/s and API CPU per token at {', '.join(map(str, SCALING_STREAMS))} streams, into "
@@ -316,20 +322,23 @@ def bench(
     if emulated and name not in ("serve", "agents"):
         raise typer.BadParameter("only `ahc bench serve` and `ahc bench agents` take --engine")
     serve_options = {"--profile": profile is not None,
-                     "--rounds": rounds, "--base-url": base_url,
+                     "--rounds": rounds, "--base-url": base_url, "--api-server-count": api_server_count > 1,
                      "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
     if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):
         raise typer.BadParameter(f"only `ahc bench serve` takes {', '.join(given)}")
     if base_url is None and (given := [f for f, v in serve_options.items() if v and f in ("--model", "--api-key",
                                                                                           "--pid")]):
         raise typer.BadParameter(f"{', '.join(given)} need --base-url")
+    if base_url is not None and api_server_count > 1:
+        raise typer.BadParameter("--api-server-count starts both servers; a server given by --base-url runs as it is")
     names = list(BENCHES) if name == "all" else [name]
     if name == "agents" and emulated:
         from bench.agents import run as run_agents
 
         results = [run_agents(emulated=True)]
     elif name == "serve":
-        results = serve_bench(chosen, rounds, base_url, model, api_key, pid, scaling, plot, results_dir)
+        results = serve_bench(chosen, rounds, base_url, model, api_key, pid, scaling, plot, results_dir,
+                              api_server_count)
     else:
         results = [runner(n)() for n in names]
     if name == "all":
@@ -348,7 +357,8 @@ def bench(
 
 
 def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: str | None, api_key: str | None,
-                pid: int | None, scaling: bool, plot: bool, results_dir: Path) -> list[BenchResult]:
+                pid: int | None, scaling: bool, plot: bool, results_dir: Path,
+                api_servers: int = 1) -> list[BenchResult]:
     """`ahc bench serve` with its options: the results to print (none when only redrawing the plot)."""
     from bench.result import BenchResult
     from bench.serve import plot_scaling, run, run_scaling, run_target
@@ -370,7 +380,7 @@ def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: s
         target = Target(base_url, model, api_key, pid)
     scaling_file = results_dir / "serve-scaling.json"
     if scaling:
-        result = run_scaling(profile, rounds, target)
+        result = run_scaling(profile, rounds, target, api_servers=api_servers)
         typer.echo(f"wrote {result.save(results_dir)}", err=True)
     elif plot:
         if not scaling_file.exists():
@@ -379,7 +389,7 @@ def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: s
 
         result = BenchResult(**json.loads(scaling_file.read_text()))
     else:
-        result = run_target(target, profile, rounds) if target else run(profile, rounds)
+        result = run_target(target, profile, rounds) if target else run(profile, rounds, api_servers)
     if plot:
         try:
             typer.echo(f"wrote {plot_scaling(result, results_dir / 'serve-scaling.png')}", err=True)

@@ -1,0 +1,183 @@
+"""`ahc serve --api-server-count 2`: two API processes over one engine core and one XDB service, through
+real HTTP. A session's turns go through both processes and stay in order, with their State and their
+recorded ticks whole; sessions inferred from the messages continue across them; two tenants stay
+apart; /metrics is one view; a kill -9 of one process stops the server with every committed row kept."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from bench.serve import Side, side_figures
+from bench.servers import TINY_MODEL, recall, scrape_metrics, start_server
+from bench.stream_load import Load, Target
+from server.cluster.server_process import VERIFY_TLS, ServerProcess
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+KEYS = {"ada": "key-ada-0123456789", "bob": "key-bob-0123456789"}
+TURNS = 6
+SESSIONS = 3
+# A log line of one chat request, with the API process that served it (vLLM's log prefix).
+SERVED_BY = re.compile(r"\((ApiServer_\d) pid=(\d+)\).* chat session=(\S+) ")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    if not (TINY_MODEL / "config.json").exists():
+        raise RuntimeError("the tiny model is missing: run `make setup` first")
+    home = tmp_path_factory.mktemp("api2")
+    keys = home / "keys"
+    keys.write_text("".join(f"{tenant}:{key}\n" for tenant, key in KEYS.items()))
+    keys.chmod(0o600)
+    srv = start_server(home / "xdb", extra=["--api-server-count", "2", "--api-keys-file", str(keys)])
+    yield srv
+    srv.stop()
+
+
+def fresh_client(server: ServerProcess, tenant: str) -> openai.OpenAI:
+    """A client whose every request opens a connection of its own, so the kernel may hand it to either
+    API process (a kept-alive connection stays with the process that accepted it)."""
+    http = httpx.Client(verify=VERIFY_TLS, limits=httpx.Limits(max_keepalive_connections=0))
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=120,
+                         http_client=http)
+
+
+def served_by(server: ServerProcess) -> dict[str, list[str]]:
+    """Each session's requests (by its stored id, `tenant/session`), by the API process that served each,
+    in log order."""
+    by_session: dict[str, list[str]] = {}
+    for line in server.log.read_text(errors="replace").splitlines():
+        found = SERVED_BY.search(line)
+        if found:
+            by_session.setdefault(found.group(3), []).append(found.group(1))
+    return by_session
+
+
+def tenant_http(server: ServerProcess, tenant: str) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEYS[tenant]}"},
+                        verify=VERIFY_TLS, timeout=60)
+
+
+def run_session(server: ServerProcess, tenant: str, session: str) -> None:
+    client = fresh_client(server, tenant)
+    for turn in range(TURNS):
+        client.chat.completions.create(
+            model="tiny", max_tokens=4, messages=[{"role": "user", "content": f"{session} turn {turn}"}],
+            extra_body={"context": {"session_id": session}})
+
+
+def test_a_sessions_turns_go_through_both_processes_in_order(two: ServerProcess) -> None:
+    sessions = [(tenant, f"{tenant}-s{i}") for tenant in KEYS for i in range(SESSIONS)]
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        for done in [pool.submit(run_session, two, tenant, session) for tenant, session in sessions]:
+            done.result()
+    processes = served_by(two)
+    assert any(len(set(processes[f"{tenant}/{session}"])) == 2 for tenant, session in sessions), \
+        f"no session was served by both API processes: {processes}"
+    for tenant, session in sessions:
+        other = "bob" if tenant == "ada" else "ada"
+        with tenant_http(two, tenant) as http, tenant_http(two, other) as foreign:
+            state = http.get(f"/v1/context/sessions/{session}")
+            rows = http.get("/v1/xdb/recall", params={"session_id": session, "limit": 1000}).json()["data"]
+            hidden = foreign.get(f"/v1/context/sessions/{session}")
+        assert state.status_code == 200 and state.json()["turns"] == TURNS, state.text
+        ticks = [row["tick"] for row in rows]
+        assert len(ticks) == len(set(ticks)), f"{session}: a tick recorded twice"
+        inputs = [row["content"] for row in sorted(rows, key=lambda r: r["tick"]) if row["event_type"] == "input"]
+        assert inputs == [f"{session} turn {i}" for i in range(TURNS)], (session, inputs)
+        assert hidden.status_code == 404, hidden.text  # the other tenant's session is not found
+
+
+def test_a_conversation_without_a_session_id_continues_across_processes(two: ServerProcess) -> None:
+    client = fresh_client(two, "ada")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You answer briefly."}]
+    before = set(served_by(two))
+    for turn in range(TURNS):
+        messages.append({"role": "user", "content": f"inferred turn {turn}"})
+        reply = client.chat.completions.create(model="tiny", max_tokens=4, messages=messages)  # type: ignore[arg-type]
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    new = {sid: seen for sid, seen in served_by(two).items() if sid not in before}
+    assert len(new) == 1, f"the conversation was split into sessions: {new}"
+    (seen,) = new.values()
+    assert len(seen) == TURNS and len(set(seen)) == 2, seen  # every turn, through both processes
+
+
+def test_metrics_are_one_view_over_both_processes(two: ServerProcess) -> None:
+    client = fresh_client(two, "bob")
+    before = scrape_metrics(two.base_url).get("ahc_prompt_tokens_total", 0.0)
+    for i in range(6):
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": f"m{i}"}])
+    time.sleep(1.5)  # the computed gauges are written once a second
+    text = httpx.get(f"{two.base_url}/metrics", timeout=30).text
+    after = scrape_metrics(two.base_url).get("ahc_prompt_tokens_total", 0.0)
+    assert after > before
+    series = [line.split(" ")[0] for line in text.splitlines() if line.startswith("ahc_") and "{" in line]
+    assert len(series) == len(set(series)), "a series reported twice"
+    assert any(line.startswith("ahc_xdb_queue_depth") for line in text.splitlines())
+
+
+def test_the_serving_bench_measures_both_api_processes(two: ServerProcess) -> None:
+    """`ahc bench serve --api-server-count 2` at a tiny load, on this server: the API processes' CPU together,
+    the XDB service and the engine apart, and every token recorded."""
+    side = Side("", Target(two.base_url, "tiny", KEYS["ada"], two.process.pid), check_xdb=True)
+    result = side.measure(Load(clients=8, requests=1, max_tokens=8))
+    assert result.tokens == 64 and side.recorded_rows == 64
+    api = [c for c in psutil.Process(two.process.pid).children(recursive=True) if "APIServer" in " ".join(c.cmdline())]
+    assert len(api) == 2
+    figures = side_figures(side, [result])
+    assert figures["cpu_us_per_token"] > 0 and figures["xdb_cpu_us_per_token"] > 0
+    assert figures["engine_cpu_us_per_token"] > 0
+
+
+def test_kill_9_of_one_api_process_stops_the_server_and_keeps_what_was_committed(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "xdb", extra=["--api-server-count", "2"])
+    try:
+        client = fresh_client_keyless(srv)
+        for turn in range(4):
+            client.chat.completions.create(model="tiny", max_tokens=4,
+                                           messages=[{"role": "user", "content": f"k{turn}"}],
+                                           extra_body={"context": {"session_id": "killed"}})
+        pids = {int(found.group(1)) for line in srv.log.read_text(errors="replace").splitlines()
+                if (found := re.search(r"\(ApiServer_1 pid=(\d+)\)", line))}
+        assert len(pids) == 1, srv.log_tail()
+        os.kill(pids.pop(), signal.SIGKILL)
+        code = srv.process.wait(120)
+        assert code != 0, srv.log_tail()
+    finally:
+        srv.stop()
+    again = start_server(tmp_path / "xdb")  # one process, the same data: the session goes on
+    try:
+        with again.http() as http:
+            audit = http.post("/v1/audit/verify").json()
+        before = [row["content"] for row in sorted(recall(again, session_id="killed"), key=lambda r: r["tick"])
+                  if row["event_type"] == "input"]
+        again.client().chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "k4"}],
+                                               extra_body={"context": {"session_id": "killed"}})
+        rows = recall(again, session_id="killed")
+        with again.http() as http:
+            state = http.get("/v1/context/sessions/killed").json()
+    finally:
+        again.stop()
+    assert audit["ok"], audit
+    assert before == [f"k{turn}" for turn in range(4)]
+    asked = [row["content"] for row in sorted(rows, key=lambda r: r["tick"]) if row["event_type"] == "input"]
+    assert asked == [f"k{turn}" for turn in range(5)]
+    assert state["turns"] == 5, state
+
+
+def fresh_client_keyless(server: ServerProcess) -> openai.OpenAI:
+    http = httpx.Client(verify=VERIFY_TLS, limits=httpx.Limits(max_keepalive_connections=0))
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120,
+                         http_client=http)
