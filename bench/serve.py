@@ -84,8 +84,12 @@ class Side:
         target = self.target
         if target.pid:
             xdb_pid = xdb_service_pid(target.pid) if self.check_xdb else None
-            engine = tuple(c.pid for c in psutil.Process(target.pid).children(recursive=True) if c.pid != xdb_pid)
-            target = dataclasses.replace(target, xdb_pid=xdb_pid, engine_pids=engine)
+            children = psutil.Process(target.pid).children(recursive=True)
+            api = tuple(c.pid for c in children if API_PROCESS_TITLE in " ".join(c.cmdline()))
+            # With several API processes the server's own process only supervises: counted with the engine's.
+            engine = tuple(c.pid for c in children if c.pid != xdb_pid and c.pid not in api) + (
+                (target.pid,) if api else ())
+            target = dataclasses.replace(target, xdb_pid=xdb_pid, engine_pids=engine, api_pids=api)
         result = measure(target, load)
         if self.check_xdb or any(r.session_id for r in result.replies):
             self.check_recording(result)
@@ -110,9 +114,9 @@ class Side:
 
 
 @contextmanager
-def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Side]]:
-    """vLLM's server and AHC's on the profile's model, up together; AHC's audit chain is verified
-    once both have stopped."""
+def side_by_side(profile: Profile, max_num_seqs: int | None, api_servers: int = 1) -> Iterator[list[Side]]:
+    """vLLM's server and AHC's on the profile's model, up together, each with `api_servers` API processes;
+    AHC's audit chain is verified once both have stopped."""
     served = SERVED[profile.model]
     model_dir = served.ensure()
     # An emulated engine runs no model: its executor draws the activations and ships them as the capture
@@ -123,12 +127,13 @@ def side_by_side(profile: Profile, max_num_seqs: int | None) -> Iterator[list[Si
         extra += ["--max-num-seqs", str(max_num_seqs)]
     if profile.emulate:
         extra += ["--emulate", profile.emulate]
+    processes = ["--api-server-count", str(api_servers)] if api_servers > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
         servers: list[ServerProcess] = []
         try:
             servers.append(start_vllm(model_dir, Path(tmp) / "vllm", max_num_seqs, profile.max_model_len,
-                                      profile.emulate))
-            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=lens, extra=extra))
+                                      profile.emulate, extra=processes))
+            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=lens, extra=extra + processes))
             model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
             sides = [Side("vllm_", Target(servers[0].base_url, model, pid=servers[0].process.pid)),
                      Side("ahc_", Target(servers[1].base_url, model, pid=servers[1].process.pid), check_xdb=True)]
@@ -147,8 +152,12 @@ def verify_audit(data_dir: Path) -> str:
     return result.stdout.strip()
 
 
+# vLLM's title for each of several API processes (`VLLM::APIServer_0`, ...), AHC's and vLLM's alike.
+API_PROCESS_TITLE = "APIServer"
+
+
 def xdb_service_pid(api_pid: int) -> int | None:
-    """AHC's XDB service: the API process's child with its process title (None: XDB runs in-process)."""
+    """AHC's XDB service: the server process's child with its process title (None: XDB runs in-process)."""
     for child in psutil.Process(api_pid).children():
         if PROCESS_TITLE in " ".join(child.cmdline()):
             return child.pid
@@ -207,11 +216,11 @@ def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
                        "percentiles over every reply of the measured rounds"}
 
 
-def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
-    """AHC and vLLM side by side under `profile`'s load."""
+def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None, api_servers: int = 1) -> BenchResult:
+    """AHC and vLLM side by side under `profile`'s load, each with `api_servers` API processes."""
     prof = profile_named(profile)
     n_rounds, load = rounds or prof.rounds, load_of(prof)
-    with side_by_side(prof, prof.max_num_seqs) as sides:
+    with side_by_side(prof, prof.max_num_seqs, api_servers) as sides:
         results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
     vllm, ahc = sides
     if not ahc.rows_with_activations:
@@ -226,6 +235,8 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResul
                 if prof.emulate else "every token recorded in XDB with top-10 concept activations "
                                      f"(lens at layer {SERVED[prof.model].lens_layer})")
     notes = {**common_notes(prof, load, n_rounds),
+             "api_servers": f"{api_servers} API process(es) on each side (--api-server-count); api_cpu_*: all of "
+                            "them together",
              "ahc": recorded,
              "vllm": "python -m vllm.entrypoints.openai.api_server, same engine flags",
              **side_notes(ahc, results[1]), **side_notes(vllm, results[0])}
@@ -248,7 +259,7 @@ def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | Non
 
 
 def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, target: Target | None = None,
-                streams: Sequence[int] | None = None) -> BenchResult:
+                streams: Sequence[int] | None = None, api_servers: int = 1) -> BenchResult:
     """Every figure of the plain run (tokens/s, each process's CPU per token and per request, the cores each
     used, latency percentiles) at each number of concurrent streams (the profile's), for AHC and vLLM (or
     the one server at `target`); figures are named `..._at_N` for N streams."""
@@ -272,6 +283,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
                                                        / figures[f"vllm_cpu_us_per_token_at_{n}"])
 
     notes = {**common_notes(prof, load_of(prof), n_rounds), "streams": ",".join(str(n) for n in streams),
+             "api_servers": f"{api_servers} API process(es) on each side (--api-server-count)",
              "load": f"N streaming clients x {prof.requests} chat requests x {prof.max_tokens} tokens (ignore_eos); "
                      f"{n_rounds} measured rounds at each N after a warm-up"}
     if target is not None:
@@ -279,7 +291,7 @@ def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, targe
         measure_all(sides)
         notes.update(model=f"{target.model}, as served at {target.base_url}", device="the server's own")
     else:
-        with side_by_side(prof, max_num_seqs) as sides:
+        with side_by_side(prof, max_num_seqs, api_servers) as sides:
             measure_all(sides)
         notes["max_num_seqs"] = str(max_num_seqs)
         if sides[1].audit:

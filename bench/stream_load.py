@@ -45,6 +45,7 @@ class Target:
     model: str
     api_key: str | None = None
     pid: int | None = None
+    api_pids: tuple[int, ...] = ()  # the API processes when there are several (`--api-server-count`)
     xdb_pid: int | None = None  # AHC's XDB service process, measured on its own
     engine_pids: tuple[int, ...] = ()  # the other processes under the API process (vLLM's EngineCore)
 
@@ -204,13 +205,14 @@ async def run_round(target: Target, load: Load) -> Round:
         async def client(c: int) -> list[TimedReply]:
             return [await one_reply(session, target, load, c, i) for i in range(load.requests)]
 
-        api_before = process_cpu_s(target.pid) if target.pid else None
+        api = target.api_pids or ((target.pid,) if target.pid else ())
+        api_before = processes_cpu_s(api) if api else None
         xdb_before = process_cpu_s(target.xdb_pid) if target.xdb_pid else None
         engine_before = processes_cpu_s(target.engine_pids) if target.engine_pids else None
         client_before, started = time.process_time(), time.perf_counter()
         replies = [r for rs in await asyncio.gather(*(client(c) for c in range(load.clients))) for r in rs]
         wall, client_cpu = time.perf_counter() - started, time.process_time() - client_before
-        api_cpu = process_cpu_s(target.pid) - api_before if target.pid and api_before is not None else None
+        api_cpu = processes_cpu_s(api) - api_before if api_before is not None else None
         xdb_cpu = process_cpu_s(target.xdb_pid) - xdb_before if target.xdb_pid and xdb_before is not None else None
         engine_cpu = processes_cpu_s(target.engine_pids) - engine_before if engine_before is not None else None
     result = Round(replies, wall, client_cpu, api_cpu, xdb_cpu, engine_cpu)
