@@ -61,7 +61,9 @@ def start_vllm(model_dir: Path, log_dir: Path, max_num_seqs: int | None = None,
     config = load_config("cpu-tiny").with_overrides(
         model=str(model_dir), port=port, **overrides)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(config.engine.cpu_kvcache_space_gib)}
-    return launch([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_cli_args(config), *extra], port,
+    # `vllm serve` runs several API processes for --api-server-count; vLLM's API server module, only one.
+    entry = "bench.vllm_serve" if "--api-server-count" in extra else "vllm.entrypoints.openai.api_server"
+    return launch([sys.executable, "-m", entry, *vllm_cli_args(config), *extra], port,
                   log_dir / "vllm.log", env=env, timeout=600)
 
 

@@ -153,7 +153,7 @@ def test_help_lists_the_profiles() -> None:
     assert result.returncode == 0
     for name in PROFILES:
         assert name in result.stdout
-    for flag in ("--base-url", "--pid", "--scaling", "--plot"):
+    for flag in ("--base-url", "--pid", "--scaling", "--plot", "--api-server-count"):
         assert flag in result.stdout
 
 
@@ -161,6 +161,8 @@ def test_serve_options_are_bad_usage_elsewhere() -> None:
     assert ahc("bench", "xdb", "--scaling").returncode == 2
     assert ahc("bench", "serve", "--pid", "1").returncode == 2  # only with --base-url
     assert ahc("bench", "serve", "--profile", "warp").returncode == 2
+    assert ahc("bench", "xdb", "--api-server-count", "2").returncode == 2
+    assert ahc("bench", "serve", "--base-url", "http://127.0.0.1:9", "--api-server-count", "2").returncode == 2
 
 
 def test_plot_draws_the_scaling_figures(tmp_path: Path) -> None:
