@@ -12,8 +12,8 @@ the same texts from there on. Only a reply whose last DECODE_CONTEXT ids before 
 character at all (invalid UTF-8 from the model, half a character before a run of special tokens) may
 show a U+FFFD more with the batch's first text.
 
-Stepping a DecodeStream is one call into Rust a token (~1 µs with the context, bench in
-tests/test_token_decoder.py); a decode_batch of every prefix would be one call but quadratic work.
+Stepping a DecodeStream is one call into Rust a token (~1 µs with the context, measured by
+`python -m bench.token_decode`); a decode_batch of every prefix would be one call but quadratic work.
 """
 
 from __future__ import annotations
