@@ -279,6 +279,9 @@ class XDBConfig(_Strict):
     threads: int | None = Field(default=None, gt=0)
     # Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again.
     max_tick_sessions: int = Field(default=10_000, gt=0)
+    # A recall answers within this many seconds: one that reaches it returns the rows found so far,
+    # oldest first, marked `partial` with a cursor to continue from. None: no deadline.
+    recall_deadline_s: float | None = Field(default=0.5, gt=0)
     # `ahc serve` runs the database, its writer and the audit chain in a process of their own, so their
     # CPU and their threads' hold on the GIL stay out of the process that streams tokens; a service
     # that dies is started again and sent the rows it had not committed. False: all in one process.
