@@ -290,6 +290,13 @@ class XDBConfig(_Strict):
     # what they commit shipped to the shared DuckLake in `lake` (xdb/lake.py).
     backend: Literal["duckdb", "ducklake"] = "duckdb"
     lake: LakeConfig = Field(default_factory=LakeConfig)
+    # Scheduled backups (server/recording/backup_loop.py): every backup_every_s the server writes a
+    # backup, verifies its audit chain, and keeps the newest backup_keep. None: on demand only (SIGUSR1,
+    # `ahc xdb backup`). backup_dir: where they go, meant to be another disk; None: DATA_DIR/backups.
+    # A deleted session is removed from the backups kept there too (xdb/backups.py).
+    backup_every_s: float | None = Field(default=None, gt=0)
+    backup_dir: str | None = None
+    backup_keep: int = Field(default=3, gt=0)
 
     @model_validator(mode="after")
     def _forever_alone(self) -> XDBConfig:
