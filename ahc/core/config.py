@@ -275,6 +275,13 @@ class XDBConfig(_Strict):
     # Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure.
     max_queue_rows: int = Field(default=1_000_000, gt=0)
     submit_timeout_s: float = Field(default=30.0, gt=0)
+    # What recording does while the disk under the data dir is full or failing (xdb/remote.py). `pause`:
+    # every row is held in memory and, past max_queue_rows, new requests get 503 until the disk mends.
+    # `spill`: the rows go to append-only files in spill_dir (0600: tenants' text), the server keeps
+    # serving, and they are sent to XDB in order once it commits again (or at the next start); if
+    # spill_dir fails too, recording pauses. spill_dir must not lie inside the data dir; another disk.
+    on_disk_full: Literal["pause", "spill"] = "pause"
+    spill_dir: str | None = None
     # DuckDB threads for the experience file; None: a quarter of the cores, at least one.
     threads: int | None = Field(default=None, gt=0)
     # Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again.
@@ -308,6 +315,13 @@ class XDBConfig(_Strict):
             if named:
                 raise ValueError(f"xdb.keep_forever keeps everything: drop {', '.join(named)}")
             self.retention = RetentionConfig(verbatim_days=None, delete_after_days=None)
+        return self
+
+    @model_validator(mode="after")
+    def _spill_dir_when_spilling(self) -> XDBConfig:
+        if self.on_disk_full == "spill" and not self.spill_dir:
+            raise ValueError("xdb.on_disk_full spill needs xdb.spill_dir (AHC_XDB__SPILL_DIR=...): a directory "
+                             "outside the data dir, on another disk, where rows wait while the data dir's is full")
         return self
 
     def sized_quota(self, data_dir: Path) -> int | None:
