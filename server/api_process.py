@@ -22,6 +22,7 @@ from server.capture.capture_setup import CaptureSetup
 from server.engine_args import kv_events_replay
 from server.metrics import AHCMetrics
 from server.model.template_check import check_chat_template
+from server.recording.backup_loop import backup_forever
 from server.recording.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.tenancy.tenants import TenantKeys
@@ -102,6 +103,8 @@ async def serve_engine(served: Served, engine: AsyncLLM, xdb: XDBClient, metrics
             tasks.append(asyncio.create_task(enforce_quota_forever(
                 xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass,
                 config.xdb.vacuum_every_s)))
+        if served.primary:  # erasures from backups and exports left pending; scheduled backups (xdb.backup_every_s)
+            tasks.append(asyncio.create_task(backup_forever(xdb, Path(resolve_path(config.data_dir)), config.xdb)))
         app = build_app(runtime, args, supported_tasks, engine.model_config)
         # The recording wrapper stands in for the engine by delegation, which vLLM's nominal type cannot see.
         await init_app_state(cast("EngineClient", runtime.engine), app.state, args, supported_tasks)

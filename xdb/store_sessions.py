@@ -13,12 +13,13 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from ahc.core.errors import NotFound
-from xdb import retention, session_state
+from xdb import backups, retention, session_state
 from xdb.audit import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
@@ -32,6 +33,7 @@ log = logging.getLogger("ahc.xdb")
 class SessionMethods:
     """What these methods use of the XDB they are part of (set in XDB.__init__ and XDB.open)."""
 
+    data_dir: Path
     lake: Lake | None
     writer: Writer | None
     audit: AuditLog | None
@@ -140,6 +142,7 @@ class SessionMethods:
         erasure = self._erasure(session_id)
         deleted = retention.delete_session(cur, session_id, self.audit_event, erasure, **why)
         self._destroy_keys(erasure)
+        backups.session_deleted(self.data_dir, session_id)  # then from the kept backups and exports, on a thread
         return deleted
 
     def _destroy_keys(self, erasure: retention.Erasure | None) -> None:
@@ -184,4 +187,5 @@ def finish_deletions(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
         with conn.cursor() as cur:
             retention.finish_deletion(cur, deletion)
         audit.destroy_keys(deletion.keys)
+        backups.session_deleted(audit.path.parent.parent, deletion.session_id)  # and from the kept copies
     return len(pending)

@@ -5,7 +5,9 @@ lock) or torn. On `kill -USR1 <ahc serve pid>` (`docker compose kill -s SIGUSR1 
 both files itself, from one snapshot each, while generation and recording go on, into
 `DATA_DIR/backups/<UTC time>/`: a directory `ahc serve --data-dir` or `XDB.open` takes as it is. It is
 written under a `.partial-` name and renamed when complete, so whatever waits for it never sees half a
-backup. `scripts/backup.sh` sends the signal and waits.
+backup. `scripts/backup.sh` sends the signal and waits. A session deleted later is removed from the
+backups kept there (xdb/backups.py); `xdb.backup_every_s` backs up on a schedule
+(server/recording/backup_loop.py).
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 from pathlib import Path
 
-from xdb import XDBClient
+from xdb import XDBClient, backups
 
 log = logging.getLogger("ahc.backup")
 
-BACKUPS_DIR = "backups"
+BACKUPS_DIR = backups.BACKUPS_DIR
 
 
 def install_backup_signal(xdb: XDBClient, data_dir: Path) -> None:
@@ -39,15 +40,13 @@ def install_backup_signal(xdb: XDBClient, data_dir: Path) -> None:
 
 
 async def backup_now(xdb: XDBClient, data_dir: Path) -> Path | None:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    final = data_dir / BACKUPS_DIR / stamp
-    partial = final.with_name(f".partial-{stamp}")
     log.info("backup of %s started", data_dir)
     try:
-        result = await asyncio.to_thread(xdb.backup, partial)
-        partial.rename(final)
+        # Under the backup directory's lock, marked with its start time: a session deleted later is
+        # erased from it too (xdb/backups.py).
+        final = await asyncio.to_thread(backups.write_backup, xdb, data_dir, data_dir / BACKUPS_DIR)
     except Exception:  # reported, and the server serves on: a failed backup must not stop generation
-        log.exception("backup of %s into %s failed", data_dir, final)
+        log.exception("backup of %s into %s failed", data_dir, data_dir / BACKUPS_DIR)
         return None
-    log.info("backup of %s written to %s (audit seq %s)", data_dir, final, result["audit_seq"])
+    log.info("backup of %s written to %s", data_dir, final)
     return final

@@ -1,0 +1,163 @@
+"""Scheduled backups (verified, the newest N kept) and deletions that reach the backups and exports kept
+under the data dir and the backup dir (xdb/backups.py, server/recording/backup_loop.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ahc.core.config import XDBConfig
+from server.recording.backup_loop import BackupLoop, backup_forever
+from xdb import XDB, TimestepRow, backups, verify_audit
+from xdb.audit_keys import KEYS_FILE
+from xdb.owner import EVERY
+from xdb.vacuum import vacuum_experience
+
+WORD = "zorbleflimquaxite"  # the deleted session's text: in no file afterwards
+
+
+def record(xdb: XDB, session: str, text: str, n: int = 4) -> None:
+    assert xdb.writer is not None
+    xdb.writer.submit([TimestepRow(session, t, "output", "assistant", f"{text}{t}", token_id=t,
+                                   metadata={"note": text}) for t in xdb.next_ticks(session, n)])
+    xdb.writer.flush()
+
+
+def files_holding(folder: Path, needle: bytes) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def sessions_in(path: Path) -> set[str]:
+    with XDB.open(path, read_only=True) as copy:
+        return {s for (s,) in copy.conn.execute("SELECT DISTINCT session_id FROM timesteps").fetchall()}
+
+
+def test_the_loop_backs_up_verifies_and_keeps_the_newest(tmp_path: Path) -> None:
+    data, dest = tmp_path / "data", tmp_path / "second-disk"
+    reports: list[dict[str, Any]] = []
+    with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:
+        loop = BackupLoop(xdb, data, dest, keep=2, on_result=reports.append)
+        for i in range(4):
+            record(xdb, f"s{i}", "hello")
+            assert loop.once()["ok"]
+    kept = backups.kept_backups(dest)
+    assert [str(p) for p in kept] == [r["path"] for r in reports[-2:]]  # the newest two, oldest first
+    assert sum(len(r["removed"]) for r in reports) == 2 and loop.written == 4 and loop.failed == 0
+    for path in kept:
+        assert verify_audit(path).ok
+    assert sessions_in(kept[-1]) == {"s0", "s1", "s2", "s3"}
+    assert backups.known_dirs(data) == [data / "backups", dest.resolve()]  # noted: deletions reach it
+
+
+def test_a_backup_that_fails_verification_is_logged_and_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    data, dest = tmp_path / "data", tmp_path / "b"
+    monkeypatch.setattr(backups, "verify_backup", lambda path: (False, "audit record seq=3: forged"))
+    with XDB.open(data) as xdb, caplog.at_level(logging.ERROR, "ahc.backup"):
+        record(xdb, "s", "x")
+        loop = BackupLoop(xdb, data, dest, keep=3)
+        report = loop.once()
+    assert not report["ok"] and report["error"] == "audit record seq=3: forged" and loop.failed == 1
+    assert backups.kept_backups(dest) == [] and "failed verification" in caplog.text
+
+
+def test_the_server_loop_runs_on_its_schedule(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    config = XDBConfig(backup_every_s=0.05, backup_keep=2, backup_dir=str(tmp_path / "b"))
+
+    async def run(xdb: XDB) -> None:
+        task = asyncio.create_task(backup_forever(xdb, data, config))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if len(list((tmp_path / "b").glob("2*"))) >= 2 and not list((tmp_path / "b").glob(".partial-*")):
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with XDB.open(data) as xdb:
+        record(xdb, "s", "x")
+        asyncio.run(run(xdb))
+    kept = backups.kept_backups(tmp_path / "b")
+    assert len(kept) == 2 and all(verify_audit(p).ok for p in kept)
+
+
+@pytest.fixture
+def copies(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    """A data dir with the victim's and the keeper's sessions in two backups (DATA_DIR/backups and the
+    backup dir), one SIGUSR1-style backup, and two exports (Parquet and JSON lines)."""
+    data, dest = tmp_path / "data", tmp_path / "second-disk"
+    with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:
+        record(xdb, "victim", WORD)
+        record(xdb, "keeper", "kept")
+        made = [backups.write_backup(xdb, data, dest), backups.write_backup(xdb, data, data / "backups")]
+        record(xdb, "victim", WORD)
+        made.append(backups.write_backup(xdb, data, dest))
+        xdb.export(owner=EVERY)
+        xdb.export(fmt="jsonl", owner=EVERY)
+    assert all(files_holding(p, WORD.encode()) for p in made)
+    assert len(files_holding(data / "exports", WORD.encode())) == 2
+    return data, dest, made
+
+
+def check_erased(data: Path, dest: Path, made: list[Path]) -> None:
+    vacuum_experience(data)  # the live file's own deleted rows leave its blocks (the storage pass does it live)
+    for folder in (data, dest):
+        assert files_holding(folder, WORD.encode()) == [], folder
+    for path in made:
+        report = verify_audit(path)
+        assert report.ok, report.first_bad
+        assert any(e.startswith("session 'victim'") for e in report.erased)
+        assert b"victim" not in (path / "audit" / KEYS_FILE).read_bytes()  # its keys' rows gone, bytes and all
+        assert sessions_in(path) == {"keeper"}
+        with XDB.open(path) as copy:  # opens as a data dir, its chain intact
+            assert copy.conn.execute("SELECT count(*) FROM timesteps WHERE session_id = 'keeper'").fetchone() == (4,)
+    for manifest in (data / "exports").glob("*/manifest.json"):
+        m = json.loads(manifest.read_text())
+        assert m["rows"] == sum(t["rows"] for t in m["tables"].values()) and m["erased_sessions"] == 1
+        assert all((manifest.parent / f["path"]).is_file() for t in m["tables"].values() for f in t["files"])
+        assert m["tables"]["timesteps"]["rows"] == 4  # the keeper's
+    assert backups.pending(data) == []
+
+
+def test_a_deletion_reaches_every_backup_and_export(copies: tuple[Path, Path, list[Path]]) -> None:
+    data, dest, made = copies
+    with XDB.open(data) as xdb:
+        xdb.delete_session("victim")
+        backups.wait(data, timeout=60)
+        # A backup made after the deletion is left alone (it holds nothing of it).
+        record(xdb, "keeper", "more")
+    check_erased(data, dest, made)
+
+
+def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, Path, list[Path]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    data, dest, made = copies
+    done: list[Path] = []
+    erase = backups.erase_from_backup
+
+    def crash_after_one(backup: Path, session_id: str) -> bool:
+        if done:
+            raise KeyboardInterrupt("the process dies midway")
+        done.append(backup)
+        return erase(backup, session_id)
+
+    monkeypatch.setattr(backups, "start_worker", lambda data_dir: None)  # run in this thread, below
+    monkeypatch.setattr(backups, "erase_from_backup", crash_after_one)
+    with XDB.open(data) as xdb:
+        xdb.delete_session("victim")
+    assert [p.session_id for p in backups.pending(data)] == ["victim"]
+    with pytest.raises(KeyboardInterrupt):
+        backups.finish_pending(data)
+    assert len(done) == 1 and [p.session_id for p in backups.pending(data)] == ["victim"]  # still noted
+    monkeypatch.undo()
+
+    with XDB.open(data) as xdb:  # the next start: the server's backup loop, without a schedule
+        asyncio.run(backup_forever(xdb, data, XDBConfig()))
+        backups.wait(data, timeout=60)
+    check_erased(data, dest, made)

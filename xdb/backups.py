@@ -1,0 +1,390 @@
+"""The backups and exports kept on this machine, and deletions that reach them.
+
+Backups are written by the server (`server/recording/backup_loop.py` on a schedule, SIGUSR1 on demand)
+into a backup directory: DATA_DIR/backups, or `xdb.backup_dir` (another disk). Each is a data directory
+named by its UTC start time, written under a `.partial-` name and renamed when complete, with a small
+`ahc-backup.json` beside its files (when it was started, its audit seq). Every directory a backup was
+written to is noted in DATA_DIR/backup-dirs.json, so a deletion finds its backups after `backup_dir`
+changed.
+
+A deleted session (`XDB.delete_session`, retention, a deletion a crash cut short and the next start
+finished) is noted in DATA_DIR/erase-copies.json, and a thread of its own removes it from every copy
+made before the deletion:
+
+- every kept backup in those directories: the backup is opened as the XDB it is (offline, nothing
+  live waits on it) and the session deleted there as in the live file, so the backup's own audit log
+  chains the deletion and destroys the session's keys in the backup's `audit.keys` (its sealed records
+  stay, unreadable, and its chain still verifies, the erasure named as one by policy); then its
+  experience file is rewritten whole (xdb/vacuum.py), so the deleted rows leave its blocks;
+- every export under DATA_DIR/exports: the session's partition files, and their rows in the manifest.
+
+No XDB lock is held meanwhile: the live XDB is not touched. The note is removed once every copy is
+done, so a crash midway leaves it for the next start (`finish_pending`), which does it again (each step
+repeats harmlessly). A backup being written while the deletion runs is waited for: writing a backup and
+erasing from backups take the same lock on the backup directory (a file lock, so across processes).
+
+Not reached: copies anywhere else — backups written with `ahc xdb backup --out` or `XDB.backup(dest)`
+to another path, exports made with an explicit `out`, and anything copied off the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow.parquet as pq
+
+from ahc.core.errors import NotFound
+from xdb.private import fsync_path, private_dir, private_files
+from xdb.schema import EXPERIENCE_FILE
+
+log = logging.getLogger("ahc.xdb.backups")
+
+BACKUPS_DIR = "backups"  # DATA_DIR/backups: where backups go unless `xdb.backup_dir` names another
+EXPORTS_DIR = "exports"
+DIRS_FILE = "backup-dirs.json"  # in DATA_DIR: every directory backups were written to
+PENDING_FILE = "erase-copies.json"  # in DATA_DIR: deleted sessions not yet erased from every copy
+MARK_FILE = "ahc-backup.json"  # in each backup: when it was started, its audit seq
+PENDING_LOCK = ".erase-copies.lock"  # in DATA_DIR: an edit of PENDING_FILE
+RUN_LOCK = ".erase-copies.run.lock"  # in DATA_DIR: erasing from the copies
+LOCK_FILE = ".lock"  # in each backup directory: writing a backup, or erasing from its backups
+STAMP = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
+IN_FLIGHT_EXPORT_WAIT_S = 600.0
+
+
+class Backs(Protocol):
+    def backup(self, dest: Path | str) -> dict[str, Any]: ...
+
+
+# -- backup directories and their backups ------------------------------------------------------------
+def default_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / BACKUPS_DIR
+
+
+def backup_dir(data_dir: Path, configured: str | None) -> Path:
+    return Path(configured).expanduser() if configured else default_dir(data_dir)
+
+
+def known_dirs(data_dir: Path) -> list[Path]:
+    """DATA_DIR/backups and every directory a backup of this data dir was written to."""
+    found = [default_dir(data_dir)]
+    path = Path(data_dir) / DIRS_FILE
+    if path.is_file():
+        try:
+            found += [Path(p) for p in json.loads(path.read_text())]
+        except (OSError, ValueError):
+            log.warning("%s is unreadable; only %s is searched for backups", path, found[0])
+    unique: list[Path] = []
+    for d in found:
+        if d.resolve() not in {u.resolve() for u in unique}:
+            unique.append(d)
+    return unique
+
+
+def _remember_dir(data_dir: Path, dest_dir: Path) -> None:
+    if dest_dir.resolve() == default_dir(data_dir).resolve():
+        return
+    dirs = [str(d) for d in known_dirs(data_dir)[1:]]
+    if str(dest_dir.resolve()) not in dirs:
+        _write_json(Path(data_dir) / DIRS_FILE, [*dirs, str(dest_dir.resolve())])
+
+
+def kept_backups(dest_dir: Path) -> list[Path]:
+    """The complete backups in `dest_dir`, oldest first (by name: their UTC start time)."""
+    if not dest_dir.is_dir():
+        return []
+    return sorted((p for p in dest_dir.iterdir() if STAMP.match(p.name) and (p / EXPERIENCE_FILE).is_file()),
+                  key=lambda p: p.name)
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    """A file lock: across processes, and across threads (each takes it through an open of its own)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def locked(dest_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """The backup directory to oneself: writing a backup, or erasing sessions from its backups."""
+    private_dir(dest_dir)
+    return _flock(dest_dir / LOCK_FILE)
+
+
+def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path) -> Path:
+    """A backup of the live XDB into `dest_dir`/<UTC time>/ (written under a `.partial-` name, renamed
+    when complete); the directory is noted so that deletions reach it."""
+    data_dir, dest_dir = Path(data_dir), Path(dest_dir)
+    private_dir(dest_dir)
+    _remember_dir(data_dir, dest_dir)
+    with locked(dest_dir):
+        started = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+        final, n = dest_dir / stamp, 1
+        while final.exists() or final.with_name(f".partial-{final.name}").exists():
+            final, n = dest_dir / f"{stamp}-{n}", n + 1
+        partial = final.with_name(f".partial-{final.name}")
+        try:
+            result = xdb.backup(partial)
+            _write_json(partial / MARK_FILE, {"started_at": started, "audit_seq": result["audit_seq"]})
+            partial.rename(final)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    fsync_path(dest_dir)
+    return final
+
+
+def verify_backup(path: Path) -> tuple[bool, str | None]:
+    """The backup's audit chain, as `ahc xdb verify-audit` checks it: (ok, the first fault)."""
+    from xdb.audit import verify_audit
+
+    try:
+        report = verify_audit(path)
+    except Exception as exc:  # noqa: BLE001 - an unreadable copy is a failed one
+        return False, f"{type(exc).__name__}: {exc}"
+    return report.ok, report.first_bad
+
+
+def prune(dest_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` backups in `dest_dir`; the ones deleted."""
+    with locked(dest_dir):
+        old = kept_backups(dest_dir)[:-keep] if keep > 0 else kept_backups(dest_dir)
+        for path in old:
+            shutil.rmtree(path)
+    return old
+
+
+def _started_at(backup: Path) -> float | None:
+    try:
+        return float(json.loads((backup / MARK_FILE).read_text())["started_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a backup from before the mark: treated as older than any deletion
+
+
+# -- deletions reaching the copies ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pending:
+    session_id: str
+    deleted_at: float  # time.time() once the live deletion was done
+
+
+_quiet = threading.local()  # set while erasing from a backup: that XDB's own deletion notes nothing
+_workers: dict[Path, threading.Thread] = {}
+_workers_lock = threading.Lock()
+
+
+def pending(data_dir: Path) -> list[Pending]:
+    path = Path(data_dir) / PENDING_FILE
+    if not path.is_file():
+        return []
+    try:
+        return [Pending(str(e["session_id"]), float(e["deleted_at"])) for e in json.loads(path.read_text())]
+    except (OSError, ValueError, KeyError, TypeError):
+        log.error("%s is unreadable: deleted sessions it named may stay in backups and exports", path)
+        return []
+
+
+def _save_pending(data_dir: Path, entries: list[Pending]) -> None:
+    path = Path(data_dir) / PENDING_FILE
+    if not entries:
+        path.unlink(missing_ok=True)
+        return
+    _write_json(path, [{"session_id": e.session_id, "deleted_at": e.deleted_at} for e in entries])
+
+
+def session_deleted(data_dir: Path, session_id: str) -> None:
+    """The live XDB deleted `session_id`: note it (durably), and erase it from the copies on a thread
+    of its own (the caller's locks are not held there)."""
+    if getattr(_quiet, "on", False):
+        return
+    data_dir = Path(data_dir)
+    with _flock(data_dir / PENDING_LOCK):
+        entries = [e for e in pending(data_dir) if e.session_id != session_id]
+        _save_pending(data_dir, [*entries, Pending(session_id, time.time())])
+    start_worker(data_dir)
+
+
+def start_worker(data_dir: Path) -> threading.Thread | None:
+    """Erase the noted sessions from the copies on a thread (None: nothing is noted); one per data dir
+    at a time, and it goes on while notes arrive."""
+    data_dir = Path(data_dir)
+    with _workers_lock:
+        running = _workers.get(data_dir)
+        if running is not None and running.is_alive():
+            return running
+        if not pending(data_dir):
+            return None
+        thread = threading.Thread(target=_work, args=(data_dir,), name="ahc-erase-copies", daemon=True)
+        _workers[data_dir] = thread
+        thread.start()
+        return thread
+
+
+def _work(data_dir: Path) -> None:
+    while True:
+        try:
+            finish_pending(data_dir)
+        except Exception:  # noqa: BLE001 - logged; the note stays for the next start
+            log.exception("erasing deleted sessions from the backups and exports of %s failed; retried at the "
+                          "next start", data_dir)
+            return
+        with _workers_lock:
+            if not pending(data_dir):
+                _workers.pop(data_dir, None)
+                return
+
+
+def wait(data_dir: Path, timeout: float | None = None) -> None:
+    """Wait for the erasing thread of `data_dir` to finish (tests, shutdown)."""
+    with _workers_lock:
+        thread = _workers.get(Path(data_dir))
+    if thread is not None:
+        thread.join(timeout)
+
+
+def finish_pending(data_dir: Path) -> list[str]:
+    """Erase every noted session from every kept backup and export made before its deletion; the
+    sessions done (their notes removed)."""
+    data_dir = Path(data_dir)
+    done = []
+    with _flock(data_dir / RUN_LOCK):  # one process at a time erases (the service's thread, a start's)
+        for entry in pending(data_dir):
+            erase_everywhere(data_dir, entry)
+            with _flock(data_dir / PENDING_LOCK):
+                _save_pending(data_dir, [e for e in pending(data_dir) if e != entry])
+            done.append(entry.session_id)
+    return done
+
+
+def erase_everywhere(data_dir: Path, entry: Pending) -> None:
+    for dest_dir in known_dirs(data_dir):
+        if not dest_dir.is_dir():
+            continue
+        with locked(dest_dir):
+            for backup in kept_backups(dest_dir):
+                started = _started_at(backup)
+                if started is None or started <= entry.deleted_at:
+                    erase_from_backup(backup, entry.session_id)
+    exports = data_dir / EXPORTS_DIR
+    _wait_for_exports_in_flight(exports)
+    if exports.is_dir():
+        for export_dir in sorted(exports.iterdir()):
+            if (export_dir / "manifest.json").is_file():
+                erase_from_export(export_dir, entry.session_id)
+
+
+def erase_from_backup(backup: Path, session_id: str) -> bool:
+    """Delete the session in an offline backup as the live XDB does (its audit log chains the deletion
+    and destroys its keys there), then rewrite its experience file whole; False: it held nothing of it."""
+    from xdb.store import XDB
+    from xdb.vacuum import vacuum_experience
+
+    _quiet.on = True
+    try:
+        with XDB.open(backup) as copy:
+            try:
+                deleted = copy.delete_session(session_id)
+            except NotFound:
+                deleted = None
+    finally:
+        _quiet.on = False
+    if deleted is None:
+        return False
+    vacuum_experience(backup)
+    (backup / (EXPERIENCE_FILE + ".wal")).unlink(missing_ok=True)
+    log.info("session %r erased from the backup %s (%d rows)", session_id, backup, sum(deleted.values()))
+    return True
+
+
+def _partition_names(column: str, session_id: str, manifest: dict[str, Any]) -> set[str]:
+    names = {f"{column}={urllib.parse.quote(session_id, safe='')}"}
+    names |= {f"{column}={key}" for key, value in manifest.get("long_ids", {}).items() if value == session_id}
+    return names
+
+
+def _file_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def erase_from_export(export_dir: Path, session_id: str) -> int:
+    """Remove the session's partition files from an export and from its manifest; the rows removed.
+    Tables not partitioned by session (the concept vocabulary, tags, documents) are left as they are."""
+    manifest_path = export_dir / "manifest.json"
+    try:
+        manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return 0  # deleted meanwhile (expired), or not an export
+    removed_rows, changed = 0, False
+    for table in manifest.get("tables", {}).values():
+        column = table.get("partitioned_by")
+        if not column:
+            continue
+        names = _partition_names(column, session_id, manifest)
+        kept = []
+        for entry in table["files"]:
+            if not set(Path(entry["path"]).parts) & names:
+                kept.append(entry)
+                continue
+            changed = True
+            path = export_dir / entry["path"]
+            if path.is_file():
+                rows = _file_rows(path)
+                path.unlink()
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
+                table["rows"] -= rows
+                removed_rows += rows
+        table["files"] = kept
+    if changed:
+        manifest["rows"] -= removed_rows
+        manifest["erased_sessions"] = int(manifest.get("erased_sessions", 0)) + 1
+        if "long_ids" in manifest:
+            manifest["long_ids"] = {k: v for k, v in manifest["long_ids"].items() if v != session_id}
+            if not manifest["long_ids"]:
+                del manifest["long_ids"]
+        tmp = manifest_path.with_name(manifest_path.name + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        private_files(tmp)
+        os.replace(tmp, manifest_path)
+        log.info("session %r erased from the export %s (%d rows)", session_id, export_dir, removed_rows)
+    return removed_rows
+
+
+def _wait_for_exports_in_flight(exports: Path) -> None:
+    """An export being written (a directory without its manifest yet) may hold the session: wait for it."""
+    deadline = time.monotonic() + IN_FLIGHT_EXPORT_WAIT_S
+    while exports.is_dir() and time.monotonic() < deadline:
+        young = [d for d in exports.iterdir() if d.is_dir() and not (d / "manifest.json").exists()
+                 and time.time() - d.stat().st_mtime < IN_FLIGHT_EXPORT_WAIT_S]
+        if not young:
+            return
+        time.sleep(0.5)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    private_files(tmp)
+    os.replace(tmp, path)
