@@ -1,11 +1,13 @@
 """Recall: the timestep filters (session, event types, tags, text, ticks, concept), validated,
-turned into DuckDB queries over `timesteps`."""
+turned into DuckDB queries over `timesteps`; with a deadline, scanned in id windows that stop there."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -209,10 +211,11 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def conditions(f: RecallFilters, concepts: ConceptIndex,
-               owner: str) -> tuple[list[str], list[Any]] | None:
+def conditions(f: RecallFilters, concepts: ConceptIndex, owner: str,
+               until_id: int | None = None) -> tuple[list[str], list[Any]] | None:
     """WHERE terms over `timesteps t` for every filter but tags; None when they can match nothing.
-    `owner`: only one tenant's sessions (xdb/owner.py; "": every session)."""
+    `owner`: only one tenant's sessions (xdb/owner.py; "": every session). `until_id`: rows with an
+    id up to it only (a window of a bounded recall)."""
     where: list[str] = []
     params: list[Any] = []
     if owner:
@@ -235,6 +238,8 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
         params.append(f.time_to)
     if f.after_id is not None:
         where.append(f"t.id > {int(f.after_id)}")
+    if until_id is not None:
+        where.append(f"t.id <= {int(until_id)}")
     if f.text is not None:
         where.append("t.content ILIKE ? ESCAPE '\\'")
         params.append(f"%{_escape_like(f.text)}%")
@@ -258,13 +263,14 @@ def conditions(f: RecallFilters, concepts: ConceptIndex,
 
 
 def build_query(f: RecallFilters, concepts: ConceptIndex, tag_ids: list[int] | None,
-                tag_kinds: list[str] | None = None, *, owner: str) -> tuple[str, list[Any]] | None:
+                tag_kinds: list[str] | None = None, *, owner: str,
+                until_id: int | None = None) -> tuple[str, list[Any]] | None:
     """SQL and parameters for the rows of the first `limit` matches, oldest first; None when the filters
     can match nothing (unknown concept or tags). DuckDB's top-N pushes a growing `id` bound into the scan,
     so row groups past the first matches are skipped by their zone maps. Without tags the rows come
     straight from the filtered top-N: fetching them by id afterwards read every column of the id range
     the matches span (2x slower at 10M rows when they are sparse); with tags, the ids come first."""
-    found = conditions(f, concepts, owner)
+    found = conditions(f, concepts, owner, until_id)
     if found is None:
         return None
     where, params = found
@@ -366,17 +372,153 @@ def to_record(row: Row, concepts: ConceptIndex, tags: list[str],
 
 def recall(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
            tag_cache: TagCache | None = None, *, owner: str) -> list[dict[str, Any]]:
-    """The matching rows in one query (`build_query`); then their tags and comments."""
-    tag_cache = tag_cache or TagCache()
-    tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
-    query = build_query(filters, concepts, tag_ids, kinds, owner=owner)
+    """The matching rows in one query (`build_query`), with no time bound; then their tags and comments."""
+    return recall_within(cur, filters, concepts, tag_cache, owner=owner, deadline_s=None).rows
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """What a recall found. `partial`: its deadline came before `limit` rows were; then `rows` are the
+    matches among the ids up to `scanned_to`, every one of them, oldest first, and a recall with
+    `after_id = scanned_to` continues where it stopped (None: the deadline came while `offset` rows
+    were still being skipped, so there is no id to continue from)."""
+
+    rows: list[dict[str, Any]]
+    partial: bool = False
+    scanned_to: int | None = None
+
+
+# A bounded recall first runs the single query (`build_query`) for FIRST_TRY_SHARE of its deadline:
+# most recalls end there, at no cost over an unbounded one. One still running is interrupted, and the
+# rest of the deadline scans ids in windows, each twice the last: a filter whose first `limit` matches lie
+# early costs one or two small queries, a sparse one about log2(rows / FIRST_WINDOW) more (zone maps
+# skipping what the other filters rule out) for at most twice the rows one query reads; and what the
+# windows finished before the deadline is the partial answer. One row group's ids to start.
+FIRST_TRY_SHARE = 0.5
+FIRST_WINDOW = 122_880
+# While a query runs past its time it is interrupted again this often: an interrupt that lands just
+# before DuckDB starts the query is cleared by the start.
+INTERRUPT_EVERY_S = 0.005
+
+
+class _Deadline:
+    """Runs queries on `cur` until `seconds` from now (`at`, time.monotonic()); a query still running
+    then, or at the earlier `until` given to `fetch`, is interrupted (it raises duckdb.InterruptException),
+    and one started past the deadline raises it at once. Only `fetch`'s queries are ever interrupted:
+    the watcher interrupts under the lock `fetch` holds while it marks a query running or done."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self._cur, self._cond = cur, threading.Condition()
+        self._until: float | None = None  # while a query runs: when it is interrupted
+        self._closed = False
+        threading.Thread(target=self._watch, name="recall-deadline", daemon=True).start()
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._until is None:
+                    self._cond.wait()
+                    continue
+                left = self._until - time.monotonic()
+                if left <= 0:
+                    self._cur.interrupt()
+                    left = INTERRUPT_EVERY_S
+                self._cond.wait(left)
+
+    def fetch(self, sql: str, params: list[Any], until: float | None = None) -> list[Row]:
+        until = self.at if until is None else min(until, self.at)
+        with self._cond:
+            if time.monotonic() >= until:
+                raise duckdb.InterruptException("recall deadline")
+            self._until = until
+            self._cond.notify()
+        try:
+            return self._cur.execute(sql, params).fetchall()
+        finally:
+            with self._cond:
+                self._until = None
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+
+def _bounded(cur: duckdb.DuckDBPyConnection, guard: _Deadline, first_try_until: float, f: RecallFilters,
+             concepts: ConceptIndex, tag_ids: list[int] | None, kinds: list[str] | None,
+             owner: str) -> tuple[list[Row], bool, int | None]:
+    """The first `f.limit` matches after `f.offset` ones: the single query until `first_try_until`,
+    then growing id windows until they are found, the ids run out or the deadline comes:
+    (rows, partial, the last id every match up to which is in rows: None unless partial)."""
+    query = build_query(f, concepts, tag_ids, kinds, owner=owner)
     if query is None:
-        return []
-    sql, params = query
-    rows = cur.execute(sql, params).fetchall()
+        return [], False, None
+    try:
+        return guard.fetch(*query, until=first_try_until), False, None
+    except duckdb.InterruptException:
+        pass
+    first, last = cur.execute("SELECT min(id), max(id) FROM timesteps").fetchone() or (None, None)
+    if first is None or last is None:
+        return [], False, None
+    lo = max(int(first) - 1, -1 if f.after_id is None else f.after_id)
+    found: list[Row] = []
+    skip, width = f.offset, FIRST_WINDOW
+    while len(found) < f.limit and lo < last:
+        # The last window is open-ended: rows written since max(id) was read are in it too.
+        hi = lo + width if lo + width < last else None
+        window = f.model_copy(update={"after_id": lo, "limit": f.limit - len(found), "offset": 0})
+        try:
+            if skip:
+                counted = build_query(window.model_copy(update={"limit": skip}), concepts, tag_ids, kinds,
+                                      owner=owner, until_id=hi)
+                assert counted is not None  # the same filters as `query`
+                seen = int(guard.fetch(f"SELECT count(*) FROM ({counted[0]})", counted[1])[0][0])
+                if seen < skip:
+                    skip -= seen
+                    lo, width = (last if hi is None else hi), width * 2
+                    continue
+                window = window.model_copy(update={"offset": skip})
+            query = build_query(window, concepts, tag_ids, kinds, owner=owner, until_id=hi)
+            assert query is not None
+            rows = guard.fetch(*query)
+        except duckdb.InterruptException:
+            return found, True, (None if skip else lo)
+        skip = 0
+        found.extend(rows)
+        lo, width = (max([last, *(r[0] for r in rows)]) if hi is None else hi), width * 2
+    return found, False, None
+
+
+def recall_within(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concepts: ConceptIndex,
+                  tag_cache: TagCache | None = None, *, owner: str, deadline_s: float | None) -> Recalled:
+    """The matching rows, oldest first, with their tags and comments. `deadline_s`: the matches found
+    within that many seconds (`_bounded`), marked partial when the deadline cut them short; None: one
+    query (`build_query`), however long it takes."""
+    guard = None if deadline_s is None else _Deadline(cur, deadline_s)
+    try:
+        tag_cache = tag_cache or TagCache()
+        tag_ids, kinds = tag_cache.resolve(cur, filters.tags) if filters.tags else (None, None)
+        partial, scanned_to = False, None
+        if guard is None:
+            query = build_query(filters, concepts, tag_ids, kinds, owner=owner)
+            rows = [] if query is None else cur.execute(*query).fetchall()
+        else:
+            first_try_until = time.monotonic() + FIRST_TRY_SHARE * (guard.at - time.monotonic())
+            rows, partial, scanned_to = _bounded(cur, guard, first_try_until, filters, concepts, tag_ids, kinds,
+                                                 owner)
+    finally:
+        if guard is not None:
+            guard.close()
     tags = tags_for(cur, rows, tag_cache.names(cur))
     comments = comments_for(cur, rows)
-    return [to_record(r, concepts, tags.get(r[0], []), comments.get(r[0])) for r in rows]
+    return Recalled([to_record(r, concepts, tags.get(r[0], []), comments.get(r[0])) for r in rows],
+                    partial, scanned_to)
 
 
 def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: ConceptIndex, tag_cache: TagCache,

@@ -44,7 +44,7 @@ from xdb.lake import Lake
 from xdb.lake_session import LakeTicks, ResumableTickBook
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
-from xdb.recall import RecallFilters, TagCache, recall, timestep
+from xdb.recall import RecallFilters, TagCache, recall, recall_within, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
 from xdb.store_lake import LakeMethods
@@ -80,6 +80,7 @@ class XDB(SessionMethods, LakeMethods):
         self.compress_at, self.retention = config.compress_at, config.retention
         self.max_document_bytes = config.max_document_bytes
         self.export_ttl_s = config.export_ttl_s
+        self.recall_deadline_s = config.recall_deadline_s
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
         # `xdb.backend: ducklake`: the shared lake (xdb/lake.py) and the last ticks learnt from it.
         self.lake: Lake | None = None
@@ -356,14 +357,19 @@ class XDB(SessionMethods, LakeMethods):
     @service
     def recall_page(self, filters: RecallFilters | dict[str, Any] | None = None, *, owner: str,
                     **kwargs: Any) -> dict[str, Any]:
-        """One page of recall: its rows, whether more follow, and the cursor (`after_id`) for the next."""
+        """One page of recall: its rows, whether more follow, the cursor (`after_id`) for the next, and
+        whether the page is `partial`: `recall_deadline_s` came before it was full. A partial page holds
+        every match up to its cursor (where the scan stopped), so paging on from it skips nothing."""
         f = RecallFilters.parse(filters, **kwargs)
         with self.cursor() as cur:
-            rows = recall(cur, f.model_copy(update={"limit": f.limit + 1}), self.concepts, self.tag_cache,
-                          owner=owner)
+            found = recall_within(cur, f.model_copy(update={"limit": f.limit + 1}), self.concepts, self.tag_cache,
+                                  owner=owner, deadline_s=self.recall_deadline_s)
+        rows = found.rows
         page = rows[:f.limit]
+        if found.partial:
+            return {"data": page, "has_more": True, "next_after_id": found.scanned_to, "partial": True}
         return {"data": page, "has_more": len(rows) > f.limit,
-                "next_after_id": page[-1]["id"] if len(rows) > f.limit else None}
+                "next_after_id": page[-1]["id"] if len(rows) > f.limit else None, "partial": False}
 
     @service
     def timestep(self, timestep_id: int, owner: str) -> dict[str, Any]:

@@ -164,12 +164,13 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     @router.get("/recall")
     def recall(query: Annotated[RecallQuery, Query()], view: TenantXDB = Depends(views)) -> Any:
         """Matching rows oldest first, each with its tags and comments; `has_more` and `next_after_id`
-        (pass it as `after_id`) page through the rest. `scope=cluster`: every replica's rows from the
-        lake, each with its `replica` (ids are per replica), up to `limit`."""
+        (pass it as `after_id`) page through the rest. `partial`: xdb.recall_deadline_s came first, and
+        the page holds the matches found by then. `scope=cluster`: every replica's rows from the
+        lake, each with its `replica` (ids are per replica), up to `limit` (never partial)."""
         filters = RecallFilters.model_validate(query.model_dump(exclude={"scope"}, exclude_unset=True))
         if query.scope == "cluster":
             need_lake()
-            return {"object": "list", "data": view.lake_recall(filters)}
+            return {"object": "list", "data": view.lake_recall(filters), "partial": False}
         return {"object": "list", **view.recall_page(filters)}
 
     @router.get("/lake")
