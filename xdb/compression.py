@@ -11,9 +11,12 @@ deletes, before its COMMIT): which rows left, how many, and the record that repl
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +30,23 @@ from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int, transaction
 
+log = logging.getLogger("ahc.xdb.storage")
+
 Summarize = Callable[[str], str]
 SUMMARY_CHARS = 280
+# Retention's and `compress_released`'s batch of replies: they compress every reply they find, a batch a scan.
+BATCH_GROUPS = 100
+# The quota pass (`quota_pass`) sizes its batches by the pressure: the oldest replies whose bytes cover
+# what usage is over the target, at least one and at most MAX_BATCH_GROUPS a scan, so a store just over
+# compresses a reply or two and one far over scans once for hundreds.
+MAX_BATCH_GROUPS = 1_000
+# Replies committed a transaction (each with its audit events, chained before the COMMIT): a batch is
+# several short transactions, not one long one nor one a reply (a commit each).
+TXN_GROUPS = 8
+# A quota pass stops between transactions past this: the rest waits for the next pass, so one pass holds
+# the compression lock (and the audit log's commit turn, between the writer's batches) for about this long.
+# (~21 replies/s with their audit events on 2 cores and the extractive summary: ~100 replies a pass.)
+PASS_BUDGET_S = 5.0
 # The calendar bucket each coarse level groups its source records by.
 BUCKETS = {CompressionLevel.DAY: "day", CompressionLevel.WEEK: "week", CompressionLevel.MONTH: "month",
            CompressionLevel.QUARTER: "quarter", CompressionLevel.YEAR: "year"}
@@ -74,51 +92,79 @@ def top_k(scores: Counter[str], k: int = TOP_K) -> dict[str, float]:
 
 def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
                       max_groups: int, audit: AuditEvent | None = None,
-                      older_than: datetime | None = None) -> list[int]:
+                      older_than: datetime | None = None, *, need_bytes: int | None = None,
+                      deadline: float | None = None, txn_groups: int = TXN_GROUPS) -> list[int]:
     """Released token rows → one REPLY record per (session, request), oldest first. `older_than`
     (retention): instead of released rows, every reply last written before then, HOT or not; pinned
-    and SUBMITTED windows are never touched either way."""
+    and SUBMITTED windows are never touched either way. `need_bytes`: only the oldest replies whose
+    bytes cover it (at least one). Committed `txn_groups` replies a transaction; past `deadline`
+    (time.monotonic()) no further one starts once one is committed."""
     groups = cur.execute(f"""
         WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS}),
         g AS (SELECT t.session_id, t.request_id, min(t.id) lo, max(t.id) hi, min(t.tick) t0, max(t.tick) t1,
                      min(t.created_at) c0, max(t.created_at) c1, count(*) n,
                      count(*) FILTER (WHERE t.event_type = 'output') tokens,
+                     count(*) * {ROW_BYTES} + coalesce(sum(strlen(t.content)), 0) bytes,
                      bool_or(t.tick > h.released_through AND h.last_at > ?) hot
               FROM timesteps t JOIN h USING (session_id) GROUP BY t.session_id, t.request_id)
         SELECT session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens FROM g
         WHERE (CASE WHEN ?::TIMESTAMP IS NULL THEN NOT hot ELSE c1 < ?::TIMESTAMP END)
           AND NOT EXISTS (SELECT 1 FROM w WHERE w.session_id = g.session_id
                           AND w.start_tick <= g.t1 AND w.end_tick >= g.t0)
-        ORDER BY lo LIMIT ?""", [hot_cutoff(hot_seconds), older_than, older_than, max_groups]).fetchall()
-    made = []
-    for session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens in groups:
-        where = "t.session_id = ? AND t.request_id IS NOT DISTINCT FROM ? AND t.id BETWEEN ? AND ?"
-        args = [session_id, request_id, lo, hi]
-        text = one(cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
-                               f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t "
-                               f"WHERE {where}", args))[0] or ""
-        acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid,
-                               unnest(t.concept_values) v FROM timesteps t WHERE {where}) u
-                               JOIN concepts c ON c.id = u.cid
-                               WHERE u.cid IS NOT NULL GROUP BY c.name""", args).fetchall()
-        tags = cur.execute(f"""SELECT g.name, count(*) FROM timesteps t JOIN tag_applications a ON {TAG_MATCH}
-                               JOIN tags g ON g.id = a.tag_id WHERE {where} GROUP BY g.name""", args).fetchall()
-        record = dict(level=CompressionLevel.REPLY, session_id=session_id, start_time=c0, end_time=c1,
-                      start_tick=t0, end_tick=t1, summary=summarize_with(summarize, text.strip()),
-                      activations=top_k(Counter(dict(acts))),
-                      tags=[name for name, _ in Counter(dict(tags)).most_common(TOP_K)],
-                      sources=[f"timesteps:{lo}-{hi}" + (f" request:{request_id}" if request_id else "")],
-                      token_count=tokens, record_count=n)
+        QUALIFY ?::BIGINT IS NULL OR coalesce(sum(bytes) OVER (ORDER BY lo ROWS BETWEEN UNBOUNDED PRECEDING
+                                                               AND 1 PRECEDING), 0) < ?::BIGINT
+        ORDER BY lo LIMIT ?""", [hot_cutoff(hot_seconds), older_than, older_than, need_bytes, need_bytes,
+                                 max_groups]).fetchall()
+    made: list[int] = []
+    for at in range(0, len(groups), max(txn_groups, 1)):
+        records: list[tuple[str, list[Any], dict[str, Any]]] = []
+        for group in groups[at:at + max(txn_groups, 1)]:
+            if deadline is not None and (made or records) and time.monotonic() >= deadline:
+                break
+            records.append(_reply_record(cur, summarize, group))  # read and summarised outside the transaction
+        if not records:
+            break
         with transaction(cur):
-            new_id = _insert_record(cur, record)
-            # DuckDB answers a DELETE with the number of rows it removed.
-            deleted = one_int(cur.execute(f"DELETE FROM timesteps t WHERE {where}", args))
-            if audit is not None:
-                audit("compress_timesteps", {"session_id": session_id, "request_id": request_id,
-                                             "timestep_ids": [lo, hi], "ticks": [t0, t1], "deleted": deleted,
-                                             "into_compressed_record": new_id, "level": "reply"})
-        made.append(new_id)
+            for where, args, record in records:
+                new_id = _insert_record(cur, record)
+                # DuckDB answers a DELETE with the number of rows it removed.
+                deleted = one_int(cur.execute(f"DELETE FROM timesteps t WHERE {where}", args))
+                if audit is not None:
+                    session_id, request_id, lo, hi = args
+                    audit("compress_timesteps", {"session_id": session_id, "request_id": request_id,
+                                                 "timestep_ids": [lo, hi], "ticks": [record["start_tick"],
+                                                                                     record["end_tick"]],
+                                                 "deleted": deleted, "into_compressed_record": new_id,
+                                                 "level": "reply"})
+                made.append(new_id)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
     return made
+
+
+def _reply_record(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None,
+                  group: tuple[Any, ...]) -> tuple[str, list[Any], dict[str, Any]]:
+    """One reply's REPLY record (its text summarised, its activations summed, its tags counted), with
+    the condition and arguments that select its rows."""
+    session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens = group
+    where = "t.session_id = ? AND t.request_id IS NOT DISTINCT FROM ? AND t.id BETWEEN ? AND ?"
+    args = [session_id, request_id, lo, hi]
+    text = one(cur.execute(f"SELECT string_agg(CASE WHEN event_type = 'output' THEN content "
+                           f"ELSE chr(10) || content || chr(10) END, '' ORDER BY tick) FROM timesteps t "
+                           f"WHERE {where}", args))[0] or ""
+    acts = cur.execute(f"""SELECT c.name, sum(u.v) FROM (SELECT unnest(t.concept_ids) cid,
+                           unnest(t.concept_values) v FROM timesteps t WHERE {where}) u
+                           JOIN concepts c ON c.id = u.cid
+                           WHERE u.cid IS NOT NULL GROUP BY c.name""", args).fetchall()
+    tags = cur.execute(f"""SELECT g.name, count(*) FROM timesteps t JOIN tag_applications a ON {TAG_MATCH}
+                           JOIN tags g ON g.id = a.tag_id WHERE {where} GROUP BY g.name""", args).fetchall()
+    record = dict(level=CompressionLevel.REPLY, session_id=session_id, start_time=c0, end_time=c1,
+                  start_tick=t0, end_tick=t1, summary=summarize_with(summarize, text.strip()),
+                  activations=top_k(Counter(dict(acts))),
+                  tags=[name for name, _ in Counter(dict(tags)).most_common(TOP_K)],
+                  sources=[f"timesteps:{lo}-{hi}" + (f" request:{request_id}" if request_id else "")],
+                  token_count=tokens, record_count=n)
+    return where, args, record
 
 
 def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
@@ -171,9 +217,10 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
 
 
 def compress_step(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
-                  max_groups: int = 100, audit: AuditEvent | None = None) -> list[int]:
+                  max_groups: int = BATCH_GROUPS, audit: AuditEvent | None = None, *, need_bytes: int | None = None,
+                  deadline: float | None = None) -> list[int]:
     """One step at the finest level that has anything to compress; [] when nothing can be."""
-    made = _compress_replies(cur, summarize, hot_seconds, max_groups, audit)
+    made = _compress_replies(cur, summarize, hot_seconds, max_groups, audit, need_bytes=need_bytes, deadline=deadline)
     if made:
         return made
     for level in list(CompressionLevel)[1:-1]:
@@ -183,18 +230,74 @@ def compress_step(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, h
     return []
 
 
-def enforce_quota(cur: duckdb.DuckDBPyConnection, quota_bytes: int, summarize: Summarize | None,
-                  hot_seconds: float, max_steps: int = 1000, audit: AuditEvent | None = None) -> list[int]:
-    """Compress until usage is within the quota or nothing more may be compressed."""
-    made: list[int] = []
+# Why a quota pass stopped.
+UNDER_TARGET, TIME_BUDGET, NOTHING_LEFT, MAX_STEPS = "under_target", "time_budget", "nothing_to_compress", "max_steps"
+
+
+@dataclass
+class QuotaPass:
+    """What one quota pass did: the records it made, the groups it compressed (replies, and groups of
+    records merged a level coarser), in how many batches, how long it took, and why it stopped."""
+
+    target_bytes: int
+    usage_before: int
+    usage_after: int = 0
+    record_ids: list[int] = field(default_factory=list)
+    groups: int = 0
+    batches: int = 0
+    largest_batch: int = 0
+    seconds: float = 0.0
+    stopped: str = UNDER_TARGET
+
+    def report(self) -> dict[str, Any]:
+        return {"groups": self.groups, "batches": self.batches, "largest_batch": self.largest_batch,
+                "stopped": self.stopped, "seconds": round(self.seconds, 3), "target_bytes": self.target_bytes,
+                "usage_before": self.usage_before, "usage_after": self.usage_after}
+
+
+def quota_pass(cur: duckdb.DuckDBPyConnection, target_bytes: int, summarize: Summarize | None,
+               hot_seconds: float, max_steps: int = 1000, audit: AuditEvent | None = None, *,
+               budget_s: float | None = PASS_BUDGET_S, max_batch: int = MAX_BATCH_GROUPS) -> QuotaPass:
+    """Compress, oldest first, until usage is within `target_bytes`, nothing more may be compressed or
+    `budget_s` has passed (None: no limit). Each batch is as many replies as the bytes over call for (at
+    most `max_batch`): it grows with how far over the target usage is and shrinks as it comes back."""
+    start = time.monotonic()
+    deadline = None if budget_s is None else start + budget_s
+    usage = usage_bytes(cur)
+    done = QuotaPass(target_bytes, usage)
     for _ in range(max_steps):
-        if usage_bytes(cur) <= quota_bytes:
+        if usage <= target_bytes:
+            done.stopped = UNDER_TARGET
             break
-        step = compress_step(cur, summarize, hot_seconds, audit=audit)
+        if deadline is not None and time.monotonic() >= deadline:
+            done.stopped = TIME_BUDGET
+            break
+        step = compress_step(cur, summarize, hot_seconds, max_batch, audit, need_bytes=usage - target_bytes,
+                             deadline=deadline)
         if not step:
+            done.stopped = NOTHING_LEFT
             break
-        made += step
-    return made
+        done.record_ids += step
+        done.groups += len(step)
+        done.batches += 1
+        done.largest_batch = max(done.largest_batch, len(step))
+        usage = usage_bytes(cur)
+    else:
+        done.stopped = UNDER_TARGET if usage <= target_bytes else MAX_STEPS
+    done.usage_after, done.seconds = usage, time.monotonic() - start
+    if done.groups:
+        log.info("XDB quota pass: %d groups compressed in %d batches (largest %d) in %.2f s, %d -> %d bytes "
+                 "(target %d); stopped: %s", done.groups, done.batches, done.largest_batch, done.seconds,
+                 done.usage_before, done.usage_after, target_bytes, done.stopped)
+    return done
+
+
+def enforce_quota(cur: duckdb.DuckDBPyConnection, quota_bytes: int, summarize: Summarize | None,
+                  hot_seconds: float, max_steps: int = 1000, audit: AuditEvent | None = None, *,
+                  budget_s: float | None = PASS_BUDGET_S) -> list[int]:
+    """`quota_pass`'s records: compress until usage is within the quota, nothing more may be compressed,
+    or the pass's time budget has passed."""
+    return quota_pass(cur, quota_bytes, summarize, hot_seconds, max_steps, audit, budget_s=budget_s).record_ids
 
 
 def rows_compressed(cur: duckdb.DuckDBPyConnection, record_ids: list[int]) -> dict[str, int]:

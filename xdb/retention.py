@@ -18,7 +18,7 @@ import duckdb
 
 from xdb.audit import AuditEvent
 from xdb.audit_verify import Deletion
-from xdb.compression import Summarize, _compress_replies
+from xdb.compression import BATCH_GROUPS, Summarize, _compress_replies
 from xdb.fidelity import hot_cutoff
 from xdb.sql import one_int, transaction
 from xdb.tables import SESSION, TABLES
@@ -50,7 +50,7 @@ def compress_aged(cur: duckdb.DuckDBPyConnection, verbatim_days: float, summariz
     made: list[int] = []
     older_than = cutoff(verbatim_days)
     for _ in range(max_steps):
-        step = _compress_replies(cur, summarize, hot_seconds, 100, audit, older_than=older_than)
+        step = _compress_replies(cur, summarize, hot_seconds, BATCH_GROUPS, audit, older_than=older_than)
         if not step:
             break
         made += step

@@ -3,6 +3,10 @@
 `compress_at` of the byte quota, compress the oldest cold records. Once a session was deleted, it
 vacuums the experience file (at most every `vacuum_every_s`), so the deleted rows leave its blocks.
 
+A pass compresses for at most xdb.compression.PASS_BUDGET_S; one that stopped there (still over its
+target) is followed by the next after a pause as long as it took rather than `quota_check_s`, so a store
+far over its quota comes back under in passes that leave XDB to its other calls half the time.
+
 The pass runs in a worker thread; compression summaries come from the served model through a hidden
 call (the worker thread hands the coroutine to the server's event loop).
 """
@@ -18,6 +22,7 @@ from typing import Any
 from ahc.core.errors import Conflict
 from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
+from xdb.compression import PASS_BUDGET_S, TIME_BUDGET
 
 log = logging.getLogger("ahc.xdb.storage")
 
@@ -41,13 +46,19 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
     deletion is due and `vacuum_every_s` has passed since the last, then sleep; `on_pass` hears each
     pass's report (the metrics)."""
     vacuumed_at = -float("inf")
+    pause = every_s
     while True:
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(pause)
+        pause = every_s
+        started = time.monotonic()
         try:
             report = await asyncio.to_thread(xdb.compact, summarize=summarize)
         except Exception:  # a failed pass must not stop the next; it is logged loudly
             log.exception("XDB storage manager pass failed")
             continue
+        report["pass_s"] = took = round(time.monotonic() - started, 3)
+        if behind(report, took):
+            pause = min(every_s, took)
         if report["deleted_sessions"]:
             log.info("retention deleted %d idle sessions", len(report["deleted_sessions"]))
         if (vacuum_every_s is not None and report.get("vacuum_due")
@@ -62,3 +73,12 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
         if on_pass is not None:
             on_pass(report)
         log.debug("XDB storage manager pass: %s", report)
+
+
+def behind(report: dict[str, Any], took_s: float) -> bool:
+    """Whether a pass stopped at its time budget with usage still over the target: its report's
+    `quota_pass` says so (`stopped`); a report without one, by a pass that took the whole budget."""
+    quota = report.get("quota_pass")
+    if isinstance(quota, dict):
+        return quota.get("stopped") == TIME_BUDGET
+    return took_s >= PASS_BUDGET_S
