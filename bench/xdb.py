@@ -1,6 +1,8 @@
 """XDB: our writer (Arrow batches + audit chain + experience insert) against a raw DuckDB Arrow
 insert of the same rows into the same columns, then recall p95 per filter over 10M token rows
-(generated directly in DuckDB, as hours of agents would have written them).
+(generated directly in DuckDB, as hours of agents would have written them). Recall is timed as the
+server answers it (XDB.recall_page, under xdb.recall_deadline_s), and the bench fails when a filter's
+p95 passes the design's bound, RECALL_BOUND_MS; it reports how many timed recalls came back partial.
 
 The writer is measured two ways on the same rows: as TokenBatch columns (how a reply's generated
 tokens are meant to arrive) and as TimestepRow objects (one Python object a row).
@@ -44,6 +46,8 @@ BATCH = 50_000
 SESSIONS = 16
 WORDS = ["the", " cat", "ing", " sat", ".", " on", " mat", " A", " moves", " right"]
 CONCEPTS = [f"concept-{i}" for i in range(256)]
+# The design's operating bound: recall answers within 500 ms (a partial answer at its deadline counts).
+RECALL_BOUND_MS = 500.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,21 @@ def generate_rows(data_dir: Path, n: int) -> None:
     con.close()
 
 
-def recall_latencies_ms(work: Path, rows: int, queries_per_filter: int) -> dict[str, list[float]]:
+def p95(times: list[float]) -> float:
+    return round(float(np.percentile(times, 95)), 2)
+
+
+def check_recall_bound(latencies: dict[str, list[float]], bound_ms: float = RECALL_BOUND_MS) -> None:
+    """Raise naming every filter whose recall p95 is over `bound_ms`."""
+    over = {name: p95(ts) for name, ts in latencies.items() if p95(ts) > bound_ms}
+    if over:
+        raise AssertionError("xdb bench: recall p95 over the bound of "
+                             f"{bound_ms:g} ms: " + ", ".join(f"{name} {ms:g} ms" for name, ms in over.items()))
+
+
+def recall_latencies_ms(work: Path, rows: int, queries_per_filter: int) -> tuple[dict[str, list[float]],
+                                                                                  dict[str, int]]:
+    """Each filter's timed recall pages (ms) and how many of them came back partial."""
     generate_rows(work / "recall", rows)
     xdb = XDB.open(work / "recall", XDBConfig(batch_rows=100_000, max_queue_rows=2_000_000))
     for s in range(SESSIONS):
@@ -186,17 +204,19 @@ def recall_latencies_ms(work: Path, rows: int, queries_per_filter: int) -> dict[
         "page": lambda i: dict(session_id=f"s{i % 16}", after_id=(i * 499_979) % (rows - 10_000), limit=100),
     }
     out: dict[str, list[float]] = {}
+    partial: dict[str, int] = {}
     for name, make in queries.items():
-        xdb.recall(make(0), owner=EVERY)  # warm: the first query of a kind reads its columns from disk
-        times = []
+        xdb.recall_page(make(0), owner=EVERY)  # warm: the first query of a kind reads its columns from disk
+        times, partial[name] = [], 0
         for i in range(queries_per_filter):
             start = time.perf_counter()
-            found = xdb.recall(make(i), owner=EVERY)
+            page = xdb.recall_page(make(i), owner=EVERY)
             times.append((time.perf_counter() - start) * 1000)
-            assert found, name
+            partial[name] += page["partial"]
+            assert page["data"] or page["partial"], name
         out[name] = times
     xdb.close()
-    return out
+    return out, partial
 
 
 def run(load: XDBLoad | None = None) -> BenchResult:
@@ -212,7 +232,8 @@ def run(load: XDBLoad | None = None) -> BenchResult:
             raw_1.append(raw_rows_per_s(batches, _fresh(work, f"raw1-{i}"), threads=1))
             columns.append(writer_rows_per_s(batches, _fresh(work, f"cols{i}")))
             objects.append(writer_rows_per_s(rows, _fresh(work, f"rows{i}")))
-        latencies = recall_latencies_ms(work, load.recall_rows, load.recall_queries)
+        latencies, partial = recall_latencies_ms(work, load.recall_rows, load.recall_queries)
+        check_recall_bound(latencies)
         synthetic_history(work / "history", load.restart_records)
         restart = restart_figures(work / "history")
     finally:
@@ -221,8 +242,10 @@ def run(load: XDBLoad | None = None) -> BenchResult:
     figures: dict[str, float | int] = {
         "writer_rows_per_s": round(max(columns)), "writer_timesteprow_rows_per_s": round(max(objects)),
         "raw_duckdb_rows_per_s": round(max(raw)), "raw_duckdb_1thread_rows_per_s": round(max(raw_1)),
-        "recall_p95_ms": round(float(np.percentile(every, 95)), 2), "rows": load.recall_rows,
-        **{f"recall_{name}_p95_ms": round(float(np.percentile(ts, 95)), 2) for name, ts in latencies.items()},
+        "recall_p95_ms": p95(every), "rows": load.recall_rows,
+        **{f"recall_{name}_p95_ms": p95(ts) for name, ts in latencies.items()},
+        "recall_partial_queries": sum(partial.values()),
+        **{f"recall_{name}_partial_queries": n for name, n in partial.items()},
         "restart_records": load.restart_records, "restart_open_s": round(restart["open_s"], 3),
         "restart_service_s": round(restart["service_s"], 3),
         "restart_full_verify_s": round(restart["full_verify_s"], 3),
@@ -242,7 +265,11 @@ def run(load: XDBLoad | None = None) -> BenchResult:
                               "write_rows": str(load.write_rows),
                               "recall": f"{load.recall_rows:,} token rows generated in DuckDB ({SESSIONS} sessions, "
                                         f"10 of 256 concepts a token); {load.recall_queries} queries a filter after "
-                                        "one warm-up; goal p95 <= 50 ms a filter",
+                                        "one warm-up, each a page as the server answers it (recall_page, "
+                                        f"deadline xdb.recall_deadline_s = {XDBConfig().recall_deadline_s} s); "
+                                        "goal p95 <= 50 ms a filter; the bench fails past "
+                                        f"{RECALL_BOUND_MS:g} ms; recall_partial_queries: pages cut short by "
+                                        "the deadline",
                               "restart": f"{load.restart_records:,} audit records (commits of 50,000); open: the "
                                          "tail verified, the rest re-hashed in the background; full_verify: what "
                                          "a start re-hashed before; goal <= 30 s at 100M, flat in the history"})

@@ -34,7 +34,8 @@ SMOKES: dict[str, Smoke] = {
     "universe": smoke("numpy_cells_per_s numba_cells_per_s", "numba_over_numpy", {"grids": 16, "steps": 8},
                       BENCH_UNIVERSE_LOAD="grids=16,length=256,steps=8,rounds=1,interpret_length=256,"
                                           "interpret_steps=4"),
-    "xdb": smoke("writer_rows_per_s raw_duckdb_rows_per_s recall_p95_ms rows restart_open_s restart_full_verify_s",
+    "xdb": smoke("writer_rows_per_s raw_duckdb_rows_per_s recall_p95_ms recall_partial_queries rows restart_open_s "
+                 "restart_full_verify_s",
                  "writer_over_raw", {"rows": 100_000, "restart_records": 120_000},
                  BENCH_XDB_LOAD="write_rows=20000,rounds=1,recall_rows=100000,recall_queries=3,"
                                 "lake_write_rows=2000,lake_recall_rows=20000,restart_records=120000"),

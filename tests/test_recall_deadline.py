@@ -170,3 +170,12 @@ def test_recall_over_http_says_whether_it_is_partial(xdb: XDB, monkeypatch: pyte
         rest = client.get("/v1/xdb/recall", params={"session_id": "s4", "text": " moves", "limit": 500,
                                                     "after_id": cut["next_after_id"]}).json()
         assert rest["data"][0]["id"] > cut["next_after_id"]
+
+
+def test_the_bench_fails_naming_each_filter_over_the_bound() -> None:
+    from bench.xdb import RECALL_BOUND_MS, check_recall_bound
+
+    assert RECALL_BOUND_MS == 500
+    check_recall_bound({"tag": [10.0] * 19 + [900.0], "text": [499.0] * 20})  # p95 of the first: ~55 ms
+    with pytest.raises(AssertionError, match=r"over the bound of 500 ms: concept_band 700 ms$"):
+        check_recall_bound({"tag": [10.0] * 20, "concept_band": [600.0, 700.0] * 10})
