@@ -15,7 +15,9 @@ from ahc.core.config import XDBConfig
 from server.recording.backup_loop import BackupLoop, backup_forever
 from xdb import XDB, TimestepRow, backups, verify_audit
 from xdb.audit_keys import KEYS_FILE
+from xdb.fidelity import hot_cutoff
 from xdb.owner import EVERY
+from xdb.retention import Tombstone
 from xdb.vacuum import vacuum_experience
 
 WORD = "zorbleflimquaxite"  # the deleted session's text: in no file afterwards
@@ -141,11 +143,11 @@ def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, 
     done: list[Path] = []
     erase = backups.erase_from_backup
 
-    def crash_after_one(backup: Path, session_id: str) -> bool:
+    def crash_after_one(backup: Path, session_id: str, stone: Tombstone | None = None) -> bool:
         if done:
             raise KeyboardInterrupt("the process dies midway")
         done.append(backup)
-        return erase(backup, session_id)
+        return erase(backup, session_id, stone)
 
     monkeypatch.setattr(backups, "start_worker", lambda data_dir: None)  # run in this thread, below
     monkeypatch.setattr(backups, "erase_from_backup", crash_after_one)
@@ -161,3 +163,17 @@ def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, 
         asyncio.run(backup_forever(xdb, data, XDBConfig()))
         backups.wait(data, timeout=60)
     check_erased(data, dest, made)
+
+
+def test_another_replicas_tombstone_reaches_the_backups_up_to_its_time(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:
+        record(xdb, "victim", WORD)
+        record(xdb, "keeper", "kept")
+        backup = backups.write_backup(xdb, data, data / "backups")
+        stone = Tombstone("replica-b", 7, "victim", hot_cutoff(0.0), "request")
+        assert any(xdb._apply_tombstone(stone).values())  # what the lake shipper calls
+        backups.wait(data, timeout=60)
+    assert files_holding(backup, WORD.encode()) == [] and sessions_in(backup) == {"keeper"}
+    report = verify_audit(backup)
+    assert report.ok and any(e.startswith("session 'victim'") for e in report.erased), report.first_bad

@@ -30,6 +30,7 @@ to another path, exports made with an explicit `out`, and anything copied off th
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import logging
@@ -48,6 +49,7 @@ import pyarrow.parquet as pq
 
 from ahc.core.errors import NotFound
 from xdb.private import fsync_path, private_dir, private_files
+from xdb.retention import Tombstone
 from xdb.schema import EXPERIENCE_FILE
 
 log = logging.getLogger("ahc.xdb.backups")
@@ -182,6 +184,18 @@ def _started_at(backup: Path) -> float | None:
 class Pending:
     session_id: str
     deleted_at: float  # time.time() once the live deletion was done
+    # Another replica's deletion (xdb/lake.py): the copies drop the session's rows up to it, as the live
+    # file did. None: every row of the session in a copy made before `deleted_at`.
+    tombstone: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "deleted_at": self.deleted_at,
+                **({"tombstone": self.tombstone} if self.tombstone is not None else {})}
+
+    def stone(self) -> Tombstone | None:
+        t = self.tombstone
+        return None if t is None else Tombstone(str(t["replica"]), int(t["id"]), self.session_id,
+                                                dt.datetime.fromisoformat(t["deleted_at"]), str(t["reason"]))
 
 
 _quiet = threading.local()  # set while erasing from a backup: that XDB's own deletion notes nothing
@@ -194,7 +208,8 @@ def pending(data_dir: Path) -> list[Pending]:
     if not path.is_file():
         return []
     try:
-        return [Pending(str(e["session_id"]), float(e["deleted_at"])) for e in json.loads(path.read_text())]
+        return [Pending(str(e["session_id"]), float(e["deleted_at"]), e.get("tombstone"))
+                for e in json.loads(path.read_text())]
     except (OSError, ValueError, KeyError, TypeError):
         log.error("%s is unreadable: deleted sessions it named may stay in backups and exports", path)
         return []
@@ -205,18 +220,21 @@ def _save_pending(data_dir: Path, entries: list[Pending]) -> None:
     if not entries:
         path.unlink(missing_ok=True)
         return
-    _write_json(path, [{"session_id": e.session_id, "deleted_at": e.deleted_at} for e in entries])
+    _write_json(path, [e.as_json() for e in entries])
 
 
-def session_deleted(data_dir: Path, session_id: str) -> None:
-    """The live XDB deleted `session_id`: note it (durably), and erase it from the copies on a thread
-    of its own (the caller's locks are not held there)."""
+def session_deleted(data_dir: Path, session_id: str, stone: Tombstone | None = None) -> None:
+    """The live XDB deleted `session_id` (`stone`: as another replica's tombstone says): note it
+    (durably), and erase it from the copies on a thread of its own (the caller's locks are not held
+    there)."""
     if getattr(_quiet, "on", False):
         return
     data_dir = Path(data_dir)
+    tombstone = None if stone is None else {"replica": stone.replica, "id": stone.id, "reason": stone.reason,
+                                            "deleted_at": stone.deleted_at.isoformat()}
     with _flock(data_dir / PENDING_LOCK):
         entries = [e for e in pending(data_dir) if e.session_id != session_id]
-        _save_pending(data_dir, [*entries, Pending(session_id, time.time())])
+        _save_pending(data_dir, [*entries, Pending(session_id, time.time(), tombstone)])
     start_worker(data_dir)
 
 
@@ -280,7 +298,7 @@ def erase_everywhere(data_dir: Path, entry: Pending) -> None:
             for backup in kept_backups(dest_dir):
                 started = _started_at(backup)
                 if started is None or started <= entry.deleted_at:
-                    erase_from_backup(backup, entry.session_id)
+                    erase_from_backup(backup, entry.session_id, entry.stone())
     exports = data_dir / EXPORTS_DIR
     _wait_for_exports_in_flight(exports)
     if exports.is_dir():
@@ -289,9 +307,10 @@ def erase_everywhere(data_dir: Path, entry: Pending) -> None:
                 erase_from_export(export_dir, entry.session_id)
 
 
-def erase_from_backup(backup: Path, session_id: str) -> bool:
+def erase_from_backup(backup: Path, session_id: str, stone: Tombstone | None = None) -> bool:
     """Delete the session in an offline backup as the live XDB does (its audit log chains the deletion
-    and destroys its keys there), then rewrite its experience file whole; False: it held nothing of it."""
+    and destroys its keys there; `stone`: its rows up to another replica's deletion, as the live file
+    applied it), then rewrite its experience file whole; False: it held nothing of it."""
     from xdb.store import XDB
     from xdb.vacuum import vacuum_experience
 
@@ -299,12 +318,13 @@ def erase_from_backup(backup: Path, session_id: str) -> bool:
     try:
         with XDB.open(backup) as copy:
             try:
-                deleted = copy.delete_session(session_id)
+                deleted: dict[str, int] | None = copy.delete_session(session_id) if stone is None \
+                    else copy._apply_tombstone(stone)
             except NotFound:
                 deleted = None
     finally:
         _quiet.on = False
-    if deleted is None:
+    if deleted is None or not any(deleted.values()):
         return False
     vacuum_experience(backup)
     (backup / (EXPERIENCE_FILE + ".wal")).unlink(missing_ok=True)

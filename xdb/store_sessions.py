@@ -118,7 +118,9 @@ class SessionMethods:
                 log.warning("session %r: rows recorded here after replica %r deleted it are sealed under the key of "
                             "the rows its tombstone deleted; the key is kept so that they stay readable in the "
                             "audit log", stone.session_id, stone.replica)
-            return deleted
+        if any(deleted.values()):  # then from the kept backups and exports, on a thread
+            backups.session_deleted(self.data_dir, stone.session_id, stone)
+        return deleted
 
     def _erasure(self, session_id: str) -> retention.Erasure | None:
         """Retire the session's audit keys, then wait for every row recorded before that to be committed,
