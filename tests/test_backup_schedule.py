@@ -44,15 +44,15 @@ def test_the_loop_backs_up_verifies_and_keeps_the_newest(tmp_path: Path) -> None
     reports: list[dict[str, Any]] = []
     with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:
         loop = BackupLoop(xdb, data, dest, keep=2, on_result=reports.append)
-        for i in range(4):
+        for i in range(3):
             record(xdb, f"s{i}", "hello")
             assert loop.once()["ok"]
     kept = backups.kept_backups(dest)
     assert [str(p) for p in kept] == [r["path"] for r in reports[-2:]]  # the newest two, oldest first
-    assert sum(len(r["removed"]) for r in reports) == 2 and loop.written == 4 and loop.failed == 0
+    assert sum(len(r["removed"]) for r in reports) == 1 and loop.written == 3 and loop.failed == 0
     for path in kept:
         assert verify_audit(path).ok
-    assert sessions_in(kept[-1]) == {"s0", "s1", "s2", "s3"}
+    assert sessions_in(kept[-1]) == {"s0", "s1", "s2"}
     assert backups.known_dirs(data) == [data / "backups", dest.resolve()]  # noted: deletions reach it
 
 
@@ -177,3 +177,16 @@ def test_another_replicas_tombstone_reaches_the_backups_up_to_its_time(tmp_path:
     assert files_holding(backup, WORD.encode()) == [] and sessions_in(backup) == {"keeper"}
     report = verify_audit(backup)
     assert report.ok and any(e.startswith("session 'victim'") for e in report.erased), report.first_bad
+
+
+def test_erasing_from_a_backup_notes_nothing_and_logs_no_live_anchor(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    with XDB.open(data) as xdb:
+        record(xdb, "victim", WORD)
+        backup = backups.write_backup(xdb, data, data / "backups")
+    with caplog.at_level(logging.INFO, "ahc.xdb.audit"):
+        assert backups.erase_from_backup(backup, "victim")
+    assert "audit head seq=" not in caplog.text  # the backup's forked head is not shipped as the live one
+    assert not (backup / backups.PENDING_FILE).exists() and files_holding(backup, WORD.encode()) == []
+    assert not backups.erase_from_backup(backup, "victim")  # again: nothing left of it

@@ -18,7 +18,8 @@ made before the deletion:
   experience file is rewritten whole (xdb/vacuum.py), so the deleted rows leave its blocks;
 - every export under DATA_DIR/exports: the session's partition files, and their rows in the manifest.
 
-No XDB lock is held meanwhile: the live XDB is not touched. The note is removed once every copy is
+No XDB lock is held meanwhile: the live XDB is not touched, and the work runs in a child process (its
+hashing and rewriting take none of the service's or the API process's GIL). The note is removed once every copy is
 done, so a crash midway leaves it for the next start (`finish_pending`), which does it again (each step
 repeats harmlessly). A backup being written while the deletion runs is waited for: writing a backup and
 erasing from backups take the same lock on the backup directory (a file lock, so across processes).
@@ -37,6 +38,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -64,6 +67,9 @@ RUN_LOCK = ".erase-copies.run.lock"  # in DATA_DIR: erasing from the copies
 LOCK_FILE = ".lock"  # in each backup directory: writing a backup, or erasing from its backups
 STAMP = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
 IN_FLIGHT_EXPORT_WAIT_S = 600.0
+# The child process erasing and verifying run in (not `-m xdb.backups`: importing the package imports this
+# module first, and `-m` would then run a second copy of it).
+CHILD = (sys.executable, "-c", "import sys; from xdb.backups import main; sys.exit(main(sys.argv[1:]))")
 
 
 class Backs(Protocol):
@@ -153,7 +159,18 @@ def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path) -> Path:
 
 
 def verify_backup(path: Path) -> tuple[bool, str | None]:
-    """The backup's audit chain, as `ahc xdb verify-audit` checks it: (ok, the first fault)."""
+    """The backup's audit chain, as `ahc xdb verify-audit` checks it, in a child process (re-hashing
+    the chain takes none of the caller's GIL): (ok, the first fault)."""
+    done = subprocess.run([*CHILD, "verify", str(path)], capture_output=True,
+                          text=True, check=False)
+    try:
+        verdict = json.loads(done.stdout.strip().splitlines()[-1])
+        return bool(verdict["ok"]), verdict["first_bad"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return False, f"verification exited {done.returncode}: {done.stderr.strip()[-500:]}"
+
+
+def verify_here(path: Path) -> tuple[bool, str | None]:
     from xdb.audit import verify_audit
 
     try:
@@ -255,9 +272,19 @@ def start_worker(data_dir: Path) -> threading.Thread | None:
 
 
 def _work(data_dir: Path) -> None:
+    """The work itself runs in a child process when there is a copy to erase from: opening, hashing and
+    rewriting copies then takes none of this process's GIL (the XDB service's writer, or a process
+    streaming tokens), and a crash there leaves the note for the next start."""
     while True:
         try:
-            finish_pending(data_dir)
+            if has_copies(data_dir):
+                done = subprocess.run([*CHILD, "erase", str(data_dir)], check=False)
+                if done.returncode != 0:
+                    log.error("erasing deleted sessions from the backups and exports of %s failed (exit %d); "
+                              "retried at the next start", data_dir, done.returncode)
+                    return
+            else:
+                finish_pending(data_dir)  # nothing to open: the notes are done
         except Exception:  # noqa: BLE001 - logged; the note stays for the next start
             log.exception("erasing deleted sessions from the backups and exports of %s failed; retried at the "
                           "next start", data_dir)
@@ -389,6 +416,13 @@ def erase_from_export(export_dir: Path, session_id: str) -> int:
     return removed_rows
 
 
+def has_copies(data_dir: Path) -> bool:
+    """Whether a backup or an export is kept where deletions reach."""
+    exports = Path(data_dir) / EXPORTS_DIR
+    return any(kept_backups(d) for d in known_dirs(data_dir)) or (
+        exports.is_dir() and any(d.is_dir() for d in exports.iterdir()))
+
+
 def _wait_for_exports_in_flight(exports: Path) -> None:
     """An export being written (a directory without its manifest yet) may hold the session: wait for it."""
     deadline = time.monotonic() + IN_FLIGHT_EXPORT_WAIT_S
@@ -408,3 +442,28 @@ def _write_json(path: Path, value: Any) -> None:
         os.fsync(f.fileno())
     private_files(tmp)
     os.replace(tmp, path)
+
+
+class _QuietAnchors(logging.Filter):
+    """A backup's audit log anchors its own head when a deletion is chained there: not logged as the live
+    log's anchor (`audit head seq=...` lines are what a log shipper carries off as the live head)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_quiet, "on", False) and str(record.msg).startswith("audit head seq="))
+
+
+logging.getLogger("ahc.xdb.audit").addFilter(_QuietAnchors())
+
+
+def main(argv: list[str]) -> int:
+    """The child process `_work` and `verify_backup` start (`CHILD erase DATA_DIR` / `CHILD verify BACKUP`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(argv) != 2 or argv[0] not in ("erase", "verify"):
+        print("usage: erase DATA_DIR | verify BACKUP", file=sys.stderr)
+        return 2
+    if argv[0] == "verify":
+        ok, fault = verify_here(Path(argv[1]))
+        print(json.dumps({"ok": ok, "first_bad": fault}))
+        return 0
+    finish_pending(Path(argv[1]))
+    return 0
