@@ -53,7 +53,8 @@ def logged(tmp_path: Path) -> Path:
     ("UPDATE audit_records SET content = 'forged' WHERE seq = 7", 7, "hash mismatch"),
     ("UPDATE audit_records SET concept_values = [0.99, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL]"
      " WHERE seq = 4", 4, "hash mismatch"),
-    ("UPDATE audit_records SET sealed = sealed || '\\x00'::BLOB WHERE seq = 11", 11, "hash mismatch"),
+    # A batch's records of a session are sealed as one blob in its first record (seq 10 of the third batch).
+    ("UPDATE audit_records SET sealed = sealed || '\\x00'::BLOB WHERE seq = 10", 10, "hash mismatch"),
     ("DELETE FROM audit_records WHERE seq = 6", 6, "missing"),
     ("INSERT INTO audit_records SELECT * FROM audit_records WHERE seq = 3", 3, "twice"),
     ("UPDATE audit_records SET seq = CASE seq WHEN 8 THEN 9 ELSE 8 END WHERE seq IN (8, 9)", 8, "hash mismatch"),

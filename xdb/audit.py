@@ -58,7 +58,7 @@ from xdb.audit_chain import (
     cut_torn_line,
 )
 from xdb.audit_keys import KEYS_FILE, SessionKeys
-from xdb.audit_seal import open_sealed, seal
+from xdb.audit_seal import Payload, open_blobs, open_sealed, seal, seal_batch
 from xdb.audit_verify import (
     AuditReport,
     Deletion,
@@ -110,6 +110,10 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     # Version 4 stops storing each record's prev_hash: it is the record before's record_hash, and cost
     # 32 bytes and a fifth of the insert a record. Records stored with one are still checked against it.
     (4, ["ALTER TABLE audit_records ALTER COLUMN prev_hash DROP NOT NULL"]),
+    # Version 5 seals a batch's records of one session as one compressed blob (xdb/audit_seal.py's
+    # `seal_batch`), from the seq marked here on (the log's next one); records before it stay as they were.
+    (5, ["INSERT OR REPLACE INTO audit_meta SELECT 'batch_sealed_from', CAST(coalesce(max(seq) + 1, 0) AS VARCHAR) "
+         "FROM audit_records"]),
 ]
 
 
@@ -196,6 +200,9 @@ class AuditLog:
             self.concept_count, self.concepts_head = head[3], bytes(head[4])
         self.committed_seq = self.next_seq
         self.committed_head = (self.next_seq - 1, self.head)
+        # Where batch sealing starts (None: a log not migrated to version 5, opened read-only).
+        marked = conn.execute("SELECT value FROM audit_meta WHERE key = 'batch_sealed_from'").fetchone()
+        self.batch_sealed_from: int | None = None if marked is None else int(marked[0])
 
     @classmethod
     def open(cls, path: Path, *, read_only: bool = False) -> AuditLog:
@@ -308,16 +315,48 @@ class AuditLog:
             out.append(row)
         return out
 
-    def _open_sealed(self, table: pa.Table) -> list[tuple[int | None, str | None, str | None, str | None] | bool]:
-        """Per row: the sealed payload, False where its key was destroyed, True for a record in clear."""
+    def _open_sealed(self, table: pa.Table) -> list[Payload | bool]:
+        """Per row: the sealed payload, False where its key was destroyed, True for a record in clear.
+        A record sealed in a batch blob (from `batch_sealed_from` on) is read from its blob, fetched from
+        the log when the blob's record is not among the rows (it is in the same batch, before it)."""
         key_ids = table.column("key_id").combine_chunks()
         if key_ids.null_count == len(key_ids):
             return [True] * table.num_rows
         ids = pa.compute.fill_null(key_ids, -1).to_numpy()
-        opened = open_sealed(table.column("seq").to_numpy(), ids, table.column("sealed").combine_chunks(),
-                             self.keys.secrets(np.unique(ids[ids >= 0]).tolist()))
-        return [True if not valid else (False if payload is None else payload)
-                for valid, payload in zip(key_ids.is_valid().to_pylist(), opened)]
+        seqs = table.column("seq").to_numpy()
+        keys = self.keys.secrets(np.unique(ids[ids >= 0]).tolist())
+        marker = self.batch_sealed_from
+        batched = np.zeros(len(seqs), dtype=bool) if marker is None else (seqs >= marker) & (ids >= 0)
+        opened = open_sealed(seqs, np.where(batched, -1, ids), table.column("sealed").combine_chunks(), keys)
+        blobs: dict[int, Payload] = {}
+        if batched.any():
+            blobs = self._blob_payloads(seqs[batched], ids[batched], keys)
+        out: list[Payload | bool] = []
+        for i, valid in enumerate(key_ids.is_valid().to_pylist()):
+            if not valid:
+                out.append(True)
+            elif batched[i]:
+                out.append(blobs.get(int(seqs[i]), False))
+            else:
+                payload = opened[i]
+                out.append(False if payload is None else payload)
+        return out
+
+    def _blob_payloads(self, seqs: np.ndarray, key_ids: np.ndarray, keys: dict[int, bytes]) -> dict[int, Payload]:
+        """The payloads of the batch blobs holding records `seqs` (sealed under `key_ids`) whose keys are
+        in `keys`, by seq."""
+        wanted = sorted({int(k) for k in key_ids.tolist() if int(k) in keys})
+        if not wanted:
+            return {}
+        lo, hi = int(seqs.min()), int(seqs.max())
+        with self.conn.cursor() as cur:
+            start = one(cur.execute("SELECT coalesce(max(seq_start), 0) FROM audit_checkpoints WHERE seq_start <= ?",
+                                    [lo]))[0]
+            found = cur.execute(f"SELECT seq, key_id, sealed FROM audit_records WHERE seq BETWEEN ? AND ? "
+                                f"AND sealed IS NOT NULL AND key_id IN ({', '.join(map(str, wanted))}) ORDER BY seq",
+                                [int(start), hi]).to_arrow_table()
+        return open_blobs(found.column("seq").to_numpy(), found.column("key_id").to_numpy(),
+                          found.column("sealed").combine_chunks(), keys)
 
     def append(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""
@@ -383,7 +422,8 @@ class AuditLog:
         n = batch.num_rows
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
-        records = seal(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE)
+        sealing = seal_batch if self.batch_sealed_from is not None and self.next_seq >= self.batch_sealed_from else seal
+        records = sealing(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE)
         hashes = chain(self.head, records)
         records = records.append_column("record_hash", pa.array(hashes, pa.binary()))
         concept_rows, concepts_head = [], self.concepts_head

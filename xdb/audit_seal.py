@@ -10,11 +10,21 @@ encrypted with AES-256 in counter mode: record `seq`'s keystream is AES(key, seq
 blocks i = 0, 1, ... (both big-endian uint64), unique per key since a seq is never reused. A batch's
 counter blocks are built with numpy and encrypted one call per session, so sealing costs no Python
 work per record. Integrity is the chain's: the sealed bytes are hashed onto it (xdb/canonical.py).
+
+From the seq an audit log marks (`batch_sealed_from` in audit_meta, schema version 5) on, a batch's
+records of one session are sealed together (`seal_batch`): one blob, stored in the session's first record
+of the batch, every other record of it holding only `key_id` (its `sealed` null). The blob is
+    zlib(uint32 n, n × int32 seq offset from the blob's record, n × int32 token_id (-1 for none), then
+    for content, metadata and steering: n × int32 UTF-8 byte length (-1 for null) and the bytes),
+encrypted as above with the blob's record's seq as its counter's seq (no other record of the key uses
+that seq). Per record, 19 bytes a token became ~4 compressed: the audit's largest column after the
+record hashes (measured: bench/audit_bytes.py).
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -56,6 +66,89 @@ def seal(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int,
                                      pc.if_else(pa.array(clear), column, pa.nulls(n, column.type)))
     return (records.append_column("key_id", pa.array(key_ids, pa.int32(), mask=clear))
             .append_column("sealed", pc.if_else(pa.array(~clear), sealed.cast(pa.binary()), pa.nulls(n, pa.binary()))))
+
+
+def seal_batch(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int, bytes]]],
+               system_event: str) -> pa.Table:
+    """As `seal`, but each session's records of the batch sealed as one blob, stored in its first record
+    (the others: `key_id` alone)."""
+    n = records.num_rows
+    sessions = records.column("session_id").combine_chunks()
+    clear = np.asarray(pc.fill_null(pc.or_(pc.equal(records.column("event_type"), system_event),
+                                           pc.equal(pc.fill_null(sessions, ""), "")), True), dtype=bool)
+    if n == 0 or clear.all():
+        return (records.append_column("key_id", pa.nulls(n, pa.int32()))
+                .append_column("sealed", pa.nulls(n, pa.binary())))
+    encoded = pc.dictionary_encode(sessions)
+    names = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+    wanted = sorted({names[c] for c in np.unique(codes[~clear]).tolist()})
+    found = keys_for(wanted)
+    ids_by_code = np.array([found[name][0] if name in found else -1 for name in names], dtype=np.int32)
+    key_ids = np.where(clear, -1, ids_by_code[codes]).astype(np.int32)
+    seqs = records.column("seq").to_numpy()
+    token = pc.fill_null(records.column("token_id").combine_chunks(), -1).to_numpy().astype("<i4")
+    texts = {name: records.column(name).combine_chunks() for name in PAYLOAD_FIELDS}
+    blobs: list[bytes | None] = [None] * n
+    for key_id in np.unique(key_ids[~clear]).tolist():
+        rows = np.flatnonzero((key_ids == key_id) & ~clear)
+        parts = [struct.pack("<I", len(rows)), (seqs[rows] - seqs[rows[0]]).astype("<i4").tobytes(),
+                 token[rows].tobytes()]
+        for name in PAYLOAD_FIELDS:
+            values = texts[name].take(pa.array(rows)).to_pylist()
+            encoded_values = [None if v is None else v.encode() for v in values]
+            parts.append(np.array([-1 if v is None else len(v) for v in encoded_values], "<i4").tobytes())
+            parts.append(b"".join(v for v in encoded_values if v is not None))
+        blobs[rows[0]] = zlib.compress(b"".join(parts), 6)
+    has_blob = np.array([b is not None for b in blobs], dtype=bool)
+    plain = pa.array([b if b is not None else b"" for b in blobs], pa.large_binary())
+    sealed = _crypt(plain, seqs, key_ids, {key_id: key for key_id, key in found.values()}, has_blob)
+    for name in SEALED_COLUMNS:
+        column = records.column(name)
+        records = records.set_column(records.column_names.index(name), name,
+                                     pc.if_else(pa.array(clear), column, pa.nulls(n, column.type)))
+    return (records.append_column("key_id", pa.array(key_ids, pa.int32(), mask=clear))
+            .append_column("sealed", pc.if_else(pa.array(has_blob), sealed.cast(pa.binary()),
+                                                pa.nulls(n, pa.binary()))))
+
+
+Payload = tuple[int | None, str | None, str | None, str | None]
+
+
+def open_blobs(seqs: np.ndarray, key_ids: np.ndarray, blobs: pa.Array, keys: dict[int, bytes]
+               ) -> dict[int, Payload]:
+    """The records' payloads (by seq) held by the batch blobs of `seal_batch` stored at `seqs`, for those
+    whose key is in `keys` (the rest were erased)."""
+    known = np.array([k in keys for k in key_ids.tolist()], dtype=bool) & blobs.is_valid().to_numpy(
+        zero_copy_only=False)
+    out: dict[int, Payload] = {}
+    if not known.any():
+        return out
+    plain = _crypt(pc.fill_null(blobs, b"").cast(pa.large_binary()), seqs, key_ids, keys, known)
+    for ok, base, data in zip(known.tolist(), seqs.tolist(), plain.to_pylist()):
+        if not ok:
+            continue
+        raw = zlib.decompress(data)
+        (count,) = struct.unpack_from("<I", raw, 0)
+        pos = 4
+        offsets = np.frombuffer(raw, "<i4", count, pos).tolist()
+        tokens = np.frombuffer(raw, "<i4", count, pos + 4 * count).tolist()
+        pos += 8 * count
+        fields: list[list[str | None]] = []
+        for _ in PAYLOAD_FIELDS:
+            lengths = np.frombuffer(raw, "<i4", count, pos).tolist()
+            pos += 4 * count
+            values: list[str | None] = []
+            for size in lengths:
+                if size < 0:
+                    values.append(None)
+                else:
+                    values.append(raw[pos:pos + size].decode())
+                    pos += size
+            fields.append(values)
+        for i, offset in enumerate(offsets):
+            out[base + offset] = (None if tokens[i] == -1 else tokens[i], fields[0][i], fields[1][i], fields[2][i])
+    return out
 
 
 def open_sealed(seqs: np.ndarray, key_ids: np.ndarray, sealed: pa.Array, keys: dict[int, bytes]
