@@ -43,12 +43,13 @@ def test_the_loop_backs_up_verifies_and_keeps_the_newest(tmp_path: Path) -> None
     data, dest = tmp_path / "data", tmp_path / "second-disk"
     reports: list[dict[str, Any]] = []
     with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:
+        by_hand = backups.write_backup(xdb, data, dest)  # SIGUSR1's: never pruned
         loop = BackupLoop(xdb, data, dest, keep=2, on_result=reports.append)
         for i in range(3):
             record(xdb, f"s{i}", "hello")
             assert loop.once()["ok"]
     kept = backups.kept_backups(dest)
-    assert [str(p) for p in kept] == [r["path"] for r in reports[-2:]]  # the newest two, oldest first
+    assert [str(p) for p in kept] == [str(by_hand)] + [r["path"] for r in reports[-2:]]  # the newest two
     assert sum(len(r["removed"]) for r in reports) == 1 and loop.written == 3 and loop.failed == 0
     for path in kept:
         assert verify_audit(path).ok
@@ -124,6 +125,8 @@ def check_erased(data: Path, dest: Path, made: list[Path]) -> None:
         assert m["rows"] == sum(t["rows"] for t in m["tables"].values()) and m["erased_sessions"] == 1
         assert all((manifest.parent / f["path"]).is_file() for t in m["tables"].values() for f in t["files"])
         assert m["tables"]["timesteps"]["rows"] == 4  # the keeper's
+        with XDB.open(XDB.import_export(data.parent / f"import-{m['id']}", manifest.parent)["data_dir"]) as copy:
+            assert copy.conn.execute("SELECT DISTINCT session_id FROM timesteps").fetchall() == [("keeper",)]
     assert backups.pending(data) == []
 
 

@@ -134,9 +134,10 @@ def locked(dest_dir: Path) -> contextlib.AbstractContextManager[None]:
     return _flock(dest_dir / LOCK_FILE)
 
 
-def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path) -> Path:
+def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path, *, scheduled: bool = False) -> Path:
     """A backup of the live XDB into `dest_dir`/<UTC time>/ (written under a `.partial-` name, renamed
-    when complete); the directory is noted so that deletions reach it."""
+    when complete); the directory is noted so that deletions reach it. `scheduled`: one of the loop's,
+    which `prune` may delete (an operator's backup on demand is never pruned)."""
     data_dir, dest_dir = Path(data_dir), Path(dest_dir)
     private_dir(dest_dir)
     _remember_dir(data_dir, dest_dir)
@@ -149,7 +150,8 @@ def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path) -> Path:
         partial = final.with_name(f".partial-{final.name}")
         try:
             result = xdb.backup(partial)
-            _write_json(partial / MARK_FILE, {"started_at": started, "audit_seq": result["audit_seq"]})
+            _write_json(partial / MARK_FILE, {"started_at": started, "audit_seq": result["audit_seq"],
+                                              "scheduled": scheduled})
             partial.rename(final)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -181,18 +183,27 @@ def verify_here(path: Path) -> tuple[bool, str | None]:
 
 
 def prune(dest_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` backups in `dest_dir`; the ones deleted."""
+    """Delete all but the newest `keep` scheduled backups in `dest_dir`; the ones deleted."""
     with locked(dest_dir):
-        old = kept_backups(dest_dir)[:-keep] if keep > 0 else kept_backups(dest_dir)
+        scheduled = [p for p in kept_backups(dest_dir) if _mark(p).get("scheduled") is True]
+        old = scheduled[:-keep] if keep > 0 else scheduled
         for path in old:
             shutil.rmtree(path)
     return old
 
 
+def _mark(backup: Path) -> dict[str, Any]:
+    try:
+        mark = json.loads((backup / MARK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}  # a backup from before the mark
+    return mark if isinstance(mark, dict) else {}
+
+
 def _started_at(backup: Path) -> float | None:
     try:
-        return float(json.loads((backup / MARK_FILE).read_text())["started_at"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return float(_mark(backup)["started_at"])
+    except (KeyError, ValueError, TypeError):
         return None  # a backup from before the mark: treated as older than any deletion
 
 
@@ -375,11 +386,18 @@ def _file_rows(path: Path) -> int:
 def erase_from_export(export_dir: Path, session_id: str) -> int:
     """Remove the session's partition files from an export and from its manifest; the rows removed.
     Tables not partitioned by session (the concept vocabulary, tags, documents) are left as they are."""
+    try:
+        return _erase_from_export(export_dir, session_id)
+    except FileNotFoundError:
+        return 0  # deleted meanwhile (expired, or by its tenant)
+
+
+def _erase_from_export(export_dir: Path, session_id: str) -> int:
     manifest_path = export_dir / "manifest.json"
     try:
         manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
-        return 0  # deleted meanwhile (expired), or not an export
+        return 0  # deleted meanwhile, or not an export
     removed_rows, changed = 0, False
     for table in manifest.get("tables", {}).values():
         column = table.get("partitioned_by")

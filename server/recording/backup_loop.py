@@ -2,9 +2,10 @@
 
 Every `backup_every_s` the primary API process writes a backup (as SIGUSR1 does, server/recording/
 backup_signal.py) into `xdb.backup_dir` (meant to be another disk; default DATA_DIR/backups), verifies
-the copy's audit chain as `ahc xdb verify-audit` does, and keeps the newest `xdb.backup_keep` backups,
-deleting older ones. A copy that fails verification is logged at ERROR, counted
-(`BackupLoop.failed`, and `on_result`) and removed, so it is never kept as a good one.
+the copy's audit chain as `ahc xdb verify-audit` does, and keeps the newest `xdb.backup_keep` of its
+backups, deleting older ones (backups made on demand, by SIGUSR1, are left to the operator). A copy that
+fails verification is logged at ERROR, counted (`BackupLoop.failed`, and `on_result`) and removed, so it
+is never kept as a good one.
 
 Before its first backup it finishes the erasures a stop or a crash cut short: sessions deleted since a
 backup or export under the data dir (or the backup dir) was made are removed from it (xdb/backups.py);
@@ -44,7 +45,7 @@ class BackupLoop:
         """Write a backup, verify it, drop the old ones: {"path", "ok", "error", "removed"}."""
         report: dict[str, Any] = {"path": None, "ok": False, "error": None, "removed": []}
         try:
-            path = backups.write_backup(self.xdb, self.data_dir, self.dest_dir)
+            path = backups.write_backup(self.xdb, self.data_dir, self.dest_dir, scheduled=True)
         except Exception as exc:  # reported; the server serves on
             log.exception("scheduled backup of %s into %s failed", self.data_dir, self.dest_dir)
             report["error"] = f"{type(exc).__name__}: {exc}"
