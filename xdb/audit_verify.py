@@ -11,6 +11,13 @@ log without `audit.head` fails verification.
 Records sealed under a session's key (xdb/audit_seal.py) verify without it. A key missing from
 `audit.keys` is an erasure by policy when a chained `delete_session` event destroyed it after the last
 record sealed under it; otherwise it is tampering (`check_erasures`).
+
+A log is bounded by retention (`AuditLog.retire_through`): the records up to a checkpoint's end whose rows
+retention removed from the experience file leave the log, after a chained `audit_retired` event names
+that checkpoint (its seq, chain head and checkpoint hash). The checkpoint stays as the log's anchor: what
+remains verifies from it (`retirement`), as from genesis, so a record deleted without a retirement is
+still a record missing, and an anchor that differs from the chained retirement is tampering. Anchored
+head lines before it are retired with it; verifying a range retired says so.
 """
 
 from __future__ import annotations
@@ -46,6 +53,51 @@ class AuditReport:
     unanchored: list[tuple[int, bytes]] = field(default_factory=list)
     # The sessions erased by policy: "session 'x': N records erased by the deletion at record seq=S".
     erased: list[str] = field(default_factory=list)
+    # Records retired by policy before the anchor verification started from (None: none were).
+    retired: str | None = None
+
+
+RETIRED_ACTION = "audit_retired"
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A chained retirement (`audit_retired` event at record `seq`): the records up to `through` (a
+    checkpoint's end, whose chain head and checkpoint hash it names) left the log by policy."""
+
+    seq: int
+    through: int
+    head: bytes
+    checkpoint: bytes
+    records: int
+    reason: str
+
+    def note(self) -> str:
+        return (f"records seq=0..{self.through} retired by policy ({self.reason}), by the retirement at record "
+                f"seq={self.seq}; what remains verified from its anchor")
+
+
+def retirements(cur: duckdb.DuckDBPyConnection) -> list[Retired]:
+    """Every retirement chained (and not itself retired), in chain order."""
+    rows = cur.execute("SELECT seq, content FROM audit_records WHERE event_type = ? AND key_id IS NULL "
+                       f"AND content LIKE '%\"action\":\"{RETIRED_ACTION}\"%' ORDER BY seq", [EVENT_TYPE]).fetchall()
+    found = []
+    for seq, content in rows:
+        event = json.loads(content)
+        if event.get("action") == RETIRED_ACTION:
+            found.append(Retired(int(seq), int(event["through_seq"]), bytes.fromhex(event["chain_head"]),
+                                 bytes.fromhex(event["checkpoint_hash"]), int(event.get("records", 0)),
+                                 str(event.get("reason", ""))))
+    return found
+
+
+def retirement(cur: duckdb.DuckDBPyConnection) -> Retired | None:
+    """The anchor the log verifies from: the latest chained retirement carried out (no record up to its
+    `through` is left); None: verification starts at genesis. One chained but cut short by a crash (its
+    records still there) is not: the log verifies as it stands, and the next open carries it out."""
+    first = one(cur.execute("SELECT min(seq) FROM audit_records"))[0]
+    done = [r for r in retirements(cur) if first is not None and r.through < first]
+    return done[-1] if done else None
 
 
 def _describe(cur: duckdb.DuckDBPyConnection, seq: int) -> str:
@@ -89,6 +141,9 @@ def check_anchor(cur: duckdb.DuckDBPyConnection, head_path: Path, report: AuditR
         heads = heads_of() if heads_of is not None else read_heads(head_path)
     except ValueError as exc:
         return bad(f"audit head mismatch: {exc}")
+    anchor = retirement(cur)
+    if heads is not None and anchor is not None:  # lines before the anchor were retired with their records
+        heads = [(seq, head) for seq, head in heads if seq >= anchor.through]
     if heads is None:
         if checkpoints:
             return bad(f"audit head mismatch: {head_path} is missing but the log holds records up to "
@@ -117,6 +172,13 @@ def check_expected_head(cur: duckdb.DuckDBPyConnection, expect: tuple[int, bytes
     """A head noted earlier (a log line, a scraped gauge) must still be on the (verified) chain."""
     seq, head = expect
     row = cur.execute("SELECT record_hash FROM audit_records WHERE seq = ? LIMIT 1", [seq]).fetchone()
+    anchor = retirement(cur) if row is None else None
+    if anchor is not None and seq <= anchor.through:
+        if seq == anchor.through and head != anchor.head:
+            return AuditReport(False, report.records_checked,
+                               f"audit head mismatch at seq={seq}: expected hash {head.hex()[:16]}…, the retirement "
+                               f"at record seq={anchor.seq} anchored {anchor.head.hex()[:16]}…")
+        return report  # retired by policy: what remains verified from the anchor
     if row is None:
         return AuditReport(False, report.records_checked,
                            f"audit head mismatch at seq={seq}: the expected head's record is not in the log (deleted)")
@@ -143,10 +205,22 @@ def _verify_concepts(cur: duckdb.DuckDBPyConnection) -> tuple[str | None, int, b
 CHECKPOINT_COLUMNS = "seq_start, seq_end, chain_head, concept_count, concepts_head, prev_hash, checkpoint_hash"
 
 
-def _verify_checkpoints(cur: duckdb.DuckDBPyConnection, concept_count: int, concepts_head: bytes
-                        ) -> tuple[str | None, list[Row]]:
+def _verify_checkpoints(cur: duckdb.DuckDBPyConnection, concept_count: int, concepts_head: bytes,
+                        anchor: Retired | None = None) -> tuple[str | None, list[Row]]:
     rows = cur.execute(f"SELECT {CHECKPOINT_COLUMNS} FROM audit_checkpoints ORDER BY seq_end, seq_start").fetchall()
-    return _check_checkpoints(rows, GENESIS, 0, concept_count, concepts_head), rows
+    if anchor is None:
+        return _check_checkpoints(rows, GENESIS, 0, concept_count, concepts_head), rows
+    problem = _check_anchor_row(rows[0] if rows else None, anchor)
+    return problem or _check_checkpoints(rows[1:], anchor.checkpoint, anchor.through + 1, concept_count,
+                                         concepts_head), rows
+
+
+def _check_anchor_row(row: Row | None, anchor: Retired) -> str | None:
+    """The checkpoint the log starts from is the one the retirement chained."""
+    if row is None or row[1] != anchor.through or bytes(row[2]) != anchor.head or bytes(row[6]) != anchor.checkpoint:
+        return (f"audit anchor at seq={anchor.through}: the checkpoint the log starts from differs from the one the "
+                f"retirement at record seq={anchor.seq} chained (edited, or records deleted outside a retirement)")
+    return None
 
 
 def _check_checkpoints(rows: list[Row], prev: bytes, expected_start: int, concept_count: int,
@@ -172,13 +246,17 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     problem, concept_count, concepts_head = _verify_concepts(cur)
     if problem:
         return AuditReport(False, 0, problem)
-    problem, checkpoints = _verify_checkpoints(cur, concept_count, concepts_head)
+    anchor = retirement(cur)
+    problem, checkpoints = _verify_checkpoints(cur, concept_count, concepts_head, anchor)
     if problem:
         return AuditReport(False, 0, problem)
     last_seq = checkpoints[-1][1] if checkpoints else -1
+    note = None if anchor is None else anchor.note()
+    if anchor is not None and seq_to is not None and seq_to <= anchor.through:
+        return AuditReport(True, 0, retired=note)
     # Start at the checkpoint just before seq_from, end at the one covering seq_to: a range reads
     # only its own segments.
-    start, prev = 0, GENESIS
+    start, prev = (0, GENESIS) if anchor is None else (anchor.through + 1, anchor.head)
     end = last_seq
     for _s, e, head, *_ in checkpoints:
         if seq_from is not None and e < seq_from:
@@ -194,7 +272,7 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
     if seq_to is None and beyond is not None:
         return AuditReport(False, checked, f"{_describe(cur, beyond)}: not covered by any checkpoint (inserted)")
-    return AuditReport(True, checked)
+    return AuditReport(True, checked, retired=note)
 
 
 def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: bytes, heads: dict[int, bytes],
@@ -258,6 +336,9 @@ def verify_tail(cur: duckdb.DuckDBPyConnection, head_path: Path, seq_from: int, 
     problem, concept_count, concepts_head = _verify_concepts(cur)
     if problem:
         return AuditReport(False, 0, problem)
+    anchor = retirement(cur)
+    if anchor is not None:  # nothing before the anchor is left: start from it at the earliest
+        seq_from = max(seq_from, anchor.through + 1)
     rows = cur.execute(f"""
         SELECT {CHECKPOINT_COLUMNS} FROM audit_checkpoints
         WHERE seq_end >= (SELECT coalesce(max(seq_end), -1) FROM audit_checkpoints WHERE seq_end < ?)
@@ -265,7 +346,11 @@ def verify_tail(cur: duckdb.DuckDBPyConnection, head_path: Path, seq_from: int, 
     prev, head, start = GENESIS, GENESIS, 0
     if rows and rows[0][1] < max(seq_from, 0):  # the checkpoint before: where verification starts from
         base = rows.pop(0)
+        if anchor is not None and base[1] == anchor.through and _check_anchor_row(base, anchor):
+            return AuditReport(False, 0, _check_anchor_row(base, anchor))
         prev, head, start = bytes(base[6]), bytes(base[2]), base[1] + 1
+    elif anchor is not None:
+        return AuditReport(False, 0, _check_anchor_row(None, anchor))
     problem = _check_checkpoints(rows, prev, start, concept_count, concepts_head)
     if problem:
         return AuditReport(False, 0, problem)
@@ -376,4 +461,4 @@ def check_erasures(cur: duckdb.DuckDBPyConnection, owners: Callable[[list[int]],
                                "(content removed outside a deletion: tampering)")
         erased.append(f"session {session!r}: {count} records erased by policy, by the deletion at record "
                       f"seq={deletion[0]}")
-    return AuditReport(report.ok, report.records_checked, report.first_bad, report.unanchored, erased)
+    return AuditReport(report.ok, report.records_checked, report.first_bad, report.unanchored, erased, report.retired)

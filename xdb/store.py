@@ -525,8 +525,9 @@ class XDB(SessionMethods, LakeMethods):
                 deleted = retention.expired_sessions(cur, days)
                 for expired in deleted:
                     self._delete_recorded(cur, expired, reason="retention", delete_after_days=days)
-            # The audit log counts against the quota (it cannot be compressed), then exports: they are
-            # copies of what is recorded.
+            audit_retired = self._retire_audit(cur)
+            # The audit log counts against the quota (it cannot be compressed, but retention retires its
+            # records with the rows they record), then exports: they are copies of what is recorded.
             audit_bytes = self.audit_bytes()
             target = None if self.quota_bytes is None else max(
                 int(self.quota_bytes * self.compress_at) - audit_bytes, 0)
@@ -539,7 +540,24 @@ class XDB(SessionMethods, LakeMethods):
                     "vacuum_due": retention.vacuum_due(cur),
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
                     "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
-                    "quota_bytes": self.quota_bytes}
+                    "quota_bytes": self.quota_bytes, "audit_retired": audit_retired,
+                    "audit_quota_share": None if not self.quota_bytes else audit_bytes / self.quota_bytes}
+
+    def _retire_audit(self, cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
+        """Retire the audit records whose rows retention has removed from the experience file: those before
+        its first timestep left (or past its last committed one), written before the first retention
+        horizon configured. None when no horizon is, or nothing can go (xdb/audit.py's `retire`)."""
+        days = [d for d in (self.retention.verbatim_days, self.retention.delete_after_days) if d is not None]
+        if self.audit is None or not days:
+            return None
+        first, last = one(cur.execute("SELECT min(id), (SELECT value FROM xdb_meta WHERE key = 'last_timestep_id') "
+                                      "FROM timesteps"))
+        committed = -1 if last is None else int(last)
+        live_from = committed + 1 if first is None else min(int(first), committed + 1)
+        shipped = None
+        if self.lake is not None:  # a record leaves only once the lake holds it
+            shipped = int(self.lake.status().get("watermarks", {}).get("audit_records", -1))
+        return self.audit.retire(live_from, retention.cutoff(min(days)), "retention", shipped)
 
     def vacuum(self) -> dict[str, Any]:
         """Rewriting the experience file needs it closed: the XDB service does it between its calls
