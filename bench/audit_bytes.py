@@ -4,7 +4,10 @@ each get 32-token TokenBatches with top-10 activations over a concept set (as be
 unpaced: only the bytes are measured), then XDB is closed (its files checkpointed) and every file's size
 is summed.
 
-    .venv/bin/python -m bench.audit_bytes [tokens] [--keep DIR]
+    .venv/bin/python -m bench.audit_bytes [tokens] [--batch-rows N] [--keep DIR]
+
+`--batch-rows`: the writer's batch size (XDBConfig.batch_rows; unpaced, every batch is full): a server's
+batches are what a second of tokens brings (max_latency_s), ~1k rows at 100M tokens a day.
 
 Prints bytes a token for the experience file, the audit files (each one, and together) and the audit's
 share of the total.
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ahc.core.config import XDBConfig
 from xdb import XDB
 from xdb.rows import TokenBatch
 from xdb.schema import TOP_K
@@ -27,12 +31,13 @@ STREAMS, CHUNK, CONCEPTS, REPLY = 64, 32, 256, 512
 WORDS = np.array(["the", " cat", "ing", " sat", ".", " on", " mat", " A", " moves", " right"], dtype=object)
 
 
-def write(data_dir: Path, tokens: int) -> float:
+def write(data_dir: Path, tokens: int, batch_rows: int | None = None) -> float:
     """Write `tokens` generated tokens; returns the seconds it took."""
     rng = np.random.default_rng(0)
     names = [f"c{i}" for i in range(CONCEPTS)]
     started = time.monotonic()
-    with XDB.open(data_dir) as xdb:
+    config = XDBConfig() if batch_rows is None else XDBConfig(batch_rows=batch_rows)
+    with XDB.open(data_dir, config) as xdb:
         xdb.register_concepts([{"id": n, "name": n, "parent": None, "threshold": None} for n in names])
         writer = xdb.writer
         assert writer is not None
@@ -77,14 +82,15 @@ def report(data_dir: Path, tokens: int, seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tokens", nargs="?", type=int, default=2_000_000)
+    parser.add_argument("--batch-rows", type=int, help="the writer's batch size (default: XDBConfig's)")
     parser.add_argument("--keep", type=Path, help="write into this (new) data dir and keep it")
     args = parser.parse_args()
     if args.keep is not None:
-        seconds = write(args.keep, args.tokens)
+        seconds = write(args.keep, args.tokens, args.batch_rows)
         report(args.keep, args.tokens, seconds)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        seconds = write(Path(tmp) / "x", args.tokens)
+        seconds = write(Path(tmp) / "x", args.tokens, args.batch_rows)
         report(Path(tmp) / "x", args.tokens, seconds)
 
 
