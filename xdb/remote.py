@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import multiprocessing
+import os
 import secrets
 import shutil
 import tempfile
@@ -45,6 +46,7 @@ from xdb.lake_session import ResumableTickBook
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
 from xdb.service import CALLBACK, ServiceSpec
+from xdb.spill import OWNER, Segment, Spill, check_spill_dir
 from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 from xdb.writer_failure import is_disk_fault
@@ -65,6 +67,7 @@ MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
 # A disk fault is waited out instead (it is no row's fault and no restart mends it): first retry after this,
 # doubling up to the maximum.
 DISK_RETRY_FIRST_S, DISK_RETRY_MAX_S = 1.0, 60.0
+SPILL_EVERY_S = 0.05  # while paused with `on_disk_full: spill`, how often the rows gathered go to the spill dir
 RECORDING_STATES = ("recording", "paused", "stopped")
 SERVED = service_methods(XDB)
 
@@ -257,7 +260,14 @@ class RemoteWriter:
         self.restarts = 0
         self._restarted_at: deque[float] = deque(maxlen=MAX_RESTARTS)
         self.paused: str | None = None  # why recording waits on a failed disk
+        self._paused_at = 0.0
+        self._pause_cause: BaseException | None = None
         self._disk_faults = 0  # in a row, since the last commit
+        # `on_disk_full: spill`: rows gathered while paused go to files (xdb/spill.py), not memory.
+        self._spill: Spill | None = None
+        self._spill_failed: str | None = None  # why spilling fell back to pausing, until recording resumes
+        self._spill_unread = 0  # rows in the spill files not read back yet (accepted, in no deque here)
+        self._spill_sent: deque[tuple[int, Segment]] = deque()  # read back and sent: (rows sent up to it, segment)
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()   # accepted, not sent yet
         self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
@@ -271,6 +281,14 @@ class RemoteWriter:
         self._error: BaseException | None = None
         self._capture: tuple[str, int, float] | None = None  # the side channel, told to every service run
         self._tokenizer: str | None = None  # what the service decodes token ids with, told to every run
+        if config.on_disk_full == "spill":
+            assert config.spill_dir is not None  # XDBConfig requires it
+            check_spill_dir(Path(config.spill_dir), data_dir)
+            name = f"stream-{os.getpid()}-{secrets.token_hex(4)}" if self.attached else OWNER
+            self._spill = Spill(Path(config.spill_dir), name)
+            if not self.attached:  # what a stopped or killed server left: sent before anything new
+                self._spill_unread = self._spill.adopt_leftovers()
+                self._accepted = self._spill_unread
         self.process: ServiceLink
         if self.attached:
             self.process = self._attach()
@@ -283,6 +301,29 @@ class RemoteWriter:
         self._listen(self.process)
         self._sender = threading.Thread(target=self._send_loop, name="xdb-sender", daemon=True)
         self._sender.start()
+        if self._accepted:
+            self._replay_leftovers()
+
+    def _replay_leftovers(self) -> None:
+        """Commit the rows a stopped or killed server spilled, before this one takes any: new rows' ticks are
+        reserved after the committed ones."""
+        rows = self._accepted
+        log.info("XDB: sending %d rows spilled to %s by a server that stopped before they were committed",
+                 rows, self._config.spill_dir)
+        try:
+            with self._cond:
+                self._flush_asked = True
+                self._cond.notify_all()
+                wait_committed(self._cond, rows, lambda: self.rows_written, self._check_alive, None)
+        except BaseException:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self.process.kill()
+            if not self.attached:
+                remove_spec(self.spec)
+            raise
+        log.info("XDB: the %d spilled rows are committed", rows)
 
     # -- the caller's side (as xdb.writer.Writer) --------------------------------------------------
     @property
@@ -318,8 +359,8 @@ class RemoteWriter:
             return True
         with self._cond:
             self._check_alive()
-            depth = self.queue_depth()
-            if depth and depth + n > self.max_queue_rows:
+            in_memory = self.queue_depth() - self._spill_unread  # spilled rows wait on another disk
+            if in_memory and in_memory + n > self.max_queue_rows:
                 return False
             self._pending.append(rows)
             self._accepted += n
@@ -365,6 +406,8 @@ class RemoteWriter:
         finally:
             if not self.attached:
                 remove_spec(self.spec)
+            if self._spill is not None:
+                self._spill.close()
         if self._error is not None:
             raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
         if self.rows_written < self._accepted:
@@ -397,16 +440,22 @@ class RemoteWriter:
                 process.announced_exit = total
             if kind != "committed":
                 continue
+            done: list[Segment] = []
             with self._cond:
                 if process is not self.process:
                     return
                 delta, self._acked = total - self._acked, total
                 if delta and self.paused is not None:
-                    log.warning("XDB recording resumed after a disk fault")
-                    self.paused, self._disk_faults = None, 0
+                    log.info("XDB recording resumed after a disk fault (paused %.0f s)%s",
+                             time.monotonic() - self._paused_at,
+                             f"; {self._spill_unread} spilled rows to send" if self._spill_unread else "")
+                    self.paused, self._disk_faults, self._spill_failed = None, 0, None
                 while self._held and self._held[0][0] <= self.rows_written:
                     self._held.popleft()
+                while self._spill_sent and self._spill_sent[0][0] <= self.rows_written:
+                    done.append(self._spill_sent.popleft()[1])
                 self._cond.notify_all()
+            self._remove_spilled(done)
             if self.on_commit is not None and delta:
                 try:
                     self.on_commit(delta)
@@ -426,10 +475,21 @@ class RemoteWriter:
     def _send_once(self) -> bool:
         """Send what has gathered; False once closing and everything accepted is committed or given up."""
         with self._cond:
-            while not (self._pending or self._flush_asked or self._dead or self._closing):
+            while not (self._pending or self._flush_asked or self._dead or self._closing or self._replay_ready()):
                 self._cond.wait()
-            if not (self._dead or self._flush_asked or self._closing):
+            if not (self._dead or self._flush_asked or self._closing or self._spill_unread):
                 self._cond.wait(self.send_interval_s)  # let a few more steps' rows gather
+            if not self._dead and self._spill_unread:  # spilled rows go first, in order
+                if not self._replay_ready():
+                    self._cond.wait(self.send_interval_s)  # until the service has committed more of them
+                    return True
+                replay = True
+            else:
+                replay = False
+        if replay:
+            self._send_spilled()
+            return True
+        with self._cond:
             if self._dead:
                 parts = None
             else:
@@ -439,7 +499,7 @@ class RemoteWriter:
                     self._sent += len(part)
                     self._held.append((self._sent, part))
                 flush, self._flush_asked = self._flush_asked or self._closing, False
-            done = self._closing and not self._pending
+            done = self._closing and not self._pending and not self._spill_unread
         if parts is None:
             self._restart()
             return True
@@ -465,6 +525,28 @@ class RemoteWriter:
             return self._dead
 
     def _restart(self) -> None:
+        """A new run (or, attached, the owner's next) for the dead one. With a spill dir, while recording is
+        paused meanwhile, a thread of its own moves the rows gathered to the spill, since starting a run
+        takes a while; it has stopped by the time this returns, so the sender alone decides what goes next."""
+        if self._spill is None:
+            self._restart_now()
+            return
+        stop = threading.Event()
+
+        def spill_while_paused() -> None:
+            while not stop.wait(SPILL_EVERY_S):
+                if self.paused is not None:
+                    self._spill_pending()
+
+        spiller = threading.Thread(target=spill_while_paused, name="xdb-spill", daemon=True)
+        spiller.start()
+        try:
+            self._restart_now()
+        finally:
+            stop.set()
+            spiller.join()
+
+    def _restart_now(self) -> None:
         dead = self.process
         dead.kill()
         disk = dead.exitcode == service.EXIT_DISK_FAULT
@@ -546,17 +628,114 @@ class RemoteWriter:
                                         f"{self.reconnect_timeout_s:.0f} s (last: {exc!r})") from exc
                 time.sleep(RECONNECT_INTERVAL_S)
 
+    def _replay_ready(self) -> bool:
+        """Spilled rows wait to be sent and the service has room for them: what is sent and not committed
+        stays under half of max_queue_rows, so replaying never holds more in memory than that."""
+        return (self._spill_unread > 0 and not self._dead
+                and self._sent - self.rows_written < max(self.max_queue_rows // 2, 1))
+
+    def _send_spilled(self) -> None:
+        """The oldest spilled segment, read back and sent (held, like any row sent, until committed); its file
+        goes once the service has committed its last row."""
+        assert self._spill is not None
+        try:
+            taken = self._spill.take()
+        except OSError as exc:
+            log.error("reading the XDB spill dir %s failed (%r); trying again", self._spill.dir, exc)
+            with self._cond:
+                self._cond.wait(DISK_RETRY_FIRST_S)
+            return
+        if taken is None:  # nothing left to read (the count was off)
+            with self._cond:
+                self._spill_unread = 0
+            return
+        segment, parts = taken
+        read = sum(len(part) for part in parts)
+        with self._cond:
+            self._spill_unread -= segment.rows
+            if read != segment.rows:  # a record cut short (a crash while it was written): those rows are gone
+                log.error("XDB spill segment %s held %d rows, %d could be read back", segment.path, segment.rows, read)
+                self._accepted -= segment.rows - read
+            for part in parts:
+                self._sent += len(part)
+                self._held.append((self._sent, part))
+            self._spill_sent.append((self._sent, segment))
+            dead = self._dead
+        if not parts:
+            return
+        try:
+            if not dead:  # else the restart sends the held parts
+                self.process.stream.send(("rows", parts, segment.resend))
+                self.process.stream.send(("flush",))
+        except OSError:
+            with self._cond:
+                self._dead = True
+
+    def _remove_spilled(self, segments: list[Segment]) -> None:
+        assert self._spill is not None or not segments
+        for segment in segments:
+            try:
+                self._spill.remove(segment)  # type: ignore[union-attr]
+            except OSError as exc:
+                log.error("removing the committed XDB spill segment %s failed: %r", segment.path, exc)
+
     def _pause_for_disk(self, cause: BaseException | None = None) -> None:
-        """Recording paused: the disk failed under the service. Every row is held (new ones wait in the
-        queue, and past its bound the server answers 503); the service starts again after a wait that
-        doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits."""
+        """Recording paused: the disk failed under the service. `on_disk_full: pause`: every row is held (new
+        ones wait in the queue, and past its bound the server answers 503); `spill`: the rows gathered go to
+        the spill dir meanwhile (xdb/spill.py), and the server serves on. The service starts again after a
+        wait that doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits. One ERROR line
+        when it pauses, a WARNING a retry, one INFO when it resumes."""
         wait = min(DISK_RETRY_FIRST_S * 2 ** self._disk_faults, DISK_RETRY_MAX_S)
+        first = self._disk_faults == 0
         self._disk_faults += 1
         with self._cond:
-            self.paused = f"the disk under {self._data_dir} failed{f' ({cause})' if cause else ''}; " \
-                          f"{self._sent - self.rows_written} rows held, retrying in {wait:.0f} s"
-        log.error("XDB recording paused: %s", self.paused)
-        time.sleep(wait)
+            if first:
+                self._paused_at = time.monotonic()
+            self._pause_cause = cause
+            self.paused = self._paused_reason(cause, wait)
+            reason = self.paused
+        if first:
+            log.error("XDB recording paused: %s", reason)
+        else:
+            log.warning("XDB recording still paused: %s", reason)
+        time.sleep(wait)  # with a spill dir, `_restart`'s thread spills meanwhile
+
+    def _paused_reason(self, cause: BaseException | None, wait: float) -> str:
+        held = self._sent - self.rows_written
+        why = f"the disk under the data dir {self._data_dir} failed{f' ({cause})' if cause else ''}"
+        if self._spill is not None and self._spill_failed is None:
+            return (f"{why}; new rows are spilled to {self._spill.dir} ({self._spill_unread} so far) and {held} "
+                    f"held in memory, retrying in {wait:.0f} s; free space under {self._data_dir}")
+        spill = f"; the spill dir failed too ({self._spill_failed})" if self._spill_failed else ""
+        return (f"{why}{spill}; {held + sum(len(p) for p in self._pending)} rows held in memory, retrying in "
+                f"{wait:.0f} s (past xdb.max_queue_rows new requests get 503); free space under {self._data_dir}"
+                + ("" if self._spill is not None else " or set xdb.on_disk_full: spill with xdb.spill_dir on "
+                   "another disk"))
+
+    def _spill_pending(self) -> None:
+        """The rows accepted and not sent, to the end of the spill (after every row spilled before them). If
+        the spill dir fails, they stay first in the queue and recording pauses with them in memory. Only
+        while the sender restarts the service (`_restart`), so nothing else takes the queue meanwhile."""
+        if self._spill is None or self._spill_failed is not None:
+            return
+        with self._cond:
+            parts = list(self._pending)
+            self._pending.clear()
+            rows = sum(len(part) for part in parts)
+            self._spill_unread += rows
+            self._cond.notify_all()  # room in memory again
+        if not parts:
+            return
+        try:
+            self._spill.append(parts)
+        except OSError as exc:
+            with self._cond:
+                self._pending.extendleft(reversed(parts))
+                self._spill_unread -= rows
+                self._spill_failed = repr(exc)
+                self.paused = self._paused_reason(self._pause_cause, DISK_RETRY_FIRST_S)
+            log.error("the XDB spill dir %s failed too (%r): recording pauses, rows held in memory",
+                      self._spill.dir, exc)
 
     def recording_state(self) -> tuple[str, str | None]:
         """("recording", None), ("paused", why) while the disk fails, or ("stopped", why): for /health and
