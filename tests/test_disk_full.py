@@ -184,6 +184,24 @@ def test_a_failing_spill_dir_falls_back_to_pause(tmp_path: Path, monkeypatch: py
         assert contents(xdb, "s") == [f"r{i}" for i in range(4)]
 
 
+def test_an_attached_writer_spills_to_a_directory_of_its_own(tmp_path: Path) -> None:
+    marker, spill = tmp_path / "disk-full", tmp_path / "spill"
+    config = XDBConfig(max_queue_rows=20, on_disk_full="spill", spill_dir=str(spill))
+    with RemoteXDB(tmp_path / "x", config) as owner:
+        with RemoteXDB(tmp_path / "x", config, attach=owner.service_spec) as attached:
+            try:
+                fill_disk(attached, marker, "a")
+                for i in range(100):
+                    attached.writer.submit(row(attached, "a", f"a{i}"), timeout=5)
+                until(lambda: bool(spill_files(spill)))
+                assert all(f.parent.name.startswith("stream-") for f in spill_files(spill))
+            finally:
+                marker.unlink(missing_ok=True)
+            attached.writer.flush(60)
+            assert contents(attached, "a") == [f"a{i}" for i in range(100)]
+        assert [d.name for d in spill.iterdir()] == ["owner"]  # the attached one's went with its close
+
+
 KILLED_WHILE_SPILLING = """
 import os, signal, sys, time
 sys.path.insert(0, {tests!r})
@@ -217,6 +235,7 @@ def test_rows_spilled_by_a_killed_server_are_sent_at_the_next_start(tmp_path: Pa
     assert done.returncode == -signal.SIGKILL
     assert spill_files(spill)
     marker.unlink()  # the next start finds the disk with room
+    kept = {path: path.read_bytes() for path in spill_files(spill)}
     config = XDBConfig(on_disk_full="spill", spill_dir=str(spill))
     with RemoteXDB(data, config) as xdb:
         # Sent before the constructor returned, so new rows take ticks after them.
@@ -228,4 +247,8 @@ def test_rows_spilled_by_a_killed_server_are_sent_at_the_next_start(tmp_path: Pa
         assert contents(xdb, "s")[-1] == "after"
     with RemoteXDB(data, config) as xdb:  # a second start finds nothing more to send
         assert xdb.writer.rows_written == 0
-        assert len(contents(xdb, "s")) == 51
+    for path, data_bytes in kept.items():  # a kill after the commit, before the files went: sent again...
+        path.write_bytes(data_bytes)
+    with RemoteXDB(data, config) as xdb:
+        assert xdb.writer.rows_written == 50
+        assert contents(xdb, "s") == [f"r{i}" for i in range(50)] + ["after"]  # ...and skipped, as stored

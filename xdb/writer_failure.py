@@ -12,7 +12,8 @@ nothing, and neither do the other rows of a part that held a bad one.
 
 A fault of the disk (full, read-only, failing: `is_disk_fault`) is no row's fault: the dying run writes no
 failure down, so nothing is suspected and nothing dropped; the server pauses recording and starts the
-service again with a growing wait, keeping every row (xdb/remote.py).
+service again with a growing wait, keeping every row (xdb/remote.py): in memory, or, with
+`xdb.on_disk_full: spill`, the rows gathered meanwhile in files under `xdb.spill_dir` (xdb/spill.py).
 """
 
 from __future__ import annotations
