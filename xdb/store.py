@@ -533,9 +533,12 @@ class XDB(SessionMethods, LakeMethods):
                 int(self.quota_bytes * self.compress_at) - audit_bytes, 0)
             room = None if target is None else max(target - compression.usage_bytes(cur), 0)
             deleted_exports, export_bytes = self.expire_exports(self.export_ttl_s, room)
+            quota = None
             if target is not None:
-                made += compression.enforce_quota(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
+                quota = compression.quota_pass(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
+                made += quota.record_ids
             return {"compaction": record, "compressed_record_ids": made,
+                    "quota_pass": None if quota is None else quota.report(),
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
                     "vacuum_due": retention.vacuum_due(cur),
                     "deleted_exports": deleted_exports, "export_bytes": export_bytes,
