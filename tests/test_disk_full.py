@@ -164,6 +164,26 @@ def test_spill_serves_on_and_stores_every_row_once_in_order(tmp_path: Path) -> N
         until(lambda: not spill_files(spill), 10)  # removed once committed
 
 
+def test_a_stop_while_the_disk_fails_leaves_every_row_spilled_for_the_next_start(tmp_path: Path) -> None:
+    marker, spill, data = tmp_path / "disk-full", tmp_path / "spill", tmp_path / "x"
+    config = XDBConfig(on_disk_full="spill", spill_dir=str(spill))
+    try:
+        xdb = RemoteXDB(data, config)
+        fill_disk(xdb, marker, "s")
+        for i in range(30):
+            xdb.writer.submit(row(xdb, "s", f"r{i}"), timeout=5)
+        started = time.monotonic()
+        xdb.close()  # no waiting for the disk: the rows held in memory join the spilled ones
+        assert time.monotonic() - started < 30 and spill_files(spill)
+    finally:
+        marker.unlink(missing_ok=True)
+    with RemoteXDB(data, config) as xdb:
+        assert xdb.writer.rows_written == 31
+        assert contents(xdb, "trigger") == ["first"]  # held in memory when it stopped: spilled first
+        assert contents(xdb, "s") == [f"r{i}" for i in range(30)]
+        until(lambda: not spill_files(spill), 10)
+
+
 def test_a_failing_spill_dir_falls_back_to_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: Spill, parts: object) -> None:
         raise OSError(5, "Input/output error")

@@ -72,6 +72,11 @@ RECORDING_STATES = ("recording", "paused", "stopped")
 SERVED = service_methods(XDB)
 
 
+class _LeftSpilled(Exception):
+    """Closing while the disk still fails, with a spill dir that works: the rows are left there for the next
+    start rather than waiting for the disk."""
+
+
 class ServiceUnavailable(Unavailable):
     """The XDB service died during the call (it is being started again): retry."""
 
@@ -268,6 +273,7 @@ class RemoteWriter:
         self._spill_failed: str | None = None  # why spilling fell back to pausing, until recording resumes
         self._spill_unread = 0  # rows in the spill files not read back yet (accepted, in no deque here)
         self._spill_sent: deque[tuple[int, Segment]] = deque()  # read back and sent: (rows sent up to it, segment)
+        self._left_spilled = 0  # rows left in the spill dir by a close while the disk failed
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()   # accepted, not sent yet
         self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
@@ -410,7 +416,7 @@ class RemoteWriter:
                 self._spill.close()
         if self._error is not None:
             raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
-        if self.rows_written < self._accepted:
+        if self.rows_written < self._accepted and not self._left_spilled:
             raise WriterStopped(f"the XDB service stopped (exit code {code}) with "
                                 f"{self._accepted - self.rows_written} rows uncommitted")
 
@@ -501,8 +507,7 @@ class RemoteWriter:
                 flush, self._flush_asked = self._flush_asked or self._closing, False
             done = self._closing and not self._pending and not self._spill_unread
         if parts is None:
-            self._restart()
-            return True
+            return self._restart()
         try:
             if parts:
                 self.process.stream.send(("rows", parts, False))
@@ -524,13 +529,14 @@ class RemoteWriter:
                 self._cond.wait(1.0)
             return self._dead
 
-    def _restart(self) -> None:
+    def _restart(self) -> bool:
         """A new run (or, attached, the owner's next) for the dead one. With a spill dir, while recording is
         paused meanwhile, a thread of its own moves the rows gathered to the spill, since starting a run
-        takes a while; it has stopped by the time this returns, so the sender alone decides what goes next."""
+        takes a while; it has stopped by the time this returns, so the sender alone decides what goes next.
+        False: closed while the disk failed, every row left in the spill dir (`_leave_spilled`)."""
         if self._spill is None:
             self._restart_now()
-            return
+            return True
         stop = threading.Event()
 
         def spill_while_paused() -> None:
@@ -542,9 +548,40 @@ class RemoteWriter:
         spiller.start()
         try:
             self._restart_now()
+        except _LeftSpilled:
+            stop.set()
+            spiller.join()
+            return self._leave_spilled()
         finally:
             stop.set()
             spiller.join()
+        return True
+
+    def _leave_spilled(self) -> bool:
+        """Closing while the disk fails: the rows held in memory go to the spill dir, those sent to the dead
+        run before every row spilled (they are older), so the next start sends them all in order (skipping
+        any a run committed). False once they are there; True if the spill dir failed (closing then waits
+        for the disk, as with `pause`)."""
+        assert self._spill is not None
+        with self._cond:
+            held = [part for _, part in self._held]
+            pending = list(self._pending)
+        try:
+            self._spill.prepend(held)
+            self._spill.append(pending)
+        except OSError as exc:
+            log.error("the XDB spill dir %s failed (%r): closing waits for the disk under %s",
+                      self._spill.dir, exc, self._data_dir)
+            with self._cond:
+                self._spill_failed = repr(exc)
+            return True
+        with self._cond:
+            self._held.clear()
+            self._pending.clear()
+            self._left_spilled = self._accepted - self.rows_written
+        log.warning("XDB closed while the disk under %s fails: %d uncommitted rows left in %s, sent at the next "
+                    "start", self._data_dir, self._left_spilled, self._spill.dir)
+        return False
 
     def _restart_now(self) -> None:
         dead = self.process
@@ -626,7 +663,10 @@ class RemoteWriter:
                 if time.monotonic() >= deadline:
                     raise WriterStopped(f"no XDB service answered at {self.spec.address} in "
                                         f"{self.reconnect_timeout_s:.0f} s (last: {exc!r})") from exc
-                time.sleep(RECONNECT_INTERVAL_S)
+                if self.paused is not None:
+                    self._wait_paused(RECONNECT_INTERVAL_S)
+                else:
+                    time.sleep(RECONNECT_INTERVAL_S)
 
     def _replay_ready(self) -> bool:
         """Spilled rows wait to be sent and the service has room for them: what is sent and not committed
@@ -698,7 +738,19 @@ class RemoteWriter:
             log.error("XDB recording paused: %s", reason)
         else:
             log.warning("XDB recording still paused: %s", reason)
-        time.sleep(wait)  # with a spill dir, `_restart`'s thread spills meanwhile
+        self._wait_paused(wait)  # with a spill dir, `_restart`'s thread spills meanwhile
+
+    def _wait_paused(self, seconds: float) -> None:
+        """Wait while recording is paused; with a working spill dir, a close ends the wait (`_LeftSpilled`)."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                if self._closing and self._spill is not None and self._spill_failed is None:
+                    raise _LeftSpilled
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
 
     def _paused_reason(self, cause: BaseException | None, wait: float) -> str:
         held = self._sent - self.rows_written

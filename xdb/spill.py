@@ -40,6 +40,8 @@ SUFFIX = ".spill"
 OWNER = "owner"
 # A segment is sealed (a new one begun) past this many rows: what replay reads into memory at once.
 SEGMENT_ROWS = 16_384
+# The first segment's number: those numbered below it hold rows older than every segment (`prepend`).
+FIRST_SEQ = 10**9
 
 
 def check_spill_dir(spill_dir: Path, data_dir: Path) -> None:
@@ -76,7 +78,7 @@ class Spill:
         self._lock = threading.Lock()
         self._segments: deque[Segment] = deque()  # written, not taken back yet, oldest first
         self._file: BinaryIO | None = None  # the newest segment's, while it takes appends
-        self._seq = max((_seq_of(p) for p in self.dir.glob(f"*{SUFFIX}")), default=0)
+        self._seq = max((_seq_of(p) for p in self.dir.glob(f"*{SUFFIX}")), default=FIRST_SEQ)
 
     @property
     def unread_rows(self) -> int:
@@ -126,21 +128,46 @@ class Spill:
                 raise
             segment.rows += rows
 
-    def _begin(self) -> Segment:
-        self._seal()
-        self._seq += 1
-        path = self.dir / f"{self._seq:012d}{SUFFIX}"
+    def prepend(self, parts: list[Part]) -> None:
+        """Write `parts`, older than every row spilled so far, to a segment read back before them all: the
+        rows a writer held in memory when it stops while the disk still fails."""
+        if not sum(len(part) for part in parts):
+            return
+        data = pickle.dumps(parts, pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._seal()
+            seq = min((_seq_of(p) for p in self.dir.glob(f"*{SUFFIX}")), default=FIRST_SEQ) - 1
+            path = self._create(seq)
+            try:
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND), "ab") as f:
+                    f.write(RECORD.pack(len(data), zlib.crc32(data)) + data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError:
+                path.unlink(missing_ok=True)
+                raise
+
+    def _create(self, seq: int) -> Path:
+        """A new, empty segment file (its header only), durably named."""
+        path = self.dir / f"{seq:012d}{SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        self._file = os.fdopen(fd, "ab")
         try:
-            self._file.write(MAGIC)
-            self._file.flush()
+            os.write(fd, MAGIC)
             os.fsync(fd)
             fsync_path(self.dir)
         except OSError:
-            self._seal()
+            os.close(fd)
             path.unlink(missing_ok=True)
             raise
+        os.close(fd)
+        return path
+
+    def _begin(self) -> Segment:
+        self._seal()
+        self._seq += 1
+        path = self._create(self._seq)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._file = os.fdopen(fd, "ab")
         segment = Segment(path, 0)
         self._segments.append(segment)
         return segment
