@@ -322,6 +322,9 @@ class XDBConfig(_Strict):
         if self.on_disk_full == "spill" and not self.spill_dir:
             raise ValueError("xdb.on_disk_full spill needs xdb.spill_dir (AHC_XDB__SPILL_DIR=...): a directory "
                              "outside the data dir, on another disk, where rows wait while the data dir's is full")
+        if self.on_disk_full == "spill" and not self.service_process:
+            raise ValueError("xdb.on_disk_full spill is done by the XDB service's client: it needs "
+                             "xdb.service_process: true")
         return self
 
     def sized_quota(self, data_dir: Path) -> int | None:
