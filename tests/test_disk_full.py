@@ -272,3 +272,20 @@ def test_rows_spilled_by_a_killed_server_are_sent_at_the_next_start(tmp_path: Pa
     with RemoteXDB(data, config) as xdb:
         assert xdb.writer.rows_written == 50
         assert contents(xdb, "s") == [f"r{i}" for i in range(50)] + ["after"]  # ...and skipped, as stored
+
+
+def test_a_segment_cut_short_by_a_crash_reads_back_up_to_its_last_whole_record(tmp_path: Path) -> None:
+    spill = Spill(tmp_path / "spill", "owner")
+    first = [TimestepRow("s", 0, "input", "user", "a"), TimestepRow("s", 1, "input", "user", "b")]
+    spill.append([first])
+    spill.append([[TimestepRow("s", 2, "input", "user", "c")]])
+    spill.prepend([[TimestepRow("s", -1, "input", "user", "older")]])
+    spill.close()
+    newest = spill_files(tmp_path / "spill")[-1]
+    newest.write_bytes(newest.read_bytes()[:-3])  # the last record's end never reached the disk
+    again = Spill(tmp_path / "spill", "owner")
+    assert again.adopt_leftovers() == 3
+    texts = []
+    while (taken := again.take()) is not None:
+        texts += [r.content for part in taken[1] for r in cast(list[TimestepRow], part)]
+    assert texts == ["older", "a", "b"]

@@ -17,6 +17,11 @@ stops it on closing; the socket's directory goes with its last close. An attache
 there (`ServiceLink`) with a stream of its own; when the run dies it kills and spawns nothing but tries
 the address until the owner's next run answers (up to `reconnect_timeout_s`, else recording stops), and
 on closing commits what it accepted and closes its stream alone.
+
+A disk fault (the service exits with EXIT_DISK_FAULT) pauses recording rather than stopping it, waiting
+with a doubling interval for the disk to mend; `xdb.on_disk_full` chooses where rows wait meanwhile: in
+memory (`pause`: past max_queue_rows the server answers 503), or in files under `xdb.spill_dir` (`spill`,
+xdb/spill.py: sent in order once the service commits again, or at the next start).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ server keeps serving. Once the service commits again, the segments are read back
 before any newer row; a segment's file is removed only once the service has committed its last row. The
 owner's next start sends every segment left under `spill_dir` (a server stopped or killed while rows were
 spilled), marked as sent before, so rows that were committed already are skipped, before it takes new rows.
+A server stopped while the disk still fails writes the rows it held in memory to a segment numbered before
+every other (`prepend`: they are older) and stops without waiting for the disk.
 
 A segment is a header line (MAGIC) then records, each a length and CRC-32 then a pickled list of parts,
 written and fsynced by the writer's sender thread (never the caller's). A record cut short by a crash ends
