@@ -10,8 +10,8 @@ known to generate nothing (tokenizing, rendering, counting, cancelling). A new v
 until it is named here.
 
 While recording is paused on a full or failing disk (`xdb.on_disk_full: pause`, xdb/remote.py) the 503
-says so: which disk, and what to do (`paused_refusal`). With `spill` the rows go to the spill dir and no
-request is refused for the disk.
+says so: which disk, and what to do (turn_admission.py's `wait_for_recording`, which the chat routes call
+too). With `spill` the rows go to the spill dir and no request is refused for the disk.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Scope
 
-from ahc.core.errors import AHCError, Unavailable
+from ahc.core.errors import AHCError
 from server.admission.turn_admission import wait_for_recording
 from server.http.errors import error_response
 from server.recording.recorder import Recorder
@@ -41,18 +41,6 @@ def gated(path: str) -> bool:
     return path != _AHC_CHAT and not path.startswith(_AHC_PREFIXES) and not _NO_GENERATION.match(path)
 
 
-def paused_refusal(recorder: Recorder, exc: AHCError) -> AHCError:
-    """The 503 to answer: while the disk has paused recording, one that names the disk and what to do."""
-    state, why = recorder.recording_state()
-    if state != "paused" or not isinstance(exc, Unavailable):
-        return exc
-    refusal = Unavailable(f"recording is paused because the experience database's disk failed: {why}. New "
-                          "requests are refused until it has room again; retry later",
-                          int(exc.headers.get("Retry-After", "5")))
-    refusal.code = "xdb_disk_full"
-    return refusal
-
-
 class RecordingGate:
     """The gateway's `Guard` (server/http/gateway.py) that waits while XDB is behind, then refuses (503)."""
 
@@ -69,6 +57,5 @@ class RecordingGate:
         try:
             await wait_for_recording(self.recorder, self.timeout_s, self.retry_after_s)
         except AHCError as exc:
-            exc = paused_refusal(self.recorder, exc)
             return error_response(exc.status, exc.message, exc.type, exc.code, headers=exc.headers)
         return None

@@ -72,15 +72,27 @@ async def wait_for_recording(recorder: Recorder, timeout_s: float, retry_after_s
         raise Unavailable("the experience database has stopped recording; see the server log", retry_after_s)
     if not recorder.queue.over_backlog:
         return
+    refusal = paused_refusal(recorder, retry_after_s)
     with tracer.start_as_current_span("ahc.governor.recording_backlog",
                                       attributes={"ahc.xdb.backlog_rows": recorder.queue.backlog_rows}):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while recorder.queue.over_backlog:
             if loop.time() >= deadline:
-                raise Unavailable(f"the experience database is behind by {recorder.queue.backlog_rows} rows; "
-                                  "retry later", retry_after_s)
+                raise refusal or Unavailable(f"the experience database is behind by {recorder.queue.backlog_rows} "
+                                             "rows; retry later", retry_after_s)
             await asyncio.sleep(POLL_S)
+
+
+def paused_refusal(recorder: Recorder, retry_after_s: int) -> Unavailable | None:
+    """While the disk has paused recording, the 503 that names the disk and what to do (None: not paused)."""
+    state, why = recorder.recording_state()
+    if state != "paused":
+        return None
+    refusal = Unavailable(f"recording is paused because the experience database's disk failed: {why}. New "
+                          "requests are refused until it has room again; retry later", retry_after_s)
+    refusal.code = "xdb_disk_full"
+    return refusal
 
 
 @dataclass(frozen=True)
