@@ -13,7 +13,7 @@ import pytest
 
 from ahc.core.config import XDBConfig
 from server.recording.backup_loop import BackupLoop, backup_forever
-from xdb import XDB, TimestepRow, backups, verify_audit
+from xdb import XDB, TimestepRow, backup_erase, backups, verify_audit
 from xdb.audit_keys import KEYS_FILE
 from xdb.fidelity import hot_cutoff
 from xdb.owner import EVERY
@@ -144,7 +144,7 @@ def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, 
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     data, dest, made = copies
     done: list[Path] = []
-    erase = backups.erase_from_backup
+    erase = backup_erase.erase_from_backup
 
     def crash_after_one(backup: Path, session_id: str, stone: Tombstone | None = None) -> bool:
         if done:
@@ -153,12 +153,12 @@ def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, 
         return erase(backup, session_id, stone)
 
     monkeypatch.setattr(backups, "start_worker", lambda data_dir: None)  # run in this thread, below
-    monkeypatch.setattr(backups, "erase_from_backup", crash_after_one)
+    monkeypatch.setattr(backup_erase, "erase_from_backup", crash_after_one)
     with XDB.open(data) as xdb:
         xdb.delete_session("victim")
     assert [p.session_id for p in backups.pending(data)] == ["victim"]
     with pytest.raises(KeyboardInterrupt):
-        backups.finish_pending(data)
+        backup_erase.finish_pending(data)
     assert len(done) == 1 and [p.session_id for p in backups.pending(data)] == ["victim"]  # still noted
     monkeypatch.undo()
 
@@ -189,7 +189,7 @@ def test_erasing_from_a_backup_notes_nothing_and_logs_no_live_anchor(tmp_path: P
         record(xdb, "victim", WORD)
         backup = backups.write_backup(xdb, data, data / "backups")
     with caplog.at_level(logging.INFO, "ahc.xdb.audit"):
-        assert backups.erase_from_backup(backup, "victim")
+        assert backup_erase.erase_from_backup(backup, "victim")
     assert "audit head seq=" not in caplog.text  # the backup's forked head is not shipped as the live one
     assert not (backup / backups.PENDING_FILE).exists() and files_holding(backup, WORD.encode()) == []
-    assert not backups.erase_from_backup(backup, "victim")  # again: nothing left of it
+    assert not backup_erase.erase_from_backup(backup, "victim")  # again: nothing left of it

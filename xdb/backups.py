@@ -18,10 +18,10 @@ made before the deletion:
   experience file is rewritten whole (xdb/vacuum.py), so the deleted rows leave its blocks;
 - every export under DATA_DIR/exports: the session's partition files, and their rows in the manifest.
 
-No XDB lock is held meanwhile: the live XDB is not touched, and the work runs in a child process (its
-hashing and rewriting take none of the service's or the API process's GIL). The note is removed once every copy is
-done, so a crash midway leaves it for the next start (`finish_pending`), which does it again (each step
-repeats harmlessly). A backup being written while the deletion runs is waited for: writing a backup and
+No XDB lock is held meanwhile: the live XDB is not touched, and the work runs in a child process
+(xdb/backup_erase.py: its hashing and rewriting take none of the service's or the API process's GIL). The
+note is removed once every copy is done, so a crash midway leaves it for the next start, which does it
+again (each step repeats harmlessly). A backup being written while the deletion runs is waited for: writing a backup and
 erasing from backups take the same lock on the backup directory (a file lock, so across processes).
 
 Not reached: copies anywhere else — backups written with `ahc xdb backup --out` or `XDB.backup(dest)`
@@ -50,7 +50,6 @@ from typing import Any, Protocol
 
 import pyarrow.parquet as pq
 
-from ahc.core.errors import NotFound
 from xdb.private import fsync_path, private_dir, private_files
 from xdb.retention import Tombstone
 from xdb.schema import EXPERIENCE_FILE
@@ -67,9 +66,9 @@ RUN_LOCK = ".erase-copies.run.lock"  # in DATA_DIR: erasing from the copies
 LOCK_FILE = ".lock"  # in each backup directory: writing a backup, or erasing from its backups
 STAMP = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
 IN_FLIGHT_EXPORT_WAIT_S = 600.0
-# The child process erasing and verifying run in (not `-m xdb.backups`: importing the package imports this
-# module first, and `-m` would then run a second copy of it).
-CHILD = (sys.executable, "-c", "import sys; from xdb.backups import main; sys.exit(main(sys.argv[1:]))")
+# The child process erasing and verifying run in (xdb/backup_erase.py, which opens the copies as XDBs: this
+# module, which the live XDB imports, does not import it).
+CHILD = (sys.executable, "-c", "import sys; from xdb.backup_erase import main; sys.exit(main(sys.argv[1:]))")
 
 
 class Backs(Protocol):
@@ -118,7 +117,7 @@ def kept_backups(dest_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
+def flock_file(path: Path) -> Iterator[None]:
     """A file lock: across processes, and across threads (each takes it through an open of its own)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -131,7 +130,7 @@ def _flock(path: Path) -> Iterator[None]:
 def locked(dest_dir: Path) -> contextlib.AbstractContextManager[None]:
     """The backup directory to oneself: writing a backup, or erasing sessions from its backups."""
     private_dir(dest_dir)
-    return _flock(dest_dir / LOCK_FILE)
+    return flock_file(dest_dir / LOCK_FILE)
 
 
 def write_backup(xdb: Backs, data_dir: Path, dest_dir: Path, *, scheduled: bool = False) -> Path:
@@ -172,16 +171,6 @@ def verify_backup(path: Path) -> tuple[bool, str | None]:
         return False, f"verification exited {done.returncode}: {done.stderr.strip()[-500:]}"
 
 
-def verify_here(path: Path) -> tuple[bool, str | None]:
-    from xdb.audit import verify_audit
-
-    try:
-        report = verify_audit(path)
-    except Exception as exc:  # noqa: BLE001 - an unreadable copy is a failed one
-        return False, f"{type(exc).__name__}: {exc}"
-    return report.ok, report.first_bad
-
-
 def prune(dest_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` scheduled backups in `dest_dir`; the ones deleted."""
     with locked(dest_dir):
@@ -200,7 +189,7 @@ def _mark(backup: Path) -> dict[str, Any]:
     return mark if isinstance(mark, dict) else {}
 
 
-def _started_at(backup: Path) -> float | None:
+def started_at(backup: Path) -> float | None:
     try:
         return float(_mark(backup)["started_at"])
     except (KeyError, ValueError, TypeError):
@@ -226,7 +215,7 @@ class Pending:
                                                 dt.datetime.fromisoformat(t["deleted_at"]), str(t["reason"]))
 
 
-_quiet = threading.local()  # set while erasing from a backup: that XDB's own deletion notes nothing
+quiet = threading.local()  # set while erasing from a backup: that XDB's own deletion notes nothing
 _workers: dict[Path, threading.Thread] = {}
 _workers_lock = threading.Lock()
 
@@ -243,7 +232,7 @@ def pending(data_dir: Path) -> list[Pending]:
         return []
 
 
-def _save_pending(data_dir: Path, entries: list[Pending]) -> None:
+def save_pending(data_dir: Path, entries: list[Pending]) -> None:
     path = Path(data_dir) / PENDING_FILE
     if not entries:
         path.unlink(missing_ok=True)
@@ -255,14 +244,14 @@ def session_deleted(data_dir: Path, session_id: str, stone: Tombstone | None = N
     """The live XDB deleted `session_id` (`stone`: as another replica's tombstone says): note it
     (durably), and erase it from the copies on a thread of its own (the caller's locks are not held
     there)."""
-    if getattr(_quiet, "on", False):
+    if getattr(quiet, "on", False):
         return
     data_dir = Path(data_dir)
     tombstone = None if stone is None else {"replica": stone.replica, "id": stone.id, "reason": stone.reason,
                                             "deleted_at": stone.deleted_at.isoformat()}
-    with _flock(data_dir / PENDING_LOCK):
+    with flock_file(data_dir / PENDING_LOCK):
         entries = [e for e in pending(data_dir) if e.session_id != session_id]
-        _save_pending(data_dir, [*entries, Pending(session_id, time.time(), tombstone)])
+        save_pending(data_dir, [*entries, Pending(session_id, time.time(), tombstone)])
     start_worker(data_dir)
 
 
@@ -295,7 +284,7 @@ def _work(data_dir: Path) -> None:
                               "retried at the next start", data_dir, done.returncode)
                     return
             else:
-                finish_pending(data_dir)  # nothing to open: the notes are done
+                clear_pending(data_dir)  # nothing to open: the notes are done
         except Exception:  # noqa: BLE001 - logged; the note stays for the next start
             log.exception("erasing deleted sessions from the backups and exports of %s failed; retried at the "
                           "next start", data_dir)
@@ -312,62 +301,6 @@ def wait(data_dir: Path, timeout: float | None = None) -> None:
         thread = _workers.get(Path(data_dir))
     if thread is not None:
         thread.join(timeout)
-
-
-def finish_pending(data_dir: Path) -> list[str]:
-    """Erase every noted session from every kept backup and export made before its deletion; the
-    sessions done (their notes removed)."""
-    data_dir = Path(data_dir)
-    done = []
-    with _flock(data_dir / RUN_LOCK):  # one process at a time erases (the service's thread, a start's)
-        for entry in pending(data_dir):
-            erase_everywhere(data_dir, entry)
-            with _flock(data_dir / PENDING_LOCK):
-                _save_pending(data_dir, [e for e in pending(data_dir) if e != entry])
-            done.append(entry.session_id)
-    return done
-
-
-def erase_everywhere(data_dir: Path, entry: Pending) -> None:
-    for dest_dir in known_dirs(data_dir):
-        if not dest_dir.is_dir():
-            continue
-        with locked(dest_dir):
-            for backup in kept_backups(dest_dir):
-                started = _started_at(backup)
-                if started is None or started <= entry.deleted_at:
-                    erase_from_backup(backup, entry.session_id, entry.stone())
-    exports = data_dir / EXPORTS_DIR
-    _wait_for_exports_in_flight(exports)
-    if exports.is_dir():
-        for export_dir in sorted(exports.iterdir()):
-            if (export_dir / "manifest.json").is_file():
-                erase_from_export(export_dir, entry.session_id)
-
-
-def erase_from_backup(backup: Path, session_id: str, stone: Tombstone | None = None) -> bool:
-    """Delete the session in an offline backup as the live XDB does (its audit log chains the deletion
-    and destroys its keys there; `stone`: its rows up to another replica's deletion, as the live file
-    applied it), then rewrite its experience file whole; False: it held nothing of it."""
-    from xdb.store import XDB
-    from xdb.vacuum import vacuum_experience
-
-    _quiet.on = True
-    try:
-        with XDB.open(backup) as copy:
-            try:
-                deleted: dict[str, int] | None = copy.delete_session(session_id) if stone is None \
-                    else copy._apply_tombstone(stone)
-            except NotFound:
-                deleted = None
-    finally:
-        _quiet.on = False
-    if deleted is None or not any(deleted.values()):
-        return False
-    vacuum_experience(backup)
-    (backup / (EXPERIENCE_FILE + ".wal")).unlink(missing_ok=True)
-    log.info("session %r erased from the backup %s (%d rows)", session_id, backup, sum(deleted.values()))
-    return True
 
 
 def _partition_names(column: str, session_id: str, manifest: dict[str, Any]) -> set[str]:
@@ -434,6 +367,12 @@ def _erase_from_export(export_dir: Path, session_id: str) -> int:
     return removed_rows
 
 
+def clear_pending(data_dir: Path) -> None:
+    """No copy is kept: every note is done."""
+    with flock_file(data_dir / RUN_LOCK), flock_file(data_dir / PENDING_LOCK):
+        save_pending(data_dir, [])
+
+
 def has_copies(data_dir: Path) -> bool:
     """Whether a backup or an export is kept where deletions reach."""
     exports = Path(data_dir) / EXPORTS_DIR
@@ -441,7 +380,7 @@ def has_copies(data_dir: Path) -> bool:
         exports.is_dir() and any(d.is_dir() for d in exports.iterdir()))
 
 
-def _wait_for_exports_in_flight(exports: Path) -> None:
+def wait_for_exports_in_flight(exports: Path) -> None:
     """An export being written (a directory without its manifest yet) may hold the session: wait for it."""
     deadline = time.monotonic() + IN_FLIGHT_EXPORT_WAIT_S
     while exports.is_dir() and time.monotonic() < deadline:
@@ -467,21 +406,9 @@ class _QuietAnchors(logging.Filter):
     log's anchor (`audit head seq=...` lines are what a log shipper carries off as the live head)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(_quiet, "on", False) and str(record.msg).startswith("audit head seq="))
+        return not (getattr(quiet, "on", False) and str(record.msg).startswith("audit head seq="))
 
 
 logging.getLogger("ahc.xdb.audit").addFilter(_QuietAnchors())
 
 
-def main(argv: list[str]) -> int:
-    """The child process `_work` and `verify_backup` start (`CHILD erase DATA_DIR` / `CHILD verify BACKUP`)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if len(argv) != 2 or argv[0] not in ("erase", "verify"):
-        print("usage: erase DATA_DIR | verify BACKUP", file=sys.stderr)
-        return 2
-    if argv[0] == "verify":
-        ok, fault = verify_here(Path(argv[1]))
-        print(json.dumps({"ok": ok, "first_bad": fault}))
-        return 0
-    finish_pending(Path(argv[1]))
-    return 0
