@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 
 from ahc.core.config import XDBConfig
-from xdb.remote import RemoteXDB
+from xdb.remote_xdb import RemoteXDB
 from xdb.rows import TimestepRow, TokenBatch
 
 CONCEPTS = tuple(f"c{i}" for i in range(200))

@@ -27,7 +27,8 @@ from server.recording.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
-from xdb.remote import RECORDING_STATES, RemoteXDB
+from xdb.remote import RECORDING_STATES
+from xdb.remote_xdb import RemoteXDB
 from xdb.schema import EXPERIENCE_FILE
 from xdb.service import ServiceSpec
 from xdb.store import AUDIT_FILE

@@ -47,7 +47,7 @@ from server.engine_process import forked_engine, mark_server
 from server.recording.backup_signal import install_backup_signal
 from xdb import XDBClient
 from xdb.export import note_engine
-from xdb.remote import RemoteXDB
+from xdb.remote_xdb import RemoteXDB
 
 if TYPE_CHECKING:
     from vllm.v1.utils import APIServerProcessManager

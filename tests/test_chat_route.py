@@ -630,7 +630,7 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
     """The XDB service died during the save (nothing stored) or after the save committed, before answering:
     the client got a 503 and its SDK retried. Either way the turn is in the State once, in memory and as
     stored (it held ['first', 'second', 'second'])."""
-    from xdb.remote import ServiceUnavailable
+    from xdb.service_link import ServiceUnavailable
 
     client, runtime = served
     store, failures = runtime.xdb.save_session_state, [1]

@@ -28,8 +28,8 @@ from xdb import (
 )
 from xdb.documents import list_documents
 from xdb.owner import EVERY
-from xdb.remote import ServiceProcess, ServiceUnavailable
 from xdb.runs import list_interactions, log_interaction, purge_run
+from xdb.service_link import ServiceProcess, ServiceUnavailable
 
 NAMES = ["joy", "fear"]
 
@@ -248,10 +248,10 @@ def test_a_connection_that_closes_or_stalls_ends_nothing(tmp_path: Path) -> None
 
 def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import xdb.remote
     import xdb.service
+    import xdb.service_link
 
-    monkeypatch.setattr(xdb.remote, "CALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(xdb.service_link, "CALL_TIMEOUT_S", 1.0)
     monkeypatch.setattr(xdb.service, "HANDSHAKE_TIMEOUT_S", 1.0)  # a new connection's (this side's)
     with RemoteXDB(tmp_path / "x") as store:
         hung = store.writer.process.process.pid

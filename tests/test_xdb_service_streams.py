@@ -18,8 +18,8 @@ from ahc.core.config import XDBConfig
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb import service as xdb_service
 from xdb.owner import EVERY
-from xdb.remote import ServiceLink, new_spec, remove_spec
 from xdb.service import ServiceSpec
+from xdb.service_link import ServiceLink, new_spec, remove_spec
 
 TEXT = "hello world, and hello again"
 

@@ -45,7 +45,7 @@ from xdb.audit_verify import AuditReport
 from xdb.documents import DocumentTooLarge, DocumentType
 from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.recall import RecallFilterError, RecallFilters
-from xdb.remote import RemoteXDB
+from xdb.remote_xdb import RemoteXDB
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.store import XDB
 from xdb.tags import BudStatus, TagType

@@ -7,8 +7,8 @@ message on its stream. The service reports every commit of this stream's rows ba
 rows not yet committed — the queue depth that back-pressure reads — and `flush` need no round trip.
 Rows stay held here until the service says they are committed: if it dies, the next run is told the
 tokenizer and side channel again, the held rows are sent again, those it already stored are skipped,
-and no accepted row is lost or written twice. `RemoteXDB` runs every other call in the service over a
-pool of connections.
+and no accepted row is lost or written twice. `RemoteXDB` (xdb/remote_xdb.py) runs every other call in
+the service over a pool of connections.
 
 Two modes, one service. The owner (`RemoteXDB(data_dir, config)`) makes the service's `ServiceSpec`
 (address and key) once, spawns each run there (`ServiceProcess`), starts another when one dies, and
@@ -26,31 +26,22 @@ xdb/spill.py: sent in order once the service commits again, or at the next start
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import multiprocessing
 import os
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from ahc.core.config import XDBConfig
-from ahc.core.errors import Unavailable
 from xdb import service
 from xdb.interface import service_methods
-from xdb.lake_session import ResumableTickBook
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
-from xdb.service import CALLBACK, ServiceSpec
+from xdb.service import ServiceSpec
+from xdb.service_link import START_TIMEOUT_S, ServiceLink, ServiceProcess, new_spec, remove_spec
 from xdb.spill import OWNER, Segment, Spill, check_spill_dir
 from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
@@ -59,11 +50,6 @@ from xdb.writer_failure import is_disk_fault
 log = logging.getLogger("ahc.xdb")
 
 Part = list[TimestepRow] | TokenBatch
-START_TIMEOUT_S = 600.0   # opening replays from the audit what the experience file missed: can take a while
-STOP_TIMEOUT_S = 120.0    # the last commits after the stream closes
-# The longest a call waits for a word from the service (an answer, or a callback's request): longer than
-# any call takes (an export or backup of a large file, a storage pass between its summaries).
-CALL_TIMEOUT_S = 900.0
 RESTART_ATTEMPTS = 5
 RECONNECT_INTERVAL_S = 0.1  # how often an attached writer tries the address while the owner restarts the service
 # A service that dies this often is failing on what it is sent (a full disk, a broken file), not
@@ -80,176 +66,6 @@ SERVED = service_methods(XDB)
 class _LeftSpilled(Exception):
     """Closing while the disk still fails, with a spill dir that works: the rows are left there for the next
     start rather than waiting for the disk."""
-
-
-class ServiceUnavailable(Unavailable):
-    """The XDB service died during the call (it is being started again): retry."""
-
-
-def new_spec(data_dir: Path, config: XDBConfig) -> ServiceSpec:
-    """Where every run of one owner's service listens, and its key: a socket in a 0700 directory of its
-    own (removed by `remove_spec`) and a key made for the owner's life."""
-    socket_dir = Path(tempfile.mkdtemp(prefix="ahc-xdb-"))
-    return ServiceSpec(str(data_dir), config.model_dump(), str(socket_dir / "xdb.sock"), secrets.token_bytes(32))
-
-
-def remove_spec(spec: ServiceSpec) -> None:
-    shutil.rmtree(Path(spec.address).parent, ignore_errors=True)
-
-
-class ServiceLink:
-    """This process's connections to one run of the service: its stream (opened on construction) and a
-    pool of call connections. Made as it is by an attached process; `kill()` closes the connections and
-    never touches the service, which is its owner's."""
-
-    def __init__(self, spec: ServiceSpec, *, owner: bool = False, connect: bool = True) -> None:
-        self.spec = spec
-        self.announced_exit: int | None = None  # the exit code the run said it was ending with
-        self._pool: list[Connection] = []  # idle call connections
-        self._pool_lock = threading.Lock()
-        self._opened: list[Connection] = []  # every connection made to this run, closed by kill()
-        self._owner = owner
-        if connect:
-            self._open_stream()
-
-    def _open_stream(self) -> None:
-        try:
-            self.stream = self.connect()
-            self.stream.send(("stream", "owner") if self._owner else ("stream",))
-        except BaseException:
-            self.kill()
-            raise
-
-    @property
-    def exitcode(self) -> int | None:
-        """How the run ended, as far as this process can tell."""
-        return self.announced_exit
-
-    def connect(self) -> Connection:
-        conn = Client(self.spec.address, "AF_UNIX")
-        self._opened.append(conn)
-        try:
-            service.handshake(conn, self.spec.authkey, client=True)
-        except TimeoutError:
-            conn.close()
-            self._unanswered("a new connection")
-            raise
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _unanswered(self, what: str) -> None:
-        """The run did not answer `what` in time (an attached process waits for its owner to act)."""
-        log.error("the XDB service did not answer %s", what)
-
-    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        callbacks = {k: v for k, v in kwargs.items() if callable(v)}
-        sent = {k: CALLBACK if k in callbacks else v for k, v in kwargs.items()}
-        with self._pool_lock:
-            conn = self._pool.pop() if self._pool else None
-        try:
-            conn = conn or self.connect()
-            conn.send((name, args, sent))
-            while True:
-                if not conn.poll(CALL_TIMEOUT_S):
-                    self._unanswered(f"{name} in {CALL_TIMEOUT_S:.0f} s")
-                    raise TimeoutError(f"no answer in {CALL_TIMEOUT_S:.0f} s")
-                kind, *rest = conn.recv()
-                if kind != "callback":
-                    break
-                conn.send(_run_callback(callbacks[rest[0]], rest[1]))
-        except (EOFError, OSError) as exc:  # TimeoutError too
-            if conn is not None:
-                conn.close()
-            raise ServiceUnavailable(f"the XDB service stopped during {name}: {exc!r}") from exc
-        with self._pool_lock:
-            self._pool.append(conn)
-        if kind == "error":
-            raise rest[0]
-        return rest[0]
-
-    def stop(self) -> int | None:
-        """Close this process's stream (the service commits what it took; an ordinary stream's closing ends
-        nothing else) and every connection. A message, not closing the socket: another thread is reading
-        it, and Linux does not end a connection while a read on it is blocked."""
-        with contextlib.suppress(OSError):  # already gone: nothing to ask
-            self.stream.send(("close",))
-        self.kill()
-        return None
-
-    def kill(self) -> None:
-        for conn in self._opened:
-            conn.close()
-
-
-class ServiceProcess(ServiceLink):
-    """One run of the service process, spawned by its owner (this process): started, connected by the
-    owner's stream, stopped. It listens at `spec` (a new one, removed by kill(), when none is given)."""
-
-    def __init__(self, data_dir: Path, config: XDBConfig, spec: ServiceSpec | None = None) -> None:
-        self._own_spec = spec is None
-        super().__init__(spec or new_spec(data_dir, config), owner=True, connect=False)
-        ctx = multiprocessing.get_context("spawn")
-        status, child_status = ctx.Pipe(duplex=False)
-        # Daemonic: if this process exits without stopping it, the service does not keep it waiting.
-        self.process: BaseProcess = ctx.Process(target=service.main, args=(self.spec, child_status),
-                                                name="ahc-xdb", daemon=True)
-        self.process.start()
-        child_status.close()
-        try:
-            self._wait_ready(status)
-        except BaseException:
-            self.kill()
-            raise
-        self._open_stream()
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.process.exitcode
-
-    def _wait_ready(self, status: Connection) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not status.poll(0.2):
-            if not self.process.is_alive():
-                raise RuntimeError(f"the XDB service exited during start-up (exit code {self.process.exitcode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the XDB service did not open {self.spec.data_dir} in {START_TIMEOUT_S:.0f} s")
-        kind, error = status.recv()
-        status.close()
-        if kind == "error":
-            raise error
-
-    def _unanswered(self, what: str) -> None:
-        # A service that does not answer is as good as dead: killed, so the writer starts a new one
-        # (which takes the rows not yet committed again).
-        log.error("the XDB service did not answer %s; killing it", what)
-        self.process.kill()
-
-    def stop(self) -> int | None:
-        """Tell the service to stop (it commits what it holds and exits) and wait for it."""
-        with contextlib.suppress(OSError):
-            self.stream.send(("close",))
-        self.process.join(STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            log.error("the XDB service did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
-        self.kill()
-        return self.process.exitcode
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        super().kill()
-        if self._own_spec:
-            remove_spec(self.spec)
-
-
-def _run_callback(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
-    try:
-        return "ok", fn(*args)
-    except Exception as exc:  # the service's call fails with this message; nothing is stored half-way
-        return "error", repr(exc)
 
 
 class RemoteWriter:
@@ -803,118 +619,3 @@ class RemoteWriter:
             if self.paused is not None:
                 return "paused", self.paused
             return "recording", None
-
-
-class RemoteXDB:
-    """XDB's interface, served by the XDB service process."""
-
-    def __init__(self, data_dir: Path | str, config: XDBConfig | None = None, *,
-                 on_commit: Callable[[int], None] | None = None, on_restart: Callable[[], None] | None = None,
-                 attach: ServiceSpec | None = None, reconnect_timeout_s: float = START_TIMEOUT_S) -> None:
-        config = config or XDBConfig()
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = RemoteWriter(self.data_dir, config, on_commit, on_restart, attach=attach,
-                                   reconnect_timeout_s=reconnect_timeout_s)
-        self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
-        self.has_lake = config.backend == "ducklake"  # the service ships to it; `lake_*` read it there
-        self._closed = False
-
-    @property
-    def service_spec(self) -> ServiceSpec:
-        """Where the service listens, and its key: what another process attaches with (`attach=`)."""
-        return self.writer.spec
-
-    def close(self) -> None:
-        """Commit every row accepted; the owner's closing stops the service, an attached one's its stream."""
-        if not self._closed:
-            self._closed = True
-            self.writer.close()
-
-    def __enter__(self) -> RemoteXDB:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def capture_activations(self, address: str, k: int, wait_s: float) -> None:
-        """Through the writer, which tells every later run of the service too."""
-        self.writer.capture_activations(address, k, wait_s)
-
-    def decode_tokens_with(self, tokenizer: str) -> None:
-        """Through the writer, which tells every later run of the service too."""
-        self.writer.decode_tokens_with(tokenizer)
-
-    def vacuum(self) -> dict[str, Any]:
-        """The service rewrites the experience file whole, every other call and the rows waiting."""
-        result: dict[str, Any] = self._call("vacuum")
-        return result
-
-    def _call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        return self.writer.process.call(method, args, kwargs)
-
-    def _call_after_flush(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        """For calls that must see every row submitted before them (as the in-process XDB's do)."""
-        self.writer.flush()
-        return self._call(method, *args, **kwargs)
-
-    # -- recording -----------------------------------------------------------------------------
-    def next_ticks(self, session_id: str, n: int = 1) -> range:
-        return self._ticks.next_ticks(session_id, n)
-
-    def forget_ticks(self, session_id: str) -> None:
-        """Another process recorded in the session since this one did: its next tick is looked up again."""
-        self._ticks.forget(session_id)
-
-    def ticks_known(self, session_id: str) -> bool:
-        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
-        return self._ticks.knows(session_id)
-
-    def load_ticks(self, session_id: str) -> None:
-        """Look the session's last tick up now (from a thread, off the event loop)."""
-        self._ticks.load(session_id)
-
-    def start_session(self, session_id: str) -> None:
-        self._ticks.start_session(session_id)
-
-    def committed_tick(self, session_id: str) -> int:
-        return int(self._call("committed_tick", session_id))
-
-    # -- everything else runs in the service ------------------------------------------------------
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        """XDB's served methods (marked on XDB and its bases), called in the service; those that must see the
-        rows submitted before them flush the writer first. Methods with logic of their own here (ticks,
-        the writer's figures in `state`) are defined above and below and never reach this."""
-        kind = SERVED.get(name)
-        if kind is None:
-            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
-        call = self._call_after_flush if kind == "after_flush" else self._call
-        return functools.partial(call, name)
-
-    def load_session_state_verified(self, session_id: str) -> Any:
-        found = self._call("load_session_state_verified", session_id)
-        self._resume_ticks(session_id)
-        return found
-
-    def state(self) -> Any:
-        state = self._call("state")
-        state["writer"] = {"queue_depth": self.writer.queue_depth(), "rows_written": self.writer.rows_written,
-                           "process_restarts": self.writer.restarts}
-        return state
-
-    def load_session_state(self, session_id: str, version: int | None = None) -> Any:
-        state = self._call("load_session_state", session_id, version)
-        if version is None:
-            self._resume_ticks(session_id)
-        return state
-
-    def _resume_ticks(self, session_id: str) -> None:
-        """In ducklake mode loading a State may have learnt (in the service) that another replica went
-        further in the session's ticks: this process's tick book moves past them too."""
-        if self.has_lake:
-            self._ticks.advance(session_id, self.committed_tick(session_id))
-
-    def audit_head(self) -> tuple[int, str]:
-        seq, head = self._call("audit_head")
-        return int(seq), str(head)
-
