@@ -1,4 +1,5 @@
-"""Ticks that continue across replicas: a session another replica served resumes after its last tick.
+"""Ticks that continue across replicas: a session another replica served resumes after its last tick; and
+the tick book's calls, for the stores that keep one (`TickCalls`).
 
 In `ducklake` mode loading a session's State also reads the largest tick any replica shipped for it
 (the lake's `session_ticks`), and the replica's tick book moves past it, so the rows recorded here next
@@ -44,3 +45,32 @@ class LakeTicks:
     def get(self, session_id: str) -> int:
         with self._lock:
             return self._last.get(session_id, -1)
+
+
+class TickCalls:
+    """The tick book's calls, for a store that keeps one as `_ticks`: XDB, and XDB's interface over the
+    service in each API process (xdb/remote_xdb.py), whose book is that process's own."""
+
+    _ticks: ResumableTickBook
+
+    def next_ticks(self, session_id: str, n: int = 1) -> range:
+        """Reserve n consecutive ticks for a session, with no DB round trip; resumes after the largest
+        tick stored for it (across restarts and compression)."""
+        return self._ticks.next_ticks(session_id, n)
+
+    def forget_ticks(self, session_id: str) -> None:
+        """Another process recorded in the session since this one did: its next tick is looked up again."""
+        self._ticks.forget(session_id)
+
+    def ticks_known(self, session_id: str) -> bool:
+        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
+        return self._ticks.knows(session_id)
+
+    def load_ticks(self, session_id: str) -> None:
+        """Look the session's last tick up now (from a thread, off the event loop)."""
+        self._ticks.load(session_id)
+
+    def start_session(self, session_id: str) -> None:
+        """A session id just made (a fresh random one), so no rows anywhere: its ticks start at 0
+        without the lookup `next_ticks` would make on the event loop. No effect on a known session."""
+        self._ticks.start_session(session_id)

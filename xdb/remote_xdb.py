@@ -10,7 +10,7 @@ from typing import Any
 
 from ahc.core.config import XDBConfig
 from xdb.interface import service_methods
-from xdb.lake_session import ResumableTickBook
+from xdb.lake_session import ResumableTickBook, TickCalls
 from xdb.remote import RemoteWriter
 from xdb.service import ServiceSpec
 from xdb.service_link import START_TIMEOUT_S
@@ -19,7 +19,7 @@ from xdb.store import XDB
 SERVED = service_methods(XDB)
 
 
-class RemoteXDB:
+class RemoteXDB(TickCalls):
     """XDB's interface, served by the XDB service process."""
 
     def __init__(self, data_dir: Path | str, config: XDBConfig | None = None, *,
@@ -73,24 +73,6 @@ class RemoteXDB:
         return self._call(method, *args, **kwargs)
 
     # -- recording -----------------------------------------------------------------------------
-    def next_ticks(self, session_id: str, n: int = 1) -> range:
-        return self._ticks.next_ticks(session_id, n)
-
-    def forget_ticks(self, session_id: str) -> None:
-        """Another process recorded in the session since this one did: its next tick is looked up again."""
-        self._ticks.forget(session_id)
-
-    def ticks_known(self, session_id: str) -> bool:
-        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
-        return self._ticks.knows(session_id)
-
-    def load_ticks(self, session_id: str) -> None:
-        """Look the session's last tick up now (from a thread, off the event loop)."""
-        self._ticks.load(session_id)
-
-    def start_session(self, session_id: str) -> None:
-        self._ticks.start_session(session_id)
-
     def committed_tick(self, session_id: str) -> int:
         return int(self._call("committed_tick", session_id))
 

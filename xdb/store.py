@@ -41,7 +41,7 @@ from xdb.audit_verify import AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
 from xdb.lake import Lake
-from xdb.lake_session import LakeTicks, ResumableTickBook
+from xdb.lake_session import LakeTicks, ResumableTickBook, TickCalls
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import RecallFilters, TagCache, recall, recall_within, timestep
@@ -66,7 +66,7 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) // 4)
 
 
-class XDB(SessionMethods, LakeMethods):
+class XDB(SessionMethods, LakeMethods, TickCalls):
     def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
                  concepts: ConceptIndex, writer: Writer | None, config: XDBConfig,
                  summarize: Callable[[str], str] | None) -> None:
@@ -306,28 +306,6 @@ class XDB(SessionMethods, LakeMethods):
                     self.writer.invalidate_auto_tags()
 
     # -- recording -----------------------------------------------------------------------------
-    def next_ticks(self, session_id: str, n: int = 1) -> range:
-        """Reserve n consecutive ticks for a session, with no DB round trip; resumes after the largest
-        tick stored for it (across restarts and compression)."""
-        return self._ticks.next_ticks(session_id, n)
-
-    def forget_ticks(self, session_id: str) -> None:
-        """Another process recorded in the session since this one did: its next tick is looked up again."""
-        self._ticks.forget(session_id)
-
-    def ticks_known(self, session_id: str) -> bool:
-        """Whether `next_ticks` would reserve for this session without looking its last tick up."""
-        return self._ticks.knows(session_id)
-
-    def load_ticks(self, session_id: str) -> None:
-        """Look the session's last tick up now (from a thread, off the event loop)."""
-        self._ticks.load(session_id)
-
-    def start_session(self, session_id: str) -> None:
-        """A session id just made (a fresh random one), so no rows anywhere: its ticks start at 0
-        without the lookup `next_ticks` would make on the event loop. No effect on a known session."""
-        self._ticks.start_session(session_id)
-
     @service
     def committed_tick(self, session_id: str) -> int:
         """The last tick the file holds for a session (-1: none): one primary-key lookup. In ducklake
