@@ -10,8 +10,9 @@ tokens are meant to arrive) and as TimestepRow objects (one Python object a row)
 The load is `XDBLoad`'s defaults; `BENCH_XDB_LOAD="write_rows=20000,recall_rows=100000"` overrides
 fields: `write_rows` through each writer, `rounds` alternated rounds of the writers (and of the lake's
 backends), `recall_rows` generated for recall, `recall_queries` timed queries a filter, and the DuckLake
-backend's `lake_write_rows` and `lake_recall_rows`, and `restart_records`, the audit history a start
-is timed over (bench/restart.py: XDB's open and its service's start against a whole re-hash).
+backend's `lake_write_rows` and `lake_recall_rows`, `restart_records`, the audit history a start is
+timed over (bench/restart.py: XDB's open and its service's start against a whole re-hash), and
+`storage_tokens`, what bytes a token and a deletion's erasure are measured over (bench/xdb_erase.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ahc.core.config import XDBConfig
 from bench.load_spec import overridden
 from bench.restart import restart_figures, synthetic_history
 from bench.result import BenchResult
+from bench.xdb_erase import storage_figures
 from xdb import XDB, TimestepRow
 from xdb.concepts import ConceptIndex
 from xdb.owner import EVERY
@@ -63,6 +65,7 @@ class XDBLoad:
     lake_write_rows: int = 200_000
     lake_recall_rows: int = 1_000_000
     restart_records: int = 10_000_000
+    storage_tokens: int = 2_000_000
 
     def __post_init__(self) -> None:
         if self.recall_rows < MIN_RECALL_ROWS:
@@ -236,6 +239,7 @@ def run(load: XDBLoad | None = None) -> BenchResult:
         check_recall_bound(latencies)
         synthetic_history(work / "history", load.restart_records)
         restart = restart_figures(work / "history")
+        storage = storage_figures(work, load.storage_tokens)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     every = [t for ts in latencies.values() for t in ts]
@@ -249,6 +253,7 @@ def run(load: XDBLoad | None = None) -> BenchResult:
         "restart_records": load.restart_records, "restart_open_s": round(restart["open_s"], 3),
         "restart_service_s": round(restart["service_s"], 3),
         "restart_full_verify_s": round(restart["full_verify_s"], 3),
+        "storage_tokens": load.storage_tokens, **storage,
     }
     ratios = {"writer_over_raw": round(max(columns) / max(raw), 3),
               "writer_timesteprow_over_raw": round(max(objects) / max(raw), 3),
@@ -270,6 +275,14 @@ def run(load: XDBLoad | None = None) -> BenchResult:
                                         "goal p95 <= 50 ms a filter; the bench fails past "
                                         f"{RECALL_BOUND_MS:g} ms; recall_partial_queries: pages cut short by "
                                         "the deadline",
+                              "storage": f"{load.storage_tokens:,} generated tokens through the real writer "
+                                         "(bench/audit_bytes.py): bytes_per_token on disk with the audit, "
+                                         "audit_bytes_share; erase_s: one session deleted and its text gone "
+                                         "from every file under the data dir (the deletion, then the XDB "
+                                         "service's whole-file vacuum) while a stream records a row every "
+                                         "50 ms: its commit wait p99 during the erasure against idle "
+                                         "(bench/xdb_erase.py); goals <= 80 bytes a token, share <= 50%, "
+                                         "erase commit wait <= 2x idle",
                               "restart": f"{load.restart_records:,} audit records (commits of 50,000); open: the "
                                          "tail verified, the rest re-hashed in the background; full_verify: what "
                                          "a start re-hashed before; goal <= 30 s at 100M, flat in the history"})
