@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.errors import UnsupportedSchema
 
 from bench.servers import TINY_MODEL, start_server
 from server.cluster.server_process import ServerProcess
@@ -169,8 +170,22 @@ def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | Non
     try:
         run()
     except (Exception, BaseExceptionGroup) as exc:  # schemathesis reports failures as a BaseExceptionGroup
+        if generator_limit(exc) and GenerationMode.NEGATIVE in modes:
+            # Schemathesis cannot always invert a schema for its invalid bodies (a `not` it cannot spell
+            # out below the root, met or not depending on which part its negative mode mutates): the
+            # generator's limit, not the server's fault, so the operation is fuzzed with valid bodies
+            # alone, and the fallback is counted in the printed stats.
+            stats[f"{operation.path}: valid bodies only ({exc})"[:160]] += 1
+            return fuzz(operation, max_examples, prepare, (GenerationMode.POSITIVE,), headers, extra_headers, edges)
         return f"{operation.label}: {exc}"  # the message holds the shrunk request as a curl command
     return None
+
+
+def generator_limit(exc: BaseException) -> bool:
+    """Schemathesis could not generate a case from the schema (no request was judged)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(generator_limit(e) for e in exc.exceptions)
+    return isinstance(exc, UnsupportedSchema)
 
 
 def test_ahc_routes(openapi: Any) -> None:
