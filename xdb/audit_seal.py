@@ -44,48 +44,23 @@ def seal(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int,
     """`records` (audit_records columns but key_id and sealed, with seq) with every session's record
     sealed under its session's key (`keys_for(session ids)`: each one's key id and key, made at once for
     those that have none); system events and session-less records stay in clear."""
-    n = records.num_rows
-    sessions = records.column("session_id").combine_chunks()
-    clear = np.asarray(pc.fill_null(pc.or_(pc.equal(records.column("event_type"), system_event),
-                                           pc.equal(pc.fill_null(sessions, ""), "")), True), dtype=bool)
-    if n == 0 or clear.all():
-        return (records.append_column("key_id", pa.nulls(n, pa.int32()))
-                .append_column("sealed", pa.nulls(n, pa.binary())))
-    encoded = pc.dictionary_encode(sessions)
-    names = encoded.dictionary.to_pylist()
-    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
-    wanted = sorted({names[c] for c in np.unique(codes[~clear]).tolist()})
-    found = keys_for(wanted)
-    ids_by_code = np.array([found[name][0] if name in found else -1 for name in names], dtype=np.int32)
-    key_ids = np.where(clear, -1, ids_by_code[codes]).astype(np.int32)
-    sealed = _crypt(_payload(records), records.column("seq").to_numpy(), key_ids,
-                    {key_id: key for key_id, key in found.values()}, ~clear)
-    for name in SEALED_COLUMNS:
-        column = records.column(name)
-        records = records.set_column(records.column_names.index(name), name,
-                                     pc.if_else(pa.array(clear), column, pa.nulls(n, column.type)))
-    return (records.append_column("key_id", pa.array(key_ids, pa.int32(), mask=clear))
-            .append_column("sealed", pc.if_else(pa.array(~clear), sealed.cast(pa.binary()), pa.nulls(n, pa.binary()))))
+    keyed = _session_keys(records, keys_for, system_event)
+    if keyed is None:
+        return _unsealed(records)
+    clear, key_ids, keys = keyed
+    sealed = _crypt(_payload(records), records.column("seq").to_numpy(), key_ids, keys, ~clear)
+    return _with_sealed(records, clear, key_ids, sealed, ~clear)
 
 
 def seal_batch(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int, bytes]]],
                system_event: str) -> pa.Table:
     """As `seal`, but each session's records of the batch sealed as one blob, stored in its first record
     (the others: `key_id` alone)."""
+    keyed = _session_keys(records, keys_for, system_event)
+    if keyed is None:
+        return _unsealed(records)
+    clear, key_ids, keys = keyed
     n = records.num_rows
-    sessions = records.column("session_id").combine_chunks()
-    clear = np.asarray(pc.fill_null(pc.or_(pc.equal(records.column("event_type"), system_event),
-                                           pc.equal(pc.fill_null(sessions, ""), "")), True), dtype=bool)
-    if n == 0 or clear.all():
-        return (records.append_column("key_id", pa.nulls(n, pa.int32()))
-                .append_column("sealed", pa.nulls(n, pa.binary())))
-    encoded = pc.dictionary_encode(sessions)
-    names = encoded.dictionary.to_pylist()
-    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
-    wanted = sorted({names[c] for c in np.unique(codes[~clear]).tolist()})
-    found = keys_for(wanted)
-    ids_by_code = np.array([found[name][0] if name in found else -1 for name in names], dtype=np.int32)
-    key_ids = np.where(clear, -1, ids_by_code[codes]).astype(np.int32)
     seqs = records.column("seq").to_numpy()
     token = pc.fill_null(records.column("token_id").combine_chunks(), -1).to_numpy().astype("<i4")
     texts = {name: records.column(name).combine_chunks() for name in PAYLOAD_FIELDS}
@@ -102,13 +77,44 @@ def seal_batch(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tupl
         blobs[rows[0]] = zlib.compress(b"".join(parts), 6)
     has_blob = np.array([b is not None for b in blobs], dtype=bool)
     plain = pa.array([b if b is not None else b"" for b in blobs], pa.large_binary())
-    sealed = _crypt(plain, seqs, key_ids, {key_id: key for key_id, key in found.values()}, has_blob)
+    sealed = _crypt(plain, seqs, key_ids, keys, has_blob)
+    return _with_sealed(records, clear, key_ids, sealed, has_blob)
+
+
+def _session_keys(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int, bytes]]],
+                  system_event: str) -> tuple[np.ndarray, np.ndarray, dict[int, bytes]] | None:
+    """Which records stay in clear (system events, session-less ones), each record's key id (-1 in clear)
+    and the keys by id, made at once for sessions that have none; None when every record stays in clear."""
+    n = records.num_rows
+    sessions = records.column("session_id").combine_chunks()
+    clear = np.asarray(pc.fill_null(pc.or_(pc.equal(records.column("event_type"), system_event),
+                                           pc.equal(pc.fill_null(sessions, ""), "")), True), dtype=bool)
+    if n == 0 or clear.all():
+        return None
+    encoded = pc.dictionary_encode(sessions)
+    names = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+    found = keys_for(sorted({names[c] for c in np.unique(codes[~clear]).tolist()}))
+    ids_by_code = np.array([found[name][0] if name in found else -1 for name in names], dtype=np.int32)
+    key_ids = np.where(clear, -1, ids_by_code[codes]).astype(np.int32)
+    return clear, key_ids, {key_id: key for key_id, key in found.values()}
+
+
+def _unsealed(records: pa.Table) -> pa.Table:
+    n = records.num_rows
+    return records.append_column("key_id", pa.nulls(n, pa.int32())).append_column("sealed", pa.nulls(n, pa.binary()))
+
+
+def _with_sealed(records: pa.Table, clear: np.ndarray, key_ids: np.ndarray, sealed: pa.Array,
+                 stored: np.ndarray) -> pa.Table:
+    """The sealed columns cleared where a record is sealed, its key id and (where `stored`) its sealed bytes."""
+    n = records.num_rows
     for name in SEALED_COLUMNS:
         column = records.column(name)
         records = records.set_column(records.column_names.index(name), name,
                                      pc.if_else(pa.array(clear), column, pa.nulls(n, column.type)))
     return (records.append_column("key_id", pa.array(key_ids, pa.int32(), mask=clear))
-            .append_column("sealed", pc.if_else(pa.array(has_blob), sealed.cast(pa.binary()),
+            .append_column("sealed", pc.if_else(pa.array(stored), sealed.cast(pa.binary()),
                                                 pa.nulls(n, pa.binary()))))
 
 
