@@ -8,13 +8,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
+from audit_files import sql
 
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit import AuditLog
-
-AUDIT = Path("audit") / "audit.duckdb"
 
 
 def record(xdb: XDB, sessions: list[str], n: int = 4, text: str = "w") -> None:
@@ -25,13 +23,6 @@ def record(xdb: XDB, sessions: list[str], n: int = 4, text: str = "w") -> None:
                        for i in range(n) for s in sessions])
     xdb.writer.flush()
 
-
-def sql(data: Path, statement: str) -> list[tuple]:  # type: ignore[type-arg]
-    con = duckdb.connect(str(data / AUDIT))
-    try:
-        return con.execute(statement).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture

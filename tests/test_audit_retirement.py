@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 
 import cli_runner
-import duckdb
 import pytest
+from audit_files import sql
 
 from ahc.core.config import RetentionConfig, XDBConfig
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit_chain import read_heads
 
-AUDIT = Path("audit") / "audit.duckdb"
 DAY_S = 86_400.0
 
 
@@ -27,13 +26,6 @@ def record(xdb: XDB, session: str = "s", n: int = 5, created_at: float | None = 
                        for t in xdb.next_ticks(session, n)])
     xdb.writer.flush()  # one batch, one checkpoint
 
-
-def sql(data: Path, statement: str) -> list[tuple]:  # type: ignore[type-arg]
-    con = duckdb.connect(str(data / AUDIT))
-    try:
-        return con.execute(statement).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture
