@@ -33,12 +33,13 @@ from bench.load_spec import overridden
 from bench.restart import restart_figures, synthetic_history
 from bench.result import BenchResult
 from bench.xdb_erase import storage_figures
-from xdb import XDB, TimestepRow
+from xdb import XDB, TimestepRow, segments
 from xdb.concepts import ConceptIndex
 from xdb.owner import EVERY
 from xdb.rows import TIMESTEP_COLUMNS, TokenBatch, batch_to_arrow
 from xdb.schema import MIGRATIONS, TOP_K
 from xdb.store import default_threads
+from xdb.tables import HOT_TIMESTEPS
 
 LOAD_ENV = "BENCH_XDB_LOAD"
 # The page query reads 100 rows after an id up to 10,000 rows before the end.
@@ -149,21 +150,27 @@ def generate_rows(data_dir: Path, n: int) -> None:
     """n token rows straight into a new XDB's experience file with DuckDB's own generator: SESSIONS
     sessions taking turns of TURN tokens, 10 distinct concepts of 256 a token with uniform values (a hash
     of the row and slot, so every run recalls over the same file), one row a millisecond up to now; plus
-    the concept names, each session's last tick and a tag on a 51-tick range per session."""
+    the concept names, each session's last tick and a tag on a 51-tick range per session. Laid out as the
+    storage pass lays a history out: sealed into segments of `xdb.segment_rows`, the rest hot."""
     XDB.open(data_dir).close()  # schema, migrations, audit log
     con = duckdb.connect(str(data_dir / "experience.duckdb"))
     words = ", ".join(f"'{w}'" for w in WORDS)
     con.execute("INSERT INTO concepts SELECT i, 'concept-' || i FROM range(256) t(i)")
-    con.execute(f"""
-        INSERT INTO timesteps
-        SELECT i, 's' || ((i // {TURN}) % {SESSIONS}), (i // {TURN * SESSIONS}) * {TURN} + i % {TURN}, 'output',
-               'assistant', [{words}][1 + (hash(i) % {len(WORDS)})::INTEGER], (hash(i * 7) % 32000)::INTEGER,
-               's' || ((i // {TURN}) % {SESSIONS}) || '-r' || (i // {TURN * SESSIONS * 4}),
-               list_transform(range(10), k -> ((i * 37 + k * 26) % 256)::INTEGER)::INTEGER[10],
-               list_transform(range(10), k -> ((hash(i * 10 + k) % 1000003) / 1000003)::FLOAT)::FLOAT[10],
-               'hidden_state',
-               now()::TIMESTAMP - to_milliseconds({n} - i), NULL
-        FROM range({n}) t(i)""")
+    step = XDBConfig().segment_rows
+    for start in range(0, n, step):
+        con.execute(f"""
+            INSERT INTO {HOT_TIMESTEPS}
+            SELECT i, 's' || ((i // {TURN}) % {SESSIONS}), (i // {TURN * SESSIONS}) * {TURN} + i % {TURN},
+                   'output', 'assistant', [{words}][1 + (hash(i) % {len(WORDS)})::INTEGER],
+                   (hash(i * 7) % 32000)::INTEGER,
+                   's' || ((i // {TURN}) % {SESSIONS}) || '-r' || (i // {TURN * SESSIONS * 4}),
+                   list_transform(range(10), k -> ((i * 37 + k * 26) % 256)::INTEGER)::INTEGER[10],
+                   list_transform(range(10), k -> ((hash(i * 10 + k) % 1000003) / 1000003)::FLOAT)::FLOAT[10],
+                   'hidden_state',
+                   now()::TIMESTAMP - to_milliseconds({n} - i), NULL
+            FROM range({start}, {min(start + step, n)}) t(i)""")
+        if start + step <= n:
+            segments.seal(con)
     con.execute("INSERT INTO session_ticks SELECT session_id, max(tick) FROM timesteps GROUP BY 1")
     con.execute(f"INSERT INTO xdb_meta VALUES ('last_timestep_id', '{n - 1}')")
     con.close()

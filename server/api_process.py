@@ -100,10 +100,10 @@ async def serve_engine(served: Served, engine: AsyncLLM, xdb: XDBClient, metrics
                              lambda: float(cache_events.sessions() if cache_events.trusted else -1))
             metrics.computed(metrics.one(metrics.kv_events_undecodable), lambda: float(cache_events.undecodable))
         report_template(runtime.tokenizer, metrics, chat_template)
-        if served.primary and not config.xdb.keep_forever:  # retention and the quota
+        if served.primary:  # retention and the quota (none with keep_forever), segments and erasures
             tasks.append(asyncio.create_task(enforce_quota_forever(
                 xdb, config.xdb.quota_check_s, runtime.summarize_records, metrics.record_storage_pass,
-                config.xdb.vacuum_every_s)))
+                config.xdb.erase_within_s)))
         if served.primary:  # erasures from backups and exports left pending; scheduled backups (xdb.backup_every_s)
             tasks.append(asyncio.create_task(backup_forever(xdb, Path(resolve_path(config.data_dir)), config.xdb)))
         app = build_app(runtime, args, supported_tasks, engine.model_config)

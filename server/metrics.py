@@ -159,11 +159,13 @@ class AHCMetrics:
             "ahc_xdb_deleted_sessions", "Sessions deleted by retention (xdb.retention.delete_after_days)", m,
             registry=r)
         self.xdb_vacuum_due = Gauge(
-            "ahc_xdb_vacuum_due", "1 while a deleted session's rows may still sit in the experience file's free "
-            "blocks (until the next vacuum, xdb.vacuum_every_s or POST /v1/xdb/compact with vacuum)", m, registry=r,
+            "ahc_xdb_vacuum_due", "1 while a deleted session's rows may still sit in a segment or the experience "
+            "file's free blocks (until the next erase, within xdb.erase_within_s, or POST /v1/xdb/compact with "
+            "vacuum)", m, registry=r,
             multiprocess_mode="mostrecent")
         self.xdb_vacuums = Counter(
-            "ahc_xdb_vacuums", "Times the storage pass rewrote the experience file whole", m, registry=r)
+            "ahc_xdb_vacuums", "Times the storage pass erased deleted sessions (their segments and the experience "
+            "file rewritten)", m, registry=r)
         # Each process measures the engine from its own requests; the max of the live estimates is the
         # cautious one, and a process that has measured nothing yet (0) does not hide the others'.
         self.prefill_seconds_per_token = Gauge(

@@ -29,7 +29,19 @@ def record(xdb: XDB, session: str, text: str, n: int = 4) -> None:
 
 
 def files_holding(folder: Path, needle: bytes) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes())
+    """The files under `folder` holding `needle`: in their bytes, or (a Parquet segment, whose pages are
+    compressed) in any of its text values once decoded."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if p.is_file() and (needle in p.read_bytes() or parquet_holds(p, needle.decode())))
+
+
+def parquet_holds(path: Path, text: str) -> bool:
+    if path.suffix != ".parquet":
+        return False
+    with duckdb.connect() as conn:  # each row as its text, every column in it
+        found = conn.execute("SELECT count(*) FROM read_parquet(?) t WHERE contains(t::VARCHAR, ?)",
+                             [str(path), text]).fetchone()
+    return found is not None and found[0] > 0
 
 
 @pytest.fixture

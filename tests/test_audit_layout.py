@@ -5,14 +5,19 @@ verifies and reads back, its new records in the new layout from the marked seq o
 
 from __future__ import annotations
 
+import struct
 import sys
+import zlib
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from audit_files import sql
 
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit import AuditLog
+from xdb.audit_seal import _crypt, open_blobs, seal_batch
 
 
 def record(xdb: XDB, sessions: list[str], n: int = 4, text: str = "w") -> None:
@@ -112,11 +117,35 @@ def test_a_crash_replays_batch_sealed_rows_from_the_log(tmp_path: Path) -> None:
     with XDB.open(data) as xdb:
         record(xdb, ["a", "b"])
         # as if the experience file lost its tail: the audit holds rows it never committed
-        xdb.conn.execute("DELETE FROM timesteps WHERE id >= 3")
+        xdb.conn.execute("DELETE FROM timesteps_hot WHERE id >= 3")
         xdb.conn.execute("UPDATE xdb_meta SET value = '2' WHERE key = 'last_timestep_id'")
     with XDB.open(data) as xdb:
         got = xdb.conn.execute("SELECT content FROM timesteps WHERE session_id = 'b' ORDER BY tick").fetchall()
         assert [c for (c,) in got] == [f"wb{i}" for i in range(4)]
+
+
+def test_a_batch_blob_opens_in_either_layout() -> None:
+    """The byte-plane layout `seal_batch` writes, and the zlib one of logs written before it."""
+    key = bytes(range(32))
+    records = pa.table({"seq": pa.array([10, 11, 13, 14], pa.int64()), "session_id": ["s", "s", "t", "s"],
+                        "event_type": ["output"] * 4, "token_id": pa.array([5, None, 7, 31999], pa.int32()),
+                        "content": ["é", "", "x", None], "metadata": [None, '{"a":1}', None, None],
+                        "steering": pa.nulls(4, pa.string())})
+    sealed = seal_batch(records, lambda names: {n: (1 if n == "s" else 2, key) for n in names}, "xdb_event")
+    blobs = sealed.column("sealed").combine_chunks()
+    assert blobs.is_valid().to_pylist() == [True, False, True, False]  # one blob a session
+    want = {10: (5, "é", None, None), 11: (None, "", '{"a":1}', None), 14: (31999, None, None, None)}
+    opened = open_blobs(np.array([10, 13]), np.array([1, 2]), blobs.filter(blobs.is_valid()), {1: key})
+    assert opened == want  # the other session's key is gone: its blob stays shut
+    # The zlib layout: offsets, token ids, then each field's lengths (-1: null) and bytes.
+    offsets, tokens, texts = [0, 1, 4], [5, -1, 31999], [["é", "", None], [None, '{"a":1}', None], [None] * 3]
+    plain = struct.pack("<I", 3) + np.array(offsets, "<i4").tobytes() + np.array(tokens, "<i4").tobytes()
+    for values in texts:
+        plain += np.array([-1 if v is None else len(v.encode()) for v in values], "<i4").tobytes()
+        plain += b"".join(v.encode() for v in values if v is not None)
+    old = _crypt(pa.array([zlib.compress(plain, 6)], pa.large_binary()), np.array([10]), np.array([1]), {1: key},
+                 np.array([True]))
+    assert open_blobs(np.array([10]), np.array([1]), old, {1: key}) == want
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def write(xdb: XDB, session: str, replies: int, tokens: int = 10) -> None:
 
 def age(xdb: XDB, session: str, days: float) -> None:
     """Make a session's rows (and saved states) look `days` old."""
-    for table in ("timesteps", "session_states"):
+    for table in ("timesteps_hot", "session_states"):
         xdb.conn.execute(f"UPDATE {table} SET created_at = created_at - to_days(?::INTEGER) "
                          "- to_seconds(60) WHERE session_id = ?", [int(days), session])
 

@@ -5,22 +5,17 @@ deletion is due; an XDB in the server's own process refuses with a clear error."
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
 from test_audit_erasure import WORD, files_holding
+from xdb_recording import recording, say
 
 from ahc.core.config import XDBConfig
 from ahc.core.errors import Conflict
 from server.recording.quota_loop import enforce_quota_forever
-from xdb import XDB, RemoteXDB, TimestepRow, verify_audit
+from xdb import XDB, RemoteXDB, verify_audit
 from xdb.owner import EVERY
-
-
-def say(xdb: XDB | RemoteXDB, session: str, text: str, n: int = 3) -> None:
-    xdb.writer.submit([TimestepRow(session, t, "output", "assistant", f"{text}{t}", token_id=t)
-                       for t in xdb.next_ticks(session, n)])
 
 
 def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path: Path) -> None:
@@ -32,26 +27,13 @@ def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path
         assert xdb.compact()["vacuum_due"] is False
         xdb.delete_session("victim")
         assert xdb.compact()["vacuum_due"] is True
-        stop = threading.Event()
-        sent = [3]
-
-        def keep_recording() -> None:
-            while not stop.wait(0.001):
-                say(xdb, "keeper", "more", 1)
-                sent[0] += 1
-
-        recorder = threading.Thread(target=keep_recording)
-        recorder.start()
-        try:
+        with recording(xdb, "keeper", 0.001) as sent:
             result = xdb.vacuum()
-        finally:
-            stop.set()
-            recorder.join()
         assert result["bytes_after"] > 0 and result["seconds"] >= 0
         xdb.writer.flush(10)
         assert xdb.compact()["vacuum_due"] is False
-        assert sent[0] > 3 and xdb.committed_tick("keeper") == sent[0] - 1  # ticks 0.. all committed
-        assert len(xdb.recall(session_id="keeper", tick_from=sent[0] - 50, limit=1000, owner=EVERY)) == 50
+        assert sent[0] > 0 and xdb.committed_tick("keeper") == sent[0] + 2  # ticks 0.. all committed
+        assert len(xdb.recall(session_id="keeper", tick_from=sent[0] + 3 - 50, limit=1000, owner=EVERY)) == 50
         assert files_holding(data, WORD.encode()) == []
         assert xdb.verify_audit().ok
     assert verify_audit(data).ok
@@ -66,7 +48,7 @@ def test_the_storage_loop_vacuums_once_a_deletion_is_due(tmp_path: Path) -> None
             if len(reports) == 3:
                 raise asyncio.CancelledError
 
-        await enforce_quota_forever(xdb, 0.05, lambda text: "gist", heard, vacuum_every_s=3600.0)
+        await enforce_quota_forever(xdb, 0.05, lambda text: "gist", heard, erase_within_s=3600.0)
 
     with RemoteXDB(tmp_path / "x") as xdb:
         say(xdb, "victim", WORD)

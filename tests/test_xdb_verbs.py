@@ -60,7 +60,7 @@ def test_recall_pages_with_a_cursor_and_an_offset(client: TestClient) -> None:
 
 
 def test_recall_by_time_range_and_activation_bounds(client: TestClient, xdb: XDB) -> None:
-    xdb.conn.execute("UPDATE timesteps SET created_at = TIMESTAMP '2026-01-01 00:00:00' WHERE session_id = 's2'")
+    xdb.conn.execute("UPDATE timesteps_hot SET created_at = TIMESTAMP '2026-01-01 00:00:00' WHERE session_id = 's2'")
     early = client.get("/v1/xdb/recall", params={"time_to": "2026-06-01T00:00:00Z"}).json()["data"]
     assert {r["session_id"] for r in early} == {"s2"}
     late = client.get("/v1/xdb/recall", params={"time_from": (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))

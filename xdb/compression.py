@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import InvalidRequest, NotFound
+from xdb import segments
 from xdb.audit import AuditEvent
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.interface import reads
@@ -128,7 +129,7 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
             for where, args, record in records:
                 new_id = _insert_record(cur, record)
                 # DuckDB answers a DELETE with the number of rows it removed.
-                deleted = one_int(cur.execute(f"DELETE FROM timesteps t WHERE {where}", args))
+                deleted = segments.delete_rows(cur, where, args, erase=False)
                 if audit is not None:
                     session_id, request_id, lo, hi = args
                     audit("compress_timesteps", {"session_id": session_id, "request_id": request_id,

@@ -230,13 +230,13 @@ def import_rows(conn: duckdb.DuckDBPyConnection, src: Path) -> tuple[dict[str, A
             files = ", ".join(string_literal(str(src / f["path"])) for f in entry["files"])
             hive = ", hive_partitioning = true, hive_types_autocast = false" if entry["partitioned_by"] else ""
             columns = [r[0] for r in conn.execute(f"DESCRIBE {table.name}").fetchall()]
-            inserted = conn.execute(f"INSERT INTO {table.name} BY NAME SELECT {', '.join(columns)} "
+            inserted = conn.execute(f"INSERT INTO {table.target} BY NAME SELECT {', '.join(columns)} "
                                     f"FROM {reader}([{files}]{hive})").fetchone()
             if inserted is None or inserted[0] != entry["rows"]:
                 raise ValueError(f"{src}: {table.name} loaded {inserted[0] if inserted else 0:,} rows where the "
                                  f"manifest counts {entry['rows']:,}; nothing was imported")
             if entry["partitioned_by"] and manifest.get("long_ids"):
-                conn.executemany(f"UPDATE {table.name} SET {entry['partitioned_by']} = ? "
+                conn.executemany(f"UPDATE {table.target} SET {entry['partitioned_by']} = ? "
                                  f"WHERE {entry['partitioned_by']} = ?",
                                  [[value, key] for key, value in manifest["long_ids"].items()])
             loaded[table.name] = entry["rows"]

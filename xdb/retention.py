@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 
+from xdb import segments
 from xdb.audit import AuditEvent
 from xdb.audit_verify import Deletion
 from xdb.compression import BATCH_GROUPS, Summarize, _compress_replies
@@ -94,8 +96,7 @@ def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: Audit
     in the audit log, and its tombstone (which the shared lake and the other replicas follow); rows
     deleted per table."""
     with transaction(cur):
-        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ?{_through(table, erasure)}",
-                                              [session_id]))
+        deleted = {table: _delete(cur, table, f"t.session_id = ?{_through(table, erasure)}", [session_id])
                    for table in SESSION_TABLES}
         cur.execute("INSERT INTO session_tombstones (session_id, deleted_at, reason) VALUES (?, ?, ?)",
                     [session_id, hot_cutoff(0.0), str(why.get("reason", "request"))])
@@ -107,7 +108,15 @@ def delete_session(cur: duckdb.DuckDBPyConnection, session_id: str, audit: Audit
 
 
 def _through(table: str, erasure: Erasure | None) -> str:
-    return "" if erasure is None or table != TIMESTEPS else f" AND id <= {int(erasure.through_timestep)}"
+    return "" if erasure is None or table != TIMESTEPS else f" AND t.id <= {int(erasure.through_timestep)}"
+
+
+def _delete(cur: duckdb.DuckDBPyConnection, table: str, where: str, args: list[Any]) -> int:
+    """A session's rows of `table` matching `where` (over the alias `t`), in the caller's transaction; its
+    timesteps' text leaves their segments at the next erase pass (xdb/segments.py)."""
+    if table == TIMESTEPS:
+        return segments.delete_rows(cur, where, args, erase=True)
+    return one_int(cur.execute(f"DELETE FROM {table} t WHERE {where}", args))
 
 
 def finish_deletion(cur: duckdb.DuckDBPyConnection, deletion: Deletion) -> dict[str, int]:
@@ -116,10 +125,10 @@ def finish_deletion(cur: duckdb.DuckDBPyConnection, deletion: Deletion) -> dict[
     with transaction(cur):
         deleted = {}
         for table, column in DATED:
-            bound = f"id <= {int(deletion.through_timestep)}" \
-                if table == TIMESTEPS and deletion.through_timestep is not None else f"{column} <= ?"
-            args = [deletion.session_id] + ([] if bound.startswith("id") else [deletion.at])
-            deleted[table] = one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {bound}", args))
+            bound = f"t.id <= {int(deletion.through_timestep)}" \
+                if table == TIMESTEPS and deletion.through_timestep is not None else f"t.{column} <= ?"
+            args = [deletion.session_id] + ([] if bound.startswith("t.id") else [deletion.at])
+            deleted[table] = _delete(cur, table, f"t.session_id = ? AND {bound}", args)
         if cur.execute("SELECT 1 FROM session_tombstones WHERE session_id = ? AND deleted_at >= ?",
                        [deletion.session_id, deletion.at]).fetchone() is None:
             cur.execute("INSERT INTO session_tombstones (session_id, deleted_at, reason) VALUES (?, ?, ?)",
@@ -150,8 +159,8 @@ def apply_tombstone(cur: duckdb.DuckDBPyConnection, stone: Tombstone, audit: Aud
         if cur.execute("SELECT 1 FROM applied_tombstones WHERE replica = ? AND id = ?",
                        [stone.replica, stone.id]).fetchone() is not None:
             return {}, []
-        deleted = {table: one_int(cur.execute(f"DELETE FROM {table} WHERE session_id = ? AND {column} <= ?",
-                                              [stone.session_id, stone.deleted_at]))
+        deleted = {table: _delete(cur, table, f"t.session_id = ? AND t.{column} <= ?",
+                                  [stone.session_id, stone.deleted_at])
                    for table, column in DATED}
         cur.execute("INSERT INTO applied_tombstones VALUES (?, ?, ?, ?, ?)",
                     [stone.replica, stone.id, stone.session_id, stone.deleted_at, hot_cutoff(0.0)])

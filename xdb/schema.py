@@ -10,6 +10,8 @@ from pathlib import Path
 
 import duckdb
 
+from xdb.tables import HOT_TIMESTEPS
+
 APP = "ahc-xdb"
 # Top-k concept activations kept per timestep. Fixed-size ARRAY columns insert ~1.6x faster than
 # LISTs (measured), so k is part of the schema; a row with fewer than k has NULL slots.
@@ -150,6 +152,18 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE stored_responses ADD COLUMN input_sha VARCHAR",
         "ALTER TABLE stored_responses ADD COLUMN conversation_sha VARCHAR",
         "ALTER TABLE stored_responses ADD COLUMN state_sha VARCHAR",
+    ]),
+    (8, [
+        # New timesteps go to the hot table; the storage pass seals its rows into Parquet segments
+        # (xdb/segments.py) and `timesteps` becomes the view every read takes, over both.
+        f"ALTER TABLE timesteps RENAME TO {HOT_TIMESTEPS}",
+        """CREATE TABLE segments (
+            name VARCHAR PRIMARY KEY, first_id BIGINT NOT NULL, last_id BIGINT NOT NULL, rows BIGINT NOT NULL,
+            bytes BIGINT NOT NULL, created_at TIMESTAMP NOT NULL)""",
+        # A segment's rows deleted since it was written; `erase`: a session's deletion, whose text must
+        # leave the file.
+        "CREATE TABLE segment_deletes (id BIGINT NOT NULL, segment VARCHAR NOT NULL, erase BOOLEAN NOT NULL)",
+        f"CREATE VIEW timesteps AS SELECT * FROM {HOT_TIMESTEPS}",
     ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]

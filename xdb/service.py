@@ -292,8 +292,12 @@ class Service:
             self.xdb.decode_tokens_with(self._tokenizer)
 
     def vacuum(self) -> dict[str, Any]:
-        """Rewrite the experience file whole (deleted rows leave its blocks), every call and row waiting."""
+        """Erase deleted sessions from the files: the segments holding their timesteps rewritten while
+        everything goes on (`erase_pass`), then experience.duckdb rewritten whole (deleted rows leave its
+        blocks), every call and row waiting meanwhile (`held_s`)."""
         assert self.spec is not None and self.xdb is not None
+        started = time.monotonic()
+        erased = self.xdb.erase_pass()
         path = Path(self.spec.data_dir) / EXPERIENCE_FILE
         bound = XDBConfig(**self.spec.config).vacuum_max_bytes
         if bound is not None and path.stat().st_size > bound:
@@ -301,15 +305,17 @@ class Service:
                            "vacuum would hold recording too long; stop the server and run `ahc xdb vacuum --data-dir "
                            f"{self.spec.data_dir}`")
         with self._gate.exclusive():
-            started = time.monotonic()
+            held = time.monotonic()
             self.xdb.close()  # its queue committed, every commit reported
             try:
                 result = vacuum_experience(Path(self.spec.data_dir))
             finally:
                 self.open(self.spec)
-            log.info("XDB service: vacuumed the experience file (%d → %d bytes) in %.1f s", result["bytes_before"],
-                     result["bytes_after"], time.monotonic() - started)
-            return {**result, "seconds": round(time.monotonic() - started, 3)}
+            log.info("XDB service: erased (%d segments rewritten), vacuumed the experience file (%d → %d bytes) "
+                     "in %.1f s, %.2f s of it holding recording", erased["rewritten"], result["bytes_before"],
+                     result["bytes_after"], time.monotonic() - started, time.monotonic() - held)
+            return {**result, "segments": erased, "seconds": round(time.monotonic() - started, 3),
+                    "held_s": round(time.monotonic() - held, 3)}
 
     def serve(self, listener: Listener) -> None:
         """Accept connections until the owner's stream ends; then commit what is queued and return."""

@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, closing
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -32,6 +32,7 @@ from xdb import (
     insights,
     retention,
     runs,
+    segments,
     sql,
     tags,
 )
@@ -48,6 +49,7 @@ from xdb.recall import RecallFilters, TagCache, recall, recall_within, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
 from xdb.store_lake import LakeMethods
+from xdb.store_segments import SegmentMethods
 from xdb.store_sessions import SessionMethods, finish_deletions
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
@@ -66,7 +68,7 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) // 4)
 
 
-class XDB(SessionMethods, LakeMethods, TickCalls):
+class XDB(SessionMethods, LakeMethods, TickCalls, SegmentMethods):
     def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
                  concepts: ConceptIndex, writer: Writer | None, config: XDBConfig,
                  summarize: Callable[[str], str] | None) -> None:
@@ -79,6 +81,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls):
         self.summarize, self.hot_seconds = summarize, config.hot_seconds
         self.compress_at, self.retention = config.compress_at, config.retention
         self.max_document_bytes = config.max_document_bytes
+        self.segment_rows = config.segment_rows
         self.export_ttl_s = config.export_ttl_s
         self.recall_deadline_s = config.recall_deadline_s
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
@@ -111,6 +114,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls):
         try:
             conn.execute(f"SET threads = {int(config.threads or default_threads())}")
             if not read_only:
+                segments.open_segments(conn)
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)
                 finish_deletions(conn, audit)
@@ -175,7 +179,11 @@ class XDB(SessionMethods, LakeMethods, TickCalls):
             raise ValueError("this XDB was opened read-only; back up its files with the server stopped instead")
         private_dir(dest)
         private_dir((dest / AUDIT_FILE).parent)
-        copy_database(self.conn, dest / EXPERIENCE_FILE)
+        with self._compress_lock, self.cursor() as cur:  # no seal or rewrite between the copy and its segments
+            copy_database(self.conn, dest / EXPERIENCE_FILE)
+            segments.link_into(cur, dest)
+        with closing(duckdb.connect(str(dest / EXPERIENCE_FILE))) as copy:
+            segments.refresh_view(copy)
         seq = self.audit.copy_to((dest / AUDIT_FILE).parent)
         private_tree(dest)
         return {"path": str(dest), "audit_seq": seq}
@@ -515,7 +523,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls):
             if target is not None:
                 quota = compression.quota_pass(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
                 made += quota.record_ids
-            return {"compaction": record, "compressed_record_ids": made,
+            report = {"compaction": record, "compressed_record_ids": made,
                     "quota_pass": None if quota is None else quota.report(),
                     "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
                     "vacuum_due": retention.vacuum_due(cur),
@@ -523,6 +531,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls):
                     "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
                     "quota_bytes": self.quota_bytes, "audit_retired": audit_retired,
                     "audit_quota_share": None if not self.quota_bytes else audit_bytes / self.quota_bytes}
+        return {**report, "segments": self._segment_pass()}
 
     def _retire_audit(self, cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
         """Retire the audit records whose rows retention has removed from the experience file: those before

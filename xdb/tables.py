@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# Where new timesteps are written: `timesteps` is a view over it and the sealed segments (xdb/segments.py).
+HOT_TIMESTEPS = "timesteps_hot"
+
 # The owner columns: a session's rows, or (the discovery agent's tables) a run's.
 SESSION = "session_id"
 RUN = "run_id"
@@ -55,6 +58,12 @@ class Table:
     sequence_column: str | None = None
     lake: LakeShipping | None = None      # shipped to the shared lake, and how
     audit: bool = False                   # in audit/audit.duckdb, not experience.duckdb
+    stored_in: str | None = None          # a view: the table its new rows are inserted into
+
+    @property
+    def target(self) -> str:
+        """The table an insert of its rows goes to."""
+        return self.stored_in or self.name
 
     @property
     def dated(self) -> bool:
@@ -72,7 +81,8 @@ TABLES: tuple[Table, ...] = (
     Table("concepts", export=True, lake=LakeShipping("id")),
     Table("concept_hierarchy", export=True, lake=LakeShipping("keyed", key=("concept",))),
     Table("tags", export=True, sequence="tag_ids", sequence_column="id", lake=LakeShipping("keyed")),
-    Table("timesteps", SESSION, "created_at", "created_at", export=True, lake=LakeShipping("id")),
+    Table("timesteps", SESSION, "created_at", "created_at", export=True, lake=LakeShipping("id"),
+          stored_in=HOT_TIMESTEPS),
     # The last tick a session used: deleted with the session, but a tombstone from another replica
     # leaves it, so ticks recorded after the deletion continue past the deleted ones.
     Table("session_ticks", SESSION, export=True),
@@ -96,6 +106,10 @@ TABLES: tuple[Table, ...] = (
     Table("meta_knowledge", RUN, "created_at", export=True, sequence="knowledge_ids",
           sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
     Table("xdb_meta"),
+    # The sealed segments of `timesteps` and their rows deleted since (xdb/segments.py): the file's
+    # bookkeeping, as xdb_meta.
+    Table("segments"),
+    Table("segment_deletes"),
     # Shipped after the tables it deletes from: the lake's deletion then takes the rows of the same ship.
     Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=LakeShipping("seq")),
     Table("applied_tombstones"),

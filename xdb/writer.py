@@ -47,6 +47,7 @@ from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow
 from xdb.schema import TOP_K
 from xdb.sql import string_literal
+from xdb.tables import HOT_TIMESTEPS
 from xdb.token_decoder import TokenDecoder
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
             ids, names = zip(*new_concepts)
             append(conn, "concepts", pa.table({"id": pa.array(ids, pa.int32()), "name": pa.array(names, pa.string())}))
             auto_tags.forget(conn)  # a new concept may be one the hierarchy has a threshold for
-        append(conn, "timesteps", table.select(list(TIMESTEP_COLUMNS)))
+        append(conn, HOT_TIMESTEPS, table.select(list(TIMESTEP_COLUMNS)))
         store_last_ticks(conn, table)
         set_last_timestep_id(conn, int(pc.max(table.column("id")).as_py()))
         fired = None if thresholds is None else over_threshold(table, thresholds)

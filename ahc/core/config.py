@@ -247,13 +247,16 @@ class XDBConfig(_Strict):
     compress_at: float = Field(default=0.8, gt=0, le=1)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     quota_check_s: float = Field(default=60.0, gt=0)
-    # After a session is deleted, the storage pass rewrites the experience file whole (a vacuum: the
-    # deleted rows' bytes leave its blocks) at most this often; recording waits while it runs, for a
-    # time in proportion to the file's size. None: only on request (POST /v1/xdb/compact with vacuum).
-    vacuum_every_s: float | None = Field(default=86_400.0, gt=0)
-    # A live vacuum holds recording while it copies the file (~55 MB/s measured on 2 cores), and rows
-    # queue meanwhile (max_queue_rows): past this size it is refused, and `ahc xdb vacuum` runs it with the
-    # server stopped. None: no bound.
+    # A deleted session's text leaves every file under the data dir within this: the storage pass erases
+    # (seals the hot timesteps, rewrites the segments holding the session's, vacuums experience.duckdb)
+    # once a deletion waits, at most every quarter of it. None: only on request (POST /v1/xdb/compact
+    # with vacuum).
+    erase_within_s: float | None = Field(default=3600.0, gt=0)
+    # The storage pass seals the hot timesteps into a Parquet segment once they are this many rows.
+    segment_rows: int = Field(default=1_000_000, gt=0)
+    # A live vacuum holds recording while it copies experience.duckdb (~55 MB/s measured on 2 cores), which
+    # holds the unsealed timesteps and the small tables: past this size it is refused, and `ahc xdb vacuum`
+    # runs it with the server stopped. None: no bound.
     vacuum_max_bytes: int | None = Field(default=2 << 30, gt=0)
     summary_max_tokens: int = Field(default=96, gt=0)
     # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).

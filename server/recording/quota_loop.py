@@ -1,7 +1,9 @@
 """The XDB storage loop: every `quota_check_s`, apply retention (compress rows past
 `xdb.retention.verbatim_days`, delete sessions idle past `delete_after_days`) and, past
-`compress_at` of the byte quota, compress the oldest cold records. Once a session was deleted, it
-vacuums the experience file (at most every `vacuum_every_s`), so the deleted rows leave its blocks.
+`compress_at` of the byte quota, compress the oldest cold records, and seal the hot timesteps into
+segments (xdb/segments.py). Once a session was deleted, it erases it from the files (`vacuum`: the
+segments holding its rows rewritten, then experience.duckdb; at most every quarter of
+`xdb.erase_within_s`), so its text is in no file within that bound.
 
 A pass compresses for at most xdb.compression.PASS_BUDGET_S; one that stopped there (still over its
 target) is followed by the next after a pause as long as it took rather than `quota_check_s`, so a store
@@ -41,10 +43,10 @@ def model_summarizer(hidden: HiddenCaller, loop: asyncio.AbstractEventLoop, max_
 
 async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Callable[[str], str],
                                 on_pass: Callable[[dict[str, Any]], None] | None = None,
-                                vacuum_every_s: float | None = None) -> None:
-    """Until cancelled (at shutdown): bring XDB within its quota and retention, vacuum it when a
-    deletion is due and `vacuum_every_s` has passed since the last, then sleep; `on_pass` hears each
-    pass's report (the metrics)."""
+                                erase_within_s: float | None = None) -> None:
+    """Until cancelled (at shutdown): bring XDB within its quota and retention, erase deleted sessions
+    from its files (`vacuum`) when a deletion waits and a quarter of `erase_within_s` has passed since
+    the last, then sleep; `on_pass` hears each pass's report (the metrics)."""
     vacuumed_at = -float("inf")
     pause = every_s
     while True:
@@ -61,8 +63,8 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
             pause = min(every_s, took)
         if report["deleted_sessions"]:
             log.info("retention deleted %d idle sessions", len(report["deleted_sessions"]))
-        if (vacuum_every_s is not None and report.get("vacuum_due")
-                and time.monotonic() - vacuumed_at >= vacuum_every_s):
+        if (erase_within_s is not None and report.get("vacuum_due")
+                and time.monotonic() - vacuumed_at >= erase_within_s / 4):
             vacuumed_at = time.monotonic()
             try:
                 report["vacuum"] = await asyncio.to_thread(xdb.vacuum)

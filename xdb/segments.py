@@ -1,0 +1,232 @@
+"""Sealed segments: a history of any size whose deletions rewrite only the files holding the deleted rows.
+
+Every new timestep goes into `timesteps_hot` in experience.duckdb (one transaction a writer batch). The
+storage pass seals what that table holds, once it holds `xdb.segment_rows`, into a segment: one Parquet
+file of an id range under DATA_DIR/segments/, never changed in place, its rows sorted by session so a
+session's rows are a few row groups (Parquet's statistics skip the rest), listed in `segments`. Every
+read goes through the view `timesteps`: the hot table and the segments, less the segment rows listed in
+`segment_deletes`.
+
+A deletion deletes the hot rows and lists the segment rows; nothing is rewritten then. A deleted
+session leaves the files in `erase_pass` (xdb/store_segments.py): the hot table is sealed, so
+experience.duckdb holds no timestep of it, and each segment holding a row of it is rewritten without
+(a new file, the manifest swapped in one transaction, the old file unlinked); experience.duckdb is then
+rewritten whole (xdb/vacuum.py), a copy the size of the hot table and the small tables, not of the
+history. Rows compression deletes wait in `segment_deletes` until half a segment's rows are listed.
+
+DuckDB keeps a deleted row's bytes in its file's blocks until they are reused, and a Parquet file is
+never edited: a file rewritten without the rows, the old one unlinked, is what takes the bytes off the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from xdb.private import fsync_path, private_dir, private_files
+from xdb.sql import one, one_int, string_literal, transaction
+from xdb.tables import HOT_TIMESTEPS
+
+SEGMENTS_DIR = "segments"
+# An old file outlives its rewrite this long before it is unlinked: a query that bound the view before the
+# swap still opens it.
+GRACE_S = 2.0
+# Parquet row groups: a session's rows in a sorted segment span one or two, and a lookup reads those.
+ROW_GROUP_ROWS = 32_768
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    first_id: int
+    last_id: int
+    rows: int
+
+
+def folder(data_dir: Path) -> Path:
+    return Path(data_dir) / SEGMENTS_DIR
+
+
+def data_dir_of(cur: duckdb.DuckDBPyConnection) -> Path:
+    """The data dir of the experience file `cur` is on: its segments are beside it."""
+    path = one(cur.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()"))[0]
+    return Path(path).parent
+
+
+def listed(cur: duckdb.DuckDBPyConnection) -> list[Segment]:
+    return [Segment(*row) for row in cur.execute(
+        "SELECT name, first_id, last_id, rows FROM segments ORDER BY first_id").fetchall()]
+
+
+def _paths(cur: duckdb.DuckDBPyConnection, names: Iterable[str]) -> str:
+    return "[" + ", ".join(string_literal(str(folder(data_dir_of(cur)) / name)) for name in names) + "]"
+
+
+def refresh_view(cur: duckdb.DuckDBPyConnection) -> None:
+    """(Re)define `timesteps` over the hot table and the listed segments, at their paths beside the file
+    (a data dir moved or restored elsewhere reads its own files once opened read-write)."""
+    names = [s.name for s in listed(cur)]
+    body = f"SELECT * FROM {HOT_TIMESTEPS}"
+    if names:
+        body += (f" UNION ALL SELECT s.* FROM read_parquet({_paths(cur, names)}) s "
+                 "ANTI JOIN segment_deletes d ON d.id = s.id")
+    cur.execute(f"CREATE OR REPLACE VIEW timesteps AS {body}")
+
+
+def open_segments(cur: duckdb.DuckDBPyConnection) -> None:
+    """At a read-write open: the view over this data dir's files, and the files no manifest lists (a seal
+    or rewrite a crash cut short, an old file whose unlink it missed) removed."""
+    refresh_view(cur)
+    keep = {s.name for s in listed(cur)}
+    here = folder(data_dir_of(cur))
+    if here.is_dir():
+        for path in here.iterdir():
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
+
+
+def hot_rows(cur: duckdb.DuckDBPyConnection) -> int:
+    return one_int(cur.execute(f"SELECT count(*) FROM {HOT_TIMESTEPS}"))
+
+
+def _write(cur: duckdb.DuckDBPyConnection, query: str, path: Path) -> int:
+    """`query`'s rows, sorted by session, as the Parquet file `path` (written aside, fsynced, renamed);
+    its bytes."""
+    private_dir(path.parent)
+    partial = path.with_name(f".{path.name}.partial")
+    cur.execute(f"COPY ({query} ORDER BY session_id, id) TO {string_literal(str(partial))} "
+                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+    private_files(partial)
+    fsync_path(partial)
+    os.replace(partial, path)
+    fsync_path(path.parent)
+    return path.stat().st_size
+
+
+def _name(first_id: int, last_id: int) -> str:
+    return f"{first_id:015d}-{last_id:015d}-{os.urandom(3).hex()}.parquet"
+
+
+def seal(cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
+    """Move the hot table's committed rows into a new segment; None when it holds none. The caller holds
+    the storage lock, so no deletion runs meanwhile; the writer goes on appending (ids past these: one
+    writer commits ids in ascending order)."""
+    first, last, rows = one(cur.execute(f"SELECT min(id), max(id), count(*) FROM {HOT_TIMESTEPS}"))
+    if not rows:
+        return None
+    name = _name(first, last)
+    path = folder(data_dir_of(cur)) / name
+    size = _write(cur, f"SELECT * FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}", path)
+    try:
+        with transaction(cur):
+            moved = one_int(cur.execute(f"DELETE FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}"))
+            if moved != rows:
+                raise RuntimeError(f"sealing timesteps {first}..{last}: {moved} rows left the hot table where "
+                                   f"{rows} were written; nothing moved")
+            cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                        [name, first, last, rows, size])
+            refresh_view(cur)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return {"segment": name, "rows": rows, "bytes": size}
+
+
+def delete_rows(cur: duckdb.DuckDBPyConnection, where: str, args: list[Any], *, erase: bool) -> int:
+    """Delete the timesteps matching `where` (over the alias `t`), within the caller's transaction: the hot
+    table's now, the segments' listed. `erase`: the rows' text must leave the files (a session's deletion),
+    so the next erase pass rewrites their segments. Returns the rows deleted."""
+    deleted = one_int(cur.execute(f"DELETE FROM {HOT_TIMESTEPS} t WHERE {where}", args))
+    segments = listed(cur)
+    if not segments:
+        return deleted
+    source = (f"read_parquet({_paths(cur, [s.name for s in segments])}, filename = true) t "
+              f"WHERE ({where})")
+    if erase:  # rows compression listed before now belong to a deletion too
+        cur.execute(f"UPDATE segment_deletes SET erase = true WHERE NOT erase AND id IN (SELECT t.id FROM {source})",
+                    args)
+    return deleted + one_int(cur.execute(
+        f"INSERT INTO segment_deletes SELECT t.id, parse_filename(t.filename), {erase} FROM {source} "
+        "AND t.id NOT IN (SELECT id FROM segment_deletes)", args))
+
+
+def due(cur: duckdb.DuckDBPyConnection, *, erase_only: bool) -> list[Segment]:
+    """The segments to rewrite: those holding an erased row, and (unless `erase_only`) those half deleted."""
+    rows = cur.execute("""SELECT s.name, s.first_id, s.last_id, s.rows FROM segments s
+        JOIN segment_deletes d ON d.segment = s.name GROUP BY ALL
+        HAVING bool_or(d.erase) OR (NOT ? AND count(*) * 2 >= s.rows) ORDER BY s.first_id""", [erase_only])
+    return [Segment(*row) for row in rows.fetchall()]
+
+
+def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment) -> Path | None:
+    """Rewrite one segment without its listed rows and swap it in the manifest; returns the old file, to
+    `retire` once no query can still be reading it (None: the segment changed meanwhile, left as it is)."""
+    if cur.execute("SELECT 1 FROM segments WHERE name = ?", [segment.name]).fetchone() is None:
+        return None  # rewritten since it was found due
+    gone = one_int(cur.execute("SELECT count(*) FROM segment_deletes WHERE segment = ?", [segment.name]))
+    here = folder(data_dir_of(cur))
+    old = here / segment.name
+    left = segment.rows - gone
+    name = _name(segment.first_id, segment.last_id)
+    size = 0
+    if left > 0:
+        size = _write(cur, f"SELECT * FROM read_parquet({string_literal(str(old))}) WHERE id NOT IN "
+                           f"(SELECT id FROM segment_deletes WHERE segment = {string_literal(segment.name)})",
+                      here / name)
+    with transaction(cur):
+        if one_int(cur.execute("SELECT count(*) FROM segment_deletes WHERE segment = ?", [segment.name])) != gone:
+            (here / name).unlink(missing_ok=True)
+            return None
+        cur.execute("DELETE FROM segment_deletes WHERE segment = ?", [segment.name])
+        if left > 0:
+            cur.execute("UPDATE segments SET name = ?, rows = ?, bytes = ? WHERE name = ?",
+                        [name, left, size, segment.name])
+        else:
+            cur.execute("DELETE FROM segments WHERE name = ?", [segment.name])
+        refresh_view(cur)
+    return old
+
+
+def retire(paths: list[Path]) -> None:
+    """Unlink files a rewrite replaced, once a query that bound them before has had time to open them."""
+    if not paths:
+        return
+    time.sleep(GRACE_S)
+    for path in paths:
+        path.unlink(missing_ok=True)
+    fsync_path(paths[0].parent)
+
+
+def link_into(cur: duckdb.DuckDBPyConnection, dest: Path) -> int:
+    """The listed segments into the data dir `dest` (hard links: a segment is never changed in place; a
+    copy across disks); the caller holds the storage lock from the experience file's copy to here, so the
+    copy lists these files, and points the copy's view at them (`refresh_view`). Returns the bytes."""
+    segments = listed(cur)
+    total = 0
+    if segments:
+        private_dir(folder(dest))
+    for segment in segments:
+        source, target = folder(data_dir_of(cur)) / segment.name, folder(dest) / segment.name
+        try:
+            os.link(source, target)
+        except OSError:  # another file system
+            shutil.copyfile(source, target)
+            private_files(target)
+        total += target.stat().st_size
+    return total
+
+
+def usage(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """The segments' count, rows and bytes, and the rows listed as deleted in them."""
+    count, rows, size = one(cur.execute("SELECT count(*), coalesce(sum(rows), 0), coalesce(sum(bytes), 0) "
+                                        "FROM segments"))
+    return {"segments": int(count), "segment_rows": int(rows), "segment_bytes": int(size),
+            "segment_deleted_rows": one_int(cur.execute("SELECT count(*) FROM segment_deletes")),
+            "hot_rows": hot_rows(cur)}

@@ -1,0 +1,59 @@
+"""XDB's methods on its sealed segments (xdb/segments.py): the storage pass's seal and rewrites, and the
+live part of an erasure.
+
+Each step holds the storage lock (`_compress_lock`, which deletions and compression take) for one seal
+or one segment's rewrite, never the writer: recording goes on throughout. `XDB` (xdb/store.py) holds
+these methods with the rest of its interface.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from xdb import segments
+from xdb.interface import service
+
+
+class SegmentMethods:
+    """What these methods use of the XDB they are part of (set in XDB.__init__)."""
+
+    segment_rows: int
+    _compress_lock: threading.Lock
+    cursor: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
+
+    @service
+    def erase_pass(self) -> dict[str, Any]:
+        """Take every deleted session's timesteps out of the segment files: the hot table sealed (what is
+        in it then holds no deleted row), then each segment holding an erased row rewritten without it.
+        What is left of a deletion is in experience.duckdb's free blocks, which a vacuum clears."""
+        return self._rewrite_segments(erase_only=True, seal=True)
+
+    def _segment_pass(self) -> dict[str, Any]:
+        """The storage pass's part: the hot table sealed once it holds `segment_rows`, and the segments
+        that hold an erased row or are half deleted rewritten."""
+        with self.cursor() as cur:
+            due = segments.hot_rows(cur) >= self.segment_rows
+        return self._rewrite_segments(erase_only=False, seal=due)
+
+    def _rewrite_segments(self, *, erase_only: bool, seal: bool) -> dict[str, Any]:
+        sealed = None
+        if seal:
+            with self._compress_lock, self.cursor() as cur:
+                sealed = segments.seal(cur)
+        with self.cursor() as cur:
+            due = segments.due(cur, erase_only=erase_only)
+        old: list[Path] = []
+        for segment in due:
+            with self._compress_lock, self.cursor() as cur:
+                replaced = segments.rewrite(cur, segment)
+            if replaced is not None:
+                old.append(replaced)
+        segments.retire(old)
+        with self.cursor() as cur:
+            return {"sealed": sealed, "rewritten": len(old), **segments.usage(cur)}
