@@ -111,3 +111,16 @@ def test_a_file_of_the_previous_schema_keeps_its_timesteps(tmp_path: Path) -> No
         say(xdb, "s", "after", 1)
         xdb.writer.flush(10)
         assert [r["tick"] for r in rows(xdb, "s")] == [0, 1]
+
+
+def test_adjacent_small_segments_merge_into_one_and_reads_go_on(tmp_path: Path) -> None:
+    with XDB.open(tmp_path / "x", XDBConfig(segment_rows=2)) as xdb:
+        reports = []
+        for n in range(segments.MERGE_FAN):
+            say(xdb, f"s{n}", "merged", 2)
+            xdb.writer.flush(10)
+            reports.append(xdb._segment_pass())
+        assert [r["merged"] for r in reports] == [0] * (segments.MERGE_FAN - 1) + [segments.MERGE_FAN]
+        assert reports[-1]["segments"] == 1 and reports[-1]["segment_rows"] == 2 * segments.MERGE_FAN
+        assert [len(rows(xdb, f"s{n}")) for n in range(segments.MERGE_FAN)] == [2] * segments.MERGE_FAN
+        assert len(list((tmp_path / "x" / "segments").iterdir())) == 1

@@ -24,6 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ SEGMENTS_DIR = "segments"
 # An old file outlives its rewrite this long before it is unlinked: a query that bound the view before the
 # swap still opens it.
 GRACE_S = 2.0
+# Merging (`merge_due`): this many adjacent segments of a tier become one of the next, up to this many tiers
+# above a sealed segment's size (a million rows sealed: 4M, 16M, 64M; ~50 files at a billion rows).
+MERGE_FAN = 4
+MERGE_TIERS = 3
 # Parquet row groups: a session's rows in a sorted segment span one or two, and a lookup reads those.
 ROW_GROUP_ROWS = 32_768
 
@@ -114,10 +119,11 @@ def _name(first_id: int, last_id: int) -> str:
     return f"{first_id:015d}-{last_id:015d}-{os.urandom(3).hex()}.parquet"
 
 
-def seal(cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
-    """Move the hot table's committed rows into a new segment; None when it holds none. The caller holds
-    the storage lock, so no deletion runs meanwhile; the writer goes on appending (ids past these: one
-    writer commits ids in ascending order)."""
+def seal(cur: duckdb.DuckDBPyConnection, lock: AbstractContextManager[Any] = nullcontext()) -> dict[str, Any] | None:
+    """Move the hot table's committed rows into a new segment; None when it holds none (or a deletion
+    took some of them while the file was written: the next pass seals them). `lock` is the one deletions
+    hold, taken for the swap alone; the writer goes on appending (ids past these: one writer commits ids
+    in ascending order)."""
     first, last, rows = one(cur.execute(f"SELECT min(id), max(id), count(*) FROM {HOT_TIMESTEPS}"))
     if not rows:
         return None
@@ -125,11 +131,12 @@ def seal(cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
     path = folder(data_dir_of(cur)) / name
     size = _write(cur, f"SELECT * FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}", path)
     try:
-        with transaction(cur):
-            moved = one_int(cur.execute(f"DELETE FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}"))
-            if moved != rows:
-                raise RuntimeError(f"sealing timesteps {first}..{last}: {moved} rows left the hot table where "
-                                   f"{rows} were written; nothing moved")
+        with lock, transaction(cur):
+            if one_int(cur.execute(f"SELECT count(*) FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}")) \
+                    != rows:
+                path.unlink()
+                return None
+            cur.execute(f"DELETE FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}")
             cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
                         [name, first, last, rows, size])
             refresh_view(cur)
@@ -165,8 +172,10 @@ def due(cur: duckdb.DuckDBPyConnection, *, erase_only: bool) -> list[Segment]:
     return [Segment(*row) for row in rows.fetchall()]
 
 
-def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment) -> Path | None:
-    """Rewrite one segment without its listed rows and swap it in the manifest; returns the old file, to
+def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment,
+            lock: AbstractContextManager[Any] = nullcontext()) -> Path | None:
+    """Rewrite one segment without its listed rows and swap it in the manifest (under `lock`, the one
+    deletions hold: one listing rows of it meanwhile could not be missed); returns the old file, to
     `retire` once no query can still be reading it (None: the segment changed meanwhile, left as it is)."""
     if cur.execute("SELECT 1 FROM segments WHERE name = ?", [segment.name]).fetchone() is None:
         return None  # rewritten since it was found due
@@ -180,7 +189,7 @@ def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment) -> Path | None:
         size = _write(cur, f"SELECT * FROM read_parquet({string_literal(str(old))}) WHERE id NOT IN "
                            f"(SELECT id FROM segment_deletes WHERE segment = {string_literal(segment.name)})",
                       here / name)
-    with transaction(cur):
+    with lock, transaction(cur):
         if one_int(cur.execute("SELECT count(*) FROM segment_deletes WHERE segment = ?", [segment.name])) != gone:
             (here / name).unlink(missing_ok=True)
             return None
@@ -192,6 +201,55 @@ def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment) -> Path | None:
             cur.execute("DELETE FROM segments WHERE name = ?", [segment.name])
         refresh_view(cur)
     return old
+
+
+def merge_due(cur: duckdb.DuckDBPyConnection, base_rows: int) -> list[Segment]:
+    """The first MERGE_FAN adjacent segments of one size tier below the last, if any: segments stay few
+    (a read binds every file) and grow by tiers, as a log-structured merge tree's do, up to
+    `base_rows * MERGE_FAN ** MERGE_TIERS` rows, a size one rewrite takes seconds over."""
+    run: list[Segment] = []
+    for segment in listed(cur):
+        tier = _tier(segment.rows, base_rows)
+        if tier >= MERGE_TIERS or (run and _tier(run[0].rows, base_rows) != tier):
+            run = []
+        if tier < MERGE_TIERS:
+            run.append(segment)
+        if len(run) == MERGE_FAN:
+            return run
+    return []
+
+
+def _tier(rows: int, base_rows: int) -> int:
+    tier = 0
+    while rows >= base_rows * MERGE_FAN ** (tier + 1) and tier < MERGE_TIERS:
+        tier += 1
+    return tier
+
+
+def merge(cur: duckdb.DuckDBPyConnection, run: list[Segment],
+          lock: AbstractContextManager[Any] = nullcontext()) -> list[Path]:
+    """Merge adjacent segments into one, their listed rows left out, swapped in under `lock` (as
+    `rewrite`); returns the old files to `retire` ([]: one of them changed meanwhile, nothing merged)."""
+    here = folder(data_dir_of(cur))
+    names = [s.name for s in run]
+    marks = ", ".join("?" * len(names))
+    gone = one_int(cur.execute(f"SELECT count(*) FROM segment_deletes WHERE segment IN ({marks})", names))
+    name = _name(run[0].first_id, run[-1].last_id)
+    size = _write(cur, f"SELECT * FROM read_parquet({_paths(cur, names)}) WHERE id NOT IN "
+                       f"(SELECT id FROM segment_deletes WHERE segment IN ({', '.join(map(string_literal, names))}))",
+                  here / name)
+    with lock, transaction(cur):
+        still = one_int(cur.execute(f"SELECT count(*) FROM segments WHERE name IN ({marks})", names))
+        if still != len(names) or one_int(cur.execute(
+                f"SELECT count(*) FROM segment_deletes WHERE segment IN ({marks})", names)) != gone:
+            (here / name).unlink(missing_ok=True)
+            return []
+        cur.execute(f"DELETE FROM segment_deletes WHERE segment IN ({marks})", names)
+        cur.execute(f"DELETE FROM segments WHERE name IN ({marks})", names)
+        cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                    [name, run[0].first_id, run[-1].last_id, sum(s.rows for s in run) - gone, size])
+        refresh_view(cur)
+    return [here / n for n in names]
 
 
 def retire(paths: list[Path]) -> None:

@@ -1,8 +1,9 @@
 """XDB's methods on its sealed segments (xdb/segments.py): the storage pass's seal and rewrites, and the
 live part of an erasure.
 
-Each step holds the storage lock (`_compress_lock`, which deletions and compression take) for one seal
-or one segment's rewrite, never the writer: recording goes on throughout. `XDB` (xdb/store.py) holds
+A file is written holding nothing; the storage lock (`_compress_lock`, which deletions and compression
+take) is held only for the transaction that swaps it into the manifest, and the writer never waits:
+recording goes on throughout. `XDB` (xdb/store.py) holds
 these methods with the rest of its interface.
 """
 
@@ -35,23 +36,36 @@ class SegmentMethods:
         return self._rewrite_segments(erase_only=True, seal=True)
 
     def _segment_pass(self) -> dict[str, Any]:
-        """The storage pass's part: the hot table sealed once it holds `segment_rows`, and the segments
-        that hold an erased row or are half deleted rewritten."""
+        """The storage pass's part: the hot table sealed once it holds `segment_rows`, the segments that
+        hold an erased row or are half deleted rewritten, and adjacent small ones merged."""
         with self.cursor() as cur:
             due = segments.hot_rows(cur) >= self.segment_rows
-        return self._rewrite_segments(erase_only=False, seal=due)
+        report = self._rewrite_segments(erase_only=False, seal=due)
+        merged = 0
+        while True:
+            with self.cursor() as cur:
+                run = segments.merge_due(cur, self.segment_rows)
+                old = segments.merge(cur, run, self._compress_lock) if run else []
+            if not old:
+                break
+            segments.retire(old)
+            merged += len(old)
+        if merged:
+            with self.cursor() as cur:
+                report.update(segments.usage(cur))
+        return {**report, "merged": merged}
 
     def _rewrite_segments(self, *, erase_only: bool, seal: bool) -> dict[str, Any]:
         sealed = None
         if seal:
-            with self._compress_lock, self.cursor() as cur:
-                sealed = segments.seal(cur)
+            with self.cursor() as cur:
+                sealed = segments.seal(cur, self._compress_lock)
         with self.cursor() as cur:
             due = segments.due(cur, erase_only=erase_only)
         old: list[Path] = []
         for segment in due:
-            with self._compress_lock, self.cursor() as cur:
-                replaced = segments.rewrite(cur, segment)
+            with self.cursor() as cur:
+                replaced = segments.rewrite(cur, segment, self._compress_lock)
             if replaced is not None:
                 old.append(replaced)
         segments.retire(old)
