@@ -56,12 +56,12 @@ def test_compression_deletes_wait_until_half_a_segment_is_deleted(tmp_path: Path
         xdb.writer.flush(10)
         assert xdb._segment_pass()["sealed"]["rows"] == 8
         with xdb.cursor() as cur:
-            assert segments.delete_rows(cur, "t.session_id = ?", ["a"], erase=False) == 2
+            assert segments.delete_rows(cur, "a", "t.session_id = ?", ["a"], erase=False) == 2
         report = xdb._segment_pass()
         assert report["rewritten"] == 0 and report["segment_deleted_rows"] == 2 and report["segment_rows"] == 8
         assert rows(xdb, "a") == [] and len(rows(xdb, "b")) == 2
         with xdb.cursor() as cur:
-            assert segments.delete_rows(cur, "t.session_id = ?", ["b"], erase=False) == 2
+            assert segments.delete_rows(cur, "b", "t.session_id = ?", ["b"], erase=False) == 2
         report = xdb._segment_pass()
         assert report["rewritten"] == 1 and report["segment_deleted_rows"] == 0 and report["segment_rows"] == 4
         assert [len(rows(xdb, s)) for s in "abcd"] == [0, 0, 2, 2]

@@ -129,7 +129,7 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
             for where, args, record in records:
                 new_id = _insert_record(cur, record)
                 # DuckDB answers a DELETE with the number of rows it removed.
-                deleted = segments.delete_rows(cur, where, args, erase=False)
+                deleted = segments.delete_rows(cur, args[0], where, args, erase=False)
                 if audit is not None:
                     session_id, request_id, lo, hi = args
                     audit("compress_timesteps", {"session_id": session_id, "request_id": request_id,

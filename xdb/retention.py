@@ -112,10 +112,11 @@ def _through(table: str, erasure: Erasure | None) -> str:
 
 
 def _delete(cur: duckdb.DuckDBPyConnection, table: str, where: str, args: list[Any]) -> int:
-    """A session's rows of `table` matching `where` (over the alias `t`), in the caller's transaction; its
-    timesteps' text leaves their segments at the next erase pass (xdb/segments.py)."""
+    """A session's rows of `table` matching `where` (over the alias `t`, the session its first argument),
+    in the caller's transaction; its timesteps' text leaves their segments at the next erase pass
+    (xdb/segments.py)."""
     if table == TIMESTEPS:
-        return segments.delete_rows(cur, where, args, erase=True)
+        return segments.delete_rows(cur, str(args[0]), where, args, erase=True)
     return one_int(cur.execute(f"DELETE FROM {table} t WHERE {where}", args))
 
 

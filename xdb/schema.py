@@ -163,6 +163,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # A segment's rows deleted since it was written; `erase`: a session's deletion, whose text must
         # leave the file.
         "CREATE TABLE segment_deletes (id BIGINT NOT NULL, segment VARCHAR NOT NULL, erase BOOLEAN NOT NULL)",
+        # The sessions each segment holds rows of: a session's deletion reads only those segments.
+        "CREATE TABLE segment_sessions (segment VARCHAR NOT NULL, session_id VARCHAR NOT NULL)",
         f"CREATE VIEW timesteps AS SELECT * FROM {HOT_TIMESTEPS}",
     ]),
 ]

@@ -2,10 +2,10 @@
 
 Every new timestep goes into `timesteps_hot` in experience.duckdb (one transaction a writer batch). The
 storage pass seals what that table holds, once it holds `xdb.segment_rows`, into a segment: one Parquet
-file of an id range under DATA_DIR/segments/, never changed in place, its rows sorted by session so a
-session's rows are a few row groups (Parquet's statistics skip the rest), listed in `segments`. Every
-read goes through the view `timesteps`: the hot table and the segments, less the segment rows listed in
-`segment_deletes`.
+file of an id range under DATA_DIR/segments/, never changed in place, its rows in id order as the hot
+table's are (recall scans in id windows, xdb/recall.py: Parquet's row group statistics skip the rest),
+listed in `segments`. Every read goes through the view `timesteps`: the hot table and the segments, less
+the segment rows listed in `segment_deletes` (the view leaves that join out while none is).
 
 A deletion deletes the hot rows and lists the segment rows; nothing is rewritten then. A deleted
 session leaves the files in `erase_pass` (xdb/store_segments.py): the hot table is sealed, so
@@ -43,7 +43,7 @@ GRACE_S = 2.0
 # above a sealed segment's size (a million rows sealed: 4M, 16M, 64M; ~50 files at a billion rows).
 MERGE_FAN = 4
 MERGE_TIERS = 3
-# Parquet row groups: a session's rows in a sorted segment span one or two, and a lookup reads those.
+# Parquet row groups: an id window of recall's reads the few whose id range it meets.
 ROW_GROUP_ROWS = 32_768
 
 
@@ -80,8 +80,9 @@ def refresh_view(cur: duckdb.DuckDBPyConnection) -> None:
     names = [s.name for s in listed(cur)]
     body = f"SELECT * FROM {HOT_TIMESTEPS}"
     if names:
-        body += (f" UNION ALL SELECT s.* FROM read_parquet({_paths(cur, names)}) s "
-                 "ANTI JOIN segment_deletes d ON d.id = s.id")
+        body += f" UNION ALL SELECT s.* FROM read_parquet({_paths(cur, names)}) s"
+        if cur.execute("SELECT 1 FROM segment_deletes LIMIT 1").fetchone() is not None:
+            body += " ANTI JOIN segment_deletes d ON d.id = s.id"
     cur.execute(f"CREATE OR REPLACE VIEW timesteps AS {body}")
 
 
@@ -102,11 +103,11 @@ def hot_rows(cur: duckdb.DuckDBPyConnection) -> int:
 
 
 def _write(cur: duckdb.DuckDBPyConnection, query: str, path: Path) -> int:
-    """`query`'s rows, sorted by session, as the Parquet file `path` (written aside, fsynced, renamed);
+    """`query`'s rows, in id order, as the Parquet file `path` (written aside, fsynced, renamed);
     its bytes."""
     private_dir(path.parent)
     partial = path.with_name(f".{path.name}.partial")
-    cur.execute(f"COPY ({query} ORDER BY session_id, id) TO {string_literal(str(partial))} "
+    cur.execute(f"COPY ({query} ORDER BY id) TO {string_literal(str(partial))} "
                 f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
     private_files(partial)
     fsync_path(partial)
@@ -117,6 +118,21 @@ def _write(cur: duckdb.DuckDBPyConnection, query: str, path: Path) -> int:
 
 def _name(first_id: int, last_id: int) -> str:
     return f"{first_id:015d}-{last_id:015d}-{os.urandom(3).hex()}.parquet"
+
+
+def _list(cur: duckdb.DuckDBPyConnection, path: Path, first_id: int, last_id: int, rows: int) -> None:
+    """List a written segment, with the sessions it holds (a deletion reads only their segments)."""
+    cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                [path.name, first_id, last_id, rows, path.stat().st_size])
+    cur.execute(f"INSERT INTO segment_sessions SELECT DISTINCT ?, session_id FROM read_parquet("
+                f"{string_literal(str(path))})", [path.name])
+
+
+def _unlist(cur: duckdb.DuckDBPyConnection, names: list[str]) -> None:
+    marks = ", ".join("?" * len(names))
+    for table in ("segments", "segment_sessions"):
+        cur.execute(f"DELETE FROM {table} WHERE {'name' if table == 'segments' else 'segment'} IN ({marks})", names)
+    cur.execute(f"DELETE FROM segment_deletes WHERE segment IN ({marks})", names)
 
 
 def seal(cur: duckdb.DuckDBPyConnection, lock: AbstractContextManager[Any] = nullcontext()) -> dict[str, Any] | None:
@@ -137,8 +153,7 @@ def seal(cur: duckdb.DuckDBPyConnection, lock: AbstractContextManager[Any] = nul
                 path.unlink()
                 return None
             cur.execute(f"DELETE FROM {HOT_TIMESTEPS} WHERE id BETWEEN {first} AND {last}")
-            cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                        [name, first, last, rows, size])
+            _list(cur, path, first, last, rows)
             refresh_view(cur)
     except BaseException:
         path.unlink(missing_ok=True)
@@ -146,22 +161,39 @@ def seal(cur: duckdb.DuckDBPyConnection, lock: AbstractContextManager[Any] = nul
     return {"segment": name, "rows": rows, "bytes": size}
 
 
-def delete_rows(cur: duckdb.DuckDBPyConnection, where: str, args: list[Any], *, erase: bool) -> int:
-    """Delete the timesteps matching `where` (over the alias `t`), within the caller's transaction: the hot
-    table's now, the segments' listed. `erase`: the rows' text must leave the files (a session's deletion),
-    so the next erase pass rewrites their segments. Returns the rows deleted."""
+def add(cur: duckdb.DuckDBPyConnection, query: str) -> Segment:
+    """A segment of `query`'s rows (timesteps' columns, ids no listed segment or hot row holds), written
+    and listed as a seal lists one: how a history generated or imported elsewhere joins the file."""
+    first, last, rows = one(cur.execute(f"SELECT min(id), max(id), count(*) FROM ({query})"))
+    path = folder(data_dir_of(cur)) / _name(first, last)
+    _write(cur, query, path)
+    with transaction(cur):
+        _list(cur, path, first, last, rows)
+        refresh_view(cur)
+    return Segment(path.name, first, last, rows)
+
+
+def delete_rows(cur: duckdb.DuckDBPyConnection, session_id: str, where: str, args: list[Any], *,
+                erase: bool) -> int:
+    """Delete the timesteps of `session_id` matching `where` (over the alias `t`), within the caller's
+    transaction: the hot table's now, the segments' listed (only the segments holding the session are
+    read). `erase`: the rows' text must leave the files (a session's deletion), so the next erase pass
+    rewrites their segments. Returns the rows deleted."""
     deleted = one_int(cur.execute(f"DELETE FROM {HOT_TIMESTEPS} t WHERE {where}", args))
-    segments = listed(cur)
-    if not segments:
+    names = [name for (name,) in cur.execute("SELECT segment FROM segment_sessions WHERE session_id = ?",
+                                             [session_id]).fetchall()]
+    if not names:
         return deleted
-    source = (f"read_parquet({_paths(cur, [s.name for s in segments])}, filename = true) t "
-              f"WHERE ({where})")
+    source = f"read_parquet({_paths(cur, names)}, filename = true) t WHERE ({where})"
     if erase:  # rows compression listed before now belong to a deletion too
         cur.execute(f"UPDATE segment_deletes SET erase = true WHERE NOT erase AND id IN (SELECT t.id FROM {source})",
                     args)
-    return deleted + one_int(cur.execute(
+    listed_now = one_int(cur.execute(
         f"INSERT INTO segment_deletes SELECT t.id, parse_filename(t.filename), {erase} FROM {source} "
         "AND t.id NOT IN (SELECT id FROM segment_deletes)", args))
+    if listed_now:
+        refresh_view(cur)  # the view leaves listed rows out from this transaction on
+    return deleted + listed_now
 
 
 def due(cur: duckdb.DuckDBPyConnection, *, erase_only: bool) -> list[Segment]:
@@ -183,22 +215,17 @@ def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment,
     here = folder(data_dir_of(cur))
     old = here / segment.name
     left = segment.rows - gone
-    name = _name(segment.first_id, segment.last_id)
-    size = 0
+    path = here / _name(segment.first_id, segment.last_id)
     if left > 0:
-        size = _write(cur, f"SELECT * FROM read_parquet({string_literal(str(old))}) WHERE id NOT IN "
-                           f"(SELECT id FROM segment_deletes WHERE segment = {string_literal(segment.name)})",
-                      here / name)
+        _write(cur, f"SELECT * FROM read_parquet({string_literal(str(old))}) WHERE id NOT IN "
+                    f"(SELECT id FROM segment_deletes WHERE segment = {string_literal(segment.name)})", path)
     with lock, transaction(cur):
         if one_int(cur.execute("SELECT count(*) FROM segment_deletes WHERE segment = ?", [segment.name])) != gone:
-            (here / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             return None
-        cur.execute("DELETE FROM segment_deletes WHERE segment = ?", [segment.name])
+        _unlist(cur, [segment.name])
         if left > 0:
-            cur.execute("UPDATE segments SET name = ?, rows = ?, bytes = ? WHERE name = ?",
-                        [name, left, size, segment.name])
-        else:
-            cur.execute("DELETE FROM segments WHERE name = ?", [segment.name])
+            _list(cur, path, segment.first_id, segment.last_id, left)
         refresh_view(cur)
     return old
 
@@ -234,29 +261,27 @@ def merge(cur: duckdb.DuckDBPyConnection, run: list[Segment],
     names = [s.name for s in run]
     marks = ", ".join("?" * len(names))
     gone = one_int(cur.execute(f"SELECT count(*) FROM segment_deletes WHERE segment IN ({marks})", names))
-    name = _name(run[0].first_id, run[-1].last_id)
-    size = _write(cur, f"SELECT * FROM read_parquet({_paths(cur, names)}) WHERE id NOT IN "
-                       f"(SELECT id FROM segment_deletes WHERE segment IN ({', '.join(map(string_literal, names))}))",
-                  here / name)
+    path = here / _name(run[0].first_id, run[-1].last_id)
+    _write(cur, f"SELECT * FROM read_parquet({_paths(cur, names)}) WHERE id NOT IN "
+                f"(SELECT id FROM segment_deletes WHERE segment IN ({', '.join(map(string_literal, names))}))", path)
     with lock, transaction(cur):
         still = one_int(cur.execute(f"SELECT count(*) FROM segments WHERE name IN ({marks})", names))
         if still != len(names) or one_int(cur.execute(
                 f"SELECT count(*) FROM segment_deletes WHERE segment IN ({marks})", names)) != gone:
-            (here / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             return []
-        cur.execute(f"DELETE FROM segment_deletes WHERE segment IN ({marks})", names)
-        cur.execute(f"DELETE FROM segments WHERE name IN ({marks})", names)
-        cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                    [name, run[0].first_id, run[-1].last_id, sum(s.rows for s in run) - gone, size])
+        _unlist(cur, names)
+        _list(cur, path, run[0].first_id, run[-1].last_id, sum(s.rows for s in run) - gone)
         refresh_view(cur)
     return [here / n for n in names]
 
 
-def retire(paths: list[Path]) -> None:
-    """Unlink files a rewrite replaced, once a query that bound them before has had time to open them."""
+def retire(paths: list[Path], since: float | None = None) -> None:
+    """Unlink files a rewrite replaced (at `since`, time.monotonic(); default now), once a query that
+    bound them before has had time to open them."""
     if not paths:
         return
-    time.sleep(GRACE_S)
+    time.sleep(max(GRACE_S - (time.monotonic() - (time.monotonic() if since is None else since)), 0.0))
     for path in paths:
         path.unlink(missing_ok=True)
     fsync_path(paths[0].parent)

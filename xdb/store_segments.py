@@ -10,6 +10,7 @@ these methods with the rest of its interface.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -62,12 +63,16 @@ class SegmentMethods:
                 sealed = segments.seal(cur, self._compress_lock)
         with self.cursor() as cur:
             due = segments.due(cur, erase_only=erase_only)
-        old: list[Path] = []
+        rewritten, pending = 0, list[tuple[Path, float]]()
         for segment in due:
             with self.cursor() as cur:
                 replaced = segments.rewrite(cur, segment, self._compress_lock)
-            if replaced is not None:
-                old.append(replaced)
-        segments.retire(old)
+            if replaced is not None:  # each old file goes once the next is written: the disk holds one more
+                rewritten += 1
+                for path, since in pending:
+                    segments.retire([path], since)
+                pending = [(replaced, time.monotonic())]
+        for path, since in pending:
+            segments.retire([path], since)
         with self.cursor() as cur:
-            return {"sealed": sealed, "rewritten": len(old), **segments.usage(cur)}
+            return {"sealed": sealed, "rewritten": rewritten, **segments.usage(cur)}

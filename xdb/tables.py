@@ -106,10 +106,11 @@ TABLES: tuple[Table, ...] = (
     Table("meta_knowledge", RUN, "created_at", export=True, sequence="knowledge_ids",
           sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
     Table("xdb_meta"),
-    # The sealed segments of `timesteps` and their rows deleted since (xdb/segments.py): the file's
+    # The sealed segments of `timesteps`, their rows deleted since and their sessions (xdb/segments.py): the file's
     # bookkeeping, as xdb_meta.
     Table("segments"),
     Table("segment_deletes"),
+    Table("segment_sessions"),
     # Shipped after the tables it deletes from: the lake's deletion then takes the rows of the same ship.
     Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=LakeShipping("seq")),
     Table("applied_tombstones"),
