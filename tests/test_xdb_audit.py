@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, chain, checkpoint_hash
+from xdb.audit_chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, checkpoint_hash, stamp
 from xdb.owner import EVERY
 from xdb.runs import log_interaction, purge_run, save_meta_knowledge
 from xdb.tags import set_bud_status
@@ -158,11 +158,11 @@ def recompute_chain(data_dir: Path) -> None:
     file is consistent with itself again."""
     con = duckdb.connect(str(data_dir / "audit" / "audit.duckdb"))
     records = con.execute(f"SELECT {', '.join(RECORD_COLUMNS)} FROM audit_records ORDER BY seq").to_arrow_table()
-    hashes = chain(GENESIS, records)
-    prevs = [GENESIS, *hashes[:-1]]
-    con.register("fixed", pa.table({"seq": records.column("seq"), "p": pa.array(prevs, pa.binary()),
+    ends = [end for (end,) in con.execute("SELECT seq_end FROM audit_checkpoints ORDER BY seq_end").fetchall()]
+    leaves, hashes = stamp(GENESIS, records, ends)  # batch by batch, as the writer chains them
+    con.register("fixed", pa.table({"seq": records.column("seq"), "l": pa.array(leaves, pa.int32()),
                                     "h": pa.array(hashes, pa.binary())}))
-    con.execute("UPDATE audit_records SET prev_hash = fixed.p, record_hash = fixed.h FROM fixed "
+    con.execute("UPDATE audit_records SET leaf = fixed.l, record_hash = fixed.h FROM fixed "
                 "WHERE audit_records.seq = fixed.seq")
     prev = GENESIS
     for start, end, count, chead in con.execute("SELECT seq_start, seq_end, concept_count, concepts_head "

@@ -582,7 +582,7 @@ def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(l
                                                                                tmp_path: Path) -> None:
     """Recomputed from genesis, an edited lake chain whose every hash was recomputed too verifies; the
     replica's own anchored head (its data dir's audit.head, out of the lake's reach) catches it."""
-    from xdb.audit_chain import GENESIS, RECORD_COLUMNS, chain
+    from xdb.audit_chain import GENESIS, RECORD_COLUMNS, stamp
     from xdb.schema import TOP_K
 
     with XDB.open(tmp_path / "a", config(lake, "A")) as a:
@@ -597,11 +597,13 @@ def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(l
     cols = ", ".join(f"CAST({c} AS {'INTEGER' if c == 'concept_ids' else 'FLOAT'}[{TOP_K}]) AS {c}"
                      if c in ("concept_ids", "concept_values") else c for c in RECORD_COLUMNS)
     conn = _observers[lake.catalog]
-    rows = conn.execute(f"SELECT {cols} FROM lake.audit_records WHERE replica = 'A' ORDER BY seq").to_arrow_table()
-    hashes = chain(GENESIS, rows)
-    for seq, prev, digest in zip(rows.column("seq").to_pylist(), [GENESIS, *hashes[:-1]], hashes):
-        conn.execute("UPDATE lake.audit_records SET prev_hash = ?, record_hash = ? WHERE replica = 'A' AND seq = ?",
-                     [prev, digest, seq])
+    rows = conn.execute(f"SELECT {cols}, record_hash FROM lake.audit_records WHERE replica = 'A' ORDER BY seq"
+                        ).to_arrow_table()
+    ends = [seq for seq, h in zip(rows.column("seq").to_pylist(), rows.column("record_hash").to_pylist()) if h]
+    leaves, hashes = stamp(GENESIS, rows, ends)  # batch by batch, as the writer chains them
+    for seq, leaf, digest in zip(rows.column("seq").to_pylist(), leaves.tolist(), hashes):
+        conn.execute("UPDATE lake.audit_records SET leaf = ?, record_hash = ? WHERE replica = 'A' AND seq = ?",
+                     [leaf, digest, seq])
     unanchored = CliRunner().invoke(xdb_cli, ["verify-audit", "--lake-catalog", lake.catalog])
     assert unanchored.exit_code == 0 and "unanchored" in unanchored.output  # the rewrite passes on its own
     result = CliRunner().invoke(xdb_cli, anchored)

@@ -58,12 +58,12 @@ from xdb.audit_chain import (
     EVENT_TYPE,
     GENESIS,
     HEAD_FILE,
-    RECORD_COLUMNS,
-    chain,
     checkpoint_hash,
     concept_hash,
     cut_torn_line,
     read_heads,
+    stamp,
+    stored_records,
 )
 from xdb.audit_keys import KEYS_FILE, SessionKeys
 from xdb.audit_seal import Payload, open_blobs, open_sealed, seal, seal_batch
@@ -124,6 +124,10 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     # `seal_batch`), from the seq marked here on (the log's next one); records before it stay as they were.
     (5, ["INSERT OR REPLACE INTO audit_meta SELECT 'batch_sealed_from', CAST(coalesce(max(seq) + 1, 0) AS VARCHAR) "
          "FROM audit_records"]),
+    # Version 6 chains a batch at a time (xdb/audit_chain.py): a record stores a 4-byte leaf, only a
+    # batch's last one its head; records stored before (leaf null) keep their own hashes and verify so.
+    (6, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS leaf INTEGER",
+         "ALTER TABLE audit_records ALTER COLUMN record_hash DROP NOT NULL"]),
 ]
 
 
@@ -150,15 +154,6 @@ class PreparedBatch:
     checkpoint: bytes
     concept_count: int
     concepts_head: bytes
-
-
-def stored_records(records: pa.Table) -> pa.Table:
-    """A prepared batch's records as `audit_records` holds them, column for column in its order: the
-    record columns, prev_hash (no longer stored: null), record_hash, key_id and sealed."""
-    fields = [c for c in RECORD_COLUMNS if c not in ("key_id", "sealed")]
-    out = records.select(fields).append_column("prev_hash", pa.nulls(records.num_rows, pa.binary()))
-    return out.append_column("record_hash", records.column("record_hash")).append_column(
-        "key_id", records.column("key_id")).append_column("sealed", records.column("sealed"))
 
 
 def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
@@ -303,7 +298,8 @@ class AuditLog:
 
     def records(self, session_id: str | None, event_type: str | None, since: datetime | None,
                 until: datetime | None, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        """Committed records in chain order, filtered (see XDB.audit_records); each with its hash."""
+        """Committed records in chain order, filtered (see XDB.audit_records); each with its record_hash (from
+        schema version 6 on the batch's head in a batch's last record, null in the others)."""
         where, args = ["seq > ?"], list[Any]([after_seq])
         for clause, value in (("session_id = ?", session_id), ("event_type = ?", event_type),
                               ("created_at >= ?", since), ("created_at < ?", until)):
@@ -318,7 +314,7 @@ class AuditLog:
         out = []
         for row, payload in zip(table.drop_columns(["key_id", "sealed"]).to_pylist(), opened):
             row["created_at"] = row["created_at"].isoformat() + "Z"
-            row["record_hash"] = row["record_hash"].hex()
+            row["record_hash"] = None if row["record_hash"] is None else row["record_hash"].hex()
             row["erased"] = payload is False
             if isinstance(payload, tuple):
                 row["token_id"], row["content"], row["metadata"], _ = payload
@@ -434,20 +430,23 @@ class AuditLog:
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
         sealing = seal_batch if self.batch_sealed_from is not None and self.next_seq >= self.batch_sealed_from else seal
         records = sealing(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE)
-        hashes = chain(self.head, records)
-        records = records.append_column("record_hash", pa.array(hashes, pa.binary()))
+        end = self.next_seq + n - 1
+        leaf, hashes = stamp(self.head, records, [end])
+        records = records.append_column("record_hash", pa.array(hashes, pa.binary())).append_column(
+            "leaf", pa.array(leaf, pa.int32()))
+        head = hashes[-1]
+        assert head is not None
         concept_rows, concepts_head = [], self.concepts_head
         for cid, name in new_concepts:
             h = concept_hash(concepts_head, cid, name)
             concept_rows.append((cid, name, concepts_head, h))
             concepts_head = h
         concept_count = self.concept_count + len(new_concepts)
-        ckpt = checkpoint_hash(self.checkpoint_head, self.next_seq, self.next_seq + n - 1, hashes[-1],
-                               concept_count, concepts_head)
-        prepared = PreparedBatch(records, concept_rows, self.next_seq, self.next_seq + n - 1, hashes[-1],
-                                 self.checkpoint_head, ckpt, concept_count, concepts_head)
+        ckpt = checkpoint_hash(self.checkpoint_head, self.next_seq, end, head, concept_count, concepts_head)
+        prepared = PreparedBatch(records, concept_rows, self.next_seq, end, head, self.checkpoint_head, ckpt,
+                                 concept_count, concepts_head)
         self.next_seq += n
-        self.head, self.checkpoint_head = hashes[-1], ckpt
+        self.head, self.checkpoint_head = head, ckpt
         self.concept_count, self.concepts_head = concept_count, concepts_head
         return prepared
 

@@ -3,22 +3,38 @@ its head is written outside the log. xdb/audit.py writes the chain, xdb/audit_ve
 lake's copy of every replica's chain is checked with the same steps (xdb/lake_reads.py).
 
 Each record is one timestep with ALL its fields (ids, tick, content, activations, steering, ...; a
-session's content sealed under its key, xdb/audit_seal.py):
+session's content sealed under its key, xdb/audit_seal.py), laid out as canonical bytes (xdb/canonical.py,
+seq included) for a whole batch at once, so only the hash steps run per record in Python.
+
+From schema version 6 on, the chain moves a committed batch (records seq a..b) at a time:
+    leaf_i = SHA-256(canonical bytes of record i)
+    head_b = SHA-256(head_before || "batch" || int64 a || int64 b || leaf_a || ... || leaf_b)
+(int64s little-endian). A record stores the first 4 bytes of its leaf (`leaf`, a little-endian int32) and
+the batch's last record the batch's head (`record_hash`, null in the others). The head carries the
+integrity: it is recomputed from the records' full leaves, never from the stored short ones, which only
+tell which record of a batch whose head fails was changed (an edit that kept its 4 bytes, a chance of
+2^-32, is still caught by the head, named by its batch). A short leaf is no weaker a pointer than a
+longer one would be: whoever can edit a record can rewrite its stored leaf too. 4 bytes a record stand
+where a 32-byte hash a record (~36 bytes on disk) stood.
+
+Records written before (`leaf` null) were chained one at a time, and still verify so:
     record_hash_i = SHA-256(record_hash_{i-1} || canonical bytes of record i),  record_hash_{-1} = 0^32
-The canonical bytes (xdb/canonical.py, seq included) are laid out for a whole batch at once, so only
-the hash step itself runs per record in Python. Concept names form a chain of their own, and every
-committed batch adds a checkpoint (the chain head after it, itself chained).
+A batch chains onto whichever came before it: the last record's hash, or the last batch's head.
+Concept names form a chain of their own, and every committed batch adds a checkpoint (the chain head
+after it, itself chained).
 
 The head file, `audit.head` beside the log, holds one line `SEQ HASH` per commit: the last record's
-seq and its record hash in hex.
+seq and the chain's head there (its `record_hash`) in hex.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from xdb.canonical import canonical_array
@@ -46,6 +62,52 @@ def chain(prev: bytes, records: pa.Table, k: int = TOP_K) -> list[bytes]:
         h = sha(h + record).digest()
         append(h)
     return out
+
+
+def stored_records(records: pa.Table) -> pa.Table:
+    """A prepared batch's records as `audit_records` holds them, column for column in its order: the
+    record columns, prev_hash (no longer stored: null), record_hash (the batch's head, in its last record),
+    key_id, sealed and leaf."""
+    fields = [c for c in RECORD_COLUMNS if c not in ("key_id", "sealed")]
+    out = records.select(fields).append_column("prev_hash", pa.nulls(records.num_rows, pa.binary()))
+    return out.append_column("record_hash", records.column("record_hash")).append_column(
+        "key_id", records.column("key_id")).append_column("sealed", records.column("sealed")).append_column(
+        "leaf", records.column("leaf"))
+
+
+def leaves(records: pa.Table, k: int = TOP_K) -> list[bytes]:
+    """Every record's full leaf hash, SHA-256 of its canonical bytes."""
+    sha = hashlib.sha256
+    return [sha(record).digest() for record in canonical_array(records, k).to_pylist()]
+
+
+def short_leaves(full: list[bytes]) -> np.ndarray:
+    """The stored part of each leaf: its first 4 bytes as a little-endian int32."""
+    if not full:
+        return np.zeros(0, dtype=np.int32)
+    out: np.ndarray = np.frombuffer(b"".join(full), dtype="<i4").reshape(len(full), 8)[:, 0].astype(np.int32)
+    return out
+
+
+def batch_head(prev: bytes, seq_start: int, seq_end: int, full: list[bytes]) -> bytes:
+    """The chain's head after the batch of records seq_start..seq_end with leaves `full`."""
+    return hashlib.sha256(prev + b"batch" + struct.pack("<qq", seq_start, seq_end) + b"".join(full)).digest()
+
+
+def stamp(prev: bytes, records: pa.Table, ends: list[int], k: int = TOP_K) -> tuple[np.ndarray, list[bytes | None]]:
+    """The stored hash columns of a run of records chained onto `prev` in batches ending at the seqs `ends`
+    (the run's last seq among them): each record's short leaf, and its `record_hash` (its batch's head
+    at a batch's last record, None elsewhere)."""
+    seqs = records.column("seq").to_pylist()
+    full = leaves(records, k)
+    closing = set(ends)
+    hashes: list[bytes | None] = [None] * len(seqs)
+    start = 0
+    for i, seq in enumerate(seqs):
+        if seq in closing:
+            prev = batch_head(prev, seqs[start], seq, full[start:i + 1])
+            hashes[i], start = prev, i + 1
+    return short_leaves(full), hashes
 
 
 def concept_hash(prev: bytes, cid: int, name: str) -> bytes:
@@ -101,3 +163,128 @@ def cut_torn_line(path: Path) -> str | None:
         f.flush()
         os.fsync(f.fileno())
     return data[keep:].decode("utf-8", "replace")
+
+
+MISMATCH = "hash mismatch (edited, reordered or a neighbour removed)"
+
+
+def _head_mismatch(start: int, end: int) -> str:
+    return (f"hash mismatch: the head of its batch (seq {start}..{end}) differs, every record's leaf matching "
+            "(a record edited keeping its leaf, or the head rewritten)")
+
+
+class Rehash:
+    """Re-hashes a run of records, fed in seq order (contiguous, checked by the caller) a chunk at a time,
+    onto `prev`: a record chained alone against its stored hash (and prev_hash, where one is stored), a
+    batched one's leaf against its stored short leaf, and each batch's head against the one its last record
+    stores. `ends`: the seqs where batches must end, each with its head (the checkpoints'), or None where
+    the records alone say where (a lake's copy: where a head is stored). `checked` counts the records
+    verified: a batch's once its head is."""
+
+    def __init__(self, prev: bytes, ends: dict[int, bytes] | None = None, k: int = TOP_K) -> None:
+        self.prev, self.ends, self.k = prev, ends, k
+        self.checked = 0
+        self._open: list[bytes] = []  # the leaves of the batch whose head has not come yet
+        self._start = 0
+
+    def feed(self, records: pa.Table) -> tuple[int, str] | None:
+        """Check these records; the first bad one's seq and what is wrong with it, or None."""
+        seqs = records.column("seq").to_pylist()
+        if not seqs:
+            return None
+        has_leaf = "leaf" in records.column_names
+        if not self._open and (not has_leaf or records.column("leaf").null_count == len(seqs)):
+            return self._feed_chained(seqs, records)
+        canonical = canonical_array(records, self.k).to_pylist()
+        if has_leaf and records.column("leaf").null_count == 0 and records.column("prev_hash").null_count == len(seqs):
+            return self._feed_batched(seqs, canonical, records)
+        stored_prevs = records.column("prev_hash").to_pylist()
+        stored = records.column("record_hash").to_pylist()
+        short = records.column("leaf").to_pylist() if "leaf" in records.column_names else [None] * len(seqs)
+        sha = hashlib.sha256
+        for seq, raw, stored_prev, digest, leaf in zip(seqs, canonical, stored_prevs, stored, short):
+            if leaf is None:  # chained alone (before schema version 6)
+                h = sha(self.prev + raw).digest()
+                if self._open or digest is None or bytes(digest) != h or (
+                        stored_prev is not None and bytes(stored_prev) != self.prev):
+                    return seq, MISMATCH
+                if self.ends is not None and seq in self.ends and self.ends[seq] != h:
+                    return seq, "differs from its checkpoint"
+                self.prev = h
+                self.checked += 1
+                continue
+            full = sha(raw).digest()
+            if int.from_bytes(full[:4], "little", signed=True) != leaf or stored_prev is not None:
+                return seq, MISMATCH
+            if not self._open:
+                self._start = seq
+            self._open.append(full)
+            closes = digest is not None
+            if self.ends is not None and closes != (seq in self.ends):
+                return seq, MISMATCH if closes else "differs from its checkpoint (its batch's head is missing)"
+            if closes:
+                h = batch_head(self.prev, self._start, seq, self._open)
+                if bytes(digest) != h:
+                    return seq, _head_mismatch(self._start, seq)
+                if self.ends is not None and self.ends[seq] != h:
+                    return seq, "differs from its checkpoint"
+                self.prev = h
+                self.checked += len(self._open)
+                self._open = []
+        return None
+
+    def _feed_batched(self, seqs: list[int], canonical: list[bytes], records: pa.Table) -> tuple[int, str] | None:
+        """`feed` for records every one of which is batched (the common case), with the same verdicts: the
+        leaves compared at once, and the loop only over the batches' ends."""
+        sha = hashlib.sha256
+        full = [sha(raw).digest() for raw in canonical]
+        bad = np.flatnonzero(short_leaves(full) != records.column("leaf").to_numpy())
+        stored = records.column("record_hash").combine_chunks()
+        closing = np.flatnonzero(stored.is_valid().to_numpy(zero_copy_only=False)).tolist()
+        stop = int(bad[0]) if bad.size else len(seqs)
+        moved = None  # the first record where a batch ends but no checkpoint does, or the other way round
+        if self.ends is not None:
+            first, last = seqs[0], seqs[-1]
+            wanted = {e - first for e in self.ends if first <= e <= last}
+            moved = min(wanted.symmetric_difference(closing), default=None)
+        until = stop if moved is None else min(stop, moved)
+        taken = 0
+        for i in closing:
+            if i >= until:
+                break
+            seq = seqs[i]
+            if not self._open:
+                self._start = seqs[taken]
+            self._open.extend(full[taken:i + 1])
+            taken = i + 1
+            h = batch_head(self.prev, self._start, seq, self._open)
+            if stored[i].as_py() != h:
+                return seq, _head_mismatch(self._start, seq)
+            if self.ends is not None and self.ends[seq] != h:
+                return seq, "differs from its checkpoint"
+            self.prev = h
+            self.checked += len(self._open)
+            self._open = []
+        if until < len(seqs):
+            if until == stop:
+                return seqs[until], MISMATCH
+            return seqs[until], MISMATCH if until in closing else \
+                "differs from its checkpoint (its batch's head is missing)"
+        if taken < len(seqs):
+            if not self._open:
+                self._start = seqs[taken]
+            self._open.extend(full[taken:])
+        return None
+
+    def _feed_chained(self, seqs: list[int], records: pa.Table) -> tuple[int, str] | None:
+        """`feed` for records every one of which was chained alone (written before schema version 6)."""
+        for seq, stored_prev, stored, h in zip(seqs, records.column("prev_hash").to_pylist(),
+                                               records.column("record_hash").to_pylist(),
+                                               chain(self.prev, records, self.k)):
+            if stored is None or bytes(stored) != h or (stored_prev is not None and bytes(stored_prev) != self.prev):
+                return seq, MISMATCH
+            if self.ends is not None and seq in self.ends and self.ends[seq] != h:
+                return seq, "differs from its checkpoint"
+            self.prev = h
+            self.checked += 1
+        return None

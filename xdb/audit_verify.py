@@ -1,5 +1,6 @@
-"""Verifying the audit log: the concept chain, the checkpoint chain and every record's hash recomputed
-from its fields (xdb/audit_chain.py), then the head file against the log.
+"""Verifying the audit log: the concept chain, the checkpoint chain and every record's hash (its leaf and
+its batch's head, or its own chained hash before schema version 6) recomputed from its fields
+(xdb/audit_chain.py), then the head file against the log.
 
 The chain alone cannot catch whoever rewrites the file wholesale: cut off its tail together with the
 tail's checkpoints, or edit a record and recompute every hash after it. So every commit also anchors
@@ -34,7 +35,7 @@ from xdb.audit_chain import (
     EVENT_TYPE,
     GENESIS,
     RECORD_COLUMNS,
-    chain,
+    Rehash,
     checkpoint_hash,
     concept_hash,
     parse_head,
@@ -182,6 +183,9 @@ def check_expected_head(cur: duckdb.DuckDBPyConnection, expect: tuple[int, bytes
     if row is None:
         return AuditReport(False, report.records_checked,
                            f"audit head mismatch at seq={seq}: the expected head's record is not in the log (deleted)")
+    if row[0] is None:
+        return AuditReport(False, report.records_checked,
+                           f"audit head mismatch at seq={seq}: no batch ends there, so no head was ever anchored at it")
     if bytes(row[0]) != head:
         return AuditReport(False, report.records_checked,
                            f"audit head mismatch at seq={seq}: expected hash {head.hex()[:16]}…, the log has "
@@ -279,32 +283,28 @@ def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: 
                     chunk: int) -> AuditReport:
     """Re-hash the records [start, end] onto `prev` (the head before `start`), each checkpoint's head
     (`heads`, by its last seq) among them."""
-    checked = 0
+    rehash = Rehash(prev, heads)
+    # A log of schema version 5 or before opened read-only (not migrated) has no leaf column.
+    has_leaf = one(cur.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+                               "AND table_name = 'audit_records' AND column_name = 'leaf'"))[0]
+    leaf = "leaf" if has_leaf else "CAST(NULL AS INTEGER) AS leaf"
     expected = start
     while expected <= end:
         hi = min(expected + chunk - 1, end)
-        batch = cur.execute(f"SELECT {', '.join(RECORD_COLUMNS)}, prev_hash, record_hash FROM audit_records "
+        batch = cur.execute(f"SELECT {', '.join(RECORD_COLUMNS)}, prev_hash, record_hash, {leaf} FROM audit_records "
                             "WHERE seq BETWEEN ? AND ? ORDER BY seq, record_hash", [expected, hi]).to_arrow_table()
-        seqs = batch.column("seq").to_pylist()
-        stored_prevs = batch.column("prev_hash").to_pylist()
-        stored_hashes = batch.column("record_hash").to_pylist()
-        for _i, seq in enumerate(seqs):
+        for seq in batch.column("seq").to_pylist():
             if seq != expected:
                 what = "appears twice (inserted)" if seq < expected else "missing (deleted)"
                 bad = expected - 1 if seq < expected else expected
-                return AuditReport(False, checked, f"{_describe(cur, bad)}: {what}")
+                return AuditReport(False, rehash.checked, f"{_describe(cur, bad)}: {what}")
             expected += 1
-        hashes = chain(prev, batch) if seqs else []
-        for seq, stored_prev, stored, h in zip(seqs, stored_prevs, stored_hashes, hashes):
-            if bytes(stored) != h or (stored_prev is not None and bytes(stored_prev) != prev):
-                return AuditReport(False, checked, f"{_describe(cur, seq)}: hash mismatch "
-                                   "(edited, reordered or a neighbour removed)")
-            if seq in heads and heads[seq] != h:
-                return AuditReport(False, checked, f"{_describe(cur, seq)}: differs from its checkpoint")
-            prev, checked = h, checked + 1
+        problem = rehash.feed(batch)
+        if problem is not None:
+            return AuditReport(False, rehash.checked, f"{_describe(cur, problem[0])}: {problem[1]}")
         if expected <= hi:
-            return AuditReport(False, checked, f"audit record seq={expected}: missing (deleted)")
-    return AuditReport(True, checked)
+            return AuditReport(False, rehash.checked, f"audit record seq={expected}: missing (deleted)")
+    return AuditReport(True, rehash.checked)
 
 
 def last_head(path: Path) -> tuple[int, bytes] | None:
