@@ -13,12 +13,17 @@ work per record. Integrity is the chain's: the sealed bytes are hashed onto it (
 
 From the seq an audit log marks (`batch_sealed_from` in audit_meta, schema version 5) on, a batch's
 records of one session are sealed together (`seal_batch`): one blob, stored in the session's first record
-of the batch, every other record of it holding only `key_id` (its `sealed` null). The blob is
-    zlib(uint32 n, n × int32 seq offset from the blob's record, n × int32 token_id (-1 for none), then
-    for content, metadata and steering: n × int32 UTF-8 byte length (-1 for null) and the bytes),
-encrypted as above with the blob's record's seq as its counter's seq (no other record of the key uses
-that seq). Per record, 19 bytes a token became ~4 compressed: the audit's largest column after the
-record hashes (measured: bench/audit_bytes.py).
+of the batch, every other record of it holding only `key_id` (its `sealed` null), encrypted as above with
+the blob's record's seq as its counter's seq (no other record of the key uses that seq). A blob is
+    byte 1, then raw DEFLATE (no zlib header) of: uint32 n, then the 5 × n int32s below split into byte
+    planes (every value's lowest byte, then every second byte, ...), then the UTF-8 bytes of the
+    content, metadata and steering of the records in turn;
+the int32s: each record's seq less the one before's (the blob's record's own: 0), token_id (-1 for
+none), and for content, metadata and steering the UTF-8 byte length plus one (0 for null). Small
+values' high bytes are then long runs of zeros: ~4.4 bytes a record for a reply's tokens, where the
+layout before, still read, took ~7: zlib (its header's first byte 0x78) of uint32 n, n × int32 seq
+offset from the blob's record, n × int32 token_id (-1 for none), then for content, metadata and
+steering: n × int32 UTF-8 byte length (-1 for null) and the bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from xdb.canonical import length_prefixed
 PAYLOAD_FIELDS = ("content", "metadata", "steering")
 SEALED_COLUMNS = ("token_id", *PAYLOAD_FIELDS)
 BLOCK = 16
+BLOB_PLANES = b"\x01"  # a batch blob's first byte in the byte-plane layout (zlib's, before it: 0x78)
 
 
 def seal(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tuple[int, bytes]]], system_event: str
@@ -67,14 +73,16 @@ def seal_batch(records: pa.Table, keys_for: Callable[[list[str]], dict[str, tupl
     blobs: list[bytes | None] = [None] * n
     for key_id in np.unique(key_ids[~clear]).tolist():
         rows = np.flatnonzero((key_ids == key_id) & ~clear)
-        parts = [struct.pack("<I", len(rows)), (seqs[rows] - seqs[rows[0]]).astype("<i4").tobytes(),
-                 token[rows].tobytes()]
+        numbers = [np.diff(seqs[rows], prepend=seqs[rows[0]]), token[rows]]
+        strings = []
         for name in PAYLOAD_FIELDS:
-            values = texts[name].take(pa.array(rows)).to_pylist()
-            encoded_values = [None if v is None else v.encode() for v in values]
-            parts.append(np.array([-1 if v is None else len(v) for v in encoded_values], "<i4").tobytes())
-            parts.append(b"".join(v for v in encoded_values if v is not None))
-        blobs[rows[0]] = zlib.compress(b"".join(parts), 6)
+            values = [None if v is None else v.encode() for v in texts[name].take(pa.array(rows)).to_pylist()]
+            numbers.append(np.array([0 if v is None else len(v) + 1 for v in values]))
+            strings.append(b"".join(v for v in values if v is not None))
+        planes = np.stack(numbers).astype("<i4").view(np.uint8).reshape(len(numbers), len(rows), 4)
+        deflate = zlib.compressobj(9, zlib.DEFLATED, -15, 9)
+        blobs[rows[0]] = BLOB_PLANES + deflate.compress(
+            struct.pack("<I", len(rows)) + planes.transpose(2, 0, 1).tobytes() + b"".join(strings)) + deflate.flush()
     has_blob = np.array([b is not None for b in blobs], dtype=bool)
     plain = pa.array([b if b is not None else b"" for b in blobs], pa.large_binary())
     sealed = _crypt(plain, seqs, key_ids, keys, has_blob)
@@ -134,6 +142,9 @@ def open_blobs(seqs: np.ndarray, key_ids: np.ndarray, blobs: pa.Array, keys: dic
     for ok, base, data in zip(known.tolist(), seqs.tolist(), plain.to_pylist()):
         if not ok:
             continue
+        if data[:1] == BLOB_PLANES:
+            out.update(_open_planes(base, zlib.decompress(data[1:], -15)))
+            continue
         raw = zlib.decompress(data)
         (count,) = struct.unpack_from("<I", raw, 0)
         pos = 4
@@ -155,6 +166,24 @@ def open_blobs(seqs: np.ndarray, key_ids: np.ndarray, blobs: pa.Array, keys: dic
         for i, offset in enumerate(offsets):
             out[base + offset] = (None if tokens[i] == -1 else tokens[i], fields[0][i], fields[1][i], fields[2][i])
     return out
+
+
+def _open_planes(base: int, raw: bytes) -> dict[int, Payload]:
+    (count,) = struct.unpack_from("<I", raw, 0)
+    size = 4 * count * (2 + len(PAYLOAD_FIELDS))
+    numbers = np.frombuffer(raw, np.uint8, size, 4).reshape(4, -1, count).transpose(1, 2, 0).copy().view("<i4")
+    seqs = (base + np.cumsum(numbers[0, :, 0])).tolist()
+    tokens = numbers[1, :, 0].tolist()
+    pos = 4 + size
+    fields: list[list[str | None]] = []
+    for lengths in numbers[2:, :, 0].tolist():
+        values: list[str | None] = []
+        for length in lengths:
+            values.append(None if length == 0 else raw[pos:pos + length - 1].decode())
+            pos += max(length - 1, 0)
+        fields.append(values)
+    return {seq: (None if token == -1 else token, fields[0][i], fields[1][i], fields[2][i])
+            for i, (seq, token) in enumerate(zip(seqs, tokens))}
 
 
 def open_sealed(seqs: np.ndarray, key_ids: np.ndarray, sealed: pa.Array, keys: dict[int, bytes]
