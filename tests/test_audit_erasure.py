@@ -29,18 +29,17 @@ def record(xdb: XDB, session: str, text: str, n: int = 4) -> None:
 
 
 def files_holding(folder: Path, needle: bytes) -> list[str]:
-    """The files under `folder` holding `needle`: in their bytes, or (a Parquet segment, whose pages are
-    compressed) in any of its text values once decoded."""
+    """The files under `folder` holding `needle`: in their bytes, or (a segment, whose strings DuckDB
+    compresses) in any of its rows once read."""
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
-                  if p.is_file() and (needle in p.read_bytes() or parquet_holds(p, needle.decode())))
+                  if p.is_file() and (needle in p.read_bytes() or segment_holds(p, needle.decode())))
 
 
-def parquet_holds(path: Path, text: str) -> bool:
-    if path.suffix != ".parquet":
+def segment_holds(path: Path, text: str) -> bool:
+    if path.parent.name != "segments" or path.suffix != ".duckdb":
         return False
-    with duckdb.connect() as conn:  # each row as its text, every column in it
-        found = conn.execute("SELECT count(*) FROM read_parquet(?) t WHERE contains(t::VARCHAR, ?)",
-                             [str(path), text]).fetchone()
+    with duckdb.connect(str(path), read_only=True) as conn:  # each row as its text, every column in it
+        found = conn.execute("SELECT count(*) FROM timesteps t WHERE contains(t::VARCHAR, ?)", [text]).fetchone()
     return found is not None and found[0] > 0
 
 

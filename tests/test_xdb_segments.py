@@ -74,7 +74,7 @@ def test_a_moved_data_dir_reads_its_own_segments_and_leftovers_are_removed(tmp_p
         xdb._segment_pass()
     shutil.copytree(tmp_path / "x", tmp_path / "y")
     shutil.rmtree(tmp_path / "x")
-    leftover = tmp_path / "y" / "segments" / ".cut-short.parquet.partial"
+    leftover = tmp_path / "y" / "segments" / ".cut-short.duckdb.partial"
     leftover.write_bytes(b"a seal a crash cut short")
     with XDB.open(tmp_path / "y") as xdb:
         assert [r["content"] for r in rows(xdb, "s")] == ["moved0", "moved1", "moved2"]
@@ -124,3 +124,28 @@ def test_adjacent_small_segments_merge_into_one_and_reads_go_on(tmp_path: Path) 
         assert reports[-1]["segments"] == 1 and reports[-1]["segment_rows"] == 2 * segments.MERGE_FAN
         assert [len(rows(xdb, f"s{n}")) for n in range(segments.MERGE_FAN)] == [2] * segments.MERGE_FAN
         assert len(list((tmp_path / "x" / "segments").iterdir())) == 1
+
+
+def test_a_bounded_recall_reads_segment_by_segment_as_one_query_reads_the_view(tmp_path: Path) -> None:
+    """Paged with offsets and a deleted session's rows listed: each segment read alone, then the hot table,
+    finds what one query over the view finds."""
+    with XDB.open(tmp_path / "x", XDBConfig(segment_rows=5)) as xdb:
+        for turn in range(segments.MERGE_FAN - 1):  # as many segments as stay unmerged
+            for session in ("a", "b", "gone"):
+                say(xdb, session, f"t{turn}-", 3)
+            xdb.writer.flush(10)
+            xdb._segment_pass()
+        say(xdb, "a", "hot-", 2)
+        xdb.writer.flush(10)
+        with xdb.cursor() as cur:
+            segments.delete_rows(cur, "gone", "t.session_id = ?", ["gone"], erase=False)
+        assert len(segments.windows(xdb.conn.cursor())) >= 2
+        for filters in ({}, {"session_id": "a"}, {"text": "t2-"}, {"offset": 4, "limit": 5}):
+            whole = [r["id"] for r in rows_of(xdb.recall(filters, owner=EVERY))]
+            paged = [r["id"] for r in rows_of(xdb.recall_page(filters, owner=EVERY)["data"])]
+            assert paged == whole and whole, filters
+
+
+def rows_of(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    assert not any(r["session_id"] == "gone" for r in found)
+    return found

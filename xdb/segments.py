@@ -1,21 +1,24 @@
 """Sealed segments: a history of any size whose deletions rewrite only the files holding the deleted rows.
 
 Every new timestep goes into `timesteps_hot` in experience.duckdb (one transaction a writer batch). The
-storage pass seals what that table holds, once it holds `xdb.segment_rows`, into a segment: one Parquet
-file of an id range under DATA_DIR/segments/, never changed in place, its rows in id order as the hot
-table's are (recall scans in id windows, xdb/recall.py: Parquet's row group statistics skip the rest),
-listed in `segments`. Every read goes through the view `timesteps`: the hot table and the segments, less
-the segment rows listed in `segment_deletes` (the view leaves that join out while none is).
+storage pass seals what that table holds, once it holds `xdb.segment_rows`, into a segment: a DuckDB file
+of its own under DATA_DIR/segments/ holding one table, `timesteps`, of an id range in id order, written
+once and never changed, attached read-only (its alias named by the file) and listed in `segments`. Every
+read goes through the view `timesteps`: the hot table and the segments, less the segment rows listed in
+`segment_deletes` (the view leaves that join out while none is). A segment is DuckDB's own storage, not
+Parquet: its zone maps skip the row groups outside recall's id windows (xdb/recall.py) as the hot
+table's do, and its fixed-size activation arrays scan several times faster than Parquet's lists.
 
 A deletion deletes the hot rows and lists the segment rows; nothing is rewritten then. A deleted
 session leaves the files in `erase_pass` (xdb/store_segments.py): the hot table is sealed, so
 experience.duckdb holds no timestep of it, and each segment holding a row of it is rewritten without
-(a new file, the manifest swapped in one transaction, the old file unlinked); experience.duckdb is then
-rewritten whole (xdb/vacuum.py), a copy the size of the hot table and the small tables, not of the
-history. Rows compression deletes wait in `segment_deletes` until half a segment's rows are listed.
+(a new file, the manifest swapped in one transaction, the old file detached and unlinked);
+experience.duckdb is then rewritten whole (xdb/vacuum.py), a copy the size of the hot table and the
+small tables, not of the history. Rows compression deletes wait in `segment_deletes` until half a
+segment's rows are listed, and adjacent small segments merge into larger ones.
 
-DuckDB keeps a deleted row's bytes in its file's blocks until they are reused, and a Parquet file is
-never edited: a file rewritten without the rows, the old one unlinked, is what takes the bytes off the disk.
+DuckDB keeps a deleted row's bytes in its file's blocks until they are reused, and a segment is never
+edited: a file rewritten without the rows, the old one unlinked, is what takes the bytes off the disk.
 """
 
 from __future__ import annotations
@@ -43,8 +46,7 @@ GRACE_S = 2.0
 # above a sealed segment's size (a million rows sealed: 4M, 16M, 64M; ~50 files at a billion rows).
 MERGE_FAN = 4
 MERGE_TIERS = 3
-# Parquet row groups: an id window of recall's reads the few whose id range it meets.
-ROW_GROUP_ROWS = 32_768
+SUFFIX = ".duckdb"
 
 
 @dataclass(frozen=True)
@@ -70,32 +72,76 @@ def listed(cur: duckdb.DuckDBPyConnection) -> list[Segment]:
         "SELECT name, first_id, last_id, rows FROM segments ORDER BY first_id").fetchall()]
 
 
-def _paths(cur: duckdb.DuckDBPyConnection, names: Iterable[str]) -> str:
-    return "[" + ", ".join(string_literal(str(folder(data_dir_of(cur)) / name)) for name in names) + "]"
+def alias(name: str) -> str:
+    """The name a segment file is attached under: its own, so a view written in one process reads in any."""
+    return "seg_" + name.removesuffix(SUFFIX).replace("-", "_")
+
+
+def attach(cur: duckdb.DuckDBPyConnection, name: str) -> str:
+    """Attach a segment beside the experience file (once a process); its alias."""
+    path = folder(data_dir_of(cur)) / name
+    cur.execute(f"ATTACH IF NOT EXISTS {string_literal(str(path))} AS {alias(name)} (READ_ONLY)")
+    return alias(name)
+
+
+def detach(cur: duckdb.DuckDBPyConnection, name: str) -> None:
+    """A query already reading it runs to its end (it holds the file open)."""
+    cur.execute(f"DETACH DATABASE IF EXISTS {alias(name)}")
+
+
+def _rows(names: Iterable[str]) -> str:
+    """Every row of these segments, each with `segment`: its file's name."""
+    return " UNION ALL ".join(f"SELECT {string_literal(n)} AS segment, * FROM {alias(n)}.timesteps" for n in names)
 
 
 def refresh_view(cur: duckdb.DuckDBPyConnection) -> None:
-    """(Re)define `timesteps` over the hot table and the listed segments, at their paths beside the file
-    (a data dir moved or restored elsewhere reads its own files once opened read-write)."""
+    """(Re)define `timesteps` over the hot table and the listed segments (attached here)."""
     names = [s.name for s in listed(cur)]
-    body = f"SELECT * FROM {HOT_TIMESTEPS}"
-    if names:
-        body += f" UNION ALL SELECT s.* FROM read_parquet({_paths(cur, names)}) s"
-        if cur.execute("SELECT 1 FROM segment_deletes LIMIT 1").fetchone() is not None:
-            body += " ANTI JOIN segment_deletes d ON d.id = s.id"
-    cur.execute(f"CREATE OR REPLACE VIEW timesteps AS {body}")
+    branches = [f"SELECT * FROM {HOT_TIMESTEPS}"]
+    deletes = names and cur.execute("SELECT 1 FROM segment_deletes LIMIT 1").fetchone() is not None
+    for name in names:
+        attach(cur, name)
+        branches.append(f"SELECT * FROM {_source(name, bool(deletes))}")
+    cur.execute(f"CREATE OR REPLACE VIEW timesteps AS {' UNION ALL '.join(branches)}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A segment as recall reads it alone: its id range and the relation of its rows."""
+
+    first_id: int
+    last_id: int
+    source: str
+
+
+def windows(cur: duckdb.DuckDBPyConnection) -> list[Window]:
+    """The listed segments in id order, each as a relation of its live rows ([]: none)."""
+    sealed = listed(cur)
+    deletes = sealed and cur.execute("SELECT 1 FROM segment_deletes LIMIT 1").fetchone() is not None
+    return [Window(s.first_id, s.last_id, _source(s.name, bool(deletes))) for s in sealed]
+
+
+def _source(name: str, deletes: bool) -> str:
+    rows = f"{alias(name)}.timesteps"
+    return f"(SELECT s.* FROM {rows} s ANTI JOIN segment_deletes d ON d.id = s.id)" if deletes else rows
+
+
+def attach_listed(cur: duckdb.DuckDBPyConnection) -> None:
+    """At a read-only open: the segments the view reads, attached."""
+    for segment in listed(cur):
+        attach(cur, segment.name)
 
 
 def open_segments(cur: duckdb.DuckDBPyConnection) -> None:
     """At a read-write open: the view over this data dir's files, and the files no manifest lists (a seal
     or rewrite a crash cut short, an old file whose unlink it missed) removed."""
-    refresh_view(cur)
     keep = {s.name for s in listed(cur)}
     here = folder(data_dir_of(cur))
     if here.is_dir():
         for path in here.iterdir():
             if path.name not in keep:
                 path.unlink(missing_ok=True)
+    refresh_view(cur)
 
 
 def hot_rows(cur: duckdb.DuckDBPyConnection) -> int:
@@ -103,12 +149,17 @@ def hot_rows(cur: duckdb.DuckDBPyConnection) -> int:
 
 
 def _write(cur: duckdb.DuckDBPyConnection, query: str, path: Path) -> int:
-    """`query`'s rows, in id order, as the Parquet file `path` (written aside, fsynced, renamed);
-    its bytes."""
+    """`query`'s rows, in id order, as the segment file `path` (a new DuckDB file holding them alone,
+    written aside, fsynced, renamed); its bytes."""
     private_dir(path.parent)
     partial = path.with_name(f".{path.name}.partial")
-    cur.execute(f"COPY ({query} ORDER BY id) TO {string_literal(str(partial))} "
-                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+    partial.unlink(missing_ok=True)
+    cur.execute(f"ATTACH {string_literal(str(partial))} AS seg_being_written")
+    try:
+        cur.execute(f"CREATE TABLE seg_being_written.timesteps AS SELECT * FROM {HOT_TIMESTEPS} LIMIT 0")
+        cur.execute(f"INSERT INTO seg_being_written.timesteps {query} ORDER BY id")
+    finally:
+        cur.execute("DETACH seg_being_written")  # checkpointed: the file holds every row, its log none
     private_files(partial)
     fsync_path(partial)
     os.replace(partial, path)
@@ -117,15 +168,15 @@ def _write(cur: duckdb.DuckDBPyConnection, query: str, path: Path) -> int:
 
 
 def _name(first_id: int, last_id: int) -> str:
-    return f"{first_id:015d}-{last_id:015d}-{os.urandom(3).hex()}.parquet"
+    return f"{first_id:015d}-{last_id:015d}-{os.urandom(3).hex()}{SUFFIX}"
 
 
 def _list(cur: duckdb.DuckDBPyConnection, path: Path, first_id: int, last_id: int, rows: int) -> None:
     """List a written segment, with the sessions it holds (a deletion reads only their segments)."""
     cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
                 [path.name, first_id, last_id, rows, path.stat().st_size])
-    cur.execute(f"INSERT INTO segment_sessions SELECT DISTINCT ?, session_id FROM read_parquet("
-                f"{string_literal(str(path))})", [path.name])
+    cur.execute(f"INSERT INTO segment_sessions SELECT DISTINCT ?, session_id FROM {attach(cur, path.name)}.timesteps",
+                [path.name])
 
 
 def _unlist(cur: duckdb.DuckDBPyConnection, names: list[str]) -> None:
@@ -184,12 +235,12 @@ def delete_rows(cur: duckdb.DuckDBPyConnection, session_id: str, where: str, arg
                                              [session_id]).fetchall()]
     if not names:
         return deleted
-    source = f"read_parquet({_paths(cur, names)}, filename = true) t WHERE ({where})"
+    source = f"({_rows(names)}) t WHERE ({where})"
     if erase:  # rows compression listed before now belong to a deletion too
         cur.execute(f"UPDATE segment_deletes SET erase = true WHERE NOT erase AND id IN (SELECT t.id FROM {source})",
                     args)
     listed_now = one_int(cur.execute(
-        f"INSERT INTO segment_deletes SELECT t.id, parse_filename(t.filename), {erase} FROM {source} "
+        f"INSERT INTO segment_deletes SELECT t.id, t.segment, {erase} FROM {source} "
         "AND t.id NOT IN (SELECT id FROM segment_deletes)", args))
     if listed_now:
         refresh_view(cur)  # the view leaves listed rows out from this transaction on
@@ -217,7 +268,7 @@ def rewrite(cur: duckdb.DuckDBPyConnection, segment: Segment,
     left = segment.rows - gone
     path = here / _name(segment.first_id, segment.last_id)
     if left > 0:
-        _write(cur, f"SELECT * FROM read_parquet({string_literal(str(old))}) WHERE id NOT IN "
+        _write(cur, f"SELECT * FROM {attach(cur, segment.name)}.timesteps WHERE id NOT IN "
                     f"(SELECT id FROM segment_deletes WHERE segment = {string_literal(segment.name)})", path)
     with lock, transaction(cur):
         if one_int(cur.execute("SELECT count(*) FROM segment_deletes WHERE segment = ?", [segment.name])) != gone:
@@ -262,7 +313,7 @@ def merge(cur: duckdb.DuckDBPyConnection, run: list[Segment],
     marks = ", ".join("?" * len(names))
     gone = one_int(cur.execute(f"SELECT count(*) FROM segment_deletes WHERE segment IN ({marks})", names))
     path = here / _name(run[0].first_id, run[-1].last_id)
-    _write(cur, f"SELECT * FROM read_parquet({_paths(cur, names)}) WHERE id NOT IN "
+    _write(cur, f"SELECT * EXCLUDE (segment) FROM ({_rows(names)}) WHERE id NOT IN "
                 f"(SELECT id FROM segment_deletes WHERE segment IN ({', '.join(map(string_literal, names))}))", path)
     with lock, transaction(cur):
         still = one_int(cur.execute(f"SELECT count(*) FROM segments WHERE name IN ({marks})", names))
@@ -276,14 +327,16 @@ def merge(cur: duckdb.DuckDBPyConnection, run: list[Segment],
     return [here / n for n in names]
 
 
-def retire(paths: list[Path], since: float | None = None) -> None:
-    """Unlink files a rewrite replaced (at `since`, time.monotonic(); default now), once a query that
-    bound them before has had time to open them."""
+def retire(cur: duckdb.DuckDBPyConnection, paths: list[Path], since: float | None = None) -> None:
+    """Detach and unlink files a rewrite replaced (at `since`, time.monotonic(); default now), once a
+    query that bound the view before has had time to start reading them."""
     if not paths:
         return
     time.sleep(max(GRACE_S - (time.monotonic() - (time.monotonic() if since is None else since)), 0.0))
     for path in paths:
+        detach(cur, path.name)
         path.unlink(missing_ok=True)
+        path.with_name(path.name + ".wal").unlink(missing_ok=True)
     fsync_path(paths[0].parent)
 
 

@@ -113,7 +113,9 @@ class XDB(SessionMethods, LakeMethods, TickCalls, SegmentMethods):
         audit = writer = None
         try:
             conn.execute(f"SET threads = {int(config.threads or default_threads())}")
-            if not read_only:
+            if read_only:
+                segments.attach_listed(conn)
+            else:
                 segments.open_segments(conn)
                 audit = AuditLog.open(data_dir / AUDIT_FILE)
                 replay_from_audit(conn, audit)

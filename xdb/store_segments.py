@@ -49,7 +49,8 @@ class SegmentMethods:
                 old = segments.merge(cur, run, self._compress_lock) if run else []
             if not old:
                 break
-            segments.retire(old)
+            with self.cursor() as cur:
+                segments.retire(cur, old)
             merged += len(old)
         if merged:
             with self.cursor() as cur:
@@ -69,10 +70,13 @@ class SegmentMethods:
                 replaced = segments.rewrite(cur, segment, self._compress_lock)
             if replaced is not None:  # each old file goes once the next is written: the disk holds one more
                 rewritten += 1
-                for path, since in pending:
-                    segments.retire([path], since)
+                self._retire(pending)
                 pending = [(replaced, time.monotonic())]
-        for path, since in pending:
-            segments.retire([path], since)
+        self._retire(pending)
         with self.cursor() as cur:
             return {"sealed": sealed, "rewritten": rewritten, **segments.usage(cur)}
+
+    def _retire(self, pending: list[tuple[Path, float]]) -> None:
+        with self.cursor() as cur:
+            for path, since in pending:
+                segments.retire(cur, [path], since)
