@@ -35,11 +35,13 @@ SMOKES: dict[str, Smoke] = {
                       BENCH_UNIVERSE_LOAD="grids=16,length=256,steps=8,rounds=1,interpret_length=256,"
                                           "interpret_steps=4"),
     "xdb": smoke("writer_rows_per_s raw_duckdb_rows_per_s recall_p95_ms recall_partial_queries rows restart_open_s "
-                 "restart_full_verify_s bytes_per_token audit_bytes_share erase_s erase_commit_wait_p99_ms",
-                 "writer_over_raw", {"rows": 100_000, "restart_records": 120_000, "storage_tokens": 20_000},
+                 "restart_full_verify_s bytes_per_token audit_bytes_share erase_s erase_commit_wait_p99_ms "
+                 "history_erase_s history_commit_wait_p99_ms history_bytes_per_row history_restart_s",
+                 "writer_over_raw history_commit_wait_over_idle",
+                 {"rows": 100_000, "restart_records": 120_000, "storage_tokens": 20_000, "history_rows": 200_000},
                  BENCH_XDB_LOAD="write_rows=20000,rounds=1,recall_rows=100000,recall_queries=3,"
                                 "lake_write_rows=2000,lake_recall_rows=20000,restart_records=120000,"
-                                "storage_tokens=20000"),
+                                "storage_tokens=20000,history_rows=200000"),
     "orchestrator": smoke("hit_ratio naive_hit_ratio ttft_p50_ms naive_ttft_p50_ms assembly_p99_ms",
                           "ttft_naive_over_ours", {"turns": 3},
                           BENCH_ORCHESTRATOR_LOAD="turns=3,density_turns=2,assembly_tokens=8000,assembly_rounds=20"),

@@ -68,10 +68,12 @@ class SegmentMethods:
         for segment in due:
             with self.cursor() as cur:
                 replaced = segments.rewrite(cur, segment, self._compress_lock)
-            if replaced is not None:  # each old file goes once the next is written: the disk holds one more
+            if replaced is not None:  # an old file goes once its grace has passed: the disk holds few more
                 rewritten += 1
-                self._retire(pending)
-                pending = [(replaced, time.monotonic())]
+                now = time.monotonic()
+                pending.append((replaced, now))
+                self._retire([p for p in pending if now - p[1] >= segments.GRACE_S])
+                pending = [p for p in pending if now - p[1] < segments.GRACE_S]
         self._retire(pending)
         with self.cursor() as cur:
             return {"sealed": sealed, "rewritten": rewritten, **segments.usage(cur)}

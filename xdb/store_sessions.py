@@ -25,7 +25,7 @@ from xdb.interface import service, service_after_flush
 from xdb.lake import Lake, LakeUnavailable
 from xdb.lake_reads import newer
 from xdb.lake_session import LakeTicks, ResumableTickBook
-from xdb.writer import Writer
+from xdb.writer import Writer, last_timestep_id
 
 log = logging.getLogger("ahc.xdb")
 
@@ -131,11 +131,15 @@ class SessionMethods:
             if self.writer is not None and self.writer.queue_depth():
                 self.writer.flush()
             return None
+        # Rows committed before the retirement go too, whether the log holds them or not (loaded from
+        # an export, generated): their ids are below any the log seals under a new key.
+        with self.cursor() as cur:
+            committed = last_timestep_id(cur)
         retired = self.audit.retire_keys(session_id)
         if self.writer is not None:
             self.writer.flush()
         through = self.audit.last_timestep_before(retired)
-        return retention.Erasure(retired.keys, -1 if through is None else through)
+        return retention.Erasure(retired.keys, max(committed, -1 if through is None else through))
 
     def _delete_recorded(self, cur: duckdb.DuckDBPyConnection, session_id: str, **why: object) -> dict[str, int]:
         """Delete a session's rows (the caller holds the compression lock), its keys destroyed once the
