@@ -60,12 +60,12 @@ from xdb.audit_chain import (
     HEAD_FILE,
     checkpoint_hash,
     concept_hash,
-    cut_torn_line,
     read_heads,
     stamp,
     stored_records,
 )
-from xdb.audit_keys import KEYS_FILE, SessionKeys
+from xdb.audit_checkpoints import RowGroupCheckpoints
+from xdb.audit_keys import KEYS_FILE, SessionKeys, cut_torn_tails
 from xdb.audit_seal import Payload, open_blobs, open_sealed, seal, seal_batch
 from xdb.audit_verify import (
     RETIRED_ACTION,
@@ -204,6 +204,7 @@ class AuditLog:
             self.head, self.checkpoint_head = bytes(head[1]), bytes(head[2])
             self.concept_count, self.concepts_head = head[3], bytes(head[4])
         self.committed_seq = self.next_seq
+        self.largest_commit = 0  # the most records one commit has brought (RowGroupCheckpoints)
         self.committed_head = (self.next_seq - 1, self.head)
         # Where batch sealing starts (None: a log not migrated to version 5, opened read-only).
         marked = conn.execute("SELECT value FROM audit_meta WHERE key = 'batch_sealed_from'").fetchone()
@@ -224,7 +225,7 @@ class AuditLog:
                 return cls(conn, path, keys)
             before = stored_version(conn, path, "audit_meta", APP)
             head_path = path.parent / HEAD_FILE
-            repairs = _cut_torn_tails(head_path, keys)
+            repairs = cut_torn_tails(head_path, keys)
             adopt = before is not None and before < 2 and not head_path.exists()
             if adopt:
                 # A log from before anchoring: anchor what it holds now, but only a chain that
@@ -237,6 +238,7 @@ class AuditLog:
             # experience file's insert on another thread: DuckDB's own threads on top of that
             # cost twice the CPU of one (measured: 8 → 4 µs a row) and buy nothing.
             conn.execute("SET threads = 1")
+            conn.execute("SET max_vacuum_tasks = 0")  # no merges: checkpoints fill row groups (audit_checkpoints.py)
             audit = cls(conn, path, keys)
             audit.repairs = repairs
             if adopt and audit.committed_seq > 0:
@@ -251,8 +253,8 @@ class AuditLog:
             raise
 
     def quiet_checkpoints(self) -> QuietCheckpoints:
-        """The writer's checkpoints of this file, taken between commits."""
-        return QuietCheckpoints(self.conn, self._commit_lock)
+        """The writer's checkpoints of this file, taken between commits, a row group at a time."""
+        return RowGroupCheckpoints(self.conn, self._commit_lock, lambda: (self.committed_seq, self.largest_commit))
 
     def close(self) -> None:
         self._closing = True
@@ -476,6 +478,7 @@ class AuditLog:
             raise
         with self._turn:
             self.committed_seq = p.seq_end + 1
+            self.largest_commit = max(self.largest_commit, p.seq_end + 1 - p.seq_start)
             self.committed_head = (p.seq_end, p.head)
             self._turn.notify_all()
 
@@ -689,20 +692,6 @@ class AuditLog:
         found = one(self.conn.execute("SELECT min(seq) FROM audit_records WHERE timestep_id > ? AND event_type != ?",
                                       [timestep_id, EVENT_TYPE]))[0]
         return None if found is None else int(found)
-
-
-def _cut_torn_tails(head_path: Path, keys: SessionKeys) -> list[dict[str, Any]]:
-    """Cut a torn last line off the head file (and note one dropped converting a text keys file): what a
-    crash between a line's write and its fsync leaves. Each cut is logged here and chained at open."""
-    repairs = []
-    torn = cut_torn_line(head_path)
-    if torn is not None:
-        log.warning("audit head file %s ended in a torn line (%d bytes, a crash before its fsync): cut off; the "
-                    "last whole line is the anchor", head_path, len(torn))
-        repairs.append({"file": HEAD_FILE, "dropped_bytes": len(torn), "dropped": torn[:200]})
-    if keys.torn is not None:
-        repairs.append({"file": KEYS_FILE, "dropped_bytes": len(keys.torn)})
-    return repairs
 
 
 def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,

@@ -14,7 +14,8 @@ A key is committed (and fsynced) when it is made, before any record sealed under
 Logs from before this layout kept the keys in a text file of the same name, one line
 `ID HEX_KEY JSON_SESSION_ID` after a first line `next N`; it is converted when the log is next opened
 for writing (`convert_text_keys`), a torn last line (a crash between its write and its fsync, so no
-record was ever sealed under it) dropped and reported.
+record was ever sealed under it) dropped and reported. `cut_torn_tails` reports that drop with the cut of
+a torn last line of the head file, which a log opened for writing chains.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
+from xdb.audit_chain import HEAD_FILE, cut_torn_line
 from xdb.private import fsync_path, private_files
 
 log = logging.getLogger("ahc.xdb.audit")
@@ -270,3 +273,17 @@ def _text_keys_in_memory(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
     _load_text(db, keys, next_id)
     return db
+
+
+def cut_torn_tails(head_path: Path, keys: SessionKeys) -> list[dict[str, Any]]:
+    """Cut a torn last line off the head file (and note one dropped converting a text keys file): what a
+    crash between a line's write and its fsync leaves. Each cut is logged here and chained at open."""
+    repairs = []
+    torn = cut_torn_line(head_path)
+    if torn is not None:
+        log.warning("audit head file %s ended in a torn line (%d bytes, a crash before its fsync): cut off; the "
+                    "last whole line is the anchor", head_path, len(torn))
+        repairs.append({"file": HEAD_FILE, "dropped_bytes": len(torn), "dropped": torn[:200]})
+    if keys.torn is not None:
+        repairs.append({"file": KEYS_FILE, "dropped_bytes": len(keys.torn)})
+    return repairs
