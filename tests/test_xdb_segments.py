@@ -79,6 +79,8 @@ def test_a_moved_data_dir_reads_its_own_segments_and_leftovers_are_removed(tmp_p
     with XDB.open(tmp_path / "y") as xdb:
         assert [r["content"] for r in rows(xdb, "s")] == ["moved0", "moved1", "moved2"]
     assert not leftover.exists()
+    with XDB.open(tmp_path / "y", read_only=True) as xdb:  # `ahc xdb recall` on a stopped server's dir
+        assert [r["content"] for r in rows(xdb, "s")] == ["moved0", "moved1", "moved2"]
 
 
 def test_a_backup_holds_the_segments_and_an_erasure_there_leaves_the_live_files(tmp_path: Path) -> None:
