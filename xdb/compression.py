@@ -30,6 +30,7 @@ from xdb.interface import reads
 from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int, transaction
+from xdb.tables import HOT_TIMESTEPS
 
 log = logging.getLogger("ahc.xdb.storage")
 
@@ -81,9 +82,12 @@ def summarize_with(summarize: Summarize | None, text: str) -> str:
 
 
 def usage_bytes(cur: duckdb.DuckDBPyConnection) -> int:
-    """Logical bytes held: what the quota counts (DuckDB files do not shrink when rows are deleted)."""
+    """Logical bytes held: what the quota counts (DuckDB files do not shrink when rows are deleted). The
+    segments' from their manifest, less their rows listed as deleted: a pass reads the hot table alone."""
     return one_int(cur.execute(f"""SELECT
-        (SELECT count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0) FROM timesteps)
+        (SELECT count(*) * {ROW_BYTES} + coalesce(sum(strlen(content)), 0) FROM {HOT_TIMESTEPS})
+      + (SELECT coalesce(sum(rows * {ROW_BYTES} + content_bytes), 0) FROM segments)
+      - (SELECT coalesce(sum({ROW_BYTES} + content_bytes), 0) FROM segment_deletes)
       + (SELECT coalesce(sum(strlen(summary) + strlen(top_k_activations) + 64), 0) FROM compressed_records)"""))
 
 

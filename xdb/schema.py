@@ -157,12 +157,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # New timesteps go to the hot table; the storage pass seals its rows into Parquet segments
         # (xdb/segments.py) and `timesteps` becomes the view every read takes, over both.
         f"ALTER TABLE timesteps RENAME TO {HOT_TIMESTEPS}",
+        # content_bytes: its rows' text, which the quota counts without reading the file.
         """CREATE TABLE segments (
             name VARCHAR PRIMARY KEY, first_id BIGINT NOT NULL, last_id BIGINT NOT NULL, rows BIGINT NOT NULL,
-            bytes BIGINT NOT NULL, created_at TIMESTAMP NOT NULL)""",
+            bytes BIGINT NOT NULL, created_at TIMESTAMP NOT NULL, content_bytes BIGINT NOT NULL)""",
         # A segment's rows deleted since it was written; `erase`: a session's deletion, whose text must
         # leave the file.
-        "CREATE TABLE segment_deletes (id BIGINT NOT NULL, segment VARCHAR NOT NULL, erase BOOLEAN NOT NULL)",
+        """CREATE TABLE segment_deletes (
+            id BIGINT NOT NULL, segment VARCHAR NOT NULL, erase BOOLEAN NOT NULL, content_bytes BIGINT NOT NULL)""",
         # The sessions each segment holds rows of: a session's deletion reads only those segments.
         "CREATE TABLE segment_sessions (segment VARCHAR NOT NULL, session_id VARCHAR NOT NULL)",
         f"CREATE VIEW timesteps AS SELECT * FROM {HOT_TIMESTEPS}",

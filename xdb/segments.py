@@ -10,7 +10,7 @@ Parquet: its zone maps skip the row groups outside recall's id windows (xdb/reca
 table's do, and its fixed-size activation arrays scan several times faster than Parquet's lists.
 
 A deletion deletes the hot rows and lists the segment rows; nothing is rewritten then. A deleted
-session leaves the files in `erase_pass` (xdb/store_segments.py): the hot table is sealed, so
+session leaves the files in `erase_pass` (xdb/store_storage.py): the hot table is sealed, so
 experience.duckdb holds no timestep of it, and each segment holding a row of it is rewritten without
 (a new file, the manifest swapped in one transaction, the old file detached and unlinked);
 experience.duckdb is then rewritten whole (xdb/vacuum.py), a copy the size of the hot table and the
@@ -173,10 +173,10 @@ def _name(first_id: int, last_id: int) -> str:
 
 def _list(cur: duckdb.DuckDBPyConnection, path: Path, first_id: int, last_id: int, rows: int) -> None:
     """List a written segment, with the sessions it holds (a deletion reads only their segments)."""
-    cur.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                [path.name, first_id, last_id, rows, path.stat().st_size])
-    cur.execute(f"INSERT INTO segment_sessions SELECT DISTINCT ?, session_id FROM {attach(cur, path.name)}.timesteps",
-                [path.name])
+    rows_of = f"{attach(cur, path.name)}.timesteps"
+    cur.execute(f"INSERT INTO segments SELECT ?, ?, ?, ?, ?, now()::TIMESTAMP, coalesce(sum(strlen(content)), 0) "
+                f"FROM {rows_of}", [path.name, first_id, last_id, rows, path.stat().st_size])
+    cur.execute(f"INSERT INTO segment_sessions SELECT DISTINCT ?, session_id FROM {rows_of}", [path.name])
 
 
 def _unlist(cur: duckdb.DuckDBPyConnection, names: list[str]) -> None:
@@ -240,7 +240,7 @@ def delete_rows(cur: duckdb.DuckDBPyConnection, session_id: str, where: str, arg
         cur.execute(f"UPDATE segment_deletes SET erase = true WHERE NOT erase AND id IN (SELECT t.id FROM {source})",
                     args)
     listed_now = one_int(cur.execute(
-        f"INSERT INTO segment_deletes SELECT t.id, t.segment, {erase} FROM {source} "
+        f"INSERT INTO segment_deletes SELECT t.id, t.segment, {erase}, coalesce(strlen(t.content), 0) FROM {source} "
         "AND t.id NOT IN (SELECT id FROM segment_deletes)", args))
     if listed_now:
         refresh_view(cur)  # the view leaves listed rows out from this transaction on
@@ -357,6 +357,13 @@ def link_into(cur: duckdb.DuckDBPyConnection, dest: Path) -> int:
             private_files(target)
         total += target.stat().st_size
     return total
+
+
+def first_id(cur: duckdb.DuckDBPyConnection) -> int | None:
+    """The first timestep id kept (a segment's first, deleted or not: never past the first live one)."""
+    first = one(cur.execute(f"SELECT min(v) FROM (SELECT min(first_id) AS v FROM segments UNION ALL "
+                            f"SELECT min(id) FROM {HOT_TIMESTEPS})"))[0]
+    return None if first is None else int(first)
 
 
 def usage(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:

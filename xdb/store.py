@@ -22,7 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from ahc.core.config import XDBConfig
-from ahc.core.errors import Conflict, InvalidRequest, NotFound
+from ahc.core.errors import InvalidRequest, NotFound
 from xdb import (
     browse,
     compression,
@@ -30,7 +30,6 @@ from xdb import (
     export,
     fidelity,
     insights,
-    retention,
     runs,
     segments,
     sql,
@@ -49,8 +48,8 @@ from xdb.recall import RecallFilters, TagCache, recall, recall_within, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
 from xdb.store_lake import LakeMethods
-from xdb.store_segments import SegmentMethods
 from xdb.store_sessions import SessionMethods, finish_deletions
+from xdb.store_storage import StorageMethods
 from xdb.writer import Writer, last_timestep_id, replay_from_audit
 
 P = ParamSpec("P")
@@ -68,7 +67,7 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) // 4)
 
 
-class XDB(SessionMethods, LakeMethods, TickCalls, SegmentMethods):
+class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
     def __init__(self, data_dir: Path, conn: duckdb.DuckDBPyConnection, audit: AuditLog | None,
                  concepts: ConceptIndex, writer: Writer | None, config: XDBConfig,
                  summarize: Callable[[str], str] | None) -> None:
@@ -482,80 +481,6 @@ class XDB(SessionMethods, LakeMethods, TickCalls, SegmentMethods):
             self.writer.flush()  # a session still on the writer's queue is one that exists
         with self.cursor() as cur:
             return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
-
-    @service_after_flush
-    def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,
-                trigger: str = "manual", tokens_after: int | None = None, tokens_before: int | None = None,
-                compress_released: bool = False, summarize: Callable[[str], str] | None = None) -> dict[str, Any]:
-        """Record a context compaction of `session_id` (its rows up to `up_to_tick` leave HOT), then
-        bring storage within the quota; `compress_released` compresses every released row even
-        under the quota. `summarize` writes the summaries (default: the one given to `open`)."""
-        summarize = summarize or self.summarize
-        if session_id is not None and self.writer is not None:
-            # The session's last tick bounds `up_to_tick`: rows already submitted count as recorded.
-            self.writer.flush()
-        with self._compress_lock, self.cursor() as cur:
-            record = None
-            if session_id is not None:
-                record = compression.compaction_record(cur, session_id, up_to_tick, summary, summarize,
-                                                       trigger, tokens_after, tokens_before)
-            made: list[int] = []
-            if compress_released:
-                while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
-                                                            self.audit_event):
-                    made += step
-            if self.retention.verbatim_days is not None:
-                made += retention.compress_aged(cur, self.retention.verbatim_days, summarize, self.hot_seconds,
-                                                self.audit_event)
-            deleted = []
-            if self.retention.delete_after_days is not None:
-                days = self.retention.delete_after_days
-                deleted = retention.expired_sessions(cur, days)
-                for expired in deleted:
-                    self._delete_recorded(cur, expired, reason="retention", delete_after_days=days)
-            audit_retired = self._retire_audit(cur)
-            # The audit log counts against the quota (it cannot be compressed, but retention retires its
-            # records with the rows they record), then exports: they are copies of what is recorded.
-            audit_bytes = self.audit_bytes()
-            target = None if self.quota_bytes is None else max(
-                int(self.quota_bytes * self.compress_at) - audit_bytes, 0)
-            room = None if target is None else max(target - compression.usage_bytes(cur), 0)
-            deleted_exports, export_bytes = self.expire_exports(self.export_ttl_s, room)
-            quota = None
-            if target is not None:
-                quota = compression.quota_pass(cur, target, summarize, self.hot_seconds, audit=self.audit_event)
-                made += quota.record_ids
-            report = {"compaction": record, "compressed_record_ids": made,
-                    "quota_pass": None if quota is None else quota.report(),
-                    "compressed_rows": compression.rows_compressed(cur, made), "deleted_sessions": deleted,
-                    "vacuum_due": retention.vacuum_due(cur),
-                    "deleted_exports": deleted_exports, "export_bytes": export_bytes,
-                    "usage_bytes": compression.usage_bytes(cur) + audit_bytes, "audit_bytes": audit_bytes,
-                    "quota_bytes": self.quota_bytes, "audit_retired": audit_retired,
-                    "audit_quota_share": None if not self.quota_bytes else audit_bytes / self.quota_bytes}
-        return {**report, "segments": self._segment_pass()}
-
-    def _retire_audit(self, cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
-        """Retire the audit records whose rows retention has removed from the experience file: those before
-        its first timestep left (or past its last committed one), written before the first retention
-        horizon configured. None when no horizon is, or nothing can go (xdb/audit.py's `retire`)."""
-        days = [d for d in (self.retention.verbatim_days, self.retention.delete_after_days) if d is not None]
-        if self.audit is None or not days:
-            return None
-        first, last = one(cur.execute("SELECT min(id), (SELECT value FROM xdb_meta WHERE key = 'last_timestep_id') "
-                                      "FROM timesteps"))
-        committed = -1 if last is None else int(last)
-        live_from = committed + 1 if first is None else min(int(first), committed + 1)
-        shipped = None
-        if self.lake is not None:  # a record leaves only once the lake holds it
-            shipped = int(self.lake.status().get("watermarks", {}).get("audit_records", -1))
-        return self.audit.retire(live_from, retention.cutoff(min(days)), "retention", shipped)
-
-    def vacuum(self) -> dict[str, Any]:
-        """Rewriting the experience file needs it closed: the XDB service does it between its calls
-        (xdb/service.py); an XDB open in the server's own process cannot."""
-        raise Conflict("vacuuming the experience file needs the XDB service (xdb.service_process: true, the "
-                       "default); with it off, stop the server and run `ahc xdb vacuum --data-dir DIR`")
 
     def audit_bytes(self) -> int:
         """What the audit log's files take on disk (its database, log and anchored heads)."""
