@@ -174,18 +174,26 @@ def resolve_submission(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None,
 
 
 def fidelity_counts(cur: duckdb.DuckDBPyConnection, hot_seconds: float) -> dict[str, int | dict[str, int]]:
-    """Timesteps per tier, plus COLD records by level."""
-    row = one(cur.execute(f"""
-        WITH h AS ({SESSION_HEAT}), w AS ({PROTECTED_WINDOWS})
-        SELECT count(*) FILTER (WHERE tier = 'submitted'), count(*) FILTER (WHERE tier = 'warm'),
-               count(*) FILTER (WHERE tier = 'hot'), count(*) FILTER (WHERE tier = 'released')
-        FROM (SELECT CASE
-            WHEN EXISTS (SELECT 1 FROM time_windows x WHERE x.fidelity = 'submitted' AND x.session_id = t.session_id
-                         AND t.tick BETWEEN x.start_tick AND x.end_tick) THEN 'submitted'
-            WHEN EXISTS (SELECT 1 FROM time_windows x WHERE x.fidelity = 'warm' AND x.pinned
-                         AND x.session_id = t.session_id AND t.tick BETWEEN x.start_tick AND x.end_tick) THEN 'warm'
-            WHEN t.tick > h.released_through AND h.last_at > ? THEN 'hot' ELSE 'released' END AS tier
-            FROM timesteps t JOIN h USING (session_id))""", [hot_cutoff(hot_seconds)]))
+    """Timesteps per tier, plus COLD records by level. A row in a SUBMITTED window is submitted, else in a
+    pinned WARM one warm, else past its session's compaction while the session is active hot, else
+    released. Counted without a tier a row: only the rows within windows are matched one by one (a
+    row-by-row tier over a year's history built an 8 GiB hash table)."""
+    total, hot_all, submitted, warm, hot_in_windows = one(cur.execute(f"""
+        WITH h AS ({SESSION_HEAT}),
+        w AS (SELECT session_id, start_tick, end_tick, fidelity = 'submitted' AS submitted FROM time_windows
+              WHERE fidelity = 'submitted' OR (fidelity = 'warm' AND pinned)),
+        marked AS (SELECT t.session_id, t.tick, bool_or(w.submitted) AS submitted FROM timesteps t
+                   JOIN w ON w.session_id = t.session_id AND t.tick BETWEEN w.start_tick AND w.end_tick
+                   GROUP BY ALL)
+        SELECT (SELECT count(*) FROM timesteps),
+               (SELECT count(*) FROM timesteps t JOIN h USING (session_id)
+                WHERE t.tick > h.released_through AND h.last_at > $cutoff),
+               (SELECT count(*) FILTER (WHERE submitted) FROM marked),
+               (SELECT count(*) FILTER (WHERE NOT submitted) FROM marked),
+               (SELECT count(*) FROM marked m JOIN h USING (session_id)
+                WHERE m.tick > h.released_through AND h.last_at > $cutoff)""",
+                                                                        {"cutoff": hot_cutoff(hot_seconds)}))
+    hot = hot_all - hot_in_windows
     levels = dict(cur.execute("SELECT compression_level, count(*) FROM compressed_records GROUP BY 1").fetchall())
-    return {"submitted": row[0], "warm": row[1], "hot": row[2], "released": row[3],
+    return {"submitted": submitted, "warm": warm, "hot": hot, "released": total - submitted - warm - hot,
             "cold": {CompressionLevel(lv).name.lower(): n for lv, n in sorted(levels.items())}}
