@@ -9,7 +9,7 @@ starts, so a session's rows span ~half a million ids and a few days, and every s
 turn carries a note naming it (`note-h<n>`), the text whose erasure is checked.
 
     history_bytes                 the segments' bytes on disk (and history_bytes_per_row)
-    history_restart_s             the XDB service from spawn to its first answer over the history
+    history_restart_s             the XDB service from spawn to its first recall over the history
     history_recall_p95_ms         a session's tick range, its text, and a concept over the history
     history_erase_s               1% of sessions deleted, then `vacuum` (the erase pass: their segments
                                   rewritten, experience.duckdb copied): until their text is in no file
@@ -127,7 +127,7 @@ def history_figures(work: Path, rows: int) -> dict[str, float]:
     victims = [f"h{n}" for n in range(0, sessions(rows), DELETED_SHARE)]
     started = time.monotonic()
     with RemoteXDB(data, XDBConfig(vacuum_max_bytes=None)) as xdb:
-        xdb.state()
+        xdb.recall_page({"session_id": "h0", "limit": 1}, owner=EVERY)
         figures["history_restart_s"] = round(time.monotonic() - started, 2)
         figures["history_recall_p95_ms"] = recall_p95_ms(xdb, rows)
         figures.update(erase(xdb, victims))

@@ -30,6 +30,7 @@ class QuietCheckpoints:
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, lock: threading.Lock | None = None) -> None:
         self._conn, self._lock = conn, lock
+        self._put_off = 0  # checkpoints put off since the last taken
         row = conn.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
         self._wal = Path(f"{row[0]}.wal") if row and row[0] else None  # None: in memory, nothing to do
         conn.execute(f"SET checkpoint_threshold = '{CEILING}'")
@@ -51,6 +52,12 @@ class QuietCheckpoints:
             with self._lock or nullcontext():
                 self._conn.execute("CHECKPOINT")
         except duckdb.Error as exc:
-            log.info("XDB checkpoint of %s put off: %s", self._wal, exc)
+            # Once a streak: a long transaction (a segment being written) puts it off at every commit.
+            log.log(logging.DEBUG if self._put_off else logging.INFO, "XDB checkpoint of %s put off: %s",
+                    self._wal, exc)
+            self._put_off += 1
             return False
+        if self._put_off:
+            log.info("XDB checkpoint of %s taken after %d put off", self._wal, self._put_off)
+            self._put_off = 0
         return True
