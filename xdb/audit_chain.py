@@ -222,15 +222,20 @@ class Rehash:
             closes = digest is not None
             if self.ends is not None and closes != (seq in self.ends):
                 return seq, MISMATCH if closes else "differs from its checkpoint (its batch's head is missing)"
-            if closes:
-                h = batch_head(self.prev, self._start, seq, self._open)
-                if bytes(digest) != h:
-                    return seq, _head_mismatch(self._start, seq)
-                if self.ends is not None and self.ends[seq] != h:
-                    return seq, "differs from its checkpoint"
-                self.prev = h
-                self.checked += len(self._open)
-                self._open = []
+            if closes and (failed := self._close(seq, bytes(digest))) is not None:
+                return failed
+        return None
+
+    def _close(self, seq: int, stored: bytes | None) -> tuple[int, str] | None:
+        """End the open batch at `seq`: its head recomputed against the stored one and the checkpoint's."""
+        h = batch_head(self.prev, self._start, seq, self._open)
+        if stored != h:
+            return seq, _head_mismatch(self._start, seq)
+        if self.ends is not None and self.ends[seq] != h:
+            return seq, "differs from its checkpoint"
+        self.prev = h
+        self.checked += len(self._open)
+        self._open = []
         return None
 
     def _feed_batched(self, seqs: list[int], canonical: list[bytes], records: pa.Table) -> tuple[int, str] | None:
@@ -257,14 +262,8 @@ class Rehash:
                 self._start = seqs[taken]
             self._open.extend(full[taken:i + 1])
             taken = i + 1
-            h = batch_head(self.prev, self._start, seq, self._open)
-            if stored[i].as_py() != h:
-                return seq, _head_mismatch(self._start, seq)
-            if self.ends is not None and self.ends[seq] != h:
-                return seq, "differs from its checkpoint"
-            self.prev = h
-            self.checked += len(self._open)
-            self._open = []
+            if (failed := self._close(seq, stored[i].as_py())) is not None:
+                return failed
         if until < len(seqs):
             if until == stop:
                 return seqs[until], MISMATCH
