@@ -76,15 +76,21 @@ def _types(data: Path) -> list[pa.DataType]:
 def test_a_log_chained_a_record_at_a_time_migrates_and_keeps_verifying(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "x"
 
-    def as_version_5(prev: bytes, records: pa.Table, ends: list[int], k: int = 10) -> tuple[np.ndarray, list[bytes]]:
+    def as_version_5(prev: bytes, records: pa.Table, ends: list[int], k: int = 10,
+                     acts: object = None) -> tuple[np.ndarray, list[bytes]]:
         return np.array([None] * records.num_rows, dtype=object), chain(prev, records, k)
 
     monkeypatch.setattr("xdb.audit.stamp", as_version_5)
     with XDB.open(data) as xdb:
+        assert xdb.audit is not None
+        xdb.audit.activations_apart = False  # activations in the record, as before version 7
         record(xdb, text="old")
         record(xdb, text="old")
     monkeypatch.undo()
     # As version 5 left it: no leaf column, a hash in every record.
+    sql(data, "ALTER TABLE audit_records DROP COLUMN activation_root")
+    sql(data, "ALTER TABLE audit_records DROP COLUMN activation_leaf")
+    sql(data, "DROP TABLE audit_replay")
     sql(data, "ALTER TABLE audit_records DROP COLUMN leaf")
     sql(data, "ALTER TABLE audit_records ALTER COLUMN record_hash SET NOT NULL")
     sql(data, "UPDATE audit_meta SET value = '5' WHERE key = 'schema_version'")

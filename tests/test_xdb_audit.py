@@ -159,7 +159,9 @@ def recompute_chain(data_dir: Path) -> None:
     con = duckdb.connect(str(data_dir / "audit" / "audit.duckdb"))
     records = con.execute(f"SELECT {', '.join(RECORD_COLUMNS)} FROM audit_records ORDER BY seq").to_arrow_table()
     ends = [end for (end,) in con.execute("SELECT seq_end FROM audit_checkpoints ORDER BY seq_end").fetchall()]
-    leaves, hashes = stamp(GENESIS, records, ends)  # batch by batch, as the writer chains them
+    roots = dict(con.execute("SELECT seq, activation_root FROM audit_records "
+                             "WHERE activation_root IS NOT NULL").fetchall())
+    leaves, hashes = stamp(GENESIS, records, ends, acts=roots)  # batch by batch, as the writer chains them
     con.register("fixed", pa.table({"seq": records.column("seq"), "l": pa.array(leaves, pa.int32()),
                                     "h": pa.array(hashes, pa.binary())}))
     con.execute("UPDATE audit_records SET leaf = fixed.l, record_hash = fixed.h FROM fixed "

@@ -597,10 +597,12 @@ def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(l
     cols = ", ".join(f"CAST({c} AS {'INTEGER' if c == 'concept_ids' else 'FLOAT'}[{TOP_K}]) AS {c}"
                      if c in ("concept_ids", "concept_values") else c for c in RECORD_COLUMNS)
     conn = _observers[lake.catalog]
-    rows = conn.execute(f"SELECT {cols}, record_hash FROM lake.audit_records WHERE replica = 'A' ORDER BY seq"
-                        ).to_arrow_table()
+    rows = conn.execute(f"SELECT {cols}, record_hash, activation_root FROM lake.audit_records WHERE replica = 'A' "
+                        "ORDER BY seq").to_arrow_table()
     ends = [seq for seq, h in zip(rows.column("seq").to_pylist(), rows.column("record_hash").to_pylist()) if h]
-    leaves, hashes = stamp(GENESIS, rows, ends)  # batch by batch, as the writer chains them
+    roots = {seq: bytes(r) for seq, r in zip(rows.column("seq").to_pylist(), rows.column("activation_root").to_pylist())
+             if r is not None}
+    leaves, hashes = stamp(GENESIS, rows, ends, acts=roots)  # batch by batch, as the writer chains them
     for seq, leaf, digest in zip(rows.column("seq").to_pylist(), leaves.tolist(), hashes):
         conn.execute("UPDATE lake.audit_records SET leaf = ?, record_hash = ? WHERE replica = 'A' AND seq = ?",
                      [leaf, digest, seq])

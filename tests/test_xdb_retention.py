@@ -95,7 +95,7 @@ def test_compression_starts_at_compress_at_of_the_quota(tmp_path: Path) -> None:
         assert xdb.audit_bytes() > 0
         xdb.quota_bytes = int(used / 0.9)  # at 90% of the quota: under it, over compress_at
         report = xdb.compact()
-        assert report["compressed_rows"].get("reply", 0) > 0
+        assert sum(report["compressed_rows"].values()) > 0  # the level depends on how far the audit leaves room
         assert report["usage_bytes"] <= 0.8 * xdb.quota_bytes
         xdb.compress_at = 1.0
         before = usage_bytes(xdb.conn.cursor()) + xdb.audit_bytes()  # the pass's own audit records counted

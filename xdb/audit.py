@@ -54,6 +54,16 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from xdb.audit_activations import (
+    REPLAY_TABLE,
+    activation_leaves,
+    activation_root,
+    check_experience,
+    check_replayed,
+    replay_rows,
+    short,
+    without_activations,
+)
 from xdb.audit_chain import (
     EVENT_TYPE,
     GENESIS,
@@ -92,6 +102,9 @@ log = logging.getLogger("ahc.xdb.audit")
 APP = "ahc-xdb-audit"
 # How long a commit waits for the batch before it (prepared on another thread) to be committed.
 COMMIT_TURN_TIMEOUT_S = 60.0
+# How long a checkpoint waits for the experience file to commit the batch the log just committed, so that
+# audit_replay is empty when it is written (xdb/audit_checkpoints.py): its commit follows within milliseconds.
+REPLAY_WAIT_S = 0.25
 # What XDB hands the modules that delete or rewrite rows: (action, details) → one chained record.
 AuditEvent = Callable[[str, dict[str, Any]], None]
 AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -128,6 +141,13 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     # batch's last one its head; records stored before (leaf null) keep their own hashes and verify so.
     (6, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS leaf INTEGER",
          "ALTER TABLE audit_records ALTER COLUMN record_hash DROP NOT NULL"]),
+    # Version 7 stores a record's activations only as hashes (xdb/audit_activations.py): its act leaf's first
+    # 4 bytes, and the batch's root in its last record; they wait in audit_replay until the experience file
+    # holds them. Records stored before keep theirs, and verify so.
+    (7, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS activation_leaf INTEGER",
+         "ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS activation_root BLOB",
+         f"CREATE TABLE IF NOT EXISTS {REPLAY_TABLE} (timestep_id BIGINT NOT NULL, concept_ids INTEGER[{TOP_K}], "
+         f"concept_values FLOAT[{TOP_K}])"]),
 ]
 
 
@@ -154,6 +174,7 @@ class PreparedBatch:
     checkpoint: bytes
     concept_count: int
     concepts_head: bytes
+    replay: pa.Table | None = None  # the batch's activations (audit_replay's rows); None before version 7
 
 
 def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
@@ -209,6 +230,14 @@ class AuditLog:
         # Where batch sealing starts (None: a log not migrated to version 5, opened read-only).
         marked = conn.execute("SELECT value FROM audit_meta WHERE key = 'batch_sealed_from'").fetchone()
         self.batch_sealed_from: int | None = None if marked is None else int(marked[0])
+        # Activations hashed apart and kept until the experience file holds them (version 7 on; not in a
+        # log opened read-only before its migration).
+        self.activations_apart = one(conn.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND table_name = ?",
+            [REPLAY_TABLE]))[0] > 0
+        self._held_through = -1  # the last timestep id the experience file has committed (`experience_holds`)
+        self._audited_through = -1  # the last timestep id this log has committed
+        self._pruned_through = -1
 
     @classmethod
     def open(cls, path: Path, *, read_only: bool = False) -> AuditLog:
@@ -254,10 +283,14 @@ class AuditLog:
 
     def quiet_checkpoints(self) -> QuietCheckpoints:
         """The writer's checkpoints of this file, taken between commits, a row group at a time."""
-        return RowGroupCheckpoints(self.conn, self._commit_lock, lambda: (self.committed_seq, self.largest_commit))
+        return RowGroupCheckpoints(self.conn, self._commit_lock, lambda: (self.committed_seq, self.largest_commit),
+                                   self._empty_replay)
 
     def close(self) -> None:
         self._closing = True
+        if self._held_through > self._pruned_through:
+            with self._commit_lock:
+                self._prune_replay(self.conn)
         if self._head_fd is not None:
             os.close(self._head_fd)
             self._head_fd = None
@@ -433,7 +466,17 @@ class AuditLog:
         sealing = seal_batch if self.batch_sealed_from is not None and self.next_seq >= self.batch_sealed_from else seal
         records = sealing(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE)
         end = self.next_seq + n - 1
-        leaf, hashes = stamp(self.head, records, [end])
+        replay = None
+        if self.activations_apart:
+            full = activation_leaves(records, TOP_K)
+            replay = replay_rows(records)
+            records = without_activations(records)
+            root = activation_root(full)
+            leaf, hashes = stamp(self.head, records, [end], acts={end: root})
+            records = records.append_column("activation_leaf", pa.array(short(full), pa.int32())).append_column(
+                "activation_root", pa.array([None] * (n - 1) + [root], pa.binary()))
+        else:
+            leaf, hashes = stamp(self.head, records, [end])
         records = records.append_column("record_hash", pa.array(hashes, pa.binary())).append_column(
             "leaf", pa.array(leaf, pa.int32()))
         head = hashes[-1]
@@ -446,7 +489,7 @@ class AuditLog:
         concept_count = self.concept_count + len(new_concepts)
         ckpt = checkpoint_hash(self.checkpoint_head, self.next_seq, end, head, concept_count, concepts_head)
         prepared = PreparedBatch(records, concept_rows, self.next_seq, end, head, self.checkpoint_head, ckpt,
-                                 concept_count, concepts_head)
+                                 concept_count, concepts_head, replay)
         self.next_seq += n
         self.head, self.checkpoint_head = head, ckpt
         self.concept_count, self.concepts_head = concept_count, concepts_head
@@ -480,6 +523,8 @@ class AuditLog:
             self.committed_seq = p.seq_end + 1
             self.largest_commit = max(self.largest_commit, p.seq_end + 1 - p.seq_start)
             self.committed_head = (p.seq_end, p.head)
+            if p.replay is not None and p.replay.num_rows:
+                self._audited_through = max(self._audited_through, int(p.replay.column("timestep_id")[-1].as_py()))
             self._turn.notify_all()
 
     def _write(self, p: PreparedBatch) -> None:
@@ -495,6 +540,9 @@ class AuditLog:
                     "prev_hash": pa.array(prevs, pa.binary()), "hash": pa.array(hashes, pa.binary())})
                 ).insert_into("audit_concepts")
             con.from_arrow(stored_records(p.records)).insert_into("audit_records")
+            if p.replay is not None and p.replay.num_rows:
+                con.from_arrow(p.replay).insert_into(REPLAY_TABLE)
+            self._prune_replay(con)
             # Numbers and hashes only, so a literal: a statement with parameters is prepared anew on
             # every call (a millisecond of a small batch's commit).
             con.execute(f"INSERT INTO audit_checkpoints VALUES ({int(p.seq_start)}, {int(p.seq_end)}, "
@@ -505,16 +553,50 @@ class AuditLog:
             con.execute("ROLLBACK")
             raise
 
+    def experience_holds(self, timestep_id: int) -> None:
+        """The experience file has committed every row up to `timestep_id`: their activations may leave
+        audit_replay (at the next commit, in its transaction)."""
+        self._held_through = max(self._held_through, timestep_id)
+
+    def _empty_replay(self, wait_s: float = REPLAY_WAIT_S) -> None:
+        """Before a checkpoint (under the commit lock): wait a little for the experience file to commit what
+        the log has (its commit follows the log's), then drop the activations it holds from audit_replay."""
+        deadline = time.monotonic() + wait_s
+        while self._held_through < self._audited_through and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._prune_replay(self.conn)
+
+    def _prune_replay(self, con: duckdb.DuckDBPyConnection) -> None:
+        held = self._held_through
+        if self.activations_apart and held > self._pruned_through:
+            con.execute(f"DELETE FROM {REPLAY_TABLE} WHERE timestep_id <= {int(held)}")
+            self._pruned_through = held
+
     def last_timestep_id(self) -> int:
         last = one(self.conn.execute("SELECT max(timestep_id) FROM audit_records"))[0]
         return -1 if last is None else int(last)
 
     def rows_after(self, timestep_id: int) -> pa.Table:
-        """Audited rows the experience file has not committed yet (replayed after a crash)."""
+        """Audited rows the experience file has not committed yet (replayed after a crash). Their activations
+        (version 7 on) are those audit_replay kept, checked against each record's leaf: a row the experience
+        file had committed once (it was restored from an older copy) comes back without them."""
+        if self.activations_apart:  # a record's own activations (before version 7), else those it waits with
+            acts = ("coalesce(r.concept_ids, p.concept_ids) AS concept_ids, coalesce(r.concept_values, "
+                    "p.concept_values) AS concept_values, "
+                    "CASE WHEN p.timestep_id IS NOT NULL THEN r.activation_leaf END AS activation_leaf")
+            source = f"audit_records r LEFT JOIN {REPLAY_TABLE} p USING (timestep_id)"
+        else:
+            acts, source = "concept_ids, concept_values, CAST(NULL AS INTEGER) AS activation_leaf", "audit_records r"
         cols = "timestep_id AS id, session_id, tick, event_type, role, content, token_id, request_id, " \
-               "concept_ids, concept_values, activation_source, created_at, metadata"
-        table = self.conn.execute(f"SELECT {cols}, seq, key_id, sealed FROM audit_records WHERE timestep_id > ? "
+               f"{acts}, activation_source, created_at, metadata"
+        table = self.conn.execute(f"SELECT {cols}, seq, key_id, sealed FROM {source} WHERE timestep_id > ? "
                                   "AND event_type != ? ORDER BY seq", [timestep_id, EVENT_TYPE]).to_arrow_table()
+        bad = check_replayed(table, table.column("activation_leaf").to_pylist(), TOP_K)
+        if bad is not None:
+            raise ValueError(f"audit log {self.path}: the activations kept for replay of record "
+                             f"seq={table.column('seq')[bad].as_py()} do not hash to its leaf (edited); nothing "
+                             "was replayed")
+        table = table.drop_columns(["activation_leaf"])
         opened = self._open_sealed(table)
         # A deleted session's rows (its key destroyed) are not replayed: the deletion came after them.
         keep = pa.array([payload is not False for payload in opened], pa.bool_())
@@ -557,6 +639,23 @@ class AuditLog:
                 return report
             finally:
                 cur.execute("ROLLBACK")
+
+    def check_activations(self, experience: duckdb.DuckDBPyConnection, report: AuditReport,
+                          seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
+        """`report` (a verified chain) with the activations the experience file (`experience`, a cursor
+        of it) holds for the records in [seq_from, seq_to] checked against those the log committed."""
+        if not report.ok or not self.activations_apart:
+            return report
+        with self.conn.cursor() as cur:
+            lo, hi = one(cur.execute("SELECT min(seq), max(seq) FROM audit_records"))
+            if lo is None:
+                return report
+            start = lo if seq_from is None else max(lo, seq_from)
+            end = hi if seq_to is None else min(hi, seq_to)
+            problem = check_experience(cur, experience, start, end, TOP_K)
+        if problem is not None:
+            return AuditReport(False, report.records_checked, problem, erased=report.erased, retired=report.retired)
+        return report
 
     def verify_for_open(self, seq_from: int | None = None) -> None:
         """Verify what a start builds on before anything does, in time flat in the log's size: its

@@ -9,8 +9,12 @@ seq included) for a whole batch at once, so only the hash steps run per record i
 From schema version 6 on, the chain moves a committed batch (records seq a..b) at a time:
     leaf_i = SHA-256(canonical bytes of record i)
     head_b = SHA-256(head_before || "batch" || int64 a || int64 b || leaf_a || ... || leaf_b)
-(int64s little-endian). A record stores the first 4 bytes of its leaf (`leaf`, a little-endian int32) and
-the batch's last record the batch's head (`record_hash`, null in the others). The head carries the
+(int64s little-endian). From version 7 on a record's activations are hashed apart and stored only in the
+experience file, and the head ends with `"acts" || act_root_b`, the root of the batch's activation leaves
+(xdb/audit_activations.py); the record's own leaf hashes it with its concept columns null.
+
+A record stores the first 4 bytes of its leaf (`leaf`, a little-endian int32) and the batch's last record
+the batch's head (`record_hash`, null in the others). The head carries the
 integrity: it is recomputed from the records' full leaves, never from the stored short ones, which only
 tell which record of a batch whose head fails was changed (an edit that kept its 4 bytes, a chance of
 2^-32, is still caught by the head, named by its batch). A short leaf is no weaker a pointer than a
@@ -37,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from xdb.audit_activations import ACTS
 from xdb.canonical import canonical_array
 from xdb.schema import TOP_K
 
@@ -67,12 +72,16 @@ def chain(prev: bytes, records: pa.Table, k: int = TOP_K) -> list[bytes]:
 def stored_records(records: pa.Table) -> pa.Table:
     """A prepared batch's records as `audit_records` holds them, column for column in its order: the
     record columns, prev_hash (no longer stored: null), record_hash (the batch's head, in its last record),
-    key_id, sealed and leaf."""
+    key_id, sealed, leaf, activation_leaf and activation_root."""
     fields = [c for c in RECORD_COLUMNS if c not in ("key_id", "sealed")]
     out = records.select(fields).append_column("prev_hash", pa.nulls(records.num_rows, pa.binary()))
-    return out.append_column("record_hash", records.column("record_hash")).append_column(
+    out = out.append_column("record_hash", records.column("record_hash")).append_column(
         "key_id", records.column("key_id")).append_column("sealed", records.column("sealed")).append_column(
         "leaf", records.column("leaf"))
+    for name, kind in (("activation_leaf", pa.int32()), ("activation_root", pa.binary())):
+        column = records.column(name) if name in records.column_names else pa.nulls(records.num_rows, kind)
+        out = out.append_column(name, column)
+    return out
 
 
 def leaves(records: pa.Table, k: int = TOP_K) -> list[bytes]:
@@ -89,15 +98,19 @@ def short_leaves(full: list[bytes]) -> np.ndarray:
     return out
 
 
-def batch_head(prev: bytes, seq_start: int, seq_end: int, full: list[bytes]) -> bytes:
-    """The chain's head after the batch of records seq_start..seq_end with leaves `full`."""
-    return hashlib.sha256(prev + b"batch" + struct.pack("<qq", seq_start, seq_end) + b"".join(full)).digest()
+def batch_head(prev: bytes, seq_start: int, seq_end: int, full: list[bytes], acts: bytes | None = None) -> bytes:
+    """The chain's head after the batch of records seq_start..seq_end with leaves `full`, and from schema
+    version 7 on the root of its activations' leaves (`acts`, xdb/audit_activations.py)."""
+    tail = b"" if acts is None else ACTS + acts
+    return hashlib.sha256(prev + b"batch" + struct.pack("<qq", seq_start, seq_end) + b"".join(full) + tail).digest()
 
 
-def stamp(prev: bytes, records: pa.Table, ends: list[int], k: int = TOP_K) -> tuple[np.ndarray, list[bytes | None]]:
+def stamp(prev: bytes, records: pa.Table, ends: list[int], k: int = TOP_K,
+          acts: dict[int, bytes] | None = None) -> tuple[np.ndarray, list[bytes | None]]:
     """The stored hash columns of a run of records chained onto `prev` in batches ending at the seqs `ends`
     (the run's last seq among them): each record's short leaf, and its `record_hash` (its batch's head
-    at a batch's last record, None elsewhere)."""
+    at a batch's last record, None elsewhere). `acts`: each batch's activation root, by its last seq."""
+    acts = acts or {}
     seqs = records.column("seq").to_pylist()
     full = leaves(records, k)
     closing = set(ends)
@@ -105,7 +118,7 @@ def stamp(prev: bytes, records: pa.Table, ends: list[int], k: int = TOP_K) -> tu
     start = 0
     for i, seq in enumerate(seqs):
         if seq in closing:
-            prev = batch_head(prev, seqs[start], seq, full[start:i + 1])
+            prev = batch_head(prev, seqs[start], seq, full[start:i + 1], acts.get(seq))
             hashes[i], start = prev, i + 1
     return short_leaves(full), hashes
 
@@ -193,16 +206,18 @@ class Rehash:
         if not seqs:
             return None
         has_leaf = "leaf" in records.column_names
+        roots = records.column("activation_root").to_pylist() if "activation_root" in records.column_names \
+            else [None] * len(seqs)
         if not self._open and (not has_leaf or records.column("leaf").null_count == len(seqs)):
             return self._feed_chained(seqs, records)
         canonical = canonical_array(records, self.k).to_pylist()
         if has_leaf and records.column("leaf").null_count == 0 and records.column("prev_hash").null_count == len(seqs):
-            return self._feed_batched(seqs, canonical, records)
+            return self._feed_batched(seqs, canonical, records, roots)
         stored_prevs = records.column("prev_hash").to_pylist()
         stored = records.column("record_hash").to_pylist()
         short = records.column("leaf").to_pylist() if "leaf" in records.column_names else [None] * len(seqs)
         sha = hashlib.sha256
-        for seq, raw, stored_prev, digest, leaf in zip(seqs, canonical, stored_prevs, stored, short):
+        for seq, raw, stored_prev, digest, leaf, root in zip(seqs, canonical, stored_prevs, stored, short, roots):
             if leaf is None:  # chained alone (before schema version 6)
                 h = sha(self.prev + raw).digest()
                 if self._open or digest is None or bytes(digest) != h or (
@@ -222,13 +237,13 @@ class Rehash:
             closes = digest is not None
             if self.ends is not None and closes != (seq in self.ends):
                 return seq, MISMATCH if closes else "differs from its checkpoint (its batch's head is missing)"
-            if closes and (failed := self._close(seq, bytes(digest))) is not None:
+            if closes and (failed := self._close(seq, bytes(digest), root)) is not None:
                 return failed
         return None
 
-    def _close(self, seq: int, stored: bytes | None) -> tuple[int, str] | None:
+    def _close(self, seq: int, stored: bytes | None, acts: bytes | None) -> tuple[int, str] | None:
         """End the open batch at `seq`: its head recomputed against the stored one and the checkpoint's."""
-        h = batch_head(self.prev, self._start, seq, self._open)
+        h = batch_head(self.prev, self._start, seq, self._open, None if acts is None else bytes(acts))
         if stored != h:
             return seq, _head_mismatch(self._start, seq)
         if self.ends is not None and self.ends[seq] != h:
@@ -238,7 +253,8 @@ class Rehash:
         self._open = []
         return None
 
-    def _feed_batched(self, seqs: list[int], canonical: list[bytes], records: pa.Table) -> tuple[int, str] | None:
+    def _feed_batched(self, seqs: list[int], canonical: list[bytes], records: pa.Table,
+                      roots: list[bytes | None]) -> tuple[int, str] | None:
         """`feed` for records every one of which is batched (the common case), with the same verdicts: the
         leaves compared at once, and the loop only over the batches' ends."""
         sha = hashlib.sha256
@@ -262,7 +278,7 @@ class Rehash:
                 self._start = seqs[taken]
             self._open.extend(full[taken:i + 1])
             taken = i + 1
-            if (failed := self._close(seq, stored[i].as_py())) is not None:
+            if (failed := self._close(seq, stored[i].as_py(), roots[i])) is not None:
                 return failed
         if until < len(seqs):
             if until == stop:

@@ -288,6 +288,10 @@ def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: 
     has_leaf = one(cur.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
                                "AND table_name = 'audit_records' AND column_name = 'leaf'"))[0]
     leaf = "leaf" if has_leaf else "CAST(NULL AS INTEGER) AS leaf"
+    has_acts = one(cur.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+                               "AND table_name = 'audit_records' AND column_name = 'activation_root'"))[0]
+    if has_acts:  # version 7 on: a batch's head ends with its activations' root
+        leaf += ", activation_root"
     expected = start
     while expected <= end:
         hi = min(expected + chunk - 1, end)

@@ -67,6 +67,19 @@ def canonical_array(table: pa.Table, k: int) -> pa.LargeBinaryArray:
                                        pa.scalar(b"", pa.large_binary()))
 
 
+def activation_bytes(table: pa.Table, k: int) -> list[bytes]:
+    """Every row's activation part of its canonical bytes: uint16 slot mask, k × int32 concept id, k ×
+    float32 value (0 in an absent slot), from its `concept_ids` and `concept_values` columns."""
+    n = table.num_rows
+    out = np.zeros(n, dtype=np.dtype([("mask", "<u2"), ("ids", "<i4", (k,)), ("values", "<f4", (k,))]))
+    out["ids"], present = _slots(table, "concept_ids", k, "<i4")
+    out["values"], _ = _slots(table, "concept_values", k, "<f4")
+    out["mask"] = (present * (1 << np.arange(k, dtype=np.uint32))).sum(axis=1)
+    raw = out.tobytes()
+    size = out.dtype.itemsize
+    return [raw[i * size:(i + 1) * size] for i in range(n)]
+
+
 def length_prefixed(table: pa.Table, head: np.ndarray, fields: tuple[str, ...]) -> list[pa.Array]:
     """Arrow arrays whose element-wise join is, per row, `head`'s bytes then each string field as an
     int32 UTF-8 byte length (-1 for null) and its bytes. The fixed bytes between two strings are one

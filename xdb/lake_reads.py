@@ -283,6 +283,7 @@ def _verify_replica(cur: duckdb.DuckDBPyConnection, a: str, replica: str, chunk:
     have = {c for (c,) in cur.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = ? "
                                       "AND table_name = 'audit_records'", [a]).fetchall()}
     leaf = ", leaf" if "leaf" in have else ""  # a lake older than batch hashing holds no batched record
+    leaf += ", activation_root" if "activation_root" in have else ""
     rehash, expected = Rehash(GENESIS), 0
     while expected <= end:
         hi = min(expected + chunk - 1, end)

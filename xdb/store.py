@@ -523,7 +523,9 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
             raise ValueError("this XDB was opened read-only; use xdb.audit.verify_audit(data_dir)")
         if self.writer is not None:
             self.writer.flush()
-        return self.audit.verify(seq_from, seq_to)
+        report = self.audit.verify(seq_from, seq_to)
+        with self.cursor() as cur:
+            return self.audit.check_activations(cur, report, seq_from, seq_to)
 
     @service_after_flush
     def audit_records(self, session_id: str | None = None, event_type: str | None = None,

@@ -258,11 +258,11 @@ def replay_from_audit(conn: duckdb.DuckDBPyConnection, audit: AuditLog) -> int:
     last = last_timestep_id(conn)
     audit.verify_for_open(audit.first_seq_after(last))
     table = audit.rows_after(last)
-    if table.num_rows == 0:
-        return 0
-    known = {cid for (cid,) in conn.execute("SELECT id FROM concepts").fetchall()}
-    missing = [(cid, name) for cid, name in audit.concepts() if cid not in known]
-    store_batch(conn, table, missing)
+    if table.num_rows:
+        known = {cid for (cid,) in conn.execute("SELECT id FROM concepts").fetchall()}
+        missing = [(cid, name) for cid, name in audit.concepts() if cid not in known]
+        store_batch(conn, table, missing)
+    audit.experience_holds(last_timestep_id(conn))  # what the log kept for a replay may go
     return int(table.num_rows)
 
 
@@ -585,6 +585,8 @@ class Writer:
                 self._conn.execute("ROLLBACK")
                 self._failed_on(batch)
                 raise
+            if table.num_rows:
+                self._audit.experience_holds(int(table.column("id")[-1].as_py()))
             if fired and self.on_auto_tags is not None:  # before a flush returns: its reads see the tags
                 self.on_auto_tags()
             with self._cond:
