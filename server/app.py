@@ -28,7 +28,7 @@ from server.routes.session_routes import session_router
 from server.routes.ui_routes import install_ui
 from server.routes.xdb_routes import xdb_router
 from server.runtime import Runtime
-from server.tenancy.auth import ApiKeyCheck
+from server.tenancy.auth import ApiKeyCheck, AuditClosed
 
 if TYPE_CHECKING:
     from vllm.tasks import SupportedTask
@@ -140,7 +140,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     # nothing, not even a 415, before the 401; it sets the request's tenant before anything downstream
     # reads it), then XDB's back-pressure, the body limit, and the JSON content type (with or without a
     # key: a keyless local server is exactly what a cross-site page would target).
-    install_gateway(app, label, auth=ApiKeyCheck(runtime.keys) if runtime.keys else None,
+    install_gateway(app, label, auth=ApiKeyCheck(runtime.keys) if runtime.keys else AuditClosed(),
                     recording=RecordingGate(runtime.recorder, oc.recording_wait_s, oc.retry_after_s),
                     json_bodies=True, body_limit=BodyLimit(runtime.config.max_request_bytes))
     if label is not None:

@@ -5,7 +5,8 @@ Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, do
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
 work. Each key is a tenant (server/tenancy/tenants.py): the check makes the key's tenant the request's.
-An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them.
+An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them,
+and a server without keys serves them to no one (`AuditClosed`).
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -62,6 +63,20 @@ class ApiKeyCheck:
             return _close_websocket
         return error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' or "
                               "'x-api-key: KEY'.", "authentication_error", "invalid_api_key")
+
+
+class AuditClosed:
+    """The gateway's `Guard` on a server without keys: nobody holds an auditor's key, so nobody reads the
+    audit log over HTTP (an agent with a shell tool would otherwise read its own audit from localhost).
+    Every other path stays open, as without a guard. The log is read with `ahc xdb` on the machine."""
+
+    async def __call__(self, scope: Scope, headers: Headers) -> ASGIApp | None:
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if not _is_audit(path):
+            return None
+        return _refusal(scope, "The audit log (/v1/audit) is read over HTTP with an auditor's key alone, and this "
+                               "server has no keys (a keys file line 'auditor NAME:KEY' makes one); on this "
+                               "machine, `ahc xdb verify-audit --data-dir DIR` checks it.")
 
 
 def _is_audit(path: str) -> bool:
