@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from ahc.core.errors import InvalidRequest
 from ahc.core.limits import ID_MAX_CHARS, IDENTITY_MAX_CHARS, KARMA_MAX_ENTRIES, KARMA_TEXT_MAX_CHARS
+from orchestrator.memory_tools import MemoryToolName
 
 
 class _Strict(BaseModel):
@@ -91,6 +92,15 @@ class ContextSpec(_Strict):
     # `true` or "0.5" is refused rather than read as a number.
     cag_threshold: float | None = Field(None, gt=0, le=1, strict=True)
     formatter: str | None = None
+    # XDB's verbs offered to the model as tools (orchestrator/memory_tools.py); none unless named.
+    memory_tools: list[MemoryToolName] = Field(default_factory=list)
+
+    @field_validator("memory_tools")
+    @classmethod
+    def _named_once(cls, names: list[MemoryToolName]) -> list[MemoryToolName]:
+        if len(names) != len(set(names)):
+            raise ValueError("each tool is named once")
+        return names
 
     @field_validator("codex", "karma")
     @classmethod

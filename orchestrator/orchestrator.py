@@ -38,6 +38,7 @@ from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
+from orchestrator.memory_tools import offered
 from orchestrator.named_sessions import NamedSessions, tools_key
 from orchestrator.prepared import Prepared
 from orchestrator.request_turn import RequestTurn
@@ -158,6 +159,7 @@ class Orchestrator:
         decided = request.placement
         actions: list[str] = []
         compactions: list[Compaction] = []
+        requested = False
 
         async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
             assert session is not None and self.summarize is not None
@@ -209,7 +211,8 @@ class Orchestrator:
         return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt, turn,
                         plan.extra_tools, query=query, karma=karma, stored_query=stored_query,
                         prompt_tokens=plan.tokens, condense_wanted=plan.wanted, compactions=tuple(compactions),
-                        named=label is not None, placement=placement, brought=brings)
+                        named=label is not None, placement=placement, brought=brings,
+                        compaction_requested=requested and bool(compactions))
 
     def prompt_budget(self, completion_tokens: int | None) -> int:
         """The most tokens a prompt may take: the window less the reply's room."""
@@ -261,11 +264,12 @@ class Orchestrator:
         return inp, karma
 
     def _extra_tools(self, r: _Request) -> list[dict[str, Any]]:
-        """`query_archive` for a RAG prompt with a Codex to search."""
+        """`query_archive` for a RAG prompt with a Codex to search, and the memory verbs the request names."""
         assert r.placement is not None
+        tools = offered(r.spec.memory_tools)
         if r.placement.mode == "rag" and self.retriever is not None and r.codex:
-            return [self.retriever.tool()]
-        return []
+            return [self.retriever.tool(), *tools]
+        return tools
 
     async def _placement(self, r: _Request) -> Placement:
         """The session's placement while its Codex is the one it was decided for, else decided anew."""

@@ -37,6 +37,7 @@ class Prepared:
     # Codex documents without a condensed rendition that would have kept the Codex in the prompt.
     condense_wanted: tuple[CodexDoc, ...] = ()
     compactions: tuple[Compaction, ...] = ()  # of the session's State, made while preparing
+    compaction_requested: bool = False  # the first of them asked for (a client or the model), not forced by size
     named: bool = False  # session_id named by the client (header, prompt_cache_key), its State not kept
     placement: Placement | None = None  # where the Codex sits; the session keeps it when the turn commits
     # A request sent as written: the head of its messages' chain (orchestrator/conversations.py),

@@ -133,7 +133,8 @@ class Recorder:
         if prepared.compactions and rows and self.background is not None:
             # What this request's prompt no longer carries verbatim: the session's rows recorded before it.
             # One record per request, however many rounds it took (from the first's size to the last's).
-            trigger = "kv_cache_full" if "vram_compact" in prepared.actions else "context_full"
+            trigger = ("kv_cache_full" if "vram_compact" in prepared.actions else
+                       "manual" if prepared.compaction_requested else "context_full")
             first, last = prepared.compactions[0], prepared.compactions[-1]
             future = self.background.submit(
                 self.xdb.compact, prepared.session_id, up_to_tick=rows[0].tick - 1, summary=last.summary,

@@ -1,4 +1,5 @@
-"""`POST /v1/context/query_archive`: where a client runs the `query_archive` tool.
+"""`POST /v1/context/query_archive` and `POST /v1/context/memory`: where a client runs the tools the
+orchestrator offers the model (`query_archive`, and the memory verbs a request names).
 
 In RAG mode the orchestrator offers the model a `query_archive` tool. Per OpenAI tool semantics the
 call comes back to the client (finish_reason "tool_calls"), which executes it here and sends the
@@ -14,11 +15,20 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from ahc.core.errors import InvalidRequest
+from ahc.core.limits import ID_MAX_CHARS
+from orchestrator.memory_tools import MemoryToolName
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS
+from orchestrator.session import SessionStore
 from server.http.errors import AHCRoute
+from server.memory.memory_tools import MemoryCall
+from server.memory.memory_tools import run as run_memory_tool
 from server.tenancy.request_context import request_tenant
+from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
+from xdb import XDBClient
+
+MEMORY_ARGUMENTS_MAX_CHARS = 16_000
 
 
 class QueryArchiveBody(BaseModel):
@@ -31,8 +41,20 @@ class QueryArchiveBody(BaseModel):
     session_id: str | None = Field(None, min_length=1, max_length=256)
 
 
-def context_router(retriever: CodexRetriever) -> APIRouter:
+class MemoryToolBody(BaseModel):
+    """A memory tool call as the model made it: the tool's name and its arguments (the object, or the JSON
+    string a tool call carries), and the session it was made in."""
+
+    model_config = ConfigDict(extra="forbid")
+    session_id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
+    name: MemoryToolName
+    arguments: dict[str, Any] | Annotated[str, Field(max_length=MEMORY_ARGUMENTS_MAX_CHARS)] = Field(
+        default_factory=dict)
+
+
+def context_router(retriever: CodexRetriever, xdb: XDBClient, sessions: SessionStore) -> APIRouter:
     router = APIRouter(route_class=AHCRoute, tags=["context"])
+    views = TenantViews(xdb)
 
     @router.post("/v1/context/query_archive")
     async def query_archive(body: QueryArchiveBody, tenant: Annotated[Tenant, Depends(request_tenant)]) -> Any:
@@ -41,5 +63,12 @@ def context_router(retriever: CodexRetriever) -> APIRouter:
         if "error" in result:
             raise InvalidRequest(result["error"]["message"])
         return result
+
+    @router.post("/v1/context/memory")
+    async def memory(body: MemoryToolBody, view: TenantXDB = Depends(views)) -> Any:
+        """Run a memory tool call the model made (`context.memory_tools`); the result is the `tool`
+        message's content. A bad argument is the model's, and comes back as `{"error": ...}` for it."""
+        call = MemoryCall(body.session_id, body.name, body.arguments)
+        return {"name": body.name, "result": await run_memory_tool(call, view, sessions)}
 
     return router

@@ -10,17 +10,17 @@ last save to land (they go through the same ordered worker as the saves), and ar
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.core.errors import NotFound
 from ahc.core.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
 from server.http.errors import AHCRoute
+from server.memory.memory_tools import request_compaction
 from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
 
@@ -140,16 +140,8 @@ def session_router(xdb: XDBClient, store: SessionStore, background: ThreadPoolEx
     async def compact(session_id: str, view: TenantXDB = Depends(views)) -> CompactionRequested:
         """The session's next turn compacts its State first, as an automatic compaction does (its
         summary call continues that turn's cached prompt, which only a turn brings)."""
-        stored = view.stored_id(session_id)
-        async with store.lock(stored):
-            session = await store.aget(stored)
-            if not session.turns:
-                raise NotFound(f"session {session_id!r} has no State turns to compact")
-            session.compaction_requested = True
-            receipt = store.save(session)
-            if isinstance(receipt, Future):
-                await asyncio.wrap_future(receipt)
-        return CompactionRequested(session_id=session_id, turns=len(session.turns))
+        requested = await request_compaction(view, store, session_id)
+        return CompactionRequested(session_id=session_id, turns=requested["turns"])
 
     @router.delete("/{session_id}")
     async def delete(session_id: str, view: TenantXDB = Depends(views)) -> SessionDeleted:
