@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cli_runner import ahc
 from fake_app import serving
 from fastapi.testclient import TestClient
 
@@ -39,7 +40,8 @@ def last_prompt(runtime: Runtime) -> str:
 def test_named_verbs_are_offered_and_run_on_the_session(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
                                                        tmp_path: Path) -> None:
     with serving(config, vllm_config, tmp_path) as (client, runtime):
-        assert client.post("/v1/chat/completions", json=chat("m", "The red key opens the north door.")).status_code == 200
+        said = client.post("/v1/chat/completions", json=chat("m", "The red key opens the north door."))
+        assert said.status_code == 200
         assert "recall" not in last_prompt(runtime)  # none unless named
         reply = client.post("/v1/chat/completions", json=chat("m", "Which door?", ["recall", "tag"]))
         assert reply.status_code == 200, reply.text
@@ -88,3 +90,9 @@ def test_a_compaction_asked_for_is_recorded_as_manual(config: AHCConfig, vllm_co
         assert isinstance(xdb, XDB)
         assert xdb.conn.execute("SELECT trigger FROM compaction_records WHERE session_id = 'c'").fetchall() == [
             ("manual",)]
+
+
+def test_ahc_mcp_refuses_a_base_url_that_is_not_http() -> None:
+    result = ahc("mcp", "--base-url", "localhost:8000")
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        "error: --base-url 'localhost:8000': expected http://HOST:PORT"], result.stderr

@@ -269,6 +269,23 @@ def watch_replicas(running: LocalCluster) -> None:
 
 @app.command()
 @clean_errors
+def mcp(
+    base_url: Annotated[str, typer.Option(help="The AHC server the verbs run on.")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(
+        envvar="AHC_API_KEY", help="Its key (a tenant's): the verbs act on that tenant's sessions.")] = None,
+    session: Annotated[str | None, typer.Option(
+        help="The session a call without session_id acts on (without it, every call names one).")] = None,
+) -> None:
+    """XDB's memory verbs (recall, tag, comment, pin, request_compaction) as an MCP server on stdio."""
+    from server.memory.mcp_server import MemoryServer
+
+    if not base_url.startswith(("http://", "https://")):
+        fail(f"--base-url {base_url!r}: expected http://HOST:PORT")
+    MemoryServer(base_url.rstrip("/"), api_key, session).run_stdio()
+
+
+@app.command()
+@clean_errors
 def bench(
     name: Annotated[str, typer.Argument(help="A benchmark name, or 'all' to run every one into bench/results/.")],
     json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")] = False,

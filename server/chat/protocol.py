@@ -12,6 +12,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from ahc.core.errors import InvalidRequest
 from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
+from orchestrator.memory_tools import MEMORY_TOOLS
 from orchestrator.turn_request import TurnRequest
 from orchestrator.turn_retry import Retry
 from server.admission.turn_admission import Asked
@@ -36,6 +37,20 @@ class ChatRequest(ChatCompletionRequest):
                 and not isinstance(data["structured_outputs"], dict):
             raise ValueError("structured_outputs must be an object (json, regex, choice, grammar, ...) or null")
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_tools_are_tools(cls, data: Any) -> Any:
+        """The memory verbs `context.memory_tools` names are tools of the request (the orchestrator offers
+        them; orchestrator/memory_tools.py): vLLM's checks of `tool_choice` see them, so a client may name
+        one. A copy: the body as sent stays the client's."""
+        context = data.get("context") if isinstance(data, dict) else None
+        names = context.get("memory_tools") if isinstance(context, dict) else None
+        if not isinstance(names, list) or not all(isinstance(n, str) and n in MEMORY_TOOLS for n in names):
+            return data  # none, or a bad one: `context`'s own validation names it
+        tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+        have = {t.get("function", {}).get("name") for t in tools if isinstance(t, dict)}
+        return {**data, "tools": [*tools, *(MEMORY_TOOLS[n] for n in names if n not in have)]}
 
     # A client's `request_id` names the request's rows in XDB ("chatcmpl-" and it): UTF-8 must hold it.
     _request_id = field_validator("request_id")(unicode_id)
