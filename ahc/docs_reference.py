@@ -207,6 +207,11 @@ class MountedRoute:
     name: str
 
 
+def public_path(path: str) -> str:
+    """A route's path as a client writes it (and the OpenAPI schema names it): `{path:path}` is `{path}`."""
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
+
+
 def mounted_routes(app: FastAPI) -> list[MountedRoute]:
     """The routes requests can reach, in the app's order: a route whose every method an earlier route on the
     same path answers (vLLM's own, behind AHC's installed ahead of it) is never reached and left out."""
@@ -215,7 +220,7 @@ def mounted_routes(app: FastAPI) -> list[MountedRoute]:
     out: list[MountedRoute] = []
     answered: set[tuple[str, str]] = set()
     for route in app.router.routes:
-        path = getattr(route, "path", "")
+        path = public_path(getattr(route, "path", ""))
         if isinstance(route, Mount):
             out.append(MountedRoute(path=path, methods=("GET",), in_schema=False, name=route.name or path))
             continue
