@@ -26,12 +26,12 @@ GENERATED = "<!-- Generated from the code by ahc/docs_reference.py at build time
 # --- Markdown helpers --------------------------------------------------------------------------------------------
 
 def cell(text: str) -> str:
-    """`text` on one line of a Markdown table: pipes escaped, and angle brackets outside code spans, which
-    Markdown would otherwise read as HTML."""
+    """`text` on one line of a Markdown table. Outside code spans, pipes are escaped and angle brackets made
+    entities (Markdown would read them as HTML); inside one, a pipe is no cell separator and stays as it is."""
     parts = " ".join(text.split()).split("`")
     for i in range(0, len(parts), 2):
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
-    return "`".join(parts).replace("|", "\\|")
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    return "`".join(parts)
 
 
 def code(text: str) -> str:
