@@ -84,6 +84,7 @@ def test_every_cli_command_is_on_the_page() -> None:
     assert not missing, f"commands or options missing from the CLI reference: {missing}"
 
 
+@pytest.mark.slow  # ~40 s: the app is built again, in the build's own process
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     """Every page, the generated ones included; a broken link or a page outside the nav fails the build."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
