@@ -242,6 +242,10 @@ def routes_page(app: FastAPI | None = None) -> str:
 
     app = app or build_app()
     schema = app.openapi()
+    served = mounted_routes(app)
+    # A schema entry whose path and method a route outside the schema answers first (AHC's `/health`, ahead
+    # of vLLM's) describes a route never reached: that route is listed with the others outside the schema.
+    elsewhere = {(r.path, m) for r in served if not r.in_schema for m in r.methods}
     out = [GENERATED, "# HTTP routes\n\n",
            "Every route `ahc serve` mounts, read from the app it builds: vLLM's OpenAI-compatible server with "
            "AHC's routes installed ahead of vLLM's on the same paths, and the routes listed at the end taken "
@@ -252,6 +256,8 @@ def routes_page(app: FastAPI | None = None) -> str:
            "The running server serves this schema at `/openapi.json` (and pages for it at `/docs`).\n\n"]
     for path, operations in sorted(schema["paths"].items()):
         for method, operation in sorted(operations.items()):
+            if (path, method.upper()) in elsewhere:
+                continue
             out.append(f"### `{method.upper()} {path}`\n\n")
             what = _first_paragraph(operation.get("description") or "") or operation.get("summary", "")
             out.append(f"{cell(what)}\n\n")
@@ -265,7 +271,7 @@ def routes_page(app: FastAPI | None = None) -> str:
             body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
             if body:
                 out.append(f"Body: {code(_schema_type(body))}.\n\n")
-    outside = [r for r in mounted_routes(app) if not r.in_schema]
+    outside = [r for r in served if not r.in_schema]
     out += ["## Served outside the schema\n\n",
             "Probes, the experience browser, its static files, vLLM's own helpers that the schema leaves out, "
             "and the schema itself.\n\n",
