@@ -20,7 +20,7 @@ CONFIG ?= configs/cpu-small.yaml
 # suite's dozens of processes would otherwise each compile what they import again.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: setup clients run test test-fast lint bench clean
+.PHONY: setup clients run test test-fast lint docs bench clean
 
 # The agent CLIs the suite runs (tests/test_agent_clis.py), from npm, pinned by tests/clients/package-lock.json.
 CLIENTS := .cache/clients/node_modules/.package-lock.json
@@ -69,14 +69,14 @@ $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: the set-up and the agent CLIs beside lint (mypy takes one core for a minute while the models
+# Everything, and what CI runs: the set-up, the agent CLIs and the docs site beside lint (mypy takes one core for a minute while the models
 # download and the lenses train), then every test, one xdist worker per core (four at most). The tests of
 # one server run together on one worker, so each server starts once, and they go first; the engine-free
 # tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
 # `alone`) run afterwards, by themselves. The 15 slowest are listed.
 PYTEST := $(BIN)/python -m pytest -q -rs
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
+	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 -m "not alone" tests
 	$(PYTEST) -m alone tests
 
@@ -91,6 +91,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy --strict --follow-imports=silent --ignore-missing-imports $(MYPY_STRICT)
+
+# The documentation site (mkdocs.yml, docs/), its reference pages generated from the code as it builds;
+# --strict: a broken link, or a page left out of the nav, fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .cache/site
 
 bench: setup
 	$(BIN)/ahc bench all --out bench/results

@@ -51,58 +51,77 @@ def bundled_configs() -> Traversable:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # A field's docstring is its description: the configuration reference is generated from them.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), use_attribute_docstrings=True)
 
 
 class EngineConfig(_Strict):
     """What vLLM's engine gets; each field maps to the vLLM flag of the same name."""
 
     max_model_len: int = Field(2048, gt=0)
+    """The context window in tokens: vLLM's `--max-model-len`, and the window the orchestrator budgets for."""
     dtype: str = "auto"
+    """The weights' and activations' data type, as vLLM's `--dtype` (auto: the model's own)."""
     enforce_eager: bool = False
+    """Run the model eagerly, without CUDA graphs (vLLM's `--enforce-eager`)."""
     enable_prefix_caching: bool = True
+    """vLLM's prefix cache, which every agent turn reuses; turning it off costs the whole prompt's prefill each
+    turn."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    # None: vLLM's own default for the device (on the emulated engine, the emulated GPU's).
+    """The share of the GPU's memory vLLM may take for the weights and the KV cache."""
     max_num_seqs: int | None = Field(None, gt=0)
+    """Sequences the engine runs at once; None: vLLM's own default for the device (on the emulated engine, the
+    emulated GPU's)."""
     max_num_batched_tokens: int | None = Field(None, gt=0)
+    """Tokens the scheduler batches in one step; None: vLLM's own default for the device."""
     block_size: int | None = Field(None, gt=0)
+    """Tokens in one KV cache block; None: vLLM's own default for the device."""
     seed: int = 0
+    """The engine's random seed (sampling, and the emulated engine's drawn tokens)."""
     tensor_parallel_size: int = Field(1, gt=0)
+    """GPUs the model is split across (vLLM's `--tensor-parallel-size`)."""
     tool_call_parser: str | None = "hermes"
-    # How far tool calls are held to their tools' schemas by the grammar. vLLM's own default ("auto")
-    # pins arguments only for tools marked `strict`, and a small model then answers a `{city}` schema
-    # with a bare string; "parameter" pins every tool's arguments, as OpenAI's strict mode does.
+    """vLLM's tool call parser for the served model's format; None: no tool calls parsed."""
     tool_strict_level: Literal["auto", "function", "parameter"] = "parameter"
-    # vLLM's CPU build sizes its KV cache from this (GiB); ignored on a GPU.
+    """How far tool calls are held to their tools' schemas by the grammar. vLLM's own default ("auto") pins
+    arguments only for tools marked `strict`, and a small model then answers a `{city}` schema with a bare
+    string; "parameter" pins every tool's arguments, as OpenAI's strict mode does."""
     cpu_kvcache_space_gib: int = Field(1, gt=0)
-    # Seconds SIGTERM waits for in-flight requests before aborting them.
+    """vLLM's CPU build sizes its KV cache from this (GiB); ignored on a GPU."""
     shutdown_timeout: int = Field(10, ge=0)
-    # KV offloading to CPU memory (GiB, over all ranks; None: off) through vLLM's connector: prefixes
-    # evicted from the GPU are restored by a copy instead of a prefill. Needs a GPU build ("native": vLLM's
-    # own CPU tier; "lmcache": an LMCache server, whose own capacity this should state).
+    """Seconds SIGTERM waits for in-flight requests before aborting them."""
     kv_offloading_size: float | None = Field(None, gt=0)
+    """KV offloading to CPU memory (GiB, over all ranks; None: off) through vLLM's connector: prefixes evicted
+    from the GPU are restored by a copy instead of a prefill. Needs a GPU build ("native": vLLM's own CPU tier;
+    "lmcache": an LMCache server, whose own capacity this should state)."""
     kv_offloading_backend: Literal["native", "lmcache"] = "native"
-    # Each request's priority is its session's place in line (the one its first call drew), and the engine
-    # schedules by it (vLLM's `--scheduling-policy priority`): a session that has started finishes before
-    # new ones crowd it out. A request with a `priority` of its own keeps it.
+    """The CPU tier's implementation: `native` (vLLM's own) or `lmcache` (an LMCache server)."""
     session_priority: bool = True
+    """Each request's priority is its session's place in line (the one its first call drew), and the engine
+    schedules by it (vLLM's `--scheduling-policy priority`): a session that has started finishes before new ones
+    crowd it out. A request with a `priority` of its own keeps it."""
     # Which KV tiers evict the idle session expected back latest first, its return predicted from the
     # gaps sessions leave between calls, rather than the least recently used: "cpu" (the CPU tier's
     # eviction policy, with kv_offloading_size and the native backend), "gpu" (the scheduler orders the
     # GPU's free blocks), "both" or "off". Advisory: a wrong prediction only changes which block goes first.
     # The GPU's order is off by default: on the agents bench it cost more hits than it kept.
     return_order: Literal["off", "cpu", "gpu", "both"] = "cpu"
-    # Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"]).
+    """Which KV tiers evict the idle session expected back latest first, its return predicted from the gaps
+    sessions leave between calls, rather than the least recently used: `cpu` (the CPU tier's eviction policy,
+    with kv_offloading_size and the native backend), `gpu` (the scheduler orders the GPU's free blocks), `both`
+    or `off`. Advisory: a wrong prediction only changes which block goes first. The GPU's order is off by
+    default: on the agents bench it cost more hits than it kept."""
     extra_args: list[str] = Field(default_factory=list)
-    # An emulated GPU instead of this machine's device (e.g. "h100-llama-8b", server/emulation/): vLLM's
-    # scheduler and KV cache manager run as they are, each step takes as long as the named GPU would
-    # take for the named model, and reply tokens are drawn, not generated. The model's tokenizer and
-    # chat template are used, its weights never read. Shown in /v1/models and the logs.
+    """Any other vLLM flag, passed through verbatim (e.g. ["--quantization", "awq"])."""
     emulate: str | None = None
-    # With `emulate`: each reply ends with the model's end-of-sequence token after a length drawn around
-    # this many tokens (exponentially, by the request), so agent clients finish their turns as they do on a
-    # model; None: a reply runs to its max_tokens (what the serving benchmarks measure).
+    """An emulated GPU instead of this machine's device (e.g. "h100-llama-8b", server/emulation/): vLLM's
+    scheduler and KV cache manager run as they are, each step takes as long as the named GPU would take for the
+    named model, and reply tokens are drawn, not generated. The model's tokenizer and chat template are used, its
+    weights never read. Shown in /v1/models and the logs."""
     emulate_reply_tokens: int | None = Field(None, ge=1)
+    """With `emulate`: each reply ends with the model's end-of-sequence token after a length drawn around this
+    many tokens (exponentially, by the request), so agent clients finish their turns as they do on a model; None:
+    a reply runs to its max_tokens (what the serving benchmarks measure)."""
 
     @model_validator(mode="after")
     def _reply_tokens_when_emulated(self) -> EngineConfig:
@@ -114,79 +133,94 @@ class EngineConfig(_Strict):
 class OrchestratorConfig(_Strict):
     """How the orchestrator assembles and governs the prompt of a request that carries `context`."""
 
-    # auto mode injects the whole Codex (CAG) while the prompt is under this share of the window; a
-    # request's `context.cag_threshold` overrides it for that request.
     cag_threshold: float = Field(0.7, gt=0, le=1)
+    """auto mode injects the whole Codex (CAG) while the prompt is under this share of the window; a request's
+    `context.cag_threshold` overrides it for that request."""
     formatter: str = "default"
-    # A karma entry added mid-session rides in State (append-only) until the next compaction instead
-    # of rewriting the Karma block, which would re-prefill the whole State behind it (orchestrator/karma.py).
+    """How the prompt's blocks are laid out as chat messages (`default`)."""
     karma_staging: bool = True
-    # Prompt density: when the prompt needs room before auto mode would leave the Codex out for RAG, a
-    # Codex document (not verbatim) is sent as its condensed rendition: made once by the served model
-    # (at most codex_condense_ratio of its tokens), stored in XDB as a document keyed by the source's
-    # SHA-256 and the model. False: never made (renditions a client sends inline are still used).
+    """A karma entry added mid-session rides in State (append-only) until the next compaction instead of
+    rewriting the Karma block, which would re-prefill the whole State behind it (orchestrator/karma.py)."""
     codex_condense: bool = True
+    """Prompt density: when the prompt needs room before auto mode would leave the Codex out for RAG, a Codex
+    document (not verbatim) is sent as its condensed rendition: made once by the served model (at most
+    codex_condense_ratio of its tokens), stored in XDB as a document keyed by the source's SHA-256 and the model.
+    False: never made (renditions a client sends inline are still used)."""
     codex_condense_ratio: float = Field(0.3, gt=0, lt=1)
-    # What condensing may cost each tenant: prompt and completion tokens of its renditions' model calls
-    # over a rolling hour, in whole windows (16 x an 8k window: 131k tokens an hour).
+    """A condensed rendition's length at most, as a share of its source document's tokens."""
     codex_condense_windows_per_hour: float = Field(16.0, gt=0)
+    """What condensing may cost each tenant: prompt and completion tokens of its renditions' model calls over a
+    rolling hour, in whole windows (16 x an 8k window: 131k tokens an hour)."""
     rag_top_k: int = Field(4, gt=0, le=32)
+    """Excerpts retrieved into the Query block per RAG request."""
     rag_max_documents: int = Field(1000, gt=0)
+    """Codex documents one request may carry."""
     rag_max_document_chars: int = Field(2_000_000, gt=0)
+    """Characters of one Codex document, at most."""
     rag_max_total_chars: int = Field(20_000_000, gt=0)
-    # CTC governor: caps on the assembled prompt's characters and its State's turns (a user message
-    # and what follows it), a safety net behind compaction. None (unset): derived from max_model_len,
-    # above what compaction keeps (orchestrator/ctc_governor.py): 90% of the window at 4 characters a
-    # token (7,373 at 2,048; 117,965 at 32k) and 512 turns. 0 turns that cap off.
+    """Characters of a request's whole Codex, at most."""
     max_chars: int | None = Field(None, ge=0)
+    """CTC governor: a cap on the assembled prompt's characters (max_turns caps its State's turns), a safety net
+    behind compaction. None (unset): derived from max_model_len, above what compaction keeps
+    (orchestrator/ctc_governor.py): 90% of the window at 4 characters a token (7,373 at 2,048; 117,965 at 32k).
+    0 turns the cap off."""
     max_turns: int | None = Field(None, ge=0)
-    # Past this share of max_model_len in State tokens, the oldest turns are summarised by the served
-    # model (the threshold follows the window: 1,024 tokens at 2,048, 16k at 32k);
-    # compaction_threshold_tokens sets it in tokens instead.
+    """Cap on the State's turns (a user message and what follows it); None: 512; 0: no cap."""
     compaction_threshold: float = Field(0.5, gt=0, le=1)
+    """Past this share of max_model_len in State tokens, the oldest turns are summarised by the served model (the
+    threshold follows the window: 1,024 tokens at 2,048, 16k at 32k); compaction_threshold_tokens sets it in
+    tokens instead."""
     compaction_threshold_tokens: int | None = Field(None, gt=0)
+    """State tokens past which the oldest turns are summarised, instead of compaction_threshold's share of the
+    window."""
     compaction_keep_turns: int = Field(4, ge=0)
-    # ...and those turns take at most this share of the State's room in the window: every compaction
-    # re-prefills the turns it keeps (the summary before them changed), and the more it keeps, the
-    # sooner the next one comes. An agent's turn with long tool results may be kept as none.
+    """The most recent turns a compaction keeps as they are (within compaction_keep_share)."""
     compaction_keep_share: float = Field(0.125, ge=0, le=1)
+    """The kept turns take at most this share of the State's room in the window: every compaction re-prefills
+    the turns it keeps (the summary before them changed), and the more it keeps, the sooner the next one comes.
+    An agent's turn with long tool results may be kept as none."""
     compaction_max_tokens: int = Field(128, gt=0)
-    # The prompt budget is max_model_len minus the request's completion budget (max_tokens or
-    # max_completion_tokens). A request that names none still gets this much room for its reply:
-    # the prompt is kept under max_model_len minus this (at most half the window).
+    """Tokens a compaction's summary may take."""
     default_completion_tokens: int = Field(512, gt=0)
-    # VRAM governor: how long a request may wait for KV blocks before State is compacted / 429. Turns
-    # short of blocks wait for running ones to finish, as in vLLM's own queue; a 429 would make the
-    # client wait its whole Retry-After instead.
+    """The prompt budget is max_model_len minus the request's completion budget (max_tokens or
+    max_completion_tokens). A request that names none still gets this much room for its reply: the prompt is
+    kept under max_model_len minus this (at most half the window)."""
     vram_queue_timeout_s: float = Field(30.0, ge=0)
-    # How long a new generation waits while XDB's recording backlog is over its bound, before a 503.
+    """VRAM governor: how long a request may wait for KV blocks before State is compacted / 429. Turns short of
+    blocks wait for running ones to finish, as in vLLM's own queue; a 429 would make the client wait its whole
+    Retry-After instead."""
     recording_wait_s: float = Field(2.0, ge=0)
-    # Session-aware admission. A session is in flight while a turn of it runs or it is within its own
-    # usual think time (at most session_hot_s). When re-prefilling every session in flight would take the
-    # engine longer than that think time (session_wait_per_prefill seconds of wait per second of the
-    # engine's measured prefill), the cache goes to sessions in their order in line: a turn waits until
-    # its context fits beside those ahead of it. Otherwise a cold turn that would evict a session about
-    # to come back waits only while that costs less than the prefill it spares. No wait passes
-    # session_max_wait_s, and a session not yet in flight (new, or back from quiet) waits at most
-    # session_first_wait_s before it goes in past the cap: none is starved. With a CPU tier
-    # (engine.kv_offloading_size) a miss the tier serves is priced at its load, and the sessions in flight
-    # are capped to what the two tiers hold together. False: first come, first served.
+    """How long a new generation waits while XDB's recording backlog is over its bound, before a 503."""
     session_admission: bool = True
+    """Session-aware admission. A session is in flight while a turn of it runs or it is within its own usual
+    think time (at most session_hot_s). When re-prefilling every session in flight would take the engine longer
+    than that think time (session_wait_per_prefill seconds of wait per second of the engine's measured prefill),
+    the cache goes to sessions in their order in line: a turn waits until its context fits beside those ahead of
+    it. Otherwise a cold turn that would evict a session about to come back waits only while that costs less than
+    the prefill it spares. No wait passes session_max_wait_s, and a session not yet in flight (new, or back from
+    quiet) waits at most session_first_wait_s before it goes in past the cap: none is starved. With a CPU tier
+    (engine.kv_offloading_size) a miss the tier serves is priced at its load, and the sessions in flight are
+    capped to what the two tiers hold together. False: first come, first served."""
     session_hot_s: float = Field(10.0, ge=0)
+    """A session counts as in flight within its own usual gap between calls, at most this many seconds."""
     session_max_wait_s: float = Field(300.0, ge=0)
+    """No turn waits longer than this for session-aware admission."""
     session_first_wait_s: float = Field(10.0, ge=0)
+    """A session entering flight (new, or back from quiet) waits at most this long, then goes in past the cap."""
     session_wait_per_prefill: float = Field(1.0, ge=0)
+    """Seconds of waiting one second of the engine's measured prefill is worth."""
     retry_after_s: int = Field(2, gt=0)
-    # Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded
-    # from XDB when they return.
+    """The `Retry-After` (seconds) of a 429 or 503 the server answers when it cannot take a request now."""
     max_sessions: int = Field(10_000, gt=0)
-    # Characters of text the token-count cache may hold, and each of the render cache's two memos: their
-    # keys are whole blocks, and a Codex may be 20 MB. Keep it above rag_max_total_chars, or a Codex that
-    # long is tokenized again on every request.
+    """Sessions kept in memory; past this the least recently used idle ones are dropped and reloaded from XDB
+    when they return."""
     cache_max_chars: int = Field(64 << 20, gt=0)
-    # Per-session RAG index files kept under data_dir/rag; past this the least recently used idle ones
-    # are deleted (an index is rebuilt from the Codex its session sends with every RAG request).
+    """Characters of text the token-count cache may hold, and each of the render cache's two memos: their keys
+    are whole blocks, and a Codex may be 20 MB. Keep it above rag_max_total_chars, or a Codex that long is
+    tokenized again on every request."""
     rag_max_index_files: int = Field(256, gt=0)
+    """Per-session RAG index files kept under data_dir/rag; past this the least recently used idle ones are
+    deleted (an index is rebuilt from the Codex its session sends with every RAG request)."""
 
     def compaction_tokens(self, max_model_len: int) -> int:
         """State tokens past which a session is compacted."""
@@ -203,31 +237,31 @@ class OrchestratorConfig(_Strict):
 class RetentionConfig(_Strict):
     """How long experience is kept as it was recorded (null: no limit)."""
 
-    # Token rows older than this are compressed into per-reply records (activations and tags kept).
     verbatim_days: float | None = Field(default=30.0, gt=0)
-    # A session idle this long is deleted, all of it, unless a window of it is pinned or SUBMITTED.
+    """Token rows older than this are compressed into per-reply records (activations and tags kept)."""
     delete_after_days: float | None = Field(default=365.0, gt=0)
+    """A session idle this long is deleted, all of it, unless a window of it is pinned or SUBMITTED."""
 
 
 class LakeConfig(_Strict):
     """`xdb.backend: ducklake`: the shared DuckLake every replica ships its committed rows to (catalog in
     PostgreSQL, data as Parquet files under a directory all replicas reach)."""
 
-    # The libpq connection string of the catalog's PostgreSQL database, e.g.
-    # "dbname=ahc host=127.0.0.1 port=5433 user=ahc".
     catalog: str | None = None
-    # The shared directory the lake's Parquet files go to.
+    """The libpq connection string of the catalog's PostgreSQL database, e.g. "dbname=ahc host=127.0.0.1
+    port=5433 user=ahc"."""
     data_path: str | None = None
-    # Names this replica (its writer) in the lake: every row it ships carries it. Unique per data dir.
+    """The shared directory the lake's Parquet files go to."""
     replica_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    # Rows committed locally reach the lake within this (a session State save ships at once).
+    """Names this replica (its writer) in the lake: every row it ships carries it. Unique per data dir."""
     ship_interval_s: float = Field(default=0.5, gt=0)
-    # At most this many rows of one table per lake transaction; a backlog goes in several.
+    """Rows committed locally reach the lake within this (a session State save ships at once)."""
     ship_batch_rows: int = Field(default=100_000, gt=0)
-    # Another replica's deletion of a session reaches this replica's own copies within this.
+    """At most this many rows of one table per lake transaction; a backlog goes in several."""
     tombstone_poll_s: float = Field(default=2.0, gt=0)
-    # An emulated engine's rows (drawn tokens, modelled timings) go into a shared lake only when asked.
+    """Another replica's deletion of a session reaches this replica's own copies within this."""
     accept_emulated: bool = False
+    """An emulated engine's rows (drawn tokens, modelled timings) go into a shared lake only when asked."""
 
 
 class XDBConfig(_Strict):
@@ -236,77 +270,87 @@ class XDBConfig(_Strict):
     # Defaults go by name (`default=`): mypy without pydantic's plugin reads a positional one as no
     # default at all, and xdb/, which builds XDBConfig(), is type-checked.
 
-    # Over this many bytes (the experience recorded and the audit log) the oldest cold records are
-    # compressed. None: `disk_quota_share` of the data dir's disk, sized when the server starts.
     quota_bytes: int | None = Field(default=None, gt=0)
+    """Over this many bytes (the experience recorded and the audit log) the oldest cold records are compressed.
+    None: `disk_quota_share` of the data dir's disk, sized when the server starts."""
     disk_quota_share: float = Field(default=0.5, gt=0, le=1)
-    # Keep everything verbatim, forever: no retention and no quota (neither may then be set).
+    """With no quota_bytes: the share of the data dir's disk that is the quota."""
     keep_forever: bool = False
-    # Compression starts once usage passes this share of quota_bytes, and brings it back under it,
-    # so a burst of writes finds room before the quota itself is reached.
+    """Keep everything verbatim, forever: no retention and no quota (neither may then be set)."""
     compress_at: float = Field(default=0.8, gt=0, le=1)
+    """Compression starts once usage passes this share of quota_bytes, and brings it back under it, so a burst of
+    writes finds room before the quota itself is reached."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     quota_check_s: float = Field(default=60.0, gt=0)
-    # A deleted session's text leaves every file under the data dir within this: the storage pass erases
-    # (seals the hot timesteps, rewrites the segments holding the session's, vacuums experience.duckdb)
-    # once a deletion waits, at most every quarter of it. None: only on request (POST /v1/xdb/compact
-    # with vacuum).
+    """Seconds between storage passes (quota, compression, retention, sealing)."""
     erase_within_s: float | None = Field(default=3600.0, gt=0)
-    # The storage pass seals the hot timesteps into a Parquet segment once they are this many rows.
+    """A deleted session's text leaves every file under the data dir within this: the storage pass erases (seals
+    the hot timesteps, rewrites the segments holding the session's, vacuums experience.duckdb) once a deletion
+    waits, at most every quarter of it. None: only on request (POST /v1/xdb/compact with vacuum)."""
     segment_rows: int = Field(default=1_000_000, gt=0)
-    # A live vacuum holds recording while it copies experience.duckdb (~55 MB/s measured on 2 cores), which
-    # holds the unsealed timesteps and the small tables: past this size it is refused, and `ahc xdb vacuum`
-    # runs it with the server stopped. None: no bound.
+    """The storage pass seals the hot timesteps into a segment file once they are this many rows."""
     vacuum_max_bytes: int | None = Field(default=2 << 30, gt=0)
+    """A live vacuum holds recording while it copies experience.duckdb (~55 MB/s measured on 2 cores), which
+    holds the unsealed timesteps and the small tables: past this size it is refused, and `ahc xdb vacuum` runs it
+    with the server stopped. None: no bound."""
     summary_max_tokens: int = Field(default=96, gt=0)
-    # Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota).
+    """Tokens of the summary a compressed record keeps."""
     warm_quota_bytes: int | None = Field(default=None, gt=0)
-    # Rows younger than this stay HOT: never compressed, whatever the quota.
+    """Bytes pinned windows may hold at full detail; None: half of quota_bytes (no cap without a quota)."""
     hot_seconds: float = Field(default=3600.0, ge=0)
+    """Rows younger than this stay HOT: never compressed, whatever the quota."""
     max_document_bytes: int = Field(default=1 << 20, gt=0)
-    # Exports (POST /v1/xdb/exports) are deleted this long after they were made, or sooner, oldest
-    # first, when their bytes and the recorded rows' pass quota_bytes; each tenant holds at most
-    # max_exports_per_tenant at a time and makes one at a time.
+    """Bytes of one uploaded Codex document, at most."""
     export_ttl_s: float = Field(default=86_400.0, gt=0)
+    """Exports (POST /v1/xdb/exports) are deleted this long after they were made, or sooner, oldest first, when
+    their bytes and the recorded rows' pass quota_bytes; each tenant holds at most max_exports_per_tenant at a
+    time and makes one at a time."""
     max_exports_per_tenant: int = Field(default=4, gt=0)
-    # The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived. A reply's
-    # end waits for the batch in flight as well as its own, so batch_rows bounds that wait. On the
-    # service alone, with 128 streams' rows arriving (~30k a second), a batch a second made the wait
-    # ~210 ms and 8192-row batches ~110 ms, for ~2 µs more of the service's CPU a row.
+    """Exports a tenant may hold at once (a 429 past it)."""
     batch_rows: int = Field(default=8192, gt=0)
+    """The writer commits a batch at batch_rows, or max_latency_s after its oldest row arrived. A reply's end
+    waits for the batch in flight as well as its own, so batch_rows bounds that wait. On the service alone, with
+    128 streams' rows arriving (~30k a second), a batch a second made the wait ~210 ms and 8192-row batches ~110
+    ms, for ~2 µs more of the service's CPU a row."""
     max_latency_s: float = Field(default=1.0, gt=0)
-    # Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure.
+    """A batch is committed this long after its oldest row arrived at the latest."""
     max_queue_rows: int = Field(default=1_000_000, gt=0)
+    """Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure."""
     submit_timeout_s: float = Field(default=30.0, gt=0)
-    # What recording does while the disk under the data dir is full or failing (xdb/remote.py). `pause`:
-    # every row is held in memory and, past max_queue_rows, new requests get 503 until the disk mends.
-    # `spill`: the rows go to append-only files in spill_dir (0600: tenants' text), the server keeps
-    # serving, and they are sent to XDB in order once it commits again (or at the next start); if
-    # spill_dir fails too, recording pauses. spill_dir must not lie inside the data dir; another disk.
+    """How long a submit blocks on a full queue before the writer refuses it."""
     on_disk_full: Literal["pause", "spill"] = "pause"
+    """What recording does while the disk under the data dir is full or failing (xdb/remote.py). `pause`: every
+    row is held in memory and, past max_queue_rows, new requests get 503 until the disk mends. `spill`: the rows
+    go to append-only files in spill_dir (0600: tenants' text), the server keeps serving, and they are sent to
+    XDB in order once it commits again (or at the next start); if spill_dir fails too, recording pauses.
+    spill_dir must not lie inside the data dir; another disk."""
     spill_dir: str | None = None
-    # DuckDB threads for the experience file; None: a quarter of the cores, at least one.
+    """With on_disk_full `spill`: where rows wait while the data dir's disk fails (outside the data dir, best on
+    another disk)."""
     threads: int | None = Field(default=None, gt=0)
-    # Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again.
+    """DuckDB threads for the experience file; None: a quarter of the cores, at least one."""
     max_tick_sessions: int = Field(default=10_000, gt=0)
-    # A recall answers within this many seconds: one that reaches it returns the rows found so far,
-    # oldest first, marked `partial` with a cursor to continue from. None: no deadline.
+    """Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again."""
     recall_deadline_s: float | None = Field(default=0.5, gt=0)
-    # `ahc serve` runs the database, its writer and the audit chain in a process of their own, so their
-    # CPU and their threads' hold on the GIL stay out of the process that streams tokens; a service
-    # that dies is started again and sent the rows it had not committed. False: all in one process.
+    """A recall answers within this many seconds: one that reaches it returns the rows found so far, oldest
+    first, marked `partial` with a cursor to continue from. None: no deadline."""
     service_process: bool = True
-    # `duckdb`: the data dir's files only. `ducklake`: those files as each replica's local buffer, and
-    # what they commit shipped to the shared DuckLake in `lake` (xdb/lake.py).
+    """`ahc serve` runs the database, its writer and the audit chain in a process of their own, so their CPU and
+    their threads' hold on the GIL stay out of the process that streams tokens; a service that dies is started
+    again and sent the rows it had not committed. False: all in one process."""
     backend: Literal["duckdb", "ducklake"] = "duckdb"
+    """`duckdb`: the data dir's files only. `ducklake`: those files as each replica's local buffer, and what they
+    commit shipped to the shared DuckLake in `lake` (xdb/lake.py)."""
     lake: LakeConfig = Field(default_factory=LakeConfig)
-    # Scheduled backups (server/recording/backup_loop.py): every backup_every_s the server writes a
-    # backup, verifies its audit chain, and keeps the newest backup_keep. None: on demand only (SIGUSR1,
-    # `ahc xdb backup`). backup_dir: where they go, meant to be another disk; None: DATA_DIR/backups.
-    # A deleted session is removed from the backups kept there too (xdb/backups.py).
+    """The shared experience lake, with `backend: ducklake`."""
     backup_every_s: float | None = Field(default=None, gt=0)
+    """Scheduled backups (server/recording/backup_loop.py): every backup_every_s the server writes a backup,
+    verifies its audit chain, and keeps the newest backup_keep. None: on demand only (SIGUSR1, `ahc xdb backup`).
+    A deleted session is removed from the backups kept in backup_dir too (xdb/backups.py)."""
     backup_dir: str | None = None
+    """Where scheduled backups go, meant to be another disk; None: DATA_DIR/backups."""
     backup_keep: int = Field(default=3, gt=0)
+    """Scheduled backups kept; older ones are deleted (SIGUSR1's are left alone)."""
 
     @model_validator(mode="after")
     def _forever_alone(self) -> XDBConfig:
@@ -356,16 +400,17 @@ class LensConfig(_Strict):
     state inside vLLM's worker; the top-k go to XDB with the token."""
 
     enabled: bool = False
-    # Lens pack directory (`ahc lens train`); its model fingerprint must match the served model.
+    """Apply the lens pack to every generated token inside vLLM's worker."""
     pack: str | None = None
-    # Concepts kept per token; XDB stores at most 10 (xdb.schema.TOP_K).
+    """Lens pack directory (`ahc lens train`); its model fingerprint must match the served model."""
     k: int = Field(10, ge=1, le=10)
-    # How long the XDB writer waits for a token's activations still in flight before writing the
-    # token without them (normally they arrive first; a reply's last tokens may wait a little).
+    """Concepts kept per token; XDB stores at most 10 (xdb.schema.TOP_K)."""
     finish_wait_s: float = Field(1.0, ge=0, le=10)
-    # What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token
-    # sets; `auto` takes the hidden state where the model exposes it, else falls back to the logit lens.
+    """How long the XDB writer waits for a token's activations still in flight before writing the token without
+    them (normally they arrive first; a reply's last tokens may wait a little)."""
     source: Literal["auto", "hidden_state", "logit_lens"] = "auto"
+    """What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token sets;
+    `auto` takes the hidden state where the model exposes it, else falls back to the logit lens."""
 
     @model_validator(mode="after")
     def _pack_when_enabled(self) -> LensConfig:
@@ -392,21 +437,29 @@ class _VllmApiKey(PydanticBaseSettingsSource):
 
 class AHCConfig(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", protected_namespaces=(), env_prefix="AHC_",
-                                      env_nested_delimiter="__", case_sensitive=False)
+                                      env_nested_delimiter="__", case_sensitive=False,
+                                      use_attribute_docstrings=True)
 
-    # A local directory or a Hugging Face Hub id, as vLLM takes it; `ahc serve MODEL` sets it.
     model: str | None = None
+    """A local directory or a Hugging Face Hub id, as vLLM takes it; `ahc serve MODEL` sets it."""
     served_model_name: str | None = None
+    """The model's name in the API (`model` in requests, /v1/models); None: the model as given."""
     host: str = "127.0.0.1"
+    """The address the server binds to; 0.0.0.0 opens it to the network (set an API key first)."""
     port: int = Field(8000, ge=0, le=65535)
-    # Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line.
+    """The port the server listens on."""
     api_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line."""
     api_keys_file: str | None = None
-    # Request bodies over this many bytes are refused with 413 before they are parsed (server/http/body_limit.py);
-    # the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus the messages.
+    """A file of named tenants' keys, `tenant:key` a line (and `auditor NAME:KEY` for an audit reviewer's key)."""
     max_request_bytes: int = Field(32 << 20, gt=0)
+    """Request bodies over this many bytes are refused with 413 before they are parsed
+    (server/http/body_limit.py); the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus
+    the messages."""
     data_dir: str = ".cache/xdb"
+    """Where XDB keeps its files: the experience database, the audit log, session State, RAG indexes, backups."""
     log_level: str = "info"
+    """The log level of AHC's and vLLM's loggers (debug, info, warning, error)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     xdb: XDBConfig = Field(default_factory=XDBConfig)
