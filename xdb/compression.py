@@ -27,10 +27,10 @@ from xdb import segments
 from xdb.audit import AuditEvent
 from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.interface import reads
-from xdb.recall import TAG_MATCH
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int, transaction
 from xdb.tables import HOT_TIMESTEPS
+from xdb.tags import TAG_MATCH
 
 log = logging.getLogger("ahc.xdb.storage")
 

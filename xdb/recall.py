@@ -126,15 +126,9 @@ COLUMNS = ("id", "session_id", "tick", "event_type", "role", "content", "token_i
            "concept_ids", "concept_values", "activation_source", "created_at", "metadata")
 ROW_COLUMNS = ", ".join(f"t.{c}" for c in COLUMNS)
 
-# Tag applications reach a timestep three ways: directly, through its reply (event = request_id, in
-# the session the tag was put in: a request id is a client's to choose) or through a tick range of its session.
-TAG_MATCH = """(
-    (a.target_type = 'timestep' AND a.timestep_id = t.id)
-    OR (a.target_type = 'event' AND a.event_id = t.request_id AND a.session_id = t.session_id)
-    OR (a.target_type = 'range' AND a.session_id = t.session_id AND t.tick BETWEEN a.range_start AND a.range_end))"""
-
-# The same three ways, each as a join DuckDB can hash (an OR of them is a nested loop, and an OR
-# across columns is never pushed into a scan): (columns of tag_applications, join condition).
+# The three ways a tag reaches a timestep (xdb/tags.py, TAG_MATCH), each as a join DuckDB can hash (an OR
+# of them is a nested loop, and an OR across columns is never pushed into a scan):
+# (columns of tag_applications, join condition).
 TAG_JOINS = {
     "timestep": ("timestep_id", "t.id = a.timestep_id"),
     "event": ("session_id, event_id", "t.request_id = a.event_id AND t.session_id = a.session_id"),
