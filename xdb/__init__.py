@@ -21,10 +21,10 @@ XDB's methods (xdb/store.py, with those on sessions and the lake in xdb/store_se
 xdb/store_lake.py) are the rest of its interface: those that add something of their own to a module
 function (recall and its pages, tagging, documents with their size limit, pins, compaction, State with
 the lake, exports, the audit). The methods marked `@service` there, and `read` / `write`, are what
-`RemoteXDB(data_dir, config, on_commit=, on_restart=)` serves from a process of its own (xdb/service.py;
+`RemoteXDB(data_dir, config, on_commit=, on_restart=)` serves from a process of its own (xdb/service/service.py;
 what `ahc serve` uses); xdb/interface.py says how.
 
-With `xdb.backend: ducklake` (xdb/lake.py) the files stay each replica's local buffer and a shipper
+With `xdb.backend: ducklake` (xdb/lake/lake.py) the files stay each replica's local buffer and a shipper
 thread copies what they commit into one DuckLake (catalog in PostgreSQL, Parquet under data_path),
 every row with its `replica`, exactly once; `lake_recall`, `lake_concepts`, `lake_tags`, `lake_status`,
 `lake_ship_now` and `verify_lake_audit` read and ship it. `save_session_state` ships the State before it
@@ -40,13 +40,13 @@ connection, so any thread may call them.
 from typing import TYPE_CHECKING, TypeAlias
 
 from ahc.core.errors import NotFound
-from xdb.audit import verify_audit
-from xdb.audit_verify import AuditReport
+from xdb.audit.log import verify_audit
+from xdb.audit.verify import AuditReport
 from xdb.documents import DocumentTooLarge, DocumentType
-from xdb.fidelity import CompressionLevel, Fidelity, QuotaExceeded
-from xdb.recall import RecallFilterError, RecallFilters
-from xdb.remote_xdb import RemoteXDB
+from xdb.recall.recall import RecallFilterError, RecallFilters
 from xdb.rows import TimestepRow, TokenBatch
+from xdb.service.remote_xdb import RemoteXDB
+from xdb.storage.fidelity import CompressionLevel, Fidelity, QuotaExceeded
 from xdb.store import XDB
 from xdb.tags import BudStatus, TagType
 from xdb.writer import WriterBackpressure, WriterStopped

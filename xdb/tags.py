@@ -9,7 +9,7 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import InvalidRequest, NotFound
-from xdb.audit import AuditEvent
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned, owns
 from xdb.schema import INT64_MAX

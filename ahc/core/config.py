@@ -278,7 +278,7 @@ class XDBConfig(_Strict):
     # Past max_queue_rows queued, submit blocks up to submit_timeout_s, then raises WriterBackpressure.
     max_queue_rows: int = Field(default=1_000_000, gt=0)
     submit_timeout_s: float = Field(default=30.0, gt=0)
-    # What recording does while the disk under the data dir is full or failing (xdb/remote.py). `pause`:
+    # What recording does while the disk under the data dir is full or failing (xdb/service/remote.py). `pause`:
     # every row is held in memory and, past max_queue_rows, new requests get 503 until the disk mends.
     # `spill`: the rows go to append-only files in spill_dir (0600: tenants' text), the server keeps
     # serving, and they are sent to XDB in order once it commits again (or at the next start); if
@@ -297,13 +297,13 @@ class XDBConfig(_Strict):
     # that dies is started again and sent the rows it had not committed. False: all in one process.
     service_process: bool = True
     # `duckdb`: the data dir's files only. `ducklake`: those files as each replica's local buffer, and
-    # what they commit shipped to the shared DuckLake in `lake` (xdb/lake.py).
+    # what they commit shipped to the shared DuckLake in `lake` (xdb/lake/lake.py).
     backend: Literal["duckdb", "ducklake"] = "duckdb"
     lake: LakeConfig = Field(default_factory=LakeConfig)
     # Scheduled backups (server/recording/backup_loop.py): every backup_every_s the server writes a
     # backup, verifies its audit chain, and keeps the newest backup_keep. None: on demand only (SIGUSR1,
     # `ahc xdb backup`). backup_dir: where they go, meant to be another disk; None: DATA_DIR/backups.
-    # A deleted session is removed from the backups kept there too (xdb/backups.py).
+    # A deleted session is removed from the backups kept there too (xdb/storage/backups.py).
     backup_every_s: float | None = Field(default=None, gt=0)
     backup_dir: str | None = None
     backup_keep: int = Field(default=3, gt=0)

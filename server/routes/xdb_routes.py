@@ -24,10 +24,11 @@ from server.http.errors import AHCRoute
 from server.tenancy.request_context import Caller
 from server.tenancy.tenant_xdb import TenantTarget, TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
-from xdb import XDBClient, fidelity
+from xdb import XDBClient
 from xdb.documents import DocumentType
-from xdb.recall import RecallFilters
+from xdb.recall.recall import RecallFilters
 from xdb.schema import INT64_MAX
+from xdb.storage import fidelity
 from xdb.tags import list_buds, set_bud_status
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]

@@ -19,11 +19,9 @@ from ahc.core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient
-from xdb.browse import session_context, session_turns, sessions_overview
-from xdb.compression import cold_records
 from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
-from xdb.fidelity import list_windows, unpin
-from xdb.recall import RecallFilters
+from xdb.recall.browse import session_context, session_turns, sessions_overview
+from xdb.recall.recall import RecallFilters
 from xdb.responses import (
     StoredResponse,
     delete_response,
@@ -43,6 +41,8 @@ from xdb.runs import (
     save_meta_knowledge,
 )
 from xdb.session_state import list_sessions, state_versions
+from xdb.storage.compression import cold_records
+from xdb.storage.fidelity import list_windows, unpin
 from xdb.tags import list_comments
 
 

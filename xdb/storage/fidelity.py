@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import Conflict, InvalidRequest, NotFound
-from xdb.audit import AuditEvent
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.schema import TOP_K
 from xdb.sql import Row, one, one_int, transaction

@@ -4,9 +4,9 @@ Activations are most of a token's bytes (ten ids and ten float32s), and storing 
 audit log the larger half of the disk XDB fills. From schema version 7 on a record stores its activations
 only as hashes, and the chain still binds them:
     act_leaf_i = SHA-256(uint16 slot mask || k × int32 concept id || k × float32 value)
-                 (record i's activation part of its canonical bytes, xdb/canonical.py)
+                 (record i's activation part of its canonical bytes, xdb/audit/canonical.py)
     act_root_b = SHA-256("acts" || act_leaf_a || ... || act_leaf_b)     for the batch of records a..b
-    head_b     = SHA-256(... the batch's head as before ... || "acts" || act_root_b)   (xdb/audit_chain.py)
+    head_b     = SHA-256(... the batch's head as before ... || "acts" || act_root_b)   (xdb/audit/chain.py)
 A record stores its act leaf's first 4 bytes (`activation_leaf`), the batch's last record the root
 (`activation_root`); the record's own leaf hashes it with no activations (its concept columns null).
 
@@ -29,7 +29,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from xdb.canonical import activation_bytes
+from xdb.audit.canonical import activation_bytes
 from xdb.sql import one
 
 REPLAY_TABLE = "audit_replay"

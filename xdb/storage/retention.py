@@ -17,16 +17,16 @@ from typing import Any
 
 import duckdb
 
-from xdb import segments
-from xdb.audit import AuditEvent
-from xdb.audit_verify import Deletion
-from xdb.compression import BATCH_GROUPS, Summarize, _compress_replies
-from xdb.fidelity import hot_cutoff
+from xdb.audit.log import AuditEvent
+from xdb.audit.verify import Deletion
 from xdb.sql import one_int, transaction
+from xdb.storage import segments
+from xdb.storage.compression import BATCH_GROUPS, Summarize, _compress_replies
+from xdb.storage.fidelity import hot_cutoff
 from xdb.tables import SESSION, TABLES
 
 DAY_S = 86_400.0
-# xdb_meta's key for when the experience file was last rewritten whole (xdb/vacuum.py): a deletion since
+# xdb_meta's key for when the experience file was last rewritten whole (xdb/storage/vacuum.py): a deletion since
 # then leaves its rows' bytes in the file's blocks until the next vacuum.
 VACUUMED_AT = "vacuumed_at"
 # A session's rows written up to a tombstone's time, per table (the column that dates a row). Its tick
@@ -114,7 +114,7 @@ def _through(table: str, erasure: Erasure | None) -> str:
 def _delete(cur: duckdb.DuckDBPyConnection, table: str, where: str, args: list[Any]) -> int:
     """A session's rows of `table` matching `where` (over the alias `t`, the session its first argument),
     in the caller's transaction; its timesteps' text leaves their segments at the next erase pass
-    (xdb/segments.py)."""
+    (xdb/storage/segments.py)."""
     if table == TIMESTEPS:
         return segments.delete_rows(cur, str(args[0]), where, args, erase=True)
     return one_int(cur.execute(f"DELETE FROM {table} t WHERE {where}", args))

@@ -1,9 +1,9 @@
 """The audit chain's definition: how a record, a concept and a checkpoint are hashed onto it, and how
-its head is written outside the log. xdb/audit.py writes the chain, xdb/audit_verify.py checks it, and the
-lake's copy of every replica's chain is checked with the same steps (xdb/lake_reads.py).
+its head is written outside the log. xdb/audit/log.py writes the chain, xdb/audit/verify.py checks it, and the
+lake's copy of every replica's chain is checked with the same steps (xdb/lake/reads.py).
 
 Each record is one timestep with ALL its fields (ids, tick, content, activations, steering, ...; a
-session's content sealed under its key, xdb/audit_seal.py), laid out as canonical bytes (xdb/canonical.py,
+session's content sealed under its key, xdb/audit/seal.py), laid out as canonical bytes (xdb/audit/canonical.py,
 seq included) for a whole batch at once, so only the hash steps run per record in Python.
 
 From schema version 6 on, the chain moves a committed batch (records seq a..b) at a time:
@@ -11,7 +11,7 @@ From schema version 6 on, the chain moves a committed batch (records seq a..b) a
     head_b = SHA-256(head_before || "batch" || int64 a || int64 b || leaf_a || ... || leaf_b)
 (int64s little-endian). From version 7 on a record's activations are hashed apart and stored only in the
 experience file, and the head ends with `"acts" || act_root_b`, the root of the batch's activation leaves
-(xdb/audit_activations.py); the record's own leaf hashes it with its concept columns null.
+(xdb/audit/activations.py); the record's own leaf hashes it with its concept columns null.
 
 A record stores the first 4 bytes of its leaf (`leaf`, a little-endian int32) and the batch's last record
 the batch's head (`record_hash`, null in the others). The head carries the
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from xdb.audit_activations import ACTS
-from xdb.canonical import canonical_array
+from xdb.audit.activations import ACTS
+from xdb.audit.canonical import canonical_array
 from xdb.schema import TOP_K
 
 GENESIS = bytes(32)
@@ -100,7 +100,7 @@ def short_leaves(full: list[bytes]) -> np.ndarray:
 
 def batch_head(prev: bytes, seq_start: int, seq_end: int, full: list[bytes], acts: bytes | None = None) -> bytes:
     """The chain's head after the batch of records seq_start..seq_end with leaves `full`, and from schema
-    version 7 on the root of its activations' leaves (`acts`, xdb/audit_activations.py)."""
+    version 7 on the root of its activations' leaves (`acts`, xdb/audit/activations.py)."""
     tail = b"" if acts is None else ACTS + acts
     return hashlib.sha256(prev + b"batch" + struct.pack("<qq", seq_start, seq_end) + b"".join(full) + tail).digest()
 

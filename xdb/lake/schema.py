@@ -29,8 +29,8 @@ from pathlib import Path
 import duckdb
 
 from ahc.core.config import cache_dir
-from xdb.audit import APP as AUDIT_APP
-from xdb.audit import AUDIT_MIGRATIONS
+from xdb.audit.log import APP as AUDIT_APP
+from xdb.audit.log import AUDIT_MIGRATIONS
 from xdb.schema import APP, MIGRATIONS, migrate
 from xdb.sql import string_literal
 from xdb.tables import TABLES as XDB_TABLES

@@ -3,12 +3,12 @@
 DuckDB reuses the blocks a deletion frees but never clears them, and a deleted row stays in its row
 group's blocks until the group is rewritten: a deleted session's text can be read from the file long
 after the deletion. A vacuum first seals the hot timesteps and rewrites the segments holding erased
-rows (xdb/segments.py), then copies the live rows into a new file (COPY FROM DATABASE: every table,
+rows (xdb/storage/segments.py), then copies the live rows into a new file (COPY FROM DATABASE: every table,
 view, sequence and index) and renames it over the old one, as SQLite's VACUUM does; the old file's
 blocks then belong to no file. It needs the file to itself (a stopped server, or the XDB service between
-its calls, xdb/service.py) and room for a second copy, and costs time in proportion to the file's size:
+its calls, xdb/service/service.py) and room for a second copy, and costs time in proportion to the file's size:
 the small tables and the timesteps not yet sealed, not the history in the segments. The audit log needs
-none: a session's content there is sealed under a key its deletion destroys (xdb/audit_seal.py).
+none: a session's content there is sealed under a key its deletion destroys (xdb/audit/seal.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xdb import segments
-from xdb.audit import copy_database
-from xdb.fidelity import hot_cutoff
+from xdb.audit.log import copy_database
 from xdb.private import fsync_path, private_files
-from xdb.retention import VACUUMED_AT
 from xdb.schema import EXPERIENCE_FILE, open_experience
+from xdb.storage import segments
+from xdb.storage.fidelity import hot_cutoff
+from xdb.storage.retention import VACUUMED_AT
 
 
 def vacuum_experience(data_dir: Path) -> dict[str, Any]:

@@ -15,11 +15,11 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ahc.core.errors import InvalidRequest
-from xdb import segments
 from xdb.concepts import ConceptIndex
 from xdb.owner import owned
 from xdb.schema import INT64_MAX
 from xdb.sql import Row
+from xdb.storage import segments
 from xdb.tables import HOT_TIMESTEPS
 
 MAX_LIMIT = 10_000

@@ -1,4 +1,4 @@
-"""One run of the XDB service (xdb/service.py) as a process of the server sees it: where it listens
+"""One run of the XDB service (xdb/service/service.py) as a process of the server sees it: where it listens
 (`ServiceSpec`, made once by the owner with `new_spec` and kept across runs), the connections to it (a
 stream, and a pool for calls, each proving the run's key), and, for the owner, the process itself
 (`ServiceProcess`: spawned, waited for, stopped, killed). An attached process holds a `ServiceLink` to the
@@ -22,8 +22,8 @@ from typing import Any
 
 from ahc.core.config import XDBConfig
 from ahc.core.errors import Unavailable
-from xdb import service
-from xdb.service import CALLBACK, ServiceSpec
+from xdb.service import service
+from xdb.service.service import CALLBACK, ServiceSpec
 
 log = logging.getLogger("ahc.xdb")
 

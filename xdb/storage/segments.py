@@ -6,14 +6,14 @@ of its own under DATA_DIR/segments/ holding one table, `timesteps`, of an id ran
 once and never changed, attached read-only (its alias named by the file) and listed in `segments`. Every
 read goes through the view `timesteps`: the hot table and the segments, less the segment rows listed in
 `segment_deletes` (the view leaves that join out while none is). A segment is DuckDB's own storage, not
-Parquet: its zone maps skip the row groups outside recall's id windows (xdb/recall.py) as the hot
+Parquet: its zone maps skip the row groups outside recall's id windows (xdb/recall/recall.py) as the hot
 table's do, and its fixed-size activation arrays scan several times faster than Parquet's lists.
 
 A deletion deletes the hot rows and lists the segment rows; nothing is rewritten then. A deleted
 session leaves the files in `erase_pass` (xdb/store_storage.py): the hot table is sealed, so
 experience.duckdb holds no timestep of it, and each segment holding a row of it is rewritten without
 (a new file, the manifest swapped in one transaction, the old file detached and unlinked);
-experience.duckdb is then rewritten whole (xdb/vacuum.py), a copy the size of the hot table and the
+experience.duckdb is then rewritten whole (xdb/storage/vacuum.py), a copy the size of the hot table and the
 small tables, not of the history. Rows compression deletes wait in `segment_deletes` until half a
 segment's rows are listed, and adjacent small segments merge into larger ones.
 

@@ -1,6 +1,6 @@
 """Verifying the audit log: the concept chain, the checkpoint chain and every record's hash (its leaf and
 its batch's head, or its own chained hash before schema version 6) recomputed from its fields
-(xdb/audit_chain.py), then the head file against the log.
+(xdb/audit/chain.py), then the head file against the log.
 
 The chain alone cannot catch whoever rewrites the file wholesale: cut off its tail together with the
 tail's checkpoints, or edit a record and recompute every hash after it. So every commit also anchors
@@ -9,7 +9,7 @@ checkpoint that ends at its seq and the last line against the log's end; `--expe
 checks a head noted elsewhere (a log line, a scraped gauge). From schema version 2 on, a non-empty
 log without `audit.head` fails verification.
 
-Records sealed under a session's key (xdb/audit_seal.py) verify without it. A key missing from
+Records sealed under a session's key (xdb/audit/seal.py) verify without it. A key missing from
 `audit.keys` is an erasure by policy when a chained `delete_session` event destroyed it after the last
 record sealed under it; otherwise it is tampering (`check_erasures`).
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import duckdb
 
-from xdb.audit_chain import (
+from xdb.audit.chain import (
     EVENT_TYPE,
     GENESIS,
     RECORD_COLUMNS,

@@ -1,4 +1,4 @@
-"""The API processes' side of the XDB service (xdb/service.py): the same interface as an in-process XDB,
+"""The API processes' side of the XDB service (xdb/service/service.py): the same interface as an in-process XDB,
 with the database, its writer and the audit chain in a child process.
 
 `RemoteWriter` takes rows exactly as the in-process writer does (validated on the caller's thread,
@@ -7,7 +7,7 @@ message on its stream. The service reports every commit of this stream's rows ba
 rows not yet committed — the queue depth that back-pressure reads — and `flush` need no round trip.
 Rows stay held here until the service says they are committed: if it dies, the next run is told the
 tokenizer and side channel again, the held rows are sent again, those it already stored are skipped,
-and no accepted row is lost or written twice. `RemoteXDB` (xdb/remote_xdb.py) runs every other call in
+and no accepted row is lost or written twice. `RemoteXDB` (xdb/service/remote_xdb.py) runs every other call in
 the service over a pool of connections.
 
 Two modes, one service. The owner (`RemoteXDB(data_dir, config)`) makes the service's `ServiceSpec`
@@ -21,7 +21,7 @@ on closing commits what it accepted and closes its stream alone.
 A disk fault (the service exits with EXIT_DISK_FAULT) pauses recording rather than stopping it, waiting
 with a doubling interval for the disk to mend; `xdb.on_disk_full` chooses where rows wait meanwhile: in
 memory (`pause`: past max_queue_rows the server answers 503), or in files under `xdb.spill_dir` (`spill`,
-xdb/spill.py: sent in order once the service commits again, or at the next start).
+xdb/service/spill.py: sent in order once the service commits again, or at the next start).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ahc.core.config import XDBConfig
-from xdb import service
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K
-from xdb.service import ServiceSpec
-from xdb.service_link import START_TIMEOUT_S, ServiceLink, ServiceProcess, new_spec, remove_spec
-from xdb.spill import OWNER, Segment, Spill, check_spill_dir
+from xdb.service import service
+from xdb.service.link import START_TIMEOUT_S, ServiceLink, ServiceProcess, new_spec, remove_spec
+from xdb.service.service import ServiceSpec
+from xdb.service.spill import OWNER, Segment, Spill, check_spill_dir
 from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 from xdb.writer_failure import is_disk_fault
@@ -89,7 +89,7 @@ class RemoteWriter:
         self._paused_at = 0.0
         self._pause_cause: BaseException | None = None
         self._disk_faults = 0  # in a row, since the last commit
-        # `on_disk_full: spill`: rows gathered while paused go to files (xdb/spill.py), not memory.
+        # `on_disk_full: spill`: rows gathered while paused go to files (xdb/service/spill.py), not memory.
         self._spill: Spill | None = None
         self._spill_failed: str | None = None  # why spilling fell back to pausing, until recording resumes
         self._spill_unread = 0  # rows in the spill files not read back yet (accepted, in no deque here)
@@ -422,7 +422,7 @@ class RemoteWriter:
         process = self._reattach() if self.attached else self._respawn(disk)
         with self._cond:
             # Credit the rows before the first part still held: the new run counts again the rows of a
-            # part the dead one committed only in part (it skips them as already stored, xdb/service.py).
+            # part the dead one committed only in part (it skips them as already stored, xdb/service/service.py).
             self._credited = self._held[0][0] - len(self._held[0][1]) if self._held else self._credited + self._acked
             self._acked = 0
             self.process, self._dead = process, False
@@ -543,7 +543,7 @@ class RemoteWriter:
     def _pause_for_disk(self, cause: BaseException | None = None) -> None:
         """Recording paused: the disk failed under the service. `on_disk_full: pause`: every row is held (new
         ones wait in the queue, and past its bound the server answers 503); `spill`: the rows gathered go to
-        the spill dir meanwhile (xdb/spill.py), and the server serves on. The service starts again after a
+        the spill dir meanwhile (xdb/service/spill.py), and the server serves on. The service starts again after a
         wait that doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits. One ERROR line
         when it pauses, a WARNING a retry, one INFO when it resumes."""
         wait = min(DISK_RETRY_FIRST_S * 2 ** self._disk_faults, DISK_RETRY_MAX_S)

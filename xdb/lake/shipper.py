@@ -6,14 +6,14 @@ Every `interval_s` (and on `ship_now()`) one cycle:
      `batch_rows` a table — as Arrow tables;
   2. inserts them all into the lake, with the advanced watermarks, in ONE lake transaction;
   3. deletes from the lake the rows of the sessions whose tombstones it shipped, in a transaction of
-     their own (xdb/lake_purge.py: a delete is what loses to another replica's commit).
+     their own (xdb/lake/purge.py: a delete is what loses to another replica's commit).
 So the lake holds a table's rows exactly up to its watermark: a crash before the lake's commit ships
 nothing (the next cycle reads the same rows again), one after it has shipped them and their watermark
 together. A commit whose outcome is unknown (the catalog went away during COMMIT) makes the next cycle
 read the watermarks back from the lake first. The writer is never waited on: the shipper only reads
 committed rows, through cursors of its own.
 
-What a table has shipped (see xdb/lake_schema.py for each table's mode):
+What a table has shipped (see xdb/lake/schema.py for each table's mode):
   - "id" tables (timesteps and concepts, committed by the one writer thread in id order; the audit's
     records and concepts, committed in seq order): the last id shipped. Rows past it are a prefix.
   - "seq" tables (ids from a sequence; two transactions may commit out of order, a tag applied by a
@@ -44,10 +44,10 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.core.errors import Unavailable
-from xdb.lake_purge import PURGED, LakePurger, Purge, retried_on_conflict
-from xdb.lake_schema import TABLES, LakeTable, redacted, rollback
-from xdb.retention import Tombstone
+from xdb.lake.purge import PURGED, LakePurger, Purge, retried_on_conflict
+from xdb.lake.schema import TABLES, LakeTable, redacted, rollback
 from xdb.sql import string_literal
+from xdb.storage.retention import Tombstone
 
 log = logging.getLogger("ahc.xdb.lake")
 

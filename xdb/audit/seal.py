@@ -1,5 +1,5 @@
 """Sealing audit records: a session's content is stored in the audit log only encrypted under a key of
-that session's, so deleting the session (destroying its keys, xdb/audit_keys.py) removes its content
+that session's, so deleting the session (destroying its keys, xdb/audit/keys.py) removes its content
 from the log while every record, and so the hash chain over the sealed bytes, stays in place.
 
 A record of a session (not a system event) is sealed: its token id, content, metadata and steering go
@@ -9,7 +9,7 @@ into one payload, stored as `sealed` under `key_id`, and those columns are store
 encrypted with AES-256 in counter mode: record `seq`'s keystream is AES(key, seq ‖ i) for its 16-byte
 blocks i = 0, 1, ... (both big-endian uint64), unique per key since a seq is never reused. A batch's
 counter blocks are built with numpy and encrypted one call per session, so sealing costs no Python
-work per record. Integrity is the chain's: the sealed bytes are hashed onto it (xdb/canonical.py).
+work per record. Integrity is the chain's: the sealed bytes are hashed onto it (xdb/audit/canonical.py).
 
 From the seq an audit log marks (`batch_sealed_from` in audit_meta, schema version 5) on, a batch's
 records of one session are sealed together (`seal_batch`): one blob, stored in the session's first record
@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from xdb.canonical import length_prefixed
+from xdb.audit.canonical import length_prefixed
 
 PAYLOAD_FIELDS = ("content", "metadata", "steering")
 SEALED_COLUMNS = ("token_id", *PAYLOAD_FIELDS)

@@ -1,9 +1,9 @@
 """The audit log: a separate, append-only DuckDB file whose records form a SHA-256 hash chain
-(xdb/audit_chain.py), written by the XDB writer a batch at a time. Nothing in the HTTP API reads this file.
+(xdb/audit/chain.py), written by the XDB writer a batch at a time. Nothing in the HTTP API reads this file.
 
 Every commit writes the batch's records, the concepts it first names (`audit_concepts`) and a
 checkpoint in one transaction, so a range of records verifies from the nearest checkpoint without
-reading the rest (xdb/audit_verify.py), and a truncated tail is caught. It then anchors the new head
+reading the rest (xdb/audit/verify.py), and a truncated tail is caught. It then anchors the new head
 outside the file: one line `SEQ HASH` appended, flushed and fsynced to `audit.head` beside it, and
 logged at INFO on `ahc.xdb.audit` (where a log shipper or the `ahc_audit_head_seq` gauge carries it
 off the machine). A log written before anchoring existed (schema version 1) is anchored once, after
@@ -13,8 +13,8 @@ Deletions and rewrites in the experience file (compression, run purges, pruned s
 and time-window changes) are chained too, as system event records: event_type `xdb_event`,
 timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append_event`).
 
-A session's records hold its content only sealed under the session's key (xdb/audit_seal.py,
-xdb/audit_keys.py). Deleting the session first retires its keys under the lock that moves the chain's
+A session's records hold its content only sealed under the session's key (xdb/audit/seal.py,
+xdb/audit/keys.py). Deleting the session first retires its keys under the lock that moves the chain's
 tip (`retire_keys`), so every batch hashed after that point seals the session's new rows under a new
 key; the deletion then chains a `delete_session` event naming the retired keys and the last timestep
 sealed under them, the experience file drops those rows, and only then are the keys destroyed
@@ -27,7 +27,7 @@ The log is bounded by retention (`retire`, run by XDB's storage pass): the recor
 checkpoint before which retention has removed every row from the experience file leave the log. A chained
 `audit_retired` event names that checkpoint (seq, chain head, checkpoint hash) first; then the records and
 checkpoints before it are deleted in one transaction, the checkpoint itself kept as the anchor what remains
-verifies from (xdb/audit_verify.py's `retirement`), and the head file keeps its lines from there on.
+verifies from (xdb/audit/verify.py's `retirement`), and the head file keeps its lines from there on.
 A retirement a crash cut short after its event is carried out at the next open.
 
 The head file's last line is written and fsynced after the commit: a crash between the two can leave
@@ -54,7 +54,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from xdb.audit_activations import (
+from xdb.audit.activations import (
     REPLAY_TABLE,
     activation_leaves,
     activation_root,
@@ -64,7 +64,7 @@ from xdb.audit_activations import (
     short,
     without_activations,
 )
-from xdb.audit_chain import (
+from xdb.audit.chain import (
     EVENT_TYPE,
     GENESIS,
     HEAD_FILE,
@@ -74,10 +74,10 @@ from xdb.audit_chain import (
     stamp,
     stored_records,
 )
-from xdb.audit_checkpoints import RowGroupCheckpoints
-from xdb.audit_keys import KEYS_FILE, SessionKeys, cut_torn_tails
-from xdb.audit_seal import Payload, open_blobs, open_sealed, seal, seal_batch
-from xdb.audit_verify import (
+from xdb.audit.checkpoints import RowGroupCheckpoints
+from xdb.audit.keys import KEYS_FILE, SessionKeys, cut_torn_tails
+from xdb.audit.seal import Payload, open_blobs, open_sealed, seal, seal_batch
+from xdb.audit.verify import (
     RETIRED_ACTION,
     AuditReport,
     Deletion,
@@ -103,7 +103,7 @@ APP = "ahc-xdb-audit"
 # How long a commit waits for the batch before it (prepared on another thread) to be committed.
 COMMIT_TURN_TIMEOUT_S = 60.0
 # How long a checkpoint waits for the experience file to commit the batch the log just committed, so that
-# audit_replay is empty when it is written (xdb/audit_checkpoints.py): its commit follows within milliseconds.
+# audit_replay is empty when it is written (xdb/audit/checkpoints.py): its commit follows within milliseconds.
 REPLAY_WAIT_S = 0.25
 # What XDB hands the modules that delete or rewrite rows: (action, details) → one chained record.
 AuditEvent = Callable[[str, dict[str, Any]], None]
@@ -133,15 +133,15 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
     # Version 4 stops storing each record's prev_hash: it is the record before's record_hash, and cost
     # 32 bytes and a fifth of the insert a record. Records stored with one are still checked against it.
     (4, ["ALTER TABLE audit_records ALTER COLUMN prev_hash DROP NOT NULL"]),
-    # Version 5 seals a batch's records of one session as one compressed blob (xdb/audit_seal.py's
+    # Version 5 seals a batch's records of one session as one compressed blob (xdb/audit/seal.py's
     # `seal_batch`), from the seq marked here on (the log's next one); records before it stay as they were.
     (5, ["INSERT OR REPLACE INTO audit_meta SELECT 'batch_sealed_from', CAST(coalesce(max(seq) + 1, 0) AS VARCHAR) "
          "FROM audit_records"]),
-    # Version 6 chains a batch at a time (xdb/audit_chain.py): a record stores a 4-byte leaf, only a
+    # Version 6 chains a batch at a time (xdb/audit/chain.py): a record stores a 4-byte leaf, only a
     # batch's last one its head; records stored before (leaf null) keep their own hashes and verify so.
     (6, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS leaf INTEGER",
          "ALTER TABLE audit_records ALTER COLUMN record_hash DROP NOT NULL"]),
-    # Version 7 stores a record's activations only as hashes (xdb/audit_activations.py): its act leaf's first
+    # Version 7 stores a record's activations only as hashes (xdb/audit/activations.py): its act leaf's first
     # 4 bytes, and the batch's root in its last record; they wait in audit_replay until the experience file
     # holds them. Records stored before keep theirs, and verify so.
     (7, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS activation_leaf INTEGER",

@@ -15,7 +15,7 @@ made before the deletion:
   live waits on it) and the session deleted there as in the live file, so the backup's own audit log
   chains the deletion and destroys the session's keys in the backup's `audit.keys` (its sealed records
   stay, unreadable, and its chain still verifies, the erasure named as one by policy); then its
-  experience file is rewritten whole (xdb/vacuum.py), so the deleted rows leave its blocks;
+  experience file is rewritten whole (xdb/storage/vacuum.py), so the deleted rows leave its blocks;
 - every export under DATA_DIR/exports: the session's partition files, and their rows in the manifest.
 
 No XDB lock is held meanwhile: the live XDB is not touched, and the work runs in a child process
@@ -51,8 +51,8 @@ from typing import Any, Protocol
 import pyarrow.parquet as pq
 
 from xdb.private import fsync_path, private_dir, private_files
-from xdb.retention import Tombstone
 from xdb.schema import EXPERIENCE_FILE
+from xdb.storage.retention import Tombstone
 
 log = logging.getLogger("ahc.xdb.backups")
 
@@ -201,7 +201,7 @@ def started_at(backup: Path) -> float | None:
 class Pending:
     session_id: str
     deleted_at: float  # time.time() once the live deletion was done
-    # Another replica's deletion (xdb/lake.py): the copies drop the session's rows up to it, as the live
+    # Another replica's deletion (xdb/lake/lake.py): the copies drop the session's rows up to it, as the live
     # file did. None: every row of the session in a copy made before `deleted_at`.
     tombstone: dict[str, Any] | None = None
 

@@ -23,12 +23,12 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import InvalidRequest, NotFound
-from xdb import segments
-from xdb.audit import AuditEvent
-from xdb.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads
 from xdb.schema import TOP_K
 from xdb.sql import one, one_int, transaction
+from xdb.storage import segments
+from xdb.storage.fidelity import PROTECTED_WINDOWS, ROW_BYTES, SESSION_HEAT, CompressionLevel, hot_cutoff
 from xdb.tables import HOT_TIMESTEPS
 from xdb.tags import TAG_MATCH
 

@@ -23,7 +23,7 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
-from xdb.lake_schema import TOMBSTONED, rollback
+from xdb.lake.schema import TOMBSTONED, rollback
 from xdb.sql import string_literal
 
 log = logging.getLogger("ahc.xdb.lake")

@@ -1,5 +1,5 @@
-"""XDB's interface, served by the XDB service process (xdb/service.py): rows through a `RemoteWriter`
-(xdb/remote.py), every other call in the service over a pool of connections, the session tick book here."""
+"""XDB's interface, served by the XDB service process (xdb/service/service.py): rows through a `RemoteWriter`
+(xdb/service/remote.py), every other call in the service over a pool of connections, the session tick book here."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from ahc.core.config import XDBConfig
 from xdb.interface import service_methods
-from xdb.lake_session import ResumableTickBook, TickCalls
-from xdb.remote import RemoteWriter
-from xdb.service import ServiceSpec
-from xdb.service_link import START_TIMEOUT_S
+from xdb.lake.session import ResumableTickBook, TickCalls
+from xdb.service.link import START_TIMEOUT_S
+from xdb.service.remote import RemoteWriter
+from xdb.service.service import ServiceSpec
 from xdb.store import XDB
 
 SERVED = service_methods(XDB)

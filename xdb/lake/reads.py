@@ -17,10 +17,10 @@ from typing import Any
 
 import duckdb
 
-from xdb.audit_chain import GENESIS, RECORD_COLUMNS, Rehash, concept_hash
-from xdb.audit_verify import AuditReport
+from xdb.audit.chain import GENESIS, RECORD_COLUMNS, Rehash, concept_hash
+from xdb.audit.verify import AuditReport
 from xdb.concepts import ConceptIndex
-from xdb.recall import COLUMNS, RecallFilterError, RecallFilters, _double, _strings, conditions
+from xdb.recall.recall import COLUMNS, RecallFilterError, RecallFilters, _double, _strings, conditions
 from xdb.schema import TOP_K
 from xdb.session_state import StateVersion
 from xdb.sql import Row, one, string_literal
@@ -254,7 +254,7 @@ def last_tick(cur: duckdb.DuckDBPyConnection, a: str, session_id: str) -> int:
 # -- the audit chains ----------------------------------------------------------------------------------
 def verify_lake_audit(cur: duckdb.DuckDBPyConnection, a: str, chunk: int = VERIFY_CHUNK) -> dict[str, AuditReport]:
     """Every replica's audit chain as shipped to the lake: its concept chain, then each record's hash
-    recomputed from its fields (xdb/audit_chain.py's canonical bytes and steps, `Rehash`) from seq 0 on, so an
+    recomputed from its fields (xdb/audit/chain.py's canonical bytes and steps, `Rehash`) from seq 0 on, so an
     edited, removed, reordered or inserted record is named; a batch shipped in part (its head not in the lake
     yet) is checked once it is whole. One report per replica."""
     found = cur.execute(f"SELECT DISTINCT replica FROM {a}.audit_records "

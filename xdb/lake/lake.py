@@ -2,7 +2,7 @@
 
 Several `ahc serve` replicas (each its own process and its own data dir) run behind a session-affinity
 router. Each keeps the embedded XDB files as its local hot buffer — the per-token write path is the
-same as with `duckdb` — and a shipper thread (xdb/lake_shipper.py) copies what it has committed into a
+same as with `duckdb` — and a shipper thread (xdb/lake/shipper.py) copies what it has committed into a
 shared DuckLake: the catalog in PostgreSQL (`xdb.lake.catalog`, a libpq connection string), the data
 as Parquet files under `xdb.lake.data_path`. Every lake row carries its `replica` (`xdb.lake.replica_id`).
 
@@ -64,8 +64,8 @@ import duckdb
 
 from ahc.core.config import LakeConfig
 from xdb import sql
-from xdb.audit_verify import AuditReport
-from xdb.lake_reads import (
+from xdb.audit.verify import AuditReport
+from xdb.lake.reads import (
     NameCache,
     lake_concepts,
     lake_recall,
@@ -75,9 +75,9 @@ from xdb.lake_reads import (
     tombstoned_at,
     verify_lake_audit,
 )
-from xdb.lake_schema import attach_lake
-from xdb.lake_shipper import ApplyTombstone, LakeShipper, LakeUnavailable
-from xdb.recall import RecallFilters
+from xdb.lake.schema import attach_lake
+from xdb.lake.shipper import ApplyTombstone, LakeShipper, LakeUnavailable
+from xdb.recall.recall import RecallFilters
 from xdb.session_state import StateVersion
 
 __all__ = ["Lake", "LakeUnavailable", "attach_lake"]

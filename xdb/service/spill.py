@@ -1,6 +1,6 @@
 """Where a writer's rows wait while the disk under the data dir is full or failing (`xdb.on_disk_full: spill`).
 
-The XDB service exits on a disk fault and the server pauses recording (xdb/remote.py). In `pause` mode every
+The XDB service exits on a disk fault and the server pauses recording (xdb/service/remote.py). In `pause` mode every
 row is held in memory, and past `max_queue_rows` the server answers 503. In `spill` mode the rows the writer
 has not sent go here instead, to append-only segment files in `xdb.spill_dir` (a directory of this writer's
 own under it: `owner` for the process that owns the service, `stream-PID-…` for an attached one), and the

@@ -9,7 +9,7 @@ One record, little-endian:
     k × int32 concept id, k × float32 value (0 in an absent slot; the float's exact bits),
     then for session_id, event_type, role, content, request_id, activation_source, metadata and
     steering in that order: int32 UTF-8 byte length (-1 for null) and the bytes;
-    then, for a sealed record only (xdb/audit_seal.py): int32 key id, int32 length and the sealed bytes.
+    then, for a sealed record only (xdb/audit/seal.py): int32 key id, int32 length and the sealed bytes.
 Concept ids refer to `audit_concepts`, whose own chain fixes each id's name.
 """
 

@@ -49,7 +49,7 @@ class LakeTicks:
 
 class TickCalls:
     """The tick book's calls, for a store that keeps one as `_ticks`: XDB, and XDB's interface over the
-    service in each API process (xdb/remote_xdb.py), whose book is that process's own."""
+    service in each API process (xdb/service/remote_xdb.py), whose book is that process's own."""
 
     _ticks: ResumableTickBook
 

@@ -1,7 +1,7 @@
 """The audit log's session keys: `audit.keys` beside the log, a SQLite database with one row a key
 (id, session, key, retired).
 
-A session's records are sealed under its current key (xdb/audit_seal.py): its newest key not retired.
+A session's records are sealed under its current key (xdb/audit/seal.py): its newest key not retired.
 A deletion retires the session's keys first (every batch sealed after that takes a new key), and destroys
 them once the deletion is committed. SQLite's `secure_delete` overwrites a destroyed key's bytes in the
 file, and the write-ahead log is checkpointed and truncated after every destruction, so the key leaves
@@ -31,7 +31,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from xdb.audit_chain import HEAD_FILE, cut_torn_line
+from xdb.audit.chain import HEAD_FILE, cut_torn_line
 from xdb.private import fsync_path, private_files
 
 log = logging.getLogger("ahc.xdb.audit")

@@ -21,7 +21,7 @@ messages); a connection's first message says what it is:
     calls, any other first message: (method, args, kwargs) → ("ok", result) | ("error", exception);
         a keyword argument given as CALLBACK is a function of the caller's, run there on request
         (("callback", name, args) → ("ok", value) | ("error", message)): compaction's summarizer is one.
-    `vacuum`, a call of the service's own: the experience file rewritten whole (xdb/vacuum.py) while
+    `vacuum`, a call of the service's own: the experience file rewritten whole (xdb/storage/vacuum.py) while
         every other call and the rows wait: XDB is closed (its queue committed), the file rewritten, and
         XDB opened again.
 The API processes' token batches come as ids, without texts: the writer here decodes them
@@ -61,8 +61,8 @@ from ahc.core.errors import Conflict
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import EXPERIENCE_FILE, DatabaseInUse
+from xdb.storage.vacuum import vacuum_experience
 from xdb.store import XDB
-from xdb.vacuum import vacuum_experience
 from xdb.writer import PartSpan
 from xdb.writer_failure import WriterFailure, is_disk_fault, rows_of, without
 

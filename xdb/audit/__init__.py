@@ -1,0 +1,1 @@
+"""XDB's audit room: see README.md beside this file."""

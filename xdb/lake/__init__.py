@@ -1,0 +1,1 @@
+"""XDB's lake room: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""XDB's recall room: see README.md beside this file."""

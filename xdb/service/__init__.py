@@ -1,0 +1,1 @@
+"""XDB's service room: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""XDB's storage room: see README.md beside this file."""
