@@ -31,6 +31,19 @@ every row with its `replica`, exactly once; `lake_recall`, `lake_concepts`, `lak
 returns (or raises LakeUnavailable, stored locally all the same); `load_session_state` returns the newest
 State of any replica and moves the session's ticks past every replica's.
 
+Layout. Five rooms, each a subpackage with a README, stand in layers (an import-linter contract):
+    xdb/service/   the service process, its link, RemoteWriter and RemoteXDB          (over the store)
+    xdb/lake/      the shared lake: tables, shipper, purges, cluster-wide reads        (under the store)
+    xdb/recall/    recall's filters and queries, the browser's reads, insights
+    xdb/storage/   fidelity tiers, compression, retention, sealed segments, vacuum, backups
+    xdb/audit/     the audit log: the chain, its keys and seals, verification
+The core stays here at the top of the package, in two parts the rooms sit between: XDB's base, which
+every room stands on (schema.py, tables.py, sql.py, rows.py, concepts.py, owner.py, private.py,
+interface.py, checkpoints.py, ticks.py), and the store, which puts the rooms together (store.py and its
+methods in store_sessions.py, store_lake.py, store_storage.py; the writer; tags, documents, runs, ...).
+One `core/` room holding both would sit both under and over every other room. cli.py and backup_erase.py
+open a whole XDB, offline, and stand above the store.
+
 Errors: RecallFilterError (ValueError, .param), NotFound (LookupError), DocumentTooLarge (ValueError),
 QuotaExceeded (ValueError), WriterBackpressure (TimeoutError), WriterStopped, LakeUnavailable (the lake
 cannot be reached now; nothing local is lost). Every read runs on its own cursor of the writer's

@@ -1,1 +1,1 @@
-"""XDB's audit room: see README.md beside this file."""
+"""The audit log: the hash chain over everything XDB stores, its keys, seals and verification (README.md)."""

@@ -1,1 +1,1 @@
-"""XDB's lake room: see README.md beside this file."""
+"""The shared experience lake (`xdb.backend: ducklake`): its tables, shipper, purges, cluster-wide reads (README.md)."""

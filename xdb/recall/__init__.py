@@ -1,1 +1,1 @@
-"""XDB's recall room: see README.md beside this file."""
+"""Reading the experience: recall's filters and queries, the experience browser's reads, insights (README.md)."""

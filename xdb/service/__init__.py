@@ -1,1 +1,1 @@
-"""XDB's service room: see README.md beside this file."""
+"""XDB in a process of its own: the service, its link, the remote writer and RemoteXDB, the spill (README.md)."""

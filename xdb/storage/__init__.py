@@ -1,1 +1,1 @@
-"""XDB's storage room: see README.md beside this file."""
+"""How the history is kept: fidelity tiers, compression, retention, sealed segments, vacuum, backups (README.md)."""
