@@ -270,7 +270,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
                                   ] = None, view: TenantXDB = Depends(views)) -> Any:
         if path is not None:
             try:
-                found = [view.find_document(path)]
+                found = [view.find_document(path=path)]
             except NotFound:
                 found = []
             return {"object": "list", "data": found}
@@ -279,7 +279,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     @router.get("/documents/{doc_id}")
     def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
                  view: TenantXDB = Depends(views)) -> Any:
-        return view.document(doc_id, version)
+        return view.document(doc_id, version=version)
 
     @router.get("/documents/{doc_id}/versions")
     def document_versions(doc_id: str, view: TenantXDB = Depends(views)) -> Any:
