@@ -15,8 +15,8 @@ import pytest
 
 import xdb
 from ahc.core.errors import NotFound
-from server.tenancy.scoped_call import ScopedCall
-from server.tenancy.tenant_xdb import SCOPED_IDS, SERVER_ONLY, TENANT_PARAMETERS, WRITTEN_OUT, TenantXDB
+from server.tenancy.scoped_call import SCOPES, ScopedCall
+from server.tenancy.tenant_xdb import SERVER_ONLY, TENANT_PARAMETERS, WRITTEN_OUT, TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb import XDB, RecallFilters, TimestepRow
 from xdb.interface import ENTRY, service_methods
@@ -50,17 +50,11 @@ def test_every_call_that_takes_a_tenants_id_is_in_the_view_or_the_servers_own() 
 
 
 @pytest.mark.parametrize("name", sorted(declared()))
-def test_a_declared_call_scopes_every_id_its_target_takes(name: str) -> None:
+def test_a_declared_call_scopes_every_id_its_target_takes_and_fills_in_the_owner(name: str) -> None:
     call = declared()[name]
-    ids = SCOPED_IDS & {p.name for p in call.target_parameters}
-    assert ids <= set(call.scopes), f"TenantXDB.{name} passes {ids - set(call.scopes)} unscoped"
-
-
-def test_a_call_declared_with_a_parameter_its_target_lacks_is_refused() -> None:
-    from xdb.tags import list_comments
-
-    with pytest.raises(TypeError, match="no parameter run_id"):
-        ScopedCall(list_comments, {"run_id": lambda tenant, value: value})
+    taken = {p.name for p in call.target_parameters}
+    assert set(call.scopes) == set(SCOPES) & taken
+    assert "owner" not in call.signature.parameters and call.takes_owner() == ("owner" in taken)
 
 
 def test_each_tenant_reads_and_pins_only_its_own_sessions_named_as_it_names_them(tmp_path: Path) -> None:

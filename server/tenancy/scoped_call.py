@@ -1,14 +1,15 @@
-"""One call into XDB as a tenant makes it, declared instead of written out: which of the target's
-parameters carry the tenant's ids (scoped in), that its `owner` is the tenant's, and how the ids in
-what comes back are handed back as the tenant named them.
+"""One call into XDB as a tenant makes it, declared instead of written out: its target and how the ids
+in what comes back are handed back as the tenant named them.
 
     class TenantXDB:
-        document = ScopedCall(get_document, {"doc_id": tenant_id}, out=row("id"))
+        document = ScopedCall(get_document, out=row("id"))
 
 `view.document(doc_id, version=2)` then runs `xdb.read(get_document, tenant.scope(doc_id), version=2)`
 and unscopes the row's `id`. A call's parameters are its target's, less the cursor (and the audit hook
-of a write) and less `owner`, which the view fills in; a target is a function of XDB's modules marked
-`@reads` or `@writes` (run through `xdb.read` / `xdb.write`) or the name of one of XDB's methods.
+of a write) and less `owner`, which the view fills in with the tenant's; a target is a function of XDB's
+modules marked `@reads` or `@writes` (run through `xdb.read` / `xdb.write`) or the name of one of XDB's
+methods. What is scoped goes by the parameter's name, as XDB names its ids everywhere (SCOPES): a
+call cannot pass one of the tenant's ids unscoped.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def tenant_filters(tenant: Tenant, filters: RecallFilters) -> RecallFilters:
     return filters.model_copy(update={"session_id": tenant.scope_opt(filters.session_id)})
 
 
+# XDB's parameters that are one of the tenant's ids, stored under its prefix (`after`: a session id),
+# or that hold one (recall's filters), and how each is scoped in.
+SCOPES: dict[str, Scope] = {"session_id": tenant_id, "run_id": tenant_id, "doc_id": tenant_id, "after": tenant_id,
+                            "filters": tenant_filters}
+
+
 def as_is(tenant: Tenant, result: Any, named: Mapping[str, Any]) -> Any:
     """A result that names none of the tenant's ids (counts, a PNG, a version list)."""
     return result
@@ -83,13 +90,10 @@ def named_as_asked(key: str = "session_id") -> Out:
 class ScopedCall:
     """A descriptor: on a view, the call; on the class, the declaration."""
 
-    def __init__(self, target: Callable[..., Any] | str, scopes: Mapping[str, Scope] | None = None, *,
-                 out: Out = as_is) -> None:
-        self.target, self.scopes, self.out = target, dict(scopes or {}), out
+    def __init__(self, target: Callable[..., Any] | str, *, out: Out = as_is) -> None:
+        self.target, self.out = target, out
         self.fn: Callable[..., Any] = getattr(XDB, target) if isinstance(target, str) else target
-        missing = set(self.scopes) - set(self.signature.parameters)
-        if missing:
-            raise TypeError(f"{self.target_name} has no parameter {', '.join(sorted(missing))}")
+        self.scopes = {name: SCOPES[name] for name in self.signature.parameters if name in SCOPES}
 
     @property
     def target_name(self) -> str:

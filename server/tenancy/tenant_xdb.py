@@ -9,8 +9,8 @@ every tenant (the operator's compaction of released rows, evidence on the shared
 head, concepts and buds, which are the server's shared vocabulary) stays on the XDB itself.
 
 A call that only scopes is declared, not written (`ScopedCall`, server/tenancy/scoped_call.py): its
-target, which of the target's parameters are the tenant's ids, and how its rows come back; the owner
-is filled in wherever the target takes one. Every read and write of XDB's that takes a tenant's id or
+target and how its rows come back; the ids it takes are scoped by their parameters' names and the
+owner is filled in wherever the target takes one. Every read and write of XDB's that takes a tenant's id or
 owner (a parameter named in TENANT_PARAMETERS) is a call of the view, declared or WRITTEN_OUT, or is
 one of SERVER_ONLY's; tests/test_tenant_view.py holds every such function of XDB to these lists, so a
 new one cannot be left out unnoticed.
@@ -24,16 +24,7 @@ from typing import Any, Literal
 
 from ahc.core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
-from server.tenancy.scoped_call import (
-    ScopedCall,
-    named_as_asked,
-    owned,
-    page,
-    row,
-    rows,
-    tenant_filters,
-    tenant_id,
-)
+from server.tenancy.scoped_call import SCOPES, ScopedCall, named_as_asked, owned, page, row, rows
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient, session_state
 from xdb import documents as xdb_documents
@@ -52,12 +43,9 @@ from xdb.storage.compression import cold_records
 from xdb.storage.fidelity import list_windows, unpin
 from xdb.tags import list_comments
 
-# A parameter of XDB's by one of these names is one of the tenant's ids, stored under its prefix
-# (`after` is a session id): a declared call scopes every one its target takes.
-SCOPED_IDS = frozenset({"session_id", "run_id", "doc_id", "after"})
-# ... and by one of these, a tenant's all the same: its owner string, or an id the server made whose
-# row is the tenant's by its session or owner.
-TENANT_PARAMETERS = SCOPED_IDS | {"owner", "response_id", "item_ids", "export_id"}
+# A parameter of XDB's by one of these names is the tenant's: one of its ids, scoped in by name
+# (SCOPES), its owner string, or an id the server made whose row is the tenant's by its session or owner.
+TENANT_PARAMETERS = frozenset(SCOPES) | {"owner", "response_id", "item_ids", "export_id"}
 # The view's calls that do more than scope, by target: a response found only when its session is the
 # tenant's, a tag's or comment's target, a listing refused without its session, an export's manifest.
 WRITTEN_OUT = frozenset({
@@ -76,6 +64,7 @@ SERVER_ONLY = {
     "XDB.audit_records": "the auditor's role (/v1/audit/records): the log of every tenant, no tenant's rows",
     "xdb.responses.response_input": "read by no route: the Responses API reads whole conversations",
 }
+
 
 @dataclass(frozen=True)
 class TenantTarget:
@@ -157,40 +146,40 @@ class TenantXDB:
     def delete_response(self, response_id: str) -> bool:
         return self.stored_response(response_id) is not None and bool(self.xdb.write(delete_response, response_id))
 
-    # -- the calls that are only scoping: each declared once, as its target takes it --------------------
-    recall_page = ScopedCall("recall_page", {"filters": tenant_filters}, out=page)
-    lake_recall = ScopedCall("lake_recall", {"filters": tenant_filters}, out=rows())
+    # -- the calls that are only scoping: each declared once, its ids scoped by name ---------------------
+    recall_page = ScopedCall("recall_page", out=page)
+    lake_recall = ScopedCall("lake_recall", out=rows())
     timestep = ScopedCall("timestep", out=row())
-    comments = ScopedCall(list_comments, {"session_id": tenant_id}, out=owned())
-    surprising = ScopedCall("surprising", {"session_id": tenant_id}, out=rows())
-    related_concepts = ScopedCall("related_concepts", {"session_id": tenant_id})
+    comments = ScopedCall(list_comments, out=owned())
+    surprising = ScopedCall("surprising", out=rows())
+    related_concepts = ScopedCall("related_concepts")
     top_tokens = ScopedCall("top_tokens", out=rows())
-    windows = ScopedCall(list_windows, {"session_id": tenant_id}, out=owned())  # pinned (WARM) and SUBMITTED
-    pin = ScopedCall("pin", {"session_id": tenant_id}, out=row())
+    windows = ScopedCall(list_windows, out=owned())  # pinned (WARM) and SUBMITTED
+    pin = ScopedCall("pin", out=row())
 
     documents = ScopedCall(xdb_documents.list_documents, out=rows("id"))
     find_document = ScopedCall(xdb_documents.find_document, out=row("id"))  # the latest at `path`, else NotFound
-    document = ScopedCall(xdb_documents.get_document, {"doc_id": tenant_id}, out=row("id"))
-    document_versions = ScopedCall(xdb_documents.document_versions, {"doc_id": tenant_id}, out=rows("id"))
+    document = ScopedCall(xdb_documents.get_document, out=row("id"))
+    document_versions = ScopedCall(xdb_documents.document_versions, out=rows("id"))
     add_document = ScopedCall("add_document", out=row("id"))
-    update_document = ScopedCall("update_document", {"doc_id": tenant_id}, out=row("id"))
+    update_document = ScopedCall("update_document", out=row("id"))
 
-    log_interaction = ScopedCall(xdb_runs.log_interaction, {"run_id": tenant_id})
-    interactions = ScopedCall(xdb_runs.list_interactions, {"run_id": tenant_id}, out=rows("run_id"))
-    save_meta_knowledge = ScopedCall(xdb_runs.save_meta_knowledge, {"run_id": tenant_id})
-    meta_knowledge = ScopedCall(xdb_runs.meta_knowledge, {"run_id": tenant_id}, out=rows("run_id"))
-    purge_run = ScopedCall(xdb_runs.purge_run, {"run_id": tenant_id})
+    log_interaction = ScopedCall(xdb_runs.log_interaction)
+    interactions = ScopedCall(xdb_runs.list_interactions, out=rows("run_id"))
+    save_meta_knowledge = ScopedCall(xdb_runs.save_meta_knowledge)
+    meta_knowledge = ScopedCall(xdb_runs.meta_knowledge, out=rows("run_id"))
+    purge_run = ScopedCall(xdb_runs.purge_run)
     runs = ScopedCall(xdb_runs.list_runs, out=rows("run_id"))
-    save_run_report = ScopedCall("save_run_report", {"run_id": tenant_id})
-    run_report = ScopedCall(xdb_runs.run_report, {"run_id": tenant_id})
+    save_run_report = ScopedCall("save_run_report")
+    run_report = ScopedCall(xdb_runs.run_report)
 
-    sessions = ScopedCall(session_state.list_sessions, {"after": tenant_id}, out=rows())
+    sessions = ScopedCall(session_state.list_sessions, out=rows())
     sessions_overview = ScopedCall(browse.sessions_overview, out=rows())
-    session_turns = ScopedCall(browse.session_turns, {"session_id": tenant_id}, out=named_as_asked())
-    session_context = ScopedCall(browse.session_context, {"session_id": tenant_id}, out=named_as_asked())
-    session_versions = ScopedCall(session_state.state_versions, {"session_id": tenant_id})
-    rollback_session = ScopedCall("rollback_session", {"session_id": tenant_id}, out=named_as_asked())
-    delete_session = ScopedCall("delete_session", {"session_id": tenant_id})
+    session_turns = ScopedCall(browse.session_turns, out=named_as_asked())
+    session_context = ScopedCall(browse.session_context, out=named_as_asked())
+    session_versions = ScopedCall(session_state.state_versions)
+    rollback_session = ScopedCall("rollback_session", out=named_as_asked())
+    delete_session = ScopedCall("delete_session")
     delete_export = ScopedCall("delete_export")
 
     # -- calls with more to them than scoping --------------------------------------------------------
