@@ -95,10 +95,6 @@ class ScopedCall:
         self.fn: Callable[..., Any] = getattr(XDB, target) if isinstance(target, str) else target
         self.scopes = {name: SCOPES[name] for name in self.signature.parameters if name in SCOPES}
 
-    @property
-    def target_name(self) -> str:
-        return self.fn.__name__
-
     @cached_property
     def entry(self) -> str | None:
         """'read' or 'write' for a function of XDB's modules (marked so); None for one of XDB's methods."""
@@ -139,7 +135,7 @@ class ScopedCall:
         elif self.entry == "write":
             found = view.xdb.write(self.fn, **keywords)
         else:
-            found = getattr(view.xdb, self.target_name)(**keywords)
+            found = getattr(view.xdb, str(self.target))(**keywords)
         return self.out(view.tenant, found, named)
 
 
