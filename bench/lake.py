@@ -29,7 +29,7 @@ import numpy as np
 
 from ahc.core.config import LakeConfig, XDBConfig
 from server.cluster.catalog import LocalPostgres
-from xdb.lake import Lake
+from xdb.lake.lake import Lake
 from xdb.owner import EVERY
 from xdb.rows import TokenBatch
 from xdb.store import XDB

@@ -20,7 +20,7 @@ import numpy as np
 
 from ahc.core.config import XDBConfig
 from xdb import XDB, RemoteXDB
-from xdb.audit import AuditLog
+from xdb.audit.log import AuditLog
 from xdb.concepts import ConceptIndex
 from xdb.rows import TokenBatch, batch_to_arrow
 from xdb.store import AUDIT_FILE, EXPERIENCE_FILE

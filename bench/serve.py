@@ -41,7 +41,7 @@ from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, Profile, profi
 from bench.servers import start_server
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
-from xdb.service import PROCESS_TITLE
+from xdb.service.service import PROCESS_TITLE
 
 MAX_MODEL_LEN = 2048
 RECALL_LIMIT = 10_000  # /v1/xdb/recall's most rows; a reply here is far shorter

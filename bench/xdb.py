@@ -35,11 +35,12 @@ from bench.restart import restart_figures, synthetic_history
 from bench.result import BenchResult
 from bench.xdb_erase import storage_figures
 from bench.xdb_history import history_figures
-from xdb import XDB, TimestepRow, segments
+from xdb import XDB, TimestepRow
 from xdb.concepts import ConceptIndex
 from xdb.owner import EVERY
 from xdb.rows import TIMESTEP_COLUMNS, TokenBatch, batch_to_arrow
 from xdb.schema import MIGRATIONS, TOP_K
+from xdb.storage import segments
 from xdb.store import default_threads
 from xdb.tables import HOT_TIMESTEPS
 

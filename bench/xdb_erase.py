@@ -20,7 +20,7 @@ import numpy as np
 from ahc.core.config import XDBConfig
 from bench.audit_bytes import sizes, write
 from xdb import TimestepRow
-from xdb.remote_xdb import RemoteXDB
+from xdb.service.remote_xdb import RemoteXDB
 
 IDLE_S = 2.0  # the recording stream's idle commit waits are taken over this long before the deletion
 COMMIT_EVERY_S = 0.05  # the recording stream submits a row and waits for its commit this often

@@ -21,8 +21,8 @@ import numpy as np
 import psutil
 
 from ahc.core.config import XDBConfig
-from xdb.remote_xdb import RemoteXDB
 from xdb.rows import TimestepRow, TokenBatch
+from xdb.service.remote_xdb import RemoteXDB
 
 CONCEPTS = tuple(f"c{i}" for i in range(200))
 BOUND_MS = 500.0  # a reply's rows queryable within this of its end

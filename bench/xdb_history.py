@@ -2,7 +2,7 @@
 retention-free recording lays them out (sealed and merged into segments of SEGMENT_ROWS), then 1% of its
 sessions deleted while a fleet of streams records.
 
-The history is generated straight into segments with DuckDB's own generator (xdb/segments.py
+The history is generated straight into segments with DuckDB's own generator (xdb/storage/segments.py
 `add`; no audit log: the audit is bounded by retention, and its bytes are bench/audit_bytes.py's): a
 generation of CONCURRENT sessions takes turns of TURN tokens for TURNS turns, then the next generation
 starts, so a session's rows span ~half a million ids and a few days, and every session's first token of a
@@ -31,10 +31,11 @@ import numpy as np
 
 from ahc.core.config import XDBConfig
 from bench.xdb_erase import IDLE_S, CommitWaits
-from xdb import XDB, TimestepRow, segments
+from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
-from xdb.remote_xdb import RemoteXDB
 from xdb.schema import EXPERIENCE_FILE
+from xdb.service.remote_xdb import RemoteXDB
+from xdb.storage import segments
 
 TURN, CONCURRENT, TURNS = 64, 16, 500  # a session: 32,000 tokens in a generation of 16
 SEGMENT_ROWS = 16_000_000  # a sealed segment merged twice (xdb.segment_rows 1M, segments.MERGE_FAN 4)

@@ -9,7 +9,7 @@ the session's history nor keep its tools (or, without tools, its system prompt):
 side call of the session (`side`), reported against its own last request, and neither becomes the
 session's turn nor breaks the next turn's report. A session whose first requests offered no tools takes
 its turns' tools from the first request that offers some (an agent's first turn after a side call it
-sent first): the requests before it read as side calls (xdb/browse.py)."""
+sent first): the requests before it read as side calls (xdb/recall/browse.py)."""
 
 from __future__ import annotations
 

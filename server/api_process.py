@@ -27,10 +27,10 @@ from server.recording.quota_loop import enforce_quota_forever
 from server.runtime import Runtime, build_runtime
 from server.tenancy.tenants import TenantKeys
 from xdb import XDB, XDBClient
-from xdb.remote import RECORDING_STATES
-from xdb.remote_xdb import RemoteXDB
 from xdb.schema import EXPERIENCE_FILE
-from xdb.service import ServiceSpec
+from xdb.service.remote import RECORDING_STATES
+from xdb.service.remote_xdb import RemoteXDB
+from xdb.service.service import ServiceSpec
 from xdb.store import AUDIT_FILE
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this module

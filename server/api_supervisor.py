@@ -7,7 +7,7 @@ vLLM's own parts (the engine's ZMQ listeners, `launch_core_engines`, `APIServerP
 keeps its guarantees across the processes:
 
 - **One XDB service.** This process starts it and restarts it if it dies; every API process attaches
-  to it with a stream of its own and its own commit count (xdb/remote.py).
+  to it with a stream of its own and its own commit count (xdb/service/remote.py).
 - **Sessions.** A session's turns take a lease across processes (server/api_servers/session_lease.py)
   on top of the in-process lock, so they run in order whichever process gets them; a process that
   finds another served the session since drops its cached State and ticks and reads them again.
@@ -47,7 +47,7 @@ from server.engine_process import forked_engine, mark_server
 from server.recording.backup_signal import install_backup_signal
 from xdb import XDBClient
 from xdb.export import note_engine
-from xdb.remote_xdb import RemoteXDB
+from xdb.service.remote_xdb import RemoteXDB
 
 if TYPE_CHECKING:
     from vllm.v1.utils import APIServerProcessManager

@@ -36,7 +36,7 @@ from server.recording.quota_loop import model_summarizer
 from server.recording.recorder import Recorder, RecordingEngine
 from server.tenancy.tenants import TenantKeys
 from xdb import XDBClient
-from xdb.lake import LakeUnavailable
+from xdb.lake.lake import LakeUnavailable
 
 log = logging.getLogger("ahc.server")
 

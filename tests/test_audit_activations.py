@@ -11,7 +11,7 @@ from audit_files import sql
 from cli_runner import ahc
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_activations import activation_leaves, short
+from xdb.audit.activations import activation_leaves, short
 
 
 def record(xdb: XDB, session: str = "s", n: int = 6) -> None:

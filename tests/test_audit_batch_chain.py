@@ -14,7 +14,7 @@ import pytest
 from audit_files import sql
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_chain import RECORD_COLUMNS, chain, leaves, short_leaves
+from xdb.audit.chain import RECORD_COLUMNS, chain, leaves, short_leaves
 
 
 def record(xdb: XDB, n: int = 5, text: str = "t") -> None:
@@ -80,7 +80,7 @@ def test_a_log_chained_a_record_at_a_time_migrates_and_keeps_verifying(tmp_path:
                      acts: object = None) -> tuple[np.ndarray, list[bytes]]:
         return np.array([None] * records.num_rows, dtype=object), chain(prev, records, k)
 
-    monkeypatch.setattr("xdb.audit.stamp", as_version_5)
+    monkeypatch.setattr("xdb.audit.log.stamp", as_version_5)
     with XDB.open(data) as xdb:
         assert xdb.audit is not None
         xdb.audit.activations_apart = False  # activations in the record, as before version 7

@@ -15,7 +15,7 @@ import duckdb
 from ahc.core.config import XDBConfig
 from ahc.core.errors import NotFound
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_keys import KEYS_FILE, SessionKeys
+from xdb.audit.keys import KEYS_FILE, SessionKeys
 
 FAST = XDBConfig(max_latency_s=0.005)
 

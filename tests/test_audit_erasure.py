@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_keys import KEYS_FILE
+from xdb.audit.keys import KEYS_FILE
 
 WORD = "xyzzyplughquux"
 
@@ -183,7 +183,7 @@ def test_sealing_round_trips_a_mixed_batch_and_leaves_events_in_clear() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from xdb.audit_seal import open_sealed, seal
+    from xdb.audit.seal import open_sealed, seal
     from xdb.concepts import ConceptIndex
     from xdb.rows import rows_to_arrow
 

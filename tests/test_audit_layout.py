@@ -16,8 +16,8 @@ import pytest
 from audit_files import sql
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit import AuditLog
-from xdb.audit_seal import _crypt, open_blobs, seal_batch
+from xdb.audit.log import AuditLog
+from xdb.audit.seal import _crypt, open_blobs, seal_batch
 
 
 def record(xdb: XDB, sessions: list[str], n: int = 4, text: str = "w") -> None:

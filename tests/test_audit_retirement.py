@@ -14,7 +14,7 @@ from audit_files import sql
 
 from ahc.core.config import RetentionConfig, XDBConfig
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_chain import read_heads
+from xdb.audit.chain import read_heads
 
 DAY_S = 86_400.0
 
@@ -97,7 +97,7 @@ def test_records_deleted_without_a_retirement_are_caught(tmp_path: Path, retired
 
 
 def test_a_retirement_cut_short_is_carried_out_at_the_next_open(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from xdb.audit import AuditLog
+    from xdb.audit.log import AuditLog
 
     data = tmp_path / "x"
     with XDB.open(data) as xdb:

@@ -1,5 +1,5 @@
 """Scheduled backups (verified, the newest N kept) and deletions that reach the backups and exports kept
-under the data dir and the backup dir (xdb/backups.py, server/recording/backup_loop.py)."""
+under the data dir and the backup dir (xdb/storage/backups.py, server/recording/backup_loop.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 
 from ahc.core.config import XDBConfig
 from server.recording.backup_loop import BackupLoop, backup_forever
-from xdb import XDB, TimestepRow, backup_erase, backups, verify_audit
-from xdb.audit_keys import KEYS_FILE
-from xdb.fidelity import hot_cutoff
+from xdb import XDB, TimestepRow, backup_erase, verify_audit
+from xdb.audit.keys import KEYS_FILE
 from xdb.owner import EVERY
-from xdb.retention import Tombstone
-from xdb.vacuum import vacuum_experience
+from xdb.storage import backups
+from xdb.storage.fidelity import hot_cutoff
+from xdb.storage.retention import Tombstone
+from xdb.storage.vacuum import vacuum_experience
 
 WORD = "zorbleflimquaxite"  # the deleted session's text: in no file afterwards
 

@@ -24,8 +24,8 @@ from server.chat import serving as chat_route
 from server.runtime import Runtime
 from server.tenancy.request_context import EngineUsage
 from xdb import XDB
-from xdb.browse import session_turns, sessions_overview
 from xdb.owner import EVERY
+from xdb.recall.browse import session_turns, sessions_overview
 
 
 @pytest.fixture
@@ -630,7 +630,7 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
     """The XDB service died during the save (nothing stored) or after the save committed, before answering:
     the client got a 503 and its SDK retried. Either way the turn is in the State once, in memory and as
     stored (it held ['first', 'second', 'second'])."""
-    from xdb.service_link import ServiceUnavailable
+    from xdb.service.link import ServiceUnavailable
 
     client, runtime = served
     store, failures = runtime.xdb.save_session_state, [1]
@@ -690,7 +690,7 @@ def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503
     after the turn had joined the State: the client retried, and every retry appended the turn again."""
-    from xdb.lake import LakeUnavailable
+    from xdb.lake.lake import LakeUnavailable
 
     client, runtime = served
     store = runtime.xdb.save_session_state

@@ -44,7 +44,7 @@ from bench.cluster import (
 from bench.servers import TINY_MODEL
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
 from server.cluster.server_process import AHC, child_env, free_port
-from xdb.lake import Lake
+from xdb.lake.lake import Lake
 from xdb.owner import EVERY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -14,8 +14,16 @@ import pytest
 
 from ahc.core.config import XDBConfig
 from server.recording import quota_loop
-from xdb import XDB, TimestepRow, compression
-from xdb.compression import BATCH_GROUPS, NOTHING_LEFT, TIME_BUDGET, UNDER_TARGET, quota_pass, usage_bytes
+from xdb import XDB, TimestepRow
+from xdb.storage import compression
+from xdb.storage.compression import (
+    BATCH_GROUPS,
+    NOTHING_LEFT,
+    TIME_BUDGET,
+    UNDER_TARGET,
+    quota_pass,
+    usage_bytes,
+)
 
 REPLY_TOKENS = 10
 

@@ -30,9 +30,9 @@ from ahc.core.config import XDBConfig
 from server.admission.recording_gate import RecordingGate
 from server.recording.record_queue import RecordQueue
 from xdb import RemoteXDB, TimestepRow
-from xdb import remote as remote_module
 from xdb.owner import EVERY
-from xdb.spill import Spill
+from xdb.service import remote as remote_module
+from xdb.service.spill import Spill
 
 TESTS = Path(__file__).parent
 

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from server.messages.protocol import metadata_session
 from server.runtime import Runtime
-from xdb.browse import session_turns
 from xdb.owner import EVERY
+from xdb.recall.browse import session_turns
 
 CLAUDE_USER = "user_5f1e2d_account__session_0b7c9a52-1111-4e4e-9d9d-123456789abc"
 CLAUDE_SESSION = "0b7c9a52-1111-4e4e-9d9d-123456789abc"

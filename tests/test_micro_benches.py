@@ -13,7 +13,7 @@ import pytest
 from bench import xdb_cpu, xdb_flush_wait
 from bench.servers import TINY_MODEL, ensure_model
 from bench.token_decode import us_per_token
-from xdb.remote_xdb import RemoteXDB
+from xdb.service.remote_xdb import RemoteXDB
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

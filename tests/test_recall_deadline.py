@@ -1,7 +1,7 @@
 """Recall's deadline (xdb.recall_deadline_s): a recall that reaches it returns the matches found so far,
 oldest first, marked `partial`, with a cursor that pages on through the rest without a gap or a repeat;
 one in time says `partial: false`. The cut is made deterministic by ending the deadline after a given
-number of id windows (xdb/recall.py `_bounded`); the interrupt itself is timed for real."""
+number of id windows (xdb/recall/recall.py `_bounded`); the interrupt itself is timed for real."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from bench.xdb import SESSIONS, TURN, generate_rows
 from server.http.gateway import install_gateway
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB
-from xdb import recall as recall_module
 from xdb.owner import EVERY
+from xdb.recall import recall as recall_module
 
 ROWS = TURN * SESSIONS * 40  # 40,960 rows, ids 0..40,959
 WINDOW = 2_000  # the first id window in these tests: windows of 2,000, 4,000 and 8,000 ids make 14,000

@@ -17,8 +17,8 @@ from vllm.entrypoints.openai.responses.utils import construct_input_messages
 from ahc.core.config import AHCConfig
 from server.responses.protocol import input_items, input_messages, readable, reply_of
 from server.runtime import Runtime
-from xdb.browse import session_turns
 from xdb.owner import EVERY
+from xdb.recall.browse import session_turns
 
 
 def client_for(http: TestClient, key: str = ALICE) -> openai.OpenAI:

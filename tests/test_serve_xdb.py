@@ -13,7 +13,7 @@ import pytest
 
 from bench.servers import recall, recall_until, scrape_metrics, start_server
 from server.cluster.server_process import free_port
-from xdb.service import PROCESS_TITLE
+from xdb.service.service import PROCESS_TITLE
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from xdb import XDB, TimestepRow, verify_audit
-from xdb.audit_chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, checkpoint_hash, stamp
+from xdb.audit.chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, checkpoint_hash, stamp
 from xdb.owner import EVERY
 from xdb.runs import log_interaction, purge_run, save_meta_knowledge
 from xdb.tags import set_bud_status

@@ -12,7 +12,7 @@ from cli_runner import ahc
 
 from ahc.core.config import XDBConfig
 from xdb import XDB
-from xdb.audit import verify_audit
+from xdb.audit.log import verify_audit
 from xdb.owner import EVERY
 from xdb.rows import TimestepRow
 

@@ -1,4 +1,4 @@
-"""What the experience browser reads (xdb/browse.py) and its routes (server/routes/browse_routes.py), on a real
+"""What the experience browser reads (xdb/recall/browse.py) and its routes (server/routes/browse_routes.py), on a real
 XDB file: sessions at a glance, a session turn by turn, a concept's strongest tokens, the audit."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from server.routes.browse_routes import browse_router
 from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
 from xdb import XDB, TimestepRow
-from xdb.browse import break_reason, session_turns, sessions_overview
 from xdb.owner import EVERY
+from xdb.recall.browse import break_reason, session_turns, sessions_overview
 from xdb.rows import TokenBatch
 
 CONCEPTS = ["motion", "collision"]
@@ -208,7 +208,7 @@ def test_one_verification_at_a_time() -> None:
 
     from ahc.core.errors import RateLimited
     from server.routes.browse_routes import AuditVerifier
-    from xdb.audit_verify import AuditReport
+    from xdb.audit.verify import AuditReport
 
     release, entered = threading.Event(), threading.Event()
 

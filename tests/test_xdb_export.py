@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from server.http.gateway import install_gateway
 from server.routes.export_routes import export_router
 from xdb import XDB, TimestepRow
-from xdb.audit import verify_audit
-from xdb.audit_chain import EVENT_TYPE
+from xdb.audit.chain import EVENT_TYPE
+from xdb.audit.log import verify_audit
 from xdb.documents import list_documents
 from xdb.owner import EVERY
 

@@ -29,9 +29,9 @@ from server.cluster.catalog import LocalPostgres, postgres_bin
 from server.cluster.server_process import free_port
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
 from xdb.cli import app as xdb_cli
-from xdb.lake import LakeUnavailable
-from xdb.lake_purge import lost_a_race
-from xdb.lake_schema import attach_lake, redacted
+from xdb.lake.lake import LakeUnavailable
+from xdb.lake.purge import lost_a_race
+from xdb.lake.schema import attach_lake, redacted
 from xdb.owner import EVERY
 from xdb.runs import log_interaction, purge_run
 from xdb.session_state import state_versions
@@ -516,7 +516,7 @@ def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
 
 
 def test_open_gaps_follow_the_ids_seen() -> None:
-    from xdb.lake_shipper import advance
+    from xdb.lake.shipper import advance
 
     ids = np.array
     assert advance(0, [], ids([1, 2, 3]), 9.0) == (3, [])
@@ -582,7 +582,7 @@ def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(l
                                                                                tmp_path: Path) -> None:
     """Recomputed from genesis, an edited lake chain whose every hash was recomputed too verifies; the
     replica's own anchored head (its data dir's audit.head, out of the lake's reach) catches it."""
-    from xdb.audit_chain import GENESIS, RECORD_COLUMNS, stamp
+    from xdb.audit.chain import GENESIS, RECORD_COLUMNS, stamp
     from xdb.schema import TOP_K
 
     with XDB.open(tmp_path / "a", config(lake, "A")) as a:

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from ahc.core.config import RetentionConfig, XDBConfig
 from server.metrics import AHCMetrics
 from xdb import XDB, TimestepRow
-from xdb.audit_chain import EVENT_TYPE
-from xdb.compression import cold_records, usage_bytes
-from xdb.fidelity import submit_evidence
+from xdb.audit.chain import EVENT_TYPE
 from xdb.owner import EVERY
 from xdb.schema import EXPERIENCE_FILE
+from xdb.storage.compression import cold_records, usage_bytes
+from xdb.storage.fidelity import submit_evidence
 from xdb.store import AUDIT_FILE
 
 

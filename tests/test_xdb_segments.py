@@ -14,10 +14,11 @@ from test_audit_erasure import WORD, files_holding
 from xdb_recording import recording, say
 
 from ahc.core.config import XDBConfig
-from xdb import XDB, RemoteXDB, segments
+from xdb import XDB, RemoteXDB
 from xdb.backup_erase import erase_from_backup
 from xdb.owner import EVERY
 from xdb.schema import EXPERIENCE_FILE, MIGRATIONS, migrate
+from xdb.storage import segments
 
 
 def rows(xdb: XDB | RemoteXDB, session: str) -> list[dict[str, Any]]:

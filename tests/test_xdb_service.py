@@ -29,7 +29,7 @@ from xdb import (
 from xdb.documents import list_documents
 from xdb.owner import EVERY
 from xdb.runs import list_interactions, log_interaction, purge_run
-from xdb.service_link import ServiceProcess, ServiceUnavailable
+from xdb.service.link import ServiceProcess, ServiceUnavailable
 
 NAMES = ["joy", "fear"]
 
@@ -248,11 +248,11 @@ def test_a_connection_that_closes_or_stalls_ends_nothing(tmp_path: Path) -> None
 
 def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import xdb.service
-    import xdb.service_link
+    import xdb.service.link
+    import xdb.service.service
 
-    monkeypatch.setattr(xdb.service_link, "CALL_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(xdb.service, "HANDSHAKE_TIMEOUT_S", 1.0)  # a new connection's (this side's)
+    monkeypatch.setattr(xdb.service.link, "CALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(xdb.service.service, "HANDSHAKE_TIMEOUT_S", 1.0)  # a new connection's (this side's)
     with RemoteXDB(tmp_path / "x") as store:
         hung = store.writer.process.process.pid
         os.kill(hung, signal.SIGSTOP)

@@ -16,10 +16,10 @@ import pytest
 
 from ahc.core.config import XDBConfig
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
-from xdb import service as xdb_service
 from xdb.owner import EVERY
-from xdb.service import ServiceSpec
-from xdb.service_link import ServiceLink, new_spec, remove_spec
+from xdb.service import service as xdb_service
+from xdb.service.link import ServiceLink, new_spec, remove_spec
+from xdb.service.service import ServiceSpec
 
 TEXT = "hello world, and hello again"
 

@@ -11,12 +11,12 @@ import pytest
 from ahc.core.config import XDBConfig
 from ahc.core.errors import InvalidRequest
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
-from xdb.compression import cold_records
 from xdb.documents import document_versions, get_document, list_documents
-from xdb.fidelity import resolve_submission, submit_evidence
 from xdb.owner import EVERY
 from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 from xdb.session_state import KEEP_VERSIONS
+from xdb.storage.compression import cold_records
+from xdb.storage.fidelity import resolve_submission, submit_evidence
 from xdb.tags import list_buds, set_bud_status
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from xdb import XDB, export, lake_schema, retention, runs
+from xdb import XDB, export, runs
+from xdb.lake import schema as lake_schema
 from xdb.schema import EXPERIENCE_FILE
+from xdb.storage import retention
 from xdb.store import AUDIT_FILE
 from xdb.tables import RUN, SESSION, TABLES
 

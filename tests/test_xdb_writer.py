@@ -12,8 +12,8 @@ import pytest
 
 from ahc.core.config import XDBConfig
 from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
-from xdb.audit import AuditLog
-from xdb.canonical import canonical_array
+from xdb.audit.canonical import canonical_array
+from xdb.audit.log import AuditLog
 from xdb.concepts import ConceptIndex
 from xdb.owner import EVERY
 from xdb.rows import batch_to_arrow, rows_to_arrow, to_arrow

@@ -1,6 +1,6 @@
 """Erasing deleted sessions from the kept backups and exports, and verifying a backup: what the child
-process of xdb/backups.py runs (`CHILD erase DATA_DIR`, `CHILD verify BACKUP`). Each backup is opened as
-the XDB it is, offline, so this module stands above the store; xdb/backups.py, which the live store
+process of xdb/storage/backups.py runs (`CHILD erase DATA_DIR`, `CHILD verify BACKUP`). Each backup is opened as
+the XDB it is, offline, so this module stands above the store; xdb/storage/backups.py, which the live store
 calls when it deletes, only notes the deletion and starts the child."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 from ahc.core.errors import NotFound
-from xdb.audit import verify_audit
-from xdb.backups import (
+from xdb.audit.log import verify_audit
+from xdb.schema import EXPERIENCE_FILE
+from xdb.storage.backups import (
     EXPORTS_DIR,
     PENDING_LOCK,
     RUN_LOCK,
@@ -28,10 +29,9 @@ from xdb.backups import (
     started_at,
     wait_for_exports_in_flight,
 )
-from xdb.retention import Tombstone
-from xdb.schema import EXPERIENCE_FILE
+from xdb.storage.retention import Tombstone
+from xdb.storage.vacuum import vacuum_experience
 from xdb.store import XDB
-from xdb.vacuum import vacuum_experience
 
 log = logging.getLogger("ahc.xdb.backups")
 
@@ -98,7 +98,7 @@ def verify_here(path: Path) -> tuple[bool, str | None]:
 
 
 def main(argv: list[str]) -> int:
-    """The child process xdb/backups.py starts (`CHILD erase DATA_DIR` / `CHILD verify BACKUP`)."""
+    """The child process xdb/storage/backups.py starts (`CHILD erase DATA_DIR` / `CHILD verify BACKUP`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if len(argv) != 2 or argv[0] not in ("erase", "verify"):
         print("usage: erase DATA_DIR | verify BACKUP", file=sys.stderr)

@@ -16,7 +16,7 @@ from xdb.session_state import list_sessions, state_versions
 
 if TYPE_CHECKING:
     from xdb import XDB
-    from xdb.audit_verify import AuditReport
+    from xdb.audit.verify import AuditReport
 
 app = typer.Typer(no_args_is_help=True, help="The xdb commands.")
 
@@ -90,8 +90,8 @@ def verify_audit_command(
 ) -> None:
     """Check the audit log's hash chain and its anchor (audit/audit.head), and/or every replica's chain
     in a shared lake; exit 1 naming the first bad record or the head mismatch, 2 on bad usage."""
-    from xdb.audit import verify_audit
-    from xdb.audit_chain import parse_head
+    from xdb.audit.chain import parse_head
+    from xdb.audit.log import verify_audit
 
     if data_dir is None and lake_catalog is None:
         _fail("give --data-dir, --lake-catalog or both", 2)
@@ -130,7 +130,7 @@ def _check_activations(data_dir: Path, report: AuditReport, seq_from: int | None
     import duckdb
 
     from xdb import store
-    from xdb.audit import AuditLog
+    from xdb.audit.log import AuditLog
 
     try:
         xdb = store.XDB.open(data_dir, read_only=True)
@@ -152,7 +152,7 @@ def _check_activations(data_dir: Path, report: AuditReport, seq_from: int | None
 
 def _replica_anchors(specs: list[str]) -> dict[str, list[tuple[int, bytes]]]:
     """`NAME=DATA_DIR` each: the heads that replica's audit log anchored (exit 2 on a bad one)."""
-    from xdb.audit_chain import HEAD_FILE, read_heads
+    from xdb.audit.chain import HEAD_FILE, read_heads
 
     anchors = {}
     for spec in specs:
@@ -173,8 +173,8 @@ def _replica_anchors(specs: list[str]) -> dict[str, list[tuple[int, bytes]]]:
 def _verify_lake(catalog: str, data_path: Path | None, anchors: dict[str, list[tuple[int, bytes]]]) -> None:
     import duckdb
 
-    from xdb.lake_reads import check_lake_anchor, verify_lake_audit
-    from xdb.lake_schema import attach_lake, redacted
+    from xdb.lake.reads import check_lake_anchor, verify_lake_audit
+    from xdb.lake.schema import attach_lake, redacted
 
     conn = duckdb.connect()
     try:
@@ -305,7 +305,7 @@ def rollback_command(data_dir: DataDir, session: Session,
 def vacuum_command(data_dir: DataDir) -> None:
     """Rewrite a stopped server's experience file whole, so deleted sessions' rows leave its free blocks
     too (needs room for a second copy of the file)."""
-    from xdb.vacuum import vacuum_experience
+    from xdb.storage.vacuum import vacuum_experience
 
     if not data_dir.is_dir():
         _fail(f"--data-dir {data_dir} is not a directory", 2)

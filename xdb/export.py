@@ -25,7 +25,7 @@ from typing import Any, Literal
 import duckdb
 
 from ahc.core.errors import InvalidRequest
-from xdb.audit import AuditEvent
+from xdb.audit.log import AuditEvent
 from xdb.interface import writes
 from xdb.owner import owned
 from xdb.private import private_dir, private_files, private_tree

@@ -37,10 +37,10 @@ from typing import Any
 
 import duckdb
 
-from xdb.audit import AuditEvent
-from xdb.fidelity import hot_cutoff
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.sql import one_int
+from xdb.storage.fidelity import hot_cutoff
 
 # A conversation walked back further than this is cut at its oldest responses (a cycle cannot occur:
 # a response names only an earlier one; this bounds a pathological chain).

@@ -17,7 +17,7 @@ import duckdb
 
 from ahc.core.errors import InvalidRequest
 from xdb import documents
-from xdb.audit import AuditEvent
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned
 from xdb.rows import encoded

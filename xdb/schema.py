@@ -155,7 +155,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     ]),
     (8, [
         # New timesteps go to the hot table; the storage pass seals its rows into Parquet segments
-        # (xdb/segments.py) and `timesteps` becomes the view every read takes, over both.
+        # (xdb/storage/segments.py) and `timesteps` becomes the view every read takes, over both.
         f"ALTER TABLE timesteps RENAME TO {HOT_TIMESTEPS}",
         # content_bytes: its rows' text, which the quota counts without reading the file.
         """CREATE TABLE segments (

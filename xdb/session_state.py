@@ -21,10 +21,10 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import Conflict, InvalidRequest, NotFound
-from xdb.audit import AuditEvent
-from xdb.browse import MAIN_THREADS, SIDE, TURN_ROWS, iso
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads
 from xdb.owner import owned
+from xdb.recall.browse import MAIN_THREADS, SIDE, TURN_ROWS, iso
 from xdb.sql import one_int, transaction
 
 KEEP_VERSIONS = 16

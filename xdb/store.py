@@ -23,30 +23,21 @@ import duckdb
 
 from ahc.core.config import XDBConfig
 from ahc.core.errors import InvalidRequest, NotFound
-from xdb import (
-    browse,
-    compression,
-    documents,
-    export,
-    fidelity,
-    insights,
-    runs,
-    segments,
-    sql,
-    tags,
-)
-from xdb.audit import AuditEvent, AuditLog, copy_database
-from xdb.audit_chain import GENESIS, HEAD_FILE, read_heads
-from xdb.audit_verify import AuditReport
+from xdb import documents, export, runs, sql, tags
+from xdb.audit.chain import GENESIS, HEAD_FILE, read_heads
+from xdb.audit.log import AuditEvent, AuditLog, copy_database
+from xdb.audit.verify import AuditReport
 from xdb.concepts import ConceptIndex
 from xdb.interface import Cursor, check_entry, service, service_after_flush
-from xdb.lake import Lake
-from xdb.lake_session import LakeTicks, ResumableTickBook, TickCalls
+from xdb.lake.lake import Lake
+from xdb.lake.session import LakeTicks, ResumableTickBook, TickCalls
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
-from xdb.recall import RecallFilters, TagCache, recall, recall_within, timestep
+from xdb.recall import browse, insights
+from xdb.recall.recall import RecallFilters, TagCache, recall, recall_within, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import one
+from xdb.storage import compression, fidelity, segments
 from xdb.store_lake import LakeMethods
 from xdb.store_sessions import SessionMethods, finish_deletions
 from xdb.store_storage import StorageMethods
@@ -84,7 +75,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
         self.export_ttl_s = config.export_ttl_s
         self.recall_deadline_s = config.recall_deadline_s
         self._ticks = ResumableTickBook(self.committed_tick, config.max_tick_sessions)
-        # `xdb.backend: ducklake`: the shared lake (xdb/lake.py) and the last ticks learnt from it.
+        # `xdb.backend: ducklake`: the shared lake (xdb/lake/lake.py) and the last ticks learnt from it.
         self.lake: Lake | None = None
         self._lake_ticks = LakeTicks(config.max_tick_sessions)
         self._compress_lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""XDB's methods on the shared lake (`xdb.backend: ducklake`; xdb/lake.py): every replica's rows, concepts,
+"""XDB's methods on the shared lake (`xdb.backend: ducklake`; xdb/lake/lake.py): every replica's rows, concepts,
 tags and audit chains, and shipping this replica's now. `XDB` (xdb/store.py) holds these methods with the
 rest of its interface. Without a lake (the duckdb backend, or opened read-only) `has_lake` is False,
 `lake_status` None, and the others raise ValueError.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from xdb.audit_verify import AuditReport
+from xdb.audit.verify import AuditReport
 from xdb.interface import service, service_after_flush
-from xdb.lake import Lake
-from xdb.recall import RecallFilters
+from xdb.lake.lake import Lake
+from xdb.recall.recall import RecallFilters
 from xdb.writer import Writer
 
 

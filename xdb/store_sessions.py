@@ -19,12 +19,13 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import NotFound
-from xdb import backups, retention, session_state
-from xdb.audit import AuditEvent, AuditLog
+from xdb import session_state
+from xdb.audit.log import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
-from xdb.lake import Lake, LakeUnavailable
-from xdb.lake_reads import newer
-from xdb.lake_session import LakeTicks, ResumableTickBook
+from xdb.lake.lake import Lake, LakeUnavailable
+from xdb.lake.reads import newer
+from xdb.lake.session import LakeTicks, ResumableTickBook
+from xdb.storage import backups, retention
 from xdb.writer import Writer, last_timestep_id
 
 log = logging.getLogger("ahc.xdb")

@@ -1,5 +1,5 @@
 """XDB's storage pass: a context compaction's record, retention, the quota's compression, the audit
-log's retirement, and the sealed segments (xdb/segments.py): their seal, rewrites and merges, and the
+log's retirement, and the sealed segments (xdb/storage/segments.py): their seal, rewrites and merges, and the
 live part of an erasure.
 
 A file is written holding nothing; the storage lock (`_compress_lock`, which deletions and compression
@@ -21,11 +21,11 @@ import duckdb
 
 from ahc.core.config import RetentionConfig
 from ahc.core.errors import Conflict
-from xdb import compression, retention, segments
-from xdb.audit import AuditEvent, AuditLog
-from xdb.compression import Summarize
+from xdb.audit.log import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
-from xdb.lake import Lake
+from xdb.lake.lake import Lake
+from xdb.storage import compression, retention, segments
+from xdb.storage.compression import Summarize
 from xdb.writer import Writer, last_timestep_id
 
 
@@ -104,7 +104,7 @@ class StorageMethods:
     def _retire_audit(self, cur: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
         """Retire the audit records whose rows retention has removed from the experience file: those before
         its first timestep left (or past its last committed one), written before the first retention
-        horizon configured. None when no horizon is, or nothing can go (xdb/audit.py's `retire`)."""
+        horizon configured. None when no horizon is, or nothing can go (xdb/audit/log.py's `retire`)."""
         days = [d for d in (self.retention.verbatim_days, self.retention.delete_after_days) if d is not None]
         if self.audit is None or not days:
             return None
@@ -117,7 +117,7 @@ class StorageMethods:
 
     def vacuum(self) -> dict[str, Any]:
         """Rewriting the experience file needs it closed: the XDB service does it between its calls
-        (xdb/service.py); an XDB open in the server's own process cannot."""
+        (xdb/service/service.py); an XDB open in the server's own process cannot."""
         raise Conflict("vacuuming the experience file needs the XDB service (xdb.service_process: true, the "
                        "default); with it off, stop the server and run `ahc xdb vacuum --data-dir DIR`")
 

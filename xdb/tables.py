@@ -1,8 +1,8 @@
 """XDB's tables, each described once: whose rows it holds, what dates them, and where else they go.
 
-Export (xdb/export.py), the shared lake (xdb/lake_schema.py, its tombstones included), retention's
-deletions (xdb/retention.py) and the agent's runs (xdb/runs.py) all take their tables from `TABLES`; a
-table's columns are its DDL's (xdb/schema.py, xdb/audit.py), which the lake reads back from a migrated
+Export (xdb/export.py), the shared lake (xdb/lake/schema.py, its tombstones included), retention's
+deletions (xdb/storage/retention.py) and the agent's runs (xdb/runs.py) all take their tables from `TABLES`; a
+table's columns are its DDL's (xdb/schema.py, xdb/audit/log.py), which the lake reads back from a migrated
 file. tests/test_xdb_tables.py fails while a migrated file holds a table that has no entry here.
 
 A plain data module: nothing here touches DuckDB.
@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# Where new timesteps are written: `timesteps` is a view over it and the sealed segments (xdb/segments.py).
+# Where new timesteps are written: `timesteps` is a view over it and the sealed segments (xdb/storage/segments.py).
 HOT_TIMESTEPS = "timesteps_hot"
 
 # The owner columns: a session's rows, or (the discovery agent's tables) a run's.
 SESSION = "session_id"
 RUN = "run_id"
 
-# How a table's rows are found for shipping (xdb/lake_shipper.py):
+# How a table's rows are found for shipping (xdb/lake/shipper.py):
 #   "id":    an id committed in id order (the one writer thread's; the audit's seq): watermark = last id
 #   "seq":   an id from a sequence, taken by concurrent transactions that may commit out of order:
 #            watermark = last id, plus the ids below it not seen yet (open gaps, rechecked for a while)
@@ -106,8 +106,8 @@ TABLES: tuple[Table, ...] = (
     Table("meta_knowledge", RUN, "created_at", export=True, sequence="knowledge_ids",
           sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
     Table("xdb_meta"),
-    # The sealed segments of `timesteps`, their rows deleted since and their sessions (xdb/segments.py): the file's
-    # bookkeeping, as xdb_meta.
+    # The sealed segments of `timesteps`, their rows deleted since and their sessions
+    # (xdb/storage/segments.py): the file's bookkeeping, as xdb_meta.
     Table("segments"),
     Table("segment_deletes"),
     Table("segment_sessions"),
@@ -118,7 +118,7 @@ TABLES: tuple[Table, ...] = (
     Table("audit_concepts", audit=True, lake=LakeShipping("id")),
     Table("audit_meta", audit=True),
     Table("audit_checkpoints", audit=True),
-    # The activations of audited rows the experience file may not hold yet (xdb/audit_activations.py): a
+    # The activations of audited rows the experience file may not hold yet (xdb/audit/activations.py): a
     # write-ahead log's tail, never shipped.
     Table("audit_replay", audit=True),
 )

@@ -9,11 +9,18 @@ from typing import Any
 import duckdb
 
 from ahc.core.errors import InvalidRequest, NotFound
-from xdb.audit import AuditEvent
+from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned, owns
 from xdb.schema import INT64_MAX
 from xdb.sql import Row, one, transaction
+
+# Tag applications reach a timestep three ways: directly, through its reply (event = request_id, in
+# the session the tag was put in: a request id is a client's to choose) or through a tick range of its session.
+TAG_MATCH = """(
+    (a.target_type = 'timestep' AND a.timestep_id = t.id)
+    OR (a.target_type = 'event' AND a.event_id = t.request_id AND a.session_id = t.session_id)
+    OR (a.target_type = 'range' AND a.session_id = t.session_id AND t.tick BETWEEN a.range_start AND a.range_end))"""
 
 
 class TagType(str, Enum):

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from ahc.core.errors import Unavailable
 from xdb import auto_tags
 from xdb.activation_join import ActivationJoiner
-from xdb.audit import AuditLog, PreparedBatch
+from xdb.audit.log import AuditLog, PreparedBatch
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
 from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow

@@ -2,7 +2,7 @@
 
 A part the writer cannot store (a fault no check where rows are accepted catches) kills the writer; the
 service exits and the server starts another run, sending it every part not yet committed
-(xdb/remote.py). Sent again as it was, that part would kill every run, and recording would stop for good.
+(xdb/service/remote.py). Sent again as it was, that part would kill every run, and recording would stop for good.
 So a dying run writes down where the rows of the batch it died on sit, and the next run commits each part
 it is sent again that lies there in a batch of its own. A part that kills that run too, alone in its
 batch, is committed by the run after one row a batch; the row that kills that run, alone, is dropped by
@@ -12,8 +12,8 @@ nothing, and neither do the other rows of a part that held a bad one.
 
 A fault of the disk (full, read-only, failing: `is_disk_fault`) is no row's fault: the dying run writes no
 failure down, so nothing is suspected and nothing dropped; the server pauses recording and starts the
-service again with a growing wait, keeping every row (xdb/remote.py): in memory, or, with
-`xdb.on_disk_full: spill`, the rows gathered meanwhile in files under `xdb.spill_dir` (xdb/spill.py).
+service again with a growing wait, keeping every row (xdb/service/remote.py): in memory, or, with
+`xdb.on_disk_full: spill`, the rows gathered meanwhile in files under `xdb.spill_dir` (xdb/service/spill.py).
 """
 
 from __future__ import annotations

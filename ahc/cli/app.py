@@ -235,7 +235,7 @@ def cluster(
     import signal
 
     from server.cluster.local_cluster import LocalCluster, cluster_spec_from_cli
-    from xdb.lake_schema import redacted
+    from xdb.lake.schema import redacted
 
     passed = list(ctx.args)
     model = passed.pop(0) if passed and not passed[0].startswith("-") else None

@@ -319,7 +319,7 @@ class XDBConfig(_Strict):
     submit_timeout_s: float = Field(default=30.0, gt=0)
     """How long a submit blocks on a full queue before the writer refuses it."""
     on_disk_full: Literal["pause", "spill"] = "pause"
-    """What recording does while the disk under the data dir is full or failing (xdb/remote.py). `pause`: every
+    """What recording does while the disk under the data dir is full or failing (xdb/service/remote.py). `pause`: every
     row is held in memory and, past max_queue_rows, new requests get 503 until the disk mends. `spill`: the rows
     go to append-only files in spill_dir (0600: tenants' text), the server keeps serving, and they are sent to
     XDB in order once it commits again (or at the next start); if spill_dir fails too, recording pauses.
@@ -340,13 +340,13 @@ class XDBConfig(_Strict):
     again and sent the rows it had not committed. False: all in one process."""
     backend: Literal["duckdb", "ducklake"] = "duckdb"
     """`duckdb`: the data dir's files only. `ducklake`: those files as each replica's local buffer, and what they
-    commit shipped to the shared DuckLake in `lake` (xdb/lake.py)."""
+    commit shipped to the shared DuckLake in `lake` (xdb/lake/lake.py)."""
     lake: LakeConfig = Field(default_factory=LakeConfig)
     """The shared experience lake, with `backend: ducklake`."""
     backup_every_s: float | None = Field(default=None, gt=0)
     """Scheduled backups (server/recording/backup_loop.py): every backup_every_s the server writes a backup,
     verifies its audit chain, and keeps the newest backup_keep. None: on demand only (SIGUSR1, `ahc xdb backup`).
-    A deleted session is removed from the backups kept in backup_dir too (xdb/backups.py)."""
+    A deleted session is removed from the backups kept in backup_dir too (xdb/storage/backups.py)."""
     backup_dir: str | None = None
     """Where scheduled backups go, meant to be another disk; None: DATA_DIR/backups."""
     backup_keep: int = Field(default=3, gt=0)

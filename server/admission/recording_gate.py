@@ -9,7 +9,7 @@ Deny by default again: every POST outside AHC's own routes is gated except vLLM'
 known to generate nothing (tokenizing, rendering, counting, cancelling). A new vLLM route is gated
 until it is named here.
 
-While recording is paused on a full or failing disk (`xdb.on_disk_full: pause`, xdb/remote.py) the 503
+While recording is paused on a full or failing disk (`xdb.on_disk_full: pause`, xdb/service/remote.py) the 503
 says so: which disk, and what to do (turn_admission.py's `wait_for_recording`, which the chat routes call
 too). With `spill` the rows go to the spill dir and no request is refused for the disk.
 """

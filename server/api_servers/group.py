@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ahc.core.config import AHCConfig
 from server.capture.capture_setup import CaptureSetup
-from xdb.service import ServiceSpec
+from xdb.service.service import ServiceSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ahc.core.errors import InvalidRequest, NotFound
 from orchestrator.memory_tools import MEMORY_TOOLS, RECALL_MAX_LIMIT
 from orchestrator.session import SessionStore
 from server.tenancy.tenant_xdb import TenantTarget, TenantXDB
-from xdb.recall import RecallFilters
+from xdb.recall.recall import RecallFilters
 
 # What a recalled moment tells the model: enough to cite it by tick, not the row's bookkeeping.
 RECALLED = ("tick", "event_type", "role", "content", "tags")

@@ -8,7 +8,7 @@ fails verification is logged at ERROR, counted (`BackupLoop.failed`, and `on_res
 is never kept as a good one.
 
 Before its first backup it finishes the erasures a stop or a crash cut short: sessions deleted since a
-backup or export under the data dir (or the backup dir) was made are removed from it (xdb/backups.py);
+backup or export under the data dir (or the backup dir) was made are removed from it (xdb/storage/backups.py);
 this runs with or without a schedule.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ahc.core.config import XDBConfig
-from xdb import backups
+from xdb.storage import backups
 
 log = logging.getLogger("ahc.backup")
 

@@ -6,7 +6,7 @@ both files itself, from one snapshot each, while generation and recording go on,
 `DATA_DIR/backups/<UTC time>/`: a directory `ahc serve --data-dir` or `XDB.open` takes as it is. It is
 written under a `.partial-` name and renamed when complete, so whatever waits for it never sees half a
 backup. `scripts/backup.sh` sends the signal and waits. A session deleted later is removed from the
-backups kept there (xdb/backups.py); `xdb.backup_every_s` backs up on a schedule
+backups kept there (xdb/storage/backups.py); `xdb.backup_every_s` backs up on a schedule
 (server/recording/backup_loop.py).
 """
 
@@ -17,7 +17,8 @@ import logging
 import signal
 from pathlib import Path
 
-from xdb import XDBClient, backups
+from xdb import XDBClient
+from xdb.storage import backups
 
 log = logging.getLogger("ahc.backup")
 
@@ -43,7 +44,7 @@ async def backup_now(xdb: XDBClient, data_dir: Path) -> Path | None:
     log.info("backup of %s started", data_dir)
     try:
         # Under the backup directory's lock, marked with its start time: a session deleted later is
-        # erased from it too (xdb/backups.py).
+        # erased from it too (xdb/storage/backups.py).
         final = await asyncio.to_thread(backups.write_backup, xdb, data_dir, data_dir / BACKUPS_DIR)
     except Exception:  # reported, and the server serves on: a failed backup must not stop generation
         log.exception("backup of %s into %s failed", data_dir, data_dir / BACKUPS_DIR)

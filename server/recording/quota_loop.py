@@ -1,11 +1,11 @@
 """The XDB storage loop: every `quota_check_s`, apply retention (compress rows past
 `xdb.retention.verbatim_days`, delete sessions idle past `delete_after_days`) and, past
 `compress_at` of the byte quota, compress the oldest cold records, and seal the hot timesteps into
-segments (xdb/segments.py). Once a session was deleted, it erases it from the files (`vacuum`: the
+segments (xdb/storage/segments.py). Once a session was deleted, it erases it from the files (`vacuum`: the
 segments holding its rows rewritten, then experience.duckdb; at most every quarter of
 `xdb.erase_within_s`), so its text is in no file within that bound.
 
-A pass compresses for at most xdb.compression.PASS_BUDGET_S; one that stopped there (still over its
+A pass compresses for at most xdb.storage.compression.PASS_BUDGET_S; one that stopped there (still over its
 target) is followed by the next after a pause as long as it took rather than `quota_check_s`, so a store
 far over its quota comes back under in passes that leave XDB to its other calls half the time.
 
@@ -24,7 +24,7 @@ from typing import Any
 from ahc.core.errors import Conflict
 from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
-from xdb.compression import PASS_BUDGET_S, TIME_BUDGET
+from xdb.storage.compression import PASS_BUDGET_S, TIME_BUDGET
 
 log = logging.getLogger("ahc.xdb.storage")
 

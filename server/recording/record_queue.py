@@ -13,8 +13,8 @@ import asyncio
 import logging
 from collections import deque
 
-from xdb.remote import RemoteWriter
 from xdb.rows import TimestepRow, TokenBatch
+from xdb.service.remote import RemoteWriter
 from xdb.writer import Writer, WriterBackpressure, WriterStopped
 
 log = logging.getLogger("ahc.recorder")

@@ -28,9 +28,9 @@ def codex_router(xdb: XDBClient, resolver: CodexResolver, condenser: CodexConden
     @router.get("/{doc_id}/condensed")
     async def condensed(doc_id: str, version: Version = None, view: TenantXDB = Depends(views)) -> Any:
         """The stored rendition of the document's version for the served model, or 404."""
-        doc = await asyncio.to_thread(view.document, doc_id, version)
+        doc = await asyncio.to_thread(view.document, doc_id, version=version)
         try:
-            return await asyncio.to_thread(view.find_document, rendition_path(resolver.model, doc["content_hash"]))
+            return await asyncio.to_thread(view.find_document, path=rendition_path(resolver.model, doc["content_hash"]))
         except NotFound:
             raise NotFound(f"document {doc_id!r} version {doc['version']} has no condensed rendition for "
                            f"{resolver.model!r}; POST here to make one") from None
@@ -38,11 +38,11 @@ def codex_router(xdb: XDBClient, resolver: CodexResolver, condenser: CodexConden
     @router.post("/{doc_id}/condensed")
     async def condense(doc_id: str, version: Version = None, view: TenantXDB = Depends(views)) -> Any:
         """Make the rendition now with the served model (or return the stored one)."""
-        doc = await asyncio.to_thread(view.document, doc_id, version)
+        doc = await asyncio.to_thread(view.document, doc_id, version=version)
         made = await condenser.rendition_for(source_document(doc), view.owner)
         if made is None:
             raise Conflict(f"the served model's rendition of {doc_id!r} version {doc['version']} was no shorter "
                            "than the document (or the document is too long for one call); nothing was stored")
-        return await asyncio.to_thread(view.find_document, rendition_path(resolver.model, doc["content_hash"]))
+        return await asyncio.to_thread(view.find_document, path=rendition_path(resolver.model, doc["content_hash"]))
 
     return router

@@ -24,10 +24,11 @@ from server.http.errors import AHCRoute
 from server.tenancy.request_context import Caller
 from server.tenancy.tenant_xdb import TenantTarget, TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
-from xdb import XDBClient, fidelity
+from xdb import XDBClient
 from xdb.documents import DocumentType
-from xdb.recall import RecallFilters
+from xdb.recall.recall import RecallFilters
 from xdb.schema import INT64_MAX
+from xdb.storage import fidelity
 from xdb.tags import list_buds, set_bud_status
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -269,7 +270,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
                                   ] = None, view: TenantXDB = Depends(views)) -> Any:
         if path is not None:
             try:
-                found = [view.find_document(path)]
+                found = [view.find_document(path=path)]
             except NotFound:
                 found = []
             return {"object": "list", "data": found}
@@ -278,7 +279,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     @router.get("/documents/{doc_id}")
     def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
                  view: TenantXDB = Depends(views)) -> Any:
-        return view.document(doc_id, version)
+        return view.document(doc_id, version=version)
 
     @router.get("/documents/{doc_id}/versions")
     def document_versions(doc_id: str, view: TenantXDB = Depends(views)) -> Any:

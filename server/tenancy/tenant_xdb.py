@@ -7,6 +7,13 @@ route scopes an id, unscopes a row or passes an owner by hand: a route that forg
 past its tenant without a sound. The view has no method that reaches past its tenant; what spans
 every tenant (the operator's compaction of released rows, evidence on the shared buds, the audit's
 head, concepts and buds, which are the server's shared vocabulary) stays on the XDB itself.
+
+A call that only scopes is declared, not written (`ScopedCall`, server/tenancy/scoped_call.py): its
+target and how its rows come back; the ids it takes are scoped by their parameters' names and the
+owner is filled in wherever the target takes one. Every read and write of XDB's that takes a tenant's id or
+owner (a parameter named in TENANT_PARAMETERS) is a call of the view, declared or WRITTEN_OUT, or is
+one of SERVER_ONLY's; tests/test_tenant_view.py holds every such function of XDB to these lists, so a
+new one cannot be left out unnoticed.
 """
 
 from __future__ import annotations
@@ -17,13 +24,12 @@ from typing import Any, Literal
 
 from ahc.core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
+from server.tenancy.scoped_call import SCOPES, ScopedCall, named_as_asked, owned, page, row, rows
 from server.tenancy.tenants import Tenant
-from xdb import XDBClient
-from xdb.browse import session_context, session_turns, sessions_overview
-from xdb.compression import cold_records
-from xdb.documents import DocumentType, document_versions, find_document, get_document, list_documents
-from xdb.fidelity import list_windows, unpin
-from xdb.recall import RecallFilters
+from xdb import XDBClient, session_state
+from xdb import documents as xdb_documents
+from xdb import runs as xdb_runs
+from xdb.recall import browse
 from xdb.responses import (
     StoredResponse,
     delete_response,
@@ -33,17 +39,31 @@ from xdb.responses import (
     stored_response,
 )
 from xdb.rows import utf8
-from xdb.runs import (
-    list_interactions,
-    list_runs,
-    log_interaction,
-    meta_knowledge,
-    purge_run,
-    run_report,
-    save_meta_knowledge,
-)
-from xdb.session_state import list_sessions, state_versions
+from xdb.storage.compression import cold_records
+from xdb.storage.fidelity import list_windows, unpin
 from xdb.tags import list_comments
+
+# A parameter of XDB's by one of these names is the tenant's: one of its ids, scoped in by name
+# (SCOPES), its owner string, or an id the server made whose row is the tenant's by its session or owner.
+TENANT_PARAMETERS = frozenset(SCOPES) | {"owner", "response_id", "item_ids", "export_id"}
+# The view's calls that do more than scope, by target: a response found only when its session is the
+# tenant's, a tag's or comment's target, a listing refused without its session, an export's manifest.
+WRITTEN_OUT = frozenset({
+    "xdb.responses.stored_response", "xdb.responses.response_conversation", "xdb.responses.response_items",
+    "xdb.responses.save_response", "xdb.responses.delete_response", "xdb.storage.compression.cold_records",
+    "XDB.tag", "XDB.comment", "XDB.compact", "XDB.export", "XDB.exports",
+})
+# What takes a tenant's id but is no route's to call: the server's own calls, on ids it scoped as the
+# request came in, and the auditor's, which spans every tenant.
+SERVER_ONLY = {
+    "XDB.save_session_state": "the orchestrator's session store, keyed by the stored session id",
+    "XDB.load_session_state": "the orchestrator's session store, keyed by the stored session id",
+    "XDB.load_session_state_verified": "the orchestrator's session store, keyed by the stored session id",
+    "XDB.committed_tick": "the tick book's, by the stored session id",
+    "XDB.recall": "in-process callers' (the agent, benchmarks) on their own file; routes recall a page at a time",
+    "XDB.audit_records": "the auditor's role (/v1/audit/records): the log of every tenant, no tenant's rows",
+    "xdb.responses.response_input": "read by no route: the Responses API reads whole conversations",
+}
 
 
 @dataclass(frozen=True)
@@ -87,9 +107,6 @@ class TenantXDB:
         tenant does not own: every lookup here is scoped, so that would be a bug, a 500)."""
         return self._rows([row], key)[0]
 
-    def _owned(self, rows: Iterable[dict[str, Any]], key: str = "session_id") -> list[dict[str, Any]]:
-        return self._rows(r for r in rows if self.tenant.owns(r[key]))
-
     def _where(self, target: TenantTarget) -> dict[str, Any]:
         """A target as XDB names it: the session is the tenant's, and so must be a row named by id."""
         return dict(timestep_id=target.timestep_id, session_id=self._opt(target.session_id), tick=target.tick,
@@ -129,45 +146,48 @@ class TenantXDB:
     def delete_response(self, response_id: str) -> bool:
         return self.stored_response(response_id) is not None and bool(self.xdb.write(delete_response, response_id))
 
-    # -- recall, tags, comments, windows --------------------------------------------------------------
-    def recall_page(self, filters: RecallFilters) -> dict[str, Any]:
-        scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
-        page = self.xdb.recall_page(scoped, owner=self.tenant.owner)
-        return {**page, "data": self._rows(page["data"])}
+    # -- the calls that are only scoping: each declared once, its ids scoped by name ---------------------
+    recall_page = ScopedCall("recall_page", out=page)
+    lake_recall = ScopedCall("lake_recall", out=rows())
+    timestep = ScopedCall("timestep", out=row())
+    comments = ScopedCall(list_comments, out=owned())
+    surprising = ScopedCall("surprising", out=rows())
+    related_concepts = ScopedCall("related_concepts")
+    top_tokens = ScopedCall("top_tokens", out=rows())
+    windows = ScopedCall(list_windows, out=owned())  # pinned (WARM) and SUBMITTED
+    pin = ScopedCall("pin", out=row())
 
-    def lake_recall(self, filters: RecallFilters) -> list[dict[str, Any]]:
-        scoped = filters.model_copy(update={"session_id": self._opt(filters.session_id)})
-        return self._rows(self.xdb.lake_recall(scoped, owner=self.tenant.owner))
+    documents = ScopedCall(xdb_documents.list_documents, out=rows("id"))
+    find_document = ScopedCall(xdb_documents.find_document, out=row("id"))  # the latest at `path`, else NotFound
+    document = ScopedCall(xdb_documents.get_document, out=row("id"))
+    document_versions = ScopedCall(xdb_documents.document_versions, out=rows("id"))
+    add_document = ScopedCall("add_document", out=row("id"))
+    update_document = ScopedCall("update_document", out=row("id"))
 
-    def timestep(self, timestep_id: int) -> dict[str, Any]:
-        return self._row(self.xdb.timestep(timestep_id, owner=self.tenant.owner))
+    log_interaction = ScopedCall(xdb_runs.log_interaction)
+    interactions = ScopedCall(xdb_runs.list_interactions, out=rows("run_id"))
+    save_meta_knowledge = ScopedCall(xdb_runs.save_meta_knowledge)
+    meta_knowledge = ScopedCall(xdb_runs.meta_knowledge, out=rows("run_id"))
+    purge_run = ScopedCall(xdb_runs.purge_run)
+    runs = ScopedCall(xdb_runs.list_runs, out=rows("run_id"))
+    save_run_report = ScopedCall("save_run_report")
+    run_report = ScopedCall(xdb_runs.run_report)
 
+    sessions = ScopedCall(session_state.list_sessions, out=rows())
+    sessions_overview = ScopedCall(browse.sessions_overview, out=rows())
+    session_turns = ScopedCall(browse.session_turns, out=named_as_asked())
+    session_context = ScopedCall(browse.session_context, out=named_as_asked())
+    session_versions = ScopedCall(session_state.state_versions)
+    rollback_session = ScopedCall("rollback_session", out=named_as_asked())
+    delete_session = ScopedCall("delete_session")
+    delete_export = ScopedCall("delete_export")
+
+    # -- calls with more to them than scoping --------------------------------------------------------
     def tag(self, tag: str | int, target: TenantTarget, **fields: Any) -> dict[str, Any]:
         return self._row(self.xdb.tag(tag, **self._where(target), **fields))
 
     def comment(self, content: str, target: TenantTarget) -> dict[str, Any]:
         return self._row(self.xdb.comment(content, **self._where(target)))
-
-    def comments(self, session_id: str | None) -> list[dict[str, Any]]:
-        return self._owned(self.xdb.read(list_comments, self._opt(session_id)))
-
-    def surprising(self, session_id: str, limit: int) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.surprising(self.stored_id(session_id), limit))
-
-    def related_concepts(self, concept: str, limit: int, session_id: str | None) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.xdb.related_concepts(concept, limit, self._opt(session_id),
-                                                               owner=self.tenant.owner)
-        return rows
-
-    def top_tokens(self, concept: str, limit: int) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.top_tokens(concept, self.tenant.owner, limit))
-
-    def windows(self, session_id: str | None) -> list[dict[str, Any]]:
-        """The tenant's pinned (WARM) and SUBMITTED windows."""
-        return self._owned(self.xdb.read(list_windows, self._opt(session_id)))
-
-    def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None) -> dict[str, Any]:
-        return self._row(self.xdb.pin(self.stored_id(session_id), tick_from, tick_to, reason))
 
     def unpin(self, window_id: int) -> dict[str, Any]:
         if not any(w["id"] == window_id and self.tenant.owns(w["session_id"]) for w in self.xdb.read(list_windows)):
@@ -186,81 +206,6 @@ class TenantXDB:
         if result.get("compaction") is not None:
             result["compaction"] = self._row(result["compaction"])
         return result
-
-    # -- documents ----------------------------------------------------------------------------------
-    def documents(self, doc_type: DocumentType | None, q: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(list_documents, doc_type, q, owner=self.tenant.owner), "id")
-
-    def find_document(self, path: str) -> dict[str, Any]:
-        """The tenant's latest document at `path`; NotFound if it has none."""
-        return self._row(self.xdb.read(find_document, path=path, owner=self.tenant.owner), "id")
-
-    def document(self, doc_id: str, version: int | None = None) -> dict[str, Any]:
-        return self._row(self.xdb.read(get_document, self.stored_id(doc_id), version=version), "id")
-
-    def document_versions(self, doc_id: str) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(document_versions, self.stored_id(doc_id)), "id")
-
-    def add_document(self, **fields: Any) -> dict[str, Any]:
-        return self._row(self.xdb.add_document(**fields, owner=self.tenant.owner), "id")
-
-    def update_document(self, doc_id: str, **fields: Any) -> dict[str, Any]:
-        return self._row(self.xdb.update_document(self.stored_id(doc_id), **fields), "id")
-
-    # -- the discovery agent's runs --------------------------------------------------------------------
-    def log_interaction(self, run_id: str, **fields: Any) -> int:
-        return int(self.xdb.write(log_interaction, self.stored_id(run_id), **fields))
-
-    def interactions(self, run_id: str, **filters: Any) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(list_interactions, self.stored_id(run_id), **filters), "run_id")
-
-    def save_meta_knowledge(self, run_id: str, **fields: Any) -> int:
-        return int(self.xdb.write(save_meta_knowledge, self.stored_id(run_id), **fields))
-
-    def meta_knowledge(self, run_id: str, latest: bool) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(meta_knowledge, self.stored_id(run_id), latest=latest), "run_id")
-
-    def purge_run(self, run_id: str) -> dict[str, int]:
-        deleted: dict[str, int] = self.xdb.write(purge_run, self.stored_id(run_id))
-        return deleted
-
-    def runs(self, limit: int) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(list_runs, self.tenant.owner, limit), "run_id")
-
-    def save_run_report(self, run_id: str, png: bytes) -> dict[str, Any]:
-        doc: dict[str, Any] = self.xdb.save_run_report(self.stored_id(run_id), png, self.tenant.owner)
-        return doc
-
-    def run_report(self, run_id: str) -> bytes | None:
-        png: bytes | None = self.xdb.read(run_report, self.stored_id(run_id), self.tenant.owner)
-        return png
-
-    # -- sessions --------------------------------------------------------------------------------------
-    def sessions(self, limit: int, after: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(list_sessions, self.tenant.owner, limit, self._opt(after)))
-
-    def sessions_overview(self, limit: int, q: str | None) -> list[dict[str, Any]]:
-        return self._rows(self.xdb.read(sessions_overview, self.tenant.owner, limit, q))
-
-    def session_turns(self, session_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.xdb.read(session_turns, self.stored_id(session_id))
-        return {**found, "session_id": session_id}
-
-    def session_context(self, session_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.xdb.read(session_context, self.stored_id(session_id))
-        return {**found, "session_id": session_id}
-
-    def session_versions(self, session_id: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.xdb.read(state_versions, self.stored_id(session_id))
-        return rows
-
-    def rollback_session(self, session_id: str, version: int) -> dict[str, Any]:
-        result: dict[str, Any] = self.xdb.rollback_session(self.stored_id(session_id), version)
-        return {**result, "session_id": session_id}
-
-    def delete_session(self, session_id: str) -> dict[str, int]:
-        deleted: dict[str, int] = self.xdb.delete_session(self.stored_id(session_id))
-        return deleted
 
     # -- exports ---------------------------------------------------------------------------------------
     def exports(self) -> list[dict[str, Any]]:
@@ -282,9 +227,6 @@ class TenantXDB:
         if filters.get("session_id") is not None:
             filters["session_id"] = self.shown_id(filters["session_id"])
         return {**{k: v for k, v in manifest.items() if k != "prefix"}, "filters": filters}
-
-    def delete_export(self, export_id: str) -> bool:
-        return bool(self.xdb.delete_export(export_id, self.tenant.owner))
 
 
 class TenantViews:
