@@ -8,7 +8,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ahc.core.errors import InvalidRequest
-from ahc.core.limits import ID_MAX_CHARS, IDENTITY_MAX_CHARS, KARMA_MAX_ENTRIES, KARMA_TEXT_MAX_CHARS
+from ahc.core.limits import (
+    ID_MAX_CHARS,
+    IDENTITY_MAX_CHARS,
+    KARMA_MAX_ENTRIES,
+    KARMA_TEXT_MAX_CHARS,
+    TAG_MAX_CHARS,
+)
 from orchestrator.memory_tools import MemoryToolName
 
 
@@ -62,8 +68,20 @@ class CodexRef(_Strict):
         return self
 
 
+class CodexSet(_Strict):
+    """Every XDB document carrying `tag`, each as its own Codex entry in the order of its path (then name): a
+    directory or codebase tree loaded by `ahc codex load` (tag `codex:NAME`), without naming its files."""
+
+    tag: str = Field(min_length=1, max_length=TAG_MAX_CHARS)
+    verbatim: bool = False
+
+
 def _codex_kind(value: Any) -> str:
-    """A reference names a document or a hash; anything else is read (and reported on) as inline text."""
+    """A reference names a document or a hash, a set a tag; anything else is read (and reported on) as
+    inline text."""
+    if isinstance(value, CodexSet) or (isinstance(value, dict) and set(value) <= {"tag", "verbatim"}
+                                       and "tag" in value):
+        return "[set]"
     if isinstance(value, CodexRef) or (isinstance(value, dict) and "text" not in value
                                        and ("document" in value or "sha256" in value)):
         return "[ref]"
@@ -71,8 +89,8 @@ def _codex_kind(value: Any) -> str:
 
 
 # Tags in brackets: pydantic puts them in an error's `loc`, where they are not field names and are dropped.
-CodexEntry = Annotated[Annotated[CodexDoc, Tag("[text]")] | Annotated[CodexRef, Tag("[ref]")],
-                       Discriminator(_codex_kind)]
+CodexEntry = Annotated[Annotated[CodexDoc, Tag("[text]")] | Annotated[CodexRef, Tag("[ref]")]
+                       | Annotated[CodexSet, Tag("[set]")], Discriminator(_codex_kind)]
 
 
 class KarmaEntry(_Strict):
@@ -104,9 +122,10 @@ class ContextSpec(_Strict):
 
     @field_validator("codex", "karma")
     @classmethod
-    def _unique_ids(cls, items: list[CodexDoc | CodexRef] | list[KarmaEntry]
-                    ) -> list[CodexDoc | CodexRef] | list[KarmaEntry]:
-        ids = [item.id for item in items if item.id is not None]  # a reference's name is known once resolved
+    def _unique_ids(cls, items: list[CodexDoc | CodexRef | CodexSet] | list[KarmaEntry]
+                    ) -> list[CodexDoc | CodexRef | CodexSet] | list[KarmaEntry]:
+        # A reference's name is known once resolved, a set's members' once listed.
+        ids = [i for item in items if (i := getattr(item, "id", None)) is not None]
         if len(ids) != len(set(ids)):
             raise ValueError("ids must be unique")
         return items

@@ -267,6 +267,62 @@ def watch_replicas(running: LocalCluster) -> None:
                            err=True)
 
 
+codex_app = typer.Typer(no_args_is_help=True, help="The Codex: reference documents a session's prompt carries.")
+app.add_typer(codex_app, name="codex")
+
+
+@codex_app.command("load")
+@clean_errors
+def codex_load(
+    directory: Annotated[Path, typer.Argument(help="The directory or codebase tree.")],
+    name: Annotated[str | None, typer.Option(help="The Codex's name (default: the directory's); its documents "
+                                                  "are NAME/PATH, tagged codex:NAME.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="With --data-dir: whose documents (default: the server's "
+                                                    "default tenant). Over HTTP the key names the tenant.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="A stopped server's XDB directory, written directly.")] = None,
+    base_url: Annotated[str, typer.Option(help="Else the running server.")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(envvar="AHC_API_KEY", help="Its key.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        help="A gitignore-style pattern to leave out (repeatable); .git/ and the tree's .gitignore files always "
+             "apply.")] = None,
+    max_bytes: Annotated[int, typer.Option(help="The tree's text budget: over it, nothing is loaded.")] = 8 << 20,
+    max_file_bytes: Annotated[int, typer.Option(help="A larger file is left out (and said).")] = 512 << 10,
+    json_out: Annotated[bool, typer.Option("--json", help="The report as one JSON line.")] = False,
+) -> None:
+    """Load a directory or codebase tree as Codex documents; again as its files change (only changed files get
+    a new version). A request names it with context.codex [{"tag": "codex:NAME"}]."""
+    import json
+
+    from server.codex.codex_loader import HttpDocuments, ViewDocuments, load, scan
+    from server.tenancy.tenant_xdb import TenantXDB
+    from server.tenancy.tenants import DEFAULT, Tenant
+    from xdb import XDB
+
+    if tenant is not None and data_dir is None:
+        fail("--tenant needs --data-dir: over HTTP the key names the tenant")
+    if min(max_bytes, max_file_bytes) <= 0:
+        fail("--max-bytes and --max-file-bytes must be positive")
+    label = name or directory.resolve().name
+    tree = scan(directory, ignore or [], max_bytes, max_file_bytes)
+    if data_dir is None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=60) as client:
+            report = load(tree, label, HttpDocuments(client))
+    else:
+        with XDB.open(data_dir) as xdb:
+            report = load(tree, label, ViewDocuments(TenantXDB(xdb, Tenant(tenant or DEFAULT))))
+    summary = report.summary()
+    if json_out:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(f"codex {label} (tag {summary['tag']}): {summary['added']} added, {summary['updated']} updated, "
+               f"{summary['unchanged']} unchanged, {summary['removed']} removed; {summary['bytes']:,} bytes")
+    for skipped in summary["skipped"]:
+        typer.echo(f"left out {skipped['path']}: {skipped['why']}")
+
+
 @app.command()
 @clean_errors
 def mcp(

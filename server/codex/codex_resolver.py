@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ahc.core.errors import InvalidRequest
-from orchestrator.context_spec import CodexDoc, CodexRef, ContextSpec, StoredCodexDoc
+from orchestrator.context_spec import CodexDoc, CodexRef, CodexSet, ContextSpec, StoredCodexDoc
 from xdb import XDBClient
-from xdb.documents import find_document, get_document
+from xdb.documents import find_document, get_document, list_documents
 
 CONDENSED_TAG = "condensed"
 LONG_TEXT = 1 << 16  # characters past which hashing leaves the event loop
@@ -86,10 +86,15 @@ class CodexResolver:
             return spec
         docs: list[CodexDoc] = []
         for i, entry in enumerate(spec.codex):
-            doc = await self._stored(entry, owner, i) if isinstance(entry, CodexRef) else entry
-            if doc.condensed is None and not doc.verbatim:
-                doc = await self._with_rendition(doc, owner)
-            docs.append(doc)
+            found: list[CodexDoc]
+            if isinstance(entry, CodexSet):
+                found = list(await self._members(entry, owner, i))
+            else:
+                found = [await self._stored(entry, owner, i) if isinstance(entry, CodexRef) else entry]
+            for doc in found:
+                if doc.condensed is None and not doc.verbatim:
+                    doc = await self._with_rendition(doc, owner)
+                docs.append(doc)
         ids = [doc.id for doc in docs]
         if len(ids) != len(set(ids)):
             dup = next(i for i in ids if ids.count(i) > 1)
@@ -121,14 +126,31 @@ class CodexResolver:
         except LookupError as exc:
             raise InvalidRequest(f"context.codex.{index}: {exc.args[0] if exc.args else exc}",
                                  param=f"context.codex.{index}") from None
-        key = (meta["id"], meta["version"])
+        return self._doc(await self._version(meta["id"], meta["version"]), owner, ref.id, ref.verbatim)
+
+    async def _members(self, entry: CodexSet, owner: str, index: int) -> list[StoredCodexDoc]:
+        """A set's documents, latest versions, by path then name; an empty set is an error (a typo in the
+        tag would otherwise serve a prompt without its Codex)."""
+        listed = await asyncio.to_thread(self.xdb.read, list_documents, owner=owner)
+        members = sorted((d for d in listed if entry.tag in (d.get("tags") or [])),
+                         key=lambda d: (d.get("path") or "", d["name"]))
+        if not members:
+            raise InvalidRequest(f"context.codex.{index}: no document carries the tag {entry.tag!r}",
+                                 param=f"context.codex.{index}")
+        return [self._doc(await self._version(m["id"], m["version"]), owner, None, entry.verbatim) for m in members]
+
+    async def _version(self, doc_id: str, version: int) -> dict[str, Any]:
+        key = (doc_id, version)
         known, doc = self._versions.get(key)
         if not known or doc is None:
-            fetched: dict[str, Any] = await asyncio.to_thread(self.xdb.read, get_document, meta["id"],
-                                                              version=meta["version"])
+            fetched: dict[str, Any] = await asyncio.to_thread(self.xdb.read, get_document, doc_id, version=version)
             self._versions.put(key, fetched, len(fetched["content"]))
             doc = fetched
-        return StoredCodexDoc(id=ref.id or doc["name"], text=doc["content"], verbatim=ref.verbatim,
+        return doc
+
+    @staticmethod
+    def _doc(doc: dict[str, Any], owner: str, name: str | None, verbatim: bool) -> StoredCodexDoc:
+        return StoredCodexDoc(id=name or doc["name"], text=doc["content"], verbatim=verbatim,
                               document=doc["id"].removeprefix(owner), version=doc["version"],
                               sha256=doc["content_hash"])
 
