@@ -75,6 +75,9 @@ def test_a_request_names_the_tree_by_its_tag(config: AHCConfig, vllm_config, tmp
     with serving(config, vllm_config, tmp_path) as (client, _):
         report = load(scan(root, ["tmp/"], max_file_bytes=100), "proj", HttpDocuments(client))
         assert len(report.added) == 4
+        tagged = client.get("/v1/xdb/documents", params={"tag": "codex:proj"}).json()["data"]
+        assert sorted(d["path"] for d in tagged) == [".gitignore", "src/.gitignore", "src/a.py", "src/b.md"]
+        assert client.get("/v1/xdb/documents", params={"tag": "codex:other"}).json()["data"] == []
         ask = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "What moves?"}],
                "context": {"session_id": "s", "identity": "You read code.", "codex": [{"tag": "codex:proj"}]}}
         first = client.post("/v1/chat/completions", json=ask)

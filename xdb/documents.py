@@ -149,9 +149,9 @@ def document_versions(cur: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict[
 
 @reads
 def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
-                   query: str | None = None, *, owner: str) -> list[dict[str, Any]]:
+                   query: str | None = None, *, owner: str, tag: str | None = None) -> list[dict[str, Any]]:
     """The latest version of each of `owner`'s documents (xdb/owner.py), without content;
-    `query` searches name, path and text."""
+    `query` searches name, path and text; `tag`: only those whose latest version carries it."""
     if doc_type is not None:
         doc_type = DocumentType(doc_type).value
     condition, params = owned("id", owner)
@@ -160,5 +160,6 @@ def list_documents(cur: duckdb.DuckDBPyConnection, doc_type: str | None = None,
         "QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1 "
         f"AND {condition} AND (? IS NULL OR doc_type = ?) "
         "AND (? IS NULL OR name ILIKE '%' || ? || '%' OR path ILIKE '%' || ? || '%' OR content ILIKE '%' || ? || '%') "
-        "ORDER BY name, id", params + [doc_type, doc_type] + [query] * 4).fetchall()
+        "AND (? IS NULL OR list_contains(tags, ?)) "
+        "ORDER BY name, id", params + [doc_type, doc_type] + [query] * 4 + [tag] * 2).fetchall()
     return [_doc(r, with_content=False) for r in rows]

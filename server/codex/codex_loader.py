@@ -95,7 +95,7 @@ def _walk(root: Path, here: Path, specs: list[tuple[Path, pathspec.GitIgnoreSpec
 class Documents(Protocol):
     """Where the documents are: a running server over HTTP, or a stopped one's data dir (as one tenant)."""
 
-    def list(self, query: str) -> list[dict[str, Any]]: ...
+    def list(self, tag: str) -> list[dict[str, Any]]: ...
     def get(self, doc_id: str) -> dict[str, Any]: ...
     def add(self, **fields: Any) -> dict[str, Any]: ...
     def update(self, doc_id: str, **fields: Any) -> dict[str, Any]: ...
@@ -120,8 +120,7 @@ class LoadReport:
 def load(tree: Scan, name: str, docs: Documents) -> LoadReport:
     """Bring the set `codex:NAME` to the tree: new files added, changed ones a new version, gone ones untagged."""
     tag = TAG_PREFIX + name
-    stored = {d["path"]: d for d in docs.list(name + "/")
-              if tag in (d.get("tags") or []) and d["name"] == f"{name}/{d.get('path')}"}
+    stored = {d["path"]: d for d in docs.list(tag) if d["name"] == f"{name}/{d.get('path')}"}
     report = LoadReport(name, skipped=tree.skipped, bytes=tree.bytes)
     for f in tree.files:
         known = stored.pop(f.path, None)
@@ -159,8 +158,8 @@ class HttpDocuments:
             raise ValueError(f"{method} {path}: {reply.status_code} {why}")
         return reply.json()
 
-    def list(self, query: str) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/xdb/documents", params={"q": query})["data"])
+    def list(self, tag: str) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/xdb/documents", params={"tag": tag})["data"])
 
     def get(self, doc_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/xdb/documents/{doc_id}"))
@@ -178,8 +177,8 @@ class ViewDocuments:
 
     view: Any  # TenantXDB
 
-    def list(self, query: str) -> list[dict[str, Any]]:
-        return list(self.view.documents(query=query))
+    def list(self, tag: str) -> list[dict[str, Any]]:
+        return list(self.view.documents(tag=tag))
 
     def get(self, doc_id: str) -> dict[str, Any]:
         return dict(self.view.document(doc_id))

@@ -131,9 +131,8 @@ class CodexResolver:
     async def _members(self, entry: CodexSet, owner: str, index: int) -> list[StoredCodexDoc]:
         """A set's documents, latest versions, by path then name; an empty set is an error (a typo in the
         tag would otherwise serve a prompt without its Codex)."""
-        listed = await asyncio.to_thread(self.xdb.read, list_documents, owner=owner)
-        members = sorted((d for d in listed if entry.tag in (d.get("tags") or [])),
-                         key=lambda d: (d.get("path") or "", d["name"]))
+        listed = await asyncio.to_thread(self.xdb.read, list_documents, owner=owner, tag=entry.tag)
+        members = sorted(listed, key=lambda d: (d.get("path") or "", d["name"]))
         if not members:
             raise InvalidRequest(f"context.codex.{index}: no document carries the tag {entry.tag!r}",
                                  param=f"context.codex.{index}")

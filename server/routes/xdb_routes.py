@@ -267,14 +267,17 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     def documents(doc_type: DocumentType | None = None, q: str | None = None,
                   path: Annotated[str | None, Query(min_length=1, max_length=NOTE_MAX_CHARS,
                                                     description="the document at this path (its latest version)")
-                                  ] = None, view: TenantXDB = Depends(views)) -> Any:
+                                  ] = None,
+                  tag: Annotated[str | None, Query(min_length=1, max_length=TAG_MAX_CHARS,
+                                                   description="only the documents carrying this tag")] = None,
+                  view: TenantXDB = Depends(views)) -> Any:
         if path is not None:
             try:
                 found = [view.find_document(path=path)]
             except NotFound:
                 found = []
             return {"object": "list", "data": found}
-        return {"object": "list", "data": view.documents(doc_type, q)}
+        return {"object": "list", "data": view.documents(doc_type, q, tag=tag)}
 
     @router.get("/documents/{doc_id}")
     def document(doc_id: str, version: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
