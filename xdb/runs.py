@@ -21,7 +21,7 @@ from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned
 from xdb.rows import encoded
-from xdb.sql import Row, one_int, transaction
+from xdb.sql import Row, digest, one_int, transaction
 from xdb.tables import RUN, TABLES
 
 TURN_COLUMNS = ("turn_id", "run_id", "timestamp", "journal_entry", "tool_call_json", "tool_result_json",
@@ -51,10 +51,15 @@ def log_interaction(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, ru
     for text, field in ((run_id, "run_id"), (journal_entry, "journal_entry"), (tool_call_json, "tool_call_json"),
                         (tool_result_json, "tool_result_json")):
         encoded(text, field)
-    return one_int(cur.execute(
-        "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, token_count) "
-        "VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",
-        [run_id, journal_entry, tool_call_json, tool_result_json, token_count]))
+    with transaction(cur):
+        turn_id = one_int(cur.execute(
+            "INSERT INTO interaction_log (run_id, timestamp, journal_entry, tool_call_json, tool_result_json, "
+            "token_count) VALUES (?, now(), ?, ?, ?, ?) RETURNING turn_id",
+            [run_id, journal_entry, tool_call_json, tool_result_json, token_count]))
+        if audit is not None:  # what was logged, by hash: the log's text stays in the experience file
+            audit("agent_interaction", {"run_id": run_id, "turn_id": turn_id,
+                                        "sha256": digest(journal_entry, tool_call_json, tool_result_json)})
+    return turn_id
 
 
 @reads
@@ -76,10 +81,15 @@ def list_interactions(cur: duckdb.DuckDBPyConnection, run_id: str | None = None,
 def save_meta_knowledge(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run_id: str, *,
                         theorems_json: str | None = None, negative_knowledge: str | None = None,
                         last_compacted_turn: int | None = None) -> int:
-    return one_int(cur.execute(
-        "INSERT INTO meta_knowledge (run_id, theorems_json, negative_knowledge, last_compacted_turn, created_at) "
-        "VALUES (?, ?, ?, ?, now()) RETURNING version_id",
-        [run_id, theorems_json, negative_knowledge, last_compacted_turn]))
+    with transaction(cur):
+        version_id = one_int(cur.execute(
+            "INSERT INTO meta_knowledge (run_id, theorems_json, negative_knowledge, last_compacted_turn, created_at) "
+            "VALUES (?, ?, ?, ?, now()) RETURNING version_id",
+            [run_id, theorems_json, negative_knowledge, last_compacted_turn]))
+        if audit is not None:
+            audit("agent_knowledge", {"run_id": run_id, "version_id": version_id,
+                                      "sha256": digest(theorems_json, negative_knowledge)})
+    return version_id
 
 
 @reads

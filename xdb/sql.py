@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -52,3 +53,13 @@ def transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
     except BaseException:
         cur.execute("ROLLBACK")
         raise
+
+
+def digest(*texts: str | None) -> str:
+    """SHA-256 over texts, each length-prefixed (None as -1): what an audit event says of content it does not
+    carry."""
+    sha = hashlib.sha256()
+    for text in texts:
+        raw = b"" if text is None else text.encode()
+        sha.update((-1 if text is None else len(raw)).to_bytes(8, "little", signed=True) + raw)
+    return sha.hexdigest()

@@ -36,7 +36,7 @@ from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import browse, insights
 from xdb.recall.recall import RecallFilters, TagCache, recall, recall_within, timestep
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
-from xdb.sql import one
+from xdb.sql import digest, one, transaction
 from xdb.storage import compression, fidelity, segments
 from xdb.store_lake import LakeMethods
 from xdb.store_sessions import SessionMethods, finish_deletions
@@ -424,9 +424,15 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
             target = self._target(cur, owner, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
             try:
-                found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
-                                               description=description)
-                return tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
+                with transaction(cur):
+                    found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
+                                                   description=description)
+                    applied = tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
+                    self.audit_event("tag_applied", {
+                        "application_id": applied["id"], "tag_id": found["id"], "tag": found["name"],
+                        "session_id": target.session_id, **_where(target), "source": source,
+                        "confidence": confidence, "note_sha256": digest(note)})
+                return applied
             finally:
                 self._tags_changed()
 
@@ -437,7 +443,11 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
         with self.cursor() as cur:
             target = self._target(cur, owner, timestep_id=timestep_id, session_id=session_id, tick=tick,
                                   event_id=event_id, tick_range=tick_range)
-            return tags.add_comment(cur, content, target)
+            with transaction(cur):
+                added = tags.add_comment(cur, content, target)
+                self.audit_event("comment_added", {"comment_id": added["id"], "session_id": target.session_id,
+                                                   **_where(target), "sha256": digest(content)})
+            return added
 
     @service
     def create_tag(self, name: str, tag_type: str = "custom", **fields: Any) -> dict[str, Any]:
@@ -470,8 +480,11 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
     def pin(self, session_id: str, tick_from: int, tick_to: int, reason: str | None = None) -> dict[str, Any]:
         if self.writer is not None and self.writer.queue_depth():
             self.writer.flush()  # a session still on the writer's queue is one that exists
-        with self.cursor() as cur:
-            return fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
+        with self.cursor() as cur, transaction(cur):
+            window = fidelity.pin(cur, session_id, tick_from, tick_to, reason, self.warm_quota_bytes)
+            self.audit_event("window_pinned", {"window_id": window["id"], "session_id": session_id,
+                                               "ticks": [tick_from, tick_to], "reason_sha256": digest(reason)})
+            return window
 
     def audit_bytes(self) -> int:
         """What the audit log's files take on disk (its database, log and anchored heads)."""
@@ -556,3 +569,10 @@ def parse_since(since: str | None) -> dt.datetime | None:
     except (ValueError, OverflowError):
         raise InvalidRequest(f"since: {since!r} is not an ISO 8601 time within the years 1 to 9999 "
                              "(e.g. 2026-11-23T10:00:00Z)", param="since") from None
+
+
+def _where(target: tags.TagTarget) -> dict[str, Any]:
+    """What a tag or comment was put on, as its audit event says it."""
+    ticks = None if target.range_start is None else [target.range_start, target.range_end]
+    return {"target_type": target.kind, "timestep_id": target.timestep_id, "event_id": target.event_id,
+            "ticks": ticks}

@@ -10,8 +10,10 @@ off the machine). A log written before anchoring existed (schema version 1) is a
 its chain verifies, when it is next opened for writing.
 
 Deletions and rewrites in the experience file (compression, run purges, pruned session states, tag
-and time-window changes) are chained too, as system event records: event_type `xdb_event`,
-timestep_id and tick -1, the JSON description in `content` (see `AuditLog.append_event`).
+and time-window changes), and what is added beside the recorded rows (a tag applied, a comment, a pinned
+window, the agent's logged interactions and knowledge: their texts by SHA-256 alone), are chained too, as
+system event records: event_type `xdb_event`, timestep_id and tick -1, the JSON description in `content`
+(see `AuditLog.append_event`).
 
 A session's records hold its content only sealed under the session's key (xdb/audit/seal.py,
 xdb/audit/keys.py). Deleting the session first retires its keys under the lock that moves the chain's
