@@ -55,7 +55,7 @@ def test_a_threshold_changed_mid_run_changes_what_fires_next(xdb: XDB) -> None:
 
 def test_a_concept_tag_made_a_bud_stops_firing(xdb: XDB) -> None:
     first = write(xdb, "r1", {"right": 0.9})
-    xdb.write(set_bud_status, "right", "collecting")
+    xdb.write(set_bud_status, "right", "candidate")
     write(xdb, "r2", {"right": 0.9})
     assert tagged(xdb, "right") == [first]
     assert tagged(xdb, "motion") == [first]

@@ -158,7 +158,7 @@ def test_the_deadline_interrupts_a_running_query_and_only_that(xdb: XDB) -> None
 def test_recall_over_http_says_whether_it_is_partial(xdb: XDB, monkeypatch: pytest.MonkeyPatch) -> None:
     app = FastAPI()
     install_gateway(app)
-    app.include_router(xdb_router(xdb))
+    app.include_router(xdb_router(xdb, bud_min_examples=1))
     with TestClient(app) as client:
         whole = client.get("/v1/xdb/recall", params={"session_id": "s4", "limit": 3}).json()
         assert whole["partial"] is False and whole["has_more"] is True and len(whole["data"]) == 3

@@ -268,7 +268,8 @@ def default_among_others(config: AHCConfig, vllm_config, tmp_path: Path  # type:
                          ) -> Iterator[tuple[TestClient, Runtime]]:
     keys = tmp_path / "keys"
     keys.write_text(f"default:{OPERATOR}\nalice:{ALICE}\nbob:{BOB}\n")
-    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys)) as served:
+    # One example makes a bud ready: the buds' test tags one timestep.
+    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys), **{"xdb.bud_min_examples": 1}) as served:
         yield served
 
 

@@ -20,6 +20,7 @@ from xdb.schema import EXPERIENCE_FILE
 from xdb.storage.compression import cold_records, usage_bytes
 from xdb.storage.fidelity import submit_evidence
 from xdb.store import AUDIT_FILE
+from xdb.tags import set_bud_status
 
 
 def write(xdb: XDB, session: str, replies: int, tokens: int = 10) -> None:
@@ -73,6 +74,7 @@ def test_idle_sessions_are_deleted_unless_pinned_or_submitted(tmp_path: Path) ->
             age(xdb, session, 10)
         xdb.pin("pinned", 0, 4)
         xdb.tag("bud-x", session_id="evidence", tick_range=(0, 9), tag_type="bud", owner=EVERY)
+        xdb.write(set_bud_status, "bud-x", "ready", 1)
         xdb.write(submit_evidence, "bud-x", "sub-1")
         report = xdb.compact()
         assert report["deleted_sessions"] == ["gone"]

@@ -33,7 +33,7 @@ def client(tmp_path: Path):
     app = FastAPI()
     app.state.xdb = xdb
     install_gateway(app)
-    app.include_router(xdb_router(xdb))
+    app.include_router(xdb_router(xdb, bud_min_examples=1))
     app.include_router(agent_router(xdb))
     with TestClient(app) as c:
         yield c
@@ -221,8 +221,8 @@ def test_a_tag_string_is_a_name_and_an_integer_an_id(client: TestClient) -> None
     for bad in (True, 1.0):
         err = error(client.post("/v1/xdb/tag", json={"tag": bad, "session_id": "s1", "tick": 0}), 400)
         assert err["param"].split(".")[0] == "tag"
-    bud = client.post("/v1/xdb/buds", json={"tag": str(first["id"]), "status": "ready"}).json()
-    assert bud["id"] == named["id"] and bud["bud_status"] == "ready"
+    bud = client.post("/v1/xdb/buds", json={"tag": str(first["id"]), "status": "candidate"}).json()
+    assert bud["id"] == named["id"] and bud["bud_status"] == "candidate"
     # a recall filter is text: a value that names a tag means that tag, not the id it spells
     recalled = client.get("/v1/xdb/recall", params={"tags": str(first["id"])}).json()["data"]
     assert [r["tick"] for r in recalled] == [1, 2]

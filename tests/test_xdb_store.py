@@ -103,10 +103,10 @@ def test_buds_and_concepts(xdb: XDB) -> None:
     xdb.writer.flush()
     xdb.tag("curiosity-x", tag_type="bud", session_id="s", tick=0, owner=EVERY)
     buds = xdb.read(list_buds)
-    assert [(b["name"], b["bud_status"], b["examples"]) for b in buds] == [("curiosity-x", "collecting", 1)]
-    xdb.write(set_bud_status, "curiosity-x", "ready")
+    assert [(b["name"], b["bud_status"], b["examples"]) for b in buds] == [("curiosity-x", "candidate", 1)]
+    xdb.write(set_bud_status, "curiosity-x", "ready", 1)
     assert [b["name"] for b in xdb.read(list_buds, "ready")] == ["curiosity-x"]
-    assert xdb.read(list_buds, "collecting") == []
+    assert xdb.read(list_buds, "candidate") == []
     with pytest.raises(ValueError):
         xdb.read(list_buds, "ripe")
     assert [c["name"] for c in xdb.concepts_list()] == ["honesty"]
@@ -207,6 +207,7 @@ def test_pin_quota_compaction_and_compression(tmp_path: Path) -> None:
 def test_submission_evidence_locks_then_releases(xdb: XDB) -> None:
     xdb.writer.submit(reply(xdb, "s", ["a", "b", "c"], "r"))
     xdb.tag("bud-1", tag_type="bud", session_id="s", tick_range=(0, 2), owner=EVERY)
+    xdb.write(set_bud_status, "bud-1", "ready", 1)
     [window] = xdb.write(submit_evidence, "bud-1", "sub-9")
     assert window["fidelity"] == "submitted" and window["submission_ids"] == ["sub-9"]
     xdb.compact("s", compress_released=True)
@@ -256,10 +257,10 @@ def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:
     first = xdb.tag("first", session_id="s", tick=0, owner=EVERY)["tag"]
     digits = xdb.tag(str(first["id"]), session_id="s", tick=1, owner=EVERY)["tag"]
     assert digits["name"] == str(first["id"]) and digits["id"] != first["id"]
-    assert xdb.write(set_bud_status, first["id"], "collecting")["name"] == "first"
-    assert xdb.write(set_bud_status, str(first["id"]), "collecting")["id"] == digits["id"]
+    assert xdb.write(set_bud_status, first["id"], "candidate")["name"] == "first"
+    assert xdb.write(set_bud_status, str(first["id"]), "candidate")["id"] == digits["id"]
     with pytest.raises(InvalidRequest):
-        xdb.write(set_bud_status, True, "collecting")  # type: ignore[arg-type]
+        xdb.write(set_bud_status, True, "candidate")  # type: ignore[arg-type]
 
 
 def test_tick_counters_are_bounded_and_a_dropped_session_resumes_after_its_last_tick(tmp_path: Path) -> None:

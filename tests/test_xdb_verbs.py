@@ -43,7 +43,7 @@ def xdb(tmp_path: Path) -> Iterator[XDB]:
 def client(xdb: XDB) -> Iterator[TestClient]:
     app = FastAPI()
     install_gateway(app)
-    app.include_router(xdb_router(xdb))
+    app.include_router(xdb_router(xdb, bud_min_examples=1))
     with TestClient(app) as c:
         yield c
 
@@ -113,6 +113,7 @@ def test_windows_unpin_evidence_and_cold_records(client: TestClient, xdb: XDB) -
     pinned = client.post("/v1/xdb/pin", json={"session_id": "s1", "tick_from": 0, "tick_to": 9}).json()
     assert [w["id"] for w in client.get("/v1/xdb/windows").json()["data"]] == [pinned["id"]]
     client.post("/v1/xdb/tag", json={"tag": "bud-x", "tag_type": "bud", "session_id": "s1", "tick_range": [10, 19]})
+    assert client.post("/v1/xdb/buds", json={"tag": "bud-x", "status": "ready"}).status_code == 200
     submitted = client.post("/v1/xdb/evidence", json={"bud": "bud-x", "submission_id": "sub-1"}).json()["data"]
     assert [w["fidelity"] for w in submitted] == ["submitted"]
     resolved = client.post("/v1/xdb/evidence/sub-1/resolve", json={"accepted": False})

@@ -154,7 +154,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE stored_responses ADD COLUMN state_sha VARCHAR",
     ]),
     (8, [
-        # New timesteps go to the hot table; the storage pass seals its rows into Parquet segments
+        # New timesteps go to the hot table; the storage pass seals its rows into segment files
         # (xdb/storage/segments.py) and `timesteps` becomes the view every read takes, over both.
         f"ALTER TABLE timesteps RENAME TO {HOT_TIMESTEPS}",
         # content_bytes: its rows' text, which the quota counts without reading the file.
@@ -168,6 +168,16 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # The sessions each segment holds rows of: a session's deletion reads only those segments.
         "CREATE TABLE segment_sessions (segment VARCHAR NOT NULL, session_id VARCHAR NOT NULL)",
         f"CREATE VIEW timesteps AS SELECT * FROM {HOT_TIMESTEPS}",
+    ]),
+    # A bud's life (xdb/tags.py): candidate, ready (enough examples), submitted, then grafted or rejected;
+    # the statuses before it map onto those. Each submission names its bud.
+    (9, [
+        "UPDATE tags SET bud_status = CASE bud_status WHEN 'collecting' THEN 'candidate' WHEN 'training' THEN "
+        "'submitted' WHEN 'promoted' THEN 'grafted' WHEN 'abandoned' THEN 'rejected' ELSE bud_status END "
+        "WHERE tag_type = 'bud'",
+        """CREATE TABLE bud_submissions (
+            submission_id VARCHAR PRIMARY KEY, tag_id BIGINT NOT NULL, submitted_at TIMESTAMP NOT NULL,
+            resolved_at TIMESTAMP, accepted BOOLEAN)""",
     ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -111,6 +111,8 @@ TABLES: tuple[Table, ...] = (
     Table("segments"),
     Table("segment_deletes"),
     Table("segment_sessions"),
+    # Each evidence submission's bud (xdb/tags.py): the server's shared vocabulary, exported as the tags are.
+    Table("bud_submissions", export=True),
     # Shipped after the tables it deletes from: the lake's deletion then takes the rows of the same ship.
     Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=LakeShipping("seq")),
     Table("applied_tombstones"),

@@ -8,12 +8,12 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import InvalidRequest, NotFound
+from ahc.core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned, owns
 from xdb.schema import INT64_MAX
-from xdb.sql import Row, one, transaction
+from xdb.sql import Row, one, one_int, transaction
 
 # Tag applications reach a timestep three ways: directly, through its reply (event = request_id, in
 # the session the tag was put in: a request id is a client's to choose) or through a tick range of its session.
@@ -31,11 +31,28 @@ class TagType(str, Enum):
 
 
 class BudStatus(str, Enum):
-    COLLECTING = "collecting"
+    """A bud's life: a CANDIDATE collects examples (the timesteps it tags); with enough of them it may be
+    READY; its evidence SUBMITTED (xdb/storage/fidelity.py's `submit_evidence`), it is GRAFTED (a lens
+    learnt it) or REJECTED. A rejected bud may start again as a candidate."""
+
+    CANDIDATE = "candidate"
     READY = "ready"
-    TRAINING = "training"
-    PROMOTED = "promoted"
-    ABANDONED = "abandoned"
+    SUBMITTED = "submitted"
+    GRAFTED = "grafted"
+    REJECTED = "rejected"
+
+
+# Where each status may go (None: a tag not a bud yet). SUBMITTED is reached by submitting evidence, and
+# left by resolving the submission, never by setting it.
+BUD_MOVES: dict[str | None, frozenset[str]] = {
+    None: frozenset({"candidate"}),
+    "candidate": frozenset({"ready", "rejected"}),
+    "ready": frozenset({"candidate", "rejected"}),
+    "submitted": frozenset(),
+    "grafted": frozenset(),
+    "rejected": frozenset({"candidate"}),
+}
+BUD_MIN_EXAMPLES = 20  # xdb.bud_min_examples' default
 
 
 TAG_SOURCES = ("auto", "manual", "inherited")
@@ -161,7 +178,7 @@ def get_or_create_tag(cur: duckdb.DuckDBPyConnection, name_or_id: str | int, *, 
     if not name:
         raise InvalidRequest("tag name must not be empty")
     kind = TagType(tag_type).value
-    status = BudStatus.COLLECTING.value if kind == "bud" else None
+    status = BudStatus.CANDIDATE.value if kind == "bud" else None
     try:
         cur.execute("INSERT INTO tags (name, tag_type, concept_id, entity_type, bud_status, created_at, created_by, "
                     "description) VALUES (?, ?, ?, ?, ?, now(), ?, ?)",
@@ -221,13 +238,26 @@ def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list
     return [{**tag_dict(r[:-1]), "examples": r[-1]} for r in rows]
 
 
+def bud_examples(cur: duckdb.DuckDBPyConnection, tag_id: int) -> int:
+    return one_int(cur.execute("SELECT count(*) FROM tag_applications WHERE tag_id = ?", [tag_id]))
+
+
 @writes
 def set_bud_status(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, name_or_id: str | int,
-                   status: str) -> dict[str, Any]:
-    """Promote a tag to a bud (status collecting) or move a bud along its statuses; the rewrite is
-    chained in the audit log with what it replaced."""
+                   status: str, min_examples: int = BUD_MIN_EXAMPLES) -> dict[str, Any]:
+    """Make a tag a bud (a candidate) or move a bud along its life (`BUD_MOVES`); READY needs
+    `min_examples` examples. A move the life does not allow is a Conflict naming the ones it does. The
+    rewrite is chained in the audit log with what it replaced."""
     status = BudStatus(status).value
     tag = require_tag(cur, name_or_id)
+    current = tag["bud_status"] if tag["tag_type"] == "bud" else None
+    if current != status and status not in BUD_MOVES[current]:
+        allowed = ", ".join(sorted(BUD_MOVES[current])) or "none (it is settled by its submission)"
+        raise Conflict(f"bud {tag['name']!r} is {current or 'not a bud'}: it may become {allowed}, not {status}",
+                       param="status")
+    if status == "ready" and (examples := bud_examples(cur, tag["id"])) < min_examples:
+        raise Conflict(f"bud {tag['name']!r} has {examples} examples; ready needs {min_examples} "
+                       "(xdb.bud_min_examples)", param="status")
     if (tag["tag_type"], tag["bud_status"]) != ("bud", status):
         with transaction(cur):
             cur.execute("UPDATE tags SET tag_type = 'bud', bud_status = ? WHERE id = ?", [status, tag["id"]])

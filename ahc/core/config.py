@@ -334,6 +334,9 @@ class XDBConfig(_Strict):
     recall_deadline_s: float | None = Field(default=0.5, gt=0)
     """A recall answers within this many seconds: one that reaches it returns the rows found so far, oldest
     first, marked `partial` with a cursor to continue from. None: no deadline."""
+    bud_min_examples: int = Field(default=20, gt=0)
+    """The examples (tagged timesteps) a bud needs before it may be marked ready, and its evidence submitted
+    for a lens to learn."""
     service_process: bool = True
     """`ahc serve` runs the database, its writer and the audit chain in a process of their own, so their CPU and
     their threads' hold on the GIL stay out of the process that streams tokens; a service that dies is started

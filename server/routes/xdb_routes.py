@@ -29,7 +29,7 @@ from xdb.documents import DocumentType
 from xdb.recall.recall import RecallFilters
 from xdb.schema import INT64_MAX
 from xdb.storage import fidelity
-from xdb.tags import list_buds, set_bud_status
+from xdb.tags import BUD_MIN_EXAMPLES, list_buds, set_bud_status
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # `local`: this server's own XDB; `cluster`: the shared lake, every replica's rows (xdb.backend ducklake).
@@ -86,7 +86,8 @@ class CommentBody(TargetBody):
     content: str = Field(min_length=1, max_length=COMMENT_MAX_CHARS)
 
 
-BudStatusName = Literal["collecting", "ready", "training", "promoted", "abandoned"]
+# Set by a client: submitted, grafted and rejected-by-review follow the bud's evidence (`/evidence`).
+BudStatusName = Literal["candidate", "ready", "submitted", "grafted", "rejected"]
 
 
 class BudBody(_Body):
@@ -139,7 +140,8 @@ class CompactBody(_Body):
     vacuum: bool = False
 
 
-def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) -> APIRouter:
+def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
+               bud_min_examples: int = BUD_MIN_EXAMPLES) -> APIRouter:
     """The `/v1/xdb/*` routes over one XDB; `summarize` writes compaction summaries (the served model).
     Plain `def` handlers: FastAPI runs them on its thread pool, so DuckDB never blocks the event loop.
 
@@ -261,7 +263,7 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None) ->
     @router.post("/buds")
     def bud_status(body: BudBody, view: TenantXDB = Depends(views)) -> Any:
         _default_tenant_only(view.tenant, "a bud's status")
-        return xdb.write(set_bud_status, body.tag, body.status)
+        return xdb.write(set_bud_status, body.tag, body.status, bud_min_examples)
 
     @router.get("/documents")
     def documents(doc_type: DocumentType | None = None, q: str | None = None,

@@ -18,7 +18,7 @@ from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.schema import TOP_K
 from xdb.sql import Row, one, one_int, transaction
-from xdb.tags import find_tag
+from xdb.tags import BudStatus, find_tag
 
 # What a timestep costs in the usage estimate besides its text: ids, tick, times, k slots.
 ROW_BYTES = 64 + 8 * TOP_K
@@ -132,10 +132,16 @@ def unpin(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, window_id: i
 @writes
 def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bud: str | int,
                     submission_id: str) -> list[dict[str, Any]]:
-    """Lock every window tagged with a bud as SUBMITTED evidence for `submission_id`."""
+    """Lock every window tagged with a READY bud as SUBMITTED evidence for `submission_id`; the bud is then
+    SUBMITTED until the submission is resolved. Chained in the audit log."""
     tag = find_tag(cur, bud)
     if tag is None:
         raise NotFound(f"tag {bud!r} not found")
+    if (tag["tag_type"], tag["bud_status"]) != ("bud", BudStatus.READY.value):
+        raise Conflict(f"tag {tag['name']!r} is {tag['bud_status'] or 'not a bud'}: evidence is submitted for a "
+                       "ready bud", param="bud")
+    if cur.execute("SELECT 1 FROM bud_submissions WHERE submission_id = ?", [submission_id]).fetchone():
+        raise Conflict(f"submission {submission_id!r} exists already", param="submission_id")
     spans = cur.execute("""
         SELECT a.session_id, coalesce(t.tick, e.t0, a.range_start), coalesce(t.tick, e.t1, a.range_end)
         FROM tag_applications a
@@ -144,11 +150,17 @@ def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bu
                ON a.target_type = 'event' AND e.request_id = a.event_id AND e.session_id = a.session_id
         WHERE a.tag_id = ? ORDER BY a.id""", [tag["id"]]).fetchall()
     windows = []
-    for session_id, start, end in spans:
-        if start is None:
-            continue  # its rows are gone (compressed): nothing left to lock
-        windows.append(_insert_window(cur, session_id, start, end, Fidelity.SUBMITTED.value, False,
-                                      f"submission:{submission_id}", [submission_id]))
+    with transaction(cur):
+        for session_id, start, end in spans:
+            if start is None:
+                continue  # its rows are gone (compressed): nothing left to lock
+            windows.append(_insert_window(cur, session_id, start, end, Fidelity.SUBMITTED.value, False,
+                                          f"submission:{submission_id}", [submission_id]))
+        cur.execute("INSERT INTO bud_submissions VALUES (?, ?, now(), NULL, NULL)", [submission_id, tag["id"]])
+        cur.execute("UPDATE tags SET bud_status = ? WHERE id = ?", [BudStatus.SUBMITTED.value, tag["id"]])
+        if audit is not None:
+            audit("submit_evidence", {"submission_id": submission_id, "tag_id": tag["id"], "bud": tag["name"],
+                                      "window_ids": [w["id"] for w in windows]})
     return windows
 
 
@@ -167,6 +179,13 @@ def resolve_submission(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None,
                     "WHERE list_contains(submission_ids, ?)", [submission_id, submission_id])
         cur.execute("UPDATE time_windows SET fidelity = ?, pinned = false WHERE id IN (SELECT unnest(?)) "
                     "AND len(submission_ids) = 0", [released, ids])
+        # Its bud is grafted (a lens learnt it) or rejected.
+        cur.execute("UPDATE tags SET bud_status = ? WHERE id IN (SELECT tag_id FROM bud_submissions WHERE "
+                    "submission_id = ?) AND bud_status = ?",
+                    [BudStatus.GRAFTED.value if accepted else BudStatus.REJECTED.value, submission_id,
+                     BudStatus.SUBMITTED.value])
+        cur.execute("UPDATE bud_submissions SET resolved_at = now(), accepted = ? WHERE submission_id = ?",
+                    [accepted, submission_id])
         if audit is not None:
             audit("resolve_submission", {"submission_id": submission_id, "accepted": accepted, "window_ids": ids,
                                          "fidelity_to": released})
