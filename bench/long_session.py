@@ -46,6 +46,7 @@ from bench.device import engine_device
 from bench.history_trim import Count
 from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import MODELS, model_max_len
+from bench.prefix_ceiling import reusable_tokens as ceiling_tokens
 from bench.result import BenchResult
 from bench.serve import start_vllm
 from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
@@ -147,18 +148,17 @@ def break_block(report: dict[str, Any]) -> str | None:
 
 def reusable_tokens(prompt: int, prev_prompt: int, prev_completion: int, report: dict[str, Any],
                     block_size: int) -> int:
-    """What an ideal prefix cache serves of a turn, in whole KV blocks: at most the previous request's
-    prompt and reply (its last token is never written to the cache), as bench/orchestrator.py's ceiling;
-    after a break (`break_block`), only what comes before the broken block. That prefix is the prompt
-    less the broken block and every block after it: the chat template's own tokens (the tools' schemas
-    first) precede the Identity and are in no block."""
-    continued = (prev_prompt + prev_completion - 1) // block_size * block_size
+    """What an ideal prefix cache serves of a turn (bench/prefix_ceiling.py); after a break
+    (`break_block`), only what comes before the broken block. That prefix is the prompt less the broken
+    block and every block after it: the chat template's own tokens (the tools' schemas first) precede
+    the Identity and are in no block."""
     broken = break_block(report)
     names = [b["name"] for b in report.get("blocks", [])]
     if broken in names:
         after = sum(b["tokens"] for b in report["blocks"][names.index(broken):])
-        return max(min(prompt - after, continued), 0) // block_size * block_size
-    return max(min(prompt, continued), 0)
+        prompt = max(prompt - after, 0)
+        return ceiling_tokens(prompt, prev_prompt, prev_completion, block_size) // block_size * block_size
+    return max(ceiling_tokens(prompt, prev_prompt, prev_completion, block_size), 0)
 
 
 def hit_ratio_ceiling(turns: Sequence[MeasuredTurn], block_size: int) -> float:

@@ -35,6 +35,7 @@ from ahc.core.config import OrchestratorConfig, load_config
 from bench.device import engine_device
 from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import MODELS, served_model
+from bench.prefix_ceiling import reusable_tokens
 from bench.result import BenchResult
 from bench.servers import start_server
 from orchestrator.turn import Turn
@@ -106,7 +107,7 @@ class TurnLog:
         """The hit ratio an ideal prefix cache could reach on this session: each request reusing all of
         the previous request's prompt and reply that fills whole KV blocks (the first request, each
         turn's new input and the last partial block can never be served from a cache)."""
-        reusable = [min(p, (prev + out - 1) // block_size * block_size)
+        reusable = [reusable_tokens(p, prev, out, block_size)
                     for p, prev, out in zip(self.prompt[1:], self.prompt, self.completion)]
         return sum(reusable) / sum(self.prompt)
 

@@ -17,10 +17,10 @@ from bench.agents.figures import (
     histogram_quantile,
     hit_ratio,
     hit_ratio_ceiling,
-    reusable_tokens,
 )
 from bench.agents.load import LOADS, AgentLoad
 from bench.agents.scripts import scripts, session_tokens_estimate
+from bench.prefix_ceiling import reusable_tokens
 from bench.registry import BENCHES
 
 FIGURES = {"ahc_hit_ratio", "fcfs_hit_ratio", "hit_ratio_ceiling", "ahc_tok_per_s", "fcfs_tok_per_s",

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.prefix_ceiling import reusable_tokens
 from bench.stream_load import percentile
 
 WAIT_BUCKET = "session_wait_le:"
@@ -26,12 +27,6 @@ class TurnResult:
     wait_s: float
     rejections: int = 0
     reply: str = ""  # the reply's text, which a client sending its history sends back
-
-
-def reusable_tokens(prompt: int, prev_prompt: int, prev_completion: int, block_size: int) -> int:
-    """What an ideal prefix cache serves of a turn: the previous request's prompt and reply in whole KV
-    blocks (the reply's last token is never written to the cache), as bench/orchestrator.py's ceiling."""
-    return min(prompt, (prev_prompt + prev_completion - 1) // block_size * block_size)
 
 
 def hit_ratio(sessions: Sequence[Sequence[TurnResult]]) -> float:
