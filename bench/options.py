@@ -30,7 +30,6 @@ class Option:
     minimum: int | None = None
     repeat: bool = False
     presets: Mapping[str, str] = field(default_factory=dict)
-    panel: str = ""  # the help's group for it
 
     @property
     def flag(self) -> str:
