@@ -12,14 +12,13 @@ drift on both sides alike (the idle server sits on the other side of every round
 round each, then `rounds` measured rounds each; the figures are the median rounds, the ratio the
 median of each round pair's ratio.
 
-The load is `ActivationsLoad`'s defaults; `BENCH_ACTIVATIONS_LOAD="batch=2,max_tokens=16,rounds=1"`
-overrides fields: `batch` concurrent streams of `max_tokens` tokens, `rounds` measured rounds a server,
-`model` one of bench/models.py's SERVED.
+The load is `LOADS` (bench/load.py): `BENCH_ACTIVATIONS_LOAD="smoke"` or e.g. `"batch=2,max_tokens=16,rounds=1"`:
+`batch` concurrent streams of `max_tokens` tokens, `rounds` measured rounds a server, `model` one of
+bench/models.py's SERVED.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import time
@@ -31,13 +30,11 @@ import httpx
 import openai
 
 from bench.device import engine_device
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import ServedModel, served_model
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.servers import start_server
-
-LOAD_ENV = "BENCH_ACTIVATIONS_LOAD"
 
 
 @dataclass(frozen=True)
@@ -49,12 +46,11 @@ class ActivationsLoad:
     rounds: int = 16
     model: str = "bench-6x512"
 
+    def __post_init__(self) -> None:
+        served_model(self.model)  # an unknown model fails here, before any server starts
 
-def load_from_env(spec: str | None) -> ActivationsLoad:
-    """`ActivationsLoad` with the fields named in `spec` ("batch=2,rounds=1") changed."""
-    load = overridden(ActivationsLoad(), spec, LOAD_ENV)
-    served_model(load.model, LOAD_ENV)  # an unknown model fails here, before any server starts
-    return load
+
+LOADS = Loads("activations", {DEFAULT: ActivationsLoad(), SMOKE: ActivationsLoad(batch=2, max_tokens=16, rounds=1)})
 
 
 def stream_times(client: openai.OpenAI, model: str, seed: int, max_tokens: int) -> list[float]:
@@ -101,9 +97,8 @@ def measure(served: ServedModel, load: ActivationsLoad) -> tuple[list[float], li
     return rounds[0], rounds[1], right
 
 
-def run(load: ActivationsLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
-    served = served_model(load.model, LOAD_ENV)
+def run(load: ActivationsLoad) -> BenchResult:
+    served = served_model(load.model)
     plain_rounds, capture_rounds, right = measure(served, load)
     if not right:
         raise RuntimeError("activations bench: the capture server recorded no activations, or the plain one did")

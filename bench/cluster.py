@@ -11,14 +11,13 @@ one replica alone, through the affinity router and through the round-robin one, 
 from a SIGKILL of the replica holding a session to the first token of that session's next turn, which
 the survivor serves from the State in the lake.
 
-`BENCH_CLUSTER_LOAD="sessions=4,turns=5"` overrides `ClusterLoad`'s fields.
+The load is `LOADS` (bench/load.py): `BENCH_CLUSTER_LOAD="smoke"` or e.g. `"sessions=4,turns=5"`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import tempfile
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.orchestrator import WORDS
 from bench.result import BenchResult
 from bench.servers import TINY_MODEL
@@ -37,7 +36,6 @@ from server.cluster.local_cluster import ClusterSpec, LocalCluster
 from server.cluster.router import RouterProcess
 from server.cluster.server_process import ServerProcess, free_port
 
-LOAD_ENV = "BENCH_CLUSTER_LOAD"
 HEADER = "X-Session-ID"
 TIMEOUT_S = 300
 
@@ -62,8 +60,7 @@ class TurnRecord:
     first_changed_block: str | None
 
 
-def load_from_env() -> ClusterLoad:
-    return overridden(ClusterLoad(), os.environ.get(LOAD_ENV), LOAD_ENV)
+LOADS = Loads("cluster", {DEFAULT: ClusterLoad(), SMOKE: ClusterLoad(sessions=4, turns=5)})
 
 
 def system_prompt(name: str, words: int, seed: int) -> str:
@@ -161,8 +158,7 @@ def model_of(base_url: str, api_key: str | None = None) -> str:
     return str(response.json()["data"][0]["id"])
 
 
-def run(load: ClusterLoad | None = None, data_dir: Path | None = None) -> BenchResult:
-    load = load or load_from_env()
+def run(load: ClusterLoad, data_dir: Path | None = None) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="ahc-bench-cluster-") as tmp:
         Path(tmp).chmod(0o755)  # as root, the catalog's PostgreSQL runs as `postgres` under it
         spec = ClusterSpec(Path(data_dir or tmp), replicas=2, model=str(TINY_MODEL), config="cpu-tiny",

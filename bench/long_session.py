@@ -21,13 +21,12 @@ condensing calls count) and as the responses show them (prompt less cached token
 compactions and mode switches its reports name, and the ceiling an ideal prefix cache reaches on its
 turns given the breaks its own blocks report.
 
-The load is `LongSessionLoad`'s defaults; `BENCH_LONG_SESSION_LOAD="turns=12,max_model_len=2048,model=tiny"`
-overrides fields (the bench command takes no per-bench options).
+The load is `LOADS` (bench/load.py): `BENCH_LONG_SESSION_LOAD="smoke"` or e.g.
+`"turns=12,max_model_len=2048,model=tiny"`.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -45,8 +44,9 @@ from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
 from bench.history_trim import Count
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import MODELS, model_max_len
+from bench.prefix_ceiling import reusable_tokens as ceiling_tokens
 from bench.result import BenchResult
 from bench.serve import start_vllm
 from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
@@ -63,7 +63,6 @@ from bench.session_clients import (
 from bench.stream_load import percentile
 from server.cluster.server_process import ServerProcess
 
-LOAD_ENV = "BENCH_LONG_SESSION_LOAD"
 TINY = "tiny"
 # A tool result takes at most this share of the room the window leaves after the system prompt and
 # the reply, so a small window (a smoke run) still fits a turn.
@@ -92,6 +91,10 @@ class LongSessionLoad:
     user_every: int = 4
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.model != TINY and self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose from {TINY}, {', '.join(MODELS)}")
+
     def script_spec(self, system_tokens: int = 0) -> ScriptSpec:
         """The script's sizes, tool results capped by the room a `system_tokens` prompt leaves."""
         room = self.max_model_len - self.max_tokens - system_tokens
@@ -104,8 +107,8 @@ class LongSessionLoad:
                 f"tokens (log-uniform, seed {self.seed}), a user instruction every {self.user_every} turns")
 
 
-def load_from_env(spec: str | None) -> LongSessionLoad:
-    return overridden(LongSessionLoad(), spec, LOAD_ENV)
+LOADS = Loads("long-session", {DEFAULT: LongSessionLoad(),
+                               SMOKE: LongSessionLoad(turns=12, max_model_len=2048, model=TINY)})
 
 
 # ----- what the runs measure -----
@@ -145,18 +148,17 @@ def break_block(report: dict[str, Any]) -> str | None:
 
 def reusable_tokens(prompt: int, prev_prompt: int, prev_completion: int, report: dict[str, Any],
                     block_size: int) -> int:
-    """What an ideal prefix cache serves of a turn, in whole KV blocks: at most the previous request's
-    prompt and reply (its last token is never written to the cache), as bench/orchestrator.py's ceiling;
-    after a break (`break_block`), only what comes before the broken block. That prefix is the prompt
-    less the broken block and every block after it: the chat template's own tokens (the tools' schemas
-    first) precede the Identity and are in no block."""
-    continued = (prev_prompt + prev_completion - 1) // block_size * block_size
+    """What an ideal prefix cache serves of a turn (bench/prefix_ceiling.py); after a break
+    (`break_block`), only what comes before the broken block. That prefix is the prompt less the broken
+    block and every block after it: the chat template's own tokens (the tools' schemas first) precede
+    the Identity and are in no block."""
     broken = break_block(report)
     names = [b["name"] for b in report.get("blocks", [])]
     if broken in names:
         after = sum(b["tokens"] for b in report["blocks"][names.index(broken):])
-        return max(min(prompt - after, continued), 0) // block_size * block_size
-    return max(min(prompt, continued), 0)
+        prompt = max(prompt - after, 0)
+        return ceiling_tokens(prompt, prev_prompt, prev_completion, block_size) // block_size * block_size
+    return max(ceiling_tokens(prompt, prev_prompt, prev_completion, block_size), 0)
 
 
 def hit_ratio_ceiling(turns: Sequence[MeasuredTurn], block_size: int) -> float:
@@ -197,15 +199,13 @@ def side_figures(prefix: str, run: ClientRun) -> dict[str, float | int]:
 def model_dir_of(load: LongSessionLoad) -> Path:
     if load.model == TINY:
         return ensure_model(TINY_MODEL)
-    if load.model not in MODELS:
-        raise ValueError(f"{LOAD_ENV}: unknown model {load.model!r}; choose from {TINY}, {', '.join(MODELS)}")
     return ensure_model(cache_dir() / "models" / load.model, *MODELS[load.model])
 
 
 def check_window(model_dir: Path, max_model_len: int) -> None:
     longest = model_max_len(model_dir)
     if max_model_len > longest:
-        raise ValueError(f"{LOAD_ENV}: max_model_len {max_model_len} is past the model's {longest} positions")
+        raise ValueError(f"{LOADS.env}: max_model_len {max_model_len} is past the model's {longest} positions")
 
 
 def start_both(model_dir: Path, tmp: Path, max_model_len: int) -> tuple[ServerProcess, ServerProcess]:
@@ -250,8 +250,7 @@ def measured(client: Client, base_url: str, turns: int) -> ClientRun:
 
 # ----- the bench -----
 
-def run(load: LongSessionLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
+def run(load: LongSessionLoad) -> BenchResult:
     model_dir = model_dir_of(load)
     check_window(model_dir, load.max_model_len)
     block_size = load_config("cpu-tiny").engine.block_size or 16

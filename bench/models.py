@@ -69,10 +69,10 @@ SERVED: dict[str, ServedModel] = {m.name: m for m in (
 )}
 
 
-def served_model(name: str, env: str) -> ServedModel:
-    """The served model `name`; an unknown name is a ValueError naming `env` and the choices."""
+def served_model(name: str) -> ServedModel:
+    """The served model `name`; an unknown name is a ValueError naming the choices."""
     if name not in SERVED:
-        raise ValueError(f"{env}: unknown model {name!r}; choose from {', '.join(SERVED)}")
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(SERVED)}")
     return SERVED[name]
 
 

@@ -11,8 +11,8 @@ Then prompt density: a session whose Codex (stored once in XDB, named by referen
 its CAG threshold, sent as the Codex's condensed rendition, against the same session with the Codex
 marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and both hit ratios.
 
-The load is `OrchestratorLoad`'s defaults; `BENCH_ORCHESTRATOR_LOAD="turns=4,density_turns=2,assembly_tokens=8000"`
-overrides fields (the bench command takes no per-bench options): `turns` of the session both clients run,
+The load is `LOADS` (bench/load.py): `BENCH_ORCHESTRATOR_LOAD="smoke"` or e.g.
+`"turns=4,density_turns=2,assembly_tokens=8000"`: `turns` of the session both clients run,
 `density_turns` of each density session, `assembly_tokens` of the context prepare() is timed on (the
 prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds` timed prepare() calls,
 `model` one of bench/models.py's SERVED.
@@ -20,7 +20,6 @@ prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds`
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import time
@@ -34,14 +33,14 @@ import openai
 
 from ahc.core.config import OrchestratorConfig, load_config
 from bench.device import engine_device
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import MODELS, served_model
+from bench.prefix_ceiling import reusable_tokens
 from bench.result import BenchResult
 from bench.servers import start_server
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 
-LOAD_ENV = "BENCH_ORCHESTRATOR_LOAD"
 REPLY_TOKENS = 16
 WORDS = ("particle collision ring cell symbol left right moves splits merges period class window "
          "rule table experiment prediction counterexample theorem").split()
@@ -63,14 +62,13 @@ class OrchestratorLoad:
     def __post_init__(self) -> None:
         if self.turns < 2 or self.density_turns < 1 or self.assembly_rounds < 1:
             # TTFT is the median over the turns after the first, which nothing could have cached.
-            raise ValueError(f"{LOAD_ENV}: turns must be at least 2, density_turns and assembly_rounds at least 1")
+            raise ValueError("turns must be at least 2, density_turns and assembly_rounds at least 1")
+        served_model(self.model)  # an unknown model fails here, before any server starts
 
 
-def load_from_env(spec: str | None) -> OrchestratorLoad:
-    """`OrchestratorLoad` with the fields named in `spec` ("turns=4,density_turns=2") changed."""
-    load = overridden(OrchestratorLoad(), spec, LOAD_ENV)
-    served_model(load.model, LOAD_ENV)  # an unknown model fails here, before any server starts
-    return load
+LOADS = Loads("orchestrator", {DEFAULT: OrchestratorLoad(),
+                               SMOKE: OrchestratorLoad(turns=3, density_turns=2, assembly_tokens=8000,
+                                                       assembly_rounds=20)})
 
 
 def text_of(n_words: int, seed: int) -> str:
@@ -109,7 +107,7 @@ class TurnLog:
         """The hit ratio an ideal prefix cache could reach on this session: each request reusing all of
         the previous request's prompt and reply that fills whole KV blocks (the first request, each
         turn's new input and the last partial block can never be served from a cache)."""
-        reusable = [min(p, (prev + out - 1) // block_size * block_size)
+        reusable = [reusable_tokens(p, prev, out, block_size)
                     for p, prev, out in zip(self.prompt[1:], self.prompt, self.completion)]
         return sum(reusable) / sum(self.prompt)
 
@@ -275,9 +273,8 @@ def assembly_p99_ms(model_dir: Path, load: OrchestratorLoad) -> tuple[float, int
     return float(np.percentile(times, 99) * 1000), tokens
 
 
-def run(load: OrchestratorLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
-    served = served_model(load.model, LOAD_ENV)
+def run(load: OrchestratorLoad) -> BenchResult:
+    served = served_model(load.model)
     model_dir = served.ensure()
     block_size = load_config(served.config).engine.block_size
     assembly_ms, assembly_tokens = assembly_p99_ms(model_dir, load)  # first: it needs no server, and fails fast

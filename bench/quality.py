@@ -22,16 +22,15 @@ them as it is across an agent's turns, since the Identity and Codex blocks come 
 Figures: accuracy per mode, mean prompt and cached tokens per question per mode, mean seconds per
 question, the Codex's tokens full and condensed, the share of answers the renditions kept.
 
-The load is `QualityLoad`'s defaults; `BENCH_QUALITY_LOAD="questions=3,documents=1,filler=2"` overrides
-fields (the bench command takes no per-bench options): `questions` (kinds in turn: access codes, names,
-passwords), `documents`, `filler` sentences per fact, `seed`, `max_tokens` per reply, `tool_rounds`,
-`base_url` (e.g. http://127.0.0.1:8000: that server instead of one started here; `api_key` its key).
+The load is `LOADS` (bench/load.py): `BENCH_QUALITY_LOAD="smoke"` or e.g. `"questions=3,documents=1,filler=2"`:
+`questions` (kinds in turn: access codes, names, passwords), `documents`, `filler` sentences per fact,
+`seed`, `max_tokens` per reply, `tool_rounds`, `base_url` (e.g. http://127.0.0.1:8000: that server
+instead of one started here; `api_key` its key).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -46,12 +45,11 @@ import httpx
 import openai
 
 from bench.device import engine_device
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.quality_codex import QualityCodex, Question, generate
 from bench.result import BenchResult
 from bench.servers import REAL_CONFIG, REAL_MODEL, start_server
 
-LOAD_ENV = "BENCH_QUALITY_LOAD"
 MODES = ("none", "cag", "rag", "condensed")
 IDENTITY = "You answer questions about the town records. Reply with the answer only: a number, a name or a word."
 
@@ -69,11 +67,10 @@ class QualityLoad:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.tool_rounds < 0:
-            raise ValueError(f"{LOAD_ENV}: max_tokens must be at least 1, tool_rounds at least 0")
+            raise ValueError("max_tokens must be at least 1, tool_rounds at least 0")
 
 
-def load_from_env(spec: str | None) -> QualityLoad:
-    return overridden(QualityLoad(), spec, LOAD_ENV)
+LOADS = Loads("quality", {DEFAULT: QualityLoad(), SMOKE: QualityLoad(questions=3, documents=1, filler=6)})
 
 
 @dataclass
@@ -217,8 +214,7 @@ def ask(t: Target, question: Question, mode: str, context: dict[str, Any], load:
     return report
 
 
-def run(load: QualityLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
+def run(load: QualityLoad) -> BenchResult:
     codex = generate(load.questions, load.documents, load.filler, load.seed)
     logs = {mode: ModeLog() for mode in MODES}
     with target(load) as t:

@@ -8,15 +8,14 @@ the default 200-token chunk size, so runs are comparable across machines. The re
 embedding model alone on the same chunks: a sync (chunk, embed, insert, index) is measured against it,
 and a search's database half against the whole search.
 
-`ahc bench retrieval` runs `RetrievalLoad`'s defaults; `BENCH_RETRIEVAL_LOAD="chunks=20,queries=5"`
-overrides fields: ~`chunks` chunks synced, `queries` searches timed.
+`ahc bench retrieval` runs `LOADS` (bench/load.py): `BENCH_RETRIEVAL_LOAD="smoke"` or e.g.
+`"chunks=20,queries=5"`: ~`chunks` chunks synced, `queries` searches timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -27,13 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.result import BenchResult
 from orchestrator.retrieval.codex_index import CodexIndex, _fuse
 from orchestrator.retrieval.embedder import Embedder
 
 CHUNKS, QUERIES = 2000, 200
-LOAD_ENV = "BENCH_RETRIEVAL_LOAD"
 _WORDS = ("engine valve pressure rotor sensor bearing seal pump turbine filter controller manual "
           "schedule operator shift supervisor fault reset logbook coolant gasket flange torque "
           "calibration voltage relay breaker inverter battery cable conduit alarm threshold sample "
@@ -50,9 +48,7 @@ class RetrievalLoad:
     queries: int = 100
 
 
-def load_from_env(spec: str | None) -> RetrievalLoad:
-    """`RetrievalLoad` with the fields named in `spec` ("chunks=20,queries=5") changed."""
-    return overridden(RetrievalLoad(), spec, LOAD_ENV)
+LOADS = Loads("retrieval", {DEFAULT: RetrievalLoad(), SMOKE: RetrievalLoad(chunks=20, queries=5)})
 
 
 def corpus(chunks: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -128,9 +124,8 @@ def measure(chunks: int = CHUNKS, queries: int = QUERIES, device: str = "cpu", t
     return figures
 
 
-def run(load: RetrievalLoad | None = None) -> BenchResult:
+def run(load: RetrievalLoad) -> BenchResult:
     """`ahc bench retrieval`: the numeric figures, their ratios to the reference, the rest as notes."""
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
     with tempfile.TemporaryDirectory(prefix="ahc-bench-retrieval-") as work:
         measured = measure(load.chunks, load.queries, db=Path(work) / "rag.duckdb")
     notes = {key: str(measured.pop(key)) for key in ("device", "threads", "hnsw_used")}

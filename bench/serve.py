@@ -4,9 +4,9 @@ same load, in one run; or the same load on any running server (`--base-url`).
 vLLM runs `python -m vllm.entrypoints.openai.api_server` with the very flags `ahc serve` gives its
 engine (server/engine_args.py over configs/cpu-tiny.yaml); AHC runs as a user runs it: every token,
 input and reply recorded into XDB, concept activations captured in the engine (a lens pack built for
-the bench model). The load is a profile (bench/serve_profiles.py): concurrent streaming chat clients,
-every reply exactly `max_tokens` long (`ignore_eos`), short distinct prompts;
-`BENCH_SERVE_LOAD="clients=2,requests=1,max_tokens=16,rounds=1"` changes those fields of the profile.
+the bench model). The load is a profile (bench/serve_profiles.py, `--profile` or `BENCH_SERVE_LOAD`):
+concurrent streaming chat clients, every reply exactly `max_tokens` long (`ignore_eos`), short distinct
+prompts.
 
 Both servers are up together and measured in alternating rounds, so the machine's drift falls on both
 alike. Per server: completion tokens per second of wall time and the API process's CPU per generated
@@ -20,6 +20,7 @@ is verified with `ahc xdb verify-audit` (DuckDB locks the file while the server 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import subprocess
 import sys
@@ -35,9 +36,11 @@ import psutil
 from ahc.core.config import load_config
 from bench.device import engine_device
 from bench.models import SERVED
+from bench.options import BadOptions
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
-from bench.serve_profiles import DEFAULT_PROFILE, SCALING_ROUNDS, Profile, profile_named
+from bench.serve_profiles import LOADS as LOADS  # the registry finds a bench's loads in its module
+from bench.serve_profiles import SCALING_ROUNDS, Profile
 from bench.servers import start_server
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
@@ -218,9 +221,52 @@ def common_notes(profile: Profile, load: Load, rounds: int) -> dict[str, str]:
                        "percentiles over every reply of the measured rounds"}
 
 
-def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None, api_servers: int = 1) -> BenchResult:
-    """AHC and vLLM side by side under `profile`'s load, each with `api_servers` API processes."""
-    prof = profile_named(profile)
+def run(load: Profile, rounds: int | None = None, base_url: str | None = None, model: str | None = None,
+        api_key: str | None = None, pid: int | None = None, api_server_count: int = 1, scaling: bool = False,
+        plot: bool = False, out: Path = Path("bench-results")) -> BenchResult | None:
+    """`ahc bench serve` with its options (bench/registry.py): AHC and vLLM side by side, or the server at
+    `base_url`; `scaling` at each number of streams, into OUT/serve-scaling.json; `plot` draws
+    OUT/serve-scaling.png. None when only redrawing the plot."""
+    target = target_at(base_url, model, api_key, pid, api_server_count)
+    scaling_file = out / "serve-scaling.json"
+    if scaling:
+        result = run_scaling(load, rounds, target, api_servers=api_server_count)
+        print(f"wrote {result.save(out)}", file=sys.stderr)
+    elif plot:
+        if not scaling_file.exists():
+            raise FileNotFoundError(f"{scaling_file}: no scaling results to plot; run with --scaling")
+        result = BenchResult(**json.loads(scaling_file.read_text()))
+    else:
+        result = run_target(target, load, rounds) if target else run_both(load, rounds, api_server_count)
+    if plot:
+        print(f"wrote {plot_scaling(result, out / 'serve-scaling.png')}", file=sys.stderr)
+    return result if scaling or not plot else None
+
+
+def target_at(base_url: str | None, model: str | None, api_key: str | None, pid: int | None,
+              api_servers: int) -> Target | None:
+    """The running server `base_url` names (its first model unless `model`), or None to start both."""
+    if base_url is None:
+        given = [flag for flag, value in (("--model", model), ("--api-key", api_key), ("--pid", pid)) if value]
+        if given:
+            raise BadOptions(f"{', '.join(given)} need --base-url")
+        return None
+    if api_servers > 1:
+        raise BadOptions("--api-server-count starts both servers; a server given by --base-url runs as it is")
+    base_url = base_url.rstrip("/").removesuffix("/v1")
+    if model is None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        try:
+            response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise OSError(f"--base-url {base_url}: {exc}") from exc
+        model = response.json()["data"][0]["id"]
+    return Target(base_url, model, api_key, pid)
+
+
+def run_both(prof: Profile, rounds: int | None = None, api_servers: int = 1) -> BenchResult:
+    """AHC and vLLM side by side under the profile's load, each with `api_servers` API processes."""
     n_rounds, load = rounds or prof.rounds, load_of(prof)
     with side_by_side(prof, prof.max_num_seqs, api_servers) as sides:
         results = alternating_rounds([lambda s=s: s.measure(load) for s in sides], n_rounds)
@@ -245,10 +291,9 @@ def run(profile: str = DEFAULT_PROFILE, rounds: int | None = None, api_servers: 
     return BenchResult("serve", figures, ratios, notes)
 
 
-def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | None = None) -> BenchResult:
+def run_target(target: Target, prof: Profile, rounds: int | None = None) -> BenchResult:
     """The profile's load on a server already running; its CPU per token only with `target.pid`. An AHC
     server (its replies name their XDB session) has its recording checked too."""
-    prof = profile_named(profile)
     n_rounds, load = rounds or prof.rounds, load_of(prof)
     side = Side("", target)
     results = alternating_rounds([lambda: side.measure(load)], n_rounds)[0]
@@ -260,12 +305,11 @@ def run_target(target: Target, profile: str = DEFAULT_PROFILE, rounds: int | Non
     return BenchResult("serve", figures, {}, notes)
 
 
-def run_scaling(profile: str = DEFAULT_PROFILE, rounds: int | None = None, target: Target | None = None,
+def run_scaling(prof: Profile, rounds: int | None = None, target: Target | None = None,
                 streams: Sequence[int] | None = None, api_servers: int = 1) -> BenchResult:
     """Every figure of the plain run (tokens/s, each process's CPU per token and per request, the cores each
     used, latency percentiles) at each number of concurrent streams (the profile's), for AHC and vLLM (or
     the one server at `target`); figures are named `..._at_N` for N streams."""
-    prof = profile_named(profile)
     streams = streams or prof.scaling_streams
     n_rounds = rounds or SCALING_ROUNDS
     max_num_seqs = max(prof.max_num_seqs or 0, *streams)

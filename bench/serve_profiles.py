@@ -1,19 +1,16 @@
-"""The loads `ahc bench serve` can put on the servers. Free of heavy imports: the command line reads
-the names for its `--profile` choices.
+"""The loads `ahc bench serve` can put on the servers, its profiles. Free of heavy imports: the command
+line reads the names for its `--profile` choices.
 
-`BENCH_SERVE_LOAD="clients=2,requests=1,max_tokens=16,rounds=1"` overrides those fields of whichever
-profile runs (`--rounds` still wins over `rounds`).
+`--profile` or `BENCH_SERVE_LOAD` (bench/load.py) names the profile; `BENCH_SERVE_LOAD` may change its
+fields too, e.g. `"clients=2,requests=1,max_tokens=16,rounds=1"` (`--rounds` still wins over `rounds`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
-from bench.load_spec import overridden
-
-LOAD_ENV = "BENCH_SERVE_LOAD"
+from bench.load import SMOKE, Loads
 
 
 @dataclass(frozen=True)
@@ -52,24 +49,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 )}
 
 DEFAULT_PROFILE = "6x512"
+# The tests' load: the default profile's model, two short streams, one round.
+SMOKE_PROFILE = dataclasses.replace(PROFILES[DEFAULT_PROFILE], name=SMOKE, clients=2, requests=1, max_tokens=16,
+                                    rounds=1)
+LOADS = Loads("serve", {**PROFILES, SMOKE: SMOKE_PROFILE}, default=DEFAULT_PROFILE)
 EMULATED_PROFILE = "h100-llama-8b"  # `ahc bench serve --engine emulated`
 SCALING_STREAMS = (1, 8, 32, 64)
 SCALING_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class ProfileLoad:
-    """The fields of a profile's load the environment may change: its model and engine flags stay."""
-
-    clients: int
-    requests: int
-    max_tokens: int
-    rounds: int
-
-
-def profile_named(name: str) -> Profile:
-    """The profile `name` with BENCH_SERVE_LOAD's fields changed."""
-    profile = PROFILES[name]
-    load = ProfileLoad(profile.clients, profile.requests, profile.max_tokens, profile.rounds)
-    changed = overridden(load, os.environ.get(LOAD_ENV), LOAD_ENV)
-    return dataclasses.replace(profile, **dataclasses.asdict(changed))

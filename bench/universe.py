@@ -1,23 +1,21 @@
 """The universe simulators side by side: numba (and Triton) against the numpy reference, same run,
 same rule, same grids. The ratio numba/numpy is the figure that travels.
 
-The CPU load is `UniverseLoad`'s defaults; `BENCH_UNIVERSE_LOAD="grids=16,steps=8,rounds=1"` overrides
+The CPU load is `LOADS` (bench/load.py: `BENCH_UNIVERSE_LOAD="smoke"` or e.g. `"grids=16,steps=8,rounds=1"`),
 fields: `grids` x `length` cells run `steps` steps, best of `rounds`, for numpy and numba; `interpret_*`
 the same for Triton's CPU interpreter where there is no GPU (a GPU run keeps its own size).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.result import BenchResult
 
-LOAD_ENV = "BENCH_UNIVERSE_LOAD"
 GPU_GRIDS, GPU_LENGTH, GPU_STEPS = 4096, 4096, 256
 RULE = "kinetic"
 ALL = ("numpy", "numba", "triton")
@@ -37,9 +35,8 @@ class UniverseLoad:
     interpret_steps: int = 32
 
 
-def load_from_env(spec: str | None) -> UniverseLoad:
-    """`UniverseLoad` with the fields named in `spec` ("grids=16,rounds=1") changed."""
-    return overridden(UniverseLoad(), spec, LOAD_ENV)
+LOADS = Loads("universe", {DEFAULT: UniverseLoad(), SMOKE: UniverseLoad(grids=16, length=256, steps=8, rounds=1,
+                                                                    interpret_length=256, interpret_steps=4)})
 
 
 def cells_per_second(backends: list[str], states: np.ndarray, steps: int, rounds: int) -> dict[str, float]:
@@ -81,12 +78,12 @@ def kernel_cells_per_second(states: np.ndarray, steps: int, rounds: int) -> floa
     return states.size * steps / best
 
 
-def run(backends: list[str] | None = None, load: UniverseLoad | None = None) -> BenchResult:
+def run(load: UniverseLoad, backend: list[str] | None = None) -> BenchResult:
+    """`backend`: the backends to measure (default all; numpy too whenever numba is)."""
     from universe.device import gpu_available
     from universe.sampling import random_states
 
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
-    wanted = list(backends or ALL)
+    wanted = list(backend or ALL)
     if "auto" in wanted:
         from universe.simulate import resolve_backend
 

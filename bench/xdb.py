@@ -7,18 +7,17 @@ p95 passes the design's bound, RECALL_BOUND_MS; it reports how many timed recall
 The writer is measured two ways on the same rows: as TokenBatch columns (how a reply's generated
 tokens are meant to arrive) and as TimestepRow objects (one Python object a row).
 
-The load is `XDBLoad`'s defaults; `BENCH_XDB_LOAD="write_rows=20000,recall_rows=100000"` overrides
-fields: `write_rows` through each writer, `rounds` alternated rounds of the writers (and of the lake's
+The load is `LOADS` (bench/load.py): `BENCH_XDB_LOAD="smoke"` or e.g. `"write_rows=20000,recall_rows=100000"`:
+`write_rows` through each writer, `rounds` alternated rounds of the writers (and of the lake's
 backends), `recall_rows` generated for recall, `recall_queries` timed queries a filter, and the DuckLake
 backend's `lake_write_rows` and `lake_recall_rows`, `restart_records`, the audit history a start is
 timed over (bench/restart.py: XDB's open and its service's start against a whole re-hash),
-`storage_tokens`, what bytes a token and a deletion's erasure are measured over (bench/xdb_erase.py), and
-`history_rows`, the year-shaped history 1% of whose sessions are erased (bench/xdb_history.py).
+`storage_tokens`, what bytes a token and a deletion's erasure are measured over (bench/xdb_erase.py),
+and `history_rows`, the year-shaped history 1% of whose sessions are erased (bench/xdb_history.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -30,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from ahc.core.config import XDBConfig
-from bench.load_spec import overridden
+from bench.load import DEFAULT, SMOKE, Loads
 from bench.restart import restart_figures, synthetic_history
 from bench.result import BenchResult
 from bench.xdb_erase import storage_figures
@@ -44,7 +43,6 @@ from xdb.storage import segments
 from xdb.store import default_threads
 from xdb.tables import HOT_TIMESTEPS
 
-LOAD_ENV = "BENCH_XDB_LOAD"
 # The page query reads 100 rows after an id up to 10,000 rows before the end.
 MIN_RECALL_ROWS = 20_000
 TURN = 64  # tokens a session writes before the next one takes its turn
@@ -75,12 +73,13 @@ class XDBLoad:
 
     def __post_init__(self) -> None:
         if self.recall_rows < MIN_RECALL_ROWS:
-            raise ValueError(f"{LOAD_ENV}: recall_rows must be at least {MIN_RECALL_ROWS:,}")
+            raise ValueError(f"recall_rows must be at least {MIN_RECALL_ROWS:,}")
 
 
-def load_from_env(spec: str | None) -> XDBLoad:
-    """`XDBLoad` with the fields named in `spec` ("write_rows=20000") changed."""
-    return overridden(XDBLoad(), spec, LOAD_ENV)
+LOADS = Loads("xdb", {DEFAULT: XDBLoad(),
+                      SMOKE: XDBLoad(write_rows=20_000, rounds=1, recall_rows=100_000, recall_queries=3,
+                                     lake_write_rows=2000, lake_recall_rows=20_000, restart_records=120_000,
+                                     storage_tokens=20_000, history_rows=200_000)})
 
 
 def token_batches(n: int, chunk: int = 1000, seed: int = 0) -> list[TokenBatch]:
@@ -234,8 +233,7 @@ def recall_latencies_ms(work: Path, rows: int, queries_per_filter: int) -> tuple
     return out, partial
 
 
-def run(load: XDBLoad | None = None) -> BenchResult:
-    load = load or load_from_env(os.environ.get(LOAD_ENV))
+def run(load: XDBLoad) -> BenchResult:
     work = Path(tempfile.mkdtemp(prefix="ahc-bench-xdb-"))
     try:
         batches = token_batches(load.write_rows)

@@ -24,9 +24,9 @@ STEPS = (1, 31, 32, 33, 129)
 
 
 def bench() -> int:
-    from bench.universe import run
+    from bench.universe import LOADS, run
 
-    print(run(["triton", "numpy"]).to_json())
+    print(run(LOADS.from_env(), ["triton", "numpy"]).to_json())
     return 0
 
 

@@ -32,42 +32,39 @@ def smoke(figures: str, ratios: str, loaded: dict[str, int] | None = None, **env
 
 SMOKES: dict[str, Smoke] = {
     "universe": smoke("numpy_cells_per_s numba_cells_per_s", "numba_over_numpy", {"grids": 16, "steps": 8},
-                      BENCH_UNIVERSE_LOAD="grids=16,length=256,steps=8,rounds=1,interpret_length=256,"
-                                          "interpret_steps=4"),
+                      BENCH_UNIVERSE_LOAD="smoke"),
     "xdb": smoke("writer_rows_per_s raw_duckdb_rows_per_s recall_p95_ms recall_partial_queries rows restart_open_s "
                  "restart_full_verify_s bytes_per_token audit_bytes_share erase_s erase_commit_wait_p99_ms "
                  "history_erase_s history_commit_wait_p99_ms history_bytes_per_row history_restart_s",
                  "writer_over_raw history_commit_wait_over_idle",
                  {"rows": 100_000, "restart_records": 120_000, "storage_tokens": 20_000, "history_rows": 200_000},
-                 BENCH_XDB_LOAD="write_rows=20000,rounds=1,recall_rows=100000,recall_queries=3,"
-                                "lake_write_rows=2000,lake_recall_rows=20000,restart_records=120000,"
-                                "storage_tokens=20000,history_rows=200000"),
+                 BENCH_XDB_LOAD="smoke"),
     "orchestrator": smoke("hit_ratio naive_hit_ratio ttft_p50_ms naive_ttft_p50_ms assembly_p99_ms",
                           "ttft_naive_over_ours", {"turns": 3},
-                          BENCH_ORCHESTRATOR_LOAD="turns=3,density_turns=2,assembly_tokens=8000,assembly_rounds=20"),
+                          BENCH_ORCHESTRATOR_LOAD="smoke"),
     "activations": smoke("decode_tok_per_s_capture decode_tok_per_s_plain", "capture_over_plain",
                          {"batch": 2, "max_tokens": 16, "rounds": 1},
-                         BENCH_ACTIVATIONS_LOAD="batch=2,max_tokens=16,rounds=1"),
+                         BENCH_ACTIVATIONS_LOAD="smoke"),
     "serve": smoke("ahc_tok_per_s vllm_tok_per_s ahc_cpu_us_per_token vllm_cpu_us_per_token ahc_itl_p99_ms "
                    "vllm_itl_p99_ms", "ahc_over_vllm", {"batch": 2, "max_tokens": 16, "rounds": 1},
-                   BENCH_SERVE_LOAD="clients=2,requests=1,max_tokens=16,rounds=1"),
+                   BENCH_SERVE_LOAD="smoke"),
     "retrieval": smoke("sync_chunks_per_s embed_chunks_per_s search_p50_ms search_p95_ms db_and_fusion_p50_ms",
                        "sync_over_embed db_and_fusion_share_of_search", {"queries": 5},
-                       BENCH_RETRIEVAL_LOAD="chunks=20,queries=5"),
+                       BENCH_RETRIEVAL_LOAD="smoke"),
     "agents": smoke("ahc_hit_ratio fcfs_hit_ratio hit_ratio_ceiling ahc_tok_per_s fcfs_tok_per_s ahc_preemptions "
                     "ahc_wait_p99_ms ahc_jct_mean_s fcfs_jct_p99_s", "ahc_hit_over_ceiling ahc_tok_over_fcfs "
                     "fcfs_jct_over_ahc", {"sessions": 4, "turns": 3},
-                    BENCH_AGENTS_LOAD="sessions=4,turns=3,rounds=1,think_min_s=0.2,think_max_s=0.4"),
+                    BENCH_AGENTS_LOAD="smoke"),
     # Measured in-process on tests/test_cluster.py's own cluster, at that test's load.
     "cluster": smoke("single_hit_ratio affinity_hit_ratio round_robin_hit_ratio failover_first_token_s",
                      "affinity_over_single round_robin_over_affinity round_robin_prefill_over_affinity"),
     "long-session": smoke("ahc_prefill_tokens client_prefill_tokens ahc_hit_ratio client_hit_ratio mode_switches "
                           "compactions", "client_prefill_over_ahc", {"turns": 12},
-                          BENCH_LONG_SESSION_LOAD="turns=12,max_model_len=2048,model=tiny"),
+                          BENCH_LONG_SESSION_LOAD="smoke"),
     "quality": smoke("accuracy_none accuracy_cag accuracy_rag accuracy_condensed prompt_tokens_none cached_tokens_none "
                      "prompt_tokens_cag cached_tokens_cag prompt_tokens_rag cached_tokens_rag prompt_tokens_condensed "
                      "cached_tokens_condensed", "codex_condensed_over_full", {"questions": 3, "documents": 1},
-                     BENCH_QUALITY_LOAD="questions=3,documents=1,filler=6"),
+                     BENCH_QUALITY_LOAD="smoke"),
 }
 
 

@@ -9,21 +9,18 @@ import math
 import pytest
 from bench_smoke import run_bench
 
-from bench.agents import (
-    AgentLoad,
+from bench.agents import result_of
+from bench.agents.cache import CacheSize, cache_size
+from bench.agents.figures import (
     AgentRound,
-    CacheSize,
     TurnResult,
-    cache_size,
     histogram_quantile,
     hit_ratio,
     hit_ratio_ceiling,
-    load_from_env,
-    result_of,
-    reusable_tokens,
-    scripts,
-    session_tokens_estimate,
 )
+from bench.agents.load import LOADS, AgentLoad
+from bench.agents.scripts import scripts, session_tokens_estimate
+from bench.prefix_ceiling import reusable_tokens
 from bench.registry import BENCHES
 
 FIGURES = {"ahc_hit_ratio", "fcfs_hit_ratio", "hit_ratio_ceiling", "ahc_tok_per_s", "fcfs_tok_per_s",
@@ -97,13 +94,13 @@ def test_session_estimate_counts_every_turn_and_reply() -> None:
 
 
 def test_load_from_env_overrides_named_fields() -> None:
-    assert load_from_env(None) == AgentLoad()
-    load = load_from_env("sessions=4, turns=3,think_max_s=0.6")
+    assert LOADS.parse(None) == AgentLoad()
+    load = LOADS.parse("sessions=4, turns=3,think_max_s=0.6")
     assert (load.sessions, load.turns, load.think_max_s) == (4, 3, 0.6)
     assert isinstance(load.sessions, int) and isinstance(load.think_max_s, float)
-    assert load.model == "bench-2x64" and load_from_env("model=bench-6x512").model == "bench-6x512"
+    assert load.model == "bench-2x64" and LOADS.parse("model=bench-6x512").model == "bench-6x512"
     with pytest.raises(ValueError, match="unknown field 'session'"):
-        load_from_env("session=4")
+        LOADS.parse("session=4")
 
 
 def test_histogram_quantile_counts_the_unobserved_as_zero() -> None:
@@ -213,17 +210,13 @@ def test_the_emulated_load_is_shaped_like_agents() -> None:
 @pytest.mark.parametrize("spec, error", [("client=x", "unknown client"),
                                          ("offload_gib=8", "needs the emulated engine"),
                                          ("sides=vllm", "must include ahc"), ("sides=ahc+x", "unknown side")])
-def test_a_bad_load_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch, spec: str,
-                                                      error: str) -> None:
-    from bench.agents import run
-
-    monkeypatch.setenv("BENCH_AGENTS_LOAD", spec)
-    with pytest.raises(ValueError, match=error):
-        run()
+def test_a_bad_load_is_refused_before_anything_starts(spec: str, error: str) -> None:
+    with pytest.raises(ValueError, match=f"BENCH_AGENTS_LOAD: .*{error}"):
+        LOADS.parse(spec)
 
 
 def test_the_bench_is_registered() -> None:
-    assert BENCHES["agents"] == "bench.agents"
+    assert BENCHES["agents"].module == "bench.agents" and BENCHES["agents"].loads() is LOADS
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ def test_every_served_model_has_a_config_and_lens_examples(name: str) -> None:
 
 @pytest.mark.parametrize("bench", [activations, orchestrator])
 def test_a_load_names_a_served_model_or_fails_naming_the_choices(bench) -> None:
-    assert bench.load_from_env(f"model={REAL}").model == REAL
+    assert bench.LOADS.parse(f"model={REAL}").model == REAL
     with pytest.raises(ValueError, match=r"unknown model 'gpt-9'; choose from bench-6x512, bench-2x64, smollm2"):
-        bench.load_from_env("model=gpt-9")
-    assert served_model("bench-6x512", "X").config == "cpu-tiny"
+        bench.LOADS.parse("model=gpt-9")
+    assert served_model("bench-6x512").config == "cpu-tiny"

@@ -13,12 +13,11 @@ from bench.agent_script import CHARS_PER_TOKEN, TOOL_NAMES, ScriptSpec, build_sc
 from bench.chat_stream import StreamedReply
 from bench.history_trim import trim, turn_groups
 from bench.long_session import (
-    LOAD_ENV,
+    LOADS,
     ClientRun,
     LongSessionLoad,
     compactions,
     hit_ratio_ceiling,
-    load_from_env,
     mode_switches,
     reusable_tokens,
 )
@@ -229,13 +228,13 @@ def test_tool_call_arguments_are_counted_as_the_server_renders_them() -> None:
 
 
 def test_the_load_is_overridden_by_its_environment_variable() -> None:
-    load = load_from_env("turns=12,max_model_len=2048,model=tiny")
+    load = LOADS.parse("turns=12,max_model_len=2048,model=tiny")
     assert (load.turns, load.max_model_len, load.model) == (12, 2048, "tiny")
     # A small window caps the tool results to half the room the system prompt and the reply leave.
     assert load.script_spec(1500).result_max_tokens == (2048 - 64 - 1500) // 2
     assert LongSessionLoad().script_spec(1500).result_max_tokens == 1500
-    with pytest.raises(ValueError, match=LOAD_ENV):
-        load_from_env("sessions=3")
+    with pytest.raises(ValueError, match=LOADS.env):
+        LOADS.parse("sessions=3")
 
 
 def test_a_run_adds_up_its_turns() -> None:

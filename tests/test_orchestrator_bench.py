@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.orchestrator import ASSEMBLY_MIN_SHARE, ASSEMBLY_WINDOW, OrchestratorLoad, assembly_p99_ms, load_from_env
+from bench.orchestrator import ASSEMBLY_MIN_SHARE, ASSEMBLY_WINDOW, LOADS, OrchestratorLoad, assembly_p99_ms
 
 
 def test_the_full_assembly_context_fits_the_window_and_is_as_large_as_named(tiny_model_dir: Path) -> None:
@@ -18,10 +18,10 @@ def test_the_full_assembly_context_fits_the_window_and_is_as_large_as_named(tiny
 
 
 def test_load_from_env_overrides_named_fields_and_refuses_a_load_without_warm_turns() -> None:
-    assert load_from_env(None) == OrchestratorLoad()
-    load = load_from_env("turns=3,assembly_tokens=8000")
+    assert LOADS.parse(None) == OrchestratorLoad()
+    load = LOADS.parse("turns=3,assembly_tokens=8000")
     assert (load.turns, load.assembly_tokens, load.density_turns) == (3, 8000, OrchestratorLoad().density_turns)
     with pytest.raises(ValueError, match="turns must be at least 2"):
-        load_from_env("turns=1")
+        LOADS.parse("turns=1")
     with pytest.raises(ValueError, match="unknown field 'turn'"):
-        load_from_env("turn=3")
+        LOADS.parse("turn=3")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from bench_smoke import SMOKES, run_bench
 
-from bench.quality import LOAD_ENV, QualityLoad, check_report, context_for, load_from_env
+from bench.quality import LOADS, QualityLoad, check_report, context_for
 from bench.quality_codex import MAX_QUESTIONS, generate
 
 
@@ -52,10 +52,10 @@ def test_sizes_out_of_range_are_refused() -> None:
 
 
 def test_the_load_comes_from_its_environment_variable() -> None:
-    load = load_from_env("questions=3,documents=1,base_url=http://127.0.0.1:8000")
+    load = LOADS.parse("questions=3,documents=1,base_url=http://127.0.0.1:8000")
     assert load == QualityLoad(questions=3, documents=1, base_url="http://127.0.0.1:8000")
-    with pytest.raises(ValueError, match=LOAD_ENV):
-        load_from_env("turns=3")
+    with pytest.raises(ValueError, match=LOADS.env):
+        LOADS.parse("turns=3")
 
 
 def test_each_mode_sends_its_context_and_a_report_of_another_prompt_is_an_error() -> None:

@@ -65,7 +65,7 @@ def test_bench_reports_both_backends_and_their_ratio() -> None:
     # Speed itself is shown by `make bench`, not asserted here (timed tests flake on noisy machines).
     from bench.universe import UniverseLoad, run
 
-    report = run(["numba"], UniverseLoad(grids=16, length=256, steps=8, rounds=1))
+    report = run(UniverseLoad(grids=16, length=256, steps=8, rounds=1), ["numba"])
     figures = report.figures
     assert report.bench == "universe" and figures["numpy_cells_per_s"] > 0 and figures["numba_cells_per_s"] > 0
     assert report.ratios["numba_over_numpy"] == pytest.approx(

@@ -4,28 +4,22 @@ on stderr naming what was wrong."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
+    from bench.registry import Bench
     from bench.result import BenchResult
     from server.cluster.local_cluster import LocalCluster
 
-from bench.serve_profiles import DEFAULT_PROFILE, EMULATED_PROFILE, PROFILES, SCALING_STREAMS
+from bench.options import BadOptions
+from bench.options import Option as BenchOption
 from universe.cli import Backend
-
-# An Enum, so that the help lists the profiles and typer rejects others as bad usage.
-# Its members come from PROFILES at run time, which mypy cannot read (hence the ignore).
-ServeProfile = Enum("ServeProfile", {name: name for name in PROFILES}, type=str)  # type: ignore[misc]
-
-
-class BenchEngine(str, Enum):
-    real = "real"
-    emulated = "emulated"
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="AHC: a local inference server for long-running LLM agents.")
@@ -48,12 +42,17 @@ def _main(version: Annotated[bool, typer.Option(
 def _add_subcommands() -> None:
     # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
     from agent.cli import discover
+    from bench.registry import BENCHES
     from lens.cli import app as lens_app
     from universe.cli import app as universe_app
     from xdb.cli import app as xdb_app
 
     # The simulators' benchmark lives in bench/, which universe must not import, so it is mounted here.
     universe_app.command("bench")(universe_bench)
+    # A command a bench, its options as the bench declares them.
+    for entry in BENCHES.values():
+        bench_app.command(entry.name)(bench_command(entry))
+    app.add_typer(bench_app, name="bench")
     app.add_typer(universe_app, name="universe")
     app.add_typer(xdb_app, name="xdb")
     app.command("discover")(discover)
@@ -340,83 +339,71 @@ def mcp(
     MemoryServer(base_url.rstrip("/"), api_key, session).run_stdio()
 
 
-@app.command()
+bench_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                        help="Measure our path and its reference side by side in one run and report the ratio. Each "
+                             "bench's load: BENCH_<NAME>_LOAD, a preset (e.g. smoke) and/or FIELD=VALUE,... "
+                             "(bench/load.py).")
+JSON_OPTION = inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+    bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")])
+
+
+def bench_parameter(option: BenchOption) -> inspect.Parameter:
+    """The typer parameter of a bench's declared option."""
+    kind: Any = Enum(option.name, {c: c for c in option.choices}, type=str) if option.choices else option.kind
+    if option.repeat:
+        kind = list[kind] | None
+    elif option.default is None:
+        kind = kind | None
+    info = typer.Option(option.flag, help=option.help, min=option.minimum)
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                             annotation=Annotated[kind, info])
+
+
+def plain(value: Any) -> Any:
+    """An option's value as the bench takes it: a choice's text, not typer's Enum."""
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value
+
+
+def bench_command(entry: Bench) -> Callable[..., None]:
+    """`ahc bench NAME`: the bench at the load its options and BENCH_<NAME>_LOAD choose."""
+
+    def command(json_out: bool = False, **values: Any) -> None:
+        try:
+            result = entry.run({k: plain(v) for k, v in values.items()})
+        except BadOptions as exc:
+            raise typer.BadParameter(str(exc)) from None
+        except ImportError as exc:  # a package only this bench needs (matplotlib, numba, triton)
+            fail(str(exc))
+        report([result] if result else [], json_out)
+
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [JSON_OPTION, *(bench_parameter(o) for o in entry.options)])
+    command.__doc__ = entry.summary
+    return clean_errors(command)
+
+
+@bench_app.command("all")
 @clean_errors
-def bench(
-    name: Annotated[str, typer.Argument(help="A benchmark name, or 'all' to run every one into bench/results/.")],
-    json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line of figures and ratios.")] = False,
-    profile: Annotated[ServeProfile | None, typer.Option(
-        rich_help_panel="serve",
-        help="serve: the load. " + "; ".join(
-            f"{p.name}: {p.clients} streaming clients x {p.requests} x {p.max_tokens} tokens, {p.description}"
-            for p in PROFILES.values())
-        + f". Default: {DEFAULT_PROFILE} ({EMULATED_PROFILE} with --engine emulated).")] = None,
-    rounds: Annotated[int | None, typer.Option(
-        min=1, rich_help_panel="serve", help="serve: measured rounds (default: the profile's).")] = None,
-    base_url: Annotated[str | None, typer.Option(
-        rich_help_panel="serve", help="serve: load this running server instead of starting AHC and vLLM.")] = None,
-    model: Annotated[str | None, typer.Option(
-        rich_help_panel="serve", help="serve, with --base-url: the model name (default: the first served).")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        rich_help_panel="serve", help="serve, with --base-url: the server's API key.")] = None,
-    pid: Annotated[int | None, typer.Option(
-        rich_help_panel="serve", help="serve, with --base-url: its API process, for CPU per token.")] = None,
-    api_server_count: Annotated[int, typer.Option(
-        min=1, rich_help_panel="serve",
-        help="serve: API processes on each side (`--api-server-count` for both servers).")] = 1,
-    scaling: Annotated[bool, typer.Option(
-        "--scaling", rich_help_panel="serve",
-        help=f"serve: tokens/s and API CPU per token at {', '.join(map(str, SCALING_STREAMS))} streams, into "
-             "OUT/serve-scaling.json.")] = False,
-    plot: Annotated[bool, typer.Option(
-        "--plot", rich_help_panel="serve",
-        help="serve: draw OUT/serve-scaling.png (matplotlib) from the scaling results, this run's or "
-             "the saved ones.")] = False,
-    out: Annotated[Path, typer.Option(
-        help="Where result files go ('all' writes NAME.json for each; serve --scaling/--plot their files).")
-    ] = Path("bench-results"),
-    engine: Annotated[BenchEngine, typer.Option(
-        rich_help_panel="serve",
-        help="serve, agents: 'emulated' runs both servers on an emulated H100 serving Llama-3.1-8B (vLLM's real "
-             f"scheduler and KV cache; serve: the {EMULATED_PROFILE} profile; agents: coding agents' sessions; "
-             "docs/emulation.md).")] = BenchEngine.real,
+def bench_all(
+    json_out: Annotated[bool, typer.Option("--json", help="End with one JSON line a bench.")] = False,
+    out: Annotated[Path, typer.Option(help="Where each bench's NAME.json goes.")] = Path("bench-results"),
 ) -> None:
-    """Measure our path and its reference side by side in one run and report the ratio."""
+    """Every bench at its default load, each result into OUT/NAME.json."""
+    from bench.registry import BENCHES
+
+    results = [result for entry in BENCHES.values() if (result := entry.run()) is not None]
+    for result in results:
+        result.save(out)
+    report(results, json_out)
+
+
+def report(results: list[BenchResult], json_out: bool) -> None:
+    """A table of the figures and ratios (on stderr with --json), then a JSON line a result."""
     from rich.console import Console
     from rich.table import Table
 
-    from bench.registry import BENCHES, runner
-
-    results_dir = out
-    emulated = engine is BenchEngine.emulated
-    if emulated and profile is not None and PROFILES[profile.value].emulate is None:
-        raise typer.BadParameter(f"--engine emulated needs an emulated profile, not {profile.value}")
-    chosen = profile.value if profile is not None else EMULATED_PROFILE if emulated else DEFAULT_PROFILE
-    if emulated and name not in ("serve", "agents"):
-        raise typer.BadParameter("only `ahc bench serve` and `ahc bench agents` take --engine")
-    serve_options = {"--profile": profile is not None,
-                     "--rounds": rounds, "--base-url": base_url, "--api-server-count": api_server_count > 1,
-                     "--model": model, "--api-key": api_key, "--pid": pid, "--scaling": scaling, "--plot": plot}
-    if name != "serve" and (given := [flag for flag, value in serve_options.items() if value]):
-        raise typer.BadParameter(f"only `ahc bench serve` takes {', '.join(given)}")
-    if base_url is None and (given := [f for f, v in serve_options.items() if v and f in ("--model", "--api-key",
-                                                                                          "--pid")]):
-        raise typer.BadParameter(f"{', '.join(given)} need --base-url")
-    if base_url is not None and api_server_count > 1:
-        raise typer.BadParameter("--api-server-count starts both servers; a server given by --base-url runs as it is")
-    names = list(BENCHES) if name == "all" else [name]
-    if name == "agents" and emulated:
-        from bench.agents import run as run_agents
-
-        results = [run_agents(emulated=True)]
-    elif name == "serve":
-        results = serve_bench(chosen, rounds, base_url, model, api_key, pid, scaling, plot, results_dir,
-                              api_server_count)
-    else:
-        results = [runner(n)() for n in names]
-    if name == "all":
-        for result in results:
-            result.save(results_dir)
     if not results:
         return
     table = Table("bench", "figure", "value")
@@ -429,63 +416,20 @@ def bench(
             typer.echo(result.to_json())
 
 
-def serve_bench(profile: str, rounds: int | None, base_url: str | None, model: str | None, api_key: str | None,
-                pid: int | None, scaling: bool, plot: bool, results_dir: Path,
-                api_servers: int = 1) -> list[BenchResult]:
-    """`ahc bench serve` with its options: the results to print (none when only redrawing the plot)."""
-    from bench.result import BenchResult
-    from bench.serve import plot_scaling, run, run_scaling, run_target
-    from bench.stream_load import Target
-
-    target = None
-    if base_url:
-        import httpx
-
-        base_url = base_url.rstrip("/").removesuffix("/v1")
-        if model is None:
-            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-            try:
-                response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30)
-                response.raise_for_status()
-            except httpx.HTTPError as exc:
-                raise OSError(f"--base-url {base_url}: {exc}") from exc
-            model = response.json()["data"][0]["id"]
-        target = Target(base_url, model, api_key, pid)
-    scaling_file = results_dir / "serve-scaling.json"
-    if scaling:
-        result = run_scaling(profile, rounds, target, api_servers=api_servers)
-        typer.echo(f"wrote {result.save(results_dir)}", err=True)
-    elif plot:
-        if not scaling_file.exists():
-            raise FileNotFoundError(f"{scaling_file}: no scaling results to plot; run with --scaling")
-        import json
-
-        result = BenchResult(**json.loads(scaling_file.read_text()))
-    else:
-        result = run_target(target, profile, rounds) if target else run(profile, rounds, api_servers)
-    if plot:
-        try:
-            typer.echo(f"wrote {plot_scaling(result, results_dir / 'serve-scaling.png')}", err=True)
-        except ImportError as exc:
-            fail(str(exc))
-        if not scaling:
-            return []
-    return [result]
-
-
 def universe_bench(
     backend: Annotated[list[Backend] | None, typer.Option(
         help="Backend to measure (repeatable); default all. numpy is always measured as the reference "
              "when numba is.")] = None,
 ) -> None:
     """Cell-updates/s of each backend, and numba's ratio over numpy measured in the same run (JSON)."""
-    from bench.universe import run as run_bench
+    from bench.registry import BENCHES
 
     try:
-        names = [b.value for b in backend] if backend else None
-        typer.echo(run_bench(names).to_json())
+        result = BENCHES["universe"].run({"backend": [b.value for b in backend] if backend else None})
     except (ValueError, OSError, ImportError) as exc:
         fail(str(exc) or type(exc).__name__)
+    if result is not None:
+        typer.echo(result.to_json())
 
 
 _add_subcommands()
