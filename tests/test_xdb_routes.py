@@ -256,3 +256,18 @@ def test_cluster_reads_without_a_lake_are_400_naming_scope(client: TestClient, p
 def test_scope_is_local_or_cluster(client: TestClient) -> None:
     assert error(client.get("/v1/xdb/recall?scope=everywhere"), 400)["param"] == "scope"
     assert client.get("/v1/xdb/recall?scope=local&session_id=s1").json()["data"]
+
+
+def test_tags_are_searched_locally_by_pattern_type_status_and_entity(client: TestClient) -> None:
+    client.post("/v1/xdb/tag", json={"tag": "door-north", "tag_type": "entity", "entity_type": "place",
+                                     "session_id": "s1", "tick": 0})
+    client.post("/v1/xdb/tag", json={"tag": "door-south", "session_id": "s1", "tick_range": [0, 1]})
+    client.post("/v1/xdb/tag", json={"tag": "Doorway", "tag_type": "bud", "session_id": "s1", "tick": 1})
+    names = lambda **q: [t["name"] for t in client.get("/v1/xdb/tags", params=q).json()["data"]]  # noqa: E731
+    assert names(pattern="door*") == ["door-north", "door-south", "Doorway"]  # by name, case ignored
+    assert names(pattern="door-?orth") == ["door-north"]
+    assert names(tag_type="entity") == ["door-north"] and names(entity_type="place") == ["door-north"]
+    assert names(bud_status="candidate") == ["Doorway"] and names(pattern="door*", limit=1) == ["door-north"]
+    [north] = client.get("/v1/xdb/tags", params={"pattern": "door-north"}).json()["data"]
+    assert (north["entity_type"], north["applications"]) == ("place", 1)
+    assert error(client.get("/v1/xdb/tags", params={"bud_status": "ripe"}), 400)["param"] == "bud_status"

@@ -416,7 +416,8 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
     def tag(self, tag: str | int, *, timestep_id: int | None = None, session_id: str | None = None,
             tick: int | None = None, event_id: str | None = None, tick_range: tuple[int, int] | None = None,
             tag_type: str = "custom", confidence: float = 1.0, source: str = "manual", note: str | None = None,
-            created_by: str = "be", description: str | None = None, owner: str) -> dict[str, Any]:
+            created_by: str = "be", description: str | None = None, entity_type: str | None = None,
+            owner: str) -> dict[str, Any]:
         """Apply a tag (a str is its name, an int its id; a new name creates it) to a timestep, an
         event or a tick range. Raises NotFound for a missing target, or one of a session `owner` does
         not own (xdb/owner.py)."""
@@ -426,7 +427,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
             try:
                 with transaction(cur):
                     found = tags.get_or_create_tag(cur, tag, tag_type=tag_type, created_by=created_by,
-                                                   description=description)
+                                                   description=description, entity_type=entity_type)
                     applied = tags.apply_tag(cur, found, target, confidence=confidence, source=source, note=note)
                     self.audit_event("tag_applied", {
                         "application_id": applied["id"], "tag_id": found["id"], "tag": found["name"],

@@ -227,6 +227,26 @@ def list_comments(cur: duckdb.DuckDBPyConnection, session_id: str | None = None)
 
 
 @reads
+def search_tags(cur: duckdb.DuckDBPyConnection, pattern: str | None = None, tag_type: str | None = None,
+                bud_status: str | None = None, entity_type: str | None = None,
+                limit: int = 100) -> list[dict[str, Any]]:
+    """The vocabulary's tags whose name matches `pattern` (a glob: `*` any run, `?` one character; case
+    ignored), of a type, a bud status or an entity type, by name, each with its applications' count."""
+    if tag_type is not None:
+        tag_type = TagType(tag_type).value
+    if bud_status is not None:
+        bud_status = BudStatus(bud_status).value
+    cols = ", ".join("g." + c for c in TAG_COLUMNS)
+    rows = cur.execute(
+        f"SELECT {cols}, count(a.id) FROM tags g LEFT JOIN tag_applications a ON a.tag_id = g.id "
+        "WHERE (? IS NULL OR lower(g.name) GLOB lower(?)) AND (? IS NULL OR g.tag_type = ?) "
+        "AND (? IS NULL OR g.bud_status = ?) AND (? IS NULL OR g.entity_type = ?) "
+        "GROUP BY ALL ORDER BY lower(any_value(g.name)), any_value(g.name) LIMIT ?",
+        [pattern, pattern, tag_type, tag_type, bud_status, bud_status, entity_type, entity_type, limit]).fetchall()
+    return [{**tag_dict(r[:-1]), "applications": r[-1]} for r in rows]
+
+
+@reads
 def list_buds(cur: duckdb.DuckDBPyConnection, status: str | None = None) -> list[dict[str, Any]]:
     if status is not None:
         status = BudStatus(status).value

@@ -29,7 +29,7 @@ from xdb.documents import DocumentType
 from xdb.recall.recall import RecallFilters
 from xdb.schema import INT64_MAX
 from xdb.storage import fidelity
-from xdb.tags import BUD_MIN_EXAMPLES, list_buds, set_bud_status
+from xdb.tags import BUD_MIN_EXAMPLES, list_buds, search_tags, set_bud_status
 
 Tick = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # `local`: this server's own XDB; `cluster`: the shared lake, every replica's rows (xdb.backend ducklake).
@@ -80,6 +80,8 @@ class TagBody(TargetBody):
     source: Literal["auto", "manual", "inherited"] = "manual"
     note: Note | None = None
     description: Note | None = None
+    # What an `entity` tag names (a person, a file, a law...): set when the tag is created.
+    entity_type: Annotated[str, Field(min_length=1, max_length=TAG_MAX_CHARS)] | None = None
 
 
 class CommentBody(TargetBody):
@@ -153,7 +155,8 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
     @router.post("/tag")
     def tag(body: TagBody, view: TenantXDB = Depends(views)) -> Any:
         return view.tag(body.tag, body.target(), tag_type=body.tag_type, confidence=body.confidence,
-                        source=body.source, note=body.note, description=body.description)
+                        source=body.source, note=body.note, description=body.description,
+                        entity_type=body.entity_type)
 
     @router.post("/comment")
     def comment(body: CommentBody, view: TenantXDB = Depends(views)) -> Any:
@@ -183,11 +186,23 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
         return xdb.lake_status()
 
     @router.get("/tags")
-    def tags_list(scope: Annotated[Literal["cluster"], Query(description="the lake's tags, every replica's")],
-                  tag_type: Annotated[str | None, Query(max_length=TAG_MAX_CHARS)] = None) -> Any:
-        """Every tag name in the lake with each replica's applications of it."""
-        need_lake()
-        return {"object": "list", "data": xdb.lake_tags(tag_type)}
+    def tags_list(scope: Scope = "local",
+                  tag_type: Annotated[Literal["concept", "entity", "bud", "custom"] | None, Query()] = None,
+                  pattern: Annotated[str | None, Query(min_length=1, max_length=TAG_MAX_CHARS,
+                                                       description="a name glob: * any run, ? one character")] = None,
+                  bud_status: BudStatusName | None = None,
+                  entity_type: Annotated[str | None, Query(min_length=1, max_length=TAG_MAX_CHARS)] = None,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100, view: TenantXDB = Depends(views)) -> Any:
+        """The shared vocabulary's tags, by name, each with its applications' count (descriptions, which a
+        tenant's agent may have written from its sessions, only for the operator). `scope=cluster`: every
+        tag name in the lake with each replica's applications of it."""
+        if scope == "cluster":
+            need_lake()
+            return {"object": "list", "data": xdb.lake_tags(tag_type)}
+        found = xdb.read(search_tags, pattern, tag_type, bud_status, entity_type, limit)
+        if not view.tenant.operator:
+            found = [{**tag, "description": None} for tag in found]
+        return {"object": "list", "data": found}
 
     @router.get("/timesteps/{timestep_id}")
     def get_timestep(timestep_id: Annotated[int, Path(ge=0, le=INT64_MAX)], view: TenantXDB = Depends(views)) -> Any:
