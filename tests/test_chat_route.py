@@ -8,11 +8,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import openai
 import pytest
+from chat_bodies import chat as chat_body
 from fake_app import ahc_app, health_while_posting, post_scope, serving, stream_past_a_slow_disk
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
@@ -27,20 +29,8 @@ from xdb import XDB
 from xdb.browse import session_turns, sessions_overview
 from xdb.owner import EVERY
 
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
-
-
-def chat(session: str | None = None, question: str = "What moves?", **extra: object) -> dict[str, object]:
-    body: dict[str, object] = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
-                               **extra}
-    if session is not None:
-        body["context"] = {"session_id": session, "identity": "You are a careful physicist.",
-                           "karma": [{"id": "k1", "text": "A moves right.", "verbatim": True}]}
-    return body
+# This module's sessions carry a karma entry too.
+chat = partial(chat_body, context={"karma": [{"id": "k1", "text": "A moves right.", "verbatim": True}]})
 
 
 def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[TestClient, Runtime]) -> None:

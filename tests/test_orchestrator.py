@@ -22,12 +22,6 @@ from orchestrator.turn_request import TurnRequest
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
 
 
-@pytest.fixture
-def counter(tokenizer) -> TokenCounter:
-    return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
-
-
-
 def make(counter: TokenCounter, summarize=None, store: SessionStore | None = None, **config) -> Orchestrator:
     return Orchestrator(OrchestratorConfig(**config), 2048, counter, store or SessionStore(), None, summarize)
 

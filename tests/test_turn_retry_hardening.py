@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from chat_bodies import chat
 from fake_app import post_scope, serving
 from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
@@ -27,17 +27,6 @@ from server.runtime import Runtime
 from xdb.owner import EVERY
 
 CONTEXT = {"identity": "You are a careful physicist."}
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
-
-
-def chat(session: str, question: str, **extra: object) -> dict[str, object]:
-    return {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
-            "context": {"session_id": session, **CONTEXT}, **extra}
 
 
 def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
