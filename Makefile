@@ -20,7 +20,7 @@ CONFIG ?= configs/cpu-small.yaml
 # suite's dozens of processes would otherwise each compile what they import again.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: setup clients run test test-fast lint docs bench clean
+.PHONY: setup clients run test test-fast test-deep lint docs bench clean
 
 # The agent CLIs the suite runs (tests/test_agent_clis.py), from npm, pinned by tests/clients/package-lock.json.
 CLIENTS := .cache/clients/node_modules/.package-lock.json
@@ -74,15 +74,23 @@ run: setup
 # one server run together on one worker, so each server starts once, and they go first; the engine-free
 # tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
 # `alone`) run afterwards, by themselves. The 15 slowest are listed.
+# HYPOTHESIS sets how much the property-based tests generate (tests/conftest.py's profiles): `ci` a few
+# examples each, the same every run; `make test-deep` runs the same suite at `deep`, ten times as many, new ones
+# every run.
 PYTEST := $(BIN)/python -m pytest -q -rs
+HYPOTHESIS ?= ci
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
-	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 -m "not alone" tests
-	$(PYTEST) -m alone tests
+	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
+		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests
+	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone tests
+
+test-deep:
+	$(MAKE) --no-print-directory test HYPOTHESIS=deep
 
 # The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
 test-fast: $(STAMP)
-	$(PYTEST) -n auto -m "not engine and not slow and not real_model" tests
+	$(PYTEST) -n auto --hypothesis-profile ci -m "not engine and not slow and not real_model" tests
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
+from postgres import lake, pg  # noqa: F401 - fixtures, for every module
 
 from ahc.core.config import AHCConfig, load_config
 from bench.servers import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
@@ -21,9 +23,19 @@ if TYPE_CHECKING:
     from fastapi.testclient import TestClient
     from vllm.config import VllmConfig
 
+    from orchestrator.token_counter import TokenCounter
     from server.runtime import Runtime
+    from xdb import XDB
 
 API_KEY = "test-key"
+
+# How much the property-based tests (Hypothesis) generate, chosen with Hypothesis's own option
+# `--hypothesis-profile`: `ci` (the default, `make test`) a few examples each, the same ones every run;
+# `deep` (`make test-deep`) ten times as many, new ones every run (a failure prints its shrunk example).
+# `max_examples` is what the widest operation gets; the others a share of it.
+settings.register_profile("ci", max_examples=30, derandomize=True, database=None, deadline=None)
+settings.register_profile("deep", max_examples=300, database=None, deadline=None)
+settings.load_profile("ci")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,7 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
 # The servers this session shares: each started when a test first needs it and stopped once the tests
 # that use it are done (they run together), so a worker holds only the servers of the tests in hand.
 SESSION_SERVERS = ("real_server", "server")
-ENGINE_MARKERS = ("engine", "slow", "real_model")
+# The tests make test starts before the others: those that run an engine, and the long ones (pyproject.toml's
+# markers). Those of one module that share a module-scoped fixture (its own server, a built wheel) run
+# together on one worker.
+EARLY_MARKERS = ("engine", "real_model", "slow")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -82,12 +97,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def engine_group(item: pytest.Item) -> tuple[str | None, int]:
-    """The group an item runs in and its rank: a shared server's (0), its module's server's (1), an engine
-    test on its own (2), an engine-free test (3)."""
+    """The group an item runs in and its rank: a shared server's (0), its module's fixture's (1), an engine
+    or long test on its own (2), any other test (3)."""
     for name in SESSION_SERVERS:
         if name in item.fixturenames:
             return name, 0
-    if not any(item.get_closest_marker(marker) for marker in ENGINE_MARKERS):
+    if not any(item.get_closest_marker(marker) for marker in EARLY_MARKERS):
         return None, 3
     if isinstance(item, pytest.Function) and any(
             defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
@@ -180,6 +195,14 @@ def tokenizer():
     return build_tokenizer()
 
 
+@pytest.fixture
+def counter(tokenizer) -> TokenCounter:  # type: ignore[no-untyped-def]
+    """The orchestrator's token counter over the tiny model's tokenizer."""
+    from orchestrator.token_counter import TokenCounter
+
+    return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model on disk: `make setup`'s copy, else one built for this session (seconds)."""
@@ -210,6 +233,24 @@ def config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AH
     data_dir = tmp_path_factory.mktemp("fake-app") / "xdb"
     return load_config("cpu-tiny").with_overrides(
         model=str(tiny_model_dir), data_dir=str(data_dir), **{"lens.enabled": False})
+
+
+@pytest.fixture
+def served(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
+    """AHC's whole app on the fake engine, no API key (tests/fake_app.py)."""
+    from fake_app import serving
+
+    with serving(config, vllm_config, tmp_path) as app:
+        yield app
+
+
+@pytest.fixture
+def xdb(tmp_path: Path) -> Iterator[XDB]:
+    """An empty experience database of the test's own."""
+    from xdb import XDB
+
+    with XDB.open(tmp_path / "xdb") as db:
+        yield db
 
 
 @pytest.fixture

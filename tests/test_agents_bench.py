@@ -220,6 +220,7 @@ def test_the_bench_is_registered() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_bench_agents_end_to_end() -> None:
     result = run_bench("agents")
     figures, ratios = result["figures"], result["ratios"]

@@ -4,7 +4,6 @@ by tag finds both; the thresholds travel in the pack."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +23,6 @@ def reply(xdb: XDB, session: str, request: str, acts: list[dict[str, float]]) ->
     xdb.writer.submit([TimestepRow(session, t, "output", "assistant", f"w{t}", request_id=request,
                                    concept_activations=a, activation_source="hidden_state")
                        for t, a in zip(xdb.next_ticks(session, len(acts)), acts)])
-
-
-@pytest.fixture
-def xdb(tmp_path: Path) -> Iterator[XDB]:
-    with XDB.open(tmp_path / "x") as db:
-        yield db
 
 
 def test_tokens_over_a_threshold_are_tagged_as_written(xdb: XDB) -> None:

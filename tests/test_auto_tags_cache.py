@@ -3,8 +3,6 @@ threshold changed mid-run, a concept tag made a bud, a concept first seen after 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -34,11 +32,9 @@ def tagged(xdb: XDB, tag: str) -> list[int]:
     return [r["tick"] for r in xdb.recall({"tags": tag}, owner=EVERY)]
 
 
-@pytest.fixture
-def xdb(tmp_path: Path) -> Iterator[XDB]:
-    with XDB.open(tmp_path / "x") as db:
-        db.register_concepts(HIERARCHY)
-        yield db
+@pytest.fixture(autouse=True)
+def concepts(xdb: XDB) -> None:
+    xdb.register_concepts(HIERARCHY)
 
 
 def test_a_threshold_changed_mid_run_changes_what_fires_next(xdb: XDB) -> None:

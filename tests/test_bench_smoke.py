@@ -20,6 +20,8 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "quality": ("test_quality_bench", "test_the_quality_bench_runs_on_the_real_model_server"),
     "orchestrator": ("test_bench_smoke", "test_the_orchestrator_bench_runs_on_the_real_model"),
 }
+# The benches that start no vLLM engine (marker `engine` on the others).
+ENGINE_FREE = frozenset({"universe", "xdb", "retrieval"})
 
 
 @pytest.mark.parametrize("name", list(BENCHES))
@@ -31,7 +33,8 @@ def test_every_registered_bench_has_a_smoke_run(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in BENCHES if name not in ELSEWHERE])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in ENGINE_FREE else pytest.mark.engine)
+                                  for name in BENCHES if name not in ELSEWHERE])
 def test_bench_runs_at_a_small_load(name: str) -> None:
     run_bench(name)
 

@@ -8,12 +8,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
-import openai
 import pytest
-from fake_app import ahc_app, health_while_posting, post_scope, serving, stream_past_a_slow_disk
+from chat_bodies import chat as chat_body
+from fake_app import ahc_app, health_while_posting, serving
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
@@ -27,20 +28,8 @@ from xdb import XDB
 from xdb.owner import EVERY
 from xdb.recall.browse import session_turns, sessions_overview
 
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
-
-
-def chat(session: str | None = None, question: str = "What moves?", **extra: object) -> dict[str, object]:
-    body: dict[str, object] = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
-                               **extra}
-    if session is not None:
-        body["context"] = {"session_id": session, "identity": "You are a careful physicist.",
-                           "karma": [{"id": "k1", "text": "A moves right.", "verbatim": True}]}
-    return body
+# This module's sessions carry a karma entry too.
+chat = partial(chat_body, context={"karma": [{"id": "k1", "text": "A moves right.", "verbatim": True}]})
 
 
 def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[TestClient, Runtime]) -> None:
@@ -318,134 +307,6 @@ def test_ahc_routes_are_typed_in_the_openapi_schema(served: tuple[TestClient, Ru
     assert chat_body["schema"]["$ref"].endswith("/ChatRequest")
 
 
-def broken_flush(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def fail(timeout: float = 10.0, session_id: str | None = None) -> None:
-        raise RuntimeError("the disk is gone")
-
-    monkeypatch.setattr(runtime.recorder, "aflush", fail)
-    runtime.metrics.kv_stats.total_blocks, runtime.metrics.kv_stats.block_size = 1000, 16
-
-
-def assert_released(runtime: Runtime, session: str) -> None:
-    assert runtime.governor.free_blocks() == 1000  # no reservation outlives its request
-    assert not runtime.orchestrator.sessions.lock(session).locked()
-    assert runtime.orchestrator.sessions.get(session).turns == []
-
-
-def test_a_failing_flush_releases_the_turn(served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
-    client, runtime = served
-    broken_flush(runtime, monkeypatch)
-    response = TestClient(client.app, raise_server_exceptions=False).post("/v1/chat/completions", json=chat("s8"))
-    assert response.status_code == 500
-    assert_released(runtime, "s8")
-
-
-def test_a_failing_flush_mid_stream_releases_the_turn(served: tuple[TestClient, Runtime],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    client, runtime = served
-    broken_flush(runtime, monkeypatch)
-    quiet = TestClient(client.app, raise_server_exceptions=False)  # not entered: the app's lifespan runs once
-    with quiet.stream("POST", "/v1/chat/completions", json=chat("s9", stream=True)) as response:
-        text = "".join(response.iter_text())
-    assert '"error"' in text  # vLLM reports the failure in the stream
-    assert_released(runtime, "s9")
-
-
-def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
-                                                                   tmp_path: Path) -> None:
-    """Starlette never starts a stream's iterator when the client hangs up first: the turn must still end."""
-    body = json.dumps(chat("s10", stream=True)).encode()
-
-    async def scenario() -> Runtime:
-        xdb = XDB.open(tmp_path / "xdb")
-        app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
-                                     FakeEngine(vllm_config), xdb)
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-        responding = asyncio.Event()
-
-        async def receive() -> dict[str, object]:
-            if messages:
-                return messages.pop(0)
-            await responding.wait()  # the client hangs up once vLLM has handed over its stream
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.start":
-                responding.set()
-                await asyncio.sleep(0.5)  # the hang-up is noticed before the first chunk
-
-        await app(post_scope("/v1/chat/completions", body), receive, send)
-        runtime.close()
-        xdb.close()
-        return runtime
-
-    runtime = asyncio.run(scenario())
-    assert not runtime.orchestrator.sessions.lock("s10").locked()
-    assert runtime.orchestrator.sessions.get("s10").turns == []
-
-
-def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  # type: ignore[no-untyped-def]
-        config: AHCConfig, vllm_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reply is durable before the client sees it finish, and the commit it waits for never holds
-    up its last token: every token goes out first, the finish once the rows are committed."""
-    body = json.dumps(chat("s11", stream=True)).encode()
-    before, after, runtime = stream_past_a_slow_disk(config, vllm_config, tmp_path, monkeypatch,
-                                                     post_scope("/v1/chat/completions", body), body)
-    sent_before = [json.loads(e.removeprefix("data: ")) for e in "".join(before).split("\n\n") if e]
-    sent_after = [e for e in "".join(after).split("\n\n") if e]
-    reply = runtime.orchestrator.sessions.get("s11").turns[-1].content
-    assert reply and "".join(c["choices"][0]["delta"].get("content") or "" for c in sent_before) == reply
-    assert all(c["choices"][0]["finish_reason"] is None for c in sent_before)
-    finish = json.loads(sent_after[0].removeprefix("data: "))
-    assert finish["choices"][0]["finish_reason"] == "stop" and finish["choices"][0]["delta"] == {}
-    assert sent_after[-1] == "data: [DONE]"
-
-
-def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
-                                                              tmp_path: Path, caplog: pytest.LogCaptureFixture
-                                                              ) -> None:
-    """16 streams against a writer whose queue holds 16 rows and whose audit commits crawl: every token of
-    every reply is recorded, in order, and nothing fails in the background."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ahc.core.config import XDBConfig
-
-    xdb = XDB.open(tmp_path / "xdb", XDBConfig(max_queue_rows=16, batch_rows=4, max_latency_s=0.01,
-                                               submit_timeout_s=0.2))
-    commit = xdb.writer._audit.commit
-
-    def crawl(prepared):  # type: ignore[no-untyped-def]
-        time.sleep(0.02)
-        commit(prepared)
-
-    xdb.writer._audit.commit = crawl  # type: ignore[method-assign]
-    engine = FakeEngine(vllm_config)
-    app, runtime = asyncio.run(ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb"), **{
-        "orchestrator.vram_queue_timeout_s": 60.0}), engine, xdb))
-
-    def stream(i: int) -> int:
-        with client.stream("POST", "/v1/chat/completions", json=chat(f"crawl-{i}", stream=True, max_tokens=24,
-                                                                     ignore_eos=True)) as response:
-            assert response.status_code == 200
-            return sum(1 for line in response.iter_lines() if line.startswith("data: {"))
-
-    try:
-        with TestClient(app) as client, ThreadPoolExecutor(16) as pool:
-            assert all(chunks > 0 for chunks in pool.map(stream, range(16)))
-            asyncio.run(asyncio.to_thread(xdb.writer.flush, 60))
-            expected = [engine.script[i % len(engine.script)] for i in range(24)]
-            for i in range(16):
-                rows = xdb.recall(session_id=f"crawl-{i}", event_types=["output"], limit=1000, owner=EVERY)
-                in_commit_order = sorted(rows, key=lambda r: r["id"])
-                assert [r["token_id"] for r in in_commit_order] == expected
-                assert [r["tick"] for r in in_commit_order] == sorted(r["tick"] for r in rows)
-    finally:
-        runtime.close()
-        xdb.close()
-    assert runtime.recorder.queue.backlog_rows == 0
-    assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or r.levelname == "ERROR"]
-
-
 def test_a_body_over_the_limit_is_413_before_it_is_read(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
                                                         tmp_path: Path) -> None:
     big = json.dumps(chat(question="x" * 5000)).encode()
@@ -615,103 +476,3 @@ def test_a_session_named_for_the_first_time_is_looked_up_off_the_event_loop(serv
                            headers={"X-Session-ID": session})
     assert done.status_code == 200, done.text
     assert on_loop and not any(on_loop), on_loop
-
-
-def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
-    """The session's user turns in memory and as stored."""
-    in_memory = [t.content for t in runtime.orchestrator.sessions.get(session).turns if t.role == "user"]
-    stored = json.loads(runtime.xdb.load_session_state(session) or "{}")
-    return in_memory, [t["content"] for t in stored.get("turns", []) if t["role"] == "user"]
-
-
-@pytest.mark.parametrize("committed", [False, True], ids=["save-fails", "saved-unanswered"])
-def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retries(
-        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch, committed: bool) -> None:
-    """The XDB service died during the save (nothing stored) or after the save committed, before answering:
-    the client got a 503 and its SDK retried. Either way the turn is in the State once, in memory and as
-    stored (it held ['first', 'second', 'second'])."""
-    from xdb.service.link import ServiceUnavailable
-
-    client, runtime = served
-    store, failures = runtime.xdb.save_session_state, [1]
-
-    def dies_once(session_id: str, state: str) -> int:
-        stored = store(session_id, state) if committed else 0
-        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
-            failures.pop()
-            raise ServiceUnavailable("the XDB service exited during the call")
-        return stored if committed else store(session_id, state)
-
-    monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
-    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
-    session = f"save-dies-{committed}"
-    for question in ("First question?", "Second question?"):
-        body = chat(session, question)
-        retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
-                                         extra_body={"context": body["context"]})
-    assert not failures  # the save did fail once, and the client retried
-    assert user_turns(runtime, session) == (["First question?", "Second question?"],) * 2
-
-
-def test_an_idempotency_key_sent_again_is_the_same_request_and_another_key_a_turn_of_its_own(
-        served: tuple[TestClient, Runtime]) -> None:
-    """The same Idempotency-Key once its reply was delivered is answered 409, the State as it was (a reply
-    that never reached the client is replaced by its retry: tests/test_turn_retry_hardening.py). The same
-    words sent again as a new request (no key, or another) are a turn of their own."""
-    client, runtime = served
-    client.post("/v1/chat/completions", json=chat("resent", "First question?")).raise_for_status()
-    sent = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
-    assert sent.status_code == 200, sent.text
-    again = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
-    assert again.status_code == 409, again.text
-    assert user_turns(runtime, "resent") == (["First question?", "Go on."],) * 2
-    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
-                headers={"Idempotency-Key": "turn-3"}).raise_for_status()
-    client.post("/v1/chat/completions", json=chat("resent", "Go on.")).raise_for_status()
-    assert user_turns(runtime, "resent") == (["First question?", "Go on.", "Go on.", "Go on."],) * 2
-    # A retry of an earlier turn than the last is no retry of the last: it is a turn of its own.
-    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
-                headers={"Idempotency-Key": "turn-2"}).raise_for_status()
-    assert user_turns(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
-
-
-def test_the_same_words_join_the_state_each_time_their_reply_was_delivered(
-        served: tuple[TestClient, Runtime]) -> None:
-    """An SDK retry (`X-Stainless-Retry-Count` above 0) replaces only a turn whose reply the client never
-    got: after a delivered reply it is a retry of a request that never got in, a turn of its own."""
-    client, runtime = served
-    for retries in ("0", "0", "1", "2"):
-        client.post("/v1/chat/completions", json=chat("same-words", "Yes."),
-                    headers={"X-Stainless-Retry-Count": retries}).raise_for_status()
-    assert user_turns(runtime, "same-words") == (["Yes."] * 4,) * 2
-
-
-def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503
-    after the turn had joined the State: the client retried, and every retry appended the turn again."""
-    from xdb.lake.lake import LakeUnavailable
-
-    client, runtime = served
-    store = runtime.xdb.save_session_state
-
-    def lake_down(session_id: str, state: str) -> int:
-        store(session_id, state)  # committed locally, as XDB does before it ships
-        raise LakeUnavailable("the lake's catalog refused the connection")
-
-    monkeypatch.setattr(runtime.xdb, "save_session_state", lake_down)
-    # The official client, retrying as it does on a 5xx (two more tries each): a turn must still be once.
-    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
-    for question in ("First question?", "Second question?"):
-        body = chat("lake-down", question)
-        done = retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
-                                                extra_body={"context": body["context"]})
-        assert done.choices[0].message.content is not None
-    stored = runtime.xdb.load_session_state("lake-down")
-    assert stored is not None
-    users = [t["content"] for t in json.loads(stored)["turns"] if t["role"] == "user"]
-    assert users == ["First question?", "Second question?"]  # each turn once
-    assert "ahc_lake_deferred_states_total" in client.get("/metrics").text
-    counted = [sample.value for metric in runtime.metrics.lake_deferred_states.collect()
-               for sample in metric.samples if sample.name.endswith("_total")]
-    assert counted == [2.0]

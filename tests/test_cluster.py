@@ -47,7 +47,7 @@ from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake.lake import Lake
 from xdb.owner import EVERY
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
 
 LOAD = ClusterLoad(sessions=8, turns=10)
 

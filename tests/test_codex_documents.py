@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from pathlib import Path
 
 import pytest
 from turn_requests import asking
@@ -29,18 +28,6 @@ LONG = " ".join(f"Rule {i}: a particle of kind {i % 7} moves {i % 3} cells to th
 
 def run(coro):
     return asyncio.run(coro)
-
-
-@pytest.fixture
-def xdb(tmp_path: Path):
-    db = XDB.open(tmp_path / "xdb")
-    yield db
-    db.close()
-
-
-@pytest.fixture
-def counter(tokenizer) -> TokenCounter:
-    return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
 
 
 # -- the `context.codex` forms ---------------------------------------------------------------------

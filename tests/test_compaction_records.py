@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chat_bodies import chat
 from fake_app import serving
 
 from ahc.core.config import AHCConfig
@@ -12,20 +13,16 @@ from xdb import XDB
 from xdb.owner import EVERY
 
 
-def chat(session: str, question: str) -> dict[str, object]:
-    return {"model": "tiny", "max_tokens": 6, "messages": [{"role": "user", "content": question}],
-            "context": {"session_id": session, "identity": "You are a careful physicist."}}
-
-
 def test_a_compaction_writes_its_record_and_releases_the_rows_before_it(
         config: AHCConfig, vllm_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     overrides = {"orchestrator.compaction_threshold_tokens": 1, "orchestrator.compaction_keep_turns": 0,
                  "xdb.hot_seconds": 3600}
     with serving(config, vllm_config, tmp_path, **overrides) as (client, runtime):
-        assert client.post("/v1/chat/completions", json=chat("cr1", "What moves first?")).status_code == 200
+        first = client.post("/v1/chat/completions", json=chat("cr1", "What moves first?", max_tokens=6))
+        assert first.status_code == 200
         runtime.xdb.writer.flush()
         first_rows = runtime.xdb.recall({"session_id": "cr1", "limit": 1000}, owner=EVERY)
-        second = client.post("/v1/chat/completions", json=chat("cr1", "And then?"))
+        second = client.post("/v1/chat/completions", json=chat("cr1", "And then?", max_tokens=6))
         assert second.status_code == 200 and "compaction" in second.json()["context"]["governor"]
         runtime.background.submit(lambda: None).result()  # the record is written on the ordered worker
         xdb = runtime.xdb

@@ -4,25 +4,20 @@ blocks reserved (429 when the cache cannot hold it), bad bodies named, streams r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from fake_app import health_while_posting, serving
+from fake_app import health_while_posting
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
 from server.runtime import Runtime
 from xdb.owner import EVERY
 
 BLOCKS = 1000
 
 
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path) as served:
-        served[1].metrics.kv_stats.total_blocks = BLOCKS  # the fake engine reports no cache of its own
-        yield served
+@pytest.fixture(autouse=True)
+def kv_cache(served: tuple[TestClient, Runtime]) -> None:
+    served[1].metrics.kv_stats.total_blocks = BLOCKS  # the fake engine reports no cache of its own
 
 
 def sessions_of(runtime: Runtime, marker: str) -> set[str]:

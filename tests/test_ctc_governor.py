@@ -32,11 +32,6 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def counter(tokenizer) -> TokenCounter:  # type: ignore[no-untyped-def]
-    return TokenCounter(lambda text: tokenizer.encode(text, add_special_tokens=False))
-
-
-@pytest.fixture
 def sparse() -> TokenCounter:
     """Text at 8 characters a token (long runs a tokenizer merges): the character cap bites before
     the token budget does, which is what the cap is a safety net for."""

@@ -200,6 +200,7 @@ def emulated_sequence(tiny_model_dir: Path) -> dict[str, list[Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_prefix_caching_and_lru_eviction_run_on_the_emulated_engine(emulated_sequence: dict[str, list[Any]]) -> None:
     """vLLM's own KV cache manager, 32 blocks of 32 tokens: a repeated 320-token prompt reads its full
     blocks but the one holding its last token; three other prompts later it has been evicted, least
@@ -219,6 +220,7 @@ def assert_events_foretell_hits(run: dict[str, list[Any]]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(emulated_sequence: list[int],
                                                                         tiny_model_dir: Path) -> None:
     """The same sequence on vLLM's real (CPU) engine with the same blocks: the same cached tokens, each."""
@@ -228,6 +230,7 @@ def test_the_emulated_engine_caches_and_evicts_as_the_real_engine_does(emulated_
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier(emulated_sequence: dict[str, list[Any]],
                                                                      tiny_model_dir: Path) -> None:
     """vLLM's native CPU offloading on the emulated engine, its tier (0.3 GiB: 76 blocks of 4 MiB) room for
@@ -243,6 +246,7 @@ def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_cpu_tier(emulated_seq
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_ahc_serve_on_the_emulated_engine_says_so(tiny_model_dir: Path, tmp_path: Path) -> None:
     server = start_server(tmp_path / "xdb", model=tiny_model_dir, lens="off",
                           extra=["--emulate", "h100-llama-8b", "--max-model-len", "4096"])
@@ -282,6 +286,7 @@ def test_an_emulated_engine_ships_into_a_shared_lake_only_when_asked() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
     """`ahc bench serve --engine emulated` at a small load: vLLM's own server and AHC, each on its emulated
     engine, every AHC token recorded, and the result says the device is emulated."""
@@ -307,6 +312,7 @@ def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile(
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     """`ahc bench agents --engine emulated` at a small load: sessions of several model calls a turn with
     tool time between them, each sending its whole history, on seven servers each on its emulated H100:

@@ -7,9 +7,11 @@ import asyncio
 import json
 import time
 from argparse import Namespace
+from functools import partial
 from pathlib import Path
 
 import pytest
+from chat_bodies import chat as chat_body
 from fake_engine import FakeEngine, engine_config, vllm_app, vllm_args
 from fastapi.testclient import TestClient
 
@@ -35,8 +37,8 @@ def app_client(args: Namespace, engine: FakeEngine):
         yield client
 
 
-def chat(**extra) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": "What do the particles do?"}], **extra}
+# No budget unless a test sets one: a reply runs to the end of the engine's script.
+chat = partial(chat_body, question="What do the particles do?", max_tokens=None)
 
 
 def test_a_chat_completion_is_the_script_decoded(app_client: TestClient, engine: FakeEngine) -> None:

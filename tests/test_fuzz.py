@@ -153,8 +153,8 @@ def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | Non
     strategy = st.one_of(*(operation.as_strategy(mode) for mode in modes))
 
     @given(case=strategy, edge_values=st.data())
-    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
+    # The rest (derandomized or not) from the loaded profile (tests/conftest.py).
+    @settings(max_examples=max_examples, suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
     def run(case: Any, edge_values: st.DataObject) -> None:
         if prepare is not None:
             prepare(case)
@@ -181,6 +181,12 @@ def fuzz(operation: Any, max_examples: int, prepare: Callable[[Any], None] | Non
     return None
 
 
+def examples(share: float, least: int = 1) -> int:
+    """`share` of the loaded Hypothesis profile's example count (tests/conftest.py: `ci` or `deep`), at
+    least `least`."""
+    return max(least, round(settings().max_examples * share))
+
+
 def generator_limit(exc: BaseException) -> bool:
     """Schemathesis could not generate a case from the schema (no request was judged)."""
     if isinstance(exc, BaseExceptionGroup):
@@ -189,8 +195,9 @@ def generator_limit(exc: BaseException) -> bool:
 
 
 def test_ahc_routes(openapi: Any) -> None:
-    failures = [f for op in operations(openapi, r"^/v1/(xdb|context)/") if (f := fuzz(op, 300))]
-    failures += [f for op in operations(openapi, r"^/v1/audit/records$") if (f := fuzz(op, 30, headers=AUDITOR))]
+    failures = [f for op in operations(openapi, r"^/v1/(xdb|context)/") if (f := fuzz(op, examples(1)))]
+    failures += [f for op in operations(openapi, r"^/v1/audit/records$")
+                 if (f := fuzz(op, examples(0.1, 3), headers=AUDITOR))]
     assert not failures, "\n\n".join(failures)
 
 
@@ -200,8 +207,8 @@ def test_generating_routes(openapi: Any, served_model: str) -> None:
             cheapen(case.body, served_model, "max_output_tokens" if case.path == "/v1/responses" else "max_tokens")
 
     failures = [f for op in operations(openapi, GENERATING)
-                if (f := fuzz(op, 100, prepare, extra_headers=RETRY_HEADERS))]
-    failures += [f for op in operations(openapi, r"^/v1/models$") if (f := fuzz(op, 10))]
+                if (f := fuzz(op, examples(1 / 3, 30), prepare, extra_headers=RETRY_HEADERS))]
+    failures += [f for op in operations(openapi, r"^/v1/models$") if (f := fuzz(op, examples(1 / 30)))]
     assert not failures, "\n\n".join(failures)
 
 
@@ -228,7 +235,7 @@ def test_generated_completions_reach_the_handler(openapi: Any, served_model: str
 
     [operation] = operations(openapi, r"^/v1/completions$")
     # Valid bodies as a client sends them: no field at the edge of its type (those are refused, as tested above).
-    failure = fuzz(operation, 60, prepare, modes=(GenerationMode.POSITIVE,), edges=False)
+    failure = fuzz(operation, examples(0.2, 8), prepare, modes=(GenerationMode.POSITIVE,), edges=False)
     assert failure is None, failure
     served, sent = stats["/v1/completions 2xx"] - before[0], stats["requests"] - before[1]
     assert served >= sent // 4, f"only {served} of {sent} generated completions reached the handler"

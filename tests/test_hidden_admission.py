@@ -4,7 +4,6 @@ hourly budget, one at a time, and with their KV blocks reserved by the VRAM gove
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -46,12 +45,6 @@ def condenser(xdb: XDB, model: SlowModel, admission: HiddenAdmission) -> CodexCo
 def governor(total_blocks: int = 10_000, used: int = 0) -> VramGovernor:
     stats = KVStats(total_blocks=total_blocks, block_size=16, usage=used / total_blocks)
     return VramGovernor(stats, queue_timeout_s=0.1, retry_after_s=1, poll_s=0.01)
-
-
-@pytest.fixture
-def xdb(tmp_path: Path):
-    with XDB.open(tmp_path / "x") as db:
-        yield db
 
 
 def test_many_new_documents_are_condensed_one_at_a_time(xdb: XDB) -> None:

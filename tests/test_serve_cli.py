@@ -88,6 +88,7 @@ def test_a_bundled_example_config_is_found_by_name_anywhere(tmp_path: Path, monk
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_a_vllm_serve_command_line_works_with_ahc_serve(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`vllm serve MODEL --flags` with `ahc serve` in its place, the key and data dir from the environment."""
     port = free_port()

@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import cli_runner
 import pytest
-from fake_app import serving
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from ahc.core.config import AHCConfig
 from ahc.core.errors import Conflict, NotFound
 from server.runtime import Runtime
 from xdb import XDB, TimestepRow
@@ -30,12 +27,6 @@ def state(n: int) -> str:
 def corrupt(xdb: XDB, session: str, version: int) -> None:
     xdb.conn.execute("UPDATE session_states SET state_json = state_json || ' ' WHERE session_id = ? AND version = ?",
                      [session, version])
-
-
-@pytest.fixture
-def xdb(tmp_path: Path) -> Iterator[XDB]:
-    with XDB.open(tmp_path / "x") as db:
-        yield db
 
 
 def test_versions_rollback_and_a_corrupted_snapshot(xdb: XDB) -> None:
@@ -79,12 +70,6 @@ def test_deleting_a_session_removes_every_row_and_is_audited(xdb: XDB) -> None:
     with pytest.raises(NotFound):
         xdb.delete_session("gone")
     assert xdb.verify_audit().ok
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
 
 
 def turn(client: TestClient, session: str, question: str) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chat_bodies import chat
 from fake_app import ALICE, serving
 from fastapi.testclient import TestClient
 from opentelemetry import trace
@@ -69,17 +70,6 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 def spans(exporter: InMemorySpanExporter) -> InMemorySpanExporter:
     exporter.clear()
     return exporter
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
-
-
-def chat(session: str, question: str = "What moves?", **extra: object) -> dict[str, object]:
-    return {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
-            "context": {"session_id": session, "identity": "You are a careful physicist."}, **extra}
 
 
 def named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from chat_bodies import chat
 from fake_app import post_scope, serving
 from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
@@ -27,17 +27,6 @@ from server.runtime import Runtime
 from xdb.owner import EVERY
 
 CONTEXT = {"identity": "You are a careful physicist."}
-
-
-@pytest.fixture
-def served(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
-    with serving(config, vllm_config, tmp_path) as served:
-        yield served
-
-
-def chat(session: str, question: str, **extra: object) -> dict[str, object]:
-    return {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": question}],
-            "context": {"session_id": session, **CONTEXT}, **extra}
 
 
 def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
@@ -231,3 +220,96 @@ def test_a_turn_read_back_from_the_store_counts_as_delivered(config: AHCConfig, 
         http.post("/v1/chat/completions", json=chat("evicted", "Continue."),
                   headers={"X-Stainless-Retry-Count": "1"}).raise_for_status()
         assert user_turns(runtime, "evicted") == (["Continue.", "Continue."],) * 2
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["save-fails", "saved-unanswered"])
+def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retries(
+        served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch, committed: bool) -> None:
+    """The XDB service died during the save (nothing stored) or after the save committed, before answering:
+    the client got a 503 and its SDK retried. Either way the turn is in the State once, in memory and as
+    stored (it held ['first', 'second', 'second'])."""
+    from xdb.service.link import ServiceUnavailable
+
+    client, runtime = served
+    store, failures = runtime.xdb.save_session_state, [1]
+
+    def dies_once(session_id: str, state: str) -> int:
+        stored = store(session_id, state) if committed else 0
+        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
+            failures.pop()
+            raise ServiceUnavailable("the XDB service exited during the call")
+        return stored if committed else store(session_id, state)
+
+    monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
+    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
+    session = f"save-dies-{committed}"
+    for question in ("First question?", "Second question?"):
+        body = chat(session, question)
+        retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
+                                         extra_body={"context": body["context"]})
+    assert not failures  # the save did fail once, and the client retried
+    assert user_turns(runtime, session) == (["First question?", "Second question?"],) * 2
+
+
+def test_an_idempotency_key_sent_again_is_the_same_request_and_another_key_a_turn_of_its_own(
+        served: tuple[TestClient, Runtime]) -> None:
+    """The same Idempotency-Key once its reply was delivered is answered 409, the State as it was (a reply
+    that never reached the client is replaced by its retry: above). The same
+    words sent again as a new request (no key, or another) are a turn of their own."""
+    client, runtime = served
+    client.post("/v1/chat/completions", json=chat("resent", "First question?")).raise_for_status()
+    sent = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
+    assert sent.status_code == 200, sent.text
+    again = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
+    assert again.status_code == 409, again.text
+    assert user_turns(runtime, "resent") == (["First question?", "Go on."],) * 2
+    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
+                headers={"Idempotency-Key": "turn-3"}).raise_for_status()
+    client.post("/v1/chat/completions", json=chat("resent", "Go on.")).raise_for_status()
+    assert user_turns(runtime, "resent") == (["First question?", "Go on.", "Go on.", "Go on."],) * 2
+    # A retry of an earlier turn than the last is no retry of the last: it is a turn of its own.
+    client.post("/v1/chat/completions", json=chat("resent", "Go on."),
+                headers={"Idempotency-Key": "turn-2"}).raise_for_status()
+    assert user_turns(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
+
+
+def test_the_same_words_join_the_state_each_time_their_reply_was_delivered(
+        served: tuple[TestClient, Runtime]) -> None:
+    """An SDK retry (`X-Stainless-Retry-Count` above 0) replaces only a turn whose reply the client never
+    got: after a delivered reply it is a retry of a request that never got in, a turn of its own."""
+    client, runtime = served
+    for retries in ("0", "0", "1", "2"):
+        client.post("/v1/chat/completions", json=chat("same-words", "Yes."),
+                    headers={"X-Stainless-Retry-Count": retries}).raise_for_status()
+    assert user_turns(runtime, "same-words") == (["Yes."] * 4,) * 2
+
+
+def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the experience lake down, XDB stores the State locally and raises LakeUnavailable. That was a 503
+    after the turn had joined the State: the client retried, and every retry appended the turn again."""
+    from xdb.lake.shipper import LakeUnavailable
+
+    client, runtime = served
+    store = runtime.xdb.save_session_state
+
+    def lake_down(session_id: str, state: str) -> int:
+        store(session_id, state)  # committed locally, as XDB does before it ships
+        raise LakeUnavailable("the lake's catalog refused the connection")
+
+    monkeypatch.setattr(runtime.xdb, "save_session_state", lake_down)
+    # The official client, retrying as it does on a 5xx (two more tries each): a turn must still be once.
+    retrying = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=2)
+    for question in ("First question?", "Second question?"):
+        body = chat("lake-down", question)
+        done = retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
+                                                extra_body={"context": body["context"]})
+        assert done.choices[0].message.content is not None
+    stored = runtime.xdb.load_session_state("lake-down")
+    assert stored is not None
+    users = [t["content"] for t in json.loads(stored)["turns"] if t["role"] == "user"]
+    assert users == ["First question?", "Second question?"]  # each turn once
+    assert "ahc_lake_deferred_states_total" in client.get("/metrics").text
+    counted = [sample.value for metric in runtime.metrics.lake_deferred_states.collect()
+               for sample in metric.samples if sample.name.endswith("_total")]
+    assert counted == [2.0]

@@ -15,7 +15,7 @@ from bench.servers import start_server
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 BLOCKS = 80  # x 32 tokens: 2,560 tokens of KV cache in all
 

@@ -37,28 +37,6 @@ from xdb.runs import log_interaction, purge_run
 from xdb.session_state import state_versions
 
 ROOT = Path(__file__).resolve().parents[1]
-_names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[LocalPostgres]:
-    require_postgres()
-    # As root the cluster runs as the `postgres` user, who cannot enter pytest's own (0700) temp dirs.
-    directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-"))
-    directory.chmod(0o755)
-    server = LocalPostgres(directory).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def lake(pg: LocalPostgres, tmp_path: Path) -> LakeConfig:
-    """A fresh lake (its own catalog database and data path) for each test; replica ids set per XDB."""
-    dsn = pg.create_database(f"lake_{os.getpid()}_{next(_names)}")
-    return LakeConfig(catalog=dsn, data_path=str(tmp_path / "lake-data"), ship_interval_s=0.1)
 
 
 def config(lake: LakeConfig, replica: str, **lake_fields: object) -> XDBConfig:

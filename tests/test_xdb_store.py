@@ -27,13 +27,6 @@ def reply(xdb: XDB, session: str, words: list[str], request: str, acts: dict | N
             for i, (t, w) in enumerate(zip(ticks, words))]
 
 
-@pytest.fixture
-def xdb(tmp_path: Path):
-    db = XDB.open(tmp_path / "xdb")
-    yield db
-    db.close()
-
-
 def test_rows_round_trip_with_activations_and_reply_concatenates(xdb: XDB) -> None:
     [tick] = xdb.next_ticks("s1", 1)
     xdb.writer.submit([TimestepRow("s1", tick, "input", "user", "Hi there", request_id="r1", metadata={"n": 1})])
