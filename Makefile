@@ -94,7 +94,7 @@ test-fast: $(STAMP)
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.
-MYPY_STRICT := xdb orchestrator universe server agent ahc
+MYPY_STRICT := core xdb orchestrator universe server agent ahc
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports

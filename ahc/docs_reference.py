@@ -117,10 +117,10 @@ def sections(model: type[BaseModel]) -> Iterator[tuple[str, type[BaseModel]]]:
 
 
 def configuration_page() -> str:
-    from ahc.core.config import AHCConfig
+    from core.config import AHCConfig
 
     out = [GENERATED, "# Configuration\n\n",
-           "Every setting of `ahc serve`, as the typed configuration (`ahc/core/config.py`) declares it. Each "
+           "Every setting of `ahc serve`, as the typed configuration (`core/config.py`) declares it. Each "
            "comes from, in order, its built-in default, the YAML file given with `--config FILE` (or a bundled "
            "example by name: `gpu`, `cpu-small`, `cpu-tiny`), its environment variable, then the command line "
            "(vLLM's flag of the same name, where there is one), each overriding the one before. An unknown key, "
@@ -187,7 +187,7 @@ def build_app() -> FastAPI:
     started and no data directory opened."""
     from unittest.mock import NonCallableMagicMock
 
-    from ahc.core.config import AHCConfig
+    from core.config import AHCConfig
     from server.app import build_app as build_server_app
     from server.engine_args import build_vllm_namespace
 

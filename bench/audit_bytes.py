@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB
 from xdb.rows import TokenBatch
 from xdb.schema import TOP_K

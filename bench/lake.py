@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ahc.core.config import LakeConfig, XDBConfig
+from core.config import LakeConfig, XDBConfig
 from server.cluster.catalog import LocalPostgres
 from xdb.lake.lake import Lake
 from xdb.owner import EVERY

@@ -40,7 +40,6 @@ from typing import Any
 
 import httpx
 
-from ahc.core.config import cache_dir, load_config
 from bench.agent_script import AgentScript, ScriptSpec, build_script
 from bench.device import engine_device
 from bench.history_trim import Count
@@ -61,6 +60,7 @@ from bench.session_clients import (
     whitespace_bias,
 )
 from bench.stream_load import percentile
+from core.config import cache_dir, load_config
 from server.cluster.server_process import ServerProcess
 
 TINY = "tiny"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ahc.core.config import cache_dir
 from bench.servers import build_once, ensure_model
+from core.config import cache_dir
 from server.cluster.server_process import AHC, child_env
 
 MODELS: dict[str, tuple[str, ...]] = {

@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 import openai
 
-from ahc.core.config import OrchestratorConfig, load_config
 from bench.device import engine_device
 from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import MODELS, served_model
 from bench.prefix_ceiling import reusable_tokens
 from bench.result import BenchResult
 from bench.servers import start_server
+from core.config import OrchestratorConfig, load_config
 from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB, RemoteXDB
 from xdb.audit.log import AuditLog
 from xdb.concepts import ConceptIndex

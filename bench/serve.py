@@ -33,7 +33,6 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ahc.core.config import load_config
 from bench.device import engine_device
 from bench.models import SERVED
 from bench.options import BadOptions
@@ -43,6 +42,7 @@ from bench.serve_profiles import LOADS as LOADS  # the registry finds a bench's 
 from bench.serve_profiles import SCALING_ROUNDS, Profile
 from bench.servers import start_server
 from bench.stream_load import Load, Round, Target, latency_ms, measure
+from core.config import load_config
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
 from xdb.service.service import PROCESS_TITLE
 

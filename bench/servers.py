@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ahc.core.config import cache_dir
+from core.config import cache_dir
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
 
 TINY_MODEL = cache_dir() / "models" / "tiny"

@@ -28,12 +28,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ahc.core.config import XDBConfig
 from bench.load import DEFAULT, SMOKE, Loads
 from bench.restart import restart_figures, synthetic_history
 from bench.result import BenchResult
 from bench.xdb_erase import storage_figures
 from bench.xdb_history import history_figures
+from core.config import XDBConfig
 from xdb import XDB, TimestepRow
 from xdb.concepts import ConceptIndex
 from xdb.owner import EVERY

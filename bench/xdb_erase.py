@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ahc.core.config import XDBConfig
 from bench.audit_bytes import sizes, write
+from core.config import XDBConfig
 from xdb import TimestepRow
 from xdb.service.remote_xdb import RemoteXDB
 

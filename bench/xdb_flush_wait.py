@@ -20,7 +20,7 @@ import time
 import numpy as np
 import psutil
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.service.remote_xdb import RemoteXDB
 

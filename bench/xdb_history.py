@@ -29,8 +29,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from ahc.core.config import XDBConfig
 from bench.xdb_erase import IDLE_S, CommitWaits
+from core.config import XDBConfig
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
 from xdb.schema import EXPERIENCE_FILE

@@ -18,8 +18,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from ahc.core.config import OrchestratorConfig
-from ahc.core.spans import SESSION_ID
+from core.config import OrchestratorConfig
+from core.spans import SESSION_ID
 from orchestrator.ctc_governor import turn_groups
 from orchestrator.karma import promote
 from orchestrator.session import Session

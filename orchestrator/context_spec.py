@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from ahc.core.errors import InvalidRequest
-from ahc.core.limits import (
+from core.errors import InvalidRequest
+from core.limits import (
     ID_MAX_CHARS,
     IDENTITY_MAX_CHARS,
     KARMA_MAX_ENTRIES,

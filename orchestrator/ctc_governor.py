@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ahc.core.config import OrchestratorConfig
+from core.config import OrchestratorConfig
 from orchestrator.assembler import AssemblyInput
 from orchestrator.turn import Turn
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Protocol
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, KarmaEntry
 
 ENTRY_POINT_GROUP = "ahc.formatters"

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from ahc.core.config import OrchestratorConfig
-from ahc.core.errors import InvalidRequest
-from ahc.core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, PROMPT_TOKENS, SESSION_ID
+from core.config import OrchestratorConfig
+from core.errors import InvalidRequest
+from core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, PROMPT_TOKENS, SESSION_ID
 from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
 from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat

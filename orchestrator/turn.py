@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from orchestrator.blocks import canonical_json, sha256_hex
 
 ROLES = ("user", "assistant", "tool")

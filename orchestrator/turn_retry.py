@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ahc.core.errors import Conflict, InvalidRequest
+from core.errors import Conflict, InvalidRequest
 from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn import Turn
 

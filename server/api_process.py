@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from ahc.core.config import AHCConfig, resolve_path
+from core.config import AHCConfig, resolve_path
 from server.admission.cache_events import CacheEvents, follow
 from server.capture.capture_setup import CaptureSetup
 from server.engine_args import kv_events_replay

@@ -36,7 +36,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ahc.core.config import AHCConfig, resolve_path
+from core.config import AHCConfig, resolve_path
 from server.api_process import open_xdb
 from server.api_servers.group import GroupFiles, WorkerSpec
 from server.api_servers.session_lease import SessionLeases

@@ -12,7 +12,7 @@ import os
 from argparse import Namespace
 from typing import TYPE_CHECKING, NoReturn
 
-from ahc.core.config import NO_MODEL, AHCConfig, resolve_path
+from core.config import NO_MODEL, AHCConfig, resolve_path
 from server.emulation.engine_flags import emulation_flags
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from ahc.core.config import AHCConfig, resolve_path
+from core.config import AHCConfig, resolve_path
 from server.admission.vram_governor import KVStats
 from server.api_process import Served, open_xdb, serve_engine, watch_xdb
 from server.capture.capture_setup import CaptureSetup, start_capture

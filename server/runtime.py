@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ahc.core.config import AHCConfig, resolve_path
+from core.config import AHCConfig, resolve_path
 from orchestrator.compaction import SummaryCall, SummaryReply
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.retrieval import CodexRetriever, ScopedIndexes

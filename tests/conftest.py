@@ -13,8 +13,8 @@ import pytest
 from hypothesis import settings
 from postgres import lake, pg  # noqa: F401 - fixtures, for every module
 
-from ahc.core.config import AHCConfig, load_config
 from bench.servers import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
+from core.config import AHCConfig, load_config
 from server.cluster.server_process import ServerProcess, child_env
 
 if TYPE_CHECKING:

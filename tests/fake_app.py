@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.admission.vram_governor import KVStats
 from server.app import build_app
 from server.engine_args import build_vllm_namespace

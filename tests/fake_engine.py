@@ -33,7 +33,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 
-from ahc.core.config import load_config
+from core.config import load_config
 from server.engine_args import build_vllm_namespace
 
 SCRIPT = " The particles move right, then left."

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ahc.core.config import LakeConfig
+from core.config import LakeConfig
 from server.cluster.catalog import LocalPostgres, postgres_available
 
 _names = itertools.count()

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import WebSocketDisconnect
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.app import REMOVED_PATHS
 from server.engine_args import build_vllm_namespace
 from server.http.gateway import Gateway

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fake_app import serving
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 
 
 def test_a_server_without_keys_refuses_the_audit_log_to_everyone(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]

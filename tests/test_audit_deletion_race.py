@@ -12,8 +12,8 @@ from pathlib import Path
 
 import duckdb
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import NotFound
+from core.config import XDBConfig
+from core.errors import NotFound
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit.keys import KEYS_FILE, SessionKeys
 

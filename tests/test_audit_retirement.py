@@ -12,7 +12,7 @@ import cli_runner
 import pytest
 from audit_files import sql
 
-from ahc.core.config import RetentionConfig, XDBConfig
+from core.config import RetentionConfig, XDBConfig
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit.chain import read_heads
 

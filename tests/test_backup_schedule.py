@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from server.recording.backup_loop import BackupLoop, backup_forever
 from xdb import XDB, TimestepRow, backup_erase, verify_audit
 from xdb.audit.keys import KEYS_FILE

@@ -7,9 +7,9 @@ from importlib import resources
 
 import pytest
 
-from ahc.core.config import load_config
 from bench import activations, orchestrator
 from bench.models import MODELS, REAL, SERVED, served_model
+from core.config import load_config
 
 
 @pytest.mark.parametrize("name", list(SERVED))

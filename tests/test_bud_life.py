@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ahc.core.errors import Conflict
+from core.errors import Conflict
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
 from xdb.schema import EXPERIENCE_FILE

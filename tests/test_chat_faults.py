@@ -16,7 +16,7 @@ from fake_app import ahc_app, post_scope, stream_past_a_slow_disk
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.runtime import Runtime
 from xdb import XDB
 from xdb.owner import EVERY
@@ -115,7 +115,7 @@ def test_a_crawling_disk_loses_no_token_and_keeps_their_order(config: AHCConfig,
     every reply is recorded, in order, and nothing fails in the background."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ahc.core.config import XDBConfig
+    from core.config import XDBConfig
 
     xdb = XDB.open(tmp_path / "xdb", XDBConfig(max_queue_rows=16, batch_rows=4, max_latency_s=0.01,
                                                submit_timeout_s=0.2))

@@ -18,8 +18,8 @@ from fake_app import ahc_app, health_while_posting, serving
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
-from ahc.core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
+from core.config import AHCConfig
+from core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.request_turn import RequestTurn
 from server.chat import serving as chat_route
 from server.runtime import Runtime

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fake_app import serving
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 
 
 @pytest.mark.parametrize("value", ["", "json", ["regex"], 3])

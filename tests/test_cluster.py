@@ -28,7 +28,6 @@ import pytest
 from bench_smoke import check_result
 from postgres import require_postgres
 
-from ahc.core.config import LakeConfig
 from bench.cluster import (
     HEADER,
     ClusterLoad,
@@ -42,6 +41,7 @@ from bench.cluster import (
     system_prompt,
 )
 from bench.servers import TINY_MODEL
+from core.config import LakeConfig
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
 from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake.lake import Lake

@@ -9,8 +9,8 @@ import hashlib
 import pytest
 from turn_requests import asking
 
-from ahc.core.config import OrchestratorConfig
-from ahc.core.errors import InvalidRequest, NotFound
+from core.config import OrchestratorConfig
+from core.errors import InvalidRequest, NotFound
 from orchestrator.codex_renditions import CONDENSE_ACTION
 from orchestrator.context_spec import CodexDoc, CodexRef, StoredCodexDoc, parse_context
 from orchestrator.orchestrator import Orchestrator

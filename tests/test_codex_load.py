@@ -11,7 +11,7 @@ from pathlib import Path
 from cli_runner import ahc
 from fake_app import serving
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.codex.codex_loader import HttpDocuments, load, scan
 from xdb import XDB
 from xdb.documents import list_documents

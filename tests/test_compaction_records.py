@@ -8,7 +8,7 @@ from pathlib import Path
 from chat_bodies import chat
 from fake_app import serving
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from xdb import XDB
 from xdb.owner import EVERY
 

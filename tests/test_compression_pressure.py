@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from server.recording import quota_loop
 from xdb import XDB, TimestepRow
 from xdb.storage import compression

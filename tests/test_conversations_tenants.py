@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from test_session_inference import ChatClient
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from orchestrator.conversations import Conversations, chain, extend
 from server.runtime import Runtime
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from turn_requests import asking
 
-from ahc.core.config import OrchestratorConfig, load_config
-from ahc.core.errors import InvalidRequest
+from core.config import OrchestratorConfig, load_config
+from core.errors import InvalidRequest
 from orchestrator.assembler import AssemblyInput, assemble
 from orchestrator.context_spec import KarmaEntry, parse_context
 from orchestrator.ctc_governor import CHARS_PER_TOKEN, HEADROOM, CTCLimits, ctc_limits, govern, turn_groups

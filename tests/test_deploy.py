@@ -29,7 +29,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from ahc.core.config import bundled_configs
+from core.config import bundled_configs
 from server.cluster.server_process import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_dockerignore_leaves_out_environments_and_keeps_the_build_inputs() -> No
                  "server/__pycache__/app.cpython-311.pyc", "ahc.egg-info/PKG-INFO"):
         assert ignored(path), f"{path} would be sent to the Docker build"
     packages = [p.removesuffix("*") for p in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]]
-    needed = ["pyproject.toml", "README.md", "ahc/configs/cpu-tiny.yaml", "lens/examples/tiny-demo/examples.json",
+    needed = ["pyproject.toml", "README.md", "core/configs/cpu-tiny.yaml", "lens/examples/tiny-demo/examples.json",
               *(f"{p}/__init__.py" for p in packages)]
     assert not [p for p in needed if ignored(p)], "the image builds need these"
 
@@ -238,7 +238,7 @@ def test_compose_runs_ahc_on_the_gpus_with_its_volumes() -> None:
 
 
 def test_cluster_compose_routes_by_session_to_replicas_sharing_one_lake() -> None:
-    from ahc.core.config import AHCConfig
+    from core.config import AHCConfig
     from server.cluster.router import RouterSpec, router_command
 
     spec = yaml.safe_load((DEPLOY / "compose.cluster.yml").read_text())

@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from test_xdb_service import FullDisk
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from server.admission.recording_gate import RecordingGate
 from server.recording.record_queue import RecordQueue
 from xdb import RemoteXDB, TimestepRow
@@ -227,7 +227,7 @@ import os, signal, sys, time
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_xdb_service import FullDisk
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import RemoteXDB, TimestepRow
 from xdb import remote
 remote.DISK_RETRY_FIRST_S = remote.DISK_RETRY_MAX_S = 1000.0  # paused: no service runs meanwhile

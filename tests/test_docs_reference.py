@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from ahc import docs_reference
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

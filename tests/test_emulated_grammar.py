@@ -11,7 +11,7 @@ from typing import Any
 from fake_app import serving
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from xdb.owner import EVERY
 from xdb.session_state import list_sessions
 

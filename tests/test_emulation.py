@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from bench_smoke import check_result
 
-from ahc.core.config import load_config
 from bench.servers import start_server
+from core.config import load_config
 from server.cluster.server_process import AHC
 from server.emulation.calibration import POINTS, table
 from server.emulation.engine_flags import emulation_flags, gpu_batch_defaults

@@ -15,7 +15,7 @@ from fake_app import ALICE, serving
 from fastapi.testclient import TestClient
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.runtime import Runtime
 from xdb import XDB
 from xdb.owner import EVERY

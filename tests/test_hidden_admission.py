@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ahc.core.errors import RateLimited
+from core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc
 from server.admission.hidden import HOUR_S, HiddenAdmission, TenantBudget
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ahc.core.config import load_config
+from core.config import load_config
 from server.admission.kv_geometry import KVGeometry
 from server.admission.vram_governor import KVStats
 from server.metrics import AHCMetrics

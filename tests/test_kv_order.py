@@ -13,7 +13,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from ahc.core.config import load_config
+from core.config import load_config
 from server.kv_order.cpu_policy import ReturnOrderPolicy
 from server.kv_order.idle_sessions import EXPECTED, OVERDUE, RUNNING, UNKNOWN, IdleSessions
 from server.kv_order.return_hint import ReturnHint, expected_back_s

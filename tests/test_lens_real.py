@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ahc.core.config import cache_dir, load_config
+from core.config import cache_dir, load_config
 from lens import load_pack
 from lens.evaluate import concept_aucs, heldout_report
 from lens.train import concept_members, heldout_members, load_examples, text_features

@@ -12,7 +12,7 @@ from cli_runner import ahc
 from fake_app import serving
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from orchestrator.memory_tools import MEMORY_TOOL_NAMES, MEMORY_TOOLS
 from server.runtime import Runtime
 from xdb import XDB

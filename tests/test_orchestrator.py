@@ -8,8 +8,8 @@ import json
 import pytest
 from turn_requests import asking
 
-from ahc.core.config import OrchestratorConfig
-from ahc.core.errors import InvalidRequest
+from core.config import OrchestratorConfig
+from core.errors import InvalidRequest
 from orchestrator.assembler import AssemblyInput, RenderCache, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from turn_requests import asking
 
-from ahc.core.config import OrchestratorConfig
-from ahc.core.errors import InvalidRequest
+from core.config import OrchestratorConfig
+from core.errors import InvalidRequest
 from orchestrator.context_spec import parse_context
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore

@@ -17,7 +17,7 @@ from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.runtime import Runtime
 from xdb import XDB
 

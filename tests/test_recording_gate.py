@@ -9,7 +9,7 @@ import pytest
 from fake_app import serving
 from fastapi.routing import APIRoute
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.admission.recording_gate import gated
 from server.recording.record_queue import RecordQueue
 

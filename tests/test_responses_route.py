@@ -14,7 +14,7 @@ from vllm.config import VllmConfig
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.openai.responses.utils import construct_input_messages
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.responses.protocol import input_items, input_messages, readable, reply_of
 from server.runtime import Runtime
 from xdb.owner import EVERY

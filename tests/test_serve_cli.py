@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from ahc.core.config import load_config
+from core.config import load_config
 from server.cluster.server_process import AHC, free_port, launch
 
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from ahc.core.errors import Conflict, NotFound
+from core.errors import Conflict, NotFound
 from server.runtime import Runtime
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY

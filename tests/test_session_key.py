@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ahc.core.errors import InvalidRequest
-from ahc.core.limits import ID_MAX_CHARS
+from core.errors import InvalidRequest
+from core.limits import ID_MAX_CHARS
 from orchestrator.named_sessions import NamedSessions
 from server.http.session_key import SessionKey, header_value, session_key
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import xdb
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from server.tenancy.scoped_call import SCOPES, ScopedCall
 from server.tenancy.tenant_xdb import SERVER_ONLY, TENANT_PARAMETERS, WRITTEN_OUT, TenantXDB
 from server.tenancy.tenants import Tenant

@@ -15,8 +15,8 @@ import pytest
 from fake_app import ALICE, BOB, serving
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
-from ahc.core.errors import NotFound
+from core.config import AHCConfig
+from core.errors import NotFound
 from server.runtime import Runtime
 from server.tenancy.request_context import current_tenant
 from server.tenancy.tenants import LOCAL, Tenant, TenantKeys

@@ -23,8 +23,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from ahc.core.config import AHCConfig
-from ahc.core.spans import (
+from bench.servers import start_server
+from core.config import AHCConfig
+from core.spans import (
     CACHE_READ_INPUT_TOKENS,
     CONTEXT_MODE,
     INPUT_MESSAGES,
@@ -36,7 +37,6 @@ from ahc.core.spans import (
     PROMPT_TOKENS,
     SESSION_ID,
 )
-from bench.servers import start_server
 from server.runtime import Runtime
 from server.telemetry.tracing import (
     CAPTURE_MESSAGE_CONTENT,

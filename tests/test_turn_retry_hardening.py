@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 from vllm.config import VllmConfig
 
-from ahc.core.config import AHCConfig
-from ahc.core.errors import RateLimited
+from core.config import AHCConfig
+from core.errors import RateLimited
 from server.admission.turn_admission import admit
 from server.pipeline import turn_pipeline
 from server.runtime import Runtime

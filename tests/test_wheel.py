@@ -65,7 +65,7 @@ def test_the_installed_ahc_runs_from_outside_the_checkout(installed: Path, tmp_p
 
 
 def test_bundled_configs_and_lens_examples_are_package_data(installed: Path, tmp_path: Path) -> None:
-    probe = ("from ahc.core.config import load_config, CHECKOUT, cache_dir\n"
+    probe = ("from core.config import load_config, CHECKOUT, cache_dir\n"
              "from importlib import resources\n"
              "assert CHECKOUT is None, CHECKOUT\n"
              "assert load_config('cpu-tiny').served_model_name == 'tiny'\n"

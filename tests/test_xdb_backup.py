@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_runner import ahc
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB
 from xdb.audit.log import verify_audit
 from xdb.owner import EVERY

@@ -206,7 +206,7 @@ def test_one_verification_at_a_time() -> None:
     """A second request while one runs is a 429 at once, not a second re-hash of the whole chain."""
     import threading
 
-    from ahc.core.errors import RateLimited
+    from core.errors import RateLimited
     from server.routes.browse_routes import AuditVerifier
     from xdb.audit.verify import AuditReport
 

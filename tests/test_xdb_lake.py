@@ -23,8 +23,8 @@ import pytest
 from postgres import require_postgres
 from typer.testing import CliRunner
 
-from ahc.core.config import LakeConfig, XDBConfig
-from ahc.core.errors import NotFound
+from core.config import LakeConfig, XDBConfig
+from core.errors import NotFound
 from server.cluster.catalog import LocalPostgres, postgres_bin
 from server.cluster.server_process import free_port
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch
@@ -151,7 +151,7 @@ def test_concepts_and_tags_across_replicas(lake: LakeConfig, tmp_path: Path) -> 
 
 KILLED = textwrap.dedent("""
     import sys, time
-    from ahc.core.config import LakeConfig, XDBConfig
+    from core.config import LakeConfig, XDBConfig
     from xdb import XDB, TokenBatch
     data_dir, dsn, data_path, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     lake = LakeConfig(catalog=dsn, data_path=data_path, replica_id="K", ship_interval_s=0.01, ship_batch_rows=500)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from ahc.core.config import RetentionConfig, XDBConfig
+from core.config import RetentionConfig, XDBConfig
 from server.metrics import AHCMetrics
 from xdb import XDB, TimestepRow
 from xdb.audit.chain import EVENT_TYPE

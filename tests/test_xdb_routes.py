@@ -8,8 +8,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ahc.core.config import XDBConfig
-from ahc.core.limits import (
+from core.config import XDBConfig
+from core.limits import (
     COMMENT_MAX_CHARS,
     DOCUMENT_NAME_MAX_CHARS,
     DOCUMENT_SUMMARY_MAX_CHARS,

@@ -13,7 +13,7 @@ import duckdb
 from test_audit_erasure import WORD, files_holding
 from xdb_recording import recording, say
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB, RemoteXDB
 from xdb.backup_erase import erase_from_backup
 from xdb.owner import EVERY

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from lens.side_channel import ActivationSender, StepActivations
 from xdb import (
     XDB,

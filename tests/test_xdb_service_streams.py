@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB, RemoteXDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.owner import EVERY
 from xdb.service import service as xdb_service

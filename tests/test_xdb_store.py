@@ -8,8 +8,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import InvalidRequest
+from core.config import XDBConfig
+from core.errors import InvalidRequest
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
 from xdb.documents import document_versions, get_document, list_documents
 from xdb.owner import EVERY

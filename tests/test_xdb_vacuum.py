@@ -11,8 +11,8 @@ import pytest
 from test_audit_erasure import WORD, files_holding
 from xdb_recording import recording, say
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import Conflict
+from core.config import XDBConfig
+from core.errors import Conflict
 from server.recording.quota_loop import enforce_quota_forever
 from xdb import XDB, RemoteXDB, verify_audit
 from xdb.owner import EVERY

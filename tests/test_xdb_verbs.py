@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from server.http.gateway import install_gateway
 from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow

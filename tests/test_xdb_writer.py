@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb import XDB, TimestepRow, TokenBatch, WriterStopped, verify_audit
 from xdb.audit.canonical import canonical_array
 from xdb.audit.log import AuditLog

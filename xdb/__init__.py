@@ -5,7 +5,7 @@
 
     xdb = XDB.open(data_dir, config: XDBConfig | None = None, *, read_only=False, on_commit=None, summarize=None)
         # DATA_DIR/experience.duckdb + DATA_DIR/audit/audit.duckdb, migrated; a corrupt or foreign
-        # file raises ValueError and is never reset. ahc.core.config.XDBConfig holds the quotas, the
+        # file raises ValueError and is never reset. core.config.XDBConfig holds the quotas, the
         # writer's batching and bounds, DuckDB's threads and the lake.
     ticks = xdb.next_ticks(session_id, n)            # range of n ticks, no DB round trip
     xdb.writer.submit(rows: list[TimestepRow] | TokenBatch)  # non-blocking; raises WriterBackpressure when full
@@ -52,7 +52,7 @@ connection, so any thread may call them.
 
 from typing import TYPE_CHECKING, TypeAlias
 
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from xdb.audit.log import verify_audit
 from xdb.audit.verify import AuditReport
 from xdb.documents import DocumentTooLarge, DocumentType

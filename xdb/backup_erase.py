@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from xdb.audit.log import verify_audit
 from xdb.schema import EXPERIENCE_FILE
 from xdb.storage.backups import (

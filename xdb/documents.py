@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import InvalidRequest, NotFound, PayloadTooLarge
+from core.errors import InvalidRequest, NotFound, PayloadTooLarge
 from xdb.interface import reads
 from xdb.owner import build_prefix, owned
 from xdb.rows import encoded

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import duckdb
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from xdb.audit.log import AuditEvent
 from xdb.interface import writes
 from xdb.owner import owned

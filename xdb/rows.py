@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from xdb import documents
 from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes

@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import Conflict, InvalidRequest, NotFound
+from core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit.log import AuditEvent
 from xdb.interface import reads
 from xdb.owner import owned

@@ -21,8 +21,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import duckdb
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import InvalidRequest, NotFound
+from core.config import XDBConfig
+from core.errors import InvalidRequest, NotFound
 from xdb import documents, export, runs, sql, tags
 from xdb.audit.chain import GENESIS, HEAD_FILE, read_heads
 from xdb.audit.log import AuditEvent, AuditLog, copy_database

@@ -18,7 +18,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from xdb import session_state
 from xdb.audit.log import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush

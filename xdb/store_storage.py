@@ -19,8 +19,8 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.config import RetentionConfig
-from ahc.core.errors import Conflict
+from core.config import RetentionConfig
+from core.errors import Conflict
 from xdb.audit.log import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
 from xdb.lake.lake import Lake

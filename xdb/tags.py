@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import Conflict, InvalidRequest, NotFound
+from core.errors import Conflict, InvalidRequest, NotFound
 from xdb.audit.log import AuditEvent
 from xdb.interface import reads, writes
 from xdb.owner import owned, owns

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ahc.core.errors import Unavailable
+from core.errors import Unavailable
 from xdb import auto_tags
 from xdb.activation_join import ActivationJoiner
 from xdb.audit.log import AuditLog, PreparedBatch

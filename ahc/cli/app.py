@@ -167,7 +167,7 @@ def serve(
     """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
     import uvloop
 
-    from ahc.core.config import NO_MODEL, load_config
+    from core.config import NO_MODEL, load_config
     from server.api_process import exit_served
     from server.api_supervisor import ProcessDied
     from server.launcher import serve as run_server

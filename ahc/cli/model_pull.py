@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import cache_dir
+from core.config import cache_dir
 
 MARKER = "ahc_model.json"  # written last: its presence means the directory is complete
 

@@ -42,7 +42,6 @@ from pathlib import Path
 
 import httpx
 
-from ahc.core.config import cache_dir, load_config
 from bench.agents.cache import NULL_BLOCKS, CacheSize, sizing
 from bench.agents.client import Side
 from bench.agents.figures import AgentRound, combine, governor_actions, ratios_of
@@ -54,6 +53,7 @@ from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.servers import ensure_model
+from core.config import cache_dir, load_config
 from server.emulation.engine_flags import BLOCK_SIZE as EMULATED_BLOCK_SIZE
 from server.emulation.engine_flags import gpu_batch_defaults
 from server.emulation.profiles import profile

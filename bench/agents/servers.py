@@ -7,11 +7,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from ahc.core.config import OrchestratorConfig
 from bench.agents.cache import CacheSize
 from bench.agents.load import AgentLoad
 from bench.serve import start_vllm
 from bench.servers import start_server, start_together
+from core.config import OrchestratorConfig
 from server.cluster.server_process import ServerProcess
 from server.emulation.engine_flags import gpu_batch_defaults
 from server.emulation.profiles import profile

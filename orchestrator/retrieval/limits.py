@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ahc.core.errors import PayloadTooLarge
+from core.errors import PayloadTooLarge
 
 
 class CodexTooLarge(PayloadTooLarge):
@@ -19,7 +19,7 @@ class CodexTooLarge(PayloadTooLarge):
 
 @dataclass(frozen=True)
 class RagLimits:
-    # Defaults match ahc.core.config's rag_* settings: ~20M characters is ~5M tokens, ~30k chunks.
+    # Defaults match core.config's rag_* settings: ~20M characters is ~5M tokens, ~30k chunks.
     max_documents: int = 1_000
     max_document_chars: int = 2_000_000
     max_total_chars: int = 20_000_000

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from ahc.core.errors import RateLimited
+from core.errors import RateLimited
 from server.admission.vram_governor import VramGovernor
 
 HOUR_S = 3600.0

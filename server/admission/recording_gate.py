@@ -21,7 +21,7 @@ import re
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Scope
 
-from ahc.core.errors import AHCError
+from core.errors import AHCError
 from server.admission.turn_admission import wait_for_recording
 from server.http.errors import error_response
 from server.recording.recorder import Recorder

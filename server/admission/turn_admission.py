@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from prometheus_client import Histogram
 
-from ahc.core.errors import Unavailable
-from ahc.core.spans import GOVERNOR_ACTIONS, SESSION_ID
+from core.errors import Unavailable
+from core.spans import GOVERNOR_ACTIONS, SESSION_ID
 from orchestrator.request_turn import RequestTurn
 from server.admission.session_admission import SessionAdmission
 from server.admission.vram_governor import VramGovernor

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ahc.core.errors import RateLimited
+from core.errors import RateLimited
 
 
 class GovernorRejected(RateLimited):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.capture.capture_setup import CaptureSetup
 from xdb.service.service import ServiceSpec
 

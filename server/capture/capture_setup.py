@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import AHCConfig, resolve_path
+from core.config import AHCConfig, resolve_path
 from lens.pack import LensPack, load_pack
 
 CPU_WORKER = "server.capture.cpu_capture_worker.CPUCaptureWorker"

@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_validator
 from starlette.datastructures import Headers
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from ahc.core.errors import InvalidRequest
-from ahc.core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
+from core.errors import InvalidRequest
+from core.limits import ID_MAX_CHARS, MESSAGE_MAX_CHARS
 from orchestrator.context_spec import ContextSpec
 from orchestrator.memory_tools import MEMORY_TOOLS
 from orchestrator.turn_request import TurnRequest
@@ -74,7 +74,7 @@ class ChatRequest(ChatCompletionRequest):
 
 
 def oversized_message(messages: list[Any]) -> tuple[int, str] | None:
-    """The first message whose text is over MESSAGE_MAX_CHARS (ahc/core/limits.py), and why: a message
+    """The first message whose text is over MESSAGE_MAX_CHARS (core/limits.py), and why: a message
     may be a pasted document, but not the whole body's worth of one."""
     for i, message in enumerate(messages):
         chars = _content_chars(message.get("content") if isinstance(message, dict) else None)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ahc.core.config import CHECKOUT
+from core.config import CHECKOUT
 from server.cluster.catalog import LocalPostgres
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 
-from ahc.core.config import CHECKOUT
+from core.config import CHECKOUT
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 # The server speaks plain HTTP on the loopback: a client made for it needs no TLS context, whose default

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ahc.core.errors import RateLimited
+from core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc, StoredCodexDoc
 from server.admission.hidden import HiddenAdmission
 from server.codex.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, CodexRef, CodexSet, ContextSpec, StoredCodexDoc
 from xdb import XDBClient
 from xdb.documents import find_document, get_document, list_documents

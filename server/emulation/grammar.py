@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 FREE_CHOICES = (None, "auto", "none")
 

@@ -3,7 +3,7 @@ the Anthropic Messages API (`/v1/messages...`) in Anthropic's `{"type": "error",
 "message"}}`, since each API's clients parse their own.
 
 Three places produce errors and all end up here:
-- AHC's own code raises `ahc.core.errors.AHCError` subclasses; one exception handler answers them.
+- AHC's own code raises `core.errors.AHCError` subclasses; one exception handler answers them.
 - Request bodies and queries are typed: FastAPI's validation errors become 400s naming the parameter.
 - vLLM's routes answer `{"error": {...}}` with its exception names as `type` ("BadRequestError"), and
   Starlette answers unknown routes with `{"detail": ...}`; the gateway (server/http/gateway.py) rewrites
@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from ahc.core.errors import AHCError
+from core.errors import AHCError
 
 log = logging.getLogger("ahc.server")
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ahc.core.errors import InvalidRequest
-from ahc.core.limits import ID_MAX_CHARS
+from core.errors import InvalidRequest
+from core.limits import ID_MAX_CHARS
 
 HEADER = "X-Session-ID"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema
 
-from ahc.core.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from orchestrator.memory_tools import MEMORY_TOOLS, RECALL_MAX_LIMIT
 from orchestrator.session import SessionStore
 from server.tenancy.tenant_xdb import TenantTarget, TenantXDB

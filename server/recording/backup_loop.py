@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb.storage import backups
 
 log = logging.getLogger("ahc.backup")

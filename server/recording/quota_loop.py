@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ahc.core.errors import Conflict
+from core.errors import Conflict
 from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
 from xdb.storage.compression import PASS_BUDGET_S, TIME_BUDGET

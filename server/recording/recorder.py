@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from opentelemetry import trace
 
-from ahc.core.spans import SESSION_ID
+from core.spans import SESSION_ID
 from lens.side_channel import completion_key
 from orchestrator.cache_report import SIDE_CALL
 from orchestrator.orchestrator import new_session_id

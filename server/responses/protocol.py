@@ -11,7 +11,7 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 # Where a Responses request may name its session, after the X-Session-ID header and prompt_cache_key.
 CONVERSATION = "conversation"

@@ -35,7 +35,7 @@ from fastapi import Request
 from starlette.responses import Response
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
-from ahc.core.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
 from orchestrator.request_turn import RequestTurn

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.core.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from server.http.errors import AHCRoute
 from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from ahc.core.limits import ID_MAX_CHARS
+from core.limits import ID_MAX_CHARS
 from server.http.errors import AHCRoute
 from server.routes.browse_routes import AuditVerifier
 from xdb import XDBClient

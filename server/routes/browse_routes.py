@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from ahc.core.errors import RateLimited
-from ahc.core.limits import ID_MAX_CHARS
+from core.errors import RateLimited
+from core.limits import ID_MAX_CHARS
 from server.http.errors import AHCRoute
 from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from ahc.core.errors import Conflict, NotFound
+from core.errors import Conflict, NotFound
 from server.codex.codex_condenser import CodexCondenser, source_document
 from server.codex.codex_resolver import CodexResolver, rendition_path
 from server.http.errors import AHCRoute

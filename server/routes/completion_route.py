@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from orchestrator.orchestrator import new_session_id
 from server.admission.turn_admission import Asked, request_blocks, wait_for_recording
 from server.http.session_key import HEADER, header_value, session_key, unicode_id

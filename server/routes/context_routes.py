@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.core.errors import InvalidRequest
-from ahc.core.limits import ID_MAX_CHARS
+from core.errors import InvalidRequest
+from core.limits import ID_MAX_CHARS
 from orchestrator.memory_tools import MemoryToolName
 from orchestrator.retrieval import CodexRetriever
 from orchestrator.retrieval.tool import MAX_K, MAX_QUERY_CHARS

@@ -24,8 +24,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.core.errors import NotFound, RateLimited
-from ahc.core.limits import ID_MAX_CHARS
+from core.errors import NotFound, RateLimited
+from core.limits import ID_MAX_CHARS
 from server.http.errors import AHCRoute
 from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ahc.core.limits import ID_MAX_CHARS
+from core.limits import ID_MAX_CHARS
 from orchestrator.retrieval import ScopedIndexes
 from orchestrator.session import SessionStore
 from server.http.errors import AHCRoute

@@ -1,5 +1,5 @@
 """`/v1/xdb/*`: the experience database over HTTP, typed bodies and queries, OpenAI-shaped errors
-(XDB raises `ahc.core.errors` exceptions; the server's handler answers them). The audit log has no route.
+(XDB raises `core.errors` exceptions; the server's handler answers them). The audit log has no route.
 Each call uses its own cursor of the XDB's connection."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ahc.core.errors import InvalidRequest, NotFound, PermissionDenied
-from ahc.core.limits import (
+from core.errors import InvalidRequest, NotFound, PermissionDenied
+from core.limits import (
     COMMENT_MAX_CHARS,
     DOCUMENT_MAX_TAGS,
     DOCUMENT_NAME_MAX_CHARS,

@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from ahc.core.spans import (
+from core.spans import (
     CACHE_READ_INPUT_TOKENS,
     CONVERSATION_ID,
     DOOR,

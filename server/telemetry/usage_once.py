@@ -12,7 +12,7 @@ from __future__ import annotations
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from ahc.core.spans import LEGACY_USAGE, OPERATION_NAME
+from core.spans import LEGACY_USAGE, OPERATION_NAME
 
 
 class UsageOnce(SpanProcessor):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ahc.core.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
 from server.tenancy.scoped_call import SCOPES, ScopedCall, named_as_asked, owned, page, row, rows
 from server.tenancy.tenants import Tenant

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from xdb.owner import FLAT, owns
 
 log = logging.getLogger("ahc.tenants")

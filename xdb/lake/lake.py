@@ -62,7 +62,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.config import LakeConfig
+from core.config import LakeConfig
 from xdb import sql
 from xdb.audit.verify import AuditReport
 from xdb.lake.reads import (

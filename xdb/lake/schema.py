@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from ahc.core.config import cache_dir
+from core.config import cache_dir
 from xdb.audit.log import APP as AUDIT_APP
 from xdb.audit.log import AUDIT_MIGRATIONS
 from xdb.schema import APP, MIGRATIONS, migrate

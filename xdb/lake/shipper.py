@@ -43,7 +43,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ahc.core.errors import Unavailable
+from core.errors import Unavailable
 from xdb.lake.purge import PURGED, LakePurger, Purge, retried_on_conflict
 from xdb.lake.schema import TABLES, LakeTable, redacted, rollback
 from xdb.sql import string_literal

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from xdb.concepts import ConceptIndex
 from xdb.interface import reads
 from xdb.owner import owned_named

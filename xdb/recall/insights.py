@@ -7,7 +7,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import NotFound
+from core.errors import NotFound
 from xdb.concepts import ConceptIndex
 from xdb.owner import owned
 

@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from ahc.core.errors import InvalidRequest
+from core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.owner import owned
 from xdb.schema import INT64_MAX

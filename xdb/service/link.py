@@ -20,8 +20,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import Unavailable
+from core.config import XDBConfig
+from core.errors import Unavailable
 from xdb.service import service
 from xdb.service.service import CALLBACK, ServiceSpec
 

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import TOP_K

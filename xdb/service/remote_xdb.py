@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import XDBConfig
+from core.config import XDBConfig
 from xdb.interface import service_methods
 from xdb.lake.session import ResumableTickBook, TickCalls
 from xdb.service.link import START_TIMEOUT_S

@@ -56,8 +56,8 @@ from multiprocessing.connection import Connection, Listener, answer_challenge, d
 from pathlib import Path
 from typing import Any
 
-from ahc.core.config import XDBConfig
-from ahc.core.errors import Conflict
+from core.config import XDBConfig
+from core.errors import Conflict
 from xdb.interface import service_methods
 from xdb.rows import TimestepRow, TokenBatch
 from xdb.schema import EXPERIENCE_FILE, DatabaseInUse

@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from ahc.core.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from xdb.audit.log import AuditEvent
 from xdb.interface import reads
 from xdb.schema import TOP_K

@@ -1,4 +1,4 @@
-"""The audit reviewer: a key marked `auditor` in the keys file reads the audit log over HTTP (records by
+"""The auditor: a key marked `auditor` in the keys file reads the audit log over HTTP (records by
 session, event and time, the head, a verification) and nothing else; no tenant's key reads the log.
 AHC's whole app on the fake engine (tests/fake_app.py), a real XDB."""
 
@@ -13,7 +13,7 @@ import pytest
 from fake_app import serving
 from fastapi.testclient import TestClient
 
-from ahc.core.config import AHCConfig
+from core.config import AHCConfig
 from server.runtime import Runtime
 from server.tenancy.tenants import TenantKeys
 

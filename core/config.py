@@ -47,7 +47,7 @@ def cache_dir() -> Path:
 
 def bundled_configs() -> Traversable:
     """The example configs shipped with the package (a checkout shows them in configs/)."""
-    return resources.files("ahc").joinpath("configs")
+    return resources.files("core").joinpath("configs")
 
 
 class _Strict(BaseModel):
@@ -454,7 +454,7 @@ class AHCConfig(BaseSettings):
     api_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Each key is a tenant (a string is one key). A keys file adds named tenants, `tenant:key` a line."""
     api_keys_file: str | None = None
-    """A file of named tenants' keys, `tenant:key` a line (and `auditor NAME:KEY` for an audit reviewer's key)."""
+    """A file of named tenants' keys, `tenant:key` a line (and `auditor NAME:KEY` for an auditor's key)."""
     max_request_bytes: int = Field(32 << 20, gt=0)
     """Request bodies over this many bytes are refused with 413 before they are parsed
     (server/http/body_limit.py); the largest legitimate body is a Codex at orchestrator.rag_max_total_chars plus
