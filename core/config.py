@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 def _checkout() -> Path | None:
     """The source checkout this package runs from (an editable install), None when installed as a wheel."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     return root if (root / "pyproject.toml").is_file() else None
 
 

@@ -346,7 +346,7 @@ def test_deletions_and_rewrites_are_chained_as_events(tmp_path: Path) -> None:
         for n in range(20):
             xdb.save_session_state("s", f'{{"n": {n}}}')
         xdb.create_tag("idea")
-        xdb.write(set_bud_status, "idea", "ready")
+        xdb.write(set_bud_status, "idea", "candidate")
         xdb.compact("s", compress_released=True)
         assert xdb.verify_audit().ok
     got = events(data)

@@ -103,7 +103,7 @@ def test_a_file_of_the_previous_schema_keeps_its_timesteps(tmp_path: Path) -> No
     data = tmp_path / "x"
     data.mkdir()
     conn = duckdb.connect(str(data / EXPERIENCE_FILE))
-    migrate(conn, data / EXPERIENCE_FILE, MIGRATIONS[:-1], "xdb_meta", "ahc-xdb")
+    migrate(conn, data / EXPERIENCE_FILE, [m for m in MIGRATIONS if m[0] < 8], "xdb_meta", "ahc-xdb")  # before segments
     conn.execute("INSERT INTO timesteps (id, session_id, tick, event_type, content, created_at) "
                  "VALUES (0, 's', 0, 'input', 'from before', now()::TIMESTAMP)")
     conn.execute("INSERT INTO session_ticks VALUES ('s', 0)")

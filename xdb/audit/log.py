@@ -25,12 +25,8 @@ verification tells such an erasure (a key destroyed by a chained deletion after 
 tampering (a key missing with no such deletion). A deletion a crash cut short after its event was
 chained is finished at the next start (`pending_deletions`).
 
-The log is bounded by retention (`retire`, run by XDB's storage pass): the records up to the last
-checkpoint before which retention has removed every row from the experience file leave the log. A chained
-`audit_retired` event names that checkpoint (seq, chain head, checkpoint hash) first; then the records and
-checkpoints before it are deleted in one transaction, the checkpoint itself kept as the anchor what remains
-verifies from (xdb/audit/verify.py's `retirement`), and the head file keeps its lines from there on.
-A retirement a crash cut short after its event is carried out at the next open.
+The log is bounded by retention (`retire`, run by XDB's storage pass; xdb/audit/retirement.py), and its
+records are read back with their sealed content opened (`records`; xdb/audit/records.py).
 
 The head file's last line is written and fsynced after the commit: a crash between the two can leave
 it torn. Opening the log for writing cuts a torn last line off (the commit it named is anchored again
@@ -48,7 +44,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +55,6 @@ from xdb.audit.activations import (
     REPLAY_TABLE,
     activation_leaves,
     activation_root,
-    check_experience,
-    check_replayed,
     replay_rows,
     short,
     without_activations,
@@ -72,15 +65,16 @@ from xdb.audit.chain import (
     HEAD_FILE,
     checkpoint_hash,
     concept_hash,
-    read_heads,
     stamp,
     stored_records,
 )
 from xdb.audit.checkpoints import RowGroupCheckpoints
 from xdb.audit.keys import KEYS_FILE, SessionKeys, cut_torn_tails
-from xdb.audit.seal import Payload, open_blobs, open_sealed, seal, seal_batch
+from xdb.audit.records import SealedReads
+from xdb.audit.replay import ReplayMethods
+from xdb.audit.retirement import RetirementMethods
+from xdb.audit.seal import seal, seal_batch
 from xdb.audit.verify import (
-    RETIRED_ACTION,
     AuditReport,
     Deletion,
     chained_deletions,
@@ -104,9 +98,6 @@ log = logging.getLogger("ahc.xdb.audit")
 APP = "ahc-xdb-audit"
 # How long a commit waits for the batch before it (prepared on another thread) to be committed.
 COMMIT_TURN_TIMEOUT_S = 60.0
-# How long a checkpoint waits for the experience file to commit the batch the log just committed, so that
-# audit_replay is empty when it is written (xdb/audit/checkpoints.py): its commit follows within milliseconds.
-REPLAY_WAIT_S = 0.25
 # What XDB hands the modules that delete or rewrite rows: (action, details) → one chained record.
 AuditEvent = Callable[[str, dict[str, Any]], None]
 AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -195,7 +186,7 @@ def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
         cur.close()
 
 
-class AuditLog:
+class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
     """Owned by the XDB writer: `prepare` (hashing, Python) and `commit` (DuckDB) may run on two
     threads, batches in the same order; `verify` runs on any thread. `prepare` moves the chain's
     tip on at once, so the next batch can be hashed while this one is written; `committed_seq` is
@@ -332,74 +323,6 @@ class AuditLog:
         """The last committed (and anchored) head: (seq, hex hash); (-1, zeros) for an empty log."""
         seq, head = self.committed_head
         return seq, head.hex()
-
-    def records(self, session_id: str | None, event_type: str | None, since: datetime | None,
-                until: datetime | None, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        """Committed records in chain order, filtered (see XDB.audit_records); each with its record_hash (from
-        schema version 6 on the batch's head in a batch's last record, null in the others)."""
-        where, args = ["seq > ?"], list[Any]([after_seq])
-        for clause, value in (("session_id = ?", session_id), ("event_type = ?", event_type),
-                              ("created_at >= ?", since), ("created_at < ?", until)):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        table = self.conn.cursor().execute(f"""
-            SELECT seq, session_id, tick, event_type, role, content, token_id, request_id, created_at, metadata,
-                   record_hash, key_id, sealed FROM audit_records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?""",
-            [*args, limit]).to_arrow_table()
-        opened = self._open_sealed(table)
-        out = []
-        for row, payload in zip(table.drop_columns(["key_id", "sealed"]).to_pylist(), opened):
-            row["created_at"] = row["created_at"].isoformat() + "Z"
-            row["record_hash"] = None if row["record_hash"] is None else row["record_hash"].hex()
-            row["erased"] = payload is False
-            if isinstance(payload, tuple):
-                row["token_id"], row["content"], row["metadata"], _ = payload
-            out.append(row)
-        return out
-
-    def _open_sealed(self, table: pa.Table) -> list[Payload | bool]:
-        """Per row: the sealed payload, False where its key was destroyed, True for a record in clear.
-        A record sealed in a batch blob (from `batch_sealed_from` on) is read from its blob, fetched from
-        the log when the blob's record is not among the rows (it is in the same batch, before it)."""
-        key_ids = table.column("key_id").combine_chunks()
-        if key_ids.null_count == len(key_ids):
-            return [True] * table.num_rows
-        ids = pa.compute.fill_null(key_ids, -1).to_numpy()
-        seqs = table.column("seq").to_numpy()
-        keys = self.keys.secrets(np.unique(ids[ids >= 0]).tolist())
-        marker = self.batch_sealed_from
-        batched = np.zeros(len(seqs), dtype=bool) if marker is None else (seqs >= marker) & (ids >= 0)
-        opened = open_sealed(seqs, np.where(batched, -1, ids), table.column("sealed").combine_chunks(), keys)
-        blobs: dict[int, Payload] = {}
-        if batched.any():
-            blobs = self._blob_payloads(seqs[batched], ids[batched], keys)
-        out: list[Payload | bool] = []
-        for i, valid in enumerate(key_ids.is_valid().to_pylist()):
-            if not valid:
-                out.append(True)
-            elif batched[i]:
-                out.append(blobs.get(int(seqs[i]), False))
-            else:
-                payload = opened[i]
-                out.append(False if payload is None else payload)
-        return out
-
-    def _blob_payloads(self, seqs: np.ndarray, key_ids: np.ndarray, keys: dict[int, bytes]) -> dict[int, Payload]:
-        """The payloads of the batch blobs holding records `seqs` (sealed under `key_ids`) whose keys are
-        in `keys`, by seq."""
-        wanted = sorted({int(k) for k in key_ids.tolist() if int(k) in keys})
-        if not wanted:
-            return {}
-        lo, hi = int(seqs.min()), int(seqs.max())
-        with self.conn.cursor() as cur:
-            start = one(cur.execute("SELECT coalesce(max(seq_start), 0) FROM audit_checkpoints WHERE seq_start <= ?",
-                                    [lo]))[0]
-            found = cur.execute(f"SELECT seq, key_id, sealed FROM audit_records WHERE seq BETWEEN ? AND ? "
-                                f"AND sealed IS NOT NULL AND key_id IN ({', '.join(map(str, wanted))}) ORDER BY seq",
-                                [int(start), hi]).to_arrow_table()
-        return open_blobs(found.column("seq").to_numpy(), found.column("key_id").to_numpy(),
-                          found.column("sealed").combine_chunks(), keys)
 
     def append(self, batch: pa.Table, new_concepts: list[tuple[int, str]]) -> None:
         """Append one batch (the writer's Arrow table) and its new concepts in one transaction."""
@@ -555,60 +478,6 @@ class AuditLog:
             con.execute("ROLLBACK")
             raise
 
-    def experience_holds(self, timestep_id: int) -> None:
-        """The experience file has committed every row up to `timestep_id`: their activations may leave
-        audit_replay (at the next commit, in its transaction)."""
-        self._held_through = max(self._held_through, timestep_id)
-
-    def _empty_replay(self, wait_s: float = REPLAY_WAIT_S) -> None:
-        """Before a checkpoint (under the commit lock): wait a little for the experience file to commit what
-        the log has (its commit follows the log's), then drop the activations it holds from audit_replay."""
-        deadline = time.monotonic() + wait_s
-        while self._held_through < self._audited_through and time.monotonic() < deadline:
-            time.sleep(0.002)
-        self._prune_replay(self.conn)
-
-    def _prune_replay(self, con: duckdb.DuckDBPyConnection) -> None:
-        held = self._held_through
-        if self.activations_apart and held > self._pruned_through:
-            con.execute(f"DELETE FROM {REPLAY_TABLE} WHERE timestep_id <= {int(held)}")
-            self._pruned_through = held
-
-    def last_timestep_id(self) -> int:
-        last = one(self.conn.execute("SELECT max(timestep_id) FROM audit_records"))[0]
-        return -1 if last is None else int(last)
-
-    def rows_after(self, timestep_id: int) -> pa.Table:
-        """Audited rows the experience file has not committed yet (replayed after a crash). Their activations
-        (version 7 on) are those audit_replay kept, checked against each record's leaf: a row the experience
-        file had committed once (it was restored from an older copy) comes back without them."""
-        if self.activations_apart:  # a record's own activations (before version 7), else those it waits with
-            acts = ("coalesce(r.concept_ids, p.concept_ids) AS concept_ids, coalesce(r.concept_values, "
-                    "p.concept_values) AS concept_values, "
-                    "CASE WHEN p.timestep_id IS NOT NULL THEN r.activation_leaf END AS activation_leaf")
-            source = f"audit_records r LEFT JOIN {REPLAY_TABLE} p USING (timestep_id)"
-        else:
-            acts, source = "concept_ids, concept_values, CAST(NULL AS INTEGER) AS activation_leaf", "audit_records r"
-        cols = "timestep_id AS id, session_id, tick, event_type, role, content, token_id, request_id, " \
-               f"{acts}, activation_source, created_at, metadata"
-        table = self.conn.execute(f"SELECT {cols}, seq, key_id, sealed FROM {source} WHERE timestep_id > ? "
-                                  "AND event_type != ? ORDER BY seq", [timestep_id, EVENT_TYPE]).to_arrow_table()
-        bad = check_replayed(table, table.column("activation_leaf").to_pylist(), TOP_K)
-        if bad is not None:
-            raise ValueError(f"audit log {self.path}: the activations kept for replay of record "
-                             f"seq={table.column('seq')[bad].as_py()} do not hash to its leaf (edited); nothing "
-                             "was replayed")
-        table = table.drop_columns(["activation_leaf"])
-        opened = self._open_sealed(table)
-        # A deleted session's rows (its key destroyed) are not replayed: the deletion came after them.
-        keep = pa.array([payload is not False for payload in opened], pa.bool_())
-        rows = table.drop_columns(["seq", "key_id", "sealed"])
-        for i, name in ((0, "token_id"), (1, "content"), (2, "metadata")):
-            clear = rows.column(name).to_pylist()
-            values = [p[i] if isinstance(p, tuple) else v for p, v in zip(opened, clear)]
-            rows = rows.set_column(rows.column_names.index(name), name, pa.array(values, rows.column(name).type))
-        return rows.filter(keep)
-
     def concepts(self) -> list[tuple[int, str]]:
         return self.conn.execute("SELECT id, name FROM audit_concepts ORDER BY id").fetchall()
 
@@ -642,23 +511,6 @@ class AuditLog:
             finally:
                 cur.execute("ROLLBACK")
 
-    def check_activations(self, experience: duckdb.DuckDBPyConnection, report: AuditReport,
-                          seq_from: int | None = None, seq_to: int | None = None) -> AuditReport:
-        """`report` (a verified chain) with the activations the experience file (`experience`, a cursor
-        of it) holds for the records in [seq_from, seq_to] checked against those the log committed."""
-        if not report.ok or not self.activations_apart:
-            return report
-        with self.conn.cursor() as cur:
-            lo, hi = one(cur.execute("SELECT min(seq), max(seq) FROM audit_records"))
-            if lo is None:
-                return report
-            start = lo if seq_from is None else max(lo, seq_from)
-            end = hi if seq_to is None else min(hi, seq_to)
-            problem = check_experience(cur, experience, start, end, TOP_K)
-        if problem is not None:
-            return AuditReport(False, report.records_checked, problem, erased=report.erased, retired=report.retired)
-        return report
-
     def verify_for_open(self, seq_from: int | None = None) -> None:
         """Verify what a start builds on before anything does, in time flat in the log's size: its
         tail from the last checkpoint (and from `seq_from`, the first record to replay, if earlier) and
@@ -688,74 +540,6 @@ class AuditLog:
             log.warning("audit log %s: the retirement chained at seq=%d was cut short (a crash): carrying it out",
                         self.path, chained[-1].seq)
             self._carry_out(chained[-1].through)
-
-    # -- retirement ------------------------------------------------------------------------------
-    def retire(self, live_from: int, older_than: datetime, reason: str, shipped_through: int | None = None
-               ) -> dict[str, Any] | None:
-        """Retire the records up to the last checkpoint before the first record retention must keep: a
-        row at or past `live_from` (the experience file's first timestep left; or past its last),
-        anything written at or after `older_than`, or past `shipped_through` (the last record a shared lake
-        holds, when there is one: nothing leaves before it is shipped). None when nothing can go."""
-        with self.conn.cursor() as cur:
-            kept = one(cur.execute("SELECT min(seq) FROM audit_records WHERE (event_type != ? AND timestep_id >= ?) "
-                                   "OR created_at >= ?", [EVENT_TYPE, live_from, older_than]))[0]
-            bound = self.committed_seq if kept is None else int(kept)
-            if shipped_through is not None:
-                bound = min(bound, shipped_through + 1)
-            found = one(cur.execute("SELECT max(seq_end) FROM audit_checkpoints WHERE seq_end < ?", [bound]))[0]
-            first = one(cur.execute("SELECT min(seq) FROM audit_records"))[0]
-        if found is None or first is None or int(found) < int(first):
-            return None
-        return self.retire_through(int(found), reason)
-
-    def retire_through(self, through: int, reason: str) -> dict[str, Any]:
-        """Retire the records up to `through` (a checkpoint's end): chain an `audit_retired` event naming
-        that checkpoint, then delete them and the checkpoints before it (`_carry_out`)."""
-        with self.conn.cursor() as cur:
-            row = cur.execute("SELECT chain_head, checkpoint_hash FROM audit_checkpoints WHERE seq_end = ?",
-                              [through]).fetchone()
-            if row is None:
-                raise ValueError(f"no audit checkpoint ends at seq {through}")
-            count = one(cur.execute("SELECT count(*) FROM audit_records WHERE seq <= ?", [through]))[0]
-        details = {"through_seq": through, "chain_head": bytes(row[0]).hex(), "checkpoint_hash": bytes(row[1]).hex(),
-                   "records": int(count), "reason": reason}
-        seq = self.append_event(RETIRED_ACTION, details)
-        self._carry_out(through)
-        log.info("audit log %s: retired %d records up to seq=%d (%s), by the event at seq=%d", self.path, count,
-                 through, reason, seq)
-        return {**details, "event_seq": seq}
-
-    def _carry_out(self, through: int) -> None:
-        """Delete the records up to `through` and the checkpoints before it, in one transaction; then keep
-        the head file's lines from `through` on."""
-        with self._commit_lock:
-            con = self.conn
-            con.execute("BEGIN")
-            try:
-                con.execute(f"DELETE FROM audit_records WHERE seq <= {int(through)}")
-                con.execute(f"DELETE FROM audit_checkpoints WHERE seq_end < {int(through)}")
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            self._trim_head_file(through)
-
-    def _trim_head_file(self, through: int) -> None:
-        """Rewrite the head file without its lines before `through` (written aside, fsynced, renamed)."""
-        lines = read_heads(self.head_path) or []
-        kept = "".join(f"{seq} {head.hex()}\n" for seq, head in lines if seq >= through)
-        temp = self.head_path.with_name(self.head_path.name + ".tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, kept.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if self._head_fd is not None:
-            os.close(self._head_fd)
-            self._head_fd = None
-        os.replace(temp, self.head_path)
-        fsync_path(self.head_path.parent)
 
     def _deletions_now(self) -> list[Deletion]:
         with self.conn.cursor() as cur:
@@ -787,13 +571,6 @@ class AuditLog:
         thread = threading.Thread(target=run, name="ahc-audit-verify", daemon=True)
         thread.start()
         return thread
-
-    def first_seq_after(self, timestep_id: int) -> int | None:
-        """The first record of a row past `timestep_id` (what a replay starts from); None: none."""
-        found = one(self.conn.execute("SELECT min(seq) FROM audit_records WHERE timestep_id > ? AND event_type != ?",
-                                      [timestep_id, EVENT_TYPE]))[0]
-        return None if found is None else int(found)
-
 
 def verify_audit(data_dir: Path, seq_from: int | None = None, seq_to: int | None = None, *,
                  expect_head: tuple[int, bytes] | None = None) -> AuditReport:
