@@ -229,7 +229,7 @@ from pathlib import Path
 from test_xdb_service import FullDisk
 from core.config import XDBConfig
 from xdb import RemoteXDB, TimestepRow
-from xdb import remote
+from xdb.service import remote
 remote.DISK_RETRY_FIRST_S = remote.DISK_RETRY_MAX_S = 1000.0  # paused: no service runs meanwhile
 marker = Path({marker!r})
 marker.touch()
