@@ -12,9 +12,12 @@ import os
 import socket
 import sys
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+import psutil
 
 from core.config import AHCConfig, resolve_path
 from server.admission.cache_events import CacheEvents, follow
@@ -78,6 +81,7 @@ class Served:
 async def serve_engine(served: Served, engine: AsyncLLM, xdb: XDBClient, metrics: AHCMetrics) -> None:
     """Build the runtime and the app on a started engine client and serve until SIGTERM; shuts the engine
     client down once in-flight requests have drained, and closes what the runtime opened."""
+    from vllm.entrypoints.launchers import launcher
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.launcher import serve_http
     from vllm.renderers.chat_utils import load_chat_template
@@ -110,6 +114,10 @@ async def serve_engine(served: Served, engine: AsyncLLM, xdb: XDBClient, metrics
         # The recording wrapper stands in for the engine by delegation, which vLLM's nominal type cannot see.
         await init_app_state(cast("EngineClient", runtime.engine), app.state, args, supported_tasks)
         runtime.hidden.serving = app.state.openai_serving_chat  # renders hidden calls as vLLM renders chats
+        # At a cancelled shutdown vLLM logs the command line of whatever holds the port; a child that has just
+        # exited (a zombie not yet reaped) made that log line raise, and the server exit 1 after a clean drain.
+        found = launcher.__dict__["find_process_using_port"]
+        launcher.__dict__["find_process_using_port"] = functools.partial(live_process_using_port, found)
         shutdown = await serve_http(
             app, sock=served.sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
             access_log=False, timeout_keep_alive=5, timeout_graceful_shutdown=GRACE_AFTER_ENGINE_S,
@@ -178,3 +186,14 @@ def report_template(tokenizer: TokenizerLike, metrics: AHCMetrics, chat_template
         logging.getLogger("ahc.serve").warning(
             "the chat template is not prefix-stable, so the prefix cache cannot carry over between turns "
             "(give vLLM a stable one with engine.extra_args: [--chat-template, FILE]): %s", check.detail)
+
+
+def live_process_using_port(find: Callable[[int], psutil.Process | None], port: int) -> psutil.Process | None:
+    """`find(port)`, or None when the process it found is gone or a zombie (its command line unreadable)."""
+    process = find(port)
+    try:
+        if process is not None:
+            process.cmdline()
+    except psutil.Error:
+        return None
+    return process
