@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import httpx
 import pathspec
 
+from server.http.errors import error_message
+
 TAG_PREFIX = "codex:"
 SOURCE = "ahc codex load"
 MAX_BYTES = 8 << 20  # the whole tree: what a Codex in a prompt (or its RAG index) is meant to hold
@@ -151,11 +153,7 @@ class HttpDocuments:
         except httpx.HTTPError as exc:
             raise ValueError(f"{self.client.base_url}: {exc}") from None
         if reply.status_code != 200:
-            try:
-                why = reply.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                why = reply.text[:300]
-            raise ValueError(f"{method} {path}: {reply.status_code} {why}")
+            raise ValueError(f"{method} {path}: {reply.status_code} {error_message(reply)}")
         return reply.json()
 
     def list(self, tag: str) -> list[dict[str, Any]]:

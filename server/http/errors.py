@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -163,3 +164,12 @@ def normalise(status: int, body: bytes, anthropic: bool = False) -> bytes:
     if anthropic:
         return json.dumps(anthropic_error_body(status, message or f"HTTP {status}")).encode()
     return json.dumps(error_body(status, message or f"HTTP {status}", openai_type(status), code, param)).encode()
+
+
+def error_message(reply: httpx.Response) -> str:
+    """What an error reply in this shape (`{"error": {"message"}}`) says, for a client of the server (`ahc mcp`,
+    `ahc codex load`); its text's start when it is in no such shape."""
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:500]

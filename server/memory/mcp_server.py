@@ -20,6 +20,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from orchestrator.memory_tools import MEMORY_TOOL_NAMES, MEMORY_TOOLS
+from server.http.errors import error_message
 
 TIMEOUT_S = 30.0
 
@@ -56,7 +57,8 @@ class MemoryServer:
             reply = await client.post("/v1/context/memory", headers=headers,
                                       json={"session_id": session, "name": name, "arguments": args})
         if reply.status_code != 200:
-            return _result({"error": {"type": f"http_{reply.status_code}", "message": _message(reply)}}, error=True)
+            failed = {"type": f"http_{reply.status_code}", "message": error_message(reply)}
+            return _result({"error": failed}, error=True)
         result = reply.json()["result"]
         return _result(result, error="error" in result)
 
@@ -85,9 +87,3 @@ def _result(value: dict[str, Any], error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(value))],
                                 structuredContent=value, isError=error)
 
-
-def _message(reply: httpx.Response) -> str:
-    try:
-        return str(reply.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return reply.text[:500]
