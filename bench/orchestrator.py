@@ -38,7 +38,7 @@ from bench.prefix_ceiling import reusable_tokens
 from bench.result import BenchResult
 from bench.servers import start_server
 from core.config import OrchestratorConfig, load_config
-from orchestrator.turn import Turn
+from orchestrator.message import Message
 from orchestrator.turn_request import TurnRequest
 
 REPLY_TOKENS = 16
@@ -214,10 +214,10 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, 
                                 "what this measures")}}
 
 
-def assembly_content(tokens: int, count: Callable[[str], int]) -> tuple[dict[str, Any], list[Turn]]:
+def assembly_content(tokens: int, count: Callable[[str], int]) -> tuple[dict[str, Any], list[Message]]:
     """A session's `context` and State whose texts add up to about `tokens` tokens: a ~600-token
     Identity and 40 karma entries, then Codex documents (~5k tokens each) up to half of what is left,
-    then State turns (~250 each) up to the rest, ending on a reply as a kept session's State does. The
+    then State messages (~250 each) up to the rest, ending on a reply as a kept session's State does. The
     chat template adds a few tokens a message."""
     identity = text_of(300, 1)
     karma = [{"id": f"k{i}", "text": text_of(20, 50 + i)} for i in range(40)]
@@ -227,9 +227,9 @@ def assembly_content(tokens: int, count: Callable[[str], int]) -> tuple[dict[str
     while used < left / 2:
         codex.append({"id": f"d{len(codex)}", "text": text_of(2500, len(codex))})
         used += count(codex[-1]["text"])
-    state: list[Turn] = []
+    state: list[Message] = []
     while used < left or len(state) % 2:
-        state.append(Turn(role="assistant" if len(state) % 2 else "user", content=text_of(120, 1000 + len(state))))
+        state.append(Message(role="assistant" if len(state) % 2 else "user", content=text_of(120, 1000 + len(state))))
         used += count(state[-1].content)
     return {"session_id": "big", "identity": identity, "mode": "cag", "codex": codex, "karma": karma}, state
 
@@ -255,7 +255,7 @@ def assembly_p99_ms(model_dir: Path, load: OrchestratorLoad) -> tuple[float, int
                         SessionStore())
     context, state = assembly_content(load.assembly_tokens, lambda text: len(encode(text)))
     spec = parse_context(context)
-    orch.sessions.get("big").turns = state
+    orch.sessions.get("big").messages = state
     messages = [{"role": "user", "content": "next question"}]
 
     async def once() -> float:

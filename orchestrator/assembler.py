@@ -1,6 +1,6 @@
 """Assembly: blocks in, prompt out, as a pure function.
 
-Identity, Codex and Karma become the one system message (in that order); State is the turn history;
+Identity, Codex and Karma become the one system message (in that order); State is the message history;
 Query is the last user message, with the karma entries it stages and, in RAG mode, retrieved excerpts.
 Identical inputs give identical messages, hence identical prompt text and token ids through the
 (prefix-stable) chat template.
@@ -17,8 +17,8 @@ from typing import Any
 from orchestrator.blocks import Block, prefix_sha256, sha256_hex
 from orchestrator.context_spec import CodexDoc, KarmaEntry
 from orchestrator.formatters import Excerpt, Formatter
+from orchestrator.message import Message
 from orchestrator.token_counter import MAX_CHARS, TokenCounter
-from orchestrator.turn import Turn
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class AssemblyInput:
     codex: tuple[CodexDoc, ...]
     karma: tuple[KarmaEntry, ...]
     summary: str | None
-    state: tuple[Turn, ...]
+    state: tuple[Message, ...]
     query: str | None
     excerpts: tuple[Excerpt, ...] = ()
     include_codex: bool = True
@@ -59,7 +59,7 @@ class RenderCache:
     """Memo of rendered blocks, so an unchanged block costs a lookup, not a re-render and re-hash.
 
     Results never depend on it (assembly stays a pure function); it only skips repeated work. The
-    State digest is a hash chain over turn hashes, so a State that grew by one turn extends the
+    State digest is a hash chain over message hashes, so a State that grew by one message extends the
     previous digest instead of re-hashing the whole history.
 
     Each memo is bounded by the characters it holds (`max_chars`) as well as by count: a rendered block
@@ -70,15 +70,15 @@ class RenderCache:
     def __init__(self, capacity: int = 256, max_chars: int = MAX_CHARS, states: int = 8) -> None:
         self._texts: OrderedDict[tuple[Hashable, ...], Block] = OrderedDict()
         self._text_chars = 0
-        # (turns, digest, tokens, characters of the turns' texts), oldest first.
-        self._states: list[tuple[tuple[Turn, ...], str, int, int]] = []
+        # (messages, digest, tokens, characters of the messages' texts), oldest first.
+        self._states: list[tuple[tuple[Message, ...], str, int, int]] = []
         self._capacity = capacity
         self._max_states = states
         self.max_chars = max_chars
 
     @property
     def cached_chars(self) -> int:
-        """Characters of the rendered blocks held, plus those of the States' turns."""
+        """Characters of the rendered blocks held, plus those of the States' messages."""
         return self._text_chars + sum(entry[3] for entry in self._states)
 
     def text_block(self, key: tuple[Hashable, ...], render: Callable[[], str], counter: TokenCounter,
@@ -114,19 +114,19 @@ class RenderCache:
             self._text_chars -= len(evicted.text)
         return block
 
-    def state_block(self, state: tuple[Turn, ...], counter: TokenCounter) -> Block:
-        best: tuple[tuple[Turn, ...], str, int, int] = ((), STATE_ROOT, 0, 0)
+    def state_block(self, state: tuple[Message, ...], counter: TokenCounter) -> Block:
+        best: tuple[tuple[Message, ...], str, int, int] = ((), STATE_ROOT, 0, 0)
         for entry in self._states:
-            turns = entry[0]
-            if len(best[0]) < len(turns) <= len(state) and _same_prefix(turns, state):
+            messages = entry[0]
+            if len(best[0]) < len(messages) <= len(state) and _same_prefix(messages, state):
                 best = entry
         done, sha, tokens, chars = best
-        for turn in state[len(done):]:
-            sha = sha256_hex(sha + turn.sha256)
-            tokens += _turn_tokens(turn, counter)
-            chars += sum(len(text) for text in turn_texts((turn,)))
+        for message in state[len(done):]:
+            sha = sha256_hex(sha + message.sha256)
+            tokens += _message_tokens(message, counter)
+            chars += sum(len(text) for text in message_texts((message,)))
         if len(done) != len(state) and chars <= self.max_chars:
-            # Past the bounds the oldest States go: sessions hold their turns anyway, but a request
+            # Past the bounds the oldest States go: sessions hold their messages anyway, but a request
             # without one brings a State that only this list would keep alive.
             kept = self._states[max(len(self._states) + 1 - self._max_states, 0):]
             self._states = [*kept, (state, sha, tokens, chars)]
@@ -138,7 +138,7 @@ class RenderCache:
 STATE_ROOT = sha256_hex("ahc-state")
 
 
-def _same_prefix(prefix: tuple[Turn, ...], state: tuple[Turn, ...]) -> bool:
+def _same_prefix(prefix: tuple[Message, ...], state: tuple[Message, ...]) -> bool:
     return all(a is b or a == b for a, b in zip(prefix, state))
 
 
@@ -177,13 +177,13 @@ async def prefetch(inp: AssemblyInput, formatter: Formatter, counter: TokenCount
     result is the same with or without this."""
     for part in _text_parts(inp, formatter):
         await cache.prefetch_text_block(part.key, part.render, counter, part.name, part.size)
-    await counter.prefetch(turn_texts(inp.state))
+    await counter.prefetch(message_texts(inp.state))
     await counter.prefetch([_query_text(inp, formatter)])
 
 
-def turn_texts(turns: Sequence[Turn]) -> list[str]:
-    """The texts the State block's tokens are counted from (`_turn_tokens`)."""
-    return [text for turn in turns for text in (turn.content, *(a for _, _, a in turn.tool_calls))]
+def message_texts(messages: Sequence[Message]) -> list[str]:
+    """The texts the State block's tokens are counted from (`_message_tokens`)."""
+    return [text for message in messages for text in (message.content, *(a for _, _, a in message.tool_calls))]
 
 
 def assemble(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter,
@@ -199,7 +199,7 @@ def assemble(inp: AssemblyInput, formatter: Formatter, counter: TokenCounter,
 
     system = "\n\n".join(text for text in texts.values() if text)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    messages += [turn.message for turn in inp.state]
+    messages += [message.message for message in inp.state]
     if inp.query is not None:
         messages.append({"role": "user", "content": query})
     return AssembledPrompt(messages=messages, blocks=blocks)
@@ -210,5 +210,5 @@ def _text_block(name: str, text: str, counter: TokenCounter) -> Block:
     return Block(name=name, text=text, tokens=tokens, sha256=sha)
 
 
-def _turn_tokens(turn: Turn, counter: TokenCounter) -> int:
-    return counter.count(turn.content) + sum(counter.count(a) for _, _, a in turn.tool_calls)
+def _message_tokens(message: Message, counter: TokenCounter) -> int:
+    return counter.count(message.content) + sum(counter.count(a) for _, _, a in message.tool_calls)

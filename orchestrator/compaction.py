@@ -1,7 +1,7 @@
 """Compaction: past a State token threshold, the oldest turns are condensed by the served model.
 
 The summary joins the Karma block (after the karma entries), the condensed turns leave the State, and
-the most recent `compaction_keep_turns` turns stay verbatim. Karma entries staged in State turns are
+the most recent `compaction_keep_turns` turns stay verbatim. Karma entries staged in State messages are
 promoted to the Karma block first, so no entry is ever condensed. The caller stores the snapshot in XDB.
 
 The summary call continues the session's own prompt: its blocks and State exactly as last sent, then
@@ -22,9 +22,9 @@ from core.config import OrchestratorConfig
 from core.spans import SESSION_ID
 from orchestrator.ctc_governor import turn_groups
 from orchestrator.karma import promote
+from orchestrator.message import Message
 from orchestrator.session import Session
 from orchestrator.token_counter import TokenCounter
-from orchestrator.turn import Turn
 
 tracer = trace.get_tracer(__name__)
 
@@ -62,7 +62,7 @@ Summarize = Callable[[SummaryCall], Awaitable["SummaryReply | str"]]
 class Compaction:
     """One compaction of a session's State, for the experience database's record of it."""
 
-    turns: int  # messages condensed
+    messages: int  # condensed
     tokens_before: int  # State tokens before (the summary so far included)
     tokens_after: int  # State tokens after: the new summary and the turns kept
     summary: str
@@ -84,11 +84,12 @@ class CompactionCall:
     keep_tokens: int | None = None
 
 
-def state_tokens(turns: Sequence[Turn], counter: TokenCounter) -> int:
-    return sum(counter.count(t.content) + sum(counter.count(a) for _, _, a in t.tool_calls) for t in turns)
+def state_tokens(messages: Sequence[Message], counter: TokenCounter) -> int:
+    return sum(counter.count(m.content) + sum(counter.count(a) for _, _, a in m.tool_calls) for m in messages)
 
 
-def kept_groups(groups: Sequence[tuple[Turn, ...]], keep: int, keep_tokens: int | None, counter: TokenCounter) -> int:
+def kept_groups(groups: Sequence[tuple[Message, ...]], keep: int, keep_tokens: int | None,
+                counter: TokenCounter) -> int:
     """How many of the newest turn groups stay verbatim: at most `keep`, and at most `keep_tokens`."""
     kept, tokens = 0, 0
     for group in reversed(groups):
@@ -99,7 +100,7 @@ def kept_groups(groups: Sequence[tuple[Turn, ...]], keep: int, keep_tokens: int 
     return kept
 
 
-def summary_request(session: Session, old: Sequence[Turn]) -> list[dict[str, Any]]:
+def summary_request(session: Session, old: Sequence[Message]) -> list[dict[str, Any]]:
     """A fresh prompt: the instruction and the old turns as a transcript."""
     transcript = "\n".join(f"{t.role}: {t.content}" + "".join(f" [called {n}({a})]" for _, n, a in t.tool_calls)
                            for t in old)
@@ -113,42 +114,42 @@ def continued_request(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*prompt, {"role": "user", "content": CONTINUED_INSTRUCTION}]
 
 
-def summary_call(session: Session, old: Sequence[Turn], how: CompactionCall) -> SummaryCall:
+def summary_call(session: Session, old: Sequence[Message], how: CompactionCall) -> SummaryCall:
     if how.continuation is not None:
         return SummaryCall(continued_request(how.continuation), how.tools, continued=True)
     return SummaryCall(summary_request(session, old))
 
 
-async def compact(session: Session, incoming: Sequence[Turn], config: OrchestratorConfig, threshold_tokens: int,
+async def compact(session: Session, incoming: Sequence[Message], config: OrchestratorConfig, threshold_tokens: int,
                   counter: TokenCounter, summarize: Summarize, force: bool = False, keep: int | None = None,
                   how: Callable[[], Awaitable[CompactionCall]] | None = None) -> Compaction | None:
     """Condense the session's oldest turns when State is over `threshold_tokens` (or when forced: by the
     VRAM governor, or by a prompt over its budget); what it did, or None. `keep` overrides
     `compaction_keep_turns` (0 when even the kept turns do not fit); `how` makes the call to send, and
     is asked only when the State is to be compacted (most requests are not)."""
-    if not force and state_tokens([*session.turns, *incoming], counter) <= threshold_tokens:
+    if not force and state_tokens([*session.messages, *incoming], counter) <= threshold_tokens:
         return None
     plan = await how() if how is not None else CompactionCall()
-    groups = turn_groups(tuple(session.turns))
+    groups = turn_groups(tuple(session.messages))
     keep = config.compaction_keep_turns if keep is None else keep
     old_groups = groups[:len(groups) - kept_groups(groups, keep, plan.keep_tokens, counter)]
     if not old_groups:
         return None
     old = [t for group in old_groups for t in group]
-    before = state_tokens(session.turns, counter) + counter.count(session.summary or "")
+    before = state_tokens(session.messages, counter) + counter.count(session.summary or "")
     call = summary_call(session, old, plan)
     with tracer.start_as_current_span("ahc.compaction", attributes={SESSION_ID: session.session_id,
-                                                                   "ahc.compaction.turns": len(old),
+                                                                   "ahc.compaction.messages": len(old),
                                                                    "ahc.compaction.continued": call.continued}):
         answer = await summarize(call)
     reply = answer if isinstance(answer, SummaryReply) else SummaryReply(answer)
     summary = reply.text.strip()
     session.summary = summary or session.summary
-    session.turns = session.turns[len(old):]
+    session.messages = session.messages[len(old):]
     session.last_turn = None  # what undid the last turn undoes it no more in a compacted State
     promote(session)  # the condensed turns carried staged karma verbatim: it moves to the Karma block
     session.compactions += 1
     session.compacted_turns += len(old_groups)
-    after = state_tokens(session.turns, counter) + counter.count(session.summary or "")
+    after = state_tokens(session.messages, counter) + counter.count(session.summary or "")
     return Compaction(len(old), before, after, session.summary or "", call.continued, reply.prompt_tokens,
                       reply.cached_tokens)

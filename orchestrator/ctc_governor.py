@@ -1,6 +1,6 @@
 """The CTC governor: a character cap and a message-depth cap on the assembled prompt.
 
-What goes first when over the cap: filler turns (small talk), then the oldest turns, then
+What goes first when over the cap: filler messages (small talk), then the oldest turns, then
 non-verbatim karma, oldest first. Verbatim karma, the Identity and the Query are never touched.
 
 The caps are a safety net behind compaction, not a second compaction: dropping the oldest turns moves
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from core.config import OrchestratorConfig
 from orchestrator.assembler import AssemblyInput
-from orchestrator.turn import Turn
+from orchestrator.message import Message
 
 # A BPE tokenizer's characters per token on English prose and code (3.5 to 4.5): the character cap is
 # a share of the window in characters at this rate. Text denser in tokens meets the token budget (and
@@ -58,14 +58,14 @@ def ctc_limits(config: OrchestratorConfig, max_model_len: int) -> CTCLimits:
     return CTCLimits(max_chars or None, max_turns or None)
 
 
-def turn_groups(state: tuple[Turn, ...]) -> list[tuple[Turn, ...]]:
+def turn_groups(state: tuple[Message, ...]) -> list[tuple[Message, ...]]:
     """State split into turns: a user message with the replies and tool traffic that follow it."""
-    groups: list[list[Turn]] = []
-    for turn in state:
-        if turn.role == "user" or not groups:
-            groups.append([turn])
+    groups: list[list[Message]] = []
+    for message in state:
+        if message.role == "user" or not groups:
+            groups.append([message])
         else:
-            groups[-1].append(turn)
+            groups[-1].append(message)
     return [tuple(group) for group in groups]
 
 
@@ -84,10 +84,10 @@ def govern(inp: AssemblyInput, limits: CTCLimits,
         return inp, actions
 
     dropped = 0
-    for turn in [t for t in inp.state if t.is_filler]:
+    for filler in [m for m in inp.state if m.is_filler]:
         if chars_of(inp) <= limits.max_chars:
             break
-        inp = replace(inp, state=tuple(t for t in inp.state if t is not turn))
+        inp = replace(inp, state=tuple(m for m in inp.state if m is not filler))
         dropped += 1
     if dropped:
         actions.append(f"ctc_prune_filler:{dropped}")
@@ -113,11 +113,11 @@ def govern(inp: AssemblyInput, limits: CTCLimits,
     return inp, actions
 
 
-def _without_oldest(inp: AssemblyInput, groups: list[tuple[Turn, ...]], cut: int) -> AssemblyInput:
+def _without_oldest(inp: AssemblyInput, groups: list[tuple[Message, ...]], cut: int) -> AssemblyInput:
     return replace(inp, state=tuple(t for group in groups[cut:] for t in group))
 
 
-def _least_cut(inp: AssemblyInput, groups: list[tuple[Turn, ...]], max_chars: int,
+def _least_cut(inp: AssemblyInput, groups: list[tuple[Message, ...]], max_chars: int,
                chars_of: Callable[[AssemblyInput], int]) -> int:
     """The fewest oldest groups to drop for the cap (the last group always stays): a binary search, as
     each try assembles the prompt."""
@@ -131,7 +131,7 @@ def _least_cut(inp: AssemblyInput, groups: list[tuple[Turn, ...]], max_chars: in
     return low
 
 
-def _stable_cut(groups: list[tuple[Turn, ...]], least: int, step: int) -> int:
+def _stable_cut(groups: list[tuple[Message, ...]], least: int, step: int) -> int:
     """`least` moved on to where the State's characters up to it reach a multiple of `step`. Those
     points depend only on the State's oldest turns, which do not change as it grows, so the cut stays
     put until the State has grown by about a step."""

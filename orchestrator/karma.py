@@ -36,7 +36,7 @@ def plan_karma(entries: list[KarmaEntry], session: Session | None, staging: bool
     known = (*session.karma, *session.staged_karma)
     # An earlier entry changed or went (the block must be rewritten), or nothing is behind the Karma
     # block yet (writing it costs nothing): every entry goes in the block.
-    if entries_t[:len(known)] != known or not session.turns:
+    if entries_t[:len(known)] != known or not session.messages:
         return KarmaPlan(entries_t, (), entries_t)
     return KarmaPlan(tuple(session.karma), entries_t[len(known):], entries_t)
 

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from core.config import OrchestratorConfig
 from core.errors import InvalidRequest
 from core.spans import CONTEXT_MODE, FIRST_CHANGED_BLOCK, GOVERNOR_ACTIONS, PROMPT_TOKENS, SESSION_ID
-from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, prefetch, turn_texts
+from orchestrator.assembler import AssembledPrompt, AssemblyInput, RenderCache, assemble, message_texts, prefetch
 from orchestrator.blocks import Block, first_changed
 from orchestrator.budget import BOUNDARY_SLACK, PromptMeter, RenderChat
 from orchestrator.cache_report import PASSTHROUGH, REPLICA, SIDE_CALL, CacheReport
@@ -39,6 +39,7 @@ from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
 from orchestrator.memory_tools import offered
+from orchestrator.message import Message
 from orchestrator.named_sessions import NamedSessions, tools_key
 from orchestrator.prepared import Prepared
 from orchestrator.request_turn import RequestTurn
@@ -46,7 +47,6 @@ from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.shared_conversations import ConversationTable
 from orchestrator.token_counter import TokenCounter
-from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from orchestrator.turn_retry import TurnMark, brought
 
@@ -67,7 +67,7 @@ class _Request:
 
     spec: ContextSpec
     identity: str
-    new_turns: list[Turn]
+    new_messages: list[Message]
     query: str | None
     session: Session | None
     formatter: Formatter
@@ -135,8 +135,8 @@ class Orchestrator:
     async def _prepare(self, turn: TurnRequest, force_compaction: bool) -> Prepared:
         spec, messages, tenant_prefix, label = turn.spec, turn.messages, turn.tenant_prefix, turn.label
         if spec is None:
-            identity, turns, query = split_messages(messages, strict=False)
-            await self.counter.prefetch([identity, *turn_texts(turns), query or ""])
+            identity, state, query = split_messages(messages, strict=False)
+            await self.counter.prefetch([identity, *message_texts(state), query or ""])
             return self._passthrough(turn)
         if spec.session_id is not None:
             label = None  # a session the server keeps: its own State and hashes
@@ -144,16 +144,16 @@ class Orchestrator:
         codex = tuple(spec.documents())
         self.limits.check([(doc.id, doc.text) for doc in codex])
         budget = self.prompt_budget(turn.completion_tokens)
-        identity, new_turns, query = split_messages(messages)
+        identity, new_messages, query = split_messages(messages)
         formatter = self.formatters.get(spec.formatter or self.config.formatter)
         session = await self.sessions.aget(spec.session_id) if spec.session_id else None
-        brings = brought(new_turns, query)
+        brings = brought(new_messages, query)
         if session is not None and session.last_turn is not None and session.last_turn.retried_by(brings, turn.retry):
             session = session.without_last_turn()
-        # Compaction counts the State's tokens first: long turns are counted off the event loop.
-        await self.counter.prefetch(turn_texts([*(session.turns if session else ()), *new_turns]))
+        # Compaction counts the State's tokens first: long messages are counted off the event loop.
+        await self.counter.prefetch(message_texts([*(session.messages if session else ()), *new_messages]))
         can_compact = session is not None and self.summarize is not None
-        request = _Request(spec, identity or "", new_turns, query, session, formatter, budget, turn.tools,
+        request = _Request(spec, identity or "", new_messages, query, session, formatter, budget, turn.tools,
                            codex, tenant_prefix, compacts=can_compact)
         request.placement = await self._placement(request)
         decided = request.placement
@@ -163,7 +163,7 @@ class Orchestrator:
 
         async def compacted(threshold: int, force: bool, keep: int | None = None) -> None:
             assert session is not None and self.summarize is not None
-            done = await compact(session, new_turns, self.config, threshold, self.counter, self.summarize, force,
+            done = await compact(session, new_messages, self.config, threshold, self.counter, self.summarize, force,
                                  keep, partial(self._compaction_call, request))
             if done is not None:
                 actions.append("compaction")
@@ -208,7 +208,7 @@ class Orchestrator:
         # A RAG turn's excerpts stay in State with its question: from the next turn on they are part of
         # the cached prefix (and counted, and condensed, by compaction like any turn).
         stored_query = formatter.query(query, plan.excerpts, karma.fresh) if query is not None else None
-        return Prepared(plan.prompt.messages, report, session_id, session, list(new_turns), plan.prompt, turn,
+        return Prepared(plan.prompt.messages, report, session_id, session, list(new_messages), plan.prompt, turn,
                         plan.extra_tools, query=query, karma=karma, stored_query=stored_query,
                         prompt_tokens=plan.tokens, condense_wanted=plan.wanted, compactions=tuple(compactions),
                         named=label is not None, placement=placement, brought=brings,
@@ -227,7 +227,7 @@ class Orchestrator:
         """One try at the prompt with the session's State as it is now."""
         spec, formatter, placement = r.spec, r.formatter, r.placement
         assert placement is not None
-        inp, karma = self._input(r, query=r.query, new_turns=r.new_turns)
+        inp, karma = self._input(r, query=r.query, new_messages=r.new_messages)
         await prefetch(inp, formatter, self.counter, self.render_cache)
         condense_actions = [CONDENSE_ACTION] if placement.rendition == CONDENSED else []
         wanted = wanting_rendition(r.codex) if placement.rendition == RAG and spec.mode == "auto" else ()
@@ -247,9 +247,10 @@ class Orchestrator:
                      CONDENSED if placement.rendition == CONDENSED else FULL, wanted,
                      governed.excerpts if kept else (), self._passing_tokens(governed, kept, formatter))
 
-    def _input(self, r: _Request, query: str | None, new_turns: Sequence[Turn]) -> tuple[AssemblyInput, KarmaPlan]:
+    def _input(self, r: _Request, query: str | None,
+               new_messages: Sequence[Message]) -> tuple[AssemblyInput, KarmaPlan]:
         """The blocks of the request's prompt with its placement of the Codex and the State as it is now
-        (`new_turns` and `query`: the request's own, or none for the prompt its session last sent)."""
+        (`new_messages` and `query`: the request's own, or none for the prompt its session last sent)."""
         session, spec, placement = r.session, r.spec, r.placement
         assert placement is not None
         karma = plan_karma(spec.karma, session, self.config.karma_staging)
@@ -259,7 +260,7 @@ class Orchestrator:
         inp = AssemblyInput(identity=spec.identity if spec.identity is not None else r.identity,
                             codex=codex, karma=karma.block, staged_karma=karma.fresh,
                             summary=session.summary if session else None,
-                            state=tuple(session.turns if session else ()) + tuple(new_turns), query=query,
+                            state=tuple(session.messages if session else ()) + tuple(new_messages), query=query,
                             include_codex=placement.mode == "cag")
         return inp, karma
 
@@ -307,7 +308,7 @@ class Orchestrator:
         next compaction's call. A compaction keeps at most `compaction_keep_share` of it verbatim, and a
         RAG turn's excerpts (which join the State) take at most a quarter, so several turns fit between
         compactions."""
-        inp, _ = self._input(r, query=r.query, new_turns=())
+        inp, _ = self._input(r, query=r.query, new_messages=())
         bare = assemble(replace(inp, state=()), r.formatter, self.counter, self.render_cache)
         return max(r.budget - self.meter.tokens(bare, (*r.tools, *self._extra_tools(r))) - self._summary_room(), 0)
 
@@ -323,9 +324,9 @@ class Orchestrator:
         prefix cache. A transcript instead when that prompt and the call's room exceed the window."""
         session = r.session
         keep_tokens = int(self._state_room(r) * self.config.compaction_keep_share)
-        if session is None or not session.turns:
+        if session is None or not session.messages:
             return CompactionCall(keep_tokens=keep_tokens)
-        inp, _ = self._input(r, query=None, new_turns=())
+        inp, _ = self._input(r, query=None, new_messages=())
         await prefetch(inp, r.formatter, self.counter, self.render_cache)
         governed, _ = self._govern(inp, r.formatter)
         prompt = assemble(governed, r.formatter, self.counter, self.render_cache)
@@ -350,7 +351,7 @@ class Orchestrator:
                                                               scope, r.tenant_prefix))
         if not r.retrieved or r.query is None:
             return inp, False, False
-        delivered = "\n".join(turn.content for turn in inp.state if turn.role == "user")
+        delivered = "\n".join(m.content for m in inp.state if m.role == "user")
         fresh = [excerpt for excerpt in r.retrieved if excerpt.text.strip() not in delivered]
         if not fresh:
             return inp, False, False
@@ -397,9 +398,9 @@ class Orchestrator:
         session = prepared.session
         if session is None or self.summarize is None:
             return None
-        before = len(session.turns)
+        before = len(session.messages)
         again = await self.prepare(prepared.request, force_compaction=True)
-        if "compaction" not in again.actions and len(session.turns) >= before:
+        if "compaction" not in again.actions and len(session.messages) >= before:
             return None
         taken = prepared.actions
         again.report.governor = taken + [a for a in again.actions if a not in taken]
@@ -410,7 +411,7 @@ class Orchestrator:
         return govern(inp, limits, lambda i: assemble(i, formatter, self.counter, self.render_cache).chars)
 
     def _passthrough(self, turn: TurnRequest) -> Prepared:
-        """No `context`: the request goes to vLLM as sent; only the report is added. Its new turns and
+        """No `context`: the request goes to vLLM as sent; only the report is added. Its new messages and
         query are recorded as a sessionless request's with `context` are; under `label` when the client
         named its session."""
         messages, label, naming = turn.messages, turn.label, "explicit"
@@ -419,8 +420,8 @@ class Orchestrator:
             found = self.conversations.find(heads, turn.tenant_prefix)
             label, seen = found if found is not None else (None, None)
             naming = "new" if label is None else "inferred"
-        identity, turns, query = split_messages(messages, strict=False)
-        inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(turns), query=query)
+        identity, state, query = split_messages(messages, strict=False)
+        inp = AssemblyInput(identity=identity, codex=(), karma=(), summary=None, state=tuple(state), query=query)
         prompt = assemble(inp, self.formatters.get("default"), self.counter, self.render_cache)
         thread = tools_key(turn.tools)
         if label is not None and naming == "explicit":
@@ -431,10 +432,10 @@ class Orchestrator:
                                       side=naming == SIDE_CALL)
         report = CacheReport(PASSTHROUGH, tuple(prompt.blocks), prompt.prefix_sha256,
                              first_changed(prompt.blocks, last), session_naming=naming)
-        seen_turns = None if seen is None else sum(m.get("role") not in INSTRUCTIONS for m in messages[:seen])
-        return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(turns), prompt,
+        seen_messages = None if seen is None else sum(m.get("role") not in INSTRUCTIONS for m in messages[:seen])
+        return Prepared(messages, report, label or turn.tenant_prefix + new_session_id(), None, list(state), prompt,
                         turn, query=query, named=label is not None, conversation=heads[-1] if heads else None,
-                        seen_turns=seen_turns, thread=thread)
+                        seen_messages=seen_messages, thread=thread)
 
     def rollback(self, prepared: Prepared) -> None:
         """The request failed or was cut off: the State stays as it was before it (a compaction it
@@ -456,7 +457,7 @@ class Orchestrator:
             prepared.mark.delivered = True
 
     def commit(self, prepared: Prepared, reply: dict[str, Any]) -> Any:
-        """After the response: the request's turns, the query and the reply join the session's State,
+        """After the response: the request's messages, the query and the reply join the session's State,
         which is persisted; returns the store's receipt (a future when it saves in the background)."""
         session = prepared.session
         if session is None:
@@ -470,14 +471,14 @@ class Orchestrator:
                                       prepared.request.tenant_prefix)
             return None
         session.last_turn = prepared.mark = TurnMark(prepared.brought, prepared.request.retry.key,
-                                                     len(session.turns), list(session.karma),
+                                                     len(session.messages), list(session.karma),
                                                      list(session.staged_karma), delivered=False)
-        session.turns.extend(prepared.new_turns)
+        session.messages.extend(prepared.new_messages)
         session.last_hashes = prepared.prompt.hashes()
         session.moved_from = None
         if prepared.stored_query is not None:
-            session.turns.append(Turn(role="user", content=prepared.stored_query))
-        session.turns.append(Turn.from_message(reply))
+            session.messages.append(Message(role="user", content=prepared.stored_query))
+        session.messages.append(Message.from_message(reply))
         if prepared.karma is not None:
             commit_karma(session, prepared.karma)
         if prepared.placement is not None:
@@ -490,8 +491,8 @@ class Orchestrator:
 INSTRUCTIONS = ("system", "developer")
 
 
-def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Turn], str | None]:
-    """(identity from the system messages, the turns before the query, the query or None)."""
+def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple[str, list[Message], str | None]:
+    """(identity from the system messages, the messages before the query, the query or None)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidRequest("messages: must be a list of message objects", param="messages")
     system = [m for m in messages if m.get("role") in INSTRUCTIONS]
@@ -499,17 +500,17 @@ def split_messages(messages: list[dict[str, Any]], strict: bool = True) -> tuple
     identity = "\n\n".join(str(m.get("content") or "") for m in system)
     query = None
     if rest and rest[-1].get("role") == "user":
-        last = Turn.from_message(rest[-1])
+        last = Message.from_message(rest[-1])
         query, rest = last.content, rest[:-1]
-    turns = []
+    state = []
     for message in rest:
         try:
-            turns.append(Turn.from_message(message))
+            state.append(Message.from_message(message))
         except (InvalidRequest, KeyError, TypeError):
             if strict:
                 raise InvalidRequest(f"messages: cannot use a {message.get('role')!r} message as State",
                                      param="messages") from None
-    return identity, turns, query
+    return identity, state, query
 
 
 def prompt_attributes(prepared: Prepared) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from orchestrator.codex_placement import Placement
 from orchestrator.compaction import Compaction
 from orchestrator.context_spec import CodexDoc
 from orchestrator.karma import KarmaPlan
+from orchestrator.message import Message
 from orchestrator.session import Session
-from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from orchestrator.turn_retry import TurnMark
 
@@ -26,7 +26,7 @@ class Prepared:
     report: CacheReport
     session_id: str
     session: Session | None
-    new_turns: list[Turn]
+    new_messages: list[Message]
     prompt: AssembledPrompt
     request: TurnRequest  # what the request asked, for a re-prepare (shrink)
     extra_tools: list[dict[str, Any]] = field(default_factory=list)
@@ -43,11 +43,11 @@ class Prepared:
     # A request sent as written: the head of its messages' chain (orchestrator/conversations.py),
     # which its reply extends into its session's latest head when the turn commits.
     conversation: str | None = None
-    # A request sent as written whose messages continue its session's conversation: how many of its turns
-    # (new_turns) the session has had already; None when that is not known.
-    seen_turns: int | None = None
+    # A request sent as written whose messages continue its session's conversation: how many of its messages
+    # (new_messages) the session has had already; None when that is not known.
+    seen_messages: int | None = None
     thread: str | None = None  # sent as written: the tool set it offers (orchestrator/named_sessions.py)
-    brought: str = ""  # a digest of the turns and query it brings to the State (orchestrator/turn_retry.py)
+    brought: str = ""  # a digest of the messages and query it brings to the State (orchestrator/turn_retry.py)
     mark: TurnMark | None = None  # the one its commit left on the session, which its delivery completes
 
     @property

@@ -18,20 +18,20 @@ from itertools import islice
 from typing import Any, Protocol
 
 from orchestrator.context_spec import KarmaEntry
-from orchestrator.turn import Turn
+from orchestrator.message import Message
 from orchestrator.turn_retry import TurnMark
 
 
 @dataclass
 class Session:
     session_id: str
-    turns: list[Turn] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     summary: str | None = None
     last_hashes: dict[str, str] | None = None
     compactions: int = 0
-    compacted_turns: int = 0
+    compacted_turns: int = 0  # turns (a user message and what follows it) condensed so far
     karma: list[KarmaEntry] = field(default_factory=list)         # in the Karma block
-    staged_karma: list[KarmaEntry] = field(default_factory=list)  # in State turns (orchestrator/karma.py)
+    staged_karma: list[KarmaEntry] = field(default_factory=list)  # in State messages (orchestrator/karma.py)
     # The server (replica) that saved this State last. Loaded by another, the prefix its hashes describe
     # is in that one's cache, not here: `moved_from` says so until this server's first turn commits.
     replica: str | None = None
@@ -52,12 +52,12 @@ class Session:
         leaves the State as it was."""
         mark = self.last_turn
         assert mark is not None
-        return replace(self, turns=self.turns[:mark.turns_before], karma=list(mark.karma_before),
+        return replace(self, messages=self.messages[:mark.messages_before], karma=list(mark.karma_before),
                        staged_karma=list(mark.staged_karma_before), last_turn=None)
 
     def to_json(self) -> str:
         return json.dumps({
-            "session_id": self.session_id, "turns": [t.to_message() for t in self.turns],
+            "session_id": self.session_id, "turns": [m.to_message() for m in self.messages],
             "summary": self.summary, "last_hashes": self.last_hashes, "replica": self.replica,
             "compactions": self.compactions, "compacted_turns": self.compacted_turns,
             "karma": [k.model_dump() for k in self.karma],
@@ -70,7 +70,7 @@ class Session:
     @classmethod
     def from_json(cls, text: str) -> Session:
         data = json.loads(text)
-        return cls(session_id=data["session_id"], turns=[Turn.from_message(m) for m in data["turns"]],
+        return cls(session_id=data["session_id"], messages=[Message.from_message(m) for m in data["turns"]],
                    summary=data.get("summary"), last_hashes=data.get("last_hashes"), replica=data.get("replica"),
                    compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0),
                    karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],

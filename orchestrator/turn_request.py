@@ -18,7 +18,7 @@ class TurnRequest:
     tenant are stored with (the server's `Tenant.prefix`; the server scopes `spec.session_id` itself); a
     request without a session gets its generated id and its Codex index under it. `label`: the (scoped)
     session a request without `context.session_id` was named by its client (a header, `prompt_cache_key`).
-    `recorded_turns`: how many of the turns `messages` brings (after its system messages) are recorded
+    `recorded_messages`: how many of the messages `messages` brings (after its system messages) are recorded
     already, where they were first said (a stored conversation seeding a session's State). `retry`: how the
     request marks itself as sent again (a retry of the session's last turn takes its place)."""
 
@@ -28,5 +28,5 @@ class TurnRequest:
     tools: tuple[dict[str, Any], ...] = ()
     tenant_prefix: str = ""
     label: str | None = None
-    recorded_turns: int = 0
+    recorded_messages: int = 0
     retry: Retry = Retry()

@@ -38,7 +38,7 @@ from typing import Any
 
 from core.errors import Conflict, InvalidRequest
 from orchestrator.context_spec import KarmaEntry
-from orchestrator.turn import Turn
+from orchestrator.message import Message
 
 IDEMPOTENCY_KEY = "Idempotency-Key"  # the header the errors below name
 
@@ -80,13 +80,13 @@ class Retry:
 
 @dataclass
 class TurnMark:
-    """The session's last committed turn: what it brought (`brought`, a digest of its turns and query),
-    the digest of the client's key, the State's fields as they were before it (turns: how many), and
+    """The session's last committed turn: what it brought (`brought`, a digest of its messages and query),
+    the digest of the client's key, the State's fields as they were before it (messages: how many), and
     whether its reply was delivered (not saved: a mark read back from the store counts as delivered)."""
 
     brought: str
     key: str | None
-    turns_before: int
+    messages_before: int
     karma_before: list[KarmaEntry] = field(default_factory=list)
     staged_karma_before: list[KarmaEntry] = field(default_factory=list)
     delivered: bool = field(default=True, compare=False)
@@ -105,7 +105,7 @@ class TurnMark:
         return retry.automatic and self.key is None and brought == self.brought and not self.delivered
 
     def to_dict(self) -> dict[str, Any]:
-        return {"brought": self.brought, "key": self.key, "turns_before": self.turns_before,
+        return {"brought": self.brought, "key": self.key, "turns_before": self.messages_before,
                 "karma_before": [k.model_dump() for k in self.karma_before],
                 "staged_karma_before": [k.model_dump() for k in self.staged_karma_before]}
 
@@ -116,9 +116,9 @@ class TurnMark:
                    [KarmaEntry.model_validate(k) for k in data.get("staged_karma_before", [])])
 
 
-def brought(new_turns: Sequence[Turn], query: str | None) -> str:
-    """A digest of what a turn brings to the State: its new turns and its query."""
-    return digest(json.dumps([[t.to_message() for t in new_turns], query], sort_keys=True, default=str))
+def brought(new_messages: Sequence[Message], query: str | None) -> str:
+    """A digest of what a turn brings to the State: its new messages and its query."""
+    return digest(json.dumps([[m.to_message() for m in new_messages], query], sort_keys=True, default=str))
 
 
 def digest(text: str) -> str:

@@ -36,7 +36,7 @@ def broken_flush(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
 def assert_released(runtime: Runtime, session: str) -> None:
     assert runtime.governor.free_blocks() == 1000  # no reservation outlives its request
     assert not runtime.orchestrator.sessions.lock(session).locked()
-    assert runtime.orchestrator.sessions.get(session).turns == []
+    assert runtime.orchestrator.sessions.get(session).messages == []
 
 
 def test_a_failing_flush_releases_the_turn(served: tuple[TestClient, Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_a_client_gone_before_the_stream_starts_releases_the_turn(config: AHCCon
 
     runtime = asyncio.run(scenario())
     assert not runtime.orchestrator.sessions.lock("s10").locked()
-    assert runtime.orchestrator.sessions.get("s10").turns == []
+    assert runtime.orchestrator.sessions.get("s10").messages == []
 
 
 def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  # type: ignore[no-untyped-def]
@@ -100,7 +100,7 @@ def test_a_streams_last_token_does_not_wait_for_the_disk_but_its_finish_does(  #
                                                      post_scope("/v1/chat/completions", body), body)
     sent_before = [json.loads(e.removeprefix("data: ")) for e in "".join(before).split("\n\n") if e]
     sent_after = [e for e in "".join(after).split("\n\n") if e]
-    reply = runtime.orchestrator.sessions.get("s11").turns[-1].content
+    reply = runtime.orchestrator.sessions.get("s11").messages[-1].content
     assert reply and "".join(c["choices"][0]["delta"].get("content") or "" for c in sent_before) == reply
     assert all(c["choices"][0]["finish_reason"] is None for c in sent_before)
     finish = json.loads(sent_after[0].removeprefix("data: "))

@@ -40,12 +40,12 @@ def test_a_session_turn_commits_its_reply_and_records_every_token(served: tuple[
     assert report["session_id"] == "s1" and report["first_changed_block"] is None
     assert [b["name"] for b in report["blocks"]] == ["identity", "codex", "karma", "state", "query"]
     state = runtime.orchestrator.sessions.get("s1")
-    assert [t.role for t in state.turns] == ["user", "assistant"]
-    assert state.turns[1].content == first.json()["choices"][0]["message"]["content"]
+    assert [t.role for t in state.messages] == ["user", "assistant"]
+    assert state.messages[1].content == first.json()["choices"][0]["message"]["content"]
 
     second = client.post("/v1/chat/completions", json=chat("s1", "And then?"))
     assert second.json()["context"]["first_changed_block"] == "state"  # the prefix held up to the State
-    assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
+    assert len(runtime.orchestrator.sessions.get("s1").messages) == 4
     runtime.xdb.writer.flush()
     outputs = runtime.xdb.recall(session_id="s1", event_types=["output"], owner=EVERY)
     assert len(outputs) == first.json()["usage"]["completion_tokens"] + second.json()["usage"]["completion_tokens"]
@@ -99,7 +99,7 @@ def test_a_session_dropped_from_memory_takes_its_rag_index_file_along(config: AH
         assert not indexes.exists("s1") and not indexes.path_of("s1").exists()
         # Its State is still in XDB: s1 resumes where it was.
         assert client.post("/v1/chat/completions", json=chat("s1", "And then?")).status_code == 200
-        assert len(runtime.orchestrator.sessions.get("s1").turns) == 4
+        assert len(runtime.orchestrator.sessions.get("s1").messages) == 4
 
 
 def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
@@ -110,11 +110,11 @@ def test_a_streamed_turn_reports_in_its_first_chunk_and_commits_at_the_end(
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert '"context"' in events[0] and '"session_id": "s2"' in events[0]
-    turns = runtime.orchestrator.sessions.get("s2").turns
-    assert [t.role for t in turns] == ["user", "assistant"]
+    state = runtime.orchestrator.sessions.get("s2").messages
+    assert [m.role for m in state] == ["user", "assistant"]
     streamed = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
                        if json.loads(e)["choices"])
-    assert streamed and turns[1].content == streamed  # the State has the whole reply, every chunk of it
+    assert streamed and state[1].content == streamed  # the State has the whole reply, every chunk of it
     assert not runtime.orchestrator.sessions.lock("s2").locked()
 
 
@@ -195,7 +195,7 @@ def test_a_session_stream_passes_vllms_chunks_through(served: tuple[TestClient, 
     assert len(received) > 5
     assert_split_at_the_finish(received, spy.events())
     assert json.loads(received[0].removeprefix("data: "))["context"]["session_id"] == "s-through"
-    assert [t.role for t in runtime.orchestrator.sessions.get("s-through").turns] == ["user", "assistant"]
+    assert [t.role for t in runtime.orchestrator.sessions.get("s-through").messages] == ["user", "assistant"]
 
 
 def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig, vllm_config,  # type: ignore[no-untyped-def]
@@ -218,7 +218,7 @@ def test_a_tool_call_in_a_stream_without_a_session_is_recorded(config: AHCConfig
     assert recorded["id"] and rows[0]["metadata"] == {"tool_call_id": recorded["id"]}
 
 
-def test_a_request_without_context_records_its_new_input_turns(served: tuple[TestClient, Runtime]) -> None:
+def test_a_request_without_context_records_its_new_input_messages(served: tuple[TestClient, Runtime]) -> None:
     """Like a request with `context` and no session: a new session holds the whole history it brings."""
     client, runtime = served
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is A?"},
@@ -249,7 +249,7 @@ def test_a_request_the_kv_cache_cannot_hold_is_429_and_leaves_the_state(served: 
     error = response.json()["error"]
     assert error["type"] == "rate_limit_error" and error["code"] == "kv_cache_full"
     assert response.headers["retry-after"] == str(runtime.config.orchestrator.retry_after_s)
-    assert runtime.orchestrator.sessions.get("s3").turns == []
+    assert runtime.orchestrator.sessions.get("s3").messages == []
     assert not runtime.orchestrator.sessions.lock("s3").locked()
     assert runtime.governor.free_blocks() == 4  # nothing stays reserved
 

@@ -17,10 +17,10 @@ from orchestrator.assembler import AssemblyInput, assemble
 from orchestrator.context_spec import KarmaEntry, parse_context
 from orchestrator.ctc_governor import CHARS_PER_TOKEN, HEADROOM, CTCLimits, ctc_limits, govern, turn_groups
 from orchestrator.formatters import FormatterRegistry
+from orchestrator.message import Message, is_filler
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
-from orchestrator.turn import Turn, is_filler
 from orchestrator.turn_request import TurnRequest
 
 CALL = (("c1", "read_log", '{"ring": 1}'),)
@@ -117,18 +117,18 @@ NOT_FILLER = [
 @pytest.mark.parametrize("role, content", FILLER)
 def test_acknowledgements_are_filler(role: str, content: str) -> None:
     assert is_filler(role, content)
-    assert Turn(role=role, content=content).is_filler
+    assert Message(role=role, content=content).is_filler
 
 
 @pytest.mark.parametrize("role, content", NOT_FILLER)
 def test_anything_that_may_carry_a_fact_is_not_filler(role: str, content: str) -> None:
     assert not is_filler(role, content)
-    assert not Turn(role=role, content=content).is_filler
+    assert not Message(role=role, content=content).is_filler
 
 
 @pytest.mark.parametrize("content", ["", "ok", "Let me check."])
 def test_a_tool_call_is_never_filler(content: str) -> None:
-    assert not Turn(role="assistant", content=content, tool_calls=CALL).is_filler
+    assert not Message(role="assistant", content=content, tool_calls=CALL).is_filler
 
 
 # ---- the governor, by default
@@ -164,7 +164,7 @@ def test_the_governor_acts_by_default_on_an_over_long_state(sparse: TokenCounter
     assert actions[0].startswith("ctc_prune_filler:") and actions[1].startswith("ctc_prune_turns:")
     assert len(actions) == 2  # the non-verbatim karma was not needed
     kept = prepared.messages[1:-1]
-    assert not any(Turn.from_message(m).is_filler for m in kept)
+    assert not any(Message.from_message(m).is_filler for m in kept)
     assert kept[0]["content"].startswith("Measure ring") and "Ring 13 has" in str(kept[-3:])
     assert "Measure ring 0:" not in str(prepared.messages)
     system = prepared.messages[0]["content"]
@@ -211,8 +211,8 @@ def test_compaction_acts_before_the_derived_caps(window: int) -> None:
 # ---- oldest turns go in steps
 
 
-def state_of(groups: int) -> tuple[Turn, ...]:
-    return tuple(Turn(role=role, content=f"{role} {i} " + "x" * 40)
+def state_of(groups: int) -> tuple[Message, ...]:
+    return tuple(Message(role=role, content=f"{role} {i} " + "x" * 40)
                  for i in range(groups) for role in ("user", "assistant"))
 
 

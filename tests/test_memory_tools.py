@@ -69,7 +69,7 @@ def test_a_bad_call_is_answered_to_the_model_and_a_bad_request_refused(  # type:
         assert error["type"] == "InvalidRequest" and error["message"].startswith("recall: limit: 99 is greater than")
         assert "tick_from" in memory(client, "m", "tag", {"tag": "x"})["error"]["message"]
         assert "before tick_from" in memory(client, "m", "pin", {"tick_from": 5, "tick_to": 2})["error"]["message"]
-        assert "no State turns" in memory(client, "m", "request_compaction", {})["error"]["message"]
+        assert "no State messages" in memory(client, "m", "request_compaction", {})["error"]["message"]
         refused = client.post("/v1/context/memory", json={"session_id": "m", "name": "drop_table", "arguments": {}})
         assert refused.status_code in (400, 422) and refused.json()["error"]["type"] == "invalid_request_error"
         refused = client.post("/v1/chat/completions", json=chat("m", "hi", ["recall", "recall"]))

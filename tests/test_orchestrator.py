@@ -14,10 +14,10 @@ from orchestrator.assembler import AssemblyInput, RenderCache, assemble
 from orchestrator.context_spec import CodexDoc, KarmaEntry, parse_context
 from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import FormatterRegistry
+from orchestrator.message import Message
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
-from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
 
@@ -174,7 +174,7 @@ def test_malformed_context_names_the_field(bad: dict, field: str) -> None:
 
 def test_ctc_governor_prunes_filler_first_and_never_verbatim_karma(counter) -> None:
     formatter = FormatterRegistry().get("default")
-    state = tuple(Turn.from_message(m) for m in [
+    state = tuple(Message.from_message(m) for m in [
         {"role": "user", "content": "measure the ring " * 20}, {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "thanks"}, {"role": "assistant", "content": "the ring has 12 A " * 20}])
     karma = (KarmaEntry(id="v", text="never forget " * 10, verbatim=True), KarmaEntry(id="n", text="minor " * 30))
@@ -281,7 +281,7 @@ def test_sessions_in_memory_are_bounded_and_a_dropped_one_resumes(counter) -> No
             assert orch.sessions.resident <= 3 + 1  # the bound, plus the held one
         assert orch.sessions.lock("held") is held
         held.release()
-        # s0 was dropped long ago: it comes back from its saved State, its turns in order.
+        # s0 was dropped long ago: it comes back from its saved State, its messages in order.
         assert await one_turn("s0", "again") == ["q0", "Q0", "again"]
         assert await one_turn("s0", "third") == ["q0", "Q0", "again", "AGAIN", "third"]
 
@@ -305,7 +305,7 @@ def test_a_failed_turn_leaves_the_session_unchanged_and_frees_it(counter) -> Non
 
     with pytest.raises(RuntimeError, match="engine failed"):
         run(fail())
-    assert orch.sessions.get("s5").turns == [] and released == ["blocks"]
+    assert orch.sessions.get("s5").messages == [] and released == ["blocks"]
     assert not orch.sessions.lock("s5").locked()
 
 
@@ -315,13 +315,13 @@ def test_a_committed_turn_joins_the_state_once(counter) -> None:
 
     async def exchange() -> None:
         async with orch.turn(asking(spec, "q")) as turn:
-            assert orch.sessions.get("s6").turns == []  # preparing never touches the State
+            assert orch.sessions.get("s6").messages == []  # preparing never touches the State
             await turn.commit({"role": "assistant", "content": "a"})
             with pytest.raises(RuntimeError, match="at most once"):
                 await turn.commit({"role": "assistant", "content": "again"})
 
     run(exchange())
-    assert [t.content for t in orch.sessions.get("s6").turns] == ["q", "a"]
+    assert [t.content for t in orch.sessions.get("s6").messages] == ["q", "a"]
     assert not orch.sessions.lock("s6").locked()
 
 
@@ -337,7 +337,7 @@ def test_a_handed_over_turn_stays_open_until_its_new_owner_closes_it(counter) ->
         assert not orch.sessions.lock("s7").locked()
 
     run(stream())
-    assert orch.sessions.get("s7").turns == []
+    assert orch.sessions.get("s7").messages == []
 
 
 def test_a_bad_message_is_an_invalid_request_naming_messages(counter) -> None:
@@ -411,14 +411,14 @@ def test_the_render_cache_is_bounded_by_characters(counter) -> None:
 
 def test_the_render_cache_keeps_few_states_and_bounds_their_characters(counter) -> None:
     cache = RenderCache(max_chars=100, states=3)
-    turns = tuple(Turn(role="user", content=f"{i}" * 30) for i in range(6))
-    whole = cache.state_block(turns[:1], counter)
+    messages = tuple(Message(role="user", content=f"{i}" * 30) for i in range(6))
+    whole = cache.state_block(messages[:1], counter)
     for n in range(2, 7):  # each State extends the last: its digest is the same as from scratch
-        grown = cache.state_block(turns[:n], counter)
+        grown = cache.state_block(messages[:n], counter)
     assert cache.cached_chars <= 100
-    assert grown == RenderCache().state_block(turns, counter) and whole.tokens < grown.tokens
+    assert grown == RenderCache().state_block(messages, counter) and whole.tokens < grown.tokens
     for n in range(1, 4):  # three short States, each a separate history
-        cache.state_block(tuple(Turn(role="user", content=f"s{n}") for _ in range(n)), counter)
+        cache.state_block(tuple(Message(role="user", content=f"s{n}") for _ in range(n)), counter)
     assert len(cache._states) == 3
 
 
@@ -472,4 +472,4 @@ def test_a_replys_reasoning_stays_in_the_kept_state_and_survives_a_resume(counte
     third = run(resumed.prepare(asking(spec, "three")))
     replies = [m for m in third.messages if m["role"] == "assistant"]
     assert [(m["content"], m.get("reasoning")) for m in replies] == [("uno", "hmm"), ("dos", "well")]
-    assert Turn.from_message({"role": "user", "content": "q", "reasoning": "x"}).reasoning is None
+    assert Message.from_message({"role": "user", "content": "q", "reasoning": "x"}).reasoning is None

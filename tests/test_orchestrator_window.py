@@ -11,10 +11,10 @@ from turn_requests import asking
 from core.config import OrchestratorConfig
 from core.errors import InvalidRequest
 from orchestrator.context_spec import parse_context
+from orchestrator.message import Message
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.session import SessionStore
 from orchestrator.token_counter import TokenCounter
-from orchestrator.turn import Turn
 
 # A session on cpu-tiny's window: identity ~260 tokens, a Codex of three ~210-token documents, user turns
 # of ~30 words, 12-token replies. Unbudgeted, it outgrew the window at turn 10 (vLLM's 400).
@@ -155,7 +155,7 @@ def test_a_prompt_too_long_to_continue_is_summarised_as_a_transcript(counter, to
     spec = parse_context({**tiny_session(3), "session_id": "huge-state", "mode": "cag"})
     session = orch.sessions.get("huge-state")
     # Longer than the window: a client's history sent to a server that kept none, or a smaller window now.
-    session.turns = [Turn(role="user" if i % 2 == 0 else "assistant", content=words(120, i)) for i in range(16)]
+    session.messages = [Message(role="user" if i % 2 == 0 else "assistant", content=words(120, i)) for i in range(16)]
     asyncio.run(orch.prepare(asking(spec, "q", completion_tokens=MAX_TOKENS)))
     assert calls and not calls[0].continued
     assert calls[0].messages[0]["content"].startswith("Condense the conversation below")

@@ -57,8 +57,8 @@ def test_a_continuation_does_not_see_a_later_store_false_turn_of_its_session(
     unstored = client.responses.with_raw_response.create(model="tiny", input="The code is 7.", store=False,
                                                           previous_response_id=r2.id, max_output_tokens=4)
     assert unstored.headers["X-Session-ID"] == session  # a turn of the State that holds r2's chain
-    turns = runtime.orchestrator.sessions.get(scoped(runtime, session)).turns
-    assert [t.content for t in turns if t.role == "user"] == ["My name is Ada.", "I like tea.", "The code is 7."]
+    state = runtime.orchestrator.sessions.get(scoped(runtime, session)).messages
+    assert [m.content for m in state if m.role == "user"] == ["My name is Ada.", "I like tea.", "The code is 7."]
     again = client.responses.with_raw_response.create(model="tiny", input="What did I say?",
                                                        previous_response_id=r2.id, max_output_tokens=4)
     prompt = prompt_of(runtime)

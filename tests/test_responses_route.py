@@ -174,8 +174,8 @@ def test_stored_responses_continue_as_the_sessions_kept_state_per_tenant(
                                 max_output_tokens=4)
     prompt = prompt_of(runtime)
     assert prompt.count("My name is Ada.") == 1 and "What is my name?" in prompt and "Be kind." in prompt
-    turns = runtime.orchestrator.sessions.get(scoped(runtime, session)).turns
-    assert [t.content for t in turns if t.role == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
+    state = runtime.orchestrator.sessions.get(scoped(runtime, session)).messages
+    assert [m.content for m in state if m.role == "user"] == ["My name is Ada.", "What is my name?", "Spell it."]
     assert r3.model_extra["context"]["session_naming"] == "explicit"  # type: ignore[index]
     runtime.xdb.writer.flush()
     typed = runtime.xdb.recall(session_id=scoped(runtime, session), event_types=["input"], owner=EVERY)

@@ -96,8 +96,8 @@ def test_a_session_rolls_back_over_http_and_its_next_turn_continues_from_there(
     assert rolled.json() == {"session_id": "h1", "version": 4, "restored_from": 1}
     report = turn(client, "h1", "again?")["context"]
     assert report["first_changed_block"] == "state"
-    turns = runtime.orchestrator.sessions.get("h1").turns
-    assert [t.content for t in turns if t.role == "user"][:2] == ["first?", "again?"]
+    state = runtime.orchestrator.sessions.get("h1").messages
+    assert [m.content for m in state if m.role == "user"][:2] == ["first?", "again?"]
     runtime.xdb.writer.flush()
     listed = client.get("/v1/context/sessions").json()
     assert "h1" in [s["session_id"] for s in listed["data"]] and listed["has_more"] is False
@@ -118,7 +118,7 @@ def test_a_session_deleted_over_http_starts_afresh(served: tuple[TestClient, Run
     assert body["object"] == "session.deleted" and body["deleted"] and body["rows"]["timesteps"] > 0
     assert runtime.xdb.recall({"session_id": "d1"}, owner=EVERY) == []
     turn(client, "d1", "new start?")
-    assert [t.content for t in runtime.orchestrator.sessions.get("d1").turns][0] == "new start?"
+    assert [t.content for t in runtime.orchestrator.sessions.get("d1").messages][0] == "new start?"
     assert client.delete("/v1/context/sessions/never").status_code == 404
 
 
@@ -157,7 +157,7 @@ def test_a_client_asks_for_a_compaction_and_the_next_turn_makes_it(served: tuple
     assert "compaction" in report["governor"]
     session = runtime.orchestrator.sessions.get("c1")
     assert session.compactions == 1 and not session.compaction_requested and session.summary
-    assert len(session.turns) < 12
+    assert len(session.messages) < 12
     assert client.post("/v1/context/sessions/nobody/compact").status_code == 404
 
 
@@ -171,7 +171,7 @@ def test_a_corrupted_snapshot_loads_the_previous_one_and_is_counted(served: tupl
     corrupt(xdb, "c1", 2)
     runtime.orchestrator.sessions.forget("c1")
     turn(client, "c1", "three?")
-    users = [t.content for t in runtime.orchestrator.sessions.get("c1").turns if t.role == "user"]
+    users = [t.content for t in runtime.orchestrator.sessions.get("c1").messages if t.role == "user"]
     assert users == ["one?", "three?"]
     assert "ahc_session_states_corrupt_total" in generate_latest(runtime.metrics.registry).decode()
     assert runtime.metrics.one(runtime.metrics.corrupt_session_states)._value.get() == 1

@@ -29,9 +29,9 @@ from xdb.owner import EVERY
 CONTEXT = {"identity": "You are a careful physicist."}
 
 
-def user_turns(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
-    """The session's user turns in memory and as stored."""
-    in_memory = [t.content for t in runtime.orchestrator.sessions.get(session).turns if t.role == "user"]
+def user_messages(runtime: Runtime, session: str) -> tuple[list[str], list[str]]:
+    """The session's user messages in memory and as stored."""
+    in_memory = [m.content for m in runtime.orchestrator.sessions.get(session).messages if m.role == "user"]
     stored = json.loads(runtime.xdb.load_session_state(session) or "{}")
     return in_memory, [t["content"] for t in stored.get("turns", []) if t["role"] == "user"]
 
@@ -84,7 +84,7 @@ def test_an_sdk_retry_after_a_refused_first_attempt_keeps_the_turn_the_client_sa
     refused = refuse_first_attempts(monkeypatch, 1)
     ask(http, door, session, "Continue.", retries=2)
     assert not refused  # the first attempt was refused, and the SDK retried
-    assert user_turns(runtime, session) == (["Continue.", "Continue."],) * 2
+    assert user_messages(runtime, session) == (["Continue.", "Continue."],) * 2
 
 
 def cut_before_the_end(http: TestClient, body: dict[str, object], headers: dict[str, str] | None = None) -> None:
@@ -124,12 +124,12 @@ def test_a_streamed_reply_sent_whole_is_kept_and_one_cut_short_is_replaced_by_it
     with http.stream("POST", "/v1/chat/completions", json=chat("streamed", "Continue.", stream=True)) as whole:
         assert whole.status_code == 200 and "[DONE]" in whole.read().decode()
     http.post("/v1/chat/completions", json=chat("streamed", "Continue."), headers=retry).raise_for_status()
-    assert user_turns(runtime, "streamed") == (["Continue.", "Continue."],) * 2  # the streamed turn stays
+    assert user_messages(runtime, "streamed") == (["Continue.", "Continue."],) * 2  # the streamed turn stays
 
     cut_before_the_end(http, chat("streamed", "Continue.", stream=True))
-    assert user_turns(runtime, "streamed") == (["Continue."] * 3,) * 2  # committed, never delivered
+    assert user_messages(runtime, "streamed") == (["Continue."] * 3,) * 2  # committed, never delivered
     http.post("/v1/chat/completions", json=chat("streamed", "Continue."), headers=retry).raise_for_status()
-    assert user_turns(runtime, "streamed") == (["Continue."] * 3,) * 2  # the retry took its place
+    assert user_messages(runtime, "streamed") == (["Continue."] * 3,) * 2  # the retry took its place
 
 
 def test_an_idempotency_key_sent_again_after_its_reply_was_delivered_is_answered_409(
@@ -144,13 +144,13 @@ def test_an_idempotency_key_sent_again_after_its_reply_was_delivered_is_answered
     assert again.status_code == 409, again.text
     error = again.json()["error"]
     assert error["type"] == "conflict_error" and error["code"] == "idempotency_key_answered"
-    assert runtime.xdb.load_session_state("keyed") == stored and user_turns(runtime, "keyed") == (["Go on."],) * 2
+    assert runtime.xdb.load_session_state("keyed") == stored and user_messages(runtime, "keyed") == (["Go on."],) * 2
 
     other = {"Idempotency-Key": "turn-2"}
     cut_before_the_end(http, chat("keyed", "Go on.", stream=True), other)
     again = http.post("/v1/chat/completions", json=chat("keyed", "Go on."), headers=other)
     assert again.status_code == 200, again.text
-    assert user_turns(runtime, "keyed") == (["Go on.", "Go on."],) * 2
+    assert user_messages(runtime, "keyed") == (["Go on.", "Go on."],) * 2
 
 
 def stored_rows(runtime: Runtime, session: str) -> tuple[str | None, int]:
@@ -175,7 +175,7 @@ def test_an_idempotency_key_sent_again_with_other_words_is_a_422_on_the_chat_doo
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["code"] == "idempotency_key_reused"
     assert stored_rows(runtime, "reused") == before
-    assert user_turns(runtime, "reused") == (["First question?"],) * 2
+    assert user_messages(runtime, "reused") == (["First question?"],) * 2
 
 
 def test_an_idempotency_key_sent_again_with_other_words_is_a_422_on_the_messages_door(
@@ -190,7 +190,7 @@ def test_an_idempotency_key_sent_again_with_other_words_is_a_422_on_the_messages
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
     assert body["error"]["type"] == "invalid_request_error" and "Idempotency-Key" in body["error"]["message"]
     assert stored_rows(runtime, "reused") == before
-    assert user_turns(runtime, "reused") == (["First question?"],) * 2
+    assert user_messages(runtime, "reused") == (["First question?"],) * 2
 
 
 def test_an_idempotency_key_sent_again_with_other_words_is_a_422_on_the_responses_door(
@@ -207,7 +207,7 @@ def test_an_idempotency_key_sent_again_with_other_words_is_a_422_on_the_response
                                 extra_headers=key)
     assert refused.value.response.json()["error"]["code"] == "idempotency_key_reused"
     assert stored_rows(runtime, session) == before
-    assert user_turns(runtime, session)[0] == ["My name is Ada.", "What is my name?"]
+    assert user_messages(runtime, session)[0] == ["My name is Ada.", "What is my name?"]
 
 
 def test_a_turn_read_back_from_the_store_counts_as_delivered(config: AHCConfig, vllm_config: VllmConfig,
@@ -219,7 +219,7 @@ def test_a_turn_read_back_from_the_store_counts_as_delivered(config: AHCConfig, 
         http.post("/v1/chat/completions", json=chat("other", "Hello.")).raise_for_status()  # "evicted" leaves
         http.post("/v1/chat/completions", json=chat("evicted", "Continue."),
                   headers={"X-Stainless-Retry-Count": "1"}).raise_for_status()
-        assert user_turns(runtime, "evicted") == (["Continue.", "Continue."],) * 2
+        assert user_messages(runtime, "evicted") == (["Continue.", "Continue."],) * 2
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["save-fails", "saved-unanswered"])
@@ -248,7 +248,7 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
         retrying.chat.completions.create(model="tiny", max_tokens=8, messages=body["messages"],
                                          extra_body={"context": body["context"]})
     assert not failures  # the save did fail once, and the client retried
-    assert user_turns(runtime, session) == (["First question?", "Second question?"],) * 2
+    assert user_messages(runtime, session) == (["First question?", "Second question?"],) * 2
 
 
 def test_an_idempotency_key_sent_again_is_the_same_request_and_another_key_a_turn_of_its_own(
@@ -262,15 +262,15 @@ def test_an_idempotency_key_sent_again_is_the_same_request_and_another_key_a_tur
     assert sent.status_code == 200, sent.text
     again = client.post("/v1/chat/completions", json=chat("resent", "Go on."), headers={"Idempotency-Key": "turn-2"})
     assert again.status_code == 409, again.text
-    assert user_turns(runtime, "resent") == (["First question?", "Go on."],) * 2
+    assert user_messages(runtime, "resent") == (["First question?", "Go on."],) * 2
     client.post("/v1/chat/completions", json=chat("resent", "Go on."),
                 headers={"Idempotency-Key": "turn-3"}).raise_for_status()
     client.post("/v1/chat/completions", json=chat("resent", "Go on.")).raise_for_status()
-    assert user_turns(runtime, "resent") == (["First question?", "Go on.", "Go on.", "Go on."],) * 2
+    assert user_messages(runtime, "resent") == (["First question?", "Go on.", "Go on.", "Go on."],) * 2
     # A retry of an earlier turn than the last is no retry of the last: it is a turn of its own.
     client.post("/v1/chat/completions", json=chat("resent", "Go on."),
                 headers={"Idempotency-Key": "turn-2"}).raise_for_status()
-    assert user_turns(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
+    assert user_messages(runtime, "resent")[0] == ["First question?", "Go on.", "Go on.", "Go on.", "Go on."]
 
 
 def test_the_same_words_join_the_state_each_time_their_reply_was_delivered(
@@ -281,7 +281,7 @@ def test_the_same_words_join_the_state_each_time_their_reply_was_delivered(
     for retries in ("0", "0", "1", "2"):
         client.post("/v1/chat/completions", json=chat("same-words", "Yes."),
                     headers={"X-Stainless-Retry-Count": retries}).raise_for_status()
-    assert user_turns(runtime, "same-words") == (["Yes."] * 4,) * 2
+    assert user_messages(runtime, "same-words") == (["Yes."] * 4,) * 2
 
 
 def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple[TestClient, Runtime],

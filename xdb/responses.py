@@ -90,9 +90,9 @@ def chained(messages: Sequence[dict[str, Any]], head: str = "") -> list[str]:
     return digests
 
 
-def state_digest(summary: str | None, turns: Sequence[dict[str, Any]]) -> str:
-    """The conversation a session's State holds (its summary, its turns as messages)."""
-    return digest(json.dumps([summary, list(turns)], sort_keys=True, default=str))
+def state_digest(summary: str | None, messages: Sequence[dict[str, Any]]) -> str:
+    """The conversation a session's State holds (its summary, its messages)."""
+    return digest(json.dumps([summary, list(messages)], sort_keys=True, default=str))
 
 
 def _reference(cur: duckdb.DuckDBPyConnection, session_id: str, previous_id: str | None,

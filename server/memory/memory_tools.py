@@ -95,10 +95,10 @@ async def request_compaction(view: TenantXDB, store: SessionStore, session_id: s
     stored = view.stored_id(session_id)
     async with store.lock(stored):
         session = await store.aget(stored)
-        if not session.turns:
-            raise NotFound(f"session {session_id!r} has no State turns to compact")
+        if not session.messages:
+            raise NotFound(f"session {session_id!r} has no State messages to compact")
         session.compaction_requested = True
         receipt = store.save(session)
         if isinstance(receipt, Future):
             await asyncio.wrap_future(receipt)
-    return {"compaction_requested": True, "session_id": session_id, "turns": len(session.turns)}
+    return {"compaction_requested": True, "session_id": session_id, "turns": len(session.messages)}

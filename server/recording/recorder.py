@@ -23,9 +23,9 @@ from opentelemetry import trace
 from core.spans import SESSION_ID
 from lens.side_channel import completion_key
 from orchestrator.cache_report import SIDE_CALL
+from orchestrator.message import Message
 from orchestrator.orchestrator import new_session_id
 from orchestrator.prepared import Prepared
-from orchestrator.turn import Turn
 from server.capture.capture_setup import CaptureSetup
 from server.recording.flush_group import FlushGroup
 from server.recording.record_queue import RecordQueue
@@ -123,7 +123,7 @@ class Recorder:
             self.xdb.start_session(prepared.session_id)
         side = prepared.report.session_naming == SIDE_CALL  # its turn record holds what it was
         events: list[RowEvent] = [] if side else [
-            event for turn in new_input_turns(prepared) for event in input_events(turn)]
+            event for message in new_input_messages(prepared) for event in input_events(message)]
         if prepared.query is not None and not side:
             events.append(("input", "user", prepared.query, None))
         for action in prepared.report.governor:
@@ -252,32 +252,33 @@ class TokenStream:
         self._turn_into_rows()
 
 
-def new_input_turns(prepared: Prepared) -> list[Turn]:
-    """The turns this request adds: with a session, all of them but those recorded already; a request
+def new_input_messages(prepared: Prepared) -> list[Message]:
+    """The messages this request adds: with a session, all of them but those recorded already; a request
     continuing its conversation, what follows the messages the session has had; a new session's, all it
     brings (a history may start it); otherwise, only what follows the model's last message."""
     if prepared.session is not None:
-        return prepared.new_turns[prepared.request.recorded_turns:]
-    turns = prepared.new_turns
-    if prepared.seen_turns is not None:
-        return turns[prepared.seen_turns:]
+        return prepared.new_messages[prepared.request.recorded_messages:]
+    messages = prepared.new_messages
+    if prepared.seen_messages is not None:
+        return messages[prepared.seen_messages:]
     if prepared.report.session_naming == "new":
-        return turns
-    last_assistant = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
-    return turns[last_assistant + 1:]
+        return messages
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    return messages[last_assistant + 1:]
 
 
-def input_events(turn: Turn) -> list[RowEvent]:
-    """A turn's rows as the client sent it: an assistant turn's text (its reasoning in the metadata) and
-    each tool call it made as the reply's would be; a tool result with the call it answers."""
-    if turn.role != "assistant":
-        return [(EVENT_OF_ROLE[turn.role], turn.role, turn.content,
-                 {"tool_call_id": turn.tool_call_id} if turn.tool_call_id else None)]
+def input_events(message: Message) -> list[RowEvent]:
+    """A message's rows as the client sent it: an assistant message's text (its reasoning in the metadata)
+    and each tool call it made as the reply's would be; a tool result with the call it answers."""
+    if message.role != "assistant":
+        return [(EVENT_OF_ROLE[message.role], message.role, message.content,
+                 {"tool_call_id": message.tool_call_id} if message.tool_call_id else None)]
     events: list[RowEvent] = []
-    if turn.content or turn.reasoning:
-        events.append(("input", "assistant", turn.content, {"reasoning": turn.reasoning} if turn.reasoning else None))
+    if message.content or message.reasoning:
+        events.append(("input", "assistant", message.content,
+                       {"reasoning": message.reasoning} if message.reasoning else None))
     events += [("tool_call", "assistant", json.dumps(call, sort_keys=True), {"tool_call_id": call["id"]})
-               for call in turn.message.get("tool_calls") or ()]
+               for call in message.message.get("tool_calls") or ()]
     return events
 
 

@@ -149,7 +149,7 @@ class ResponsesDoorCall:
         spec = ContextSpec().model_copy(update={"session_id": session_id})
         return (_Exchange(request, view, own, previous, kept=True),
                 TurnRequest(spec, [*instructions, *history, *own], request.max_output_tokens, tools, tenant.prefix,
-                            recorded_turns=len(history), retry=request_retry(raw_request.headers)))
+                            recorded_messages=len(history), retry=request_retry(raw_request.headers)))
 
     async def continued(self, runtime: Runtime, view: TenantXDB,
                         previous: StoredResponse) -> tuple[str, list[dict[str, Any]]]:
@@ -303,9 +303,9 @@ def busy(lock: SessionLock) -> bool:
 
 def state_sha(session: Session) -> str:
     """The digest of the conversation a session's State holds."""
-    return state_digest(session.summary, [turn.to_message() for turn in session.turns])
+    return state_digest(session.summary, [message.to_message() for message in session.messages])
 
 
 def fresh(session: Session) -> bool:
     """A session with no State yet."""
-    return not session.turns and session.summary is None
+    return not session.messages and session.summary is None

@@ -90,7 +90,7 @@ class CompactionRequested(BaseModel):
     object: Literal["context.compaction"] = "context.compaction"
     session_id: str
     status: Literal["pending"] = "pending"  # the session's next turn compacts first
-    turns: int  # the State's verbatim turns now
+    turns: int  # the messages the State holds verbatim now
 
 
 class SessionDeleted(BaseModel):

@@ -33,18 +33,18 @@ SOFT_PUNCTUATION = frozenset(" \t\n\r.,!?;:-\"'")
 
 
 @dataclass(frozen=True)
-class Turn:
+class Message:
     role: str
     content: str
     tool_calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, arguments JSON)
     tool_call_id: str | None = None
     name: str | None = None
-    # An assistant turn's reasoning (vLLM's `reasoning`, once `reasoning_content`): kept so that a chat
+    # An assistant message's reasoning (vLLM's `reasoning`, once `reasoning_content`): kept so that a chat
     # template that takes reasoning back (interleaved thinking) gets it on the next turn.
     reasoning: str | None = None
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> Turn:
+    def from_message(cls, message: dict[str, Any]) -> Message:
         role = message.get("role")
         if role not in ROLES:
             raise InvalidRequest(f"messages: role {role!r} cannot be part of the State (use {', '.join(ROLES)})",
