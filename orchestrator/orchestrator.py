@@ -2,7 +2,7 @@
 CAG/RAG decision, the CTC governor, assembly, and the cache report.
 
 `prepare` decides; it never adds to the session's State. `commit` (with the reply) and `rollback`
-settle it. The server drives them through a `RequestTurn` (`Orchestrator.turn`), which guarantees one
+settle it. The server drives them through a `Turn` (`Orchestrator.turn`), which guarantees one
 of the two happens, exactly once, whatever becomes of the request."""
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from orchestrator.memory_tools import offered
 from orchestrator.message import Message
 from orchestrator.named_sessions import NamedSessions, tools_key
 from orchestrator.prepared import Prepared
-from orchestrator.request_turn import RequestTurn
 from orchestrator.retrieval.limits import RagLimits
 from orchestrator.session import Session, SessionStore
 from orchestrator.shared_conversations import ConversationTable
 from orchestrator.token_counter import TokenCounter
+from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from orchestrator.turn_retry import TurnMark, brought
 
@@ -385,12 +385,12 @@ class Orchestrator:
             f"max_model_len {self.max_model_len:,}; shorten the largest block or ask for fewer max_tokens",
             param="context", code="context_length_exceeded")
 
-    def turn(self, request: TurnRequest) -> RequestTurn:
+    def turn(self, request: TurnRequest) -> Turn:
         """One request's life: `async with orchestrator.turn(request) as turn: ...`, then
         `await turn.commit(reply)`; anything else rolls the session back."""
         spec = request.spec
         lock = self.sessions.lock(spec.session_id) if spec is not None and spec.session_id else None
-        return RequestTurn(self, request, lock, self.sessions.holds)
+        return Turn(self, request, lock, self.sessions.holds)
 
     async def shrink(self, prepared: Prepared) -> Prepared | None:
         """The same request with its session's State compacted now (the VRAM governor's second resort);

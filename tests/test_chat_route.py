@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from core.config import AHCConfig
 from core.limits import IDENTITY_MAX_CHARS, KARMA_TEXT_MAX_CHARS, MESSAGE_MAX_CHARS
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from server.chat import serving as chat_route
 from server.runtime import Runtime
 from server.tenancy.request_context import EngineUsage
@@ -148,7 +148,7 @@ def spy_on_stream(monkeypatch: pytest.MonkeyPatch) -> StreamSpy:
     spy = StreamSpy()
     original = chat_route.stream_with_report
 
-    def teeing(chunks: AsyncIterator[str | bytes], turn: RequestTurn, runtime: Runtime,
+    def teeing(chunks: AsyncIterator[str | bytes], turn: Turn, runtime: Runtime,
                usage: EngineUsage | None = None) -> AsyncIterator[str | bytes]:
         async def tee() -> AsyncIterator[str | bytes]:
             async for chunk in chunks:

@@ -14,7 +14,7 @@ from prometheus_client import Histogram
 
 from core.errors import Unavailable
 from core.spans import GOVERNOR_ACTIONS, SESSION_ID
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from server.admission.session_admission import SessionAdmission
 from server.admission.vram_governor import VramGovernor
 from server.recording.recorder import Recorder
@@ -24,7 +24,7 @@ POLL_S = 0.05
 tracer = trace.get_tracer(__name__)
 
 
-async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_model_len: int,
+async def admit(turn: Turn, governor: VramGovernor, asked: Asked, max_model_len: int,
                 sessions: SessionAdmission | None = None, waits: Histogram | None = None,
                 priority: int | None = None) -> None:
     """Let the session's turn in (session-aware, when on), then reserve its blocks (`asked`: what the
@@ -51,7 +51,7 @@ async def admit(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_mod
     turn.on_close(reservation.release)
 
 
-async def _admit_session(turn: RequestTurn, sessions: SessionAdmission, governor: VramGovernor, asked: Asked,
+async def _admit_session(turn: Turn, sessions: SessionAdmission, governor: VramGovernor, asked: Asked,
                          actions: list[str], waits: Histogram | None) -> None:
     # What the turn leaves in the cache: its whole prompt and the reply it asks room for.
     footprint = governor.blocks_needed(turn.prepared.prompt.tokens, 0, asked.completion_tokens or 0)
@@ -124,6 +124,6 @@ def request_blocks(governor: VramGovernor, asked: Asked, max_model_len: int, pro
                                   asked.choices)
 
 
-def _blocks_needed(turn: RequestTurn, governor: VramGovernor, asked: Asked, max_model_len: int) -> int:
+def _blocks_needed(turn: Turn, governor: VramGovernor, asked: Asked, max_model_len: int) -> int:
     return request_blocks(governor, asked, max_model_len, turn.prepared.prompt.tokens,
                           turn.report.cached_estimate())

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked
 from server.chat.protocol import ChatCall
@@ -63,7 +63,7 @@ class ChatDoorCall:
             spec = await runtime.codex.resolve(spec, self.call.tenant.owner)
         return self.call.turn_request(spec)
 
-    async def generate(self, turn: RequestTurn, raw_request: Request) -> Response | None:
+    async def generate(self, turn: Turn, raw_request: Request) -> Response | None:
         """vLLM's own chat route on the orchestrator's request (the client's, when it sent no context)."""
         from vllm.entrypoints.openai.chat_completion.api_router import create_chat_completion
 
@@ -75,15 +75,15 @@ class ChatDoorCall:
     def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return body["choices"][0]["message"] if body.get("choices") else None
 
-    async def settled(self, turn: RequestTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    async def settled(self, turn: Turn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         return body
 
-    def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
+    def stream(self, chunks: AsyncIterable[str | bytes], turn: Turn,
                pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
         return stream_with_report(chunks, turn, pipeline, current_usage.get())
 
 
-def rewritten(body: dict[str, Any], turn: RequestTurn) -> ChatCompletionRequest:
+def rewritten(body: dict[str, Any], turn: Turn) -> ChatCompletionRequest:
     """The request vLLM gets: the client's, with the orchestrator's messages and tools. Validated again,
     since vLLM's validators read the messages and tools together."""
     data = {key: value for key, value in body.items() if key not in ("context", "prompt_cache_key")}
@@ -98,7 +98,7 @@ def rewritten(body: dict[str, Any], turn: RequestTurn) -> ChatCompletionRequest:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
-async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: RequestTurn, pipeline: TurnPipeline,
+async def stream_with_report(chunks: AsyncIterable[str | bytes], turn: Turn, pipeline: TurnPipeline,
                              usage: EngineUsage | None = None) -> AsyncIterator[str | bytes]:
     """Pass vLLM's SSE stream through, adding the report to the first chunk and collecting the reply;
     the turn is settled before the final `[DONE]` goes out, and closed when the stream ends.

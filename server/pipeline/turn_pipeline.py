@@ -25,7 +25,7 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked, admit, wait_for_recording
 from server.admission.vram_governor import GovernorRejected
@@ -62,16 +62,16 @@ class DoorCall(Protocol):
     async def resolve(self, runtime: Runtime) -> TurnRequest:
         """What the orchestrator gets, with everything the request names by reference read."""
 
-    async def generate(self, turn: RequestTurn, raw_request: Request) -> Response | None:
+    async def generate(self, turn: Turn, raw_request: Request) -> Response | None:
         """vLLM's route for the door on the engine request made from the prepared turn."""
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """A JSON response's reply, as the chat message the session's State keeps."""
 
-    async def settled(self, turn: RequestTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    async def settled(self, turn: Turn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The JSON response as the door sends it, once its turn has settled (the report goes in after)."""
 
-    def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
+    def stream(self, chunks: AsyncIterable[str | bytes], turn: Turn,
                pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
         """vLLM's SSE chunks as the door sends them, settling the turn through `pipeline`."""
 
@@ -103,13 +103,13 @@ class TurnPipeline:
                                   background=response.background)
             return await self.finish_json(call, response, turn)
 
-    def want_condensed(self, turn: RequestTurn, tenant: Tenant) -> None:
+    def want_condensed(self, turn: Turn, tenant: Tenant) -> None:
         """A Codex the orchestrator could not fit whole gets its condensed rendition made in the
         background, for the turns after this one."""
         if turn.prepared.condense_wanted and self.runtime.config.orchestrator.codex_condense:
             self.runtime.condenser.want(turn.prepared.condense_wanted, tenant.owner)
 
-    async def admit(self, turn: RequestTurn, asked: Asked) -> None:
+    async def admit(self, turn: Turn, asked: Asked) -> None:
         """Against the KV cache (session admission, the VRAM governor); a refused turn's inputs are
         still recorded."""
         runtime = self.runtime
@@ -124,7 +124,7 @@ class TurnPipeline:
             await self.record_inputs(turn)
             raise
 
-    async def record_inputs(self, turn: RequestTurn) -> None:
+    async def record_inputs(self, turn: Turn) -> None:
         """The turn's inputs and cache report, before the engine sees the request (the recording engine
         puts the tenant's salt on the prompt and records its tokens under the session)."""
         runtime = self.runtime
@@ -133,7 +133,7 @@ class TurnPipeline:
             await runtime.recorder.know_session(turn.session_id)
         runtime.recorder.record_inputs(turn.prepared)
 
-    async def finish_json(self, call: DoorCall, response: Response | None, turn: RequestTurn) -> Response:
+    async def finish_json(self, call: DoorCall, response: Response | None, turn: Turn) -> Response:
         if response is None:  # the client went away; vLLM aborted the request
             return error_response(499, "client closed the request")
         if response.status_code != 200:  # the turn rolls back
@@ -153,7 +153,7 @@ class TurnPipeline:
         # Run once the body is handed to the server for sending: the turn's reply is delivered.
         return JSONResponse(body, status_code=200, headers=headers, background=BackgroundTask(turn.delivered))
 
-    async def settle(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
+    async def settle(self, turn: Turn, reply: dict[str, Any]) -> None:
         """A completed reply: its tool calls and the turn record are recorded and committed with its tokens
         (a client that reads its session once it has the reply finds the turn there), and it joins the
         session's State."""
@@ -161,7 +161,7 @@ class TurnPipeline:
         await self.runtime.recorder.aflush(session_id=turn.session_id)
         await turn.commit(reply)
 
-    async def settle_durably(self, turn: RequestTurn, reply: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def settle_durably(self, turn: Turn, reply: dict[str, Any] | None) -> dict[str, Any] | None:
         """`settle` for a stream whose end is held (None: a reply that never completed, its tokens made
         durable only); the error event that ends the stream instead when the rows could not be committed,
         the turn then not committed."""
@@ -175,7 +175,7 @@ class TurnPipeline:
             await turn.commit(reply)
         return None
 
-    def record_end(self, turn: RequestTurn, reply: dict[str, Any]) -> None:
+    def record_end(self, turn: Turn, reply: dict[str, Any]) -> None:
         """The reply's tool calls and the turn record, queued after its tokens."""
         recorder, usage = self.runtime.recorder, current_usage.get()
         recorder.record_reply(turn.prepared, reply)
@@ -184,11 +184,11 @@ class TurnPipeline:
             usage.reply = reply
 
 
-def session_header(turn: RequestTurn) -> str:
+def session_header(turn: Turn) -> str:
     """The session's id for the `X-Session-ID` response header, as the client names it."""
     return header_value(current_tenant.get().unscope(turn.session_id))
 
 
-def report_json(turn: RequestTurn) -> dict[str, Any]:
+def report_json(turn: Turn) -> dict[str, Any]:
     """The cache report, naming the session as the client does."""
     return turn.report.to_json(current_tenant.get().unscope(turn.session_id))

@@ -8,7 +8,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from server.http.session_key import HEADER, header_value
 from server.telemetry.request_telemetry import RequestTelemetry
 from server.tenancy.request_context import current_tenant
@@ -21,7 +21,7 @@ class TurnStream(StreamingResponse):
     before the first chunk, when Starlette never starts the iterator and its cleanup would never run.
     `raw_headers`: the response's, where vLLM made one (its content type among them)."""
 
-    def __init__(self, body: AsyncIterable[str | bytes], turn: RequestTurn, telemetry: RequestTelemetry, *,
+    def __init__(self, body: AsyncIterable[str | bytes], turn: Turn, telemetry: RequestTelemetry, *,
                  status_code: int = 200, raw_headers: list[tuple[bytes, bytes]] | None = None,
                  background: BackgroundTask | None = None) -> None:
         super().__init__(body, status_code=status_code, background=background, media_type="text/event-stream")

@@ -38,8 +38,8 @@ from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from core.errors import InvalidRequest, NotFound
 from orchestrator.context_spec import ContextSpec
 from orchestrator.orchestrator import new_session_id
-from orchestrator.request_turn import RequestTurn
 from orchestrator.session import Session, SessionLock
+from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 from server.admission.turn_admission import Asked
 from server.emulation.grammar import refuse_responses_grammar
@@ -191,7 +191,7 @@ class ResponsesDoorCall:
             key = session_key(None, raw_request.headers.get(HEADER), conversation_id(request), CONVERSATION)
         return tenant.scope(key.session_id) if key.session_id is not None else None
 
-    def engine_request(self, exchange: _Exchange, turn: RequestTurn) -> ResponsesRequest:
+    def engine_request(self, exchange: _Exchange, turn: Turn) -> ResponsesRequest:
         """What vLLM's handler is given: a kept turn's prepared prompt as its instructions and input items
         (the recording engine puts the tenant's salt on the prompt), under an id the server makes. vLLM
         names the response by the request's `request_id`, which a client may set: stored responses are
@@ -206,7 +206,7 @@ class ResponsesDoorCall:
         # Validated again, so the items are vLLM's types (its handler tells them apart by class).
         return ResponsesRequest.model_validate({**request.model_dump(mode="python", exclude_unset=True), **update})
 
-    async def generate(self, turn: RequestTurn, raw_request: Request) -> Response | None:
+    async def generate(self, turn: Turn, raw_request: Request) -> Response | None:
         """vLLM's own Responses route on the engine request (its cancellation when the client hangs up)."""
         from vllm.entrypoints.openai.responses.api_router import create_responses
 
@@ -217,7 +217,7 @@ class ResponsesDoorCall:
     def reply(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return reply_of(body.get("output") or [])
 
-    async def settled(self, turn: RequestTurn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    async def settled(self, turn: Turn, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The response echoing the request as the client sent it, stored (without the report) if asked."""
         assert self.exchange is not None
         exchange = self.exchange
@@ -230,7 +230,7 @@ class ResponsesDoorCall:
                                     state_sha(session) if session is not None else None)
         return body
 
-    async def stream(self, chunks: AsyncIterable[str | bytes], turn: RequestTurn,
+    async def stream(self, chunks: AsyncIterable[str | bytes], turn: Turn,
                      pipeline: TurnPipeline) -> AsyncIterator[str | bytes]:
         """vLLM's events as its route sends them, those carrying the response echoing the request and the
         cache report added to `response.created`'s. `response.completed` is held until the reply's rows are

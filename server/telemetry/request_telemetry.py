@@ -38,7 +38,7 @@ from core.spans import (
     TENANT,
 )
 from orchestrator.orchestrator import prompt_attributes
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from server.telemetry.genai_messages import input_messages, output_messages, settled_output
 from server.telemetry.tracing import records_content, start_request_span
 from server.tenancy.request_context import EngineUsage, current_tenant, current_usage
@@ -73,7 +73,7 @@ class RequestTelemetry:
             OPERATION_NAME: OPERATION, PROVIDER_NAME: "vllm", DOOR: door, TENANT: current_tenant.get().name})
         # What the engine reports of the prompt, once it has seen it, and of the reply.
         self.usage = EngineUsage(texts={} if records_content() else None)
-        self.turn: RequestTurn | None = None  # set once the orchestrator has prepared the prompt
+        self.turn: Turn | None = None  # set once the orchestrator has prepared the prompt
         self._model: str | None = None
         self._ended = False
 
@@ -193,7 +193,7 @@ def response_id(door: str, request_id: str) -> str:
     return request_id.rpartition("_")[0]
 
 
-def outcome_of(turn: RequestTurn | None, error: BaseException | None) -> str:
+def outcome_of(turn: Turn | None, error: BaseException | None) -> str:
     """`committed` (the reply completed and joined the session), the error that ended the request, or
     `incomplete` (an error response from vLLM, a client gone before the end)."""
     if error is not None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.prepared import Prepared
-from orchestrator.request_turn import RequestTurn
+from orchestrator.turn import Turn
 from orchestrator.turn_request import TurnRequest
 
 
@@ -43,7 +43,7 @@ class SlowSave:
 def test_a_client_leaving_during_the_save_neither_cancels_it_nor_hides_its_failure(outcome: str) -> None:
     async def run() -> SlowSave:
         driver = SlowSave()
-        turn = RequestTurn(driver, TurnRequest(None), asyncio.Lock())
+        turn = Turn(driver, TurnRequest(None), asyncio.Lock())
 
         async def request() -> None:
             async with turn:

@@ -37,7 +37,7 @@ class TurnDriver(Protocol):
     def rollback(self, prepared: Prepared) -> None: ...
 
 
-class RequestTurn:
+class Turn:
     def __init__(self, driver: TurnDriver, request: TurnRequest, lock: SessionLock | None,
                  holds: SessionHolds | None = None) -> None:
         """`lock`: the session's, for a session whose State the server keeps; `holds`: when other processes
@@ -54,7 +54,7 @@ class RequestTurn:
         self._closed = False
         self._handed_over = False
 
-    async def __aenter__(self) -> RequestTurn:
+    async def __aenter__(self) -> Turn:
         if self._lock is not None:
             await self._lock.acquire()
         try:
@@ -135,7 +135,7 @@ class RequestTurn:
         if saving.cancelled() or saving.exception() is not None:
             self._driver.abandon(self.prepared)
 
-    def hand_over(self) -> RequestTurn:
+    def hand_over(self) -> Turn:
         """The `async with` ends but the turn goes on (a streamed reply); the new owner closes it."""
         self._handed_over = True
         return self
