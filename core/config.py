@@ -174,7 +174,8 @@ class OrchestratorConfig(_Strict):
     """State tokens past which the oldest turns are summarised, instead of compaction_threshold's share of the
     window."""
     compaction_keep_turns: int = Field(4, ge=0)
-    """The most recent turns a compaction keeps as they are (within compaction_keep_share)."""
+    """The most recent turns (a user message and what follows it) a compaction keeps as they are (within
+    compaction_keep_share)."""
     compaction_keep_share: float = Field(0.125, ge=0, le=1)
     """The kept turns take at most this share of the State's room in the window: every compaction re-prefills
     the turns it keeps (the summary before them changed), and the more it keeps, the sooner the next one comes.

@@ -57,7 +57,7 @@ class Session:
 
     def to_json(self) -> str:
         return json.dumps({
-            "session_id": self.session_id, "turns": [m.to_message() for m in self.messages],
+            "session_id": self.session_id, "messages": [m.to_message() for m in self.messages],
             "summary": self.summary, "last_hashes": self.last_hashes, "replica": self.replica,
             "compactions": self.compactions, "compacted_turns": self.compacted_turns,
             "karma": [k.model_dump() for k in self.karma],
@@ -70,7 +70,9 @@ class Session:
     @classmethod
     def from_json(cls, text: str) -> Session:
         data = json.loads(text)
-        return cls(session_id=data["session_id"], messages=[Message.from_message(m) for m in data["turns"]],
+        # A State saved while its messages were called turns holds them under "turns"; it loads the same.
+        messages = data["messages"] if "messages" in data else data["turns"]
+        return cls(session_id=data["session_id"], messages=[Message.from_message(m) for m in messages],
                    summary=data.get("summary"), last_hashes=data.get("last_hashes"), replica=data.get("replica"),
                    compactions=data.get("compactions", 0), compacted_turns=data.get("compacted_turns", 0),
                    karma=[KarmaEntry.model_validate(k) for k in data.get("karma", [])],

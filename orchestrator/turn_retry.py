@@ -105,13 +105,15 @@ class TurnMark:
         return retry.automatic and self.key is None and brought == self.brought and not self.delivered
 
     def to_dict(self) -> dict[str, Any]:
-        return {"brought": self.brought, "key": self.key, "turns_before": self.messages_before,
+        return {"brought": self.brought, "key": self.key, "messages_before": self.messages_before,
                 "karma_before": [k.model_dump() for k in self.karma_before],
                 "staged_karma_before": [k.model_dump() for k in self.staged_karma_before]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnMark:
-        return cls(data["brought"], data.get("key"), int(data["turns_before"]),
+        # "turns_before": the mark of a State saved while its messages were called turns.
+        before = data["messages_before"] if "messages_before" in data else data["turns_before"]
+        return cls(data["brought"], data.get("key"), int(before),
                    [KarmaEntry.model_validate(k) for k in data.get("karma_before", [])],
                    [KarmaEntry.model_validate(k) for k in data.get("staged_karma_before", [])])
 

@@ -16,7 +16,7 @@ from orchestrator.ctc_governor import CTCLimits, govern
 from orchestrator.formatters import FormatterRegistry
 from orchestrator.message import Message
 from orchestrator.orchestrator import Orchestrator
-from orchestrator.session import SessionStore
+from orchestrator.session import Session, SessionStore
 from orchestrator.token_counter import TokenCounter
 from orchestrator.turn_request import TurnRequest
 from server.admission.vram_governor import GovernorRejected, KVStats, VramGovernor
@@ -228,6 +228,27 @@ def test_sessions_persist_and_resume(counter) -> None:
     again = make(counter, store=SessionStore(saved.get, saved.__setitem__))
     fourth = run(again.prepare(asking(staged, "four")))
     assert fourth.report.first_changed_block == "state" and fourth.messages[-1]["content"] == "four"
+
+
+def test_a_state_saved_under_the_old_keys_loads_and_is_saved_under_the_new(counter) -> None:
+    """A State saved while its messages were called turns (`turns`, and `turns_before` in its last
+    turn's mark) resumes as one saved now; its next save uses `messages` and `messages_before`."""
+    old = json.dumps({"session_id": "old", "summary": None, "compactions": 1, "compacted_turns": 2,
+                      "turns": [{"role": "user", "content": "one"}, {"role": "assistant", "content": "uno"}],
+                      "karma": [], "staged_karma": [],
+                      "last_turn": {"brought": "b", "key": None, "turns_before": 0, "karma_before": [],
+                                    "staged_karma_before": []}})
+    session = Session.from_json(old)
+    assert [(m.role, m.content) for m in session.messages] == [("user", "one"), ("assistant", "uno")]
+    assert session.compacted_turns == 2 and session.last_turn is not None and session.last_turn.messages_before == 0
+    assert session.without_last_turn().messages == []
+    saved = json.loads(session.to_json())
+    assert "turns" not in saved and [m["content"] for m in saved["messages"]] == ["one", "uno"]
+    assert saved["last_turn"]["messages_before"] == 0 and "turns_before" not in saved["last_turn"]
+    assert Session.from_json(session.to_json()) == session
+    orch = make(counter, store=SessionStore({"old": old}.get, lambda sid, state: None))
+    resumed = run(orch.prepare(asking(parse_context({**CONTEXT, "session_id": "old"}), "two")))
+    assert [m["content"] for m in resumed.messages[1:3]] == ["one", "uno"]  # then the Query, with new karma
 
 
 def test_a_session_resumed_on_another_replica_reports_the_move_once(counter) -> None:

@@ -21,7 +21,7 @@ from xdb.session_state import list_sessions, state_versions
 
 
 def state(n: int) -> str:
-    return json.dumps({"session_id": "s", "turns": [{"role": "user", "content": f"turn {i}"} for i in range(n)]})
+    return json.dumps({"session_id": "s", "messages": [{"role": "user", "content": f"message {i}"} for i in range(n)]})
 
 
 def corrupt(xdb: XDB, session: str, version: int) -> None:

@@ -33,7 +33,7 @@ def user_messages(runtime: Runtime, session: str) -> tuple[list[str], list[str]]
     """The session's user messages in memory and as stored."""
     in_memory = [m.content for m in runtime.orchestrator.sessions.get(session).messages if m.role == "user"]
     stored = json.loads(runtime.xdb.load_session_state(session) or "{}")
-    return in_memory, [t["content"] for t in stored.get("turns", []) if t["role"] == "user"]
+    return in_memory, [m["content"] for m in stored.get("messages", []) if m["role"] == "user"]
 
 
 def refuse_first_attempts(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
@@ -235,7 +235,7 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
 
     def dies_once(session_id: str, state: str) -> int:
         stored = store(session_id, state) if committed else 0
-        if json.loads(state)["turns"][-2]["content"] == "Second question?" and failures:
+        if json.loads(state)["messages"][-2]["content"] == "Second question?" and failures:
             failures.pop()
             raise ServiceUnavailable("the XDB service exited during the call")
         return stored if committed else store(session_id, state)
@@ -307,7 +307,7 @@ def test_a_state_the_lake_cannot_take_is_kept_and_the_reply_stands(served: tuple
         assert done.choices[0].message.content is not None
     stored = runtime.xdb.load_session_state("lake-down")
     assert stored is not None
-    users = [t["content"] for t in json.loads(stored)["turns"] if t["role"] == "user"]
+    users = [m["content"] for m in json.loads(stored)["messages"] if m["role"] == "user"]
     assert users == ["First question?", "Second question?"]  # each turn once
     assert "ahc_lake_deferred_states_total" in client.get("/metrics").text
     counted = [sample.value for metric in runtime.metrics.lake_deferred_states.collect()
