@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker.startswith("gw"):
         cores = sorted(os.sched_getaffinity(0))
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+        one_thread_each()
+
+
+def one_thread_each() -> None:
+    """Under xdist every worker, and every process it starts, computes on one thread. Torch's OpenMP pool
+    otherwise takes a thread per core in each of them, and its threads spin at each barrier for a core the
+    other worker holds: the real model's lens check took 160 s beside a second copy of itself, 40 s with
+    one thread each."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[name] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 # The servers this session shares: each started when a test first needs it and stopped once the tests
