@@ -74,13 +74,15 @@ run: setup
 # one server run together on one worker, so each server starts once, and they go first; the engine-free
 # tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
 # `alone`) run afterwards, by themselves. The 15 slowest are listed.
+# The set-up's jobs compute on one thread each: the lens training beside mypy took 49 s on torch's two
+# threads, 29 s on one (tests/conftest.py does the same for the test workers).
 # HYPOTHESIS sets how much the property-based tests generate (tests/conftest.py's profiles): `ci` a few
 # examples each, the same every run; `make test-deep` runs the same suite at `deep`, ten times as many, new ones
 # every run.
 PYTEST := $(BIN)/python -m pytest -q -rs
 HYPOTHESIS ?= ci
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
 		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests
 	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone tests

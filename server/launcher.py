@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -33,9 +32,8 @@ from xdb.export import note_engine
 log = logging.getLogger("ahc.serve")
 
 
-async def serve(config: AHCConfig) -> None:
-    keys = TenantKeys.build(config.api_key, config.api_keys_file)  # a bad keys file fails before the model loads
-    check_tenancy(keys)
+async def serve(config: AHCConfig, keys: TenantKeys) -> None:
+    """`keys`: the config's tenants, built and checked (`serving_keys`) before vLLM is imported."""
     if not config.model:  # named only among the flags passed through: vLLM's parser finds it
         config = with_vllm_flags(config)
     capture = start_capture(config)  # checks the lens pack against the model before anything starts
@@ -115,14 +113,5 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         # vLLM), and nanobind prints a page of "leaked" lines at exit.
         gc.unfreeze()
 
-
-def check_tenancy(keys: TenantKeys) -> None:
-    """vLLM's stored Responses (`VLLM_ENABLE_RESPONSES_API_STORE`) are kept by response id for anyone
-    who asks: with several tenants, one could read another's. Refuse the combination."""
-
-    tenants = keys.tenants
-    if len(tenants) > 1 and os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"):
-        raise ValueError("VLLM_ENABLE_RESPONSES_API_STORE keeps responses readable by any key: unset it to serve "
-                         f"several tenants ({len(tenants)} configured)")
 
 

@@ -162,7 +162,7 @@ def test_a_scoped_id_cannot_reach_into_another_namespace() -> None:
 
 
 def test_stored_responses_and_several_tenants_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.launcher import check_tenancy
+    from server.tenancy.tenants import check_tenancy
 
     monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
     check_tenancy(TenantKeys.build(["one"]))  # a single tenant: nothing to leak to

@@ -165,12 +165,8 @@ def serve(
              "clients finish their turns; without it a reply runs to max_tokens.")] = None,
 ) -> None:
     """Serve MODEL with the OpenAI API, AHC's orchestrator, XDB and metrics on vLLM's engine."""
-    import uvloop
-
     from core.config import NO_MODEL, load_config
-    from server.api_process import exit_served
-    from server.api_supervisor import ProcessDied
-    from server.launcher import serve as run_server
+    from server.tenancy.tenants import serving_keys
 
     cfg = load_config(config)
     passed = list(ctx.args)
@@ -193,10 +189,18 @@ def serve(
             "engine.extra_args": [*cfg.engine.extra_args, *passed] if passed else None,
             **({"lens.enabled": False} if lens == "off" else {"lens.enabled": True, "lens.pack": lens} if lens else {}),
         })
-    if not cfg.model and not passed:  # said before vLLM is imported: nothing else can name one
+    # Said before vLLM is imported (seconds): no model named, a bad keys file.
+    if not cfg.model and not passed:
         raise ValueError(NO_MODEL)
+    keys = serving_keys(cfg.api_key, cfg.api_keys_file)
+    import uvloop
+
+    from server.api_process import exit_served
+    from server.api_supervisor import ProcessDied
+    from server.launcher import serve as run_server
+
     try:
-        uvloop.run(run_server(cfg))
+        uvloop.run(run_server(cfg, keys))
     except KeyboardInterrupt:
         pass
     except ProcessDied as exc:  # one of several API processes, or the engine core

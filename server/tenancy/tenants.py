@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -204,3 +205,21 @@ def parse_keys_file(path: Path) -> list[tuple[str, str, bool]]:
     if not pairs:
         raise ValueError(f"api keys file {str(path)!r} names no key")
     return pairs
+
+
+def check_tenancy(keys: TenantKeys) -> None:
+    """vLLM's stored Responses (`VLLM_ENABLE_RESPONSES_API_STORE`) are kept by response id for anyone
+    who asks: with several tenants, one could read another's. Refuse the combination."""
+
+    tenants = keys.tenants
+    if len(tenants) > 1 and os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"):
+        raise ValueError("VLLM_ENABLE_RESPONSES_API_STORE keeps responses readable by any key: unset it to serve "
+                         f"several tenants ({len(tenants)} configured)")
+
+
+def serving_keys(api_key: Iterable[str], api_keys_file: str | Path | None) -> TenantKeys:
+    """The keys a server starts with, checked: a bad keys file or a refused combination fails before the
+    engine is imported or the model loads."""
+    keys = TenantKeys.build(api_key, api_keys_file)
+    check_tenancy(keys)
+    return keys
