@@ -90,9 +90,10 @@ test: $(STAMP)
 test-deep:
 	$(MAKE) --no-print-directory test HYPOTHESIS=deep
 
-# The engine-free tests: no vLLM server started, no model built beforehand; one worker per core.
+# The in-process tests: no vLLM engine, no model built beforehand, no process of their own (marker
+# `process`: XDB's service, PostgreSQL, an `ahc` command); one worker per core.
 test-fast: $(STAMP)
-	$(PYTEST) -n auto --hypothesis-profile ci -m "not engine and not slow and not real_model" tests
+	$(PYTEST) -n auto --hypothesis-profile ci -m "not engine and not slow and not real_model and not process" tests
 
 # ruff: style, import order, common bugs; the layering as import-linter contracts (pyproject.toml);
 # mypy --strict on the packages typed so far.

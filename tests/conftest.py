@@ -80,6 +80,9 @@ SESSION_SERVERS = ("real_server", "server")
 # markers). Those of one module that share a module-scoped fixture (its own server, a built wheel) run
 # together on one worker.
 EARLY_MARKERS = ("engine", "real_model", "slow")
+# Fixtures that start a process (tests/postgres.py's PostgreSQL): a test using one is marked `process`,
+# whichever test of the session happens to start it.
+PROCESS_FIXTURES = frozenset({"pg", "lake"})
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,6 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     once; the groups run first, longest kinds first, and the engine-free tests fill in after them."""
     ranked: list[tuple[int, str, pytest.Item]] = []
     for item in items:
+        if PROCESS_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.process)
         group, rank = engine_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))

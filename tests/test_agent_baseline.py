@@ -207,6 +207,7 @@ def test_a_rule_file_names_its_run_by_its_stem(tmp_path: Path) -> None:
     (["--policy", "oracle"], 2, "oracle"),
     (["--max-turns", "0"], 2, "max-turns"),
 ])
+@pytest.mark.process
 def test_discover_usage_and_failures(args: list[str], code: int, message: str, tmp_path: Path) -> None:
     done = discover_process(*args, "--data-dir", str(tmp_path))
     assert done.returncode == code

@@ -68,6 +68,7 @@ def _run(target: object, *args: object) -> None:
     assert process.exitcode == 0
 
 
+@pytest.mark.process
 def test_two_processes_take_turns_on_one_session_and_see_each_others_turns(tmp_path: Path) -> None:
     directory, log = str(SessionLeases.create(tmp_path / "leases")), str(tmp_path / "log")
     start = SPAWN.Barrier(2)
@@ -93,6 +94,7 @@ def test_two_processes_take_turns_on_one_session_and_see_each_others_turns(tmp_p
     assert waited > 0  # the contended path (a wait in a thread) ran
 
 
+@pytest.mark.process
 def test_moved_only_after_another_process_took_the_session(tmp_path: Path) -> None:
     directory = SessionLeases.create(tmp_path)
     leases = SessionLeases(directory)
@@ -108,6 +110,7 @@ def test_moved_only_after_another_process_took_the_session(tmp_path: Path) -> No
     assert asyncio.run(take("s")) is False
 
 
+@pytest.mark.process
 def test_a_colliding_session_never_hides_a_move(tmp_path: Path) -> None:
     """Sessions a and b share the only stripe. Another process serves b, then this one serves a (the
     stripe's counter is now this process's), then b: b has moved all the same."""
@@ -176,6 +179,7 @@ def test_a_cancelled_wait_leaves_nothing_held(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.process
 def test_a_killed_holder_frees_the_lease(tmp_path: Path) -> None:
     directory = SessionLeases.create(tmp_path)
     ready = SPAWN.Event()
@@ -224,6 +228,7 @@ def _reserve(path: str, index: int, blocks: int, seen: multiprocessing.Queue[int
     time.sleep(60)  # until killed
 
 
+@pytest.mark.process
 def test_board_reservations_are_seen_by_the_other_processes(tmp_path: Path) -> None:
     path = str(tmp_path / "board")
     supervisor = SharedBoard.create(path, 3)
@@ -265,6 +270,7 @@ def _write_kv(path: str, until: float) -> None:
         board.publish_kv(_figures(n))
 
 
+@pytest.mark.process
 def test_board_kv_record_is_never_read_torn(tmp_path: Path) -> None:
     path = str(tmp_path / "board")
     reader = SharedBoard.create(path, 2)

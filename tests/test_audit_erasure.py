@@ -149,6 +149,7 @@ def test_after_a_vacuum_the_deleted_text_is_in_no_file_under_the_data_dir(delete
     assert verify_audit(deleted).ok
 
 
+@pytest.mark.process
 def test_vacuum_refuses_a_missing_or_busy_data_dir(tmp_path: Path) -> None:
     result = cli_runner.ahc("xdb", "vacuum", "--data-dir", str(tmp_path))
     assert result.returncode == 1 and "holds no experience.duckdb" in result.stderr

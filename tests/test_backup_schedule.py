@@ -40,6 +40,7 @@ def sessions_in(path: Path) -> set[str]:
         return {s for (s,) in copy.conn.execute("SELECT DISTINCT session_id FROM timesteps").fetchall()}
 
 
+@pytest.mark.process
 def test_the_loop_backs_up_verifies_and_keeps_the_newest(tmp_path: Path) -> None:
     data, dest = tmp_path / "data", tmp_path / "second-disk"
     reports: list[dict[str, Any]] = []
@@ -70,6 +71,7 @@ def test_a_backup_that_fails_verification_is_logged_and_removed(tmp_path: Path, 
     assert backups.kept_backups(dest) == [] and "failed verification" in caplog.text
 
 
+@pytest.mark.process
 def test_the_server_loop_runs_on_its_schedule(tmp_path: Path) -> None:
     data = tmp_path / "data"
     config = XDBConfig(backup_every_s=0.05, backup_keep=2, backup_dir=str(tmp_path / "b"))
@@ -131,6 +133,7 @@ def check_erased(data: Path, dest: Path, made: list[Path]) -> None:
     assert backups.pending(data) == []
 
 
+@pytest.mark.process
 def test_a_deletion_reaches_every_backup_and_export(copies: tuple[Path, Path, list[Path]]) -> None:
     data, dest, made = copies
     with XDB.open(data) as xdb:
@@ -141,6 +144,7 @@ def test_a_deletion_reaches_every_backup_and_export(copies: tuple[Path, Path, li
     check_erased(data, dest, made)
 
 
+@pytest.mark.process
 def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, Path, list[Path]],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     data, dest, made = copies
@@ -169,6 +173,7 @@ def test_a_deletion_cut_short_is_finished_at_the_next_start(copies: tuple[Path, 
     check_erased(data, dest, made)
 
 
+@pytest.mark.process
 def test_another_replicas_tombstone_reaches_the_backups_up_to_its_time(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with XDB.open(data, XDBConfig(max_latency_s=0.01)) as xdb:

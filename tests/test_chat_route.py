@@ -371,6 +371,7 @@ def test_a_body_cut_off_mid_stream_never_reaches_the_route(  # type: ignore[no-u
 
 
 @pytest.mark.alone
+@pytest.mark.process
 def test_health_answers_while_a_big_codex_is_counted(served: tuple[TestClient, Runtime]) -> None:
     """Tokenizing a large Codex takes seconds; it happens off the event loop (in a child process past
     server/model/token_process.py's APART_CHARS), so the loop keeps answering /health meanwhile."""

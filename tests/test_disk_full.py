@@ -80,6 +80,7 @@ def test_spill_dir_is_required_and_outside_the_data_dir(tmp_path: Path) -> None:
         RemoteXDB(tmp_path / "x", inside)
 
 
+@pytest.mark.process
 def test_pause_answers_a_503_naming_the_disk_and_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                                ) -> None:
     from server.api_process import watch_xdb
@@ -139,6 +140,7 @@ def test_pause_answers_a_503_naming_the_disk_and_loses_nothing(tmp_path: Path, c
     assert [r.levelno for r in records if "resumed" in r.getMessage()] == [logging.INFO]
 
 
+@pytest.mark.process
 def test_spill_serves_on_and_stores_every_row_once_in_order(tmp_path: Path) -> None:
     marker, spill = tmp_path / "disk-full", tmp_path / "spill"
     config = XDBConfig(max_queue_rows=20, on_disk_full="spill", spill_dir=str(spill))
@@ -164,6 +166,7 @@ def test_spill_serves_on_and_stores_every_row_once_in_order(tmp_path: Path) -> N
         until(lambda: not spill_files(spill), 10)  # removed once committed
 
 
+@pytest.mark.process
 def test_a_stop_while_the_disk_fails_leaves_every_row_spilled_for_the_next_start(tmp_path: Path) -> None:
     marker, spill, data = tmp_path / "disk-full", tmp_path / "spill", tmp_path / "x"
     config = XDBConfig(on_disk_full="spill", spill_dir=str(spill))
@@ -184,6 +187,7 @@ def test_a_stop_while_the_disk_fails_leaves_every_row_spilled_for_the_next_start
         until(lambda: not spill_files(spill), 10)
 
 
+@pytest.mark.process
 def test_a_failing_spill_dir_falls_back_to_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: Spill, parts: object) -> None:
         raise OSError(5, "Input/output error")
@@ -204,6 +208,7 @@ def test_a_failing_spill_dir_falls_back_to_pause(tmp_path: Path, monkeypatch: py
         assert contents(xdb, "s") == [f"r{i}" for i in range(4)]
 
 
+@pytest.mark.process
 def test_an_attached_writer_spills_to_a_directory_of_its_own(tmp_path: Path) -> None:
     marker, spill = tmp_path / "disk-full", tmp_path / "spill"
     config = XDBConfig(max_queue_rows=20, on_disk_full="spill", spill_dir=str(spill))
@@ -247,6 +252,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.process
 def test_rows_spilled_by_a_killed_server_are_sent_at_the_next_start(tmp_path: Path) -> None:
     marker, spill, data = tmp_path / "disk-full", tmp_path / "spill", tmp_path / "x"
     script = KILLED_WHILE_SPILLING.format(tests=str(TESTS), marker=str(marker), data=str(data), spill=str(spill))

@@ -303,6 +303,7 @@ def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
                                           "128 with concept activations")
 
 
+@pytest.mark.process
 def test_the_emulated_engine_is_bad_usage_outside_serve_and_with_a_real_profile() -> None:
     for args, message in ((["bench", "xdb", "--engine", "emulated"], "No such option: --engine"),
                           (["bench", "serve", "--engine", "emulated", "--profile", "6x512"],

@@ -31,6 +31,7 @@ def test_elsewhere_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ[START_METHOD] == "fork"
 
 
+@pytest.mark.process
 def test_the_forked_engine_spawns_its_own_children(start_method: None) -> None:
     read, write = os.pipe()
     with forked_engine(on_cpu=True):

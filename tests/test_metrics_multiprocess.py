@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 if TYPE_CHECKING:
     from server.metrics import AHCMetrics
 
@@ -139,6 +141,7 @@ def scrape(path: Path) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return samples
 
 
+@pytest.mark.process
 def test_one_view_across_api_processes(tmp_path: Path, monkeypatch: Any) -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -203,6 +206,7 @@ def test_one_view_across_api_processes(tmp_path: Path, monkeypatch: Any) -> None
     assert pid_b != pid_a
 
 
+@pytest.mark.process
 def test_a_fresh_process_shows_what_one_process_shows(tmp_path: Path, monkeypatch: Any) -> None:
     """Every series a scrape shows from the start in one process shows in multiprocess mode too, at zero
     ("mostrecent" gauges included, which the merge leaves out until set)."""

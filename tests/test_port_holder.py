@@ -10,10 +10,12 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from server.api_process import live_process_using_port
 
 
+@pytest.mark.process
 def test_a_zombie_holding_the_port_is_no_process_to_name() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     zombie = psutil.Process(child.pid)

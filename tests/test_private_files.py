@@ -53,6 +53,7 @@ def test_data_export_and_backup_are_private_whatever_the_umask(tmp_path: Path, u
         assert modes(root) == {}, root
 
 
+@pytest.mark.process
 def test_the_xdb_service_makes_even_duckdbs_write_ahead_logs_private(tmp_path: Path, umask_022: None) -> None:
     from core.config import XDBConfig
     from xdb import RemoteXDB

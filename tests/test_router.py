@@ -189,6 +189,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 # --- what passes through ----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_unknown_top_level_field_reaches_the_worker_unchanged(cluster: Cluster) -> None:
     context = {"session_id": "s1", "z_first": 1, "a_second": [True, None, 0.5, "é ☃ \"q\" \n"],
                "codex": [{"id": "doc-1", "text": "Thé codex", "nested": {"b": 2, "a": [1, {"c": "d"}]}}]}
@@ -264,6 +265,7 @@ def test_errors_pass_through_and_which_are_retried(cluster: Cluster, status: int
     assert sorted(seen.values()) == [0, attempts], seen
 
 
+@pytest.mark.process
 def test_request_timeout_cuts_a_long_stream(cluster: Cluster, tmp_path: Path) -> None:
     spec = spec_for(cluster.workers, request_timeout_s=1, retry_max_retries=1)
     with RouterProcess(spec, tmp_path / "router.log") as router:
@@ -352,6 +354,7 @@ def test_router_reports_its_workers(cluster: Cluster) -> None:
 # --- failover -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_failover_moves_a_dead_workers_sessions_and_brings_them_back(tmp_path: Path) -> None:
     workers = start_workers("A", "B", "C")
     http = httpx.Client(timeout=30)
@@ -454,6 +457,7 @@ def test_bad_spec_is_a_value_error(kwargs: dict, message: str) -> None:
         RouterSpec(**{"worker_urls": (URL,), **kwargs})
 
 
+@pytest.mark.process
 def test_router_command() -> None:
     spec = RouterSpec((URL, "https://replica-2:8443"), port=8100, metrics_port=8101, extra_args=("--queue-size", "5"))
     cmd = router_command(spec, "vllm-router")
@@ -484,6 +488,7 @@ def test_router_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         router_executable()
 
 
+@pytest.mark.process
 def test_router_that_exits_early_names_its_log(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "router.log"
     spec = RouterSpec((f"http://127.0.0.1:{free_port()}",), port=free_port(), metrics_port=free_port(),
@@ -499,6 +504,7 @@ def test_router_that_exits_early_names_its_log(tmp_path: Path) -> None:
     assert router.stop() == 1
 
 
+@pytest.mark.process
 def test_router_process_start_and_stop(tmp_path: Path) -> None:
     workers = start_workers("solo")
     try:

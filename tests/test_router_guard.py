@@ -38,6 +38,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Rou
         worker.kill()
 
 
+@pytest.mark.process
 def test_the_routers_own_routes_are_closed_to_clients(guarded: tuple[str, RouterProcess, FakeWorker]) -> None:
     url, router, worker = guarded
     intruder = FakeWorker("intruder", free_port())

@@ -46,6 +46,7 @@ def assert_no_gpu_error(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.process
 def test_gpu_check_is_executable_bash_that_parses() -> None:
     assert os.access(GPU_CHECK, os.X_OK)
     assert GPU_CHECK.read_text().startswith("#!/usr/bin/env bash\n")
@@ -53,6 +54,7 @@ def test_gpu_check_is_executable_bash_that_parses() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_scripts_pass_shellcheck() -> None:
     binary = shellcheck()
     if binary is None:
@@ -74,6 +76,7 @@ def isolated_copy(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.process
 def test_gpu_check_without_nvidia_smi_fails_before_any_step(tmp_path: Path) -> None:
     copy = isolated_copy(tmp_path)
     result = run_script(copy, PATH=path_without_nvidia_smi())
@@ -81,6 +84,7 @@ def test_gpu_check_without_nvidia_smi_fails_before_any_step(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scripts"]  # no logs, no .venv, nothing built
 
 
+@pytest.mark.process
 def test_gpu_check_with_a_failing_nvidia_smi_fails_before_any_step(tmp_path: Path) -> None:
     # nvidia-smi without a driver prints its complaint on stdout; that is no GPU.
     copy = isolated_copy(tmp_path)
@@ -95,6 +99,7 @@ def test_gpu_check_with_a_failing_nvidia_smi_fails_before_any_step(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "scripts"]
 
 
+@pytest.mark.process
 def test_gpu_check_in_this_checkout_honours_hidden_devices() -> None:
     # In place (this checkout's .venv and .cache): CUDA_VISIBLE_DEVICES="" hides every GPU, whatever the machine.
     before = gpu_check_logs()
@@ -105,6 +110,7 @@ def test_gpu_check_in_this_checkout_honours_hidden_devices() -> None:
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None,
                     reason="this machine has an NVIDIA driver")
+@pytest.mark.process
 def test_gpu_check_in_this_checkout_finds_no_gpu_here() -> None:
     # No nvidia-smi: the script asks torch in .venv, which sees no GPU on this machine.
     before = gpu_check_logs()
@@ -113,6 +119,7 @@ def test_gpu_check_in_this_checkout_finds_no_gpu_here() -> None:
     assert gpu_check_logs() == before
 
 
+@pytest.mark.process
 def test_gpu_check_runs_its_universe_step_on_a_bare_machine(tmp_path: Path) -> None:
     """No .venv, torch and Triton for python3: `AHC_GPU_CHECK_STEPS=universe` runs the universe step from the
     checkout with no set-up. Here a fake nvidia-smi names an H100 and python3 is this venv's, so the kernel

@@ -78,6 +78,7 @@ def test_cpu_per_token_and_the_medians_across_rounds() -> None:
     assert "cpu_us_per_token" not in side_figures(Side("", Target("http://x", "m")), [rnd(10, 1.0, None)])
 
 
+@pytest.mark.process
 def test_process_cpu_leaves_out_child_processes() -> None:
     # vLLM's EngineCore is a child of the API process: its CPU must not count as the API process's.
     before = process_cpu_s(os.getpid())

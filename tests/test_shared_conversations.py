@@ -222,6 +222,7 @@ def _run(target: Callable[..., None], *args: Any) -> None:
     assert process.exitcode == 0
 
 
+@pytest.mark.process
 def test_a_conversation_goes_on_in_whichever_process_gets_it(tmp_path: Path) -> None:
     path = str(tmp_path / "c.db")
     a = SharedConversations(path, 64)
@@ -239,6 +240,7 @@ def test_a_conversation_goes_on_in_whichever_process_gets_it(tmp_path: Path) -> 
     a.close()
 
 
+@pytest.mark.process
 def test_processes_advancing_at_once_lose_nothing(tmp_path: Path) -> None:
     path, count, prefixes = str(tmp_path / "c.db"), 300, "abcd"
     context = multiprocessing.get_context("spawn")
@@ -277,6 +279,7 @@ def test_opening_a_file_another_process_is_writing_waits_for_it(tmp_path: Path) 
     holder.close()
 
 
+@pytest.mark.process
 def test_capacity_holds_across_processes(tmp_path: Path) -> None:
     path = str(tmp_path / "c.db")
     a = SharedConversations(path, 3)
@@ -289,6 +292,7 @@ def test_capacity_holds_across_processes(tmp_path: Path) -> None:
     a.close()
 
 
+@pytest.mark.process
 def test_a_forked_child_uses_a_connection_of_its_own(tmp_path: Path) -> None:
     table = SharedConversations(tmp_path / "c.db", 8)
     table.advance("parent", "h1")

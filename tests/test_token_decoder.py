@@ -166,6 +166,7 @@ def test_a_writer_without_a_tokenizer_refuses_ids_alone(tmp_path: Path) -> None:
             xdb.writer.submit(TokenBatch("s", xdb.next_ticks("s", 2), None))
 
 
+@pytest.mark.process
 def test_the_service_decodes_and_a_restarted_one_needs_no_state(tmp_path: Path, tokenizer: Any) -> None:
     """Ids shipped to the service; it is killed between two batches of a reply, and the one started in
     its place decodes the next batch (and any held one) with the tokenizer the writer tells it again;

@@ -23,6 +23,7 @@ def process(tokenizer, encode: Callable[[str], list[int]]) -> Iterator[TokenProc
     counter.close()
 
 
+@pytest.mark.process
 def test_a_long_text_is_counted_apart_exactly_as_in_process(tokenizer, encode: Callable[[str], list[int]],  # type: ignore[no-untyped-def]
                                                             process: TokenProcess) -> None:
     specials = "".join(tokenizer.all_special_tokens)
@@ -40,6 +41,7 @@ class _BrokenPipe:
         pass
 
 
+@pytest.mark.process
 def test_a_failed_child_costs_one_in_process_count_then_is_replaced(encode: Callable[[str], list[int]],
                                                                     process: TokenProcess) -> None:
     text = "w1 w2 w3 " * 500

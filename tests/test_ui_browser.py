@@ -117,6 +117,7 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
             yield base, xdb
 
 
+@pytest.mark.process
 def test_a_50k_token_session_paints_within_2s_and_pages_its_tokens(bare: tuple[str, XDB], page: Any,
                                                                  tmp_path: Path) -> None:
     base, _ = bare

@@ -58,6 +58,7 @@ def test_triton_runs_several_launches() -> None:
     assert np.array_equal(simulate(states, rule, 40, "triton"), simulate(states, rule, 40, "numpy"))
 
 
+@pytest.mark.process
 def test_triton_under_the_interpret_env_var() -> None:
     # The kernel as written for the GPU, run on CPU tensors with TRITON_INTERPRET=1 set before import.
     script = textwrap.dedent("""

@@ -49,6 +49,7 @@ def test_simulate_prints_the_trajectory() -> None:
     (["--state", "A_B", "--rule", "no-such"], "no-such"),
     (["--state", ""], "empty grid"),
 ])
+@pytest.mark.process
 def test_simulate_failures_exit_1_with_one_line(args: list[str], words: str) -> None:
     result = ahc_process("universe", "simulate", *args)
     assert result.returncode == 1
@@ -80,6 +81,7 @@ def test_universe_bench_prints_json() -> None:
     assert "numba_cells_per_s" not in report["figures"]
 
 
+@pytest.mark.process
 def test_ahc_bench_universe_json_has_every_backend() -> None:
     report = run_bench("universe")
     figures = report["figures"]

@@ -82,6 +82,7 @@ def test_range_verification_reads_from_the_nearest_checkpoint(logged: Path) -> N
     assert not verify_audit(logged).ok
 
 
+@pytest.mark.process
 def test_cli_verify_audit_exit_codes(logged: Path) -> None:
     ok = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(logged)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
@@ -118,6 +119,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_kill_9_keeps_every_committed_batch_and_the_chain(tmp_path: Path) -> None:
     data = tmp_path / "crash"
     proc = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=str(REPO), data=str(data))],

@@ -81,6 +81,7 @@ def wait_for(predicate: object, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.process
 def test_two_replicas_ship_and_recall_sees_both(lake: LakeConfig, tmp_path: Path) -> None:
     with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
         record(a, "sa", 50, "alpha")
@@ -110,6 +111,7 @@ def test_two_replicas_ship_and_recall_sees_both(lake: LakeConfig, tmp_path: Path
         assert a.state()["lake"]["watermarks"]["timesteps"] == 49
 
 
+@pytest.mark.process
 def test_concepts_and_tags_across_replicas(lake: LakeConfig, tmp_path: Path) -> None:
     high_low = np.array([[0.9, 0.2], [0.9, 0.2], [0.1, 0.8], [0.1, 0.8]], dtype=np.float32)
     index = np.array([[0, 1]] * 4, dtype=np.int32)
@@ -165,6 +167,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_shipping_is_exactly_once_across_a_kill(lake: LakeConfig, tmp_path: Path) -> None:
     n = 40_000
     assert lake.catalog is not None and lake.data_path is not None
@@ -194,6 +197,7 @@ def test_shipping_is_exactly_once_across_a_kill(lake: LakeConfig, tmp_path: Path
     assert reports["K"].ok and reports["K"].records_checked == n
 
 
+@pytest.mark.process
 def test_out_of_order_commits_deletes_and_renumbered_versions_ship_once(lake: LakeConfig, tmp_path: Path) -> None:
     with XDB.open(tmp_path / "a", config(lake, "A", ship_interval_s=3600.0)) as a:
         assert a.lake is not None and a.lake.shipper is not None
@@ -260,6 +264,7 @@ class LakeThatGoesAway:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+@pytest.mark.process
 def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     with LakeThatGoesAway(tmp_path) as pg:
         with XDB.open(tmp_path / "a", config(pg.lake, "A")) as a:
@@ -280,6 +285,7 @@ def test_a_lake_that_goes_away_misses_nothing_and_doubles_nothing(tmp_path: Path
         assert lake_sql(pg.lake, "SELECT count(*) FROM lake.session_states") == [(2,)]
 
 
+@pytest.mark.process
 def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, tmp_path: Path) -> None:
     with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
         assert b.load_session_state("s") is None
@@ -303,6 +309,7 @@ def test_a_session_resumes_on_another_replica_with_its_ticks(lake: LakeConfig, t
                                                              + [("B", t) for t in (10, 11, 12)])
 
 
+@pytest.mark.process
 def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_path: Path) -> None:
     """A session served on A then B, deleted on B: the lake loses its rows, no replica resumes its old
     State, A's own copies go, and the session can start again under the same id."""
@@ -347,6 +354,7 @@ def test_a_deleted_session_stays_deleted_on_every_replica(lake: LakeConfig, tmp_
         assert [r["content"] for r in b.lake_recall(session_id="s", owner=EVERY)] == ["fresh15", "fresh16"]
 
 
+@pytest.mark.process
 def test_deletions_racing_another_replicas_ships_still_stick(lake: LakeConfig, tmp_path: Path) -> None:
     """DuckLake aborts a delete from a table another writer inserted into meanwhile. While another
     replica ships without pause, each deletion still ships its tombstone (lake reads leave the session
@@ -393,6 +401,7 @@ def test_deletions_racing_another_replicas_ships_still_stick(lake: LakeConfig, t
         assert a.state()["lake"]["purges_pending"] == 0
 
 
+@pytest.mark.process
 def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> None:
     with LakeThatGoesAway(tmp_path) as pg, XDB.open(tmp_path / "a", config(pg.lake, "A")) as a:
         record(a, "s", 4)
@@ -407,6 +416,7 @@ def test_a_deletion_made_while_the_lake_is_down_still_sticks(tmp_path: Path) -> 
         assert lake_sql(pg.lake, "SELECT count(*) FROM lake.session_states WHERE session_id = 's'") == [(0,)]
 
 
+@pytest.mark.process
 def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "r", config(lake, "R")) as remote, XDB.open(tmp_path / "b", config(lake, "B")) as b:
         assert remote.lake_status() is not None and remote.has_lake and b.has_lake  # what scope=cluster asks
@@ -425,6 +435,7 @@ def test_remote_xdb_serves_the_lake(lake: LakeConfig, tmp_path: Path) -> None:
         assert remote.lake_status()["replica"] == "R"
 
 
+@pytest.mark.process
 def test_verify_lake_audit_checks_every_chain_and_names_a_tampered_row(lake: LakeConfig, tmp_path: Path) -> None:
     with XDB.open(tmp_path / "a", config(lake, "A")) as a, XDB.open(tmp_path / "b", config(lake, "B")) as b:
         record(a, "sa", 20)
@@ -450,6 +461,7 @@ def test_verify_lake_audit_checks_every_chain_and_names_a_tampered_row(lake: Lak
     assert "replica 'B' audit record seq=4: missing" in result.output
 
 
+@pytest.mark.process
 def test_a_lake_made_before_the_audit_was_sealed_gains_its_columns(lake: LakeConfig, tmp_path: Path) -> None:
     """A lake an earlier AHC made lacks the audit's key_id and sealed columns: a replica adds them when it
     attaches, ships its sealed records, and the lake's chain verifies."""
@@ -465,6 +477,7 @@ def test_a_lake_made_before_the_audit_was_sealed_gains_its_columns(lake: LakeCon
     assert sum(has for _, has, _ in rows) == 1
 
 
+@pytest.mark.process
 def test_bad_lake_config_is_a_clear_value_error(lake: LakeConfig, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="xdb.backend ducklake needs xdb.lake.replica_id"):
         XDBConfig(backend="ducklake", lake=lake)
@@ -484,6 +497,7 @@ def test_bad_lake_config_is_a_clear_value_error(lake: LakeConfig, tmp_path: Path
         XDB.open(tmp_path / "c", config(lake, "C", data_path=str(tmp_path / "elsewhere")))
 
 
+@pytest.mark.process
 def test_the_duckdb_backend_has_no_lake(tmp_path: Path) -> None:
     with XDB.open(tmp_path / "x") as xdb:
         assert xdb.lake is None and xdb.lake_status() is None and "lake" not in xdb.state() and not xdb.has_lake
@@ -515,6 +529,7 @@ def connects_without_password(server: LocalPostgres, user: str, host: str) -> su
                            "-d", "postgres", "-c", "SELECT 1"], capture_output=True, text=True, env=env, timeout=30)
 
 
+@pytest.mark.process
 def test_the_catalog_asks_every_connection_for_a_password_kept_in_a_private_file(pg: LocalPostgres,
                                                                                  lake: LakeConfig,
                                                                                  tmp_path: Path) -> None:
@@ -534,6 +549,7 @@ def test_the_catalog_asks_every_connection_for_a_password_kept_in_a_private_file
     assert "s3cret" not in str(refused_attach.value) and "password=***" in str(refused_attach.value)
 
 
+@pytest.mark.process
 def test_a_catalog_made_with_trust_moves_to_passwords_at_its_next_start() -> None:
     require_postgres()
     directory = Path(tempfile.mkdtemp(prefix="ahc-test-pg-trust-"))
@@ -556,6 +572,7 @@ def test_a_catalog_made_with_trust_moves_to_passwords_at_its_next_start() -> Non
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.process
 def test_a_lake_chain_rewritten_as_a_whole_fails_against_the_replicas_own_head(lake: LakeConfig,
                                                                                tmp_path: Path) -> None:
     """Recomputed from genesis, an edited lake chain whose every hash was recomputed too verifies; the

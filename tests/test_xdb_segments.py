@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 from test_audit_erasure import WORD, files_holding
 from xdb_recording import recording, say
 
@@ -25,6 +26,7 @@ def rows(xdb: XDB | RemoteXDB, session: str) -> list[dict[str, Any]]:
     return xdb.recall(session_id=session, limit=1000, owner=EVERY)
 
 
+@pytest.mark.process
 def test_sealed_rows_read_as_before_and_a_deletion_leaves_every_file(tmp_path: Path) -> None:
     data = tmp_path / "x"
     with RemoteXDB(data, XDBConfig(segment_rows=5)) as xdb:

@@ -43,6 +43,7 @@ def batch(xdb: RemoteXDB | XDB, session: str, words: list[str], activations: boo
                       concept_values=np.full((n, 2), 0.5, np.float32) if activations else None)
 
 
+@pytest.mark.process
 def test_rows_calls_and_errors_go_through_the_service(tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "x") as xdb:
         assert xdb.writer.process.process.pid != os.getpid()
@@ -74,6 +75,7 @@ def _unmarked(cur: object) -> int:
 
 
 @pytest.mark.parametrize("where", ["in-process", "service"])
+@pytest.mark.process
 def test_the_generic_entry_runs_marked_module_functions_and_nothing_else(tmp_path: Path, where: str) -> None:
     """`read` / `write` run an XDB module's marked function (by reference across the process boundary),
     hand a write the audit hook, and refuse any other function, and a read function given as a write."""
@@ -92,6 +94,7 @@ def test_the_generic_entry_runs_marked_module_functions_and_nothing_else(tmp_pat
     assert after == before + 1 and verify_audit(tmp_path / "x").ok  # the purge was chained through the hook
 
 
+@pytest.mark.process
 def test_closing_commits_what_was_never_flushed(tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "x") as xdb:
         for _ in range(50):
@@ -100,6 +103,7 @@ def test_closing_commits_what_was_never_flushed(tmp_path: Path) -> None:
         assert len(xdb.recall(session_id="s", limit=1000, owner=EVERY)) == 100
 
 
+@pytest.mark.process
 def test_a_killed_service_is_restarted_and_loses_no_accepted_row(tmp_path: Path) -> None:
     restarts: list[int] = []
     with RemoteXDB(tmp_path / "x", on_restart=lambda: restarts.append(1)) as xdb:
@@ -130,6 +134,7 @@ def activations(key: str, positions: list[int]) -> StepActivations:
                            np.full((n, 2), 0.25, np.float32), "emulated")
 
 
+@pytest.mark.process
 def test_the_service_joins_activations_sent_to_it_and_binds_again_after_a_restart(tmp_path: Path) -> None:
     address = f"ipc://{tmp_path}/lens"
     with RemoteXDB(tmp_path / "x", XDBConfig(max_latency_s=0.05)) as xdb:
@@ -156,6 +161,7 @@ def test_the_service_joins_activations_sent_to_it_and_binds_again_after_a_restar
     assert rows[0]["concept_activations"] == {"fear": 0.25, "joy": 0.25}
 
 
+@pytest.mark.process
 def test_back_pressure_is_counted_here_and_released_when_the_service_catches_up(tmp_path: Path) -> None:
     config = XDBConfig(max_queue_rows=10, submit_timeout_s=0.3)
     with RemoteXDB(tmp_path / "x", config) as xdb:
@@ -176,6 +182,7 @@ def test_back_pressure_is_counted_here_and_released_when_the_service_catches_up(
         assert [r["tick"] for r in xdb.recall(session_id="s", owner=EVERY)] == [*range(8), 14, 15, 16]
 
 
+@pytest.mark.process
 def test_a_corrupt_database_fails_the_start_and_is_left_untouched(tmp_path: Path) -> None:
     data = tmp_path / "x"
     data.mkdir()
@@ -185,6 +192,7 @@ def test_a_corrupt_database_fails_the_start_and_is_left_untouched(tmp_path: Path
     assert (data / "experience.duckdb").read_bytes() == b"not a database" * 100
 
 
+@pytest.mark.process
 def test_the_service_stops_when_its_server_goes_away(tmp_path: Path) -> None:
     process = ServiceProcess(tmp_path / "x", XDBConfig())
     process.stream.close()  # as when the server's process dies: the connection ends
@@ -193,6 +201,7 @@ def test_the_service_stops_when_its_server_goes_away(tmp_path: Path) -> None:
     process.kill()
 
 
+@pytest.mark.process
 def test_a_service_that_keeps_dying_stops_recording_instead_of_restarting_forever(tmp_path: Path) -> None:
     xdb = RemoteXDB(tmp_path / "x")
     xdb.start_session("s")
@@ -213,6 +222,7 @@ def test_a_service_that_keeps_dying_stops_recording_instead_of_restarting_foreve
         assert [r["tick"] for r in reopened.recall(session_id="s", owner=EVERY)] == [0, 1, 2, 3]
 
 
+@pytest.mark.process
 def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path) -> None:
     holder = XDB.open(tmp_path / "x")  # the files' lock, as a killed server's service still closing holds it
     holder.writer.submit([TimestepRow("s", t, "input", "user", "kept") for t in holder.next_ticks("s", 2)])
@@ -225,6 +235,7 @@ def test_a_service_waits_for_a_closing_owner_to_release_the_files(tmp_path: Path
     release.join()
 
 
+@pytest.mark.process
 def test_a_connection_that_closes_or_stalls_ends_nothing(tmp_path: Path) -> None:
     """One connect-and-close ended the accept loop for good (every later connection hung while /health
     said 200); a connection that never answers the handshake holds only its own thread."""
@@ -246,6 +257,7 @@ def test_a_connection_that_closes_or_stalls_ends_nothing(tmp_path: Path) -> None
             stalled.close()
 
 
+@pytest.mark.process
 def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import xdb.service.link
@@ -269,6 +281,7 @@ def test_a_service_that_stops_answering_is_killed_and_started_again(tmp_path: Pa
         assert [r["content"] for r in store.recall(session_id="s", owner=EVERY)] == ["a", "b"]
 
 
+@pytest.mark.process
 def test_a_row_utf8_cannot_hold_is_stored_with_a_replacement_not_the_writers_death(tmp_path: Path) -> None:
     """A lone surrogate (half an emoji, escaped in a client's JSON) killed the service's writer, and every
     restart resent the same row first, so nothing committed again."""
@@ -288,6 +301,7 @@ class Unjsonable:
     accepted and kills the writer, as a fault that no check foresaw would."""
 
 
+@pytest.mark.process
 def test_a_part_that_kills_the_writer_is_dropped_after_it_kills_a_second_run_alone(tmp_path: Path) -> None:
     """The service exits when its writer dies (it used to go on accepting rows it could never commit, every
     flush timing out). Its next run commits the suspect part alone and dies again; the run after drops that
@@ -319,6 +333,7 @@ def poison_value() -> Unjsonable:
     return Unjsonable()
 
 
+@pytest.mark.process
 def test_only_the_row_that_kills_the_writer_alone_is_dropped_not_the_rest_of_its_part(tmp_path: Path) -> None:
     """A part of three rows, the middle one poison: the run after the part killed a run alone commits it a
     row a batch; the one row that kills that run is the only one dropped."""
@@ -362,6 +377,7 @@ class FullDisk:
         return fill_disk_while, (self.marker,)
 
 
+@pytest.mark.process
 def test_a_disk_fault_pauses_recording_and_drops_nothing(tmp_path: Path) -> None:
     from xdb.writer_failure import FILE, is_disk_fault
 

@@ -52,6 +52,7 @@ def spawn_service(data_dir: Path) -> tuple[ServiceSpec, multiprocessing.process.
     return spec, process
 
 
+@pytest.mark.process
 def test_the_owner_and_an_attached_writer_write_at_once_each_row_stored_once(tmp_path: Path) -> None:
     with RemoteXDB(tmp_path / "x") as owner, RemoteXDB(tmp_path / "x", attach=owner.service_spec) as attached:
         assert attached.writer.process.spec == owner.service_spec
@@ -80,6 +81,7 @@ def test_the_owner_and_an_attached_writer_write_at_once_each_row_stored_once(tmp
     assert verify_audit(tmp_path / "x").ok
 
 
+@pytest.mark.process
 def test_an_attached_writer_closing_ends_its_stream_alone_and_the_owner_closing_ends_the_service(
         tmp_path: Path) -> None:
     owner = RemoteXDB(tmp_path / "x")
@@ -109,6 +111,7 @@ def test_an_attached_writer_closing_ends_its_stream_alone_and_the_owner_closing_
         late.close()
 
 
+@pytest.mark.process
 def test_a_killed_service_is_restarted_by_the_owner_and_both_writers_send_their_rows_again(
         tmp_path: Path, tokenizer: Any) -> None:
     config = XDBConfig(max_latency_s=60.0)  # nothing commits before the kill but what is flushed
@@ -143,6 +146,7 @@ def test_a_killed_service_is_restarted_by_the_owner_and_both_writers_send_their_
     assert verify_audit(tmp_path / "x").ok
 
 
+@pytest.mark.process
 def test_a_stream_may_connect_before_the_owners(tmp_path: Path) -> None:
     spec, process = spawn_service(tmp_path / "x")
     try:
@@ -165,6 +169,7 @@ def test_a_stream_may_connect_before_the_owners(tmp_path: Path) -> None:
         assert [r["tick"] for r in xdb.recall(session_id="e", owner=EVERY)] == [0, 1, 2, 3]
 
 
+@pytest.mark.process
 def test_an_attached_writer_whose_service_never_comes_back_stops_clearly(tmp_path: Path) -> None:
     spec, process = spawn_service(tmp_path / "x")
     try:

@@ -18,6 +18,7 @@ from xdb import XDB, RemoteXDB, verify_audit
 from xdb.owner import EVERY
 
 
+@pytest.mark.process
 def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path: Path) -> None:
     data = tmp_path / "x"
     with RemoteXDB(data) as xdb:
@@ -39,6 +40,7 @@ def test_a_live_vacuum_removes_a_deleted_sessions_text_and_loses_no_row(tmp_path
     assert verify_audit(data).ok
 
 
+@pytest.mark.process
 def test_the_storage_loop_vacuums_once_a_deletion_is_due(tmp_path: Path) -> None:
     reports: list[dict] = []  # type: ignore[type-arg]
 
@@ -66,6 +68,7 @@ def test_an_in_process_xdb_refuses_a_live_vacuum(tmp_path: Path) -> None:
         xdb.vacuum()
 
 
+@pytest.mark.process
 def test_a_file_over_the_bound_is_not_vacuumed_live(tmp_path: Path) -> None:
     """Recording waits while a vacuum copies the file: past xdb.vacuum_max_bytes the service refuses, naming
     the offline command, and goes on serving."""

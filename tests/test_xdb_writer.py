@@ -270,6 +270,7 @@ def test_flushes_during_a_commit_share_the_next_batch(tmp_path: Path, monkeypatc
         assert xdb.writer.rows_written == 7
 
 
+@pytest.mark.process
 def test_interleaved_streams_convert_in_arrival_order_in_one_table() -> None:
     names = ["a", "b", "c"]
 
