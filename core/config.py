@@ -332,6 +332,9 @@ class XDBConfig(_Strict):
     """DuckDB threads for the experience file; None: a quarter of the cores, at least one."""
     max_tick_sessions: int = Field(default=10_000, gt=0)
     """Sessions whose next tick is kept in memory; a dropped one reads its last tick from the file again."""
+    tag_cache_size: int = Field(default=4096, gt=0)
+    """Tags whose names and target types recalls keep in memory; the least recently used leave, and a tag
+    not among them is read from the file again."""
     recall_deadline_s: float | None = Field(default=0.5, gt=0)
     """A recall answers within this many seconds: one that reaches it returns the rows found so far, oldest
     first, marked `partial` with a cursor to continue from. None: no deadline."""

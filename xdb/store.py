@@ -34,7 +34,8 @@ from xdb.lake.session import LakeTicks, ResumableTickBook, TickCalls
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
 from xdb.recall import browse, insights
-from xdb.recall.recall import RecallFilters, TagCache, recall, recall_within, timestep
+from xdb.recall.recall import RecallFilters, recall, recall_within, timestep
+from xdb.recall.tag_cache import TagCache
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
 from xdb.sql import digest, one, transaction
 from xdb.storage import compression, fidelity, segments
@@ -81,7 +82,7 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
         self._compress_lock = threading.Lock()
         self._documents_lock = threading.Lock()  # a new version reads the last one: one writer at a time
         self._write_lock = threading.Lock()  # `write`: the small writes, one at a time (no conflicting commits)
-        self.tag_cache = TagCache()
+        self.tag_cache = TagCache(config.tag_cache_size)
         self._closed = False
         self._arm_auto_tags()
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.owner import owned
+from xdb.recall.tag_cache import TagCache
 from xdb.schema import INT64_MAX
 from xdb.sql import Row
 from xdb.storage import segments
@@ -156,54 +157,6 @@ def _strings(values: list[str], params: list[Any]) -> str:
     return """SELECT unnest(from_json(?, '["VARCHAR"]'))"""
 
 
-class TagCache:
-    """Tag names and the target types each tag's applications use, in memory: every recall needs
-    them and a DuckDB round trip costs milliseconds. Tags change only through this process's XDB
-    (DuckDB lets one process write), which calls `invalidate()` after each change; the next reader
-    reloads them in one query. Applications themselves stay in DuckDB."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._version = 0
-        self._loaded = -1
-        self._by_name: dict[str, int] = {}
-        self._names: dict[int, str] = {}
-        self._kinds: dict[int, frozenset[str]] = {}
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._version += 1
-
-    def _get(self, cur: duckdb.DuckDBPyConnection) -> tuple[dict[str, int], dict[int, str],
-                                                             dict[int, frozenset[str]]]:
-        with self._lock:
-            version = self._version
-            if self._loaded == version:
-                return self._by_name, self._names, self._kinds
-        rows = cur.execute("""
-            SELECT g.id, g.name, list(DISTINCT a.target_type) FILTER (WHERE a.target_type IS NOT NULL)
-            FROM tags g LEFT JOIN tag_applications a ON a.tag_id = g.id GROUP BY g.id, g.name""").fetchall()
-        by_name = {name: tid for tid, name, _ in rows}
-        names = {tid: name for tid, name, _ in rows}
-        kinds = {tid: frozenset(found or ()) for tid, _, found in rows}
-        with self._lock:
-            if self._version == version:  # a change made meanwhile leaves it stale: reload next time
-                self._by_name, self._names, self._kinds, self._loaded = by_name, names, kinds, version
-        return by_name, names, kinds
-
-    def resolve(self, cur: duckdb.DuckDBPyConnection, names_or_ids: list[str]) -> tuple[list[int], list[str]]:
-        """Tag ids for names or numeric ids (unknown tags are skipped: they match nothing), and the
-        target types their applications use. A filter value is text, so a name wins: "123" means the
-        tag named "123" where there is one, and tag id 123 only otherwise."""
-        by_name, names, kinds = self._get(cur)
-        ids = {by_name[x] for x in names_or_ids if x in by_name}
-        ids.update(int(x) for x in names_or_ids if x not in by_name and x.isdecimal() and int(x) in names)
-        return sorted(ids), sorted({kind for tid in ids for kind in kinds[tid]})
-
-    def names(self, cur: duckdb.DuckDBPyConnection) -> dict[int, str]:
-        return self._get(cur)[1]
-
-
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -294,7 +247,7 @@ def rows_query(ids_sql: str, source: str = "timesteps") -> str:
     return f"SELECT {', '.join(COLUMNS)} FROM {source} WHERE id IN ({ids_sql}) ORDER BY id"
 
 
-def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, str]) -> dict[int, list[str]]:
+def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], tag_cache: TagCache) -> dict[int, list[str]]:
     """Tag names (sorted) per recalled row. An application carries the session of the timesteps it
     reaches (tags.resolve_target sets it), so only the recalled sessions' applications are read
     (and any without a session), bounded by the rows' ids and ticks, and matched to the rows here."""
@@ -313,6 +266,7 @@ def tags_for(cur: duckdb.DuckDBPyConnection, rows: list[Row], names: dict[int, s
              OR (range_end >= {min(ticks)} AND range_start <= {max(ticks)}))""", params).fetchall()
     if not apps:
         return {}
+    names = tag_cache.names(cur, {app[6] for app in apps})
     by_id: dict[int, set[str]] = {}
     by_request: dict[tuple[str, str], set[str]] = {}
     by_session: dict[str, list[tuple[int, int, str]]] = {}
@@ -538,7 +492,7 @@ def recall_within(cur: duckdb.DuckDBPyConnection, filters: RecallFilters, concep
     finally:
         if guard is not None:
             guard.close()
-    tags = tags_for(cur, rows, tag_cache.names(cur))
+    tags = tags_for(cur, rows, tag_cache)
     comments = comments_for(cur, rows)
     return Recalled([to_record(r, concepts, tags.get(r[0], []), comments.get(r[0])) for r in rows],
                     partial, scanned_to)
@@ -552,5 +506,5 @@ def timestep(cur: duckdb.DuckDBPyConnection, timestep_id: int, concepts: Concept
                        [timestep_id, *params]).fetchall()
     if not rows:
         return None
-    tags = tags_for(cur, rows, tag_cache.names(cur))
+    tags = tags_for(cur, rows, tag_cache)
     return to_record(rows[0], concepts, tags.get(timestep_id, []), comments_for(cur, rows).get(timestep_id))
