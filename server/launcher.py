@@ -112,6 +112,3 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         # outlive its last collection and keep triton's extension types alive (torch imports triton with
         # vLLM), and nanobind prints a page of "leaked" lines at exit.
         gc.unfreeze()
-
-
-
