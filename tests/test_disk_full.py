@@ -246,7 +246,7 @@ while xdb.writer.recording_state()[0] != "paused":
     time.sleep(0.02)
 for i in range(50):
     xdb.writer.submit([TimestepRow("s", i, "input", "user", f"r{{i}}")])
-while xdb.writer._spill is None or xdb.writer._spill.unread_rows < 50:  # written and fsynced
+while xdb.writer._spiller is None or xdb.writer._spiller.spill.unread_rows < 50:  # written and fsynced
     time.sleep(0.02)
 os.kill(os.getpid(), signal.SIGKILL)
 """

@@ -21,14 +21,12 @@ on closing commits what it accepted and closes its stream alone.
 A disk fault (the service exits with EXIT_DISK_FAULT) pauses recording rather than stopping it, waiting
 with a doubling interval for the disk to mend; `xdb.on_disk_full` chooses where rows wait meanwhile: in
 memory (`pause`: past max_queue_rows the server answers 503), or in files under `xdb.spill_dir` (`spill`,
-xdb/service/spill.py: sent in order once the service commits again, or at the next start).
+xdb/service/spill_sender.py: sent in order once the service commits again, or at the next start).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import threading
 import time
 from collections import deque
@@ -42,7 +40,7 @@ from xdb.schema import TOP_K
 from xdb.service import service
 from xdb.service.link import START_TIMEOUT_S, ServiceLink, ServiceProcess, new_spec, remove_spec
 from xdb.service.service import ServiceSpec
-from xdb.service.spill import OWNER, Segment, Spill, check_spill_dir
+from xdb.service.spill_sender import SpillSender
 from xdb.store import XDB
 from xdb.writer import WriterBackpressure, WriterStopped, accepted, wait_committed
 from xdb.writer_failure import is_disk_fault
@@ -58,7 +56,6 @@ MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
 # A disk fault is waited out instead (it is no row's fault and no restart mends it): first retry after this,
 # doubling up to the maximum.
 DISK_RETRY_FIRST_S, DISK_RETRY_MAX_S = 1.0, 60.0
-SPILL_EVERY_S = 0.05  # while paused with `on_disk_full: spill`, how often the rows gathered go to the spill dir
 RECORDING_STATES = ("recording", "paused", "stopped")
 SERVED = service_methods(XDB)
 
@@ -89,12 +86,8 @@ class RemoteWriter:
         self._paused_at = 0.0
         self._pause_cause: BaseException | None = None
         self._disk_faults = 0  # in a row, since the last commit
-        # `on_disk_full: spill`: rows gathered while paused go to files (xdb/service/spill.py), not memory.
-        self._spill: Spill | None = None
-        self._spill_failed: str | None = None  # why spilling fell back to pausing, until recording resumes
-        self._spill_unread = 0  # rows in the spill files not read back yet (accepted, in no deque here)
-        self._spill_sent: deque[tuple[int, Segment]] = deque()  # read back and sent: (rows sent up to it, segment)
-        self._left_spilled = 0  # rows left in the spill dir by a close while the disk failed
+        # `on_disk_full: spill`: rows gathered while paused go to files (xdb/service/spill_sender.py), not memory.
+        self._spiller: SpillSender | None = None
         self._cond = threading.Condition()
         self._pending: deque[Part] = deque()   # accepted, not sent yet
         self._held: deque[tuple[int, Part]] = deque()  # sent, not known committed: (rows sent up to it, part)
@@ -110,12 +103,9 @@ class RemoteWriter:
         self._tokenizer: str | None = None  # what the service decodes token ids with, told to every run
         if config.on_disk_full == "spill":
             assert config.spill_dir is not None  # XDBConfig requires it
-            check_spill_dir(Path(config.spill_dir), data_dir)
-            name = f"stream-{os.getpid()}-{secrets.token_hex(4)}" if self.attached else OWNER
-            self._spill = Spill(Path(config.spill_dir), name)
+            self._spiller = SpillSender(Path(config.spill_dir), data_dir, self.attached, self._cond)
             if not self.attached:  # what a stopped or killed server left: sent before anything new
-                self._spill_unread = self._spill.adopt_leftovers()
-                self._accepted = self._spill_unread
+                self._accepted = self._spiller.adopt_leftovers()
         self.process: ServiceLink
         if self.attached:
             self.process = self._attach()
@@ -161,6 +151,11 @@ class RemoteWriter:
         return self._accepted - self.rows_written
 
     @property
+    def _spilled(self) -> int:
+        """Rows in the spill files not read back yet: accepted, in no deque here."""
+        return self._spiller.unread if self._spiller is not None else 0
+
+    @property
     def alive(self) -> bool:
         return self._error is None and not self._closing
 
@@ -186,7 +181,7 @@ class RemoteWriter:
             return True
         with self._cond:
             self._check_alive()
-            in_memory = self.queue_depth() - self._spill_unread  # spilled rows wait on another disk
+            in_memory = self.queue_depth() - self._spilled  # spilled rows wait on another disk
             if in_memory and in_memory + n > self.max_queue_rows:
                 return False
             self._pending.append(rows)
@@ -233,11 +228,11 @@ class RemoteWriter:
         finally:
             if not self.attached:
                 remove_spec(self.spec)
-            if self._spill is not None:
-                self._spill.close()
+            if self._spiller is not None:
+                self._spiller.close()
         if self._error is not None:
             raise WriterStopped(f"XDB writer failed: {self._error!r}") from self._error
-        if self.rows_written < self._accepted and not self._left_spilled:
+        if self.rows_written < self._accepted and not (self._spiller and self._spiller.left):
             raise WriterStopped(f"the XDB service stopped (exit code {code}) with "
                                 f"{self._accepted - self.rows_written} rows uncommitted")
 
@@ -267,7 +262,7 @@ class RemoteWriter:
                 process.announced_exit = total
             if kind != "committed":
                 continue
-            done: list[Segment] = []
+            spiller = self._spiller
             with self._cond:
                 if process is not self.process:
                     return
@@ -275,14 +270,16 @@ class RemoteWriter:
                 if delta and self.paused is not None:
                     log.info("XDB recording resumed after a disk fault (paused %.0f s)%s",
                              time.monotonic() - self._paused_at,
-                             f"; {self._spill_unread} spilled rows to send" if self._spill_unread else "")
-                    self.paused, self._disk_faults, self._spill_failed = None, 0, None
+                             f"; {self._spilled} spilled rows to send" if self._spilled else "")
+                    self.paused, self._disk_faults = None, 0
+                    if spiller is not None:
+                        spiller.failed = None
                 while self._held and self._held[0][0] <= self.rows_written:
                     self._held.popleft()
-                while self._spill_sent and self._spill_sent[0][0] <= self.rows_written:
-                    done.append(self._spill_sent.popleft()[1])
+                done = spiller.committed(self.rows_written) if spiller is not None else []
                 self._cond.notify_all()
-            self._remove_spilled(done)
+            if spiller is not None:
+                spiller.remove(done)
             if self.on_commit is not None and delta:
                 try:
                     self.on_commit(delta)
@@ -304,9 +301,9 @@ class RemoteWriter:
         with self._cond:
             while not (self._pending or self._flush_asked or self._dead or self._closing or self._replay_ready()):
                 self._cond.wait()
-            if not (self._dead or self._flush_asked or self._closing or self._spill_unread):
+            if not (self._dead or self._flush_asked or self._closing or self._spilled):
                 self._cond.wait(self.send_interval_s)  # let a few more steps' rows gather
-            if not self._dead and self._spill_unread:  # spilled rows go first, in order
+            if not self._dead and self._spilled:  # spilled rows go first, in order
                 if not self._replay_ready():
                     self._cond.wait(self.send_interval_s)  # until the service has committed more of them
                     return True
@@ -326,7 +323,7 @@ class RemoteWriter:
                     self._sent += len(part)
                     self._held.append((self._sent, part))
                 flush, self._flush_asked = self._flush_asked or self._closing, False
-            done = self._closing and not self._pending and not self._spill_unread
+            done = self._closing and not self._pending and not self._spilled
         if parts is None:
             return self._restart()
         try:
@@ -355,53 +352,32 @@ class RemoteWriter:
         paused meanwhile, a thread of its own moves the rows gathered to the spill, since starting a run
         takes a while; it has stopped by the time this returns, so the sender alone decides what goes next.
         False: closed while the disk failed, every row left in the spill dir (`_leave_spilled`)."""
-        if self._spill is None:
+        if self._spiller is None:
             self._restart_now()
             return True
-        stop = threading.Event()
-
-        def spill_while_paused() -> None:
-            while not stop.wait(SPILL_EVERY_S):
-                if self.paused is not None:
-                    self._spill_pending()
-
-        spiller = threading.Thread(target=spill_while_paused, name="xdb-spill", daemon=True)
-        spiller.start()
         try:
-            self._restart_now()
+            with self._spiller.meanwhile(self._spill_pending):
+                self._restart_now()
         except _LeftSpilled:
-            stop.set()
-            spiller.join()
             return self._leave_spilled()
-        finally:
-            stop.set()
-            spiller.join()
         return True
 
     def _leave_spilled(self) -> bool:
-        """Closing while the disk fails: the rows held in memory go to the spill dir, those sent to the dead
-        run before every row spilled (they are older), so the next start sends them all in order (skipping
-        any a run committed). False once they are there; True if the spill dir failed (closing then waits
-        for the disk, as with `pause`)."""
-        assert self._spill is not None
+        """Closing while the disk fails: the rows held in memory go to the spill dir (`SpillSender.leave`), so
+        the next start sends them all in order (skipping any a run committed). False once they are there;
+        True if the spill dir failed (closing then waits for the disk, as with `pause`)."""
+        assert self._spiller is not None
         with self._cond:
             held = [part for _, part in self._held]
             pending = list(self._pending)
-        try:
-            self._spill.prepend(held)
-            self._spill.append(pending)
-        except OSError as exc:
-            log.error("the XDB spill dir %s failed (%r): closing waits for the disk under %s",
-                      self._spill.dir, exc, self._data_dir)
-            with self._cond:
-                self._spill_failed = repr(exc)
+        if not self._spiller.leave(held, pending):
             return True
         with self._cond:
             self._held.clear()
             self._pending.clear()
-            self._left_spilled = self._accepted - self.rows_written
+            self._spiller.left = self._accepted - self.rows_written
         log.warning("XDB closed while the disk under %s fails: %d uncommitted rows left in %s, sent at the next "
-                    "start", self._data_dir, self._left_spilled, self._spill.dir)
+                    "start", self._data_dir, self._spiller.left, self._spiller.dir)
         return False
 
     def _restart_now(self) -> None:
@@ -492,35 +468,22 @@ class RemoteWriter:
     def _replay_ready(self) -> bool:
         """Spilled rows wait to be sent and the service has room for them: what is sent and not committed
         stays under half of max_queue_rows, so replaying never holds more in memory than that."""
-        return (self._spill_unread > 0 and not self._dead
+        return (self._spilled > 0 and not self._dead
                 and self._sent - self.rows_written < max(self.max_queue_rows // 2, 1))
 
     def _send_spilled(self) -> None:
         """The oldest spilled segment, read back and sent (held, like any row sent, until committed); its file
         goes once the service has committed its last row."""
-        assert self._spill is not None
-        try:
-            taken = self._spill.take()
-        except OSError as exc:
-            log.error("reading the XDB spill dir %s failed (%r); trying again", self._spill.dir, exc)
-            with self._cond:
-                self._cond.wait(DISK_RETRY_FIRST_S)
-            return
-        if taken is None:  # nothing left to read (the count was off)
-            with self._cond:
-                self._spill_unread = 0
+        assert self._spiller is not None
+        taken = self._spiller.take()
+        if taken is None:
             return
         segment, parts = taken
-        read = sum(len(part) for part in parts)
         with self._cond:
-            self._spill_unread -= segment.rows
-            if read != segment.rows:  # a record cut short (a crash while it was written): those rows are gone
-                log.error("XDB spill segment %s held %d rows, %d could be read back", segment.path, segment.rows, read)
-                self._accepted -= segment.rows - read
             for part in parts:
                 self._sent += len(part)
                 self._held.append((self._sent, part))
-            self._spill_sent.append((self._sent, segment))
+            self._accepted -= self._spiller.sending(segment, parts, self._sent)  # rows a crash cut short are gone
             dead = self._dead
         if not parts:
             return
@@ -532,20 +495,12 @@ class RemoteWriter:
             with self._cond:
                 self._dead = True
 
-    def _remove_spilled(self, segments: list[Segment]) -> None:
-        assert self._spill is not None or not segments
-        for segment in segments:
-            try:
-                self._spill.remove(segment)  # type: ignore[union-attr]
-            except OSError as exc:
-                log.error("removing the committed XDB spill segment %s failed: %r", segment.path, exc)
-
     def _pause_for_disk(self, cause: BaseException | None = None) -> None:
         """Recording paused: the disk failed under the service. `on_disk_full: pause`: every row is held (new
         ones wait in the queue, and past its bound the server answers 503); `spill`: the rows gathered go to
-        the spill dir meanwhile (xdb/service/spill.py), and the server serves on. The service starts again after a
-        wait that doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits. One ERROR line
-        when it pauses, a WARNING a retry, one INFO when it resumes."""
+        the spill dir meanwhile (xdb/service/spill_sender.py), and the server serves on. The service starts
+        again after a wait that doubles up to DISK_RETRY_MAX_S, and recording goes on once it commits. One
+        ERROR line when it pauses, a WARNING a retry, one INFO when it resumes."""
         wait = min(DISK_RETRY_FIRST_S * 2 ** self._disk_faults, DISK_RETRY_MAX_S)
         first = self._disk_faults == 0
         self._disk_faults += 1
@@ -566,7 +521,7 @@ class RemoteWriter:
         deadline = time.monotonic() + seconds
         with self._cond:
             while True:
-                if self._closing and self._spill is not None and self._spill_failed is None:
+                if self._closing and self._spiller is not None and self._spiller.failed is None:
                     raise _LeftSpilled
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -576,39 +531,23 @@ class RemoteWriter:
     def _paused_reason(self, cause: BaseException | None, wait: float) -> str:
         held = self._sent - self.rows_written
         why = f"the disk under the data dir {self._data_dir} failed{f' ({cause})' if cause else ''}"
-        if self._spill is not None and self._spill_failed is None:
-            return (f"{why}; new rows are spilled to {self._spill.dir} ({self._spill_unread} so far) and {held} "
+        spiller = self._spiller
+        if spiller is not None and spiller.failed is None:
+            return (f"{why}; new rows are spilled to {spiller.dir} ({spiller.unread} so far) and {held} "
                     f"held in memory, retrying in {wait:.0f} s; free space under {self._data_dir}")
-        spill = f"; the spill dir failed too ({self._spill_failed})" if self._spill_failed else ""
+        spill = f"; the spill dir failed too ({spiller.failed})" if spiller and spiller.failed else ""
         return (f"{why}{spill}; {held + sum(len(p) for p in self._pending)} rows held in memory, retrying in "
                 f"{wait:.0f} s (past xdb.max_queue_rows new requests get 503); free space under {self._data_dir}"
-                + ("" if self._spill is not None else " or set xdb.on_disk_full: spill with xdb.spill_dir on "
+                + ("" if spiller is not None else " or set xdb.on_disk_full: spill with xdb.spill_dir on "
                    "another disk"))
 
     def _spill_pending(self) -> None:
-        """The rows accepted and not sent, to the end of the spill (after every row spilled before them). If
-        the spill dir fails, they stay first in the queue and recording pauses with them in memory. Only
-        while the sender restarts the service (`_restart`), so nothing else takes the queue meanwhile."""
-        if self._spill is None or self._spill_failed is not None:
-            return
-        with self._cond:
-            parts = list(self._pending)
-            self._pending.clear()
-            rows = sum(len(part) for part in parts)
-            self._spill_unread += rows
-            self._cond.notify_all()  # room in memory again
-        if not parts:
-            return
-        try:
-            self._spill.append(parts)
-        except OSError as exc:
+        """While paused, the rows accepted and not sent go to the spill (`SpillSender.spill_pending`); if the
+        spill dir fails, recording pauses with them in memory."""
+        assert self._spiller is not None
+        if self.paused is not None and not self._spiller.spill_pending(self._pending):
             with self._cond:
-                self._pending.extendleft(reversed(parts))
-                self._spill_unread -= rows
-                self._spill_failed = repr(exc)
                 self.paused = self._paused_reason(self._pause_cause, DISK_RETRY_FIRST_S)
-            log.error("the XDB spill dir %s failed too (%r): recording pauses, rows held in memory",
-                      self._spill.dir, exc)
 
     def recording_state(self) -> tuple[str, str | None]:
         """("recording", None), ("paused", why) while the disk fails, or ("stopped", why): for /health and
