@@ -45,13 +45,13 @@ def test_tokens_over_a_threshold_are_tagged_as_written(xdb: XDB) -> None:
 
 
 def test_a_batch_below_every_threshold_runs_no_tag_query(xdb: XDB, monkeypatch: pytest.MonkeyPatch) -> None:
-    import xdb.writer as writer
+    from xdb import auto_tags
 
     xdb.register_concepts([*HIERARCHY[:2], {**HIERARCHY[2], "threshold": 0.75}, HIERARCHY[3]])
     assert xdb.writer.auto_tag_floor == 0.5  # the lowest threshold
     queries: list[int] = []
-    real = writer.insert_auto_tags
-    monkeypatch.setattr(writer, "insert_auto_tags", lambda conn, fired: queries.append(len(fired)) or real(conn, fired))
+    real = auto_tags.insert
+    monkeypatch.setattr(auto_tags, "insert", lambda conn, fired: queries.append(len(fired)) or real(conn, fired))
     reply(xdb, "s", "r1", [{"right": 0.49, "count": 0.3}, {}])
     xdb.writer.flush()
     assert queries == [] and len(xdb.recall({"session_id": "s"}, owner=EVERY)) == 2

@@ -42,6 +42,28 @@ SCHEMA = pa.schema([("tag_id", pa.int64()), ("session_id", pa.string()), ("targe
                     ("confidence", pa.float64()), ("source", pa.string())])
 
 
+def over_threshold(table: pa.Table, thresholds: np.ndarray) -> pa.Table | None:
+    """The batch's (token, concept) pairs whose activation reaches the concept's threshold
+    (`thresholds[concept id]`, NaN: none), as `id, session_id, tick, request_id, cid, v`; None if
+    there are none. A superset by a hair: the SQL compares again, as the values are stored."""
+    ids_col, values_col = table.column("concept_ids"), table.column("concept_values")
+    if ids_col.null_count == len(ids_col):
+        return None
+    ids = ids_col.combine_chunks() if isinstance(ids_col, pa.ChunkedArray) else ids_col
+    cids = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(values_col).to_numpy(zero_copy_only=False).astype(np.float64)
+    known = (cids >= 0) & (cids < len(thresholds))  # NaN in `cids` (a null slot) compares False
+    limit = np.full(len(cids), np.nan)
+    limit[known] = thresholds[cids[known].astype(np.int64)]
+    hit = np.flatnonzero(values >= limit - 1e-6)
+    if not len(hit):
+        return None
+    rows = pc.list_parent_indices(ids).to_numpy()[hit]
+    picked = table.select(["id", "session_id", "tick", "request_id"]).take(pa.array(rows))
+    return picked.append_column("cid", pa.array(cids[hit].astype(np.int32))).append_column(
+        "v", pa.array(values[hit].astype(np.float32)))
+
+
 @dataclass(frozen=True)
 class AutoTagMap:
     """The (concept id, threshold, tag id, parent tag id or -1) rows, sorted by concept id."""
@@ -140,6 +162,13 @@ def insert_applications(conn: duckdb.DuckDBPyConnection, made: pa.Table) -> int:
     than a registered view (a view's creation and drop are catalog changes); returns how many."""
     conn.from_arrow(made).project(COLUMNS).insert_into("tag_applications")
     return int(made.num_rows)
+
+
+def insert(conn: duckdb.DuckDBPyConnection, fired: pa.Table) -> int:
+    """Within the batch's transaction: the AUTO and INHERITED tags of `fired` (`over_threshold`), joined
+    to their tags in numpy, in one insert or none; returns how many tag applications were made."""
+    made = tag_map(conn).applications(fired)
+    return 0 if made is None else insert_applications(conn, made)
 
 
 class _Cached:

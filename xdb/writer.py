@@ -89,36 +89,6 @@ def spans(parts: list[Part]) -> list[PartSpan]:
     return out
 
 
-def over_threshold(table: pa.Table, thresholds: np.ndarray) -> pa.Table | None:
-    """The batch's (token, concept) pairs whose activation reaches the concept's threshold
-    (`thresholds[concept id]`, NaN: none), as `id, session_id, tick, request_id, cid, v`; None if
-    there are none. A superset by a hair: the SQL compares again, as the values are stored."""
-    ids_col, values_col = table.column("concept_ids"), table.column("concept_values")
-    if ids_col.null_count == len(ids_col):
-        return None
-    ids = ids_col.combine_chunks() if isinstance(ids_col, pa.ChunkedArray) else ids_col
-    cids = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
-    values = pc.list_flatten(values_col).to_numpy(zero_copy_only=False).astype(np.float64)
-    known = (cids >= 0) & (cids < len(thresholds))  # NaN in `cids` (a null slot) compares False
-    limit = np.full(len(cids), np.nan)
-    limit[known] = thresholds[cids[known].astype(np.int64)]
-    hit = np.flatnonzero(values >= limit - 1e-6)
-    if not len(hit):
-        return None
-    rows = pc.list_parent_indices(ids).to_numpy()[hit]
-    picked = table.select(["id", "session_id", "tick", "request_id"]).take(pa.array(rows))
-    return picked.append_column("cid", pa.array(cids[hit].astype(np.int32))).append_column(
-        "v", pa.array(values[hit].astype(np.float32)))
-
-
-def insert_auto_tags(conn: duckdb.DuckDBPyConnection, fired: pa.Table) -> int:
-    """Within the batch's transaction: the AUTO and INHERITED tags of `fired` (`over_threshold`),
-    joined to their tags in numpy (xdb/auto_tags.py), in one insert or none; returns how many tag
-    applications were made."""
-    made = auto_tags.tag_map(conn).applications(fired)
-    return 0 if made is None else auto_tags.insert_applications(conn, made)
-
-
 def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts: list[tuple[int, str]],
                  thresholds: np.ndarray | None = None) -> int:
     """Open a transaction on the experience file and insert one batch into it — rows, new concept
@@ -136,8 +106,8 @@ def insert_batch(conn: duckdb.DuckDBPyConnection, table: pa.Table, new_concepts:
         append(conn, HOT_TIMESTEPS, table.select(list(TIMESTEP_COLUMNS)))
         store_last_ticks(conn, table)
         set_last_timestep_id(conn, int(pc.max(table.column("id")).as_py()))
-        fired = None if thresholds is None else over_threshold(table, thresholds)
-        return 0 if fired is None else insert_auto_tags(conn, fired)
+        fired = None if thresholds is None else auto_tags.over_threshold(table, thresholds)
+        return 0 if fired is None else auto_tags.insert(conn, fired)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
