@@ -1,10 +1,14 @@
 """The engine process vLLM starts for `ahc serve`: forked from the server on the CPU, and dying with it.
 
 **Forked on the CPU.** vLLM's CPU platform asks for every process it starts to be spawned, for the OpenMP
-thread pools of the workers that run the model. Spawned, the engine core imports torch and vLLM again
-(~7 s of CPU on a small machine) before it loads anything. The server process runs no torch computation
-before it starts the engine, so the engine core is forked from it instead (as vLLM itself does on a
-GPU), and the processes the engine core starts in turn are spawned, as the platform asks.
+thread pools of the workers that run the model. Spawned, a process imports torch and vLLM again (~7 s of
+CPU on a small machine) before it loads anything. The server process runs no torch computation before it
+starts the engine, so the engine core is forked from it instead (as vLLM itself does on a GPU). The
+workers the engine core starts in turn are spawned, as the platform asks, where one computes on several
+CPUs: a spawned worker's OpenMP runtime starts with vLLM's thread count and affinity in its environment
+and PyTorch's libgomp preloaded ahead of the others the server loaded (scikit-learn's, sentencepiece's).
+A worker vLLM binds to a single CPU has no thread pool to set up: it is forked too, and a server start
+takes one import of torch and vLLM, not two (a tiny model's start 22 s -> 13 s here).
 
 **Dying with the server.** vLLM's EngineCore does not watch the API process: after a SIGKILL of `ahc
 serve` (the OOM killer, a crash) it lives on, holding the model and its KV cache (GPU memory on a
@@ -24,10 +28,14 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 SERVER_PID = "AHC_SERVER_PID"
 START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
-SPAWN_AFTER_FORK = "AHC_ENGINE_SPAWNS"  # set while the engine core is forked: its own children are spawned
+SPAWN_AFTER_FORK = "AHC_ENGINE_SPAWNS"  # set while the engine core is forked to spawn its own children
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,14 +46,25 @@ def mark_server() -> None:
     os.register_at_fork(after_in_child=after_fork_in_child)
 
 
+def workers_on_one_cpu(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM binds each worker it starts for `vllm_config` to a single CPU (its executor's binding)."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    cpu_lists = OMPProcessManager(vllm_config).cpu_lists
+    return bool(cpu_lists) and all(len(cpus) == 1 for cpus in cpu_lists)
+
+
 @contextmanager
-def forked_engine(on_cpu: bool) -> Iterator[None]:
-    """Around the creation of vLLM's engine client: on the CPU the engine core is forked, not spawned."""
+def forked_engine(on_cpu: bool, fork_workers: bool = False) -> Iterator[None]:
+    """Around the creation of vLLM's engine client: on the CPU the engine core is forked, not spawned, and
+    its workers too with `fork_workers` (each on one CPU: `workers_on_one_cpu`)."""
     if not on_cpu:
         yield
         return
     before = os.environ.get(START_METHOD)
-    os.environ.update({START_METHOD: "fork", SPAWN_AFTER_FORK: "1"})
+    os.environ[START_METHOD] = "fork"
+    if not fork_workers:
+        os.environ[SPAWN_AFTER_FORK] = "1"
     try:
         yield
     finally:
@@ -70,7 +89,8 @@ def register() -> None:
 
 
 def after_fork_in_child() -> None:
-    """In a child forked from the server: it follows the server, and what it starts is spawned again."""
+    """In a child forked from the server: it follows the server, and what it starts is spawned again
+    unless its workers are forked too."""
     if os.environ.pop(SPAWN_AFTER_FORK, None):
         os.environ[START_METHOD] = "spawn"
     register()

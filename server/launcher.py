@@ -21,7 +21,7 @@ from server.admission.vram_governor import KVStats
 from server.api_process import Served, open_xdb, serve_engine, watch_xdb
 from server.capture.capture_setup import CaptureSetup, start_capture
 from server.engine_args import build_vllm_namespace, publish_kv_events, with_vllm_flags
-from server.engine_process import forked_engine, mark_server
+from server.engine_process import forked_engine, mark_server, workers_on_one_cpu
 from server.metrics import AHCMetrics, stat_logger_factory
 from server.recording.backup_signal import install_backup_signal
 from server.telemetry.logs import configure_logging
@@ -86,7 +86,8 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
         vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=usage)
         # AHC's tracer provider before the engine's: vLLM's spans then go through it (service `ahc`, usage once).
         start_tracing(vllm_config.observability_config.otlp_traces_endpoint)
-        with forked_engine(current_platform.is_cpu()):
+        on_cpu = current_platform.is_cpu()
+        with forked_engine(on_cpu, fork_workers=on_cpu and workers_on_one_cpu(vllm_config)):
             engine = AsyncLLM.from_vllm_config(
                 vllm_config=vllm_config,
                 usage_context=usage,
