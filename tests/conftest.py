@@ -45,12 +45,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # cache whatever the shell says (several run side by side on a small machine).
     os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    # The model runs inside the engine core's process, as vLLM runs one device on a GPU, not in a third
-    # process of its own as vLLM's CPU platform otherwise insists (for its OpenMP settings, which the
-    # suite's small models do not need): with the engine core forked from `ahc serve`
-    # (server/engine_process.py), each of the suite's ~35 engine starts imports torch and vLLM once, not
-    # twice.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # vLLM's CPU worker binds its compute to a core of its choosing, the same one for every engine: under
     # xdist each worker's engines get a core of their own instead, so two workers' engines do not share one
     # while another core idles.
