@@ -69,11 +69,13 @@ $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: the set-up, the agent CLIs and the docs site beside lint (mypy takes one core for a minute while the models
-# download and the lenses train), then every test, one xdist worker per core (four at most). The tests of
-# one server run together on one worker, so each server starts once, and they go first; the engine-free
-# tests fill in behind them (tests/conftest.py). The tests that time the server's responsiveness (marker
-# `alone`) run afterwards, by themselves. The 15 slowest are listed.
+# Everything, and what CI runs: the set-up and the agent CLIs beside lint (mypy takes one core for a minute
+# while the models download and the lenses train), then every test, one xdist worker per core (four at
+# most); the docs site's strict build is one of them (tests/test_docs_reference.py). The tests of one server
+# run together on one worker, so each server starts once, and they go first; the engine-free tests fill in
+# behind them (tests/conftest.py). The tests that time the server's responsiveness (marker `alone`) run
+# afterwards, by themselves, collected from the files that mark any (a whole collection takes 15 s). The 15
+# slowest are listed.
 # The set-up's jobs compute on one thread each: the lens training beside mypy took 49 s on torch's two
 # threads, 29 s on one (tests/conftest.py does the same for the test workers).
 # HYPOTHESIS sets how much the property-based tests generate (tests/conftest.py's profiles): `ci` a few
@@ -81,11 +83,12 @@ run: setup
 # every run.
 PYTEST := $(BIN)/python -m pytest -q -rs
 HYPOTHESIS ?= ci
+ALONE = $(shell grep -l 'mark\.alone' tests/test_*.py)
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
 		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests
-	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone tests
+	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone $(ALONE)
 
 test-deep:
 	$(MAKE) --no-print-directory test HYPOTHESIS=deep

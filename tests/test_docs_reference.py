@@ -1,6 +1,6 @@
 """The documentation's reference pages cover the code: every configuration field (with a description), every
 metric the server registers, every route it mounts and every command of `ahc` is on its generated page; and
-the whole site builds with `mkdocs build --strict` (broken links fail it)."""
+the whole site builds with `mkdocs build --strict` (broken links fail it): `make test`'s build of the site."""
 
 from __future__ import annotations
 
