@@ -69,8 +69,8 @@ $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: the set-up and the agent CLIs beside lint (mypy takes one core for a minute
-# while the models download and the lenses train), then every test, one xdist worker per core (four at
+# Everything, and what CI runs: the set-up beside lint (mypy takes one core for a minute while the models
+# download and the lenses train) and the agent CLIs' install beside pip's, then every test, one xdist worker per core (four at
 # most); the docs site's strict build is one of them (tests/test_docs_reference.py). The tests of one server
 # run together on one worker, so each server starts once, and they go first; the engine-free tests fill in
 # behind them (tests/conftest.py). The tests that time the server's responsiveness (marker `alone`) run
@@ -84,7 +84,7 @@ run: setup
 PYTEST := $(BIN)/python -m pytest -q -rs
 HYPOTHESIS ?= ci
 ALONE = $(shell grep -l 'mark\.alone' tests/test_*.py)
-test: $(STAMP)
+test:
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
 	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
 		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests

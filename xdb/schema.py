@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 
+from xdb.sql import transaction
 from xdb.tables import HOT_TIMESTEPS
 
 APP = "ahc-xdb"
@@ -224,30 +225,30 @@ def stored_version(conn: duckdb.DuckDBPyConnection, path: Path, meta_table: str,
 
 def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[int, list[str]]],
             meta_table: str, app: str) -> int:
-    """Bring a file up to the newest schema, one transaction per migration; returns the version."""
+    """Bring a file up to the newest schema, one transaction per migration (a new file: one for all of
+    them); returns the version."""
     current = stored_version(conn, path, meta_table, app)
     newest = migrations[-1][0]
     if current is not None and current > newest:
         raise ValueError(f"{path} has schema version {current}, newer than this AHC ({newest}); "
                          "upgrade AHC instead")
+    if current is None:
+        with transaction(conn):
+            for _, statements in migrations:
+                for sql in statements:
+                    conn.execute(sql)
+            conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
+            conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(newest)])
+        return newest
     for version, statements in migrations:
-        if current is not None and version <= current:
+        if version <= current:
             continue
-        conn.execute("BEGIN")
-        try:
+        with transaction(conn):
             for sql in statements:
                 conn.execute(sql)
-            if current is None:
-                conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
-                conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(version)])
-            else:
-                conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
-            conn.execute("COMMIT")
-        except Exception:
-            conn.execute("ROLLBACK")
-            raise
+            conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
         current = version
-    return current if current is not None else newest
+    return current
 
 
 EXPERIENCE_FILE = "experience.duckdb"
