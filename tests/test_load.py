@@ -34,8 +34,8 @@ from server.cluster.server_process import AHC, ServerProcess, child_env
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 # Long enough for every session to grow State past its first turns (about a dozen replies a session on the
-# tiny model here, 405 in all) and for the XDB writer to batch under pressure (32 sessions streaming at once), short enough
-# that the whole test, a server start included, stays under a minute.
+# tiny model here, 405 in all) and for the XDB writer to batch under pressure (32 sessions streaming at
+# once), short enough that the whole test, a server start included, stays under a minute.
 DURATION_S = 15.0
 SESSIONS = 32
 MAX_TOKENS = 16
