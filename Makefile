@@ -69,10 +69,9 @@ $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 run: setup
 	$(BIN)/ahc serve --config $(CONFIG)
 
-# Everything, and what CI runs: the set-up beside lint (mypy takes one core for a minute while the models
-# download and the lenses train) and the agent CLIs' install beside pip's, then every test, one xdist worker per core (four at
-# most); the docs site's strict build is one of them (tests/test_docs_reference.py). The tests of one server
-# run together on one worker, so each server starts once, and they go first; the engine-free tests fill in
+# Everything, and what CI runs: the set-up and the docs site's strict build beside lint (mypy takes one core
+# for a minute while the models download and the lenses train), the agent CLIs' install beside pip's, then
+# every test, one xdist worker per core (four at most). The tests of one server run together on one worker, so each server starts once, and they go first; the engine-free tests fill in
 # behind them (tests/conftest.py). The tests that time the server's responsiveness (marker `alone`) run
 # afterwards, by themselves, collected from the files that mark any (a whole collection takes 15 s). The 15
 # slowest are listed.

@@ -1,6 +1,6 @@
 """How `ahc serve` starts vLLM's engine process (server/engine_process.py): forked on the CPU, with the
 workers the engine starts in turn spawned again unless each runs on one CPU. The engine itself is exercised
-by every server test (each bound to its xdist worker's core, so with its workers forked); its death with a
+by every server test (with the model in the engine core's process: tests/conftest.py); its death with a
 killed server by tests/test_serve_xdb.py."""
 
 from __future__ import annotations
