@@ -322,7 +322,7 @@ def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     env = {**os.environ, "BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
                                               "tool_min_s=0.1,tool_max_s=0.2,think_min_s=0.1,think_max_s=0.2,"
                                               "identity_words=200,codex_words=100,shared_words=100,"
-                                              "arrival_s=1,rounds=1,offload_gib=1"}
+                                              "arrival_s=1,rounds=1,warmup=false,offload_gib=1"}
     done = subprocess.run([AHC, "bench", "agents", "--engine", "emulated", "--json"], capture_output=True,
                           text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]

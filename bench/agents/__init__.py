@@ -73,7 +73,7 @@ def run(load: AgentLoad) -> BenchResult:
             first = next(iter(servers.values()))
             model = httpx.get(f"{first.base_url}/v1/models", timeout=60).json()["data"][0]["id"]
             sides = [Side(name, server, model, load) for name, server in servers.items()]
-            measured = alternating_rounds([side.measure for side in sides], load.rounds)
+            measured = alternating_rounds([side.measure for side in sides], load.rounds, load.warmup)
         finally:
             for server in servers.values():
                 server.stop()

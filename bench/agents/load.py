@@ -31,6 +31,9 @@ class AgentLoad:
     max_tokens: int = 24
     cache_multiple: float = 3.0
     rounds: int = 3
+    # A warm-up round on each side before the measured ones; off in the smoke runs, which only check that
+    # every figure is there (each round uses new sessions, so a warm-up primes no cache).
+    warmup: bool = True
     identity_words: int = 120
     codex_docs: int = 2
     codex_words: int = 80
@@ -99,7 +102,7 @@ class AgentLoad:
                 f"codex {self.codex_docs} x ~{self.codex_words} words, questions ~{self.question_words} words; "
                 f"each call sends {'its whole history' if self.client == 'messages' else 'AHC context'}; "
                 f"contexts at the last turn ~{self.cache_multiple}x the KV cache{tier}; {self.rounds} measured "
-                "rounds after a warm-up each")
+                f"rounds{' after a warm-up each' if self.warmup else ', no warm-up'}")
 
 
 # `ahc bench agents --engine emulated`: coding agents on an emulated H100 serving Llama-3.1-8B. Shaped
@@ -119,5 +122,6 @@ EMULATED_LOAD = AgentLoad(sessions=16, turns=2, calls=8, max_tokens=128, tool_wo
 
 
 LOADS = Loads("agents", {DEFAULT: AgentLoad(),
-                         SMOKE: AgentLoad(sessions=4, turns=3, rounds=1, think_min_s=0.2, think_max_s=0.4),
+                         SMOKE: AgentLoad(sessions=4, turns=3, rounds=1, warmup=False, think_min_s=0.2,
+                                          think_max_s=0.4),
                          "emulated": EMULATED_LOAD})
