@@ -137,7 +137,12 @@ class OrchestratorConfig(_Strict):
     """auto mode injects the whole Codex (CAG) while the prompt is under this share of the window; a request's
     `context.cag_threshold` overrides it for that request."""
     formatter: str = "default"
-    """How the prompt's blocks are laid out as chat messages (`default`)."""
+    """How the prompt's blocks are laid out as chat messages: `default` (Markdown), `xml`, or a plug-in of the
+    `ahc.formatters` entry point group; a request's `context.formatter` overrides it."""
+    injectors: list[str] = Field(default_factory=list)
+    """Artifact injectors to run, in order, on every request that carries `context`: plug-ins of the
+    `ahc.injectors` entry point group adding Codex documents or Karma entries after the request's own (none by
+    default)."""
     karma_staging: bool = True
     """A karma entry added mid-session rides in State (append-only) until the next compaction instead of
     rewriting the Karma block, which would re-prefill the whole State behind it (orchestrator/karma.py)."""

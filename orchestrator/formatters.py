@@ -1,19 +1,21 @@
 """Formatters: how each block's content becomes prompt text.
 
 A registry of named formatters, extensible by Python entry points in the group `ahc.formatters`
-(each entry point names a zero-argument factory returning a `Formatter`). Formatters must be pure:
-same inputs, same text — the prefix cache depends on it.
+(each entry point names a zero-argument factory returning a `Formatter` whose `name` is the entry point's;
+orchestrator/plugins.py loads and checks them). Formatters must be pure: same inputs, same text — the
+prefix cache depends on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import Protocol
+from functools import partial
+from typing import Protocol, cast
 
 from core.errors import InvalidRequest
 from orchestrator.context_spec import CodexDoc, KarmaEntry
+from orchestrator.plugins import check_methods, load_group
 
 ENTRY_POINT_GROUP = "ahc.formatters"
 
@@ -109,12 +111,27 @@ def _attr(value: str) -> str:
     return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
 
 
+FORMATTER_METHODS = ("identity", "codex", "karma", "query")
+
+
+def _formatter(name: str, made: object) -> Formatter:
+    check_methods("Formatter", name, made, FORMATTER_METHODS)
+    return cast(Formatter, made)
+
+
 class FormatterRegistry:
+    """The built-in formatters and the `ahc.formatters` plug-ins, each made once when the registry is built
+    (a plug-in that fails to load is named by the requests that ask for it)."""
+
     def __init__(self) -> None:
         self._factories: dict[str, Callable[[], Formatter]] = {"default": MarkdownFormatter, "xml": XmlFormatter}
         self._instances: dict[str, Formatter] = {}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            self._factories.setdefault(ep.name, ep.load)
+        loaded = load_group(ENTRY_POINT_GROUP, _formatter)
+        self.broken = {name: reason for name, reason in loaded.broken.items() if name not in self._factories}
+        for name, formatter in loaded.plugins.items():
+            if name not in self._factories:  # a plug-in never replaces a built-in formatter
+                self._factories[name] = partial(_same, formatter)
+                self._instances[name] = formatter
 
     def names(self) -> list[str]:
         return sorted(self._factories)
@@ -122,11 +139,19 @@ class FormatterRegistry:
     def register(self, name: str, factory: Callable[[], Formatter]) -> None:
         self._factories[name] = factory
         self._instances.pop(name, None)
+        self.broken.pop(name, None)
 
-    def get(self, name: str) -> Formatter:
+    def get(self, name: str, param: str = "context.formatter") -> Formatter:
+        if name in self.broken:
+            raise InvalidRequest(f"{param}: formatter plug-in {name!r} failed to load ({self.broken[name]})",
+                                 param=param)
         if name not in self._factories:
-            raise InvalidRequest(f"context.formatter: unknown formatter {name!r}; known: {', '.join(self.names())}",
-                                 param="context.formatter")
+            raise InvalidRequest(f"{param}: unknown formatter {name!r}; known: {', '.join(self.names())}",
+                                 param=param)
         if name not in self._instances:
             self._instances[name] = self._factories[name]()
         return self._instances[name]
+
+
+def _same(formatter: Formatter) -> Formatter:
+    return formatter

@@ -36,6 +36,7 @@ from orchestrator.context_spec import CodexDoc, ContextSpec
 from orchestrator.conversations import Conversations, chain, extend
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
+from orchestrator.injectors import Injectors
 from orchestrator.karma import KarmaPlan, plan_karma
 from orchestrator.karma import commit as commit_karma
 from orchestrator.memory_tools import offered
@@ -115,6 +116,8 @@ class Orchestrator:
         self.retriever = retriever
         self.summarize = summarize
         self.formatters = FormatterRegistry()
+        self.formatters.get(config.formatter, param="orchestrator.formatter")  # a bad one stops the start here
+        self.injectors = Injectors(config.injectors)
         self.named = NamedSessions(config.max_sessions)
         # The sessions clients name, apart: a request naming none never joins one by its messages.
         self.conversations, self.named_conversations = conversations or (
@@ -140,6 +143,7 @@ class Orchestrator:
             return self._passthrough(turn)
         if spec.session_id is not None:
             label = None  # a session the server keeps: its own State and hashes
+        spec = await self.injectors.apply(spec, spec.session_id or label, tenant_prefix)
         naming = "explicit" if spec.session_id is not None or label is not None else "new"
         codex = tuple(spec.documents())
         self.limits.check([(doc.id, doc.text) for doc in codex])

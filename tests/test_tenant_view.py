@@ -77,3 +77,18 @@ def test_each_tenant_reads_and_pins_only_its_own_sessions_named_as_it_names_them
         assert [w["session_id"] for w in mine.windows("s")] == ["s"] and theirs.windows("s") == []
         assert [r["content"] for r in theirs.recall_page(RecallFilters(session_id="s"))["data"]] == \
             [f"bob {t}" for t in range(3)]
+
+
+def test_related_concepts_share_the_hierarchy_and_keep_each_tenants_co_activations(tmp_path: Path) -> None:
+    alice, bob = Tenant("alice", True), Tenant("bob", True)
+    with XDB.open(tmp_path / "x") as store:
+        mine, theirs = TenantXDB(store, alice), TenantXDB(store, bob)
+        store.writer.submit([TimestepRow(alice.scope("s"), t, "output", content="w",
+                                         concept_activations={"joy": 0.9, "fear": 0.2}) for t in range(3)])
+        store.writer.flush()
+        store.register_concepts([{"id": "emotion", "name": "Emotion", "parent": None},
+                                 {"id": "joy", "name": "Joy", "parent": "emotion"}])
+        assert [(r["concept"], r["relation"]) for r in mine.related_concepts("joy", 10, "s")] == [
+            ("emotion", "parent"), ("fear", "co_activated")]
+        assert [(r["concept"], r["relation"]) for r in theirs.related_concepts("joy")] == [("emotion", "parent")]
+        assert mine.related_concepts("joy", 10, None, "co_activated")[0]["together"] == 3

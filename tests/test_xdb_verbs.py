@@ -100,13 +100,51 @@ def test_surprising_tokens_stand_out_from_the_running_mean(client: TestClient) -
 
 def test_related_concepts_and_browsing_by_parent(client: TestClient) -> None:
     related = client.get("/v1/xdb/concepts/joy/related").json()["data"]
-    assert [r["concept"] for r in related] == ["fear", "surprise"]
-    assert related[0]["together"] == 40 and related[1]["share"] == pytest.approx(0.5)
-    assert client.get("/v1/xdb/concepts/unknown/related").status_code == 404
+    assert [(r["concept"], r["relation"]) for r in related] == [
+        ("emotion", "parent"), ("fear", "sibling"), ("fear", "co_activated"), ("surprise", "co_activated")]
+    assert related[0]["display_name"] == "Emotion"
+    together = client.get("/v1/xdb/concepts/joy/related", params={"relation": "co_activated"}).json()["data"]
+    assert together[0]["together"] == 40 and together[1]["share"] == pytest.approx(0.5)
+    missing = client.get("/v1/xdb/concepts/unknown/related")
+    assert missing.status_code == 404 and "unknown" in missing.json()["error"]["message"]
     children = client.get("/v1/xdb/concepts", params={"parent": "emotion"}).json()["data"]
     assert sorted(c["name"] for c in children) == ["fear", "joy"]
     roots = client.get("/v1/xdb/concepts", params={"parent": ""}).json()["data"]
     assert "emotion" in [c["name"] for c in roots] and "joy" not in [c["name"] for c in roots]
+
+
+def test_typed_relations_children_and_the_ancestors_chain(client: TestClient, xdb: XDB) -> None:
+    xdb.register_concepts([{"id": "feeling", "name": "Feeling", "parent": None},
+                           {"id": "emotion", "name": "Emotion", "parent": "feeling"},
+                           {"id": "dread", "name": "Dread", "parent": "fear"}])
+    # A concept only in the hierarchy (no token carries it) has its hierarchy relations and no co-activation.
+    emotion = client.get("/v1/xdb/concepts/emotion/related").json()["data"]
+    assert [(r["concept"], r["relation"]) for r in emotion] == [("feeling", "parent"), ("fear", "child"),
+                                                                ("joy", "child")]
+    fear = client.get("/v1/xdb/concepts/fear/related", params={"relation": "child"}).json()["data"]
+    assert [(r["concept"], r["display_name"]) for r in fear] == [("dread", "Dread")]
+    siblings = client.get("/v1/xdb/concepts/fear/related", params={"relation": "sibling"}).json()["data"]
+    assert [r["concept"] for r in siblings] == ["joy"]
+    # A concept only in the tokens has co-activations and no hierarchy.
+    surprise = client.get("/v1/xdb/concepts/surprise/related").json()["data"]
+    assert {r["relation"] for r in surprise} == {"co_activated"} and surprise[0]["together"] == 20
+    children = client.get("/v1/xdb/concepts/emotion/children").json()
+    assert children["concept"] == "emotion" and [c["concept"] for c in children["data"]] == ["fear", "joy"]
+    assert client.get("/v1/xdb/concepts/dread/children").json()["data"] == []
+    parents = client.get("/v1/xdb/concepts/dread/parents").json()["data"]
+    assert [(p["concept"], p["relation"]) for p in parents] == [("fear", "parent"), ("emotion", "parent"),
+                                                                ("feeling", "parent")]
+    assert client.get("/v1/xdb/concepts/feeling/parents").json()["data"] == []
+    for path in ("children", "parents"):
+        unknown = client.get(f"/v1/xdb/concepts/nowhere/{path}")
+        assert unknown.status_code == 404 and "nowhere" in unknown.json()["error"]["message"]
+    bad = client.get("/v1/xdb/concepts/joy/related", params={"relation": "cousin"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "relation"
+
+
+def test_a_cycle_in_the_hierarchy_ends_the_ancestors_chain(client: TestClient, xdb: XDB) -> None:
+    xdb.register_concepts([{"id": "a", "name": "A", "parent": "b"}, {"id": "b", "name": "B", "parent": "a"}])
+    assert [p["concept"] for p in client.get("/v1/xdb/concepts/a/parents").json()["data"]] == ["b"]
 
 
 def test_windows_unpin_evidence_and_cold_records(client: TestClient, xdb: XDB) -> None:

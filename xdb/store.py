@@ -33,7 +33,7 @@ from xdb.lake.lake import Lake
 from xdb.lake.session import LakeTicks, ResumableTickBook, TickCalls
 from xdb.owner import EVERY
 from xdb.private import private_dir, private_files, private_tree
-from xdb.recall import browse, insights
+from xdb.recall import browse, insights, relations
 from xdb.recall.recall import RecallFilters, recall, recall_within, timestep
 from xdb.recall.tag_cache import TagCache
 from xdb.schema import EXPERIENCE_FILE, TOP_K, open_experience
@@ -365,9 +365,9 @@ class XDB(SessionMethods, LakeMethods, TickCalls, StorageMethods):
 
     @service
     def related_concepts(self, concept: str, limit: int = 10, session_id: str | None = None,
-                         *, owner: str) -> list[dict[str, Any]]:
+                         relation: relations.Relation | None = None, *, owner: str) -> list[dict[str, Any]]:
         with self.cursor() as cur:
-            return insights.related_concepts(cur, concept, self.concepts, limit, session_id, owner=owner)
+            return relations.related_concepts(cur, concept, self.concepts, limit, session_id, relation, owner=owner)
 
     @service
     def top_tokens(self, concept: str, owner: str, limit: int = 50) -> list[dict[str, Any]]:

@@ -26,7 +26,9 @@ from server.tenancy.tenant_xdb import TenantTarget, TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient
 from xdb.documents import DocumentType
+from xdb.recall import relations
 from xdb.recall.recall import RecallFilters
+from xdb.recall.relations import Relation
 from xdb.schema import INT64_MAX
 from xdb.storage import fidelity
 from xdb.tags import BUD_MIN_EXAMPLES, list_buds, search_tags, set_bud_status
@@ -228,9 +230,21 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
     @router.get("/concepts/{concept}/related")
     def related_concepts(concept: str, limit: Annotated[int, Query(ge=1, le=100)] = 10,
                          session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
-                         view: TenantXDB = Depends(views)) -> Any:
-        """Concepts most often active in the same tokens as `concept` (in the caller's sessions)."""
-        return {"object": "list", "concept": concept, "data": view.related_concepts(concept, limit, session_id)}
+                         relation: Relation | None = None, view: TenantXDB = Depends(views)) -> Any:
+        """Each related concept with its `relation`: `parent`, `child` and `sibling` from the concept hierarchy,
+        `co_activated` (most often active in the same tokens, in the caller's sessions); `limit` caps each."""
+        return {"object": "list", "concept": concept,
+                "data": view.related_concepts(concept, limit, session_id, relation)}
+
+    @router.get("/concepts/{concept}/children")
+    def concept_children(concept: str) -> Any:
+        """The concepts whose parent in the hierarchy is `concept`."""
+        return {"object": "list", "concept": concept, "data": xdb.read(relations.concept_children, concept)}
+
+    @router.get("/concepts/{concept}/parents")
+    def concept_parents(concept: str) -> Any:
+        """`concept`'s ancestors in the hierarchy, its parent first, up to the root."""
+        return {"object": "list", "concept": concept, "data": xdb.read(relations.concept_parents, concept)}
 
     @router.get("/comments")
     def comments(session_id: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,

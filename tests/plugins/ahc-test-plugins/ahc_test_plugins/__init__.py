@@ -1,0 +1,1 @@
+"""AHC's test plug-ins: `bracket` (a formatter), `workspace` (an artifact injector), and two broken formatters."""
