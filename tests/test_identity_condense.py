@@ -1,0 +1,166 @@
+"""`POST /v1/context/identity/condense` on the fake engine: a condensation accepted and stored, one refused,
+every bad input a 4xx in the OpenAI shape, tenancy; the verdict itself with a stand-in model that answers by
+its persona (a unit test of the check, on a real XDB)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from fake_app import ALICE, BOB
+from fastapi.testclient import TestClient
+
+from server.identity.identity_condenser import CondenseRequest, IdentityCondenser, Limits
+from server.identity.identity_tests import IdentityTest
+from server.runtime import Runtime
+from server.tenancy.tenant_xdb import TenantXDB
+from server.tenancy.tenants import LOCAL
+from xdb import XDB
+from xdb.runs import log_interaction
+
+PATH = "/v1/context/identity/condense"
+# Long enough that the fake engine's reply (" The particles move right, then left.") is shorter.
+IDENTITY = ("You are Ada, a careful physics assistant for the Lattice Lab. Always answer in one sentence. "
+            "Name the direction particles move. Never speculate beyond the rules. Sign off as Ada. ") * 3
+
+
+def turn(client: TestClient, session: str, question: str, **headers: str) -> None:
+    reply = client.post("/v1/chat/completions", headers=headers, json={
+        "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": question}],
+        "context": {"session_id": session, "identity": IDENTITY}})
+    assert reply.status_code == 200, reply.text
+
+
+def settle(runtime: Runtime) -> None:
+    runtime.xdb.writer.flush()
+
+
+def test_a_condensation_that_passes_every_test_is_accepted_stored_and_audited(
+        served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    turn(client, "won", "Which way do the particles move?")
+    settle(runtime)
+    client.post("/v1/xdb/interactions", json={"run_id": "r1", "journal_entry": "moved right as the rules say"})
+    reply = client.post(PATH, json={"identity": IDENTITY, "name": "ada", "sessions": ["won"], "runs": ["r1"],
+                                    "tests": [{"input": "Which way?", "contains": "right", "pattern": r"left\.$"},
+                                              {"input": "Your colour?", "contains": "purple"}]})
+    assert reply.status_code == 200, reply.text
+    result = reply.json()
+    assert result["accepted"] is True and result["reason"] is None and result["made_by"] == "model"
+    assert result["condensed"] == "The particles move right, then left."
+    assert 0 < result["tokens_after"] < result["tokens_before"]
+    passing, failing_both = result["tests"]
+    assert passing["full"]["passed"] and passing["condensed"]["passed"]
+    # A test the full Identity fails is reported, not held against the condensed one.
+    assert not failing_both["full"]["passed"] and failing_both["full"]["failures"] == ["does not contain 'purple'"]
+    assert result["failing"] == []
+    stored = client.get(f"/v1/xdb/documents/{result['identity']['id']}").json()
+    assert stored["doc_type"] == "identity" and stored["path"] == "ahc/identity/ada"
+    assert stored["content"] == result["condensed"] and stored["version"] == 1
+    check = client.get(f"/v1/xdb/documents/{result['check']['id']}").json()
+    assert json.loads(check["content"])["tests"] == result["tests"]
+    # A second accepted condensation of the same name is the document's next version.
+    again = client.post(PATH, json={"identity": IDENTITY, "name": "ada", "tests": [{"input": "?", "contains": "left"}]})
+    assert again.json()["identity"] == {**again.json()["identity"], "id": result["identity"]["id"], "version": 2}
+    events = [r for r in runtime.xdb.audit_records(limit=1000) if "identity_condensed" in json.dumps(r)]
+    assert len(events) == 2, events
+    assert runtime.xdb.verify_audit().ok
+
+
+def test_a_candidate_no_shorter_than_the_identity_is_refused_and_only_its_check_is_stored(
+        served: tuple[TestClient, Runtime]) -> None:
+    client, _ = served
+    reply = client.post(PATH, json={"identity": "Be brief.", "candidate": "Be brief, always, in every answer.",
+                                    "tests": [{"input": "Which way?", "contains": "right"}]})
+    assert reply.status_code == 200, reply.text
+    result = reply.json()
+    assert result["accepted"] is False and "no shorter" in result["reason"] and result["identity"] is None
+    assert result["made_by"] == "caller"
+    assert client.get("/v1/xdb/documents", params={"doc_type": "identity"}).json()["data"] == []
+    checks = client.get("/v1/xdb/documents", params={"doc_type": "reference"}).json()["data"]
+    assert [d["path"] for d in checks] == ["ahc/identity-checks/identity"]
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"identity": IDENTITY, "tests": []}, 400, None),
+    ({"identity": "   ", "tests": [{"input": "?", "contains": "x"}]}, 400, "identity"),
+    ({"identity": "", "tests": [{"input": "?", "contains": "x"}]}, 400, None),
+    ({"identity": IDENTITY, "tests": [{"input": "?"}]}, 400, "tests[0]"),
+    ({"identity": IDENTITY, "tests": [{"input": "?", "pattern": "(unclosed"}]}, 400, "tests[0]"),
+    ({"identity": IDENTITY, "tests": [{"input": "?", "json_schema": {"type": 7}}]}, 400, "tests[0]"),
+    ({"identity": IDENTITY, "sessions": ["never"], "tests": [{"input": "?", "contains": "x"}]}, 404, None),
+    ({"identity": IDENTITY, "runs": ["never"], "tests": [{"input": "?", "contains": "x"}]}, 404, None),
+    ({"identity": IDENTITY, "name": "../x", "tests": [{"input": "?", "contains": "x"}]}, 400, None),
+    ({"identity": "word " * 5000, "tests": [{"input": "?", "contains": "x"}]}, 413, "identity"),
+])
+def test_every_bad_input_is_a_4xx_in_the_openai_shape_and_nothing_is_stored(
+        served: tuple[TestClient, Runtime], body: dict[str, Any], status: int, param: str | None) -> None:
+    client, _ = served
+    reply = client.post(PATH, json=body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param
+    assert client.get("/v1/xdb/documents").json()["data"] == []
+
+
+def test_a_tenant_condenses_from_its_own_sessions_only_and_sees_only_its_own_identities(
+        two_tenants: tuple[TestClient, Runtime]) -> None:
+    client, runtime = two_tenants
+    alice, bob = ({"Authorization": f"Bearer {key}"} for key in (ALICE, BOB))
+    turn(client, "mine", "Which way?", **alice)
+    settle(runtime)
+    body = {"identity": IDENTITY, "sessions": ["mine"], "tests": [{"input": "?", "contains": "right"}]}
+    assert client.post(PATH, json=body, headers=bob).status_code == 404
+    made = client.post(PATH, json=body, headers=alice)
+    assert made.status_code == 200 and made.json()["accepted"], made.text
+    doc_id = made.json()["identity"]["id"]
+    assert "/" not in doc_id  # handed back as the tenant names it
+    assert client.get(f"/v1/xdb/documents/{doc_id}", headers=alice).status_code == 200
+    assert client.get(f"/v1/xdb/documents/{doc_id}", headers=bob).status_code == 404
+
+
+# -- the verdict, with a stand-in model that answers by the persona it is given ------------------------
+class PersonaModel:
+    """Condenses to `condensed`; answers with the persona's own text, so a persona answers a test only
+    with what it holds."""
+
+    def __init__(self, condensed: str) -> None:
+        self.condensed = condensed
+        self.calls: list[list[dict[str, Any]]] = []
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.calls.append(messages)
+        if messages[1]["content"].startswith("PERSONA:"):
+            return self.condensed
+        return messages[0]["content"]
+
+
+def condense(xdb: XDB, model: PersonaModel, identity: str, tests: list[IdentityTest],
+             runs: tuple[str, ...] = ()) -> dict[str, Any]:
+    condenser = IdentityCondenser(model, lambda text: len(text.split()), Limits(0.5, 1000, 64, 4096, 1 << 20))
+    view = TenantXDB(xdb, LOCAL)
+    return asyncio.run(condenser.condense(CondenseRequest(identity, tuple(tests), "p", runs=runs), view))
+
+
+def test_a_condensation_that_loses_a_detail_a_test_needs_is_refused_with_both_answers(xdb: XDB) -> None:
+    identity = "You are Ada of the Lattice Lab. Reply in JSON. Sign off as Ada. " * 2
+    tests = [IdentityTest("Who?", contains="Ada"), IdentityTest("Where?", contains="Lattice Lab"),
+             IdentityTest("Colour?", contains="purple")]
+    xdb.write(log_interaction, "r1", journal_entry="signed off as Ada", tool_call_json='{"name": "sign"}')
+    model = PersonaModel("You are Ada. Sign off as Ada.")
+    result = condense(xdb, model, identity, tests, runs=("r1",))
+    asked = model.calls[0][1]["content"]  # the condensing call shows the model the run's turns
+    assert asked.startswith(f"PERSONA:\n{identity}") and "journal: signed off as Ada" in asked
+    assert 'tool call: {"name": "sign"}' in asked and len(model.calls) == 1 + 2 * len(tests)
+    assert result["accepted"] is False and result["identity"] is None
+    assert result["failing"] == [1] and "fails 1 test" in result["reason"]
+    lost = result["tests"][1]
+    assert lost["full"]["answer"] == identity and lost["condensed"]["answer"] == "You are Ada. Sign off as Ada."
+    assert lost["condensed"]["failures"] == ["does not contain 'Lattice Lab'"]
+    kept = condense(xdb, PersonaModel("You are Ada of the Lattice Lab."), identity, tests)
+    assert kept["accepted"] is True and kept["failing"] == [] and kept["identity"]["version"] == 1
+    assert kept["check"]["version"] == 2  # each check is the next version of the name's check document
