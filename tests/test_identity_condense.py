@@ -12,12 +12,15 @@ import pytest
 from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
+from core.errors import PayloadTooLarge
 from server.identity.identity_condenser import CondenseRequest, IdentityCondenser, Limits
 from server.identity.identity_tests import IdentityTest
 from server.runtime import Runtime
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import LOCAL
 from xdb import XDB
+from xdb.documents import list_documents
+from xdb.owner import EVERY
 from xdb.runs import log_interaction
 
 PATH = "/v1/context/identity/condense"
@@ -64,8 +67,13 @@ def test_a_condensation_that_passes_every_test_is_accepted_stored_and_audited(
     # A second accepted condensation of the same name is the document's next version.
     again = client.post(PATH, json={"identity": IDENTITY, "name": "ada", "tests": [{"input": "?", "contains": "left"}]})
     assert again.json()["identity"] == {**again.json()["identity"], "id": result["identity"]["id"], "version": 2}
-    events = [r for r in runtime.xdb.audit_records(limit=1000) if "identity_condensed" in json.dumps(r)]
-    assert len(events) == 2, events
+    events = [e for e in (json.loads(r["content"]) for r in runtime.xdb.audit_records(event_type="xdb_event",
+                                                                                     limit=1000))
+              if e["action"] == "identity_condensed"]
+    assert [e["identity"] for e in events] == [f"{result['identity']['id']}@1", f"{result['identity']['id']}@2"]
+    assert events[0]["check_sha256"] == check["content_hash"] and events[0]["accepted"] is True
+    assert events[0]["identity_sha256"] == stored["content_hash"]
+    assert "particles" not in json.dumps(events)  # the texts by hash only
     assert runtime.xdb.verify_audit().ok
 
 
@@ -114,7 +122,8 @@ def test_a_tenant_condenses_from_its_own_sessions_only_and_sees_only_its_own_ide
     turn(client, "mine", "Which way?", **alice)
     settle(runtime)
     body = {"identity": IDENTITY, "sessions": ["mine"], "tests": [{"input": "?", "contains": "right"}]}
-    assert client.post(PATH, json=body, headers=bob).status_code == 404
+    other = client.post(PATH, json=body, headers=bob)
+    assert other.status_code == 404 and other.json()["error"]["message"] == "session 'mine' not found"
     made = client.post(PATH, json=body, headers=alice)
     assert made.status_code == 200 and made.json()["accepted"], made.text
     doc_id = made.json()["identity"]["id"]
@@ -164,3 +173,23 @@ def test_a_condensation_that_loses_a_detail_a_test_needs_is_refused_with_both_an
     kept = condense(xdb, PersonaModel("You are Ada of the Lattice Lab."), identity, tests)
     assert kept["accepted"] is True and kept["failing"] == [] and kept["identity"]["version"] == 1
     assert kept["check"]["version"] == 2  # each check is the next version of the name's check document
+
+
+def test_an_identity_that_leaves_no_room_in_the_window_is_refused_before_any_model_call(xdb: XDB) -> None:
+    model = PersonaModel("short")
+    condenser = IdentityCondenser(model, lambda text: len(text.split()), Limits(0.5, 1000, 64, 200, 1 << 20))
+    with pytest.raises(PayloadTooLarge, match="does not fit the model's 200-token window"):
+        asyncio.run(condenser.condense(CondenseRequest("word " * 150, (IdentityTest("?", contains="x"),)),
+                                       TenantXDB(xdb, LOCAL)))
+    assert model.calls == [] and xdb.read(list_documents, owner=EVERY) == []
+
+
+def test_each_expectation_of_a_test_is_checked_on_the_answer() -> None:
+    test = IdentityTest("?", contains="Ada", pattern=r"\d+", json_schema={"type": "object", "required": ["n"]})
+    assert test.failures('{"n": 1, "who": "Ada"}') == []
+    assert test.failures('```json\n{"n": 2, "who": "Ada"}\n```') == []  # a Markdown code block is read through
+    assert test.failures('{"who": "Bob"}') == ["does not contain 'Ada'", "does not match '\\\\d+'",
+                                               "does not match the JSON schema: 'n' is a required property"]
+    assert test.failures("Ada 3") == ["is not JSON"]
+    with pytest.raises(ValueError, match="at least one of"):
+        IdentityTest("?")

@@ -94,16 +94,19 @@ class IdentityCondenser:
     async def _condensed(self, identity: str, tokens: int, traces: list[str], owner: str) -> str:
         budget = max(int(tokens * self.limits.ratio), MIN_TOKENS)
         room = self.limits.max_model_len - tokens - budget - PROMPT_OVERHEAD
-        shown = await asyncio.to_thread(self._fit, traces, room)
+        if room < 0:
+            raise PayloadTooLarge(f"the identity is {tokens} tokens: with its condensed reply ({budget}) it does not "
+                                  f"fit the model's {self.limits.max_model_len}-token window", param="identity")
+        shown, used = await asyncio.to_thread(self._fit, traces, room)
         content = f"PERSONA:\n{identity}\n\nSUCCESSFUL TRACES:\n{shown or '(none given)'}"
         messages = [{"role": "system", "content": INSTRUCTION.format(budget=budget)},
                     {"role": "user", "content": content}]
-        async with self._admitted(owner, tokens + PROMPT_OVERHEAD + max(room, 0), budget):
+        async with self._admitted(owner, tokens + PROMPT_OVERHEAD + used, budget):
             return (await self.generate(messages, budget)).strip()
 
-    def _fit(self, lines: list[str], room: int) -> str:
+    def _fit(self, lines: list[str], room: int) -> tuple[str, int]:
         """The traces' lines, in order, as many as fit `room` tokens (the first ones: a trace's start says
-        what the agent was asked and how it set about it)."""
+        what the agent was asked and how it set about it), and their tokens."""
         kept: list[str] = []
         used = 0
         for line in lines:
@@ -112,7 +115,7 @@ class IdentityCondenser:
                 break
             kept.append(line)
             used += tokens
-        return "\n".join(kept)
+        return "\n".join(kept), used
 
     async def _both(self, test: IdentityTest, identity: str, condensed: str, owner: str) -> dict[str, Any]:
         return {"input": test.input, "expect": test.expected(),
@@ -141,14 +144,18 @@ def read_traces(view: TenantXDB, sessions: tuple[str, ...], runs: tuple[str, ...
     (or is another tenant's): NotFound."""
     lines: list[str] = []
     for session_id in sessions:
+        try:
+            turns = view.session_turns(session_id)["turns"]
+        except NotFound:  # XDB's message names the id as stored, under the tenant's prefix
+            raise NotFound(f"session {session_id!r} not found", param="sessions") from None
         lines.append(f"## session {session_id}")
-        for turn in view.session_turns(session_id)["turns"]:
+        for turn in turns:
             lines.extend(_line(e.get("role") or e["event_type"], e["content"]) for e in turn["events"]
                          if e.get("content") and e.get("role") != "system")
     for run_id in runs:
         turns = view.interactions(run_id)
         if not turns:
-            raise NotFound(f"run {run_id!r} not found")
+            raise NotFound(f"run {run_id!r} not found", param="runs")
         lines.append(f"## run {run_id}")
         for turn in turns:
             lines.extend(_line(label, turn[key]) for label, key in (

@@ -14,6 +14,8 @@ from typing import Any
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
+FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+
 
 @dataclass(frozen=True)
 class IdentityTest:
@@ -60,8 +62,10 @@ class IdentityTest:
 
 
 def _schema_failures(schema: dict[str, Any], answer: str) -> list[str]:
+    text = answer.strip()
+    fenced = FENCE.fullmatch(text)  # models often wrap JSON in a Markdown code block
     try:
-        value = json.loads(answer.strip())
+        value = json.loads(fenced.group(1) if fenced else text)
     except ValueError:
         return ["is not JSON"]
     error = validators.validator_for(schema)(schema).iter_errors(value)
