@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import ahc
 from fake_app import ALICE, BOB
 from fastapi.testclient import TestClient
 
+from ahc.cli.identity import condense_over_http, summary
 from core.errors import PayloadTooLarge
 from server.identity.identity_condenser import CondenseRequest, IdentityCondenser, Limits
 from server.identity.identity_tests import IdentityTest
@@ -193,3 +196,33 @@ def test_each_expectation_of_a_test_is_checked_on_the_answer() -> None:
     assert test.failures("Ada 3") == ["is not JSON"]
     with pytest.raises(ValueError, match="at least one of"):
         IdentityTest("?")
+
+
+# -- `ahc identity condense` ---------------------------------------------------------------------------
+def test_the_command_lines_request_and_summary_over_the_app(served: tuple[TestClient, Runtime]) -> None:
+    client, _ = served
+    body = {"identity": IDENTITY, "tests": [{"input": "Which way?", "contains": "right"},
+                                            {"input": "Colour?", "contains": "purple"}]}
+    result = condense_over_http(client, body)
+    lines = summary(result).splitlines()
+    assert lines[0].startswith("accepted (") and lines[1].startswith("test 0: full pass condensed pass")
+    assert lines[2].startswith("test 1: full FAIL condensed FAIL")
+    assert lines[3] == f"stored as document {result['identity']['id']} version 1"
+    with pytest.raises(ValueError, match=r"\(404\): session 'gone' not found"):
+        condense_over_http(client, {**body, "sessions": ["gone"]})
+
+
+def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    persona, tests = tmp_path / "persona.txt", tmp_path / "tests.json"
+    persona.write_text(IDENTITY)
+    tests.write_text("[{\"input\": \"?\", ")
+    bad_json = ahc("identity", "condense", str(persona), "--tests", str(tests))
+    tests.write_text(json.dumps({"input": "?"}))
+    not_a_list = ahc("identity", "condense", str(persona), "--tests", str(tests))
+    tests.write_text(json.dumps([{"input": "?", "contains": "x"}]))
+    missing = ahc("identity", "condense", str(tmp_path / "none.txt"), "--tests", str(tests))
+    unreachable = ahc("identity", "condense", str(persona), "--tests", str(tests), "--base-url",
+                      "http://127.0.0.1:9")
+    for done, said in [(bad_json, "not JSON"), (not_a_list, "expected a JSON list"), (missing, "none.txt"),
+                       (unreachable, "cannot reach http://127.0.0.1:9")]:
+        assert done.returncode == 1 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
