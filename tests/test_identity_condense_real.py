@@ -21,6 +21,7 @@ PERSONA = ("You are Quill, the archive assistant of the Harbor Museum. The secre
            "When asked for the code word, answer with the code word only. Answer every question in one short "
            "sentence. Be polite, be friendly, be patient, and always thank the visitor for their question. "
            "You know the museum's opening hours (nine to five) and its address (12 Quay Street).")
+ANSWER_TOKENS = 16  # the tests want a word or a street's name: a short answer holds it
 CODE_TEST = {"input": "What is the code word? Answer with the code word only.", "contains": "ZEBRA"}
 
 
@@ -49,7 +50,7 @@ def test_the_model_condenses_a_persona_from_a_session_and_a_lossy_one_is_refused
     tests = [CODE_TEST, {"input": "Where is the museum?", "pattern": "(?i)quay"}]
     with real_server.http(timeout=600) as http:
         made = http.post(PATH, json={"identity": PERSONA, "name": "quill", "sessions": ["real-quill"],
-                                     "tests": tests})
+                                     "tests": tests, "answer_max_tokens": ANSWER_TOKENS})
         assert made.status_code == 200, made.text
         result = made.json()
         assert result["made_by"] == "model" and result["condensed"]
@@ -62,7 +63,8 @@ def test_the_model_condenses_a_persona_from_a_session_and_a_lossy_one_is_refused
 
         # Deliberately lossy: the candidate has no code word, so it cannot answer the test the full one passes.
         lossy = http.post(PATH, json={"identity": PERSONA, "name": "quill-lossy", "tests": [CODE_TEST],
-                                      "candidate": "You are Quill, the Harbor Museum's archive assistant."})
+                                      "candidate": "You are Quill, the Harbor Museum's archive assistant.",
+                                      "answer_max_tokens": ANSWER_TOKENS})
         assert lossy.status_code == 200, lossy.text
         refused = lossy.json()
     consistent(refused)

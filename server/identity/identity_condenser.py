@@ -45,6 +45,7 @@ class CondenseRequest:
     sessions: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
     candidate: str | None = None  # a condensation to check instead of asking the model for one
+    answer_tokens: int | None = None  # each test answer's bound, within the server's (None: the server's)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ class IdentityCondenser:
         condensed = request.candidate if request.candidate is not None else \
             await self._condensed(request.identity, before, traces, view.owner)
         after = await asyncio.to_thread(self.count, condensed)
-        tests = [await self._both(test, request.identity, condensed, view.owner) for test in request.tests]
+        answer_tokens = min(request.answer_tokens or self.limits.answer_tokens, self.limits.answer_tokens)
+        tests = [await self._both(test, request.identity, condensed, view.owner, answer_tokens)
+                 for test in request.tests]
         held = [i for i, t in enumerate(tests) if t["full"]["passed"] and not t["condensed"]["passed"]]
         reason = "the condensed identity is empty" if not condensed else \
             f"the condensed identity is no shorter ({after} tokens against {before})" if after >= before else \
@@ -117,16 +120,17 @@ class IdentityCondenser:
             used += tokens
         return "\n".join(kept), used
 
-    async def _both(self, test: IdentityTest, identity: str, condensed: str, owner: str) -> dict[str, Any]:
+    async def _both(self, test: IdentityTest, identity: str, condensed: str, owner: str,
+                    max_tokens: int) -> dict[str, Any]:
         return {"input": test.input, "expect": test.expected(),
-                "full": await self._answer(test, identity, owner),
-                "condensed": await self._answer(test, condensed, owner)}
+                "full": await self._answer(test, identity, owner, max_tokens),
+                "condensed": await self._answer(test, condensed, owner, max_tokens)}
 
-    async def _answer(self, test: IdentityTest, persona: str, owner: str) -> dict[str, Any]:
+    async def _answer(self, test: IdentityTest, persona: str, owner: str, max_tokens: int) -> dict[str, Any]:
         messages = [{"role": "system", "content": persona}, {"role": "user", "content": test.input}]
         prompt = await asyncio.to_thread(self.count, persona + test.input)
-        async with self._admitted(owner, prompt + PROMPT_OVERHEAD, self.limits.answer_tokens):
-            answer = await self.generate(messages, self.limits.answer_tokens)
+        async with self._admitted(owner, prompt + PROMPT_OVERHEAD, max_tokens):
+            answer = await self.generate(messages, max_tokens)
         failures = test.failures(answer)
         return {"answer": answer, "passed": not failures, "failures": failures}
 

@@ -84,6 +84,9 @@ class CondenseBody(BaseModel):
     runs: list[Annotated[str, Field(min_length=1, max_length=ID_MAX_CHARS)]] = Field(
         default_factory=list, max_length=MAX_TRACES)
     candidate: str | None = Field(None, max_length=IDENTITY_MAX_CHARS)
+    answer_max_tokens: int | None = Field(None, ge=1, le=4096, description=(
+        "each test answer's bound in tokens, within the server's orchestrator.identity_test_max_tokens "
+        "(which a larger value is held to); a test that needs a few words checks faster with a few tokens"))
 
 
 def condense_request(body: CondenseBody) -> CondenseRequest:
@@ -97,7 +100,7 @@ def condense_request(body: CondenseBody) -> CondenseRequest:
         except ValueError as exc:
             raise InvalidRequest(f"tests[{i}]: {exc}", param=f"tests[{i}]") from None
     return CondenseRequest(body.identity, tuple(tests), body.name, tuple(body.sessions), tuple(body.runs),
-                           body.candidate)
+                           body.candidate, body.answer_max_tokens)
 
 
 def context_router(retriever: CodexRetriever, xdb: XDBClient, sessions: SessionStore,
