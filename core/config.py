@@ -156,6 +156,15 @@ class OrchestratorConfig(_Strict):
     codex_condense_windows_per_hour: float = Field(16.0, gt=0)
     """What condensing may cost each tenant: prompt and completion tokens of its renditions' model calls over a
     rolling hour, in whole windows (16 x an 8k window: 131k tokens an hour)."""
+    identity_condense_ratio: float = Field(0.5, gt=0, lt=1)
+    """`POST /v1/context/identity/condense`: the condensed persona's length at most, as a share of the Identity's
+    tokens (the bound on the served model's reply)."""
+    identity_condense_max_tokens: int = Field(4096, gt=0)
+    """The largest Identity `POST /v1/context/identity/condense` takes, in tokens (a larger one is refused, 413):
+    the Identity, the traces and the condensed reply must fit one call's window."""
+    identity_test_max_tokens: int = Field(128, gt=0, le=4096)
+    """Each test answer's bound in tokens when `POST /v1/context/identity/condense` checks a condensation: both
+    the full and the condensed Identity answer every test in at most this many."""
     rag_top_k: int = Field(4, gt=0, le=32)
     """Excerpts retrieved into the Query block per RAG request."""
     rag_max_documents: int = Field(1000, gt=0)

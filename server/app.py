@@ -120,7 +120,8 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     install_completion_route(app, runtime)
     app.include_router(xdb_router(runtime.xdb, runtime.summarize_records, runtime.config.xdb.bud_min_examples))
     app.include_router(agent_router(runtime.xdb))
-    app.include_router(context_router(runtime.retriever, runtime.xdb, runtime.orchestrator.sessions))
+    app.include_router(context_router(runtime.retriever, runtime.xdb, runtime.orchestrator.sessions,
+                                      runtime.identity))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
                                      runtime.config.xdb.export_ttl_s))

@@ -28,6 +28,7 @@ from server.api_servers.shared_board import SharedBoard
 from server.capture.capture_setup import CaptureSetup
 from server.codex.codex_condenser import CodexCondenser
 from server.codex.codex_resolver import CodexResolver
+from server.identity.identity_condenser import IdentityCondenser, Limits
 from server.kv_order.session_returns import SessionReturns
 from server.metrics import AHCMetrics
 from server.model.hidden_calls import HiddenCaller
@@ -67,6 +68,7 @@ class Runtime:
     codex: CodexResolver  # Codex entries by reference, and stored condensed renditions
     condenser: CodexCondenser  # makes the renditions (requests ask only when codex_condense is on)
     hidden: HiddenCaller  # the server's own calls to the model (compaction summaries, renditions)
+    identity: IdentityCondenser  # condensed Identities, checked against the caller's tests
     token_process: TokenProcess | None = None
 
     def close(self) -> None:
@@ -159,6 +161,10 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     hidden_admission = HiddenAdmission(governor, TenantBudget(int(oc.codex_condense_windows_per_hour * max_model_len)))
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,
                                oc.codex_condense_ratio, max_model_len, hidden_admission)
+    # Its calls share the renditions' admission and per-tenant budget: both are the server's own calls.
+    identity = IdentityCondenser(hidden.summarize, lambda text: len(encode(text)), Limits(
+        oc.identity_condense_ratio, oc.identity_condense_max_tokens, oc.identity_test_max_tokens, max_model_len,
+        config.xdb.max_document_bytes), hidden_admission)
     summarize_records = model_summarizer(hidden, loop or asyncio.get_running_loop(), config.xdb.summary_max_tokens)
     ec = config.engine
     # A hint only where something reads it: the scheduler class, or the native CPU tier's policy.
@@ -172,7 +178,7 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                    recorder=recorder, summarize_records=summarize_records, capture=capture,
                    background=background, rag_indexes=rag_indexes,
                    keys=keys,
-                   codex=codex, condenser=condenser, hidden=hidden,
+                   codex=codex, condenser=condenser, hidden=hidden, identity=identity,
                    token_process=token_process)
 
 

@@ -22,6 +22,7 @@ class DocumentType(str, Enum):
     TRIBAL_POLICY = "tribal_policy"
     SPECIFICATION = "specification"
     REFERENCE = "reference"
+    IDENTITY = "identity"  # a persona a client sends as its `context.identity` (a condensed one, server/identity/)
 
 
 class DocumentTooLarge(PayloadTooLarge):

@@ -42,6 +42,8 @@ def _main(version: Annotated[bool, typer.Option(
 def _add_subcommands() -> None:
     # Each package owns its sub-app; imports stay light so `ahc --help` is quick.
     from agent.cli import discover
+    from ahc.cli.identity import app as identity_app
+    from ahc.cli.identity import condense as identity_condense
     from bench.registry import BENCHES
     from lens.cli import app as lens_app
     from universe.cli import app as universe_app
@@ -57,6 +59,8 @@ def _add_subcommands() -> None:
     app.add_typer(xdb_app, name="xdb")
     app.command("discover")(discover)
     app.add_typer(lens_app, name="lens")
+    identity_app.command("condense")(clean_errors(identity_condense))
+    app.add_typer(identity_app, name="identity")
 
 
 def fail(message: str) -> NoReturn:

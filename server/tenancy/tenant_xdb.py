@@ -28,6 +28,7 @@ from server.tenancy.scoped_call import SCOPES, ScopedCall, named_as_asked, owned
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient, session_state
 from xdb import documents as xdb_documents
+from xdb import identities as xdb_identities
 from xdb import runs as xdb_runs
 from xdb.recall import browse
 from xdb.responses import (
@@ -163,6 +164,8 @@ class TenantXDB:
     document_versions = ScopedCall(xdb_documents.document_versions, out=rows("id"))
     add_document = ScopedCall("add_document", out=row("id"))
     update_document = ScopedCall("update_document", out=row("id"))
+    save_condensation = ScopedCall(xdb_identities.save_condensation, out=lambda tenant, found, named: {
+        key: None if doc is None else tenant.unscope_rows([doc], "id")[0] for key, doc in found.items()})
 
     log_interaction = ScopedCall(xdb_runs.log_interaction)
     interactions = ScopedCall(xdb_runs.list_interactions, out=rows("run_id"))
