@@ -4,7 +4,8 @@ field.
 Tier 1, the permanent core (persona, grammar of symbols and instruments, the law language, how to
 work) is Identity: byte-identical every turn, so it is always a prefix-cache hit. The tool schemas
 travel in the request's `tools`, which the chat template renders ahead of it, equally fixed. Tier 2,
-the evolving theory (the negative-knowledge summary, laws awaiting promotion, stored theorems) is
+the evolving theory (the negative-knowledge summary, what earlier runs on the same rule refuted, laws
+awaiting promotion, stored theorems) is
 Karma: a newly stored theorem is appended, so the server stages it in the State and the cache holds;
 an edited or retracted one rewrites the block, and the cache report then names `karma`. Tier 3, the
 rolling journal, is the server session's State: append-only, so each turn extends the cached prefix; a
@@ -72,6 +73,9 @@ def karma_entries(knowledge: Knowledge, max_chars: int = 600) -> list[dict[str, 
     if knowledge.negative_knowledge:
         entries.append({"id": "negative-knowledge", "verbatim": False,
                         "text": "Falsified so far: " + clip(knowledge.negative_knowledge, max_chars)})
+    if knowledge.prior_note:  # read once as the run starts: fixed for the whole run, so the cache holds
+        entries.append({"id": "prior-runs", "verbatim": False,
+                        "text": "Refuted in earlier runs on this rule: " + clip(knowledge.prior_note, max_chars)})
     if knowledge.candidates_note:  # a snapshot taken at the last compaction, so Karma stays put between
         entries.append({"id": "candidate-laws", "verbatim": False,
                         "text": "Passed repeatedly, not yet theorems: " + clip(knowledge.candidates_note, max_chars)})

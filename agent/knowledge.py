@@ -1,5 +1,5 @@
 """Tier 2, the evolving theory: laws the agent has judged, theorems it has stored, and the
-negative-knowledge summary of what was falsified.
+negative-knowledge summary of what was falsified, and what earlier runs on the same rule refuted.
 
 Every law sent to evaluate_laws gets a stable id (the same law JSON, the same id), with its PASS and
 FAIL counts, so a theorem can name laws by id and compaction can list laws that passed repeatedly but
@@ -43,6 +43,14 @@ class Knowledge:
     negative_knowledge: str = ""
     candidates_note: str = ""  # laws that passed repeatedly but are no theorem, as of the last compaction
     last_compacted_turn: int = 0
+    # Read from earlier runs on the same rule as the run starts (agent/history.py): what they refuted and
+    # retracted, as a note for Karma, and the refuted laws' canonical JSON, so a policy need not try them again.
+    prior_note: str = ""
+    prior_refuted: list[str] = field(default_factory=list)
+
+    def refuted_before(self, law: Any) -> bool:
+        """True if an earlier run on this rule saw `law` FAIL (a FAIL comes with a counterexample: it is false)."""
+        return canonical(law) in self.prior_refuted
 
     def law_id(self, law: Any) -> str:
         """The id of this law, registering it on first sight."""
@@ -78,7 +86,8 @@ class Knowledge:
     def to_json(self) -> dict[str, Any]:
         return {"laws": [asdict(r) for r in self.laws.values()], "theorems": [asdict(t) for t in self.theorems],
                 "negative_knowledge": self.negative_knowledge, "candidates_note": self.candidates_note,
-                "last_compacted_turn": self.last_compacted_turn}
+                "last_compacted_turn": self.last_compacted_turn, "prior_note": self.prior_note,
+                "prior_refuted": self.prior_refuted}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Knowledge:
@@ -86,7 +95,8 @@ class Knowledge:
                    theorems=[Theorem(**t) for t in data.get("theorems", [])],
                    negative_knowledge=data.get("negative_knowledge", ""),
                    candidates_note=data.get("candidates_note", ""),
-                   last_compacted_turn=data.get("last_compacted_turn", 0))
+                   last_compacted_turn=data.get("last_compacted_turn", 0),
+                   prior_note=data.get("prior_note", ""), prior_refuted=data.get("prior_refuted", []))
 
 
 def theorems_from_json(text: str | None) -> list[Theorem]:

@@ -4,7 +4,8 @@ Reset: a fresh run purges the run's rows ("You know nothing"). Each turn the pol
 journal entry and makes one or more tool calls (Think, Act); the results are harvested as evidence,
 appended to the journal (tier 3) and logged to interaction_log (Observe); theorems are stored by
 the policy's own store_theorem calls (Formalise). After the turn: compaction when tier 3 is over
-its threshold, the termination check, and the checkpoint that makes the turn count.
+its threshold, the termination check, the checkpoint that makes the turn count, and the run's
+progress row (agent/history.py). A fresh run first reads what earlier runs on its rule refuted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agent import compaction, termination
 from agent.checkpoint import Checkpoint
 from agent.context import context_field, identity_text
 from agent.evidence import Evidence
+from agent.history import progress_of, read_prior
 from agent.journal import Journal, JournalEntry
 from agent.knowledge import Knowledge
 from agent.policies.base import ContextOverflow, Policy, Reply, TurnInput
@@ -74,7 +76,8 @@ class DiscoveryRun:
                  progress: Progress | None = None) -> None:
         self.config, self.rule, self.policy, self.store = config, rule, policy, store
         self.progress = progress or Progress(enabled=False)
-        self.run_id = run_id_for(config.rule_label or rule.name, policy.name, config.seed)
+        self.rule_label = config.rule_label or rule.name
+        self.run_id = run_id_for(self.rule_label, policy.name, config.seed)
         self.run_dir = Path(config.data_dir) / self.run_id
         self.referee = Referee(rule)
         self.identity = identity_text(policy.prompt_size)
@@ -102,8 +105,10 @@ class DiscoveryRun:
         self.evidence = Evidence.from_json(ckpt.evidence)
         self.knowledge = Knowledge.from_json(ckpt.knowledge)
         self.journal = Journal.from_json(ckpt.journal, RESULT_CHARS[self.policy.prompt_size])
-        self.toolbox = Toolbox(self.harness, self.store, self.run_id, self.knowledge,
-                               turn=ckpt.turn, valid_row=ckpt.valid_row, submissions=ckpt.submissions)
+        if ckpt.turn == 0:  # a resumed run keeps what it read at its start (in its checkpoint's knowledge)
+            read_prior(self.store, self.rule_label, self.knowledge)
+        self.toolbox = Toolbox(self.harness, self.store, self.run_id, self.knowledge, turn=ckpt.turn,
+                               rule=self.rule_label, valid_row=ckpt.valid_row, submissions=ckpt.submissions)
         self.policy.attach(self.evidence)
         if ckpt.policy_state:
             self.policy.load_json(ckpt.policy_state)
@@ -134,6 +139,7 @@ class DiscoveryRun:
             stuck = self.turn(self.ckpt.turn + 1)
         self.ckpt.status, self.ckpt.reason = ("solved" if verdict.solved else "stopped"), verdict.reason
         self.save()
+        self._record_progress()
         result = termination.summary(self.rule.name, self.policy.name, verdict, self.harness.counters(),
                                      self.ckpt.turn, self.ckpt.compactions, self.toolbox.submissions,
                                      self.policy.theory())
@@ -143,6 +149,11 @@ class DiscoveryRun:
         self._upload_report()
         self.progress.finish(result)
         return result
+
+    def _record_progress(self) -> None:
+        """The run's figures so far into run_progress: the latest row is its outcome, even if it is killed."""
+        self.store.record_progress(self.run_id, progress_of(self.rule_label, self.policy, self.ckpt.status,
+                                                            self.ckpt.turn, self.knowledge, self.metrics))
 
     def _upload_report(self) -> None:
         """The report PNG into the store, for a UI on the server to show. The run is over and its
@@ -178,6 +189,7 @@ class DiscoveryRun:
             self._compact()
         self.metrics.append(self._measure(n, entry, reply, time.monotonic() - started))
         self.save()
+        self._record_progress()
         self.progress.update(self.metrics[-1])
         return reply.stop
 

@@ -5,12 +5,14 @@ DuckDB allows one writing process per file and the server owns its XDB, so there
 behind one small interface: `LocalRunStore` opens an XDB of its own under the run's data directory
 (the baseline policy, or any run without an AHC server), `HttpRunStore` goes through the server's
 `/v1/xdb/interactions` and `/v1/xdb/meta_knowledge` routes (server/routes/agent_routes.py). A run's end-of-run
-report PNG goes the same way, so a UI on the server can show it.
+report PNG goes the same way, so a UI on the server can show it, and so does its history across runs
+(progress, attempts, theorem versions: xdb/run_history.py), so a later run on the same rule reads it.
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -18,6 +20,14 @@ from urllib.parse import quote
 import httpx
 
 from xdb.owner import EVERY
+from xdb.run_history import (
+    Progress,
+    record_attempt,
+    record_progress,
+    record_theorem_version,
+    run_history,
+    theorem_lineage,
+)
 from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 
 Row = dict[str, Any]
@@ -43,6 +53,19 @@ class RunStore(Protocol):
     def purge(self, run_id: str) -> dict[str, int]: ...
 
     def save_report(self, run_id: str, png: bytes) -> None: ...
+
+    # -- history across runs (xdb/run_history.py) --
+    def record_progress(self, run_id: str, progress: Progress) -> int: ...
+
+    def record_attempt(self, run_id: str, *, rule: str, turn: int, kind: str, subject: str, verdict: str,
+                       law_json: str | None = None, detail: str | None = None) -> int: ...
+
+    def record_theorem_version(self, run_id: str, *, theorem_id: str, change: str, turn: int, theorem_json: str,
+                               reason: str | None = None) -> int: ...
+
+    def theorem_lineage(self, run_id: str, theorem_id: str | None = None) -> list[Row]: ...
+
+    def history(self, rule: str | None = None, strategy: str | None = None) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
@@ -76,6 +99,21 @@ class LocalRunStore:
     def save_report(self, run_id: str, png: bytes) -> None:
         self.xdb.save_run_report(run_id, png, EVERY)
 
+    def record_progress(self, run_id: str, progress: Progress) -> int:
+        return self.xdb.write(record_progress, run_id, progress)
+
+    def record_attempt(self, run_id: str, **fields: Any) -> int:
+        return self.xdb.write(record_attempt, run_id, **fields)
+
+    def record_theorem_version(self, run_id: str, **fields: Any) -> int:
+        return self.xdb.write(record_theorem_version, run_id, **fields)
+
+    def theorem_lineage(self, run_id: str, theorem_id: str | None = None) -> list[Row]:
+        return self.xdb.read(theorem_lineage, run_id, theorem_id)
+
+    def history(self, rule: str | None = None, strategy: str | None = None) -> dict[str, Any]:
+        return self.xdb.read(run_history, EVERY, rule, strategy)
+
     def close(self) -> None:
         self.xdb.close()
 
@@ -105,8 +143,10 @@ class HttpRunStore:
         return response.json()
 
     def probe(self, run_id: str) -> None:
-        """Raise StoreUnavailable unless the routes answer."""
+        """Raise StoreUnavailable unless the routes answer (an older server without the history
+        routes counts as one without agent routes: the run's rows then all go to a local XDB)."""
         self._call("GET", "/v1/xdb/interactions", params={"run_id": run_id, "last": 1})
+        self._call("GET", "/v1/xdb/runs/history", params={"limit": 1})
 
     def log_interaction(self, run_id: str, **fields: Any) -> int:
         turn_id: int = self._call("POST", "/v1/xdb/interactions", json={"run_id": run_id, **fields})["turn_id"]
@@ -133,6 +173,29 @@ class HttpRunStore:
         # Base64 in JSON: the server takes no body but application/json (server/http/content_type.py).
         self._call("PUT", f"/v1/xdb/runs/{_path_segment(run_id)}/report",
                    json={"png_base64": base64.b64encode(png).decode("ascii")})
+
+    def record_progress(self, run_id: str, progress: Progress) -> int:
+        body = {"run_id": run_id, **asdict(progress)}
+        progress_id: int = self._call("POST", "/v1/xdb/run_progress", json=body)["progress_id"]
+        return progress_id
+
+    def record_attempt(self, run_id: str, **fields: Any) -> int:
+        attempt_id: int = self._call("POST", "/v1/xdb/run_attempts", json={"run_id": run_id, **fields})["attempt_id"]
+        return attempt_id
+
+    def record_theorem_version(self, run_id: str, **fields: Any) -> int:
+        version: int = self._call("POST", "/v1/xdb/theorem_versions", json={"run_id": run_id, **fields})["version"]
+        return version
+
+    def theorem_lineage(self, run_id: str, theorem_id: str | None = None) -> list[Row]:
+        params = {"run_id": run_id, **({"theorem_id": theorem_id} if theorem_id else {})}
+        rows: list[Row] = self._call("GET", "/v1/xdb/theorem_versions", params=params)["data"]
+        return rows
+
+    def history(self, rule: str | None = None, strategy: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in (("rule", rule), ("strategy", strategy)) if v is not None}
+        found: dict[str, Any] = self._call("GET", "/v1/xdb/runs/history", params=params)
+        return found
 
     def close(self) -> None:
         self.http.close()

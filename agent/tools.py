@@ -47,12 +47,13 @@ MEMORY_TOOLS = [
     _tool("retrieve_theorems", "List stored theorems whose name, description or laws contain filter ('' = all).",
           {"filter": {"type": "string", "maxLength": 80}}, ["filter"]),
     _tool("edit_theorem", "Change a theorem: updates may set name, description, law_ids or status "
-          "(established, restricted, retracted).",
+          "(established, restricted, retracted), and say why (reason); every version is kept.",
           {"theorem_id": {"type": "string", "pattern": "^T[0-9]+$"},
            "updates": {"type": "object", "properties": {
                "name": {"type": "string", "maxLength": 80}, "description": {"type": "string", "maxLength": 400},
                "law_ids": {"type": "array", "items": {"type": "string"}},
-               "status": {"type": "string", "enum": list(THEOREM_STATUSES)}}, "additionalProperties": False}},
+               "status": {"type": "string", "enum": list(THEOREM_STATUSES)},
+               "reason": {"type": "string", "maxLength": 400}}, "additionalProperties": False}},
           ["theorem_id", "updates"]),
     _tool("query_log", "Search your own earlier turns (calls, results, notes) for a pattern such as 'AA_B' "
           "or for words; returns the matching turns.",
@@ -118,6 +119,7 @@ class Toolbox:
     store: RunStore
     run_id: str
     knowledge: Knowledge
+    rule: str  # the rule's label (the run id's part): what the run's attempts are filed under
     turn: int = 0
     # Rows of turns cut off by a kill are not part of the run: (turn, attempt) must match a completed turn.
     valid_row: Callable[[dict[str, Any]], bool] = lambda row: True
@@ -131,6 +133,10 @@ class Toolbox:
             if name == "submit_theory" and "error" not in result:
                 self.submissions.append({"turn": self.turn, "table": (_as_object(arguments) or {}).get("table"),
                                          **{k: result.get(k) for k in ("solved", "complete", "accuracy")}})
+                self.store.record_attempt(self.run_id, rule=self.rule, turn=self.turn, kind="submission",
+                                          subject=f"submission {len(self.submissions)}",
+                                          verdict="PASS" if result.get("solved") else "FAIL",
+                                          detail=f"accuracy {result.get('accuracy')}")
             return result
         handler = getattr(self, f"_{name}", None) if name in TOOL_NAMES else None
         if handler is None:
@@ -151,6 +157,10 @@ class Toolbox:
                 law_id = self.knowledge.law_id(laws[k])
                 self.knowledge.judge(law_id, verdict["status"], self.turn)
                 verdict["law_id"] = law_id
+                detail = verdict.get("counterexample")
+                self.store.record_attempt(self.run_id, rule=self.rule, turn=self.turn, kind="law", subject=law_id,
+                                          verdict=verdict["status"], law_json=json.dumps(laws[k]),
+                                          detail=clip(json.dumps(detail), 600) if detail else None)
 
     # ---- memory tools ---------------------------------------------------------------------------
     def _store_theorem(self, name: str, law_ids: list[str], description: str) -> dict[str, Any]:
@@ -162,6 +172,8 @@ class Toolbox:
                           turn=self.turn)
         self.knowledge.theorems.append(theorem)
         version = self.snapshot()
+        self.store.record_theorem_version(self.run_id, theorem_id=theorem.theorem_id, change="stored", turn=self.turn,
+                                          theorem_json=json.dumps(asdict(theorem), sort_keys=True), reason=description)
         return {"stored": theorem.theorem_id, "version": version}
 
     def _retrieve_theorems(self, filter: str) -> dict[str, Any]:  # noqa: A002 (the tool's argument name)
@@ -180,6 +192,11 @@ class Toolbox:
         problem = _check_updates(updates)
         if problem:
             return {"error": f"edit_theorem: {problem}"}
+        updates = dict(updates)
+        reason = updates.pop("reason", None)
+        if not updates:
+            return {"error": "edit_theorem: updates holds only a reason: nothing to change"}
+        before = asdict(theorem)
         if "law_ids" in updates:
             problem = self._check_laws(updates["law_ids"])
             if problem:
@@ -188,7 +205,15 @@ class Toolbox:
         for key in ("name", "description", "law_ids", "status"):
             if key in updates:
                 setattr(theorem, key, updates[key])
-        return {"edited": theorem_id, "theorem": asdict(theorem), "version": self.snapshot()}
+        version = self.snapshot()
+        # The theorem stays current in place (Karma, retrieve_theorems); every version before it is kept
+        # in theorem_versions, linked to its parent.
+        change = _change(before, asdict(theorem))
+        lineage = self.store.record_theorem_version(
+            self.run_id, theorem_id=theorem_id, change=change, turn=self.turn,
+            theorem_json=json.dumps(asdict(theorem), sort_keys=True), reason=reason or _what_changed(before, theorem))
+        return {"edited": theorem_id, "change": change, "theorem": asdict(theorem), "version": version,
+                "theorem_version": lineage}
 
     def _query_log(self, query: str) -> dict[str, Any]:
         """Substring search first (a state pattern such as 'AA_B': the latest matches, in order); if
@@ -225,12 +250,26 @@ class Toolbox:
                                               last_compacted_turn=k.last_compacted_turn)
 
 
+def _change(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What kind of version an edit makes: a status change names it, else a new name alone is a rename."""
+    if before["status"] != after["status"]:
+        return "reinstated" if after["status"] == "established" else str(after["status"])
+    changed = {k for k in after if after[k] != before[k]}
+    return "renamed" if changed == {"name"} else "edited"
+
+
+def _what_changed(before: dict[str, Any], theorem: Theorem) -> str:
+    after = asdict(theorem)
+    return "; ".join(f"{k}: {clip(str(before[k]), 80)} -> {clip(str(after[k]), 80)}"
+                     for k in ("name", "status", "law_ids", "description") if before[k] != after[k]) or "unchanged"
+
+
 def _check_updates(updates: dict[str, Any]) -> str | None:
     if not updates:
         return "updates is empty"
     for key, value in updates.items():
-        if key not in ("name", "description", "law_ids", "status"):
-            return f"unknown update {key!r}; expected name, description, law_ids or status"
+        if key not in ("name", "description", "law_ids", "status", "reason"):
+            return f"unknown update {key!r}; expected name, description, law_ids, status or reason"
         if key == "law_ids":
             if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
                 return "law_ids must be a non-empty list of law ids"

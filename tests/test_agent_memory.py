@@ -21,6 +21,10 @@ from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
 from universe import Harness, load_rule
 from xdb import XDB
+from xdb.run_history import HISTORY_TABLES
+
+# A run's purge also counts its history across runs (xdb/run_history.py): none in these tests.
+NO_HISTORY = dict.fromkeys(HISTORY_TABLES, 0)
 
 
 @pytest.fixture(params=["local", "http"])
@@ -57,7 +61,7 @@ def test_run_store_round_trip_and_purge(store) -> None:
                                         last_compacted_turn=3)
     latest = store.meta_knowledge("r1")
     assert latest["version_id"] == version and latest["last_compacted_turn"] == 3
-    assert store.purge("r1") == {"interaction_log": 2, "meta_knowledge": 2}
+    assert store.purge("r1") == {"interaction_log": 2, "meta_knowledge": 2, **NO_HISTORY}
     assert store.interactions("r1") == [] and store.meta_knowledge("r1") is None
     assert len(store.interactions("other")) == 1  # other runs are untouched
 
@@ -68,7 +72,7 @@ def test_a_run_id_reaches_the_store_whole_whatever_its_characters(store, run_id:
     store.save_meta_knowledge(run_id, theorems_json="[]", negative_knowledge=None, last_compacted_turn=None)
     store.log_interaction("a", journal_entry="other", tool_call_json=None, tool_result_json=None, token_count=1)
     assert [r["journal_entry"] for r in store.interactions(run_id)] == ["mine"]
-    assert store.purge(run_id) == {"interaction_log": 1, "meta_knowledge": 1}
+    assert store.purge(run_id) == {"interaction_log": 1, "meta_knowledge": 1, **NO_HISTORY}
     assert store.interactions(run_id) == [] and store.meta_knowledge(run_id) is None
     assert len(store.interactions("a")) == 1  # no other run was purged
 
@@ -97,7 +101,7 @@ def test_agent_routes_reject_bad_requests(tmp_path: Path) -> None:
 
 
 def toolbox(store, run_id: str = "run") -> Toolbox:
-    return Toolbox(Harness(load_rule("kinetic"), seed=1), store, run_id, Knowledge(), turn=1)
+    return Toolbox(Harness(load_rule("kinetic"), seed=1), store, run_id, Knowledge(), "kinetic", turn=1)
 
 
 def test_theorem_tools(store) -> None:
@@ -148,7 +152,7 @@ def test_query_log_recalls_an_earlier_trajectory(tmp_path: Path) -> None:
         # The first turn's experiment: the design ring and its true next state, long out of any prompt.
         first = json.loads(store.interactions(run.run_id)[0]["tool_result_json"])
         truth = first["counterexample"]["trajectory"][1]
-        box = Toolbox(run.harness, store, run.run_id, run.knowledge, valid_row=run.ckpt.valid_row)
+        box = Toolbox(run.harness, store, run.run_id, run.knowledge, run.rule_label, valid_row=run.ckpt.valid_row)
         found = box.call("query_log", {"query": truth[100:124]})
         assert found["matches"] == 1 and found["turns"][0]["turn"] == 1
         assert found["turns"][0]["tool"] == "run_prediction"

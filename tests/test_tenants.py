@@ -21,6 +21,10 @@ from server.runtime import Runtime
 from server.tenancy.request_context import current_tenant
 from server.tenancy.tenants import LOCAL, Tenant, TenantKeys
 from xdb.owner import EVERY, FLAT
+from xdb.run_history import HISTORY_TABLES
+
+# A run's purge also counts its history across runs (xdb/run_history.py): none in these tests.
+NO_HISTORY = dict.fromkeys(HISTORY_TABLES, 0)
 
 CODEX = [{"id": "ledger", "text": "The vault code of Alice's lab is QX-7731. " * 3},
          {"id": "notes", "text": "Particles of kind A drift right by one cell each tick."}]
@@ -81,7 +85,7 @@ def test_a_tenant_never_reaches_another_tenants_session_run_document_or_codex(
     assert client.get("/v1/xdb/interactions", headers=as_bob, params={"run_id": "run-1"}).json()["data"] == []
     assert client.get("/v1/xdb/meta_knowledge", headers=as_bob, params={"run_id": "lab"}).json()["data"] == []
     assert client.delete("/v1/xdb/runs/run-1", headers=as_bob).json()["deleted"] == {
-        "interaction_log": 0, "meta_knowledge": 0}
+        "interaction_log": 0, "meta_knowledge": 0, **NO_HISTORY}
     for body in ({"query": "vault code", "session_id": "lab"}, {"query": "vault code"}):
         searched = client.post("/v1/context/query_archive", headers=as_bob, json=body)
         assert searched.status_code == 400 and "QX-7731" not in searched.text, searched.text

@@ -19,8 +19,12 @@ import pytest
 from xdb import XDB, TimestepRow, verify_audit
 from xdb.audit.chain import EVENT_TYPE, GENESIS, RECORD_COLUMNS, checkpoint_hash, stamp
 from xdb.owner import EVERY
+from xdb.run_history import HISTORY_TABLES
 from xdb.runs import log_interaction, purge_run, save_meta_knowledge
 from xdb.tags import set_bud_status
+
+# A run's purge also counts its history across runs (xdb/run_history.py): none in these tests.
+NO_HISTORY = dict.fromkeys(HISTORY_TABLES, 0)
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 REPO = Path(__file__).resolve().parents[1]
@@ -344,7 +348,7 @@ def test_deletions_and_rewrites_are_chained_as_events(tmp_path: Path) -> None:
         xdb.write(log_interaction, "run", journal_entry="a")
         xdb.write(log_interaction, "run", journal_entry="b")
         xdb.write(save_meta_knowledge, "run", theorems_json="[]")
-        assert xdb.write(purge_run, "run") == {"interaction_log": 2, "meta_knowledge": 1}
+        assert xdb.write(purge_run, "run") == {"interaction_log": 2, "meta_knowledge": 1, **NO_HISTORY}
         for n in range(20):
             xdb.save_session_state("s", f'{{"n": {n}}}')
         xdb.create_tag("idea")
@@ -356,7 +360,7 @@ def test_deletions_and_rewrites_are_chained_as_events(tmp_path: Path) -> None:
     assert actions.count("purge_run") == 1 and actions.count("prune_session_states") == 4
     assert "rewrite_tag" in actions and actions.count("compress_timesteps") == 2
     purge = got[actions.index("purge_run")]
-    assert purge["deleted"] == {"interaction_log": 2, "meta_knowledge": 1}
+    assert purge["deleted"] == {"interaction_log": 2, "meta_knowledge": 1, **NO_HISTORY}
     assert purge["id_ranges"]["interaction_log.turn_id"] is not None
     compressed = [e for e in got if e["action"] == "compress_timesteps"]
     assert [e["timestep_ids"] for e in compressed] == [[0, 4], [5, 9]] and all(e["deleted"] == 5 for e in compressed)

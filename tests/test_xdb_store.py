@@ -13,11 +13,15 @@ from core.errors import InvalidRequest
 from xdb import XDB, DocumentTooLarge, NotFound, QuotaExceeded, RecallFilterError, TimestepRow
 from xdb.documents import document_versions, get_document, list_documents
 from xdb.owner import EVERY
+from xdb.run_history import HISTORY_TABLES
 from xdb.runs import list_interactions, log_interaction, meta_knowledge, purge_run, save_meta_knowledge
 from xdb.session_state import KEEP_VERSIONS
 from xdb.storage.compression import cold_records
 from xdb.storage.fidelity import resolve_submission, submit_evidence
 from xdb.tags import list_buds, set_bud_status
+
+# A run's purge also counts its history across runs (xdb/run_history.py): none in these tests.
+NO_HISTORY = dict.fromkeys(HISTORY_TABLES, 0)
 
 
 def reply(xdb: XDB, session: str, words: list[str], request: str, acts: dict | None = None) -> list[TimestepRow]:
@@ -238,11 +242,11 @@ def test_purge_run_deletes_only_that_run(xdb: XDB) -> None:
     xdb.write(save_meta_knowledge, "gone", theorems_json="[]")
     kept = xdb.write(log_interaction, "kept", journal_entry="c")
     xdb.write(save_meta_knowledge, "kept", theorems_json="[]")
-    assert xdb.write(purge_run, "gone") == {"interaction_log": 2, "meta_knowledge": 1}
+    assert xdb.write(purge_run, "gone") == {"interaction_log": 2, "meta_knowledge": 1, **NO_HISTORY}
     assert xdb.read(list_interactions, "gone") == [] and xdb.read(meta_knowledge, "gone") == []
     assert [t["turn_id"] for t in xdb.read(list_interactions, "kept")] == [kept]
     assert len(xdb.read(meta_knowledge, "kept")) == 1
-    assert xdb.write(purge_run, "gone") == {"interaction_log": 0, "meta_knowledge": 0}
+    assert xdb.write(purge_run, "gone") == {"interaction_log": 0, "meta_knowledge": 0, **NO_HISTORY}
 
 
 def test_a_tag_is_named_by_a_str_and_identified_by_an_int(xdb: XDB) -> None:

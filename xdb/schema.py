@@ -180,6 +180,29 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             submission_id VARCHAR PRIMARY KEY, tag_id BIGINT NOT NULL, submitted_at TIMESTAMP NOT NULL,
             resolved_at TIMESTAMP, accepted BOOLEAN)""",
     ]),
+    # The discovery agent's history across runs (xdb/run_history.py): a run's progress after each turn
+    # (the latest row is its outcome), every law or submission it tried with the verdict, and every
+    # version of every theorem, linked to its parent.
+    (12, [
+        "CREATE SEQUENCE run_progress_ids START 1",
+        """CREATE TABLE run_progress (
+            progress_id BIGINT PRIMARY KEY DEFAULT nextval('run_progress_ids'), run_id VARCHAR NOT NULL,
+            rule VARCHAR NOT NULL, strategy VARCHAR NOT NULL, strategy_json VARCHAR, status VARCHAR NOT NULL,
+            turns INTEGER NOT NULL, tokens BIGINT NOT NULL, laws_tried INTEGER NOT NULL,
+            laws_passed INTEGER NOT NULL, laws_failed INTEGER NOT NULL, theorems_stored INTEGER NOT NULL,
+            theorems_retracted INTEGER NOT NULL, wall_s DOUBLE NOT NULL, created_at TIMESTAMP NOT NULL)""",
+        "CREATE SEQUENCE run_attempt_ids START 1",
+        """CREATE TABLE run_attempts (
+            attempt_id BIGINT PRIMARY KEY DEFAULT nextval('run_attempt_ids'), run_id VARCHAR NOT NULL,
+            rule VARCHAR NOT NULL, turn INTEGER NOT NULL, kind VARCHAR NOT NULL, subject VARCHAR NOT NULL,
+            law_key VARCHAR, law_json VARCHAR, verdict VARCHAR NOT NULL, detail VARCHAR,
+            created_at TIMESTAMP NOT NULL)""",
+        "CREATE SEQUENCE theorem_version_ids START 1",
+        """CREATE TABLE theorem_versions (
+            version_id BIGINT PRIMARY KEY DEFAULT nextval('theorem_version_ids'), run_id VARCHAR NOT NULL,
+            theorem_id VARCHAR NOT NULL, version INTEGER NOT NULL, parent_version INTEGER, change VARCHAR NOT NULL,
+            turn INTEGER NOT NULL, reason VARCHAR, theorem_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

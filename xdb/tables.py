@@ -105,6 +105,12 @@ TABLES: tuple[Table, ...] = (
           lake=LakeShipping("seq", order="turn_id")),
     Table("meta_knowledge", RUN, "created_at", export=True, sequence="knowledge_ids",
           sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
+    Table("run_progress", RUN, "created_at", export=True, sequence="run_progress_ids",
+          sequence_column="progress_id", lake=LakeShipping("seq", order="progress_id")),
+    Table("run_attempts", RUN, "created_at", export=True, sequence="run_attempt_ids",
+          sequence_column="attempt_id", lake=LakeShipping("seq", order="attempt_id")),
+    Table("theorem_versions", RUN, "created_at", export=True, sequence="theorem_version_ids",
+          sequence_column="version_id", lake=LakeShipping("seq", order="version_id")),
     Table("xdb_meta"),
     # The sealed segments of `timesteps`, their rows deleted since and their sessions
     # (xdb/storage/segments.py): the file's bookkeeping, as xdb_meta.

@@ -9,7 +9,9 @@ ruled out it either
     the FAIL comes back with the true next state, i.e. one observation of every pair;
   - or, once the table is complete and consistent, verifies it with evaluate_laws (one law per
     class), stores it as a theorem and submits it.
-So a rule of period 1, 2 or 3 takes two experiments: one ring, one verification.
+So a rule of period 1, 2 or 3 takes two experiments: one ring, one verification. A table whose laws
+an earlier run on the same rule saw FAIL (Knowledge.prior_refuted, agent/history.py) is ruled out
+without verifying it again.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class BaselinePolicy:
             return self._design(period, view)
         table = view.table()
         if period not in self.verified:
+            refuted = [law["name"] for law in table_laws(table) if turn.knowledge.refuted_before(law)]
+            if refuted:  # an earlier run on this rule saw these very laws FAIL: no turn spent on them again
+                self.falsified[period] = f"its laws ({', '.join(refuted)}) failed in an earlier run on this rule"
+                return self.decide(turn)
             return self._verify(period, table)
         return self._conclude(period, table, turn.knowledge)
 

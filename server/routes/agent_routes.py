@@ -15,6 +15,14 @@ client). Routes, under `/v1/xdb`:
     PUT    /runs/{run_id}/report      {png_base64}  -> {run_id, version, bytes}  (the end-of-run report.png,
                               kept as an XDB document, a new version per upload; at most 8 MiB of PNG)
     GET    /runs/{run_id}/report.png  -> the latest report, image/png; 404 if none was uploaded
+    POST   /run_progress      {run_id, rule, strategy, strategy_json?, status, turns, tokens, laws_tried,
+                              laws_passed, laws_failed, theorems_stored, theorems_retracted, wall_s} -> {progress_id}
+    POST   /run_attempts      {run_id, rule, turn, kind, subject, verdict, law_json?, detail?} -> {attempt_id}
+    POST   /theorem_versions  {run_id, theorem_id, change, turn, theorem_json, reason?} -> {version}
+    GET    /theorem_versions  ?run_id=&theorem_id=  -> {object: list, data: [every version, parent linked]}
+    GET    /runs/history      ?rule=&strategy=&limit=  -> {runs, strategies, failed_laws, retracted_theorems}
+                              (xdb/run_history.py: which strategies solved a rule, in how many turns; which
+                              laws failed most)
 
 Bodies and queries are typed: bad input is a 400 naming the parameter; an unknown run is an empty
 list, never a 404 (except its report, which is a file that either exists or does not).
@@ -33,6 +41,7 @@ from core.errors import InvalidRequest, NotFound
 from server.http.errors import AHCRoute
 from server.tenancy.tenant_xdb import TenantViews, TenantXDB
 from xdb import XDBClient
+from xdb.run_history import AttemptKind, Progress, RunStatus, TheoremChange, Verdict
 from xdb.runs import REPORT_MAX_BYTES
 from xdb.schema import INT32_MAX, INT64_MAX
 
@@ -59,6 +68,42 @@ class KnowledgeBody(_Body):
     theorems_json: str | None = None
     negative_knowledge: str | None = None
     last_compacted_turn: int | None = Field(None, ge=0, le=INT64_MAX)
+
+
+class ProgressBody(_Body):
+    run_id: str = RUN_ID
+    rule: str = Field(min_length=1, max_length=256)
+    strategy: str = Field(min_length=1, max_length=256)
+    strategy_json: str | None = None
+    status: RunStatus
+    turns: int = Field(ge=0, le=INT32_MAX)
+    tokens: int = Field(0, ge=0, le=INT64_MAX)
+    laws_tried: int = Field(0, ge=0, le=INT32_MAX)
+    laws_passed: int = Field(0, ge=0, le=INT32_MAX)
+    laws_failed: int = Field(0, ge=0, le=INT32_MAX)
+    theorems_stored: int = Field(0, ge=0, le=INT32_MAX)
+    theorems_retracted: int = Field(0, ge=0, le=INT32_MAX)
+    wall_s: float = Field(0.0, ge=0.0)
+
+
+class AttemptBody(_Body):
+    run_id: str = RUN_ID
+    rule: str = Field(min_length=1, max_length=256)
+    turn: int = Field(ge=0, le=INT32_MAX)
+    kind: AttemptKind
+    subject: str = Field(min_length=1, max_length=256)
+    verdict: Verdict
+    law_json: str | None = None
+    detail: str | None = None
+
+
+class TheoremVersionBody(_Body):
+    run_id: str = RUN_ID
+    theorem_id: str = Field(min_length=1, max_length=64)
+    change: TheoremChange
+    turn: int = Field(ge=0, le=INT32_MAX)
+    theorem_json: str = Field(min_length=2)
+    reason: str | None = Field(None, max_length=2000)
 
 
 class ReportBody(_Body):
@@ -109,6 +154,31 @@ def agent_router(xdb: XDBClient) -> APIRouter:
     @router.delete("/runs/{run_id:path}")
     def purge(run_id: str, view: TenantXDB = Depends(views)) -> Any:
         return {"run_id": run_id, "deleted": view.purge_run(run_id)}
+
+    @router.post("/run_progress")
+    def record_progress(body: ProgressBody, view: TenantXDB = Depends(views)) -> Any:
+        fields = body.model_dump(exclude={"run_id"})
+        return {"progress_id": view.record_progress(body.run_id, Progress(**fields))}
+
+    @router.post("/run_attempts")
+    def record_attempt(body: AttemptBody, view: TenantXDB = Depends(views)) -> Any:
+        return {"attempt_id": view.record_attempt(body.run_id, **body.model_dump(exclude={"run_id"}))}
+
+    @router.post("/theorem_versions")
+    def record_theorem_version(body: TheoremVersionBody, view: TenantXDB = Depends(views)) -> Any:
+        return {"version": view.record_theorem_version(body.run_id, **body.model_dump(exclude={"run_id"}))}
+
+    @router.get("/theorem_versions")
+    def theorem_lineage(run_id: Annotated[str, Query(min_length=1, max_length=256)],
+                        theorem_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+                        view: TenantXDB = Depends(views)) -> Any:
+        return {"object": "list", "data": view.theorem_lineage(run_id, theorem_id)}
+
+    @router.get("/runs/history")
+    def history(rule: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+                strategy: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100, view: TenantXDB = Depends(views)) -> Any:
+        return view.run_history(rule, strategy, limit)
 
     @router.get("/runs")
     def runs(limit: Annotated[int, Query(ge=1, le=1000)] = 100, view: TenantXDB = Depends(views)) -> Any:

@@ -29,6 +29,7 @@ from server.tenancy.tenants import Tenant
 from xdb import XDBClient, session_state
 from xdb import documents as xdb_documents
 from xdb import identities as xdb_identities
+from xdb import run_history as xdb_history
 from xdb import runs as xdb_runs
 from xdb.recall import browse
 from xdb.responses import (
@@ -175,6 +176,16 @@ class TenantXDB:
     runs = ScopedCall(xdb_runs.list_runs, out=rows("run_id"))
     save_run_report = ScopedCall("save_run_report")
     run_report = ScopedCall(xdb_runs.run_report)
+    record_progress = ScopedCall(xdb_history.record_progress)
+    record_attempt = ScopedCall(xdb_history.record_attempt)
+    record_theorem_version = ScopedCall(xdb_history.record_theorem_version)
+    theorem_lineage = ScopedCall(xdb_history.theorem_lineage, out=rows("run_id"))
+    run_outcomes = ScopedCall(xdb_history.run_outcomes, out=rows("run_id"))
+    failed_laws = ScopedCall(xdb_history.failed_laws)  # laws and counts: no run id in them
+    retracted_theorems = ScopedCall(xdb_history.retracted_theorems, out=rows("run_id"))
+    run_history = ScopedCall(xdb_history.run_history, out=lambda tenant, found, named: {
+        **found, "runs": tenant.unscope_rows(found["runs"], "run_id"),
+        "retracted_theorems": tenant.unscope_rows(found["retracted_theorems"], "run_id")})
 
     sessions = ScopedCall(session_state.list_sessions, out=rows())
     sessions_overview = ScopedCall(browse.sessions_overview, out=rows())
