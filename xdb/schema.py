@@ -180,6 +180,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             submission_id VARCHAR PRIMARY KEY, tag_id BIGINT NOT NULL, submitted_at TIMESTAMP NOT NULL,
             resolved_at TIMESTAMP, accepted BOOLEAN)""",
     ]),
+    # What made each compressed record (xdb/storage/compression.py's TRIGGERS); NULL for those made before.
+    (13, [
+        "ALTER TABLE compressed_records ADD COLUMN trigger VARCHAR",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
