@@ -99,9 +99,13 @@ def test_a_failing_hook_costs_the_reply_nothing(config: AHCConfig, vllm_config: 
         assert runtime.xdb.recall(session_id="s", event_types=["output"], owner=EVERY)
 
 
-def test_an_unknown_hook_is_refused_naming_the_installed_ones(installed: None) -> None:
+def test_an_unknown_hook_is_refused_naming_the_installed_ones(config: AHCConfig, vllm_config: Any, tmp_path: Path,
+                                                              installed: None) -> None:
     with pytest.raises(ValueError, match="no steering hook 'nope' is installed.*installed: broken, example"):
         load_hook("nope")
+    with pytest.raises(ValueError, match="lens.steering_hook: no steering hook 'nope'"):  # the server's start
+        with serving(config, vllm_config, tmp_path, **{"lens.steering_hook": "nope"}):
+            pass
     assert ENTRY_POINT_GROUP == "ahc.steering"
     with pytest.raises(ValueError, match="non-empty rationale"):
         SteeringDirective("damp x", " ")
