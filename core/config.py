@@ -432,6 +432,10 @@ class LensConfig(_Strict):
     source: Literal["auto", "hidden_state", "logit_lens"] = "auto"
     """What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token sets;
     `auto` takes the hidden state where the model exposes it, else falls back to the logit lens."""
+    steering_hook: str | None = Field(None, min_length=1)
+    """A steering hook (the name of an installed entry point of group `ahc.steering`), called after each reply
+    with its tokens' concept activations; each directive it answers is recorded as a `steering` timestep
+    with its rationale (recorded, not applied to the model). None: no hook."""
 
     @model_validator(mode="after")
     def _pack_when_enabled(self) -> LensConfig:

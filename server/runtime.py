@@ -35,6 +35,7 @@ from server.model.hidden_calls import HiddenCaller
 from server.model.token_process import TokenProcess
 from server.recording.quota_loop import model_summarizer
 from server.recording.recorder import Recorder, RecordingEngine
+from server.recording.steering import Steering, load_hook
 from server.tenancy.tenants import TenantKeys
 from xdb import XDBClient
 from xdb.lake.lake import LakeUnavailable
@@ -156,7 +157,9 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
     board = SharedBoard(group.files.board, group.index) if group is not None else None
     governor = VramGovernor(metrics.kv_stats, oc.vram_queue_timeout_s, oc.retry_after_s, shared=board)
     session_admission = build_session_admission(config, metrics, cache_events)
-    recorder = Recorder(xdb, tokenizer, background, capture, config.engine_label)
+    hook = config.lens.steering_hook
+    steering = Steering(hook, load_hook(hook), xdb) if hook is not None else None
+    recorder = Recorder(xdb, tokenizer, background, capture, config.engine_label, steering)
     codex = CodexResolver(xdb, config.model_name, oc.cache_max_chars)
     hidden_admission = HiddenAdmission(governor, TenantBudget(int(oc.codex_condense_windows_per_hour * max_model_len)))
     condenser = CodexCondenser(hidden.summarize, lambda text: len(encode(text)), xdb, codex,

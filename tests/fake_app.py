@@ -52,7 +52,11 @@ def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, script: 
     """`script`: the token ids every reply cycles through (FakeEngine's default: a sentence)."""
     config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
     xdb = XDB.open(tmp_path / "xdb")
-    app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config, script=script), xdb))
+    try:
+        app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config, script=script), xdb))
+    except BaseException:  # a config the app refuses: the XDB it was given is closed, not left open
+        xdb.close()
+        raise
     try:
         with TestClient(app) as client:
             yield client, runtime

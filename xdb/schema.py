@@ -183,7 +183,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # The discovery agent's history across runs (xdb/run_history.py): a run's progress after each turn
     # (the latest row is its outcome), every law or submission it tried with the verdict, and every
     # version of every theorem, linked to its parent.
-    (12, [
+    (10, [
         "CREATE SEQUENCE run_progress_ids START 1",
         """CREATE TABLE run_progress (
             progress_id BIGINT PRIMARY KEY DEFAULT nextval('run_progress_ids'), run_id VARCHAR NOT NULL,
@@ -202,6 +202,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             version_id BIGINT PRIMARY KEY DEFAULT nextval('theorem_version_ids'), run_id VARCHAR NOT NULL,
             theorem_id VARCHAR NOT NULL, version INTEGER NOT NULL, parent_version INTEGER, change VARCHAR NOT NULL,
             turn INTEGER NOT NULL, reason VARCHAR, theorem_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
+    ]),
+    # What made each compressed record (xdb/storage/compression.py's TRIGGERS); NULL for those made before.
+    (11, [
+        "ALTER TABLE compressed_records ADD COLUMN trigger VARCHAR",
     ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]

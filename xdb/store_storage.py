@@ -55,7 +55,13 @@ class StorageMethods:
                 compress_released: bool = False, summarize: Callable[[str], str] | None = None) -> dict[str, Any]:
         """Record a context compaction of `session_id` (its rows up to `up_to_tick` leave HOT), then
         bring storage within the quota; `compress_released` compresses every released row even
-        under the quota. `summarize` writes the summaries (default: the one given to `open`)."""
+        under the quota. `summarize` writes the summaries (default: the one given to `open`).
+
+        `trigger` (compression.TRIGGERS) labels the compaction record and what this pass compresses for
+        its own sake (released rows, retention's aged ones); what the quota pass compresses is always
+        `storage_pressure`."""
+        if trigger not in compression.TRIGGERS:
+            raise ValueError(f"trigger must be one of {', '.join(compression.TRIGGERS)}, not {trigger!r}")
         summarize = summarize or self.summarize
         if session_id is not None and self.writer is not None:
             # The session's last tick bounds `up_to_tick`: rows already submitted count as recorded.
@@ -68,11 +74,11 @@ class StorageMethods:
             made: list[int] = []
             if compress_released:
                 while step := compression._compress_replies(cur, summarize, self.hot_seconds, 100,
-                                                            self.audit_event):
+                                                            self.audit_event, trigger=trigger):
                     made += step
             if self.retention.verbatim_days is not None:
                 made += retention.compress_aged(cur, self.retention.verbatim_days, summarize, self.hot_seconds,
-                                                self.audit_event)
+                                                self.audit_event, trigger=trigger)
             deleted = []
             if self.retention.delete_after_days is not None:
                 days = self.retention.delete_after_days

@@ -9,6 +9,9 @@ A pass compresses for at most xdb.storage.compression.PASS_BUDGET_S; one that st
 target) is followed by the next after a pause as long as it took rather than `quota_check_s`, so a store
 far over its quota comes back under in passes that leave XDB to its other calls half the time.
 
+The pass is `scheduled`: retention's compressions are labelled so; those the quota calls for, as every
+quota pass's, `storage_pressure` (the `trigger` of xdb/storage/compression.py's records).
+
 The pass runs in a worker thread; compression summaries come from the served model through a hidden
 call (the worker thread hands the coroutine to the server's event loop).
 """
@@ -24,7 +27,7 @@ from typing import Any
 from core.errors import Conflict
 from server.model.hidden_calls import HiddenCaller
 from xdb import XDBClient
-from xdb.storage.compression import PASS_BUDGET_S, TIME_BUDGET
+from xdb.storage.compression import PASS_BUDGET_S, SCHEDULED, TIME_BUDGET
 
 log = logging.getLogger("ahc.xdb.storage")
 
@@ -54,7 +57,7 @@ async def enforce_quota_forever(xdb: XDBClient, every_s: float, summarize: Calla
         pause = every_s
         started = time.monotonic()
         try:
-            report = await asyncio.to_thread(xdb.compact, summarize=summarize)
+            report = await asyncio.to_thread(xdb.compact, summarize=summarize, trigger=SCHEDULED)
         except Exception:  # a failed pass must not stop the next; it is logged loudly
             log.exception("XDB storage manager pass failed")
             continue

@@ -29,6 +29,7 @@ from orchestrator.prepared import Prepared
 from server.capture.capture_setup import CaptureSetup
 from server.recording.flush_group import FlushGroup
 from server.recording.record_queue import RecordQueue
+from server.recording.steering import Steering
 from server.recording.token_text import TokenTexts
 from server.telemetry.tracing import engine_trace_headers
 from server.tenancy.request_context import EngineUsage, current_session, current_tenant, current_usage
@@ -53,8 +54,10 @@ RowEvent = tuple[str, str | None, str, dict[str, Any] | None]
 
 class Recorder:
     def __init__(self, xdb: XDBClient, tokenizer: TokenizerLike, background: Executor | None = None,
-                 capture: CaptureSetup | None = None, engine_label: str | None = None) -> None:
+                 capture: CaptureSetup | None = None, engine_label: str | None = None,
+                 steering: Steering | None = None) -> None:
         self.xdb = xdb
+        self.steering = steering  # the steering hook, called after each reply (lens.steering_hook)
         self.engine_label = engine_label  # "emulated:PROFILE" on the emulated engine: on every turn record
         self.tokenizer = tokenizer
         # A fast tokenizer's texts are decoded where the rows are built (the XDB service), so this process,
@@ -212,6 +215,7 @@ class TokenStream:
         self._before: list[int] = []  # the reply's last DECODE_CONTEXT ids before the gathered ones
         self._times: list[float] = []  # when each gathered token arrived
         self._position = 0  # the output position of the first gathered token
+        self.ticks: tuple[int, int] | None = None  # the first and last tick its rows took so far
         self._due = self.CHUNK - phase % self.CHUNK  # how many gathered tokens make the next chunk
 
     def add(self, token_ids: Sequence[int]) -> None:
@@ -232,6 +236,7 @@ class TokenStream:
         if not token_ids:
             return
         ticks = self.recorder.xdb.next_ticks(self.session_id, len(token_ids))
+        self.ticks = (ticks[0] if self.ticks is None else self.ticks[0], ticks[-1])
         texts, context = self._texts(token_ids)
         # Column-wise: no row object per token on the event loop.
         self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
@@ -373,6 +378,10 @@ class RecordingEngine:
                     # last token is not held up either); for any other, the commit is waited for here.
                     for stream in streams.values():
                         stream.finish()
+                    steering = self._recorder.steering
+                    if steering is not None:
+                        steering.after_reply(self._recorder, xdb_session, request_id,
+                                             [s.ticks for s in streams.values() if s.ticks is not None])
                     if usage is None or not usage.route_holds_end:
                         # Committed once the writer has joined the last tokens' activations (a bounded wait).
                         await self._recorder.aflush(session_id=xdb_session)

@@ -50,6 +50,13 @@ TXN_GROUPS = 8
 # (~21 replies/s with their audit events on 2 cores and the extractive summary: ~100 replies a pass.)
 PASS_BUDGET_S = 5.0
 # The calendar bucket each coarse level groups its source records by.
+# What made a compaction or a compression, as its record stores it: the context window filling
+# (the orchestrator's threshold), a client's call, a pass on a schedule (the storage loop's, each
+# `xdb.quota_check_s`: retention's aged rows), the byte quota (the quota pass, whoever runs it), and the
+# KV cache full (the VRAM governor's compaction of a prompt).
+CONTEXT_FULL, MANUAL, SCHEDULED, STORAGE_PRESSURE = "context_full", "manual", "scheduled", "storage_pressure"
+KV_CACHE_FULL = "kv_cache_full"
+TRIGGERS = (CONTEXT_FULL, MANUAL, SCHEDULED, STORAGE_PRESSURE, KV_CACHE_FULL)
 BUCKETS = {CompressionLevel.DAY: "day", CompressionLevel.WEEK: "week", CompressionLevel.MONTH: "month",
            CompressionLevel.QUARTER: "quarter", CompressionLevel.YEAR: "year"}
 
@@ -98,8 +105,10 @@ def top_k(scores: Counter[str], k: int = TOP_K) -> dict[str, float]:
 def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
                       max_groups: int, audit: AuditEvent | None = None,
                       older_than: datetime | None = None, *, need_bytes: int | None = None,
-                      deadline: float | None = None, txn_groups: int = TXN_GROUPS) -> list[int]:
-    """Released token rows → one REPLY record per (session, request), oldest first. `older_than`
+                      deadline: float | None = None, txn_groups: int = TXN_GROUPS,
+                      trigger: str = STORAGE_PRESSURE) -> list[int]:
+    """Released token rows → one REPLY record per (session, request), oldest first, each labelled
+    with what made the pass (`trigger`, see TRIGGERS). `older_than`
     (retention): instead of released rows, every reply last written before then, HOT or not; pinned
     and SUBMITTED windows are never touched either way. `need_bytes`: only the oldest replies whose
     bytes cover it (at least one). Committed `txn_groups` replies a transaction; past `deadline`
@@ -126,7 +135,7 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
         for group in groups[at:at + max(txn_groups, 1)]:
             if deadline is not None and (made or records) and time.monotonic() >= deadline:
                 break
-            records.append(_reply_record(cur, summarize, group))  # read and summarised outside the transaction
+            records.append(_reply_record(cur, summarize, group, trigger))  # read and summarised outside the transaction
         if not records:
             break
         with transaction(cur):
@@ -140,7 +149,7 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
                                                  "timestep_ids": [lo, hi], "ticks": [record["start_tick"],
                                                                                      record["end_tick"]],
                                                  "deleted": deleted, "into_compressed_record": new_id,
-                                                 "level": "reply"})
+                                                 "level": "reply", "trigger": trigger})
                 made.append(new_id)
         if deadline is not None and time.monotonic() >= deadline:
             break
@@ -148,7 +157,7 @@ def _compress_replies(cur: duckdb.DuckDBPyConnection, summarize: Summarize | Non
 
 
 def _reply_record(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None,
-                  group: tuple[Any, ...]) -> tuple[str, list[Any], dict[str, Any]]:
+                  group: tuple[Any, ...], trigger: str) -> tuple[str, list[Any], dict[str, Any]]:
     """One reply's REPLY record (its text summarised, its activations summed, its tags counted), with
     the condition and arguments that select its rows."""
     session_id, request_id, lo, hi, t0, t1, c0, c1, n, tokens = group
@@ -168,22 +177,23 @@ def _reply_record(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None,
                   activations=top_k(Counter(dict(acts))),
                   tags=[name for name, _ in Counter(dict(tags)).most_common(TOP_K)],
                   sources=[f"timesteps:{lo}-{hi}" + (f" request:{request_id}" if request_id else "")],
-                  token_count=tokens, record_count=n)
+                  token_count=tokens, record_count=n, trigger=trigger)
     return where, args, record
 
 
 def _insert_record(cur: duckdb.DuckDBPyConnection, r: dict[str, Any]) -> int:
     return one_int(cur.execute(
         "INSERT INTO compressed_records (compression_level, session_id, start_time, end_time, start_tick, end_tick, "
-        "summary, top_k_activations, significant_tags, source_record_ids, token_count, record_count, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
+        "summary, top_k_activations, significant_tags, source_record_ids, token_count, record_count, trigger, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING id",
         [int(r["level"]), r["session_id"], r["start_time"], r["end_time"], r["start_tick"], r["end_tick"],
          r["summary"], json.dumps(r["activations"], sort_keys=True), r["tags"], r["sources"], r["token_count"],
-         r["record_count"]]))
+         r["record_count"], r["trigger"]]))
 
 
 def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
-                 summarize: Summarize | None, audit: AuditEvent | None = None) -> list[int]:
+                 summarize: Summarize | None, audit: AuditEvent | None = None,
+                 trigger: str = STORAGE_PRESSURE) -> list[int]:
     """The oldest group of records at `source` → one record a level coarser (reply →
     session → day → week → month → quarter → year)."""
     target = CompressionLevel(source + 1)
@@ -209,7 +219,7 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
                   summary=summarize_with(summarize, "\n".join(r[6] for r in rows if r[6])),
                   activations=top_k(acts), tags=[t for t, _ in tags.most_common(TOP_K)],
                   sources=[f"compressed:{r[0]}" for r in rows], token_count=sum(r[9] for r in rows),
-                  record_count=sum(r[10] for r in rows))
+                  record_count=sum(r[10] for r in rows), trigger=trigger)
     sources = [r[0] for r in rows]
     with transaction(cur):
         new_id = _insert_record(cur, record)
@@ -217,19 +227,22 @@ def _merge_level(cur: duckdb.DuckDBPyConnection, source: CompressionLevel,
         if audit is not None:
             audit("merge_compressed_records", {"session_id": record["session_id"], "compressed_record_ids": sources,
                                                "deleted": deleted, "from_level": source.name.lower(),
-                                               "into_compressed_record": new_id, "level": target.name.lower()})
+                                               "into_compressed_record": new_id, "level": target.name.lower(),
+                                               "trigger": trigger})
     return [new_id]
 
 
 def compress_step(cur: duckdb.DuckDBPyConnection, summarize: Summarize | None, hot_seconds: float,
                   max_groups: int = BATCH_GROUPS, audit: AuditEvent | None = None, *, need_bytes: int | None = None,
                   deadline: float | None = None) -> list[int]:
-    """One step at the finest level that has anything to compress; [] when nothing can be."""
-    made = _compress_replies(cur, summarize, hot_seconds, max_groups, audit, need_bytes=need_bytes, deadline=deadline)
+    """One step at the finest level that has anything to compress; [] when nothing can be. The quota's
+    step: its records are `storage_pressure`'s."""
+    made = _compress_replies(cur, summarize, hot_seconds, max_groups, audit, need_bytes=need_bytes, deadline=deadline,
+                             trigger=STORAGE_PRESSURE)
     if made:
         return made
     for level in list(CompressionLevel)[1:-1]:
-        made = _merge_level(cur, level, summarize, audit)
+        made = _merge_level(cur, level, summarize, audit, trigger=STORAGE_PRESSURE)
         if made:
             return made
     return []
@@ -365,7 +378,7 @@ def compaction_record(cur: duckdb.DuckDBPyConnection, session_id: str, up_to_tic
 def cold_records(cur: duckdb.DuckDBPyConnection, session_id: str | None = None,
                  limit: int = 100) -> list[dict[str, Any]]:
     cols = ("id", "compression_level", "session_id", "start_time", "end_time", "start_tick", "end_tick", "summary",
-            "top_k_activations", "significant_tags", "source_record_ids", "token_count", "record_count")
+            "top_k_activations", "significant_tags", "source_record_ids", "token_count", "record_count", "trigger")
     rows = cur.execute(f"SELECT {', '.join(cols)} FROM compressed_records WHERE ? IS NULL OR session_id = ? "
                        "ORDER BY start_time, id LIMIT ?", [session_id, session_id, limit]).fetchall()
     out = []

@@ -21,7 +21,7 @@ from xdb.audit.log import AuditEvent
 from xdb.audit.verify import Deletion
 from xdb.sql import one_int, transaction
 from xdb.storage import segments
-from xdb.storage.compression import BATCH_GROUPS, Summarize, _compress_replies
+from xdb.storage.compression import BATCH_GROUPS, SCHEDULED, Summarize, _compress_replies
 from xdb.storage.fidelity import hot_cutoff
 from xdb.tables import SESSION, TABLES
 
@@ -46,13 +46,15 @@ def cutoff(days: float) -> datetime:
 
 
 def compress_aged(cur: duckdb.DuckDBPyConnection, verbatim_days: float, summarize: Summarize | None,
-                  hot_seconds: float, audit: AuditEvent | None = None, max_steps: int = 1000) -> list[int]:
+                  hot_seconds: float, audit: AuditEvent | None = None, max_steps: int = 1000,
+                  trigger: str = SCHEDULED) -> list[int]:
     """REPLY records for every reply last written more than `verbatim_days` ago (not pinned, not
-    SUBMITTED); returns the new records' ids."""
+    SUBMITTED), labelled `trigger` (the pass's); returns the new records' ids."""
     made: list[int] = []
     older_than = cutoff(verbatim_days)
     for _ in range(max_steps):
-        step = _compress_replies(cur, summarize, hot_seconds, BATCH_GROUPS, audit, older_than=older_than)
+        step = _compress_replies(cur, summarize, hot_seconds, BATCH_GROUPS, audit, older_than=older_than,
+                                 trigger=trigger)
         if not step:
             break
         made += step
