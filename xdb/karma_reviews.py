@@ -71,21 +71,22 @@ def review_proposal(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, pr
     wanted = "accepted" if action == "retracted" else "pending"
     now = _now()
     with transaction(cur):
-        found = cur.execute("SELECT status FROM karma_proposals WHERE id = ?", [proposal_id]).fetchone()
+        found = cur.execute("SELECT status, session_id FROM karma_proposals WHERE id = ?", [proposal_id]).fetchone()
         if found is None:
             raise NotFound(f"karma proposal {proposal_id} not found")
         if found[0] != wanted:
             verb = "retracted" if action == "retracted" else "reviewed"
-            raise Conflict(f"karma proposal {proposal_id} is {found[0]}: only an {wanted} one is {verb}")
+            article = "an" if wanted == "accepted" else "a"
+            raise Conflict(f"karma proposal {proposal_id} is {found[0]}: only {article} {wanted} one is {verb}")
         cur.execute("UPDATE karma_proposals SET status = ?, updated_at = ? WHERE id = ?", [action, now, proposal_id])
         review = cur.execute(
-            "INSERT INTO karma_reviews (proposal_id, action, reviewer, reviewer_kind, rationale, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id", [proposal_id, action, reviewer, reviewer_kind, rationale, now]
-        ).fetchone()
+            "INSERT INTO karma_reviews (proposal_id, session_id, action, reviewer, reviewer_kind, rationale, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [proposal_id, found[1], action, reviewer, reviewer_kind, rationale, now]).fetchone()
         assert review is not None
         if audit is not None:
-            audit("karma_reviewed", {"proposal_id": proposal_id, "review_id": review[0], "verdict": action,
-                                     "reviewer": reviewer, "reviewer_kind": reviewer_kind,
+            audit("karma_reviewed", {"proposal_id": proposal_id, "session_id": found[1], "review_id": review[0],
+                                     "verdict": action, "reviewer": reviewer, "reviewer_kind": reviewer_kind,
                                      "rationale_sha256": digest(rationale)})
     proposal = karma_proposal(cur, proposal_id)
     assert proposal is not None

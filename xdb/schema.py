@@ -192,7 +192,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE SEQUENCE karma_review_ids START 1",
         """CREATE TABLE karma_reviews (
             id BIGINT PRIMARY KEY DEFAULT nextval('karma_review_ids'), proposal_id BIGINT NOT NULL,
-            action VARCHAR NOT NULL, reviewer VARCHAR NOT NULL, reviewer_kind VARCHAR NOT NULL,
+            session_id VARCHAR, action VARCHAR NOT NULL, reviewer VARCHAR NOT NULL, reviewer_kind VARCHAR NOT NULL,
             rationale VARCHAR, created_at TIMESTAMP NOT NULL)""",
     ]),
 ]
