@@ -103,6 +103,9 @@ def test_an_accepted_outcome_is_staged_in_the_next_query_then_joins_the_karma_bl
     assert FACT in prompt and prompt.index(FACT) > prompt.index("And now?") - 200
     assert "New karma" in prompt or "new_karma" in prompt
     assert block(staged, "karma") == block(first, "karma") and staged["first_changed_block"] == "state"
+    # The session's State keeps the user turn with the entry it staged.
+    state = runtime.orchestrator.sessions.get("lab").messages
+    assert any(FACT in m.content for m in state if m.role == "user")
     # ...and the turn after keeps it in State, the Karma block unchanged.
     after = say(client, "lab", "Once more.")
     assert block(after, "karma") == block(first, "karma") and after["first_changed_block"] == "state"
