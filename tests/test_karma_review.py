@@ -16,6 +16,7 @@ from fake_app import serving
 from fastapi.testclient import TestClient
 
 from core.config import AHCConfig
+from server.karma.karma_review import ModelVerdict, parse_verdict
 from server.runtime import Runtime
 from xdb.audit.chain import EVENT_TYPE
 from xdb.karma_reviews import karma_proposals
@@ -249,3 +250,22 @@ def test_a_bad_review_is_a_clear_error(served: tuple[TestClient, Runtime]) -> No
         assert "error" in response.json()
     assert client.get("/v1/context/karma/proposals", params={"status": "lost"}).status_code in (400, 422)
     assert runtime.xdb.read(karma_proposals, None)[0]["status"] == "pending"
+
+
+def test_a_model_answer_without_a_verdict_is_a_rejection_that_keeps_the_answer() -> None:
+    assert parse_verdict("accepted: it says so") == ModelVerdict("accepted", "it says so")
+    assert parse_verdict(" rejected:no evidence") == ModelVerdict("rejected", "no evidence")
+    unclear = parse_verdict("Perhaps.")
+    assert unclear.verdict == "rejected" and "'Perhaps.'" in unclear.rationale
+
+
+def test_a_deleted_session_takes_its_proposals_and_their_reviews_with_it(served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    say(client, "lab", "Start.")
+    pid = propose(client).json()["id"]
+    tenant_wide = propose(client, scope="tenant", session_id=None).json()["id"]
+    for proposal_id in (pid, tenant_wide):
+        assert decide(client, proposal_id, verdict="accepted", rationale="ok").status_code == 200
+    assert client.delete("/v1/context/sessions/lab").status_code in (200, 204)
+    assert [p["id"] for p in runtime.xdb.read(karma_proposals, None)] == [tenant_wide]
+    assert decide(client, pid, verdict="rejected", rationale="x").status_code == 404
