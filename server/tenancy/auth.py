@@ -5,8 +5,9 @@ Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, do
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
 work. Each key is a tenant (server/tenancy/tenants.py): the check makes the key's tenant the request's.
-An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them,
-and a server without keys serves them to no one (`AuditClosed`).
+An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and the review step's proposals for Karma
+(`KARMA_PROPOSALS`, which it verifies), and no others; no other key reaches the audit log, and a server
+without keys serves it to no one (`AuditClosed`).
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
