@@ -7,13 +7,17 @@ and that user turn (with the entry in it) joins the State, which only grows, so 
 Staged entries are promoted into the Karma block when the State is rewritten anyway (compaction, or a
 governor dropping turns), where the cache breaks regardless. Entries keep their order and text and are
 never condensed: compaction promotes them before it summarises the turns that carried them.
+
+The server's own Karma (outcomes a reviewer accepted, server/karma/) follows the client's entries, in the
+order they were accepted: an entry accepted mid-session is new at the end of the list, so it is staged like
+a client's new entry, and one retracted changes the list, so the block is rewritten without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.context_spec import KarmaEntry
+from orchestrator.context_spec import ContextSpec, KarmaEntry
 from orchestrator.session import Session
 
 
@@ -26,6 +30,15 @@ class KarmaPlan:
     def all_in_block(self) -> KarmaPlan:
         """Every entry in the Karma block: for a prompt whose State lost the turns that carried some."""
         return KarmaPlan(self.entries, (), self.entries)
+
+
+def with_held_karma(spec: ContextSpec, held: tuple[KarmaEntry, ...]) -> ContextSpec:
+    """The request's Karma with the server's after the client's own (an id the client already uses is the
+    client's entry, not added again)."""
+    if not held:
+        return spec
+    own = {entry.id for entry in spec.karma}
+    return spec.model_copy(update={"karma": [*spec.karma, *(e for e in held if e.id not in own)]})
 
 
 def plan_karma(entries: list[KarmaEntry], session: Session | None, staging: bool) -> KarmaPlan:

@@ -37,7 +37,7 @@ from orchestrator.conversations import Conversations, chain, extend
 from orchestrator.ctc_governor import ctc_limits, govern
 from orchestrator.formatters import Excerpt, Formatter, FormatterRegistry
 from orchestrator.injectors import Injectors
-from orchestrator.karma import KarmaPlan, plan_karma
+from orchestrator.karma import KarmaPlan, plan_karma, with_held_karma
 from orchestrator.karma import commit as commit_karma
 from orchestrator.memory_tools import offered
 from orchestrator.message import Message
@@ -141,6 +141,7 @@ class Orchestrator:
             identity, state, query = split_messages(messages, strict=False)
             await self.counter.prefetch([identity, *message_texts(state), query or ""])
             return self._passthrough(turn)
+        spec = with_held_karma(spec, turn.held_karma)
         if spec.session_id is not None:
             label = None  # a session the server keeps: its own State and hashes
         spec = await self.injectors.apply(spec, spec.session_id or label, tenant_prefix)

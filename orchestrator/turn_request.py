@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.context_spec import ContextSpec
+from orchestrator.context_spec import ContextSpec, KarmaEntry
 from orchestrator.turn_retry import Retry
 
 
@@ -30,3 +30,4 @@ class TurnRequest:
     label: str | None = None
     recorded_messages: int = 0
     retry: Retry = Retry()
+    held_karma: tuple[KarmaEntry, ...] = ()

@@ -24,6 +24,7 @@ from server.routes.codex_routes import codex_router
 from server.routes.completion_route import install_completion_route
 from server.routes.context_routes import context_router
 from server.routes.export_routes import export_router
+from server.routes.karma_routes import karma_router
 from server.routes.session_routes import session_router
 from server.routes.ui_routes import install_ui
 from server.routes.xdb_routes import xdb_router
@@ -122,6 +123,7 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     app.include_router(agent_router(runtime.xdb))
     app.include_router(context_router(runtime.retriever, runtime.xdb, runtime.orchestrator.sessions,
                                       runtime.identity))
+    app.include_router(karma_router(runtime.xdb, runtime.karma))
     app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
     app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
                                      runtime.config.xdb.export_ttl_s))

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,6 +30,7 @@ from server.capture.capture_setup import CaptureSetup
 from server.codex.codex_condenser import CodexCondenser
 from server.codex.codex_resolver import CodexResolver
 from server.identity.identity_condenser import IdentityCondenser, Limits
+from server.karma.karma_review import KarmaReview
 from server.kv_order.session_returns import SessionReturns
 from server.metrics import AHCMetrics
 from server.model.hidden_calls import HiddenCaller
@@ -70,6 +72,7 @@ class Runtime:
     condenser: CodexCondenser  # makes the renditions (requests ask only when codex_condense is on)
     hidden: HiddenCaller  # the server's own calls to the model (compaction summaries, renditions)
     identity: IdentityCondenser  # condensed Identities, checked against the caller's tests
+    karma: KarmaReview  # the review step: proposals for Karma, their verdicts, the Karma it holds per session
     token_process: TokenProcess | None = None
 
     def close(self) -> None:
@@ -182,7 +185,13 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                    background=background, rag_indexes=rag_indexes,
                    keys=keys,
                    codex=codex, condenser=condenser, hidden=hidden, identity=identity,
+                   karma=KarmaReview(xdb, partial(review_call, hidden), config.model_name),
                    token_process=token_process)
+
+
+async def review_call(hidden: HiddenCaller, messages: list[dict[str, Any]], max_tokens: int, regex: str) -> str:
+    """The review step's question to the served model, its answer held to `regex`."""
+    return (await hidden.complete(messages, max_tokens, regex=regex)).text
 
 
 def shared_sessions(group: ApiGroup, xdb: XDBClient) -> SharedSessions:

@@ -207,6 +207,21 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (11, [
         "ALTER TABLE compressed_records ADD COLUMN trigger VARCHAR",
     ]),
+    # The review step (xdb/karma_reviews.py): an outcome proposed for Karma, where it came from, and its
+    # status; each verdict and retraction on it, by whom and why. `tenant`: the tenant's name.
+    (12, [
+        "CREATE SEQUENCE karma_proposal_ids START 1",
+        """CREATE TABLE karma_proposals (
+            id BIGINT PRIMARY KEY DEFAULT nextval('karma_proposal_ids'), tenant VARCHAR NOT NULL,
+            scope VARCHAR NOT NULL, session_id VARCHAR, text VARCHAR NOT NULL, source_session_id VARCHAR,
+            tick_start BIGINT, tick_end BIGINT, event_id VARCHAR, proposed_by VARCHAR NOT NULL,
+            status VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL, updated_at TIMESTAMP NOT NULL)""",
+        "CREATE SEQUENCE karma_review_ids START 1",
+        """CREATE TABLE karma_reviews (
+            id BIGINT PRIMARY KEY DEFAULT nextval('karma_review_ids'), proposal_id BIGINT NOT NULL,
+            session_id VARCHAR, action VARCHAR NOT NULL, reviewer VARCHAR NOT NULL, reviewer_kind VARCHAR NOT NULL,
+            rationale VARCHAR, created_at TIMESTAMP NOT NULL)""",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

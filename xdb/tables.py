@@ -119,6 +119,12 @@ TABLES: tuple[Table, ...] = (
     Table("segment_sessions"),
     # Each evidence submission's bud (xdb/tags.py): the server's shared vocabulary, exported as the tags are.
     Table("bud_submissions", export=True),
+    # The review step's proposals for Karma and their verdicts (xdb/karma_reviews.py): a session's own go
+    # with it (a tenant's, with no session, stay); the audit log keeps who verified what by hash.
+    # A review carries its proposal's session, so a tenant's export holds only its own sessions' reviews.
+    Table("karma_proposals", SESSION, "created_at", export=True, sequence="karma_proposal_ids",
+          sequence_column="id"),
+    Table("karma_reviews", SESSION, "created_at", export=True, sequence="karma_review_ids", sequence_column="id"),
     # Shipped after the tables it deletes from: the lake's deletion then takes the rows of the same ship.
     Table("session_tombstones", sequence="tombstone_ids", sequence_column="id", lake=LakeShipping("seq")),
     Table("applied_tombstones"),

@@ -47,17 +47,19 @@ class HiddenCaller:
         return (await self.complete(messages, max_tokens, system=system)).text
 
     async def complete(self, messages: list[dict[str, Any]], max_tokens: int,
-                       tools: Sequence[dict[str, Any]] = (), *, system: bool = False) -> SummaryReply:
-        """`system`: a call of the server's own over many tenants' rows, salted as no tenant's."""
+                       tools: Sequence[dict[str, Any]] = (), *, system: bool = False,
+                       regex: str | None = None) -> SummaryReply:
+        """`system`: a call of the server's own over many tenants' rows, salted as no tenant's. `regex`: the
+        reply is held to it (a grammar: the review step's verdict)."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         ids = await self.render(messages, tools)
         budget = self.max_model_len - max_tokens - 1
         if len(ids) > budget:  # keep the instruction's head and the transcript's most recent end
             ids = ids[:64] + ids[len(ids) - (budget - 64):]
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY,
+                                structured_outputs=None if regex is None else StructuredOutputsParams(regex=regex))
         final = None
         prompt: TokensPrompt = {"prompt_token_ids": ids}
         salt = None if self.keys is None else self.keys.system_salt() if system else \

@@ -85,7 +85,7 @@ class TurnPipeline:
         telemetry.model = call.model
         call.refuse(runtime)
         await wait_for_recording(runtime.recorder, oc.recording_wait_s, oc.retry_after_s)
-        request = await call.resolve(runtime)
+        request = await runtime.karma.held(call.tenant, await call.resolve(runtime))
         async with runtime.orchestrator.turn(request) as turn:
             telemetry.turn = turn
             self.want_condensed(turn, call.tenant)

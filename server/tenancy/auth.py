@@ -5,8 +5,9 @@ Deny by default: vLLM's app mounts more than `/v1/*` (tokenizer, server load, do
 vLLM adds), so the key guards every path and the exceptions are named. The probes stay open because
 orchestrators and Prometheus scrape them without credentials, and they reveal nothing of the model's
 work. Each key is a tenant (server/tenancy/tenants.py): the check makes the key's tenant the request's.
-An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and no others; no other key reaches them,
-and a server without keys serves them to no one (`AuditClosed`).
+An auditor's key reaches the audit log's routes (`AUDIT_PREFIX`) and the review step's proposals for Karma
+(`KARMA_PROPOSALS`, which it verifies), and no others; no other key reaches the audit log, and a server
+without keys serves it to no one (`AuditClosed`).
 
 vLLM has its own key middleware, but it answers `{"error": "Unauthorized"}`, not OpenAI's error
 shape, which the `openai` client expects; this one answers as OpenAI does.
@@ -27,6 +28,8 @@ OPEN_PATHS = ("/health", "/metrics", "/ping")
 # header on navigation, so the page loads bare, asks for the key, and every read it makes carries it.
 UI_PREFIX = "/ui"
 AUDIT_PREFIX = "/v1/audit"
+# An auditor's key also reaches the review step's proposals: it verifies outcomes proposed for Karma.
+KARMA_PROPOSALS = "/v1/context/karma/proposals"
 
 # RFC 6455's "policy violation": a WebSocket handshake without the key is closed with it.
 _WS_POLICY_VIOLATION = 1008
@@ -51,7 +54,8 @@ class ApiKeyCheck:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         tenant = self._tenant(headers)
         open_path = path in OPEN_PATHS or _is_ui_shell(scope, path)
-        if tenant is not None and not open_path and tenant.auditor != _is_audit(path):
+        if tenant is not None and not open_path and (_is_audit(path) != tenant.auditor
+                                                     and not (tenant.auditor and _is_karma_review(path))):
             return _refusal(scope, "An auditor's key reads the audit log (/v1/audit) and nothing else."
                             if tenant.auditor else "The audit log (/v1/audit) is read with an auditor's key.")
         if tenant is not None:
@@ -81,6 +85,11 @@ class AuditClosed:
 
 def _is_audit(path: str) -> bool:
     return path == AUDIT_PREFIX or path.startswith(AUDIT_PREFIX + "/")
+
+
+def _is_karma_review(path: str) -> bool:
+    """The review step's proposals (server/routes/karma_routes.py), which an auditor reviews as a person."""
+    return path == KARMA_PROPOSALS or path.startswith(KARMA_PROPOSALS + "/")
 
 
 def _refusal(scope: Scope, message: str) -> ASGIApp:

@@ -26,7 +26,7 @@ from core.errors import InvalidRequest, NotFound
 from server.tenancy.request_context import Caller
 from server.tenancy.scoped_call import SCOPES, ScopedCall, named_as_asked, owned, page, row, rows
 from server.tenancy.tenants import Tenant
-from xdb import XDBClient, session_state
+from xdb import XDBClient, karma_reviews, session_state
 from xdb import documents as xdb_documents
 from xdb import identities as xdb_identities
 from xdb import run_history as xdb_history
@@ -220,6 +220,39 @@ class TenantXDB:
         if result.get("compaction") is not None:
             result["compaction"] = self._row(result["compaction"])
         return result
+
+    # -- the review step's proposals for Karma (xdb/karma_reviews.py) -----------------------------------
+    # A proposal id is global (the server made it); the proposal is the tenant's when its `tenant` is.
+    def propose_karma(self, scope: karma_reviews.Scope, session_id: str | None, text: str,
+                      source_session: str | None, tick_range: tuple[int, int] | None, event_id: str | None,
+                      ) -> dict[str, Any]:
+        made = self.xdb.write(karma_reviews.add_proposal, self.tenant.name, scope, self._opt(session_id), text,
+                              self._opt(source_session), tick_range, event_id, self.tenant.name)
+        return self.shown_proposal(made)
+
+    def karma_proposal(self, proposal_id: int) -> dict[str, Any]:
+        """The tenant's proposal, as stored; NotFound for another tenant's."""
+        found = self.xdb.read(karma_reviews.karma_proposal, proposal_id)
+        if found is None or found["tenant"] != self.tenant.name:
+            raise NotFound(f"karma proposal {proposal_id} not found")
+        return found
+
+    def karma_proposals(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+        return [self.shown_proposal(p) for p in self.xdb.read(karma_reviews.karma_proposals, self.tenant.name,
+                                                              status, limit)]
+
+    def promoted_karma(self, session_id: str | None) -> list[dict[str, Any]]:
+        found = self.xdb.read(karma_reviews.promoted_karma, self.tenant.name, self._opt(session_id))
+        return [self.shown_proposal(p) for p in found]
+
+    def shown_proposal(self, proposal: dict[str, Any]) -> dict[str, Any]:
+        """A proposal of the tenant's with its session ids as the tenant named them."""
+        shown = dict(proposal)
+        if shown["session_id"] is not None:
+            shown["session_id"] = self.shown_id(shown["session_id"])
+        if shown["source"]["session_id"] is not None:
+            shown["source"] = {**shown["source"], "session_id": self.shown_id(shown["source"]["session_id"])}
+        return shown
 
     # -- exports ---------------------------------------------------------------------------------------
     def exports(self) -> list[dict[str, Any]]:
