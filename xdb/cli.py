@@ -1,6 +1,6 @@
 """`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import, sessions and their
-State versions, rollback, delete-session. Exit 0 on success, 1 with one stderr line naming what was
-wrong, 2 on bad usage."""
+State versions, rollback, delete-session, bud-export (a ready bud's lens training file). Exit 0 on success,
+1 with one stderr line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
 
