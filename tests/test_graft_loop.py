@@ -103,7 +103,10 @@ def test_a_tag_grows_into_a_lens(tmp_path: Path) -> None:
         found = [recall_until(server, 1, timeout=5, session_id=session, concept=BUD, min_activation=0)
                  for session in ("after-sea", "after-other")]
         assert found[0] and {r["request_id"] for r in found[0]} == {like["request_id"]}
-        assert len(found[0]) > len(found[1]), f"{BUD} > 0 on {len(found[0])} / {len(found[1])} tokens"
+        # Most of the like reply's tokens lie on the bud's side of the probe, fewer of the other's (measured:
+        # 16 of 16 and 0 of 16).
+        assert len(found[0]) >= len(like["rows"]) // 2 > len(found[1]), \
+            f"{BUD} > 0 on {len(found[0])} / {len(found[1])} tokens"
         operator(server, "POST", "/v1/xdb/evidence/graft-1/resolve", json={"accepted": True})
         [bud] = operator(server, "GET", "/v1/xdb/buds")["data"]
         assert (bud["name"], bud["bud_status"]) == (BUD, "grafted")
