@@ -353,8 +353,8 @@ class XDBConfig(_Strict):
     """A recall answers within this many seconds: one that reaches it returns the rows found so far, oldest
     first, marked `partial` with a cursor to continue from. None: no deadline."""
     bud_min_examples: int = Field(default=20, gt=0)
-    """The examples (tagged timesteps) a bud needs before it may be marked ready, and its evidence submitted
-    for a lens to learn."""
+    """The examples (tag applications) a bud needs before it may be marked ready, and its evidence submitted
+    for a lens to learn; its lens training file (GET /v1/xdb/buds/{tag}/examples) needs as many example texts."""
     service_process: bool = True
     """`ahc serve` runs the database, its writer and the audit chain in a process of their own, so their CPU and
     their threads' hold on the GIL stay out of the process that streams tokens; a service that dies is started

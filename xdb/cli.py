@@ -1,6 +1,6 @@
 """`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import, sessions and their
-State versions, rollback, delete-session. Exit 0 on success, 1 with one stderr line naming what was
-wrong, 2 on bad usage."""
+State versions, rollback, delete-session, bud-export (a ready bud's lens training file). Exit 0 on success,
+1 with one stderr line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typer
 
 from xdb.owner import EVERY
 from xdb.session_state import list_sessions, state_versions
+from xdb.tags import BUD_MIN_EXAMPLES
 
 if TYPE_CHECKING:
     from xdb import XDB
@@ -320,3 +321,28 @@ def vacuum_command(data_dir: DataDir) -> None:
 def delete_session_command(data_dir: DataDir, session: Session) -> None:
     """Delete every row of a session (an audit event)."""
     _with_xdb(data_dir, lambda xdb: xdb.delete_session(session))
+
+
+@app.command("bud-export")
+def bud_export_command(
+    data_dir: DataDir,
+    bud: Annotated[str, typer.Argument(help="The bud's name.")],
+    out: Annotated[Path, typer.Option("--out", help="The training file to write (JSON).")],
+    min_examples: Annotated[int, typer.Option(help="Example texts it needs at least (xdb.bud_min_examples).",
+                                              min=1)] = BUD_MIN_EXAMPLES,
+) -> None:
+    """Write a ready bud's examples, against replies it does not tag, as a training file for
+    `ahc lens train --examples` (a stopped server's XDB; a running one: GET /v1/xdb/buds/{tag}/examples)."""
+    from xdb import XDB
+    from xdb.bud_export import bud_training_file
+
+    if not data_dir.is_dir():
+        _fail(f"--data-dir {data_dir} is not a directory", 2)
+    try:
+        with XDB.open(data_dir, read_only=True) as xdb:
+            training = xdb.read(bud_training_file, bud, min_examples)
+        out.write_text(json.dumps(training, ensure_ascii=False, indent=1))
+    except (ValueError, LookupError, OSError) as exc:
+        _fail(str(exc))
+    sizes = ", ".join(f"{c['id']} {len(c['examples'])}+{len(c['heldout'])}" for c in training["concepts"])
+    typer.echo(f"{out} ({sizes} examples+heldout)")

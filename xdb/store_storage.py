@@ -24,8 +24,9 @@ from core.errors import Conflict
 from xdb.audit.log import AuditEvent, AuditLog
 from xdb.interface import service, service_after_flush
 from xdb.lake.lake import Lake
-from xdb.storage import compression, retention, segments
+from xdb.storage import compression, evidence_package, retention, segments
 from xdb.storage.compression import Summarize
+from xdb.tags import BUD_MIN_EXAMPLES
 from xdb.writer import Writer, last_timestep_id
 
 
@@ -48,6 +49,24 @@ class StorageMethods:
     audit_bytes: Callable[[], int]
     expire_exports: Callable[[float, int | None], tuple[list[str], int]]
     _delete_recorded: Callable[..., dict[str, int]]
+    data_dir: Path
+    _write_lock: threading.Lock
+    audit_head: Callable[[], tuple[int, str]]
+
+    @service_after_flush
+    def submit_evidence(self, bud: str | int, submission_id: str,
+                        min_examples: int = BUD_MIN_EXAMPLES) -> dict[str, Any]:
+        """Lock a READY bud's windows as SUBMITTED evidence and write its package under
+        DATA_DIR/exports/<submission id>/ (xdb/storage/evidence_package.py), together or not at all:
+        {"data": windows, "package": path, "manifest": ...}."""
+        with self._write_lock, self.cursor() as cur:
+            try:
+                return evidence_package.submit_with_package(
+                    cur, self.audit_event if self.audit is not None else None, self.audit_head, self.data_dir,
+                    bud, submission_id, min_examples)
+            finally:
+                if self.writer is not None:  # the bud leaves READY: no concept tag to auto-tag with
+                    self.writer.invalidate_auto_tags()
 
     @service_after_flush
     def compact(self, session_id: str | None = None, *, up_to_tick: int | None = None, summary: str | None = None,

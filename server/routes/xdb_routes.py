@@ -25,6 +25,7 @@ from server.tenancy.request_context import Caller
 from server.tenancy.tenant_xdb import TenantTarget, TenantViews, TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient
+from xdb.bud_export import bud_training_file
 from xdb.documents import DocumentType
 from xdb.recall import relations
 from xdb.recall.recall import RecallFilters
@@ -263,9 +264,12 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
 
     @router.post("/evidence")
     def submit_evidence(body: EvidenceBody, tenant: Caller) -> Any:
-        """Lock a bud's tagged rows as evidence for a submission (SUBMITTED: never compressed)."""
+        """Lock a bud's tagged rows as evidence for a submission (SUBMITTED: never compressed) and write its
+        package, DATA_DIR/exports/<submission_id>/ (the windows' rows, the bud's training file, a manifest):
+        both or neither. `package` is the package's path."""
         _default_tenant_only(tenant, "evidence")
-        return {"object": "list", "data": xdb.write(fidelity.submit_evidence, body.bud, body.submission_id)}
+        submitted = xdb.submit_evidence(body.bud, body.submission_id, bud_min_examples)
+        return {"object": "list", "data": submitted["data"], "package": submitted["package"]}
 
     @router.post("/evidence/{submission_id}/resolve")
     def resolve_submission(submission_id: Annotated[str, Path(max_length=ID_MAX_CHARS)], body: ResolveBody,
@@ -293,6 +297,13 @@ def xdb_router(xdb: XDBClient, summarize: Callable[[str], str] | None = None,
     def bud_status(body: BudBody, view: TenantXDB = Depends(views)) -> Any:
         _default_tenant_only(view.tenant, "a bud's status")
         return xdb.write(set_bud_status, body.tag, body.status, bud_min_examples)
+
+    @router.get("/buds/{tag}/examples")
+    def bud_examples(tag: Annotated[str, Path(min_length=1, max_length=TAG_MAX_CHARS)], tenant: Caller) -> Any:
+        """A ready (or submitted, or grafted) bud's training file for `ahc lens train --examples`: its
+        examples against replies it does not tag (xdb/bud_export.py). `tag` is the bud's name."""
+        _default_tenant_only(tenant, "a bud's examples")
+        return xdb.read(bud_training_file, tag, bud_min_examples)
 
     @router.get("/documents")
     def documents(doc_type: DocumentType | None = None, q: str | None = None,

@@ -133,13 +133,27 @@ def unpin(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, window_id: i
 def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bud: str | int,
                     submission_id: str) -> list[dict[str, Any]]:
     """Lock every window tagged with a READY bud as SUBMITTED evidence for `submission_id`; the bud is then
-    SUBMITTED until the submission is resolved. Chained in the audit log."""
+    SUBMITTED until the submission is resolved. Chained in the audit log. (`XDB.submit_evidence` does
+    this and writes the submission's package in the same transaction.)"""
+    with transaction(cur):
+        return lock_evidence(cur, audit, bud, submission_id)
+
+
+def ready_bud(cur: duckdb.DuckDBPyConnection, bud: str | int) -> dict[str, Any]:
+    """The tag, which must be a READY bud (NotFound, Conflict)."""
     tag = find_tag(cur, bud)
     if tag is None:
         raise NotFound(f"tag {bud!r} not found")
     if (tag["tag_type"], tag["bud_status"]) != ("bud", BudStatus.READY.value):
         raise Conflict(f"tag {tag['name']!r} is {tag['bud_status'] or 'not a bud'}: evidence is submitted for a "
                        "ready bud", param="bud")
+    return tag
+
+
+def lock_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bud: str | int,
+                  submission_id: str) -> list[dict[str, Any]]:
+    """submit_evidence's work, inside the caller's transaction."""
+    tag = ready_bud(cur, bud)
     if cur.execute("SELECT 1 FROM bud_submissions WHERE submission_id = ?", [submission_id]).fetchone():
         raise Conflict(f"submission {submission_id!r} exists already", param="submission_id")
     spans = cur.execute("""
@@ -150,17 +164,16 @@ def submit_evidence(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, bu
                ON a.target_type = 'event' AND e.request_id = a.event_id AND e.session_id = a.session_id
         WHERE a.tag_id = ? ORDER BY a.id""", [tag["id"]]).fetchall()
     windows = []
-    with transaction(cur):
-        for session_id, start, end in spans:
-            if start is None:
-                continue  # its rows are gone (compressed): nothing left to lock
-            windows.append(_insert_window(cur, session_id, start, end, Fidelity.SUBMITTED.value, False,
-                                          f"submission:{submission_id}", [submission_id]))
-        cur.execute("INSERT INTO bud_submissions VALUES (?, ?, now(), NULL, NULL)", [submission_id, tag["id"]])
-        cur.execute("UPDATE tags SET bud_status = ? WHERE id = ?", [BudStatus.SUBMITTED.value, tag["id"]])
-        if audit is not None:
-            audit("submit_evidence", {"submission_id": submission_id, "tag_id": tag["id"], "bud": tag["name"],
-                                      "window_ids": [w["id"] for w in windows]})
+    for session_id, start, end in spans:
+        if start is None:
+            continue  # its rows are gone (compressed): nothing left to lock
+        windows.append(_insert_window(cur, session_id, start, end, Fidelity.SUBMITTED.value, False,
+                                      f"submission:{submission_id}", [submission_id]))
+    cur.execute("INSERT INTO bud_submissions VALUES (?, ?, now(), NULL, NULL)", [submission_id, tag["id"]])
+    cur.execute("UPDATE tags SET bud_status = ? WHERE id = ?", [BudStatus.SUBMITTED.value, tag["id"]])
+    if audit is not None:
+        audit("submit_evidence", {"submission_id": submission_id, "tag_id": tag["id"], "bud": tag["name"],
+                                  "window_ids": [w["id"] for w in windows]})
     return windows
 
 
