@@ -6,6 +6,7 @@ used before (collecting, training, promoted, abandoned) read as their new ones."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -14,7 +15,7 @@ import pytest
 from core.errors import Conflict
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
-from xdb.schema import EXPERIENCE_FILE
+from xdb.schema import EXPERIENCE_FILE, MIGRATIONS
 from xdb.storage.fidelity import resolve_submission, submit_evidence
 from xdb.tags import list_buds, set_bud_status
 
@@ -69,6 +70,17 @@ def test_a_rejected_bud_may_start_again(tmp_path: Path) -> None:
         assert xdb.write(set_bud_status, "blinks", "candidate", 1)["bud_status"] == "candidate"
 
 
+def undo_migrations_after(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """What the migrations after `version` created taken away again, newest first: the file as that version
+    left it (its data changes aside)."""
+    for _, statements in reversed([m for m in MIGRATIONS if m[0] > version]):
+        for sql in reversed(statements):
+            if found := re.match(r"\s*CREATE (TABLE|SEQUENCE) (\w+)", sql):
+                con.execute(f"DROP {found[1]} {found[2]}")
+            elif found := re.match(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)", sql):
+                con.execute(f"ALTER TABLE {found[1]} DROP COLUMN {found[2]}")
+
+
 def test_buds_stored_before_read_as_their_new_statuses(tmp_path: Path) -> None:
     data = tmp_path / "x"
     with XDB.open(data) as xdb:
@@ -78,7 +90,7 @@ def test_buds_stored_before_read_as_their_new_statuses(tmp_path: Path) -> None:
     con = duckdb.connect(str(data / EXPERIENCE_FILE))
     for name, old in (("a", "collecting"), ("b", "training"), ("c", "promoted"), ("d", "abandoned")):
         con.execute("UPDATE tags SET bud_status = ? WHERE name = ?", [old, name])
-    con.execute("DROP TABLE bud_submissions")
+    undo_migrations_after(con, 8)
     con.execute("UPDATE xdb_meta SET value = '8' WHERE key = 'schema_version'")
     con.close()
     with XDB.open(data) as xdb:
