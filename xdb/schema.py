@@ -239,7 +239,9 @@ def connect_checked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyCo
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
         detail = " ".join(str(exc).split())
-        if "lock" in detail.lower():
+        # DuckDB's own words for a file another process holds ("Could not set lock on file ...: Conflicting
+        # lock is held in ..."); a bare "lock" would also match an internal error's stack ("BlockManager").
+        if "could not set lock" in detail.lower():
             raise DatabaseInUse(f"{path} is in use by another process: {detail}") from exc
         raise ValueError(f"{path} is not a usable DuckDB database (corrupt or foreign file); "
                          f"refusing to reset it: {detail}") from exc
@@ -266,31 +268,33 @@ def stored_version(conn: duckdb.DuckDBPyConnection, path: Path, meta_table: str,
 
 
 def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[int, list[str]]],
-            meta_table: str, app: str) -> int:
-    """Bring a file up to the newest schema, one transaction per migration (a new file: one for all of
-    them); returns the version."""
+            meta_table: str, app: str, *, checkpoint: bool = True) -> int:
+    """Bring a file up to the newest schema, one transaction per migration, checkpointed after them
+    (`checkpoint`: a DuckDB file's; a lake's catalog has its own); returns the version."""
     current = stored_version(conn, path, meta_table, app)
     newest = migrations[-1][0]
     if current is not None and current > newest:
         raise ValueError(f"{path} has schema version {current}, newer than this AHC ({newest}); "
                          "upgrade AHC instead")
-    if current is None:
-        with transaction(conn):
-            for _, statements in migrations:
-                for sql in statements:
-                    conn.execute(sql)
-            conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
-            conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(newest)])
-        return newest
+    start = current
     for version, statements in migrations:
-        if version <= current:
+        if current is not None and version <= current:
             continue
         with transaction(conn):
             for sql in statements:
                 conn.execute(sql)
-            conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
+            if current is None:
+                conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
+                conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(version)])
+            else:
+                conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
         current = version
-    return current
+    # Checkpointed at once: DuckDB 1.5.5 cannot replay a WAL that adds a column to a table whose key defaults
+    # to a sequence's nextval ("Calling DatabaseManager::GetDefaultDatabase with no default database set"),
+    # so a server killed before its first checkpoint would leave a file that never opens again.
+    if checkpoint and current != start:
+        conn.execute("CHECKPOINT")
+    return current if current is not None else newest
 
 
 EXPERIENCE_FILE = "experience.duckdb"
