@@ -268,9 +268,9 @@ def stored_version(conn: duckdb.DuckDBPyConnection, path: Path, meta_table: str,
 
 
 def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[int, list[str]]],
-            meta_table: str, app: str, *, checkpoint: bool = True) -> int:
-    """Bring a file up to the newest schema, one transaction per migration, checkpointed after them
-    (`checkpoint`: a DuckDB file's; a lake's catalog has its own); returns the version."""
+            meta_table: str, app: str, *, checkpoint: bool = False) -> int:
+    """Bring a file up to the newest schema, one transaction per migration (checkpointed after them with
+    `checkpoint`); returns the version."""
     current = stored_version(conn, path, meta_table, app)
     newest = migrations[-1][0]
     if current is not None and current > newest:
@@ -289,9 +289,6 @@ def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[
             else:
                 conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
         current = version
-    # Checkpointed at once: DuckDB 1.5.5 cannot replay a WAL that adds a column to a table whose key defaults
-    # to a sequence's nextval ("Calling DatabaseManager::GetDefaultDatabase with no default database set"),
-    # so a server killed before its first checkpoint would leave a file that never opens again.
     if checkpoint and current != start:
         conn.execute("CHECKPOINT")
     return current if current is not None else newest
@@ -309,7 +306,11 @@ def open_experience(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyCo
                 raise ValueError(f"{path} has schema version {version}, this AHC reads {SCHEMA_VERSION}; "
                                  "open it once read-write (ahc serve) to migrate it")
         else:
-            migrate(conn, path, MIGRATIONS, "xdb_meta", APP)
+            # Checkpointed at once: DuckDB 1.5.5 cannot replay a WAL that adds a column to a table whose key
+            # defaults to a sequence's nextval (compressed_records' trigger: "Calling DatabaseManager::
+            # GetDefaultDatabase with no default database set"), so a server killed before its first
+            # checkpoint would leave a file that never opens again.
+            migrate(conn, path, MIGRATIONS, "xdb_meta", APP, checkpoint=True)
     except BaseException:
         conn.close()
         raise

@@ -80,7 +80,7 @@ def lake_columns() -> dict[str, tuple[tuple[str, str], ...]]:
     for migrations, meta, app in ((MIGRATIONS, "xdb_meta", APP), (AUDIT_MIGRATIONS, "audit_meta", AUDIT_APP)):
         conn = duckdb.connect()
         try:
-            migrate(conn, Path(":memory:"), migrations, meta, app, checkpoint=False)
+            migrate(conn, Path(":memory:"), migrations, meta, app)
             rows = conn.execute("SELECT table_name, column_name, data_type FROM information_schema.columns "
                                 "WHERE table_catalog = current_database() AND table_schema = 'main' "
                                 "ORDER BY table_name, ordinal_position").fetchall()
