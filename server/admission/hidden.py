@@ -78,3 +78,14 @@ class HiddenAdmission:
                 reservation.release()
         finally:
             self._turn.release()
+
+
+@asynccontextmanager
+async def admitted(admission: HiddenAdmission | None, owner: str, prompt_tokens: int,
+                   max_tokens: int) -> AsyncIterator[None]:
+    """`admission.admitted(...)`; with no admission (a unit test of one piece), nothing to pass."""
+    if admission is None:
+        yield
+        return
+    async with admission.admitted(owner, prompt_tokens, max_tokens):
+        yield

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from core.errors import RateLimited
 from orchestrator.context_spec import CodexDoc, StoredCodexDoc
-from server.admission.hidden import HiddenAdmission
+from server.admission.hidden import HiddenAdmission, admitted
 from server.codex.codex_resolver import CONDENSED_TAG, CodexResolver, Rendition, rendition_path, text_sha256
 from xdb import XDBClient
 
 log = logging.getLogger("ahc.codex")
+
 
 INSTRUCTION = (
     "You condense reference documents for an AI agent's context window. Rewrite the document below in at "
@@ -94,7 +94,7 @@ class CodexCondenser:
             return None
         messages = [{"role": "system", "content": INSTRUCTION.format(budget=budget)},
                     {"role": "user", "content": doc.text}]
-        async with self._admitted(owner, prompt_tokens, budget):
+        async with admitted(self.admission, owner, prompt_tokens, budget):
             text = (await self.generate(messages, budget)).strip()
         if not text or await asyncio.to_thread(self.count, text) >= source_tokens:
             log.info("the condensed rendition of %r was no shorter than its source; not stored", doc.id)
@@ -107,14 +107,6 @@ class CodexCondenser:
         rendition = Rendition(stored["content"], f"{stored['id'].removeprefix(owner)}@{stored['version']}")
         self.resolver.remember_rendition(owner, sha, rendition)
         return rendition
-
-    @asynccontextmanager
-    async def _admitted(self, owner: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
-        if self.admission is None:
-            yield
-            return
-        async with self.admission.admitted(owner, prompt_tokens, max_tokens):
-            yield
 
     def cancel(self) -> None:
         """At shutdown: renditions under way are dropped (nothing is stored half-made)."""

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import NotFound, PayloadTooLarge
-from server.admission.hidden import HiddenAdmission
+from server.admission.hidden import HiddenAdmission, admitted
 from server.identity.identity_tests import IdentityTest
 from server.tenancy.tenant_xdb import TenantXDB
 
@@ -104,7 +103,7 @@ class IdentityCondenser:
         content = f"PERSONA:\n{identity}\n\nSUCCESSFUL TRACES:\n{shown or '(none given)'}"
         messages = [{"role": "system", "content": INSTRUCTION.format(budget=budget)},
                     {"role": "user", "content": content}]
-        async with self._admitted(owner, tokens + PROMPT_OVERHEAD + used, budget):
+        async with admitted(self.admission, owner, tokens + PROMPT_OVERHEAD + used, budget):
             return (await self.generate(messages, budget)).strip()
 
     def _fit(self, lines: list[str], room: int) -> tuple[str, int]:
@@ -129,18 +128,10 @@ class IdentityCondenser:
     async def _answer(self, test: IdentityTest, persona: str, owner: str, max_tokens: int) -> dict[str, Any]:
         messages = [{"role": "system", "content": persona}, {"role": "user", "content": test.input}]
         prompt = await asyncio.to_thread(self.count, persona + test.input)
-        async with self._admitted(owner, prompt + PROMPT_OVERHEAD, max_tokens):
+        async with admitted(self.admission, owner, prompt + PROMPT_OVERHEAD, max_tokens):
             answer = await self.generate(messages, max_tokens)
         failures = test.failures(answer)
         return {"answer": answer, "passed": not failures, "failures": failures}
-
-    @asynccontextmanager
-    async def _admitted(self, owner: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[None]:
-        if self.admission is None:
-            yield
-            return
-        async with self.admission.admitted(owner, prompt_tokens, max_tokens):
-            yield
 
 
 def read_traces(view: TenantXDB, sessions: tuple[str, ...], runs: tuple[str, ...]) -> list[str]:
