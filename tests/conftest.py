@@ -280,6 +280,18 @@ def two_tenants(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> I
         yield served
 
 
+@pytest.fixture
+def audited(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
+    """The `two_tenants` app from a keys file that also names an auditor, CAROL (tests/fake_app.py)."""
+    from fake_app import ALICE, BOB, CAROL, serving
+
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice:{ALICE}\nbob:{BOB}\nauditor carol:{CAROL}\n")
+    keys.chmod(0o600)
+    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys)) as served:
+        yield served
+
+
 @pytest.fixture(scope="session")
 def vllm_config(config: AHCConfig, heap_freeze_without_a_full_collection: None) -> VllmConfig:
     """vLLM's engine config for `config` (seconds, once a session); starts no engine."""

@@ -27,8 +27,9 @@ from server.metrics import AHCMetrics
 from server.runtime import Runtime, build_runtime
 from xdb import XDB
 
-# The keys of the two tenants of the `two_tenants` app (tests/conftest.py).
+# The keys of the two tenants of the `two_tenants` and `audited` apps (tests/conftest.py).
 ALICE, BOB = "alice-key", "bob-key"
+CAROL = "carol-audits"  # the auditor of the `audited` app (tests/conftest.py)
 
 
 async def ahc_app(config: AHCConfig, engine: FakeEngine, xdb: XDB) -> tuple[FastAPI, Runtime]:

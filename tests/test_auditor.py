@@ -5,32 +5,20 @@ AHC's whole app on the fake engine (tests/fake_app.py), a real XDB."""
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB, CAROL
 from fastapi.testclient import TestClient
 
-from core.config import AHCConfig
 from server.runtime import Runtime
 from server.tenancy.tenants import TenantKeys
-
-ALICE, BOB, CAROL = "alice-key", "bob-key", "carol-audits"
 
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
-
-@pytest.fixture
-def audited(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice:{ALICE}\nbob:{BOB}\nauditor carol:{CAROL}\n")
-    keys.chmod(0o600)
-    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys)) as served:
-        yield served
 
 
 def say(client: TestClient, key: str, session: str, words: str) -> None:

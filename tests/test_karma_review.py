@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_app import serving
+from fake_app import ALICE, BOB, CAROL, serving
 from fastapi.testclient import TestClient
 
 from core.config import AHCConfig
@@ -21,7 +21,6 @@ from server.runtime import Runtime
 from xdb.audit.chain import EVENT_TYPE
 from xdb.karma_reviews import karma_proposals
 
-ALICE, BOB, CAROL = "alice-key", "bob-key", "carol-audits"
 FACT = "The ring has 12 cells."
 VERDICT = "accepted: the session says the ring has 12 cells."
 
@@ -59,14 +58,6 @@ def decide(client: TestClient, proposal_id: int, key: str | None = None, **body:
 def block(report: dict[str, Any], name: str) -> str:
     return next(str(b["sha256"]) for b in report["blocks"] if b["name"] == name)
 
-
-@pytest.fixture
-def audited(config: AHCConfig, vllm_config, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:  # type: ignore[no-untyped-def]
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice:{ALICE}\nbob:{BOB}\nauditor carol:{CAROL}\n")
-    keys.chmod(0o600)
-    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys)) as served:
-        yield served
 
 
 @pytest.fixture
