@@ -24,6 +24,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -34,7 +35,7 @@ from bench.load import DEFAULT, SMOKE, Loads
 from bench.models import ServedModel, served_model
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
-from bench.servers import start_server
+from bench.servers import start_server, start_together, stop_together
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,15 @@ class ActivationsLoad:
     max_tokens: int = 192
     rounds: int = 16
     model: str = "bench-6x512"
+    # A warm-up round on each server first (off in the smoke run, whose figures only have to exist).
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         served_model(self.model)  # an unknown model fails here, before any server starts
 
 
-LOADS = Loads("activations", {DEFAULT: ActivationsLoad(), SMOKE: ActivationsLoad(batch=2, max_tokens=16, rounds=1)})
+LOADS = Loads("activations", {DEFAULT: ActivationsLoad(), SMOKE: ActivationsLoad(batch=2, max_tokens=16, rounds=1,
+                                                                                      warmup=False)})
 
 
 def stream_times(client: openai.OpenAI, model: str, seed: int, max_tokens: int) -> list[float]:
@@ -82,18 +86,17 @@ def measure(served: ServedModel, load: ActivationsLoad) -> tuple[list[float], li
     """Rounds of plain and capture decode tokens/s, and whether capture (only) recorded activations."""
     model_dir, pack = served.ensure(), served.ensure_lens()
     with tempfile.TemporaryDirectory() as tmp:
-        servers = []
+        servers = start_together([partial(start_server, Path(tmp) / name, model=model_dir, config=served.config,
+                                          lens=lens, extra=["--max-num-seqs", str(load.batch)])
+                                  for name, lens in (("plain", "off"), ("capture", str(pack)))])
         try:
-            for name, lens in (("plain", "off"), ("capture", str(pack))):
-                servers.append(start_server(Path(tmp) / name, model=model_dir, config=served.config, lens=lens,
-                                            extra=["--max-num-seqs", str(load.batch)]))
             clients = [s.client(timeout=600) for s in servers]
             model = clients[0].models.list().data[0].id
-            rounds = alternating_rounds([lambda c=c: decode_round(c, model, load) for c in clients], load.rounds)
+            rounds = alternating_rounds([lambda c=c: decode_round(c, model, load) for c in clients], load.rounds,
+                                        load.warmup)
             right = not has_activations(servers[0].base_url) and has_activations(servers[1].base_url)
         finally:
-            for server in servers:
-                server.stop()
+            stop_together(servers)
     return rounds[0], rounds[1], right
 
 

@@ -33,7 +33,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from bench.models import MODELS, model_max_len
 from bench.prefix_ceiling import reusable_tokens as ceiling_tokens
 from bench.result import BenchResult
 from bench.serve import start_vllm
-from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together
+from bench.servers import TINY_MODEL, ensure_model, scrape_metrics, start_server, start_together, stop_together
 from bench.session_clients import (
     Client,
     ContextClient,
@@ -219,12 +218,6 @@ def start_both(model_dir: Path, tmp: Path, max_model_len: int) -> tuple[ServerPr
     return ahc, vllm
 
 
-def stop_all(servers: Sequence[ServerProcess]) -> None:
-    """Both drain at once: a stop mostly waits."""
-    with ThreadPoolExecutor(len(servers)) as pool:
-        list(pool.map(lambda server: server.stop(), servers))
-
-
 def engine_counters(base_url: str) -> dict[str, float]:
     return scrape_metrics(base_url, summed=("vllm:",))
 
@@ -266,7 +259,7 @@ def run(load: LongSessionLoad) -> BenchResult:
         try:
             runs, history_clients = run_clients(ahc, vllm, script, load, count, whitespace_bias(tokenizer))
         finally:
-            stop_all((ahc, vllm))
+            stop_together((ahc, vllm))
     return result_of(load, script, runs, history_clients, block_size, tokenizer)
 
 

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -40,7 +41,7 @@ from bench.result import BenchResult
 from bench.rounds import alternating_rounds
 from bench.serve_profiles import LOADS as LOADS  # the registry finds a bench's loads in its module
 from bench.serve_profiles import SCALING_ROUNDS, Profile
-from bench.servers import start_server
+from bench.servers import start_server, start_together, stop_together
 from bench.stream_load import Load, Round, Target, latency_ms, measure
 from core.config import load_config
 from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, launch
@@ -134,18 +135,17 @@ def side_by_side(profile: Profile, max_num_seqs: int | None, api_servers: int = 
         extra += ["--emulate", profile.emulate]
     processes = ["--api-server-count", str(api_servers)] if api_servers > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
-        servers: list[ServerProcess] = []
+        servers = start_together([partial(start_vllm, model_dir, Path(tmp) / "vllm", max_num_seqs,
+                                          profile.max_model_len, profile.emulate, extra=processes),
+                                  partial(start_server, Path(tmp) / "ahc", model=model_dir, lens=lens,
+                                          extra=extra + processes)])
         try:
-            servers.append(start_vllm(model_dir, Path(tmp) / "vllm", max_num_seqs, profile.max_model_len,
-                                      profile.emulate, extra=processes))
-            servers.append(start_server(Path(tmp) / "ahc", model=model_dir, lens=lens, extra=extra + processes))
             model = httpx.get(f"{servers[0].base_url}/v1/models", timeout=60).json()["data"][0]["id"]
             sides = [Side("vllm_", Target(servers[0].base_url, model, pid=servers[0].process.pid)),
                      Side("ahc_", Target(servers[1].base_url, model, pid=servers[1].process.pid), check_xdb=True)]
             yield sides
         finally:
-            for server in servers:
-                server.stop()
+            stop_together(servers)
         sides[1].audit = verify_audit(Path(tmp) / "ahc")
 
 

@@ -52,7 +52,7 @@ from bench.device import engine_device
 from bench.models import MODELS
 from bench.result import BenchResult
 from bench.rounds import alternating_rounds
-from bench.servers import ensure_model
+from bench.servers import ensure_model, stop_together
 from core.config import cache_dir, load_config
 from server.emulation.engine_flags import BLOCK_SIZE as EMULATED_BLOCK_SIZE
 from server.emulation.engine_flags import gpu_batch_defaults
@@ -75,8 +75,7 @@ def run(load: AgentLoad) -> BenchResult:
             sides = [Side(name, server, model, load) for name, server in servers.items()]
             measured = alternating_rounds([side.measure for side in sides], load.rounds, load.warmup)
         finally:
-            for server in servers.values():
-                server.stop()
+            stop_together(list(servers.values()))
     return result_of(load, size, estimate, dict(zip(servers, measured)), switch)
 
 
