@@ -13,9 +13,10 @@ marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and b
 
 The load is `LOADS` (bench/load.py): `BENCH_ORCHESTRATOR_LOAD="smoke"` or e.g.
 `"turns=4,density_turns=2,assembly_tokens=8000"`: `turns` of the session both clients run,
-`density_turns` of each density session, `assembly_tokens` of the context prepare() is timed on (the
-prompt must reach 90% of it and fit the 131,072-token window), `assembly_rounds` timed prepare() calls,
-`model` one of bench/models.py's SERVED.
+`density_turns` of each density session, `density_codex_tokens` of its Codex (1,000 to 5,000; the
+session's CAG threshold scales with it, so only the condensed rendition fits), `assembly_tokens` of the
+context prepare() is timed on (the prompt must reach 90% of it and fit the 131,072-token window),
+`assembly_rounds` timed prepare() calls, `model` one of bench/models.py's SERVED.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class OrchestratorLoad:
 
     turns: int = 30
     density_turns: int = 8
+    # The density session's Codex document, in the served model's tokens; the model condenses it to 0.3 of that.
+    density_codex_tokens: int = 3000
     assembly_tokens: int = 100_000
     assembly_rounds: int = 300
     model: str = "bench-6x512"
@@ -63,11 +66,14 @@ class OrchestratorLoad:
         if self.turns < 2 or self.density_turns < 1 or self.assembly_rounds < 1:
             # TTFT is the median over the turns after the first, which nothing could have cached.
             raise ValueError("turns must be at least 2, density_turns and assembly_rounds at least 1")
+        if not 1000 <= self.density_codex_tokens <= 5000:
+            raise ValueError("density_codex_tokens must be 1000 to 5000: its CAG threshold is a share of an 8k window")
         served_model(self.model)  # an unknown model fails here, before any server starts
 
 
 LOADS = Loads("orchestrator", {DEFAULT: OrchestratorLoad(),
-                               SMOKE: OrchestratorLoad(turns=3, density_turns=2, assembly_tokens=8000,
+                               SMOKE: OrchestratorLoad(turns=2, density_turns=1, density_codex_tokens=1200,
+                                                       assembly_tokens=8000,
                                                        assembly_rounds=20)})
 
 
@@ -158,23 +164,26 @@ def run_naive(client: openai.OpenAI, model: str, turns: int) -> TurnLog:
     return log
 
 
-# The session's own cag_threshold: its ~3k-token Codex needs room from the first turn.
-DENSITY_THRESHOLD = 0.3
-DENSITY_CODEX_TOKENS = 3000  # over the threshold's share of an 8k window, so only its rendition fits
+def density_threshold(codex_tokens: int) -> float:
+    """The density session's own cag_threshold: a share of the 8k window under the whole Codex, over its
+    rendition (0.3 of it) and the Identity, so only the rendition fits (0.3 for a 3,000-token Codex)."""
+    return codex_tokens / 10_000
 
 
-def density_codex(tokenizer: Any) -> str:
-    """A Codex document of about DENSITY_CODEX_TOKENS tokens in the served model's tokenizer."""
+def density_codex(tokenizer: Any, codex_tokens: int) -> str:
+    """A Codex document of about `codex_tokens` tokens in the served model's tokenizer."""
     sample = 1500
     tokens = len(tokenizer.encode(text_of(sample, 77), add_special_tokens=False))
-    return text_of(round(sample * DENSITY_CODEX_TOKENS / tokens), 77)
+    return text_of(round(sample * codex_tokens / tokens), 77)
 
 
-def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, turns: int,
+def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, load: OrchestratorLoad,
                 real: bool) -> dict[str, Any]:
     """One Codex document, condensed once by the served model; then a session on the rendition (CAG)
     and one on the verbatim document (RAG), turn by turn."""
-    identity, codex_text = "You are a careful scientist. " + text_of(140, 1), density_codex(tokenizer)
+    identity = "You are a careful scientist. " + text_of(140, 1)
+    codex_text = density_codex(tokenizer, load.density_codex_tokens)
+    threshold = density_threshold(load.density_codex_tokens)
     with server.http(timeout=1800) as http:
         doc = http.post("/v1/xdb/documents", json={"name": "density-codex", "content": codex_text}).json()
         start = time.perf_counter()
@@ -185,8 +194,8 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, 
     reports: dict[str, list[dict[str, Any]]] = {}
     for name, verbatim in (("condensed", False), ("verbatim", True)):
         logs[name], reports[name] = TurnLog(), []
-        for turn in range(turns):
-            context = {"session_id": f"bench-density-{name}", "identity": identity, "cag_threshold": DENSITY_THRESHOLD,
+        for turn in range(load.density_turns):
+            context = {"session_id": f"bench-density-{name}", "identity": identity, "cag_threshold": threshold,
                        "codex": [{"document": doc["id"], "verbatim": verbatim}]}
             start = time.perf_counter()
             reply = client.chat.completions.create(
@@ -206,8 +215,9 @@ def run_density(server: Any, client: openai.OpenAI, model: str, tokenizer: Any, 
         "density_prompt_tokens": sum(logs["condensed"].prompt),
         "density_rag_prompt_tokens": sum(logs["verbatim"].prompt), "density_condense_s": condense_s},
         "ratios": {"density_condensed_over_full": condensed_tokens / full_tokens},
-        "notes": {"density": f"{turns} turns per session, Codex one ~3k-token document, cag_threshold "
-                             f"{DENSITY_THRESHOLD}; modes {[r['mode'] for r in dense]} vs "
+        "notes": {"density": f"{load.density_turns} turns per session, Codex one ~{load.density_codex_tokens}-token "
+                             f"document, cag_threshold "
+                             f"{threshold}; modes {[r['mode'] for r in dense]} vs "
                              f"{[r['mode'] for r in reports['verbatim']]}; "
                              + ("the rendition is the model's own summary" if real else
                                 "the rendition is a random model's text, so its length (not its content) is "
@@ -289,7 +299,7 @@ def run(load: OrchestratorLoad) -> BenchResult:
             from transformers import AutoTokenizer
 
             density = run_density(server, client, model, AutoTokenizer.from_pretrained(model_dir),
-                                  load.density_turns, real=served.name not in MODELS)
+                                  load, real=served.name not in MODELS)
         finally:
             server.stop()
     # Turn 0 of each run has nothing cached by construction; the steady state is what agents live in.

@@ -40,7 +40,7 @@ SMOKES: dict[str, Smoke] = {
                  {"rows": 100_000, "restart_records": 120_000, "storage_tokens": 20_000, "history_rows": 200_000},
                  BENCH_XDB_LOAD="smoke"),
     "orchestrator": smoke("hit_ratio naive_hit_ratio ttft_p50_ms naive_ttft_p50_ms assembly_p99_ms",
-                          "ttft_naive_over_ours", {"turns": 3},
+                          "ttft_naive_over_ours", {"turns": 2},
                           BENCH_ORCHESTRATOR_LOAD="smoke"),
     "activations": smoke("decode_tok_per_s_capture decode_tok_per_s_plain", "capture_over_plain",
                          {"batch": 2, "max_tokens": 16, "rounds": 1},
