@@ -265,9 +265,9 @@ def served(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterat
 @pytest.fixture
 def xdb(tmp_path: Path) -> Iterator[XDB]:
     """An empty experience database of the test's own."""
-    from xdb import XDB
+    from empty_xdb import empty_xdb
 
-    with XDB.open(tmp_path / "xdb") as db:
+    with empty_xdb(tmp_path / "xdb") as db:
         yield db
 
 

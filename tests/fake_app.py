@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from empty_xdb import empty_xdb
 from fake_engine import FakeEngine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -52,7 +53,7 @@ def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, script: 
             **overrides: object) -> Iterator[tuple[TestClient, Runtime]]:
     """`script`: the token ids every reply cycles through (FakeEngine's default: a sentence)."""
     config = config.with_overrides(data_dir=str(tmp_path / "xdb"), **overrides)
-    xdb = XDB.open(tmp_path / "xdb")
+    xdb = empty_xdb(tmp_path / "xdb")
     try:
         app, runtime = asyncio.run(ahc_app(config, FakeEngine(vllm_config, script=script), xdb))
     except BaseException:  # a config the app refuses: the XDB it was given is closed, not left open
@@ -99,7 +100,7 @@ def stream_past_a_slow_disk(config: AHCConfig, vllm_config: VllmConfig, tmp_path
     body chunks sent before the first commit ended, those after, and the runtime (closed)."""
 
     async def scenario() -> tuple[list[str], list[str], Runtime]:
-        xdb = XDB.open(tmp_path / "xdb")
+        xdb = empty_xdb(tmp_path / "xdb")
         app, runtime = await ahc_app(config.with_overrides(data_dir=str(tmp_path / "xdb")),
                                      FakeEngine(vllm_config), xdb)
         flush, committed = runtime.recorder.aflush, asyncio.Event()

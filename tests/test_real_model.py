@@ -68,11 +68,12 @@ IDENTITY = "You are a helpful travel assistant. Answer in one short sentence."
 CITIES = ["Paris", "Rome", "Madrid", "Berlin", "Vienna", "Lisbon", "Prague", "Warsaw", "Dublin", "Athens",
           "Oslo", "Helsinki", "Budapest", "Brussels", "Amsterdam", "Stockholm", "Copenhagen", "Bern", "Sofia",
           "Riga"]
-# ~340 tokens a turn: the State passes half the 8,192-token window (the compaction threshold) within 20 turns;
-# the session stops two turns after its first compaction (the cache grows again from there).
+# ~500 tokens a turn: the State passes half the 8,192-token window (the compaction threshold) within 10 turns
+# (fewer, longer turns: a decoded token costs more than a prefilled one); the session stops two turns after
+# its first compaction (the cache grows again from there).
 NOTE = ("I am planning a long trip through Europe and keep notes as I go: trains between the capitals, small "
         "hotels near the old town, museums that open early, markets on Saturday mornings, and walks along "
-        "the river in the evening. ") * 5
+        "the river in the evening. ") * 10
 
 
 def test_a_long_session_keeps_its_cache_and_compacts_in_the_models_own_words(
@@ -90,7 +91,7 @@ def test_a_long_session_keeps_its_cache_and_compacts_in_the_models_own_words(
         cached.append(reply.usage.prompt_tokens_details.cached_tokens)
         if compacted_at and turn == compacted_at[0] + 2:
             break
-    assert compacted_at, "20 turns of ~340 tokens passed the compaction threshold without a compaction"
+    assert compacted_at, "20 turns of ~500 tokens passed the compaction threshold without a compaction"
     # Between compactions every turn reads the whole previous prompt from the cache, so it grows.
     for turn in range(2, len(cached)):
         if turn not in compacted_at:
@@ -105,10 +106,10 @@ def test_a_long_session_keeps_its_cache_and_compacts_in_the_models_own_words(
 
 
 CODEX_IDENTITY = "You are a librarian who answers from the rules below."
-# ~1,500 tokens: over the 0.12 × 8,192 a request sets as its CAG threshold, so RAG until the model has
-# written a condensed rendition (at most 0.3 of it, ~450 tokens) that fits.
+# ~620 tokens: over the 0.06 × 8,192 a request sets as its CAG threshold, so RAG until the model has
+# written a condensed rendition (at most 0.3 of it, ~185 tokens) that fits.
 RULES = " ".join(f"Rule {i}: books of shelf {i % 7} are lent for {i % 3 + 1} weeks and cost {i % 5} euros "
-                 "when returned late." for i in range(50))
+                 "when returned late." for i in range(25))
 
 
 def test_a_codex_too_large_for_cag_is_condensed_by_the_model_and_used(
@@ -117,7 +118,7 @@ def test_a_codex_too_large_for_cag_is_condensed_by_the_model_and_used(
         reply = real_client.chat.completions.create(
             model=real_model_name, max_tokens=8, temperature=0, messages=[{"role": "user", "content": question}],
             extra_body={"context": {"session_id": "real-condensed", "identity": CODEX_IDENTITY,
-                                    "codex": [{"document": "library-rules"}], "cag_threshold": 0.12}})
+                                    "codex": [{"document": "library-rules"}], "cag_threshold": 0.06}})
         return reply.to_dict()["context"]
 
     with real_server.http(timeout=600) as http:
