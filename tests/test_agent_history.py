@@ -102,6 +102,26 @@ def test_progress_and_attempts_are_read_back_per_rule_and_strategy(tmp_path: Pat
         assert [r["run_id"] for r in xdb.read(run_history, EVERY, "kinetic")["runs"]] == ["k-b", "k-a"]
 
 
+def test_a_resumed_runs_redone_turn_records_each_attempt_once(tmp_path: Path) -> None:
+    """The turn a run was killed in is redone on resume: its attempts come again and are not counted twice;
+    the same law with another verdict, or in another turn, is another attempt."""
+    law = json.dumps({"law": "invariant", "expr": {"op": "count", "symbol": "A"}})
+    with XDB.open(tmp_path / "xdb") as xdb:
+        first = xdb.write(record_attempt, "r", rule="kinetic", turn=4, kind="law", subject="L1", verdict="FAIL",
+                          law_json=law, detail="counterexample")
+        redone = xdb.write(record_attempt, "r", rule="kinetic", turn=4, kind="law", subject="L1", verdict="FAIL",
+                           law_json=law, detail="counterexample")
+        submitted = [xdb.write(record_attempt, "r", rule="kinetic", turn=4, kind="submission", subject="T1",
+                               verdict="FAIL") for _ in range(2)]
+        other = {xdb.write(record_attempt, "r", rule="kinetic", turn=5, kind="law", subject="L1", verdict="FAIL",
+                           law_json=law),
+                 xdb.write(record_attempt, "r", rule="kinetic", turn=4, kind="law", subject="L1", verdict="PASS",
+                           law_json=law)}
+        assert redone == first and submitted[0] == submitted[1] and len(other | {first, submitted[0]}) == 4
+        [failed] = xdb.read(run_history, EVERY, "kinetic")["failed_laws"]
+        assert failed["fails"] == 2  # turns 4 and 5, the redone turn 4 once
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda x: x.write(record_progress, "r", Progress("kinetic", "baseline", "won")), "status must be one of"),
     (lambda x: x.write(record_progress, "r", Progress("kinetic", "", "running")), "strategy must not be empty"),

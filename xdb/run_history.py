@@ -123,7 +123,9 @@ def record_attempt(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run
                    turn: int, kind: str, subject: str, verdict: str, law_json: str | None = None,
                    detail: str | None = None) -> int:
     """One law judged or one theory submitted. A law's `law_key` is its canonical JSON's hash, so the
-    same law tried by two runs (under different per-run ids) is counted as one."""
+    same law tried by two runs (under different per-run ids) is counted as one. A resumed run redoes the
+    turn it was killed in: the same attempt with the same verdict in the same turn is the row already
+    there (its id is returned), not a second one."""
     if kind not in ATTEMPT_KINDS:
         raise InvalidRequest(f"kind must be one of {', '.join(ATTEMPT_KINDS)}, got {kind!r}")
     if verdict not in VERDICTS:
@@ -137,6 +139,12 @@ def record_attempt(cur: duckdb.DuckDBPyConnection, audit: AuditEvent | None, run
     _json_text(law_json, "law_json")
     key = law_key(law_json) if law_json is not None else None
     with transaction(cur):
+        again = cur.execute(
+            "SELECT attempt_id FROM run_attempts WHERE run_id = ? AND turn = ? AND kind = ? AND subject = ? AND "
+            "law_key IS NOT DISTINCT FROM ? AND verdict = ? ORDER BY attempt_id LIMIT 1",
+            [run_id, turn, kind, subject, key, verdict]).fetchone()
+        if again is not None:
+            return int(again[0])
         attempt_id = one_int(cur.execute(
             "INSERT INTO run_attempts (run_id, rule, turn, kind, subject, law_key, law_json, verdict, detail, "
             "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING attempt_id",
