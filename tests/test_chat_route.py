@@ -64,9 +64,10 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
         assert response.status_code == 200, response.text
         if stream:
             events = [json.loads(line[6:]) for line in response.text.split("\n") if line.startswith("data: {")]
-            bodies.append({"context": events[0]["context"], "usage": events[-1]["usage"]})
+            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+            bodies.append({"context": events[0]["context"], "usage": events[-1]["usage"], "text": text})
         else:
-            bodies.append(response.json())
+            bodies.append({**response.json(), "text": response.json()["choices"][0]["message"]["content"]})
     runtime.xdb.writer.flush()
     turns = runtime.xdb.read(session_turns, "t1")["turns"]
     assert len(turns) == 2
@@ -79,6 +80,7 @@ def test_each_completed_turn_is_recorded_with_its_cache_report_and_usage(served:
         assert turn["completion_tokens"] == usage["completion_tokens"]
         mine = [r for r in outputs if turn["tick_from"] <= r["tick"] <= turn["tick_to"]]
         assert len(mine) == usage["completion_tokens"] and {r["request_id"] for r in mine} == {turn["request_id"]}
+        assert turn["reply"] == "".join(r["content"] for r in mine) == body["text"]  # the reply the client got
     assert turns[0]["reason"] == "first turn: nothing cached yet"
     assert turns[1]["first_changed_block"] == "state" and turns[1]["reason"].startswith("state grew")
     overview = {s["session_id"]: s for s in runtime.xdb.read(sessions_overview, owner=EVERY)}["t1"]

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from ahc.cli.identity import condense_over_http, summary
 from core.errors import PayloadTooLarge
-from server.identity.identity_condenser import CondenseRequest, IdentityCondenser, Limits
+from server.identity.identity_condenser import CondenseRequest, IdentityCondenser, Limits, read_traces
 from server.identity.identity_tests import IdentityTest
 from server.runtime import Runtime
 from server.tenancy.tenant_xdb import TenantXDB
@@ -78,6 +78,21 @@ def test_a_condensation_that_passes_every_test_is_accepted_stored_and_audited(
     assert events[0]["identity_sha256"] == stored["content_hash"]
     assert "particles" not in json.dumps(events)  # the texts by hash only
     assert runtime.xdb.verify_audit().ok
+
+
+def test_a_sessions_trace_shows_each_question_with_the_reply_the_agent_gave(
+        served: tuple[TestClient, Runtime]) -> None:
+    client, runtime = served
+    answers = []
+    for question in ("Which way do the particles move?", "And after the wall?"):
+        answers.append(client.post("/v1/chat/completions", json={
+            "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": question}],
+            "context": {"session_id": "won", "identity": IDENTITY}}).json()["choices"][0]["message"]["content"])
+    settle(runtime)
+    lines = read_traces(TenantXDB(runtime.xdb, LOCAL), ("won",), ())
+    replies = [" ".join(answer.split()) for answer in answers]  # a trace's line is its text's words
+    assert lines == ["## session won", "user: Which way do the particles move?", f"assistant: {replies[0]}",
+                     "user: And after the wall?", f"assistant: {replies[1]}"]
 
 
 def test_a_candidate_no_shorter_than_the_identity_is_refused_and_only_its_check_is_stored(

@@ -112,6 +112,7 @@ def test_a_session_turn_by_turn(xdb: XDB) -> None:
     assert [e["event_type"] for e in turns[1]["events"]] == ["input", "tool_call"]
     assert turns[0]["reason"] == "first turn: nothing cached yet" and turns[2]["reason"] == "mode cag → rag"
     assert turns[1]["prompt_tokens"] == 120 and turns[1]["cached_tokens"] == 90
+    assert [t["reply"] for t in turns] == ["t0t1t2t3", "t0t1t2", "t0t1"]  # each turn's own tokens, in order
     [compaction] = turns[1]["compactions"]  # made before the turn's first input, tick 6
     assert compaction["range_end"] == 5 and compaction["summary"] == "what came before"
     assert found["pending"] == [] and found["last_tick"] == 15

@@ -147,6 +147,8 @@ def read_traces(view: TenantXDB, sessions: tuple[str, ...], runs: tuple[str, ...
         for turn in turns:
             lines.extend(_line(e.get("role") or e["event_type"], e["content"]) for e in turn["events"]
                          if e.get("content") and e.get("role") != "system")
+            if turn.get("reply"):
+                lines.append(_line("assistant", turn["reply"]))
     for run_id in runs:
         turns = view.interactions(run_id)
         if not turns:

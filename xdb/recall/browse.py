@@ -154,8 +154,9 @@ def break_reason(turn: dict[str, Any], previous: dict[str, Any] | None) -> str |
 
 @reads
 def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, Any]:
-    """A session turn by turn: each turn's tick range, cache report, usage and why the cache broke, with
-    its message-level rows (inputs, tool calls and results, governor events) and compactions."""
+    """A session turn by turn: each turn's tick range, cache report, usage and why the cache broke, its
+    reply (the generated tokens' text, None for a turn that generated none), with its message-level rows
+    (inputs, tool calls and results, governor events) and compactions."""
     if cur.execute("SELECT 1 FROM session_ticks WHERE session_id = ?", [session_id]).fetchone() is None:
         raise NotFound(f"session {session_id!r} not found")
     turn_rows = cur.execute(f"""SELECT id, tick, created_at, metadata FROM timesteps
@@ -165,6 +166,14 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
                metadata, created_at
         FROM timesteps WHERE session_id = ? AND event_type <> 'output' AND NOT ({TURN_ROWS})
         ORDER BY tick""", [session_id]).fetchall()
+    # Each turn's reply: its output rows (one a token) joined, cut as a message row's text is.
+    replies = dict(cur.execute(f"""
+        WITH turn AS (SELECT tick AS tick_to, coalesce(lag(tick) OVER (ORDER BY tick), -1) + 1 AS tick_from
+                      FROM timesteps WHERE session_id = $sid AND {TURN_ROWS})
+        SELECT turn.tick_to, left(string_agg(o.content, '' ORDER BY o.tick), {CONTENT_CHARS})
+        FROM turn JOIN timesteps o ON o.session_id = $sid AND o.event_type = 'output'
+                                      AND o.tick BETWEEN turn.tick_from AND turn.tick_to
+        GROUP BY turn.tick_to""", {"sid": session_id}).fetchall())
     compactions = cur.execute("""SELECT id, created_at, range_start, range_end, tokens_before, tokens_after,
                                         trigger, summary FROM compaction_records WHERE session_id = ? ORDER BY id""",
                               [session_id]).fetchall()
@@ -177,7 +186,8 @@ def session_turns(cur: duckdb.DuckDBPyConnection, session_id: str) -> dict[str, 
         index += not side
         turns.append({"index": None if side else index, "side": side, "row_id": row_id, "tick_from": start,
                       "tick_to": tick, "created_at": iso(at), **report,
-                      "reason": break_reason(report, previous[side]), "events": [], "compactions": []})
+                      "reason": break_reason(report, previous[side]), "reply": replies.get(tick),
+                      "events": [], "compactions": []})
         start, previous[side] = tick + 1, report
     ends = [t["tick_to"] for t in turns]
 
