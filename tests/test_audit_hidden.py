@@ -192,3 +192,14 @@ def test_a_message_with_more_hidden_slots_than_slots_is_refused() -> None:
     header["hidden_k"] = 3
     with pytest.raises(ValueError, match="hidden_k"):
         StepActivations.from_frames([json.dumps(header).encode(), *frames[1:]])
+
+
+def test_deleting_a_session_erases_its_hidden_values_and_the_chain_still_verifies(logged: Path) -> None:
+    with XDB.open(logged) as xdb:
+        xdb.delete_session("s")
+        outputs = xdb.audit_records(session_id="s", event_type="output", limit=10)
+        assert [r["hidden_activations"] for r in outputs] == [None] * 3
+    assert sql(logged, "SELECT count(*) FROM audit_hidden") == [(0,)]
+    assert sql(logged, "SELECT count(hidden_digest) FROM audit_records") == [(2,)]  # the records stay
+    report = verify_audit(logged)
+    assert report.ok, report.first_bad

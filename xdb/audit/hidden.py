@@ -66,29 +66,40 @@ def has_hidden(cur: duckdb.DuckDBPyConnection) -> bool:
     return found is not None and found[0] > 0
 
 
-def check_hidden(cur: duckdb.DuckDBPyConnection, start: int, end: int) -> str | None:
+def check_hidden(cur: duckdb.DuckDBPyConnection, start: int, end: int, erased: set[int]) -> str | None:
     """Each record of seq start..end with a hidden digest against its stored hidden activations; the first
-    problem found, or None. The records' digests were checked by the chain first."""
+    problem found, or None. The records' digests were checked by the chain first. `erased`: the keys chained
+    deletions destroyed; a record sealed under one has its hidden activations erased with its content."""
     if not has_hidden(cur):
         return None
     rows = cur.execute(
         f"""SELECT coalesce(r.seq, h.seq) AS seq, r.hidden_digest, h.salt, h.activations, r.seq IS NULL AS orphan,
-                   count(*) OVER (PARTITION BY h.seq) AS copies
-            FROM (SELECT seq, hidden_digest FROM audit_records
+                   count(*) OVER (PARTITION BY h.seq) AS copies, r.key_id
+            FROM (SELECT seq, hidden_digest, key_id FROM audit_records
                   WHERE seq BETWEEN ? AND ? AND hidden_digest IS NOT NULL) r
             FULL OUTER JOIN (SELECT * FROM {HIDDEN_TABLE} WHERE seq BETWEEN ? AND ?) h ON r.seq = h.seq
             ORDER BY 1""", [start, end, start, end]).fetchall()
-    for seq, stored, salt, activations, orphan, copies in rows:
+    for seq, stored, salt, activations, orphan, copies, key_id in rows:
         where = f"audit record seq={seq}"
         if orphan:
             return f"{where}: hidden activations stored for a record that has none (inserted)"
         if activations is None:
+            if key_id in erased:
+                continue
             return f"{where}: its hidden activations are missing (deleted)"
         if copies > 1:
             return f"{where}: its hidden activations are stored twice (inserted)"
         if digest(bytes(salt), activations) != bytes(stored):
             return f"{where}: its hidden activations differ from those the chain committed (edited)"
     return None
+
+
+def erase_hidden(conn: duckdb.DuckDBPyConnection, key_ids: list[int]) -> None:
+    """Delete the hidden activations of the records sealed under `key_ids` (a deleted session's, its
+    deletion chained): they go with the session's content; the records and their digests stay."""
+    if key_ids and has_hidden(conn):
+        conn.execute(f"DELETE FROM {HIDDEN_TABLE} WHERE seq IN (SELECT seq FROM audit_records "
+                     f"WHERE key_id IN ({', '.join(str(int(k)) for k in key_ids)}))")
 
 
 def hidden_of(cur: duckdb.DuckDBPyConnection, seqs: list[int]) -> dict[int, dict[str, float]]:

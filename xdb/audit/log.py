@@ -69,7 +69,7 @@ from xdb.audit.chain import (
     stored_records,
 )
 from xdb.audit.checkpoints import RowGroupCheckpoints
-from xdb.audit.hidden import HIDDEN_TABLE, split_hidden
+from xdb.audit.hidden import HIDDEN_TABLE, erase_hidden, split_hidden
 from xdb.audit.keys import KEYS_FILE, SessionKeys, cut_torn_tails
 from xdb.audit.records import SealedReads
 from xdb.audit.replay import ReplayMethods
@@ -374,7 +374,9 @@ class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
 
     def destroy_keys(self, key_ids: list[int]) -> None:
         """Destroy keys a committed deletion named (chained first: a key is only ever destroyed by a
-        deletion the log holds)."""
+        deletion the log holds); the hidden activations sealed records carry go with them."""
+        with self._commit_lock:
+            erase_hidden(self.conn, key_ids)
         self.keys.destroy(key_ids)
 
     def pending_deletions(self) -> list[Deletion]:

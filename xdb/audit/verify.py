@@ -273,7 +273,7 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     report = _verify_records(cur, start, end, prev, heads, chunk)
     if not report.ok:
         return report
-    problem = check_hidden(cur, start, end)
+    problem = check_hidden(cur, start, end, set(destroyed_keys(chained_deletions(cur))))
     if problem is not None:
         return AuditReport(False, report.records_checked, problem)
     checked = report.records_checked
