@@ -13,7 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from audit_files import sql
+from lake_replica import close_observers, lake_sql  # noqa: F401 - close_observers: a fixture
+from lake_replica import config as lake_config
 
+from core.config import LakeConfig
 from lens.side_channel import StepActivations
 from xdb import XDB, verify_audit
 from xdb.activation_join import ActivationJoiner
@@ -203,3 +206,24 @@ def test_deleting_a_session_erases_its_hidden_values_and_the_chain_still_verifie
     assert sql(logged, "SELECT count(hidden_digest) FROM audit_records") == [(2,)]  # the records stay
     report = verify_audit(logged)
     assert report.ok, report.first_bad
+
+
+@pytest.mark.process
+def test_a_lake_holds_the_digest_alone_and_rehashes_the_chain(lake: LakeConfig, tmp_path: Path) -> None:
+    data = tmp_path / "r"
+    with XDB.open(data, lake_config(lake, "H")) as xdb:
+        n = 3
+        xdb.writer.submit(TokenBatch("s", xdb.next_ticks("s", n), ["a", "b", "c"], token_ids=[1, 2, 3],
+                                     concept_names=VISIBLE, concept_index=np.tile([0, 1], (n, 1)),
+                                     concept_values=np.full((n, 2), 0.5, np.float32), hidden_names=HIDDEN,
+                                     hidden_index=np.tile([1, 0], (n, 1)),
+                                     hidden_values=np.tile(np.array([0.75, 0.125], np.float32), (n, 1))))
+        xdb.writer.flush()
+        xdb.lake_ship_now()
+        reports = xdb.verify_lake_audit()
+    assert reports["H"].ok and reports["H"].records_checked == n, reports["H"].first_bad
+    assert lake_sql(lake, "SELECT count(hidden_digest) FROM lake.audit_records WHERE replica = 'H'") == [(n,)]
+    tables = {t for (t,) in lake_sql(lake, "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'")}
+    assert "audit_records" in tables and "audit_hidden" not in tables
+    names = {n for (n,) in lake_sql(lake, "SELECT name FROM lake.concepts WHERE replica = 'H'")}
+    assert names == set(VISIBLE)
