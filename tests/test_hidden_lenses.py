@@ -115,6 +115,12 @@ def test_the_chain_binds_the_hidden_values(served, tmp_path: Path) -> None:
     ok = subprocess.run([AHC, "xdb", "verify-audit", "--data-dir", str(root / "xdb")], capture_output=True,
                         text=True, timeout=120, env=child_env())
     assert ok.returncode == 0, ok.stderr
+    read = subprocess.run([AHC, "xdb", "audit-records", "--data-dir", str(root / "xdb"), "--event-type", "output",
+                           "--limit", "1000"], capture_output=True, text=True, timeout=120, env=child_env())
+    assert read.returncode == 0, read.stderr
+    lines = [json.loads(line) for line in read.stdout.splitlines()]
+    assert lines and all(len(r["hidden_activations"]) == 1 and set(r["hidden_activations"]) <= set(HIDDEN)
+                         for r in lines)
     copy = tmp_path / "copy"
     shutil.copytree(root / "xdb" / "audit", copy / "audit")
     conn = duckdb.connect(str(copy / "audit" / "audit.duckdb"))
