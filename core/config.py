@@ -432,6 +432,12 @@ class LensConfig(_Strict):
     source: Literal["auto", "hidden_state", "logit_lens"] = "auto"
     """What is measured: the hidden state at the pack's layer, or the logit lens over the pack's token sets;
     `auto` takes the hidden state where the model exposes it, else falls back to the logit lens."""
+    hidden: list[str] = Field(default_factory=list)
+    """Concepts of the pack (by id) measured for the audit log alone: the agent never sees them (not in its
+    experience file, recall, the stream, the concepts list, exports or the lake); an auditor reads them in
+    `/v1/audit/records` and `ahc audit records`. Each must be a concept of the pack (checked at start)."""
+    audit_k: int = Field(10, ge=1, le=10)
+    """Hidden concepts kept per token in the audit log (the top `audit_k` of `hidden`); `k` counts the others."""
     steering_hook: str | None = Field(None, min_length=1)
     """A steering hook (the name of an installed entry point of group `ahc.steering`), called after each reply
     with its tokens' concept activations; each directive it answers is recorded as a `steering` timestep

@@ -34,6 +34,7 @@ class ActivationInbox:
     def __init__(self, ttl_s: float = 120.0) -> None:
         self.ttl_s = ttl_s
         self.source: str | None = None  # what the worker measures, from its first message
+        self.hidden_k = 0  # each row's last slots that are hidden concepts' (from its last message)
         self._requests: dict[str, _RequestRows] = {}
         self._delivered = threading.Condition()
         self._deliveries = 0  # messages put so far: a waiter sleeps until this moves
@@ -44,6 +45,7 @@ class ActivationInbox:
         now = time.monotonic()
         with self._delivered:
             self.source = step.source
+            self.hidden_k = step.hidden_k
             for i, (key, position) in enumerate(zip(step.keys, step.positions)):
                 request = self._requests.get(key)
                 if request is None:

@@ -5,8 +5,9 @@ engine steps, bundled every 20 ms, over a ZMQ `ipc://` socket and the process th
 service, or the server itself when XDB runs in-process) PULLs them on a thread of its own. They never
 pass through the API process's event loop: it sends each token's request key and output position with
 the token, and the writer joins the two. A message is three frames: a small JSON header (request keys,
-output positions, k, source, and its sender and what it covers) and the raw int32 concept indices and
-float32 values, [rows, k] each, so nothing is pickled and no Python object is made a value.
+output positions, k, source, its sender and what it covers, and hidden_k) and the raw int32 concept indices
+and float32 values, [rows, k] each, so nothing is pickled and no Python object is made a value. A row's last
+hidden_k slots are its hidden concepts' (lens.hidden, indexing those alone), the others its visible ones'.
 
 A message also says how far its sender has shipped: every row the sender took up to `covers` (its wall
 clock) is in that message or an earlier one. A token reaches the writer after its step's rows were taken,
@@ -61,10 +62,11 @@ class StepActivations:
     source: str  # "hidden_state" | "logit_lens" | "emulated" (the emulated engine draws them)
     sender: str = ""  # the shipping process
     covers: float = 0.0  # the sender's rows taken up to this time (time.time()) are in this message or before
+    hidden_k: int = 0  # a row's last hidden_k slots are hidden concepts' (lens.hidden), for the audit log alone
 
     def frames(self) -> list[bytes]:
         header = {"keys": self.keys, "positions": self.positions, "k": int(self.concept_index.shape[1]),
-                  "source": self.source, "sender": self.sender, "covers": self.covers}
+                  "source": self.source, "sender": self.sender, "covers": self.covers, "hidden_k": self.hidden_k}
         return [json.dumps(header, separators=(",", ":")).encode(),
                 np.ascontiguousarray(self.concept_index, dtype=np.int32).tobytes(),
                 np.ascontiguousarray(self.concept_values, dtype=np.float32).tobytes()]
@@ -86,7 +88,9 @@ class StepActivations:
             raise ValueError("activation message: positions must be one non-negative integer per key")
         if type(k) is not int or k <= 0 or not isinstance(source, str):
             raise ValueError("activation message: k must be a positive integer and source a string")
-        sender, covers = header.get("sender", ""), header.get("covers", 0.0)
+        sender, covers, hidden_k = header.get("sender", ""), header.get("covers", 0.0), header.get("hidden_k", 0)
+        if type(hidden_k) is not int or not 0 <= hidden_k <= k:
+            raise ValueError("activation message: hidden_k must be an integer from 0 to k")
         if not isinstance(sender, str) or type(covers) not in (int, float):
             raise ValueError("activation message: sender must be a string and covers a number")
         size = len(keys) * k * 4
@@ -94,7 +98,7 @@ class StepActivations:
             raise ValueError(f"activation message: {len(keys)} rows of {k} need {size}-byte frames")
         index = np.frombuffer(frames[1], dtype=np.int32).reshape(len(keys), k)
         values = np.frombuffer(frames[2], dtype=np.float32).reshape(len(keys), k)
-        return cls(keys, positions, index, values, source, sender, float(covers))
+        return cls(keys, positions, index, values, source, sender, float(covers), hidden_k)
 
 
 class ActivationSender:
@@ -147,6 +151,7 @@ class BundlingSender:
         self._sender, self._on_host, self.interval_s = sender, on_host, interval_s
         self._pending: list[_Pending] = []
         self._source = "hidden_state"
+        self.hidden_k = 0  # each row's last slots that are hidden concepts' (set by StepCapture)
         self._name = str(os.getpid())  # ipc:// senders share the writer's host
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -201,7 +206,7 @@ class BundlingSender:
                                           [pos for item in items for pos in item.positions],
                                           np.concatenate([item.index for item in items]),
                                           np.concatenate([item.values for item in items]), self._source,
-                                          self._name, covers))
+                                          self._name, covers, self.hidden_k))
 
     def close(self) -> None:
         """Ship what is pending, then close the socket."""

@@ -91,7 +91,7 @@ async def serve_many(config: AHCConfig, capture: CaptureSetup | None, args: Name
             xdb.write(note_engine, config.engine_label)
         if capture is not None:  # the service binds the side channel before the engine's worker starts
             xdb.capture_activations(capture.address, capture.k, capture.finish_wait_s)
-            threading.Thread(target=xdb.register_concepts, args=(capture.pack.concept_hierarchy(),),
+            threading.Thread(target=xdb.register_concepts, args=(capture.visible_hierarchy(),),
                              name="ahc-concepts", daemon=True).start()
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         events_endpoint = publish_kv_events(args, events_dir) if events_dir is not None else None

@@ -97,7 +97,7 @@ async def serve_with(config: AHCConfig, capture: CaptureSetup | None, keys: Tena
             )
         install_backup_signal(xdb, Path(resolve_path(config.data_dir)))
         if capture is not None:  # the pack's concepts and hierarchy, browsable in /v1/xdb/concepts
-            asyncio.get_running_loop().run_in_executor(None, xdb.register_concepts, capture.pack.concept_hierarchy())
+            asyncio.get_running_loop().run_in_executor(None, xdb.register_concepts, capture.visible_hierarchy())
         served = Served(config, keys, capture, args, sock, events_endpoint, primary=True)
         serving, engine = engine, None  # serve_engine shuts it down
         await serve_engine(served, serving, xdb, metrics)

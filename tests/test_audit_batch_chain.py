@@ -88,6 +88,8 @@ def test_a_log_chained_a_record_at_a_time_migrates_and_keeps_verifying(tmp_path:
         record(xdb, text="old")
     monkeypatch.undo()
     # As version 5 left it: no leaf column, a hash in every record.
+    sql(data, "ALTER TABLE audit_records DROP COLUMN hidden_digest")
+    sql(data, "DROP TABLE audit_hidden")
     sql(data, "ALTER TABLE audit_records DROP COLUMN activation_root")
     sql(data, "ALTER TABLE audit_records DROP COLUMN activation_leaf")
     sql(data, "DROP TABLE audit_replay")

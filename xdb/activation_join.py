@@ -67,7 +67,7 @@ class ActivationJoiner:
                 break
             self.receiver.wake()
             self.inbox.wait(seen, left)
-        return runs(batch, rows, self.k, self.inbox.source)
+        return runs(batch, rows, self.k, self.inbox.source, self.inbox.hidden_k)
 
     def _not_coming(self, batch: TokenBatch) -> bool:
         """The rows still missing will never come: nothing receives them, or every sender has shipped
@@ -80,8 +80,11 @@ class ActivationJoiner:
         self.receiver.close()
 
 
-def runs(batch: TokenBatch, rows: Sequence[Row | None], k: int, source: str | None) -> list[TokenBatch]:
-    """The batch cut into runs of consecutive rows that all have activations or all lack them."""
+def runs(batch: TokenBatch, rows: Sequence[Row | None], k: int, source: str | None,
+         hidden_k: int = 0) -> list[TokenBatch]:
+    """The batch cut into runs of consecutive rows that all have activations or all lack them. A row's last
+    `hidden_k` slots are hidden concepts' (`batch.hidden_names`): the run's hidden activations, which only
+    the audit log stores."""
     out: list[TokenBatch] = []
     start = 0
     while start < len(rows):
@@ -92,7 +95,16 @@ def runs(batch: TokenBatch, rows: Sequence[Row | None], k: int, source: str | No
         run = batch.slice(start, stop)
         run.activation_key = None
         if has:
-            index, values = _arrays([r for r in rows[start:stop] if r is not None], k)
+            taken = [r for r in rows[start:stop] if r is not None]
+            if hidden_k:
+                secret = _arrays([(i[len(i) - hidden_k:], v[len(v) - hidden_k:]) for i, v in taken], hidden_k)
+                taken = [(i[:len(i) - hidden_k], v[:len(v) - hidden_k]) for i, v in taken]
+                if secret[0].size and int(secret[0].max()) >= len(batch.hidden_names):
+                    log.error("hidden activations of %s index past the pack's %d hidden concepts: not audited",
+                              batch.activation_key, len(batch.hidden_names))
+                else:
+                    run.hidden_index, run.hidden_values = secret
+            index, values = _arrays(taken, k)
             if index.size and int(index.max()) >= len(batch.concept_names):
                 log.error("activations of %s index past the pack's %d concepts: stored without them",
                           batch.activation_key, len(batch.concept_names))

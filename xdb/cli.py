@@ -1,5 +1,5 @@
-"""`ahc xdb` subcommands: recall (JSON lines), verify-audit, backup, export and import, sessions and their
-State versions, rollback, delete-session, bud-export (a ready bud's lens training file). Exit 0 on success,
+"""`ahc xdb` subcommands: recall (JSON lines), verify-audit, audit-records, backup, export and import, sessions
+and their State versions, rollback, delete-session, bud-export (a ready bud's lens training file). Exit 0 on success,
 1 with one stderr line naming what was wrong, 2 on bad usage."""
 
 from __future__ import annotations
@@ -123,6 +123,32 @@ def verify_audit_command(
             typer.echo(f"deleted by policy: {line}")
     if lake_catalog is not None:
         _verify_lake(lake_catalog, lake_data_path, anchors)
+
+
+@app.command("audit-records")
+def audit_records_command(
+    data_dir: DataDir,
+    session_id: Annotated[str | None, typer.Option(help="Only this session (as stored: a tenant's with its prefix).")
+                          ] = None,
+    event_type: Annotated[str | None, typer.Option(help="Only this event type.")] = None,
+    after_seq: Annotated[int, typer.Option(help="Records after this seq (the last one printed).")] = -1,
+    limit: Annotated[int, typer.Option(help="At most this many records.")] = 100,
+) -> None:
+    """Print the audit log's records as JSON lines in chain order, their sealed content opened and a lens
+    pack's hidden concepts (`hidden_activations`) shown: what an auditor reads (the server stopped)."""
+    from xdb import store
+    from xdb.audit.log import AuditLog
+
+    try:
+        audit = AuditLog.open(data_dir / store.AUDIT_FILE, read_only=True)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    try:
+        rows = audit.records(session_id, event_type, None, None, after_seq, limit)
+    finally:
+        audit.close()
+    for row in rows:
+        typer.echo(json.dumps(row, ensure_ascii=False, sort_keys=True))
 
 
 def _check_activations(data_dir: Path, report: AuditReport, seq_from: int | None, seq_to: int | None) -> str:

@@ -24,6 +24,9 @@ from core.errors import InvalidRequest
 from xdb.concepts import ConceptIndex
 from xdb.schema import TOP_K
 
+# The writer's column of a token's hidden activations (lens.hidden): the audit log's alone (xdb/audit/hidden.py).
+HIDDEN_COLUMN = "hidden_activations"
+
 # How many of a reply's ids before a TokenBatch it carries to decode its texts after: a character is at
 # most four byte tokens, and the decoder comes in step with the reply once one completes among them.
 DECODE_CONTEXT = 8
@@ -251,6 +254,9 @@ class TokenBatch:
     first_position: int = 0
     join_by: float | None = None
     context_ids: Sequence[int] = ()
+    hidden_names: Sequence[str] = ()  # the pack's hidden concepts (lens.hidden): for the audit log alone
+    hidden_index: np.ndarray | None = None  # [n, k'] indexes hidden_names, -1 marks an empty slot
+    hidden_values: np.ndarray | None = None
 
     def __len__(self) -> int:
         rows = self.contents if self.contents is not None else self.token_ids
@@ -279,6 +285,8 @@ class TokenBatch:
             if self.first_position < 0:
                 raise ValueError("TokenBatch first_position must be >= 0")
             _check_names(tuple(self.concept_names))
+        if self.hidden_index is not None or self.hidden_values is not None:
+            self._check_hidden(n, k)
         if self.concept_index is None:
             return
         index, values = np.asarray(self.concept_index), np.asarray(self.concept_values)
@@ -290,6 +298,17 @@ class TokenBatch:
         if index.size:
             _check_index(index, len(self.concept_names))
 
+    def _check_hidden(self, n: int, k: int) -> None:
+        index, values = np.asarray(self.hidden_index), np.asarray(self.hidden_values)
+        if self.hidden_index is None or self.hidden_values is None or index.ndim != 2 or index.shape[0] != n \
+                or values.shape != index.shape or index.dtype.kind not in "iu" or index.shape[1] > k:
+            raise ValueError(f"TokenBatch hidden_index and hidden_values come together, both [{n}, k'] (k' <= {k})")
+        _check_names(tuple(self.hidden_names))
+        if set(self.hidden_names) & set(self.concept_names):
+            raise ValueError("a concept is either hidden or not: hidden_names and concept_names overlap")
+        if index.size:
+            _check_index(index, len(self.hidden_names))
+
     def slice(self, start: int, stop: int) -> TokenBatch:
         """Rows [start, stop) as a TokenBatch of their own (the writer splits at batch boundaries)."""
         def cut(value: Any) -> Any:
@@ -300,7 +319,8 @@ class TokenBatch:
                           cut(self.token_ids), self.request_id, self.event_type, self.role, self.concept_names,
                           cut(self.concept_index), cut(self.concept_values), self.activation_source,
                           cut(self.created_at), self.metadata, self.steering, self.activation_key,
-                          self.first_position + start, self.join_by, self._context_at(start))
+                          self.first_position + start, self.join_by, self._context_at(start), self.hidden_names,
+                          cut(self.hidden_index), cut(self.hidden_values))
 
     def _context_at(self, start: int) -> Sequence[int]:
         """The ids before row `start` that its texts decode after (none needed once texts are given)."""
@@ -396,7 +416,31 @@ def batches_to_arrow(batches: list[TokenBatch], first_id: int, concepts: Concept
         "metadata": shared("metadata", _json),
         "steering": shared("steering", _json),
     })
+    if any(b.hidden_index is not None for b in batches):
+        table = table.append_column(HIDDEN_COLUMN, _hidden_column(batches, sizes))
     return table, added
+
+
+def hidden_json(names: list[str], values: list[float]) -> str:
+    """A token's hidden activations as the audit log stores them: JSON {name: value}, largest first."""
+    pairs = sorted(zip(names, values), key=lambda p: -p[1])
+    return json.dumps({name: float(value) for name, value in pairs}, separators=(",", ":"))
+
+
+def _hidden_column(batches: list[TokenBatch], sizes: list[int]) -> pa.Array:
+    """Each row's hidden activations as the audit log takes them (xdb/audit/hidden.py): JSON {name: value},
+    null where a row has none. Only the audit log reads this column; the experience file never stores it."""
+    texts: list[str | None] = []
+    for batch, size in zip(batches, sizes):
+        if batch.hidden_index is None or batch.hidden_values is None:
+            texts += [None] * size
+            continue
+        names = batch.hidden_names
+        for idx, val in zip(np.asarray(batch.hidden_index).tolist(),
+                            np.asarray(batch.hidden_values, dtype=np.float32).tolist()):
+            kept = [(names[i], v) for i, v in zip(idx, val) if i >= 0]
+            texts.append(hidden_json([n for n, _ in kept], [v for _, v in kept]) if kept else None)
+    return pa.array(texts, pa.string())
 
 
 def _texts(batch: TokenBatch) -> Sequence[str]:
@@ -448,6 +492,9 @@ def to_arrow(parts: list[list[TimestepRow] | TokenBatch], first_id: int, concept
         first_id += table.num_rows
         tables.append(table)
         added += new
+    if any(HIDDEN_COLUMN in t.column_names for t in tables):  # every table with the column, or none
+        tables = [t if HIDDEN_COLUMN in t.column_names else
+                  t.append_column(HIDDEN_COLUMN, pa.nulls(t.num_rows, pa.string())) for t in tables]
     # One chunk per column: DuckDB scans a many-chunked table in parallel pieces and inserts it
     # at ~1.5x the CPU (measured), far more than this copy costs.
     return (tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()), added

@@ -135,4 +135,6 @@ TABLES: tuple[Table, ...] = (
     # The activations of audited rows the experience file may not hold yet (xdb/audit/activations.py): a
     # write-ahead log's tail, never shipped.
     Table("audit_replay", audit=True),
+    # Hidden concepts' activations (xdb/audit/hidden.py): the auditor's alone, never shipped.
+    Table("audit_hidden", audit=True),
 )

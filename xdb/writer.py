@@ -44,7 +44,7 @@ from xdb.activation_join import ActivationJoiner
 from xdb.audit.log import AuditLog, PreparedBatch
 from xdb.checkpoints import QuietCheckpoints
 from xdb.concepts import ConceptIndex
-from xdb.rows import TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow
+from xdb.rows import HIDDEN_COLUMN, TIMESTEP_COLUMNS, TimestepRow, TokenBatch, check_rows, storable, to_arrow
 from xdb.schema import TOP_K
 from xdb.sql import string_literal
 from xdb.tables import HOT_TIMESTEPS
@@ -496,7 +496,9 @@ class Writer:
         self._next_id += table.num_rows
         audited = _Audited()
         # Handed on before hashing: the experience insert runs while the audit works.
-        if not self._hand_over(self._to_experience, (table.drop_columns(["steering"]), added, audited, batch)):
+        # The experience file never sees hidden activations (lens.hidden): the audit log's alone.
+        experience = table.drop_columns([c for c in ("steering", HIDDEN_COLUMN) if c in table.column_names])
+        if not self._hand_over(self._to_experience, (experience, added, audited, batch)):
             return False
         try:
             prepared = self._audit.prepare(table, added)

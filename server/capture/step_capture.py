@@ -38,11 +38,15 @@ class LensSettings:
     k: int
     ipc: str
     source: str = "auto"  # "auto" | "hidden_state" | "logit_lens"
+    hidden: tuple[str, ...] = ()  # concepts measured for the audit log alone (lens.hidden)
+    audit_k: int = 0  # hidden concepts kept per token
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> LensSettings | None:
         raw = (getattr(vllm_config, "additional_config", None) or {}).get("ahc_lens")
-        return None if raw is None else cls(**raw)
+        if raw is None:
+            return None
+        return cls(**{**raw, "hidden": tuple(raw.get("hidden") or ())})
 
 
 def choose_mode(model: Any, pack: LensPack, num_layers: int, source: str) -> str:
@@ -63,18 +67,27 @@ def choose_mode(model: Any, pack: LensPack, num_layers: int, source: str) -> str
 
 
 class StepCapture:
+    """Each row's top `k` visible concepts and, with hidden ones (`LensSettings.hidden`), its top `audit_k`
+    hidden ones after them: [rows, k + audit_k] a message, the visible indexing the pack's visible concepts
+    and the hidden its hidden ones (each in pack order), so the writer splits them apart."""
+
     def __init__(self, pack: LensPack, mode: str, k: int, device: Any, sender: BundlingSender,
-                 vocab_size: int) -> None:
+                 vocab_size: int, hidden: tuple[str, ...] = (), audit_k: int = 0) -> None:
         import torch
 
         self.mode, self.sender = mode, sender
-        self.k = min(k, pack.n_concepts)
         self.source = "logit_lens" if mode == "logit_lens" else "hidden_state"
         self.directions = torch.from_numpy(pack.directions).to(device)
         self.biases = torch.from_numpy(pack.biases).to(device)
+        columns = list(range(pack.n_concepts))  # the pack concept of each score column
         if mode == "logit_lens":
             self.token_sets, self.token_mask, self.concepts = token_set_tensors(pack, device, vocab_size)
-            self.k = min(k, len(self.concepts))
+            columns = self.concepts.tolist()
+        visible = [i for i, c in enumerate(pack.concept_ids) if c not in hidden]
+        secret = [i for i, c in enumerate(pack.concept_ids) if c in hidden]
+        self.visible = _Part(columns, visible, k, device)
+        self.hidden = _Part(columns, secret, audit_k, device) if secret and audit_k else None
+        self.sender.hidden_k = 0 if self.hidden is None else self.hidden.k
 
     @classmethod
     def attach(cls, runner: Any, settings: LensSettings, ship: bool) -> StepCapture | None:
@@ -92,7 +105,8 @@ class StepCapture:
         if not ship:  # every rank must run the same graph; one ships
             return None
         sender = BundlingSender(ActivationSender(settings.ipc), on_host=runner.device.type == "cpu")
-        return cls(pack, mode, settings.k, runner.device, sender, runner.model_config.get_vocab_size())
+        return cls(pack, mode, settings.k, runner.device, sender, runner.model_config.get_vocab_size(),
+                   settings.hidden, settings.audit_k)
 
     def after_forward(self, runner: Any) -> None:
         """Called between execute_model (forward done, state stashed) and sample_tokens."""
@@ -113,9 +127,10 @@ class StepCapture:
             return
         with torch.inference_mode():
             scores = self.scores(runner, state, n)
-            values, index = scores.topk(self.k, dim=-1)
-            if self.mode == "logit_lens":
-                index = self.concepts[index]
+            values, index = self.visible.top(scores)
+            if self.hidden is not None:
+                hidden_values, hidden_index = self.hidden.top(scores)
+                values, index = torch.cat([values, hidden_values], 1), torch.cat([index, hidden_index], 1)
         req_ids = runner.input_batch.req_ids
         keys = [engine_key(req_ids[i]) for i in rows]
         outs = [int(positions[i]) for i in rows]
@@ -154,3 +169,27 @@ def token_set_tensors(pack: LensPack, device: Any, vocab_size: int) -> tuple[Any
         ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, True
     return (torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
             torch.tensor(concepts, dtype=torch.int64, device=device))
+
+
+class _Part:
+    """One side of the split (visible or hidden concepts): which score columns it takes and where each
+    lands in its own list of concepts (pack order), and how many it keeps."""
+
+    def __init__(self, columns: list[int], members: list[int], k: int, device: Any) -> None:
+        import torch
+
+        place = {pack_index: i for i, pack_index in enumerate(members)}
+        taken = [(col, place[p]) for col, p in enumerate(columns) if p in place]
+        # Every column, each in its own place (no hidden concept, no logit lens): no gather a step.
+        self.whole = taken == [(i, i) for i in range(len(columns))]
+        self.columns = torch.tensor([c for c, _ in taken], dtype=torch.int64, device=device)
+        self.places = torch.tensor([p for _, p in taken], dtype=torch.int64, device=device)
+        self.k = min(k, len(taken))
+
+    def top(self, scores: Any) -> tuple[Any, Any]:
+        """The top k of this part's columns: (values, each one's index in the part's concepts)."""
+        if self.whole:
+            values, index = scores.topk(self.k, dim=-1)
+            return values, index
+        values, index = scores[:, self.columns].topk(self.k, dim=-1)
+        return values, self.places[index]

@@ -227,6 +227,9 @@ class _EmulatedLens:
             return None
         pack = load_pack(settings.pack)
         given = pack.thresholds or [None] * pack.n_concepts
+        # Drawn over the visible concepts alone (their indices are what the writer's batches name); a hidden
+        # concept is not emulated.
+        given = [t for c, t in zip(pack.concept_ids, given) if c not in settings.hidden]
         return cls(settings, np.array([1.0 if t is None else t for t in given], dtype=np.float32))
 
     def ship(self, produced: list[tuple[str, int, int]]) -> None:

@@ -69,7 +69,8 @@ class Recorder:
         self.background = background  # one ordered worker for small synchronous XDB writes
         self.capture = capture  # activations from the engine's lens, when on (joined by the writer)
         # One tuple for every token batch: the writer groups batches by their names' identity.
-        self.concept_names: tuple[str, ...] = tuple(capture.pack.concept_ids) if capture else ()
+        self.concept_names: tuple[str, ...] = capture.visible if capture else ()
+        self.hidden_names: tuple[str, ...] = capture.hidden if capture else ()  # for the audit log alone
         writer = xdb.writer
         assert writer is not None  # the server opens its XDB for writing
         self.writer = writer
@@ -211,6 +212,7 @@ class TokenStream:
         self.texts = None if recorder.decodes_in_xdb else TokenTexts(recorder.tokenizer)
         self.activation_key = activation_key
         self._names = recorder.concept_names if activation_key is not None else ()
+        self._hidden = recorder.hidden_names if activation_key is not None else ()
         self._ids: list[int] = []
         self._before: list[int] = []  # the reply's last DECODE_CONTEXT ids before the gathered ones
         self._times: list[float] = []  # when each gathered token arrived
@@ -242,7 +244,8 @@ class TokenStream:
         self.recorder.submit(TokenBatch(self.session_id, ticks, texts, token_ids=token_ids,
                                         request_id=self.request_id, created_at=np.array(created_at),
                                         concept_names=self._names, activation_key=self.activation_key,
-                                        first_position=self._position, context_ids=context))
+                                        first_position=self._position, context_ids=context,
+                                        hidden_names=self._hidden))
         self._position += len(token_ids)
 
     def _texts(self, token_ids: list[int]) -> tuple[list[str] | None, list[int]]:

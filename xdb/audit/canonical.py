@@ -9,7 +9,8 @@ One record, little-endian:
     k × int32 concept id, k × float32 value (0 in an absent slot; the float's exact bits),
     then for session_id, event_type, role, content, request_id, activation_source, metadata and
     steering in that order: int32 UTF-8 byte length (-1 for null) and the bytes;
-    then, for a sealed record only (xdb/audit/seal.py): int32 key id, int32 length and the sealed bytes.
+    then, for a sealed record only (xdb/audit/seal.py): int32 key id, int32 length and the sealed bytes;
+    then, for a record with hidden activations only (xdb/audit/hidden.py): "hidden" and their 32-byte digest.
 Concept ids refer to `audit_concepts`, whose own chain fixes each id's name.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+HIDDEN = b"hidden"  # the hidden activations' trailer (xdb/audit/hidden.py)
 STRING_FIELDS = ("session_id", "event_type", "role", "content", "request_id", "activation_source",
                  "metadata", "steering")
 
@@ -64,7 +66,7 @@ def canonical_array(table: pa.Table, k: int) -> pa.LargeBinaryArray:
     fixed["mask"] = (present * (1 << np.arange(k, dtype=np.uint32))).sum(axis=1)
     head = fixed.view(np.uint8).reshape(n, fixed.dtype.itemsize)  # bytes before the first string
     return pc.binary_join_element_wise(*length_prefixed(table, head, STRING_FIELDS), _sealed_part(table),
-                                       pa.scalar(b"", pa.large_binary()))
+                                       _hidden_part(table), pa.scalar(b"", pa.large_binary()))
 
 
 def activation_bytes(table: pa.Table, k: int) -> list[bytes]:
@@ -132,3 +134,14 @@ def _sealed_part(table: pa.Table) -> pa.Array:
     joined = pc.binary_join_element_wise(_fixed_rows(head.view(np.uint8).reshape(n, 8)), _filled(sealed, b""),
                                          pa.scalar(b"", pa.large_binary()))
     return pc.if_else(key_ids.is_valid(), joined, pa.scalar(b"", pa.large_binary()))
+
+
+def _hidden_part(table: pa.Table) -> pa.Array:
+    """A record's hidden activations' trailer: "hidden" and their digest; nothing for a record without any
+    (so every record written before they existed hashes as it always did)."""
+    n = table.num_rows
+    if "hidden_digest" not in table.column_names or table.column("hidden_digest").null_count == n:
+        return pa.array([b""] * n, pa.large_binary())
+    digests = table.column("hidden_digest").combine_chunks().cast(pa.large_binary())
+    empty = pa.scalar(b"", pa.large_binary())
+    return pc.fill_null(pc.binary_join_element_wise(pa.scalar(HIDDEN, pa.large_binary()), digests, empty), empty)

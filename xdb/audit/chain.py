@@ -72,13 +72,14 @@ def chain(prev: bytes, records: pa.Table, k: int = TOP_K) -> list[bytes]:
 def stored_records(records: pa.Table) -> pa.Table:
     """A prepared batch's records as `audit_records` holds them, column for column in its order: the
     record columns, prev_hash (no longer stored: null), record_hash (the batch's head, in its last record),
-    key_id, sealed, leaf, activation_leaf and activation_root."""
+    key_id, sealed, leaf, activation_leaf, activation_root and hidden_digest."""
     fields = [c for c in RECORD_COLUMNS if c not in ("key_id", "sealed")]
     out = records.select(fields).append_column("prev_hash", pa.nulls(records.num_rows, pa.binary()))
     out = out.append_column("record_hash", records.column("record_hash")).append_column(
         "key_id", records.column("key_id")).append_column("sealed", records.column("sealed")).append_column(
         "leaf", records.column("leaf"))
-    for name, kind in (("activation_leaf", pa.int32()), ("activation_root", pa.binary())):
+    for name, kind in (("activation_leaf", pa.int32()), ("activation_root", pa.binary()),
+                       ("hidden_digest", pa.binary())):
         column = records.column(name) if name in records.column_names else pa.nulls(records.num_rows, kind)
         out = out.append_column(name, column)
     return out

@@ -69,6 +69,7 @@ from xdb.audit.chain import (
     stored_records,
 )
 from xdb.audit.checkpoints import RowGroupCheckpoints
+from xdb.audit.hidden import HIDDEN_TABLE, erase_hidden, split_hidden
 from xdb.audit.keys import KEYS_FILE, SessionKeys, cut_torn_tails
 from xdb.audit.records import SealedReads
 from xdb.audit.replay import ReplayMethods
@@ -141,6 +142,11 @@ AUDIT_MIGRATIONS: list[tuple[int, list[str]]] = [
          "ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS activation_root BLOB",
          f"CREATE TABLE IF NOT EXISTS {REPLAY_TABLE} (timestep_id BIGINT NOT NULL, concept_ids INTEGER[{TOP_K}], "
          f"concept_values FLOAT[{TOP_K}])"]),
+    # Version 8 keeps hidden concepts' activations in the log alone (xdb/audit/hidden.py): the values in
+    # audit_hidden, each record's salted digest of them in hidden_digest, bound by its canonical bytes.
+    (8, ["ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS hidden_digest BLOB",
+         f"CREATE TABLE IF NOT EXISTS {HIDDEN_TABLE} (seq BIGINT NOT NULL, salt BLOB NOT NULL, "
+         "activations VARCHAR NOT NULL)"]),
 ]
 
 
@@ -168,6 +174,7 @@ class PreparedBatch:
     concept_count: int
     concepts_head: bytes
     replay: pa.Table | None = None  # the batch's activations (audit_replay's rows); None before version 7
+    hidden: pa.Table | None = None  # its hidden activations (audit_hidden's rows); None: no record has any
 
 
 def copy_database(conn: duckdb.DuckDBPyConnection, dest: Path) -> None:
@@ -367,7 +374,9 @@ class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
 
     def destroy_keys(self, key_ids: list[int]) -> None:
         """Destroy keys a committed deletion named (chained first: a key is only ever destroyed by a
-        deletion the log holds)."""
+        deletion the log holds); the hidden activations sealed records carry go with them."""
+        with self._commit_lock:
+            erase_hidden(self.conn, key_ids)
         self.keys.destroy(key_ids)
 
     def pending_deletions(self) -> list[Deletion]:
@@ -389,7 +398,7 @@ class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         records = batch.rename_columns(["timestep_id" if c == "id" else c for c in batch.column_names])
         sealing = seal_batch if self.batch_sealed_from is not None and self.next_seq >= self.batch_sealed_from else seal
-        records = sealing(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE)
+        records, hidden = split_hidden(sealing(records.append_column("seq", seq), self.keys.keys_for, EVENT_TYPE))
         end = self.next_seq + n - 1
         replay = None
         if self.activations_apart:
@@ -414,7 +423,7 @@ class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
         concept_count = self.concept_count + len(new_concepts)
         ckpt = checkpoint_hash(self.checkpoint_head, self.next_seq, end, head, concept_count, concepts_head)
         prepared = PreparedBatch(records, concept_rows, self.next_seq, end, head, self.checkpoint_head, ckpt,
-                                 concept_count, concepts_head, replay)
+                                 concept_count, concepts_head, replay, hidden)
         self.next_seq += n
         self.head, self.checkpoint_head = head, ckpt
         self.concept_count, self.concepts_head = concept_count, concepts_head
@@ -467,6 +476,8 @@ class AuditLog(ReplayMethods, SealedReads, RetirementMethods):
             con.from_arrow(stored_records(p.records)).insert_into("audit_records")
             if p.replay is not None and p.replay.num_rows:
                 con.from_arrow(p.replay).insert_into(REPLAY_TABLE)
+            if p.hidden is not None:
+                con.from_arrow(p.hidden).insert_into(HIDDEN_TABLE)
             # Every batch, not only before a checkpoint: left to accumulate, the rows reach the file anyway
             # (bench/audit_bytes.py at 2M tokens: 85.5 bytes a token against 78.7).
             self._prune_replay(con)

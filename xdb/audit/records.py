@@ -11,6 +11,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from xdb.audit.hidden import hidden_of
 from xdb.audit.keys import SessionKeys
 from xdb.audit.seal import Payload, open_blobs, open_sealed
 from xdb.sql import one
@@ -46,6 +47,9 @@ class SealedReads:
             if isinstance(payload, tuple):
                 row["token_id"], row["content"], row["metadata"], _ = payload
             out.append(row)
+        hidden = hidden_of(self.conn.cursor(), [row["seq"] for row in out])
+        for row in out:  # only the auditor reads these records: a hidden concept is shown here alone
+            row["hidden_activations"] = hidden.get(row["seq"])
         return out
 
     def _open_sealed(self, table: pa.Table) -> list[Payload | bool]:

@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 
 from xdb.audit.chain import EVENT_TYPE, read_heads
+from xdb.audit.hidden import HIDDEN_TABLE, has_hidden
 from xdb.audit.verify import RETIRED_ACTION
 from xdb.private import fsync_path
 from xdb.sql import one
@@ -80,6 +81,8 @@ class RetirementMethods:
             con.execute("BEGIN")
             try:
                 con.execute(f"DELETE FROM audit_records WHERE seq <= {int(through)}")
+                if has_hidden(con):
+                    con.execute(f"DELETE FROM {HIDDEN_TABLE} WHERE seq <= {int(through)}")
                 con.execute(f"DELETE FROM audit_checkpoints WHERE seq_end < {int(through)}")
                 con.execute("COMMIT")
             except BaseException:

@@ -41,6 +41,7 @@ from xdb.audit.chain import (
     parse_head,
     read_heads,
 )
+from xdb.audit.hidden import check_hidden, has_hidden
 from xdb.sql import Row, one
 
 
@@ -272,6 +273,9 @@ def verify_connection(cur: duckdb.DuckDBPyConnection, seq_from: int | None = Non
     report = _verify_records(cur, start, end, prev, heads, chunk)
     if not report.ok:
         return report
+    problem = check_hidden(cur, start, end, set(destroyed_keys(chained_deletions(cur))))
+    if problem is not None:
+        return AuditReport(False, report.records_checked, problem)
     checked = report.records_checked
     beyond = one(cur.execute("SELECT min(seq) FROM audit_records WHERE seq > ?", [last_seq]))[0]
     if seq_to is None and beyond is not None:
@@ -292,6 +296,8 @@ def _verify_records(cur: duckdb.DuckDBPyConnection, start: int, end: int, prev: 
                                "AND table_name = 'audit_records' AND column_name = 'activation_root'"))[0]
     if has_acts:  # version 7 on: a batch's head ends with its activations' root
         leaf += ", activation_root"
+    if has_hidden(cur):  # version 8 on: a record with hidden activations binds their digest
+        leaf += ", hidden_digest"
     expected = start
     while expected <= end:
         hi = min(expected + chunk - 1, end)
