@@ -435,7 +435,7 @@ class LensConfig(_Strict):
     hidden: list[str] = Field(default_factory=list)
     """Concepts of the pack (by id) measured for the audit log alone: the agent never sees them (not in its
     experience file, recall, the stream, the concepts list, exports or the lake); an auditor reads them in
-    `/v1/audit/records` and `ahc audit records`. Each must be a concept of the pack (checked at start)."""
+    `/v1/audit/records` and `ahc xdb audit-records`. Each must be a concept of the pack (checked at start)."""
     audit_k: int = Field(10, ge=1, le=10)
     """Hidden concepts kept per token in the audit log (the top `audit_k` of `hidden`); `k` counts the others."""
     steering_hook: str | None = Field(None, min_length=1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.limits import KARMA_MAX_ENTRIES
 from orchestrator.context_spec import ContextSpec, KarmaEntry
 from orchestrator.session import Session
 
@@ -34,11 +35,14 @@ class KarmaPlan:
 
 def with_held_karma(spec: ContextSpec, held: tuple[KarmaEntry, ...]) -> ContextSpec:
     """The request's Karma with the server's after the client's own (an id the client already uses is the
-    client's entry, not added again)."""
+    client's entry, not added again), up to KARMA_MAX_ENTRIES in all: the earliest held entries are kept, so
+    a new one past the bound changes no prefix already cached."""
     if not held:
         return spec
     own = {entry.id for entry in spec.karma}
-    return spec.model_copy(update={"karma": [*spec.karma, *(e for e in held if e.id not in own)]})
+    room = max(KARMA_MAX_ENTRIES - len(spec.karma), 0)
+    added = [e for e in held if e.id not in own][:room]
+    return spec.model_copy(update={"karma": [*spec.karma, *added]})
 
 
 def plan_karma(entries: list[KarmaEntry], session: Session | None, staging: bool) -> KarmaPlan:

@@ -16,6 +16,9 @@ from fake_app import ALICE, BOB, CAROL, serving
 from fastapi.testclient import TestClient
 
 from core.config import AHCConfig
+from core.limits import KARMA_MAX_ENTRIES
+from orchestrator.context_spec import ContextSpec, KarmaEntry
+from orchestrator.karma import with_held_karma
 from server.karma.karma_review import ModelVerdict, parse_verdict
 from server.runtime import Runtime
 from xdb.audit.chain import EVENT_TYPE
@@ -260,3 +263,16 @@ def test_a_deleted_session_takes_its_proposals_and_their_reviews_with_it(served:
     assert client.delete("/v1/context/sessions/lab").status_code in (200, 204)
     assert [p["id"] for p in runtime.xdb.read(karma_proposals, None)] == [tenant_wide]
     assert decide(client, pid, verdict="rejected", rationale="x").status_code == 404
+
+
+def test_held_karma_fills_the_request_up_to_the_bound_and_keeps_the_clients_own() -> None:
+    """The server's promoted entries go after the client's, an id the client uses stays the client's, and
+    the whole list stops at KARMA_MAX_ENTRIES with the earliest held entries kept (a cached prefix stays)."""
+    own = [KarmaEntry(id=f"c{i}", text="client") for i in range(KARMA_MAX_ENTRIES - 2)]
+    spec = ContextSpec(session_id="s", karma=[*own, KarmaEntry(id="h0", text="the client's h0")])
+    held = tuple(KarmaEntry(id=f"h{i}", text="held") for i in range(4))
+    merged = with_held_karma(spec, held).karma
+    # 9,999 of the client's (h0 among them): room for one held entry, the earliest the client lacks.
+    assert len(merged) == KARMA_MAX_ENTRIES and [e.id for e in merged[-2:]] == ["h0", "h1"]
+    assert merged[-2].text == "the client's h0"
+    assert with_held_karma(ContextSpec(session_id="s"), held).karma == list(held)
