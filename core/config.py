@@ -154,8 +154,9 @@ class OrchestratorConfig(_Strict):
     codex_condense_ratio: float = Field(0.3, gt=0, lt=1)
     """A condensed rendition's length at most, as a share of its source document's tokens."""
     codex_condense_windows_per_hour: float = Field(16.0, gt=0)
-    """What condensing may cost each tenant: prompt and completion tokens of its renditions' model calls over a
-    rolling hour, in whole windows (16 x an 8k window: 131k tokens an hour)."""
+    """What the server's background model calls may cost each tenant: prompt and completion tokens of its Codex
+    renditions, Identity condensations and Karma reviews by the model over a rolling hour, in whole windows
+    (16 x an 8k window: 131k tokens an hour); past it such a call is a 429 (`hidden_call_budget`)."""
     identity_condense_ratio: float = Field(0.5, gt=0, lt=1)
     """`POST /v1/context/identity/condense`: the condensed persona's length at most, as a share of the Identity's
     tokens (the bound on the served model's reply)."""

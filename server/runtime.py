@@ -185,7 +185,8 @@ def build_runtime(config: AHCConfig, engine: AsyncLLM, xdb: XDBClient, metrics: 
                    background=background, rag_indexes=rag_indexes,
                    keys=keys,
                    codex=codex, condenser=condenser, hidden=hidden, identity=identity,
-                   karma=KarmaReview(xdb, partial(review_call, hidden), config.model_name),
+                   karma=KarmaReview(xdb, partial(review_call, hidden), config.model_name,
+                                     admission=hidden_admission, count=lambda text: len(encode(text))),
                    token_process=token_process)
 
 

@@ -179,6 +179,24 @@ def test_the_reviewer_model_gives_a_verdict_from_the_cited_evidence(model_review
     assert FACT in last_prompt(runtime)
 
 
+def test_a_model_review_past_the_tenants_background_budget_is_a_429_and_stays_pending(
+        config: AHCConfig, vllm_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A model review is a background call like a Codex rendition: it counts against the tenant's hourly
+    budget (here ~20 tokens, less than the question), and one that does not fit is refused before the model
+    is asked; the proposal waits for another review."""
+    with serving(config, vllm_config, tmp_path, **{"orchestrator.codex_condense_windows_per_hour": 0.01}) as served:
+        client, runtime = served
+        say(client, "lab", "Count: the ring has twelve cells.")
+        proposal = propose(client).json()
+        engine: Any = runtime.hidden.engine
+        asked = len(engine.requests)
+        refused = decide(client, proposal["id"], reviewer="model")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "hidden_call_budget", refused.text
+        assert int(refused.headers["retry-after"]) >= 1 and len(engine.requests) == asked
+        [stored] = [p for p in runtime.xdb.read(karma_proposals, None, None, 10) if p["id"] == proposal["id"]]
+        assert stored["status"] == "pending" and stored["reviews"] == []
+
+
 def test_tenants_see_and_promote_only_their_own_and_only_a_reviewer_decides_as_a_person(
         audited: tuple[TestClient, Runtime]) -> None:
     client, runtime = audited

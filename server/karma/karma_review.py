@@ -20,6 +20,7 @@ from typing import Any, Literal
 from core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from orchestrator.context_spec import KarmaEntry
 from orchestrator.turn_request import TurnRequest
+from server.admission.hidden import HiddenAdmission, admitted
 from server.tenancy.tenant_xdb import TenantXDB
 from server.tenancy.tenants import Tenant
 from xdb import XDBClient, karma_reviews
@@ -29,6 +30,7 @@ from xdb.owner import EVERY
 VERDICT_PATTERN = r"(accepted|rejected): [^\n]{1,400}"
 EVIDENCE_MAX_ROWS = 1000
 EVIDENCE_MAX_CHARS = 12_000
+TEMPLATE_TOKENS = 32  # the chat template's around the instruction and the question (counted themselves)
 ENTRY_PREFIX = "review-"  # a promoted entry's Karma id: this, then its proposal's id
 
 REVIEW_INSTRUCTION = (
@@ -71,6 +73,10 @@ class KarmaReview:
     ask: Ask | None  # None: no model to review with (the operator's person review still works)
     model_name: str
     max_tokens: int = 120
+    # A model review is a background call like a Codex rendition: the caller's tenant's hourly budget, one
+    # at a time, KV blocks first (server/admission/hidden.py). None: nothing to pass (a unit test of one piece).
+    admission: HiddenAdmission | None = None
+    count: Callable[[str], int] = len  # a text's tokens (the served model's tokenizer)
 
     def proposals(self, caller: Tenant, status: str | None, limit: int) -> list[dict[str, Any]]:
         """A reviewer's: every tenant's, ids as stored; a tenant's: its own, ids as it named them."""
@@ -95,7 +101,7 @@ class KarmaReview:
         if proposal["status"] != "pending":
             raise Conflict(f"karma proposal {proposal_id} is {proposal['status']}: only a pending one is reviewed")
         if reviewer == "model":
-            decided_by, judged = self.model_name, await self._ask_model(proposal)
+            decided_by, judged = self.model_name, await self._ask_model(caller, proposal)
             verdict, rationale = judged.verdict, judged.rationale
         else:
             if not is_reviewer(caller):
@@ -116,14 +122,17 @@ class KarmaReview:
                                          caller.name, kind, rationale)
         return self._shown(caller, stored)
 
-    async def _ask_model(self, proposal: dict[str, Any]) -> ModelVerdict:
+    async def _ask_model(self, caller: Tenant, proposal: dict[str, Any]) -> ModelVerdict:
         if self.ask is None:
             raise InvalidRequest("this server has no model to review with", param="reviewer")
         evidence = await asyncio.to_thread(self._evidence, proposal)
         messages = [{"role": "system", "content": REVIEW_INSTRUCTION},
                     {"role": "user", "content": f"Evidence:\n{evidence or '(none)'}\n\nClaim: {proposal['text']}\n\n"
                                                 "Is the claim supported by the evidence?"}]
-        return parse_verdict(await self.ask(messages, self.max_tokens, VERDICT_PATTERN))
+        prompt = await asyncio.to_thread(self.count, "".join(m["content"] for m in messages))
+        async with admitted(self.admission, caller.owner, prompt + TEMPLATE_TOKENS, self.max_tokens):
+            answer = await self.ask(messages, self.max_tokens, VERDICT_PATTERN)
+        return parse_verdict(answer)
 
     def _evidence(self, proposal: dict[str, Any]) -> str:
         """The recorded text the proposal cites: its source session's rows in its tick range (those of the
