@@ -75,6 +75,39 @@ def test_the_auditor_reads_the_hidden_concepts_top_audit_k_a_token(served) -> No
     assert verified["ok"], verified
 
 
+def test_the_audit_page_shows_hidden_concepts_to_the_auditor_alone(served, tmp_path: Path) -> None:
+    """In the browser, the audit page lists the latest records with their hidden concepts under an auditor's
+    key; under the agent's it says the records are refused, and no hidden concept is on the page."""
+    from browser import launched
+
+    server, rows, _ = served
+    errors: list[str] = []
+    with launched() as browser:
+        for key in (AUDITOR, AGENT):
+            context = browser.new_context(viewport={"width": 1300, "height": 900})
+            page = context.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{server.base_url}/ui/#/audit")
+            page.locator("#key-form").wait_for(state="visible")
+            page.fill("#api-key", key)
+            page.click("#key-form button[type=submit]")
+            page.locator("#audit-seq").wait_for()  # the head, read from the log's own routes or from XDB's
+            if key == AUDITOR:
+                cells = page.locator("#audit-records .hidden-activations")
+                cells.first.wait_for()
+                shown = cells.all_inner_texts()
+                assert sum(any(name in text for name in HIDDEN) for text in shown) >= min(len(rows), 40), shown
+                page.click("#verify-audit")
+                page.locator("#audit-verdict.ok").wait_for(timeout=30_000)
+            else:
+                page.locator("#audit-records-refused").wait_for()
+                assert not any(name in page.content() for name in HIDDEN)
+            assert page.locator("[role=alert]").count() == 0
+            page.screenshot(path=str(tmp_path / f"audit-{'auditor' if key == AUDITOR else 'agent'}.png"))
+            context.close()
+            assert not errors, errors
+
+
 def test_the_agent_never_sees_a_hidden_concept(served) -> None:
     server, rows, _ = served
     assert all(row["concept_activations"] for row in rows)  # the visible concepts are measured
