@@ -2,7 +2,9 @@
 a lens. Replies of a session are tagged with a new tag, which becomes a bud, READY with enough examples; its
 evidence is submitted (the package written), its training file exported, `ahc lens train` learns it, and a
 server restarted with the new pack records the bud's concept on new tokens: a new reply like the bud's
-examples carries it more than one unlike them. Resolving the submission as accepted grafts the bud."""
+examples carries it more than one unlike them. The pack's contrast concept is hidden there: the auditor's key
+reads it in the audit log, the agent's recall never returns it. Resolving the submission as accepted grafts
+the bud."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -29,6 +32,7 @@ OTHER = ["Count from one to ten using digits.", "What is 12 times 12?", "List th
          "What is the square root of 81?"]
 NEW_SEA, NEW_OTHER = "Describe the deep blue ocean and its fish.", "Add 7 and 15 and give the number."
 MAX_TOKENS = 16
+AUDITOR = "carol-audits"
 
 
 def ask(server: ServerProcess, questions: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -94,10 +98,24 @@ def test_a_tag_grows_into_a_lens(tmp_path: Path) -> None:
                              capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=600)
     assert trained.returncode == 0, trained.stderr
 
-    server = start_server(data_dir, model=REAL_MODEL, config=tmp_path / "graft.yaml", lens=str(pack), api_key="k")
+    # Restarted with the new pack, its contrast concept hidden: measured for the audit log alone (an auditor's
+    # key reads it there), never among the activations the agent's own recall returns.
+    keys = tmp_path / "keys"
+    keys.write_text(f"default:k\nauditor carol:{AUDITOR}\n")
+    keys.chmod(0o600)
+    config["lens"] = {**config.get("lens", {}), "hidden": [f"not-{BUD}"], "audit_k": 1}
+    (tmp_path / "grafted.yaml").write_text(yaml.safe_dump({**config, "api_keys_file": str(keys)}))
+    server = start_server(data_dir, model=REAL_MODEL, config=tmp_path / "grafted.yaml", lens=str(pack))
+    server.api_key = "k"
     try:
         new = ask(server, {"after-sea": NEW_SEA, "after-other": NEW_OTHER})
         like, unlike = new["after-sea"], new["after-other"]
+        assert all(set(r["concept_activations"]) == {BUD} for reply in (like, unlike) for r in reply["rows"])
+        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {AUDITOR}"}) as auditor:
+            audited = auditor.get("/v1/audit/records", params={"session_id": "after-sea", "event_type": "output",
+                                                               "limit": 100}).json()["data"]
+        assert len(audited) == len(like["rows"]) and all(
+            set(r["hidden_activations"]) == {f"not-{BUD}"} for r in audited), audited[:2]
         strength = [mean(r["concept_activations"][BUD] for r in reply["rows"]) for reply in (like, unlike)]
         assert strength[0] > strength[1], f"{BUD}: {strength} on {like['text']!r} / {unlike['text']!r}"
         # Recalled by the concept above the midpoint of the two replies' means: the like reply's tokens come back,
