@@ -31,6 +31,7 @@ from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
 from xdb.rows import TokenBatch
+from xdb.run_history import Progress, record_attempt, record_progress
 from xdb.runs import log_interaction, save_meta_knowledge
 
 CONCEPTS = ["motion", "motion-left", "motion-right", "collision"]
@@ -108,6 +109,12 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
         xdb.write(save_meta_knowledge, "run-1", theorems_json=json.dumps([{"name": "A moves right", "status": "proven"},
                                                                    {"name": "B moves left", "status": "open"}]))
         xdb.save_run_report("run-1", report_png(tmp), owner=EVERY)
+        for run_id, strategy, status, turns in (("run-1", "baseline", "solved", 3),
+                                                ("run-2", "llm:tiny", "stopped", 9)):
+            xdb.write(record_progress, run_id, Progress("kinetic", strategy, status, turns=turns))
+        xdb.write(record_attempt, "run-2", rule="kinetic", turn=2, kind="law", subject="L1", verdict="FAIL",
+                  law_json=json.dumps({"law": "invariant", "expr": {"op": "count", "symbol": "A"}}),
+                  detail="counterexample")
         app = FastAPI()
         install_gateway(app)
         for router in (xdb_router(xdb), browse_router(xdb), agent_router(xdb)):
@@ -171,6 +178,10 @@ def test_a_discovery_run_shows_its_journal_theorems_and_report(bare: tuple[str, 
                                                              tmp_path: Path) -> None:
     base, _ = bare
     page.goto(f"{base}/ui/#/runs")
+    page.locator("#strategies tbody tr").first.wait_for()  # what the runs learned across runs
+    assert page.locator("#strategies tbody tr").all_inner_texts()[0].split("\t")[:3] == ["baseline", "1", "1"]
+    assert "refuted 1 times in 1 runs" in page.locator("#failed-laws li").inner_text()
+    page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
     page.locator("#runs a", has_text="run-1").click()
     page.locator("#journal li").first.wait_for()
     assert page.locator("#journal li").count() == 3
@@ -180,6 +191,18 @@ def test_a_discovery_run_shows_its_journal_theorems_and_report(bare: tuple[str, 
     image.wait_for()
     page.wait_for_function("() => document.querySelector('#run-report img').naturalWidth > 0")
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+
+
+def test_a_concept_page_shows_its_tokens_and_its_related_concepts_by_relation(bare: tuple[str, XDB], page: Any,
+                                                                             tmp_path: Path) -> None:
+    base, _ = bare
+    page.goto(f"{base}/ui/#/concepts/motion")
+    page.locator("#top-tokens tbody tr").first.wait_for()
+    related = page.locator("#related li").all_inner_texts()
+    # Every token of these sessions carries all four concepts: the other three are active with it.
+    assert sorted(text.split(" · ")[0] for text in related) == sorted(c for c in CONCEPTS if c != "motion")
+    assert all("often active with it" in text and "tokens together" in text for text in related), related
+    page.screenshot(path=str(tmp_path / "concept.png"), full_page=True)
 
 
 def test_the_audit_page_verifies_the_chain(bare: tuple[str, XDB], page: Any, tmp_path: Path) -> None:

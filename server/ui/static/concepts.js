@@ -37,6 +37,9 @@ export async function conceptsPage(root) {
   }
 }
 
+// A related concept's relation (xdb/recall/relations.py), as the page words it.
+const RELATIONS = { parent: "its parent", child: "its child", sibling: "its sibling", co_activated: "often active with it" };
+
 export async function conceptPage(root, concept) {
   mount(root, h("p", {}, h("a", { href: "#/concepts" }, "← Concepts")), h("h1", {}, concept),
     h("p", { class: "muted" }, "Loading…"));
@@ -55,9 +58,9 @@ export async function conceptPage(root, concept) {
       rows.length ? h("table", { class: "grid", id: "top-tokens" },
         h("thead", {}, h("tr", {}, h("th", {}, "Activation"), h("th", {}, "Token"), h("th", {}, "Where"))),
         h("tbody", {}, rows)) : h("p", { class: "muted" }, "No token has activated it yet."),
-      related.data.length ? [h("h2", {}, "Often active with"), h("ul", {}, related.data.map((r) =>
-        h("li", {}, h("a", { href: `#/concepts/${seg(r.concept)}` }, r.concept),
-          ` · ${r.together} tokens together`)))] : null);
+      related.data.length ? [h("h2", {}, "Related"), h("ul", { id: "related" }, related.data.map((r) =>
+        h("li", {}, h("a", { href: `#/concepts/${seg(r.concept)}` }, r.concept), ` · ${RELATIONS[r.relation] || r.relation}`,
+          r.together ? `, ${r.together} tokens together` : "")))] : null);
   } catch (e) {
     mount(root, h("p", {}, h("a", { href: "#/concepts" }, "← Concepts")), h("h1", {}, concept), errorBox(e));
   }

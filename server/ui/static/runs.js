@@ -1,14 +1,29 @@
-// Discovery runs: the agent's journal (interaction_log), its theorems over time (meta_knowledge
-// versions) and the run's report image.
+// Discovery runs: what the runs learned across runs (per strategy, the laws refuted most often), each
+// run's journal (interaction_log), its theorems over time (meta_knowledge versions) and its report image.
 
 import { ApiError, getBlobURL, getJSON, seg } from "./api.js";
 import { lineChart } from "./charts.js";
 import { errorBox, fmt, h, mount } from "./dom.js";
 
+function history(past) {
+  if (!past.strategies.length) return null;
+  const strategies = past.strategies.map((s) => h("tr", {},
+    h("td", {}, s.strategy), h("td", { class: "num" }, fmt.int(s.runs)), h("td", { class: "num" }, fmt.int(s.solved)),
+    h("td", { class: "num" }, fmt.int(s.min_turns)), h("td", { class: "num" }, s.mean_turns ?? "–")));
+  const laws = past.failed_laws.map((f) => h("li", {},
+    h("code", {}, JSON.stringify(f.law)), ` · refuted ${fmt.int(f.fails)} times in ${fmt.int(f.runs)} runs`,
+    f.detail ? h("span", { class: "muted" }, ` (${f.detail})`) : null));
+  return [h("h2", {}, "Across runs"),
+    h("table", { class: "grid", id: "strategies" }, h("thead", {}, h("tr", {}, ["Strategy", "Runs", "Solved",
+      "Fewest turns", "Mean turns solved"].map((t) => h("th", {}, t)))), h("tbody", {}, strategies)),
+    laws.length ? [h("h3", {}, "Laws refuted most often"), h("ul", { id: "failed-laws" }, laws)] : null];
+}
+
 export async function runsPage(root) {
   mount(root, h("h1", {}, "Discovery runs"), h("p", { class: "muted" }, "Loading…"));
   try {
-    const runs = (await getJSON("/v1/xdb/runs")).data;
+    const [runs, past] = await Promise.all([getJSON("/v1/xdb/runs").then((r) => r.data),
+      getJSON("/v1/xdb/runs/history")]);
     const rows = runs.map((r) => h("tr", {},
       h("td", {}, h("a", { href: `#/runs/${seg(r.run_id)}` }, r.run_id)),
       h("td", { class: "num" }, fmt.int(r.turns)), h("td", { class: "num" }, fmt.int(r.theorems)),
@@ -16,7 +31,8 @@ export async function runsPage(root) {
     mount(root, h("h1", {}, "Discovery runs"), runs.length
       ? h("table", { class: "grid", id: "runs" }, h("thead", {}, h("tr", {}, ["Run", "Journal entries", "Theorems",
         "Started", "Last entry", "Report"].map((t) => h("th", {}, t)))), h("tbody", {}, rows))
-      : h("p", { class: "muted" }, "No discovery run has used this server yet (ahc discover --base-url …)."));
+      : h("p", { class: "muted" }, "No discovery run has used this server yet (ahc discover --base-url …)."),
+      history(past));
   } catch (e) {
     mount(root, h("h1", {}, "Discovery runs"), errorBox(e));
   }
