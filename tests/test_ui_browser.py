@@ -112,6 +112,8 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
         for run_id, strategy, status, turns in (("run-1", "baseline", "solved", 3),
                                                 ("run-2", "llm:tiny", "stopped", 9)):
             xdb.write(record_progress, run_id, Progress("kinetic", strategy, status, turns=turns))
+        for tick in (0, 1):  # a tag growing toward a concept: a bud with two examples
+            xdb.tag("sea-talk", session_id="small", tick=tick, tag_type="bud", owner=EVERY)
         xdb.write(record_attempt, "run-2", rule="kinetic", turn=2, kind="law", subject="L1", verdict="FAIL",
                   law_json=json.dumps({"law": "invariant", "expr": {"op": "count", "symbol": "A"}}),
                   detail="counterexample")
@@ -196,6 +198,9 @@ def test_a_discovery_run_shows_its_journal_theorems_and_report(bare: tuple[str, 
 def test_a_concept_page_shows_its_tokens_and_its_related_concepts_by_relation(bare: tuple[str, XDB], page: Any,
                                                                              tmp_path: Path) -> None:
     base, _ = bare
+    page.goto(f"{base}/ui/#/concepts")
+    page.locator("#buds tbody tr").first.wait_for()
+    assert page.locator("#buds tbody tr").all_inner_texts()[0].split("\t")[:3] == ["sea-talk", "candidate", "2"]
     page.goto(f"{base}/ui/#/concepts/motion")
     page.locator("#top-tokens tbody tr").first.wait_for()
     related = page.locator("#related li").all_inner_texts()

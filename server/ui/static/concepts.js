@@ -1,8 +1,9 @@
-// Concepts: the lens pack's hierarchy as a tree; a concept's page lists the tokens, across the caller's
-// sessions, that activated it most, each linking to its turn.
+// Concepts: the lens pack's hierarchy as a tree, and the buds growing toward new concepts (a tag's status on
+// its way to a lens: candidate, ready, submitted, grafted or rejected); a concept's page lists the tokens,
+// across the caller's sessions, that activated it most, each linking to its turn.
 
 import { getJSON, seg } from "./api.js";
-import { conceptHue, errorBox, h, mount } from "./dom.js";
+import { conceptHue, errorBox, fmt, h, mount } from "./dom.js";
 
 function tree(concepts) {
   const byName = new Map(concepts.map((c) => [c.name, c]));
@@ -29,9 +30,14 @@ function tree(concepts) {
 export async function conceptsPage(root) {
   mount(root, h("h1", {}, "Concepts"), h("p", { class: "muted" }, "Loading…"));
   try {
-    const concepts = (await getJSON("/v1/xdb/concepts")).data;
+    const [concepts, buds] = await Promise.all([getJSON("/v1/xdb/concepts").then((r) => r.data),
+      getJSON("/v1/xdb/buds").then((r) => r.data)]);
     mount(root, h("h1", {}, "Concepts"),
-      concepts.length ? tree(concepts) : h("p", { class: "muted" }, "No concepts yet: serve with a lens pack."));
+      concepts.length ? tree(concepts) : h("p", { class: "muted" }, "No concepts yet: serve with a lens pack."),
+      buds.length ? [h("h2", {}, "Buds"), h("table", { class: "grid", id: "buds" },
+        h("thead", {}, h("tr", {}, ["Bud", "Status", "Examples", "Since"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, buds.map((b) => h("tr", {}, h("td", {}, b.name), h("td", {}, b.bud_status),
+          h("td", { class: "num" }, fmt.int(b.examples)), h("td", {}, fmt.time(b.created_at))))))] : null);
   } catch (e) {
     mount(root, h("h1", {}, "Concepts"), errorBox(e));
   }
