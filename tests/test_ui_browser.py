@@ -326,3 +326,32 @@ def wait_out_the_verification_cooldown(server: ServerProcess) -> None:
         finished = dt.datetime.fromisoformat(last["finished_at"].replace("Z", "+00:00"))
         since = (dt.datetime.now(dt.UTC) - finished).total_seconds()
         time.sleep(max(0.0, max(10.0, 10 * last["seconds"]) - since + 0.5))
+
+
+@pytest.mark.engine
+def test_the_karma_page_shows_each_proposal_and_who_decided_it(server: ServerProcess, page: Any,
+                                                               tmp_path: Path) -> None:
+    """Two outcomes proposed for a session's Karma: the operator accepts one as a person, with a rationale;
+    the page lists both, newest first, the decided one with who verified it and why."""
+    server.client().chat.completions.create(model="tiny", max_tokens=4,
+                                            extra_body={"context": {"session_id": "ui-karma"}},
+                                            messages=[{"role": "user", "content": "Which way does A move?"}])
+    wait_for_turns(server, "ui-karma", 1)
+    with server.http() as http:
+        made = [http.post("/v1/context/karma/proposals", json={
+            "text": text, "session_id": "ui-karma", "source_session_id": "ui-karma", "tick_range": [0, 100]}).json()
+            for text in ("A moves right.", "B never moves.")]
+        assert all("id" in proposal for proposal in made), made
+        decided = http.post(f"/v1/context/karma/proposals/{made[0]['id']}/review",
+                            json={"verdict": "accepted", "rationale": "turn 3 shows it"})
+        assert decided.status_code == 200, decided.text
+    sign_in(page, server)
+    page.goto(f"{server.base_url}/ui/#/karma")
+    rows = page.locator("#karma-proposals tbody tr")
+    rows.first.wait_for()
+    mine = {row.get_attribute("data-proposal"): row for row in rows.all()}
+    accepted, pending = mine[str(made[0]["id"])], mine[str(made[1]["id"])]
+    assert accepted.get_attribute("data-status") == "accepted" and "turn 3 shows it" in accepted.inner_text()
+    assert "(person)" in accepted.inner_text() and "A moves right." in accepted.inner_text()
+    assert pending.get_attribute("data-status") == "pending" and "B never moves." in pending.inner_text()
+    page.screenshot(path=str(tmp_path / "karma.png"), full_page=True)

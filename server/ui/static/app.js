@@ -4,6 +4,7 @@
 import { setUpKeyControls } from "./api.js";
 import { auditPage } from "./audit.js";
 import { conceptPage, conceptsPage } from "./concepts.js";
+import { karmaPage } from "./karma.js";
 import { runPage, runsPage } from "./runs.js";
 import { sessionPage } from "./session.js";
 import { sessionsPage } from "./sessions.js";
@@ -25,6 +26,7 @@ function route() {
   if (page === "session" && parts[1]) sessionPage(root, current.signal, parts[1], params);
   else if (page === "concepts" && parts[1]) conceptPage(root, parts[1]);
   else if (page === "concepts") conceptsPage(root);
+  else if (page === "karma") karmaPage(root);
   else if (page === "audit") auditPage(root);
   else if (page === "runs" && parts[1]) runPage(root, parts[1]);
   else if (page === "runs") runsPage(root);
