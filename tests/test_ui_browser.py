@@ -31,7 +31,7 @@ from server.routes.xdb_routes import xdb_router
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
 from xdb.rows import TokenBatch
-from xdb.run_history import Progress, record_attempt, record_progress
+from xdb.run_history import Progress, record_attempt, record_progress, record_theorem_version
 from xdb.runs import log_interaction, save_meta_knowledge
 
 CONCEPTS = ["motion", "motion-left", "motion-right", "collision"]
@@ -112,6 +112,10 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, XDB]]:
         for run_id, strategy, status, turns in (("run-1", "baseline", "solved", 3),
                                                 ("run-2", "llm:tiny", "stopped", 9)):
             xdb.write(record_progress, run_id, Progress("kinetic", strategy, status, turns=turns))
+        rule = json.dumps({"law": "moves", "symbol": "A", "direction": "right"})
+        xdb.write(record_theorem_version, "run-1", theorem_id="T1", change="stored", turn=1, theorem_json=rule)
+        xdb.write(record_theorem_version, "run-1", theorem_id="T1", change="retracted", turn=2, theorem_json=rule,
+                  reason="A stopped at the wall")
         for tick in (0, 1):  # a tag growing toward a concept: a bud with two examples
             xdb.tag("sea-talk", session_id="small", tick=tick, tag_type="bud", owner=EVERY)
         xdb.write(record_attempt, "run-2", rule="kinetic", turn=2, kind="law", subject="L1", verdict="FAIL",
@@ -188,6 +192,8 @@ def test_a_discovery_run_shows_its_journal_theorems_and_report(bare: tuple[str, 
     page.locator("#journal li").first.wait_for()
     assert page.locator("#journal li").count() == 3
     assert page.locator("#theorems li").count() == 2
+    assert page.locator("#lineage li").all_inner_texts() == [
+        "T1 v1 stored at turn 1", "T1 v2 retracted at turn 2 (from v1): A stopped at the wall"]
     assert page.locator(".line-chart circle").count() == 2  # one point per knowledge version
     image = page.locator("#run-report img")
     image.wait_for()

@@ -58,9 +58,10 @@ export async function runPage(root, runId) {
   const back = h("p", {}, h("a", { href: "#/runs" }, "← Discovery runs"));
   mount(root, back, h("h1", {}, runId), h("p", { class: "muted" }, "Loading…"));
   try {
-    const [journal, knowledge] = await Promise.all([
+    const [journal, knowledge, lineage] = await Promise.all([
       getJSON("/v1/xdb/interactions", { run_id: runId }),
       getJSON("/v1/xdb/meta_knowledge", { run_id: runId, all: true }),
+      getJSON("/v1/xdb/theorem_versions", { run_id: runId }),
     ]);
     const versions = knowledge.data;
     const latest = versions.length ? theorems(versions[versions.length - 1]) : [];
@@ -74,6 +75,11 @@ export async function runPage(root, runId) {
       latest.length ? h("ul", { id: "theorems" }, latest.map((t) => h("li", {},
         h("strong", {}, t.name || t.theorem_id || "theorem"), t.status ? ` (${t.status})` : "",
         t.description ? `: ${t.description}` : ""))) : h("p", { class: "muted" }, "No theorems yet."),
+      lineage.data.length ? [h("h2", {}, "Theorem lineage"), h("ol", { id: "lineage" }, lineage.data.map((v) =>
+        h("li", { dataset: { theorem: v.theorem_id, version: v.version } },
+          h("strong", {}, `${v.theorem_id} v${v.version}`), ` ${v.change} at turn ${v.turn}`,
+          v.parent_version ? h("span", { class: "muted" }, ` (from v${v.parent_version})`) : null,
+          v.reason ? `: ${v.reason}` : "")))] : null,
       h("h2", {}, `Journal (${journal.data.length} entries)`),
       h("ol", { class: "journal", id: "journal" }, journal.data.map(journalEntry)));
     try {
