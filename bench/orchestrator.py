@@ -13,7 +13,7 @@ marked verbatim (never condensed, so RAG): the Codex tokens saved per turn and b
 
 The load is `LOADS` (bench/load.py): `BENCH_ORCHESTRATOR_LOAD="smoke"` or e.g.
 `"turns=4,density_turns=2,assembly_tokens=8000"`: `turns` of the session both clients run,
-`density_turns` of each density session, `density_codex_tokens` of its Codex (1,000 to 5,000; the
+`density_turns` of each density session, `density_codex_tokens` of its Codex (600 to 5,000; the
 session's CAG threshold scales with it, so only the condensed rendition fits), `assembly_tokens` of the
 context prepare() is timed on (the prompt must reach 90% of it and fit the 131,072-token window),
 `assembly_rounds` timed prepare() calls, `model` one of bench/models.py's SERVED.
@@ -66,13 +66,13 @@ class OrchestratorLoad:
         if self.turns < 2 or self.density_turns < 1 or self.assembly_rounds < 1:
             # TTFT is the median over the turns after the first, which nothing could have cached.
             raise ValueError("turns must be at least 2, density_turns and assembly_rounds at least 1")
-        if not 1000 <= self.density_codex_tokens <= 5000:
-            raise ValueError("density_codex_tokens must be 1000 to 5000: its CAG threshold is a share of an 8k window")
+        if not 600 <= self.density_codex_tokens <= 5000:
+            raise ValueError("density_codex_tokens must be 600 to 5000: its CAG threshold is a share of an 8k window")
         served_model(self.model)  # an unknown model fails here, before any server starts
 
 
 LOADS = Loads("orchestrator", {DEFAULT: OrchestratorLoad(),
-                               SMOKE: OrchestratorLoad(turns=2, density_turns=1, density_codex_tokens=1200,
+                               SMOKE: OrchestratorLoad(turns=2, density_turns=1, density_codex_tokens=600,
                                                        assembly_tokens=8000,
                                                        assembly_rounds=20)})
 

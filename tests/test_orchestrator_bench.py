@@ -32,13 +32,13 @@ def test_load_from_env_overrides_named_fields_and_refuses_a_load_without_warm_tu
         LOADS.parse("turns=1")
     with pytest.raises(ValueError, match="unknown field 'turn'"):
         LOADS.parse("turn=3")
-    with pytest.raises(ValueError, match="density_codex_tokens must be 1000 to 5000"):
+    with pytest.raises(ValueError, match="density_codex_tokens must be 600 to 5000"):
         LOADS.parse("density_codex_tokens=8000")
 
 
 def test_the_density_threshold_admits_the_rendition_and_not_the_whole_codex() -> None:
     """The density session's CAG threshold, a share of the 8k window: under the whole Codex, over its
     rendition (at most 0.3 of it) and the ~180-token Identity, at either end of the range."""
-    for codex_tokens in (1000, 1200, 3000, 5000):
+    for codex_tokens in (600, 1200, 3000, 5000):
         room = density_threshold(codex_tokens) * 8192
         assert 0.3 * codex_tokens + 180 < room < codex_tokens, codex_tokens
