@@ -77,15 +77,17 @@ run: setup
 # slowest are listed.
 # The set-up's jobs compute on one thread each: the lens training beside mypy took 49 s on torch's two
 # threads, 29 s on one (tests/conftest.py does the same for the test workers).
+# WORKERS: xdist workers (`auto`, one a core; three on two cores measured 18.6 against 19.0 minutes).
 # HYPOTHESIS sets how much the property-based tests generate (tests/conftest.py's profiles): `ci` a few
 # examples each, the same every run; `make test-deep` runs the same suite at `deep`, ten times as many, new ones
 # every run.
 PYTEST := $(BIN)/python -m pytest -q -rs
 HYPOTHESIS ?= ci
 ALONE = $(shell grep -l 'mark\.alone' tests/test_*.py)
+WORKERS ?= auto
 test:
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
-	$(PYTEST) -n auto --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
+	$(PYTEST) -n $(WORKERS) --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
 		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests
 	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone $(ALONE)
 
