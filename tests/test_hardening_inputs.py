@@ -6,22 +6,18 @@ Each is read or refused in the API's own shape, and the XDB writer goes on recor
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_app import ALICE, serving
+from fake_app import ALICE, CAROL
 from fastapi.testclient import TestClient
-from vllm.config import VllmConfig
 
-from core.config import AHCConfig
 from server.runtime import Runtime
 from xdb import XDB
 from xdb.owner import EVERY
 from xdb.rows import TimestepRow, TokenBatch
 
-CAROL = "carol-audits"
 CHAT = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]}
 COMPLETION = {"model": "tiny", "max_tokens": 4, "prompt": "Hello"}
 RESPONSE = {"model": "tiny", "max_output_tokens": 4, "input": "Hello"}
@@ -30,15 +26,6 @@ LONE = "a\ud800"  # sent as the JSON escape "a\\ud800"
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture
-def audited(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Iterator[tuple[TestClient, Runtime]]:
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice:{ALICE}\nauditor carol:{CAROL}\n")
-    keys.chmod(0o600)
-    with serving(config, vllm_config, tmp_path, api_keys_file=str(keys)) as served:
-        yield served
 
 
 def post(client: TestClient, path: str, body: dict[str, Any]) -> Any:

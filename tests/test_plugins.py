@@ -105,12 +105,18 @@ def test_a_configured_formatter_or_injector_that_cannot_load_stops_the_start(
         Injectors(["editor"])
 
 
+def workspace_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Path:
+    """The file the test plug-ins' `workspace` injector reads (AHC_TEST_WORKSPACE), holding `text`."""
+    edited = tmp_path / "main.py"
+    edited.write_text(text)
+    monkeypatch.setenv("AHC_TEST_WORKSPACE", str(edited))
+    return edited
+
+
 def test_the_injected_artifact_is_in_the_codex_and_the_prefix_holds_while_it_is_unchanged(
         on_path: Path, config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    edited = tmp_path / "main.py"
-    edited.write_text("def step(x):\n    return x + 1\n")
-    monkeypatch.setenv("AHC_TEST_WORKSPACE", str(edited))
+    edited = workspace_file(tmp_path, monkeypatch, "def step(x):\n    return x + 1\n")
     own = {"codex": [{"id": "physics", "text": "F = ma."}]}
     with serving(config, vllm_config, tmp_path / "app", **{"orchestrator.injectors": ["workspace"]}) as (client,
                                                                                                         runtime):
@@ -133,9 +139,7 @@ def test_the_injected_artifact_is_in_the_codex_and_the_prefix_holds_while_it_is_
 
 def test_no_injector_runs_unless_configured(plugged: tuple[TestClient, Runtime], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    edited = tmp_path / "main.py"
-    edited.write_text("secret = 1\n")
-    monkeypatch.setenv("AHC_TEST_WORKSPACE", str(edited))
+    workspace_file(tmp_path, monkeypatch, "secret = 1\n")
     client, runtime = plugged
     assert client.post("/v1/chat/completions", json=chat("s1")).status_code == 200
     assert "secret = 1" not in last_prompt(runtime) and runtime.orchestrator.injectors.chosen == []
@@ -144,9 +148,7 @@ def test_no_injector_runs_unless_configured(plugged: tuple[TestClient, Runtime],
 def test_an_injected_id_a_request_already_uses_is_a_400(
         on_path: Path, config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    edited = tmp_path / "main.py"
-    edited.write_text("x = 1\n")
-    monkeypatch.setenv("AHC_TEST_WORKSPACE", str(edited))
+    workspace_file(tmp_path, monkeypatch, "x = 1\n")
     clash = {"codex": [{"id": "workspace/main.py", "text": "an older copy"}]}
     with serving(config, vllm_config, tmp_path / "app", **{"orchestrator.injectors": ["workspace"]}) as (client, _):
         refused = client.post("/v1/chat/completions", json=chat("s1", context=clash))
