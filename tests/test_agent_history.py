@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from routed import routed
 
 from agent.context import karma_entries
 from agent.knowledge import Knowledge, canonical
@@ -22,7 +23,6 @@ from agent.run_store import HttpRunStore, LocalRunStore, RunStore
 from agent.tools import Toolbox
 from server.http.gateway import install_gateway
 from server.routes.agent_routes import agent_router
-from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
 from universe import Harness, load_rule
 from universe.laws.evaluate import evaluate_laws
@@ -244,14 +244,8 @@ def test_the_laws_a_baseline_run_stores_hold_on_the_true_rule(rule_name: str, tm
 # ---- over HTTP, per tenant --------------------------------------------------------------------------
 @pytest.fixture
 def tenant_app(tmp_path: Path) -> Iterator[tuple[TestClient, list[Tenant]]]:
-    with XDB.open(tmp_path / "xdb") as xdb:
-        app = FastAPI()
-        install_gateway(app)
-        app.include_router(agent_router(xdb))
-        current = [Tenant("default")]
-        app.dependency_overrides[request_tenant] = lambda: current[0]
-        with TestClient(app) as client:
-            yield client, current
+    with XDB.open(tmp_path / "xdb") as xdb, routed(agent_router(xdb)) as served:
+        yield served
 
 
 def test_history_and_lineage_are_the_tenants_own_over_http(tenant_app: tuple[TestClient, list[Tenant]]) -> None:

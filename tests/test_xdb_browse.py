@@ -11,12 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from routed import routed
 
-from server.http.gateway import install_gateway
 from server.routes.browse_routes import browse_router
-from server.tenancy.request_context import request_tenant
 from server.tenancy.tenants import Tenant
 from xdb import XDB, TimestepRow
 from xdb.owner import EVERY
@@ -137,13 +135,8 @@ def test_a_concepts_strongest_tokens(xdb: XDB) -> None:
 
 @pytest.fixture
 def client(xdb: XDB) -> Iterator[tuple[TestClient, list[Tenant]]]:
-    app = FastAPI()
-    install_gateway(app)
-    app.include_router(browse_router(xdb))
-    caller = [Tenant("alice")]
-    app.dependency_overrides[request_tenant] = lambda: caller[0]
-    with TestClient(app) as c:
-        yield c, caller
+    with routed(browse_router(xdb), tenant="alice") as served:
+        yield served
 
 
 def test_a_tenant_browses_only_its_own(client: tuple[TestClient, list[Tenant]]) -> None:
