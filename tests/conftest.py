@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +18,8 @@ from postgres import lake, pg  # noqa: F401 - fixtures, for every module
 
 from bench.servers import REAL_CONFIG, REAL_MODEL, TINY_MODEL, start_server
 from core.config import AHCConfig, load_config
-from server.cluster.server_process import ServerProcess, child_env
+from server.cluster import fork_server
+from server.cluster.server_process import AHC, ServerProcess, child_env
 
 if TYPE_CHECKING:
     # Annotations only: vLLM's import takes seconds, paid by xdist's controller too, which runs no test.
@@ -102,9 +105,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Under `--dist loadgroup` each grouped test's id must carry its group, which is how xdist keeps a
-    group on one worker; a pytest that xdist cannot extend ids of would start every server once per worker,
-    silently."""
+    """A session with engine tests starts `ahc serve` through a fork server of its own. Under `--dist
+    loadgroup` each grouped test's id must carry its group, which is how xdist keeps a group on one worker;
+    a pytest that xdist cannot extend ids of would start every server once per worker, silently."""
+    if any(item.get_closest_marker("engine") for item in session.items):
+        start_fork_server(session.config)
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
@@ -112,6 +117,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
             raise pytest.UsageError(f"{item.nodeid}: xdist did not put it in its group {group.args[0]!r} "
                                     "(pytest and pytest-xdist versions that do not work together)")
+
+
+FORK_SERVER = pytest.StashKey[subprocess.Popen[bytes]]()
+
+
+def start_fork_server(config: pytest.Config) -> None:
+    """The suite starts some 60 servers, each importing torch, vLLM and the app afresh (~10 s of CPU here):
+    forked from one process that imported them once, a start takes the engine's own set-up alone. Every
+    process of the session (a bench's too) reaches it through AHC_FORK_SERVER."""
+    where = Path(tempfile.mkdtemp(prefix="ahc-fork-"))
+    config.stash[FORK_SERVER] = fork_server.launch(str(where / "socket"), AHC, where / "fork-server.log", os.environ)
+    os.environ[fork_server.ENV] = str(where / "socket")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    process = config.stash.get(FORK_SERVER, None)
+    if process is not None:
+        process.terminate()
+        process.wait()
 
 
 def engine_group(item: pytest.Item) -> tuple[str | None, int]:

@@ -42,6 +42,7 @@ from bench.cluster import (
 )
 from bench.servers import TINY_MODEL
 from core.config import LakeConfig
+from server.cluster import fork_server
 from server.cluster.local_cluster import ClusterSpec, LocalCluster, replica_id
 from server.cluster.server_process import AHC, child_env, free_port
 from xdb.lake.lake import Lake
@@ -281,11 +282,13 @@ def test_ahc_cluster_starts_and_stops_everything_on_sigterm(tmp_path_factory: py
     port = free_port()
     log = tmp_path_factory.mktemp("cli-cluster") / "cluster.log"
     process: subprocess.Popen[bytes] | None = None
+    # As a user starts it, its replica its own child (not the suite's fork server's).
+    env = {name: value for name, value in child_env().items() if name != fork_server.ENV}
     try:
         with log.open("w") as out:
             process = subprocess.Popen([AHC, "cluster", str(TINY_MODEL), "--config", "cpu-tiny", "--replicas", "1",
                                         "--port", str(port), "--data-dir", str(data_dir)],
-                                       stdout=out, stderr=subprocess.STDOUT, env=child_env())
+                                       stdout=out, stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: "router on" in log.read_text() or process.poll() is not None, 600, "the cluster up")
         assert process.poll() is None, log.read_text()[-3000:]
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={HEADER: "cli-1"}, timeout=120,

@@ -16,16 +16,14 @@ replica that holds its prefix.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import CHECKOUT
 from server.cluster.catalog import LocalPostgres
 from server.cluster.router import POLICIES, Policy, RouterProcess, RouterSpec
 from server.cluster.router_guard import GuardServer
-from server.cluster.server_process import AHC, ServerProcess, child_env, free_port, wait_healthy
+from server.cluster.server_process import AHC, ServerProcess, free_port, start_process, wait_healthy
 
 
 @dataclass(frozen=True)
@@ -142,8 +140,7 @@ class LocalCluster:
         log = self.data_dir / replica_id(index) / "server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            process = subprocess.Popen(self.replica_command(index, port), stdout=out, stderr=subprocess.STDOUT,
-                                       cwd=CHECKOUT, env=child_env(self.replica_env(index)))
+            process = start_process(self.replica_command(index, port), out, self.replica_env(index))
         return ServerProcess(process, port, log, self.spec.api_key, self.data_dir / replica_id(index) / "xdb")
 
     def restart(self, index: int) -> ServerProcess:

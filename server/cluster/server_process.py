@@ -14,12 +14,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import openai
 
 from core.config import CHECKOUT
+from server.cluster import fork_server
+from server.cluster.fork_server import ForkedProcess
 
 AHC = str(Path(sys.executable).with_name("ahc"))
 # The server speaks plain HTTP on the loopback: a client made for it needs no TLS context, whose default
@@ -37,7 +39,7 @@ def free_port() -> int:
 class ServerProcess:
     """A running server: its process, where it listens, where it logs."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     port: int
     log: Path
     api_key: str | None = None
@@ -67,8 +69,7 @@ class ServerProcess:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return self.process.wait()
 
 
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -82,12 +83,24 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return merged
 
 
+def start_process(cmd: Sequence[str], out: IO[Any], env: Mapping[str, str] | None = None
+                  ) -> subprocess.Popen[bytes] | ForkedProcess:
+    """`cmd` in this checkout with its output to `out`: forked by the fork server AHC_FORK_SERVER names
+    where there is one and it takes the command, started afresh otherwise."""
+    merged = child_env(env)
+    path = os.environ.get(fork_server.ENV)
+    forked = fork_server.start(path, cmd, out, CHECKOUT, merged) if path else None
+    if forked is not None:
+        return forked
+    return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=CHECKOUT, env=merged)
+
+
 def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] | None = None,
            api_key: str | None = None, data_dir: Path | None = None, timeout: float = 600) -> ServerProcess:
     """Run any HTTP server command (ours, or vLLM's own for comparison) and wait until it is healthy."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        process = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=CHECKOUT, env=child_env(env))
+        process = start_process(cmd, out, env)
     return wait_healthy(ServerProcess(process, port, log, api_key, data_dir), timeout)
 
 
