@@ -141,6 +141,9 @@ def reap(running: dict[int, socket.socket]) -> None:
 
 def run(job: Job) -> None:
     """In the child: become the command, as a fresh `ahc` process would be."""
+    # What `ps` shows: the command, not the fork server (set while the environment is still the one
+    # setproctitle found: it moves the environment's strings to make room).
+    setproctitle.setproctitle(" ".join(job.argv))
     os.chdir(job.cwd)
     os.environ.clear()
     os.environ.update(job.env)
@@ -153,7 +156,6 @@ def run(job: Job) -> None:
     os.dup2(job.out, 2)
     os.close(job.out)
     sys.argv = list(job.argv)
-    setproctitle.setproctitle(" ".join(job.argv))  # what `ps` shows: the command, not the fork server
     runpy.run_path(job.argv[0], run_name="__main__")
 
 
