@@ -1,15 +1,16 @@
-"""A warm start for `ahc` commands: one process imports the server's modules once (torch, vLLM, the app:
-~10 s of CPU on a small machine) and forks each command started through it from itself, so a server's start
-costs a fork instead of that import. The test suite starts dozens of servers, the benches and a local cluster
-several at a time; each reaches the fork server whose socket AHC_FORK_SERVER names, where it is set.
+"""A warm start for servers: one process imports the server's modules once (torch, vLLM, the app: ~10 s of
+CPU on a small machine) and forks each command started through it from itself, so a server's start costs a
+fork instead of that import. The test suite starts dozens of servers, the benches and a local cluster several
+at a time; each reaches the fork server whose socket AHC_FORK_SERVER names, where it is set.
 
-A forked command runs as the `ahc` script would in a fresh interpreter: its own argv, environment, working
-directory and log on stdout and stderr, `ahc` as its main module, and an exit status its starter reads as
-subprocess.Popen's. What a fork cannot make the same, the fork server refuses, and the starter runs the
-command itself: a command other than `ahc`, or an environment whose import-time settings (vLLM's, torch's,
-OpenMP's, Python's ...: those the modules read as they were imported) differ from the fork server's own.
+A forked command runs as it would in a fresh interpreter: its own argv, environment, working directory and log
+on stdout and stderr, its script or module as `__main__`, and an exit status its starter reads as
+subprocess.Popen's. It is `ahc ...`, or `python -m MODULE ...` on the fork server's own interpreter (vLLM's
+server, which the benches compare with, is one). What a fork cannot make the same, the fork server refuses, and
+the starter runs the command itself: any other command, or an environment whose import-time settings (vLLM's,
+torch's, OpenMP's, Python's ...: those the modules read as they were imported) differ from the fork server's.
 
-    python -m server.cluster.fork_server SOCKET COMMAND    # serves until its parent exits
+    python -m server.cluster.fork_server SOCKET COMMAND [MODULE ...]    # serves until its parent exits
 
 It listens before it imports, so a start asked for in the meantime waits for the imports rather than
 running them a second time beside them.
@@ -17,6 +18,7 @@ running them a second time beside them.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -26,11 +28,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import setproctitle
 
@@ -39,17 +43,18 @@ ENV = "AHC_FORK_SERVER"
 # fork server's.
 IMPORT_TIME = ("VLLM_", "TORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TOKENIZERS_",
                "PROMETHEUS_", "OTEL_", "TRITON_", "CUDA_", "PYTHON", "LD_", "MALLOC_", "PATH")
-PRELOAD = ("ahc.cli.app", "server.app")
+PRELOAD = ("ahc.cli.app", "server.app")  # what `ahc serve` imports
 MESSAGE = 1 << 20  # the largest request: an environment of a few kB, well within it
 PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
 class Preloaded:
-    """What the fork server imported: `command`'s modules, under `env` (as it started, before the imports
-    set their own variables, as they do in a fresh process too)."""
+    """What the fork server imported: `command`'s modules, on `python`, under `env` (as it started, before the
+    imports set their own variables, as they do in a fresh process too)."""
 
     command: str
+    python: str
     env: dict[str, str]
 
 
@@ -65,8 +70,8 @@ class Job:
 
 def refusal(argv: Sequence[str], env: Mapping[str, str], server: Preloaded) -> str | None:
     """Why `argv` under `env` cannot be forked from this process, or None."""
-    if not argv or argv[0] != server.command:
-        return f"not {server.command}: {argv[:1]}"
+    if not (argv[:1] == [server.command] or (argv[:2] == [server.python, "-m"] and len(argv) > 2)):
+        return f"neither {server.command} nor {server.python} -m: {argv[:2]}"
     differ = sorted(key for key in {*env, *server.env} if key.startswith(IMPORT_TIME)
                     and env.get(key) != server.env.get(key))
     return f"import-time settings differ: {', '.join(differ)}" if differ else None
@@ -139,8 +144,8 @@ def reap(running: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def run(job: Job) -> None:
-    """In the child: become the command, as a fresh `ahc` process would be."""
+def run(job: Job) -> NoReturn:
+    """In the child: become the command, as a fresh process would be, and exit with its status."""
     # What `ps` shows: the command, not the fork server (set while the environment is still the one
     # setproctitle found: it moves the environment's strings to make room).
     setproctitle.setproctitle(" ".join(job.argv))
@@ -155,8 +160,43 @@ def run(job: Job) -> None:
     os.dup2(job.out, 1)
     os.dup2(job.out, 2)
     os.close(job.out)
-    sys.argv = list(job.argv)
-    runpy.run_path(job.argv[0], run_name="__main__")
+    status = 0
+    try:
+        # sys.path[0] as the interpreter sets it: the working directory for `-m`, else the script's own.
+        if job.argv[1:2] == ["-m"]:  # argv[0] becomes the module's file
+            sys.path[0] = job.cwd
+            sys.argv = [job.argv[0], *job.argv[3:]]
+            runpy.run_module(job.argv[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(job.argv[0]))
+            sys.argv = list(job.argv)
+            runpy.run_path(job.argv[0], run_name="__main__")
+    except SystemExit as exit_:
+        status = exit_status(exit_.code)
+    except BaseException:  # as the interpreter reports an uncaught one
+        traceback.print_exc()
+        status = 1
+    exit_forked(status)
+
+
+def exit_status(code: object) -> int:
+    """What the interpreter exits with for `sys.exit(code)` (a message is printed, and is a failure)."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
+
+
+def exit_forked(status: int) -> NoReturn:
+    """The interpreter's own shutdown (its threads joined, atexit's functions run, output flushed) short of
+    the native libraries' static destructors: a library imported in the fork server started threads of its
+    own there, which the child does not have, and C++ aborts destroying their handles ("terminate called
+    without an active exception"). multiprocessing ends its forked children the same way."""
+    threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first: wait for the non-daemon threads
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @dataclass
@@ -221,11 +261,12 @@ def start(path: str, argv: Sequence[str], out: IO[Any], cwd: Path | None, env: M
     return ForkedProcess(list(argv), int(reply["pid"]), conn)
 
 
-def launch(path: str, command: str, log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """A fork server for `command` on the socket at `path`, under `env`, once it listens (its imports go on
-    behind); it stops when this process does."""
+def launch(path: str, command: str, log: Path, env: Mapping[str, str], preload: Sequence[str] = PRELOAD
+           ) -> subprocess.Popen[bytes]:
+    """A fork server for `command` on the socket at `path`, under `env`, importing `preload`, once it listens
+    (its imports go on behind); it stops when this process does."""
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "server.cluster.fork_server", path, command],
+        process = subprocess.Popen([sys.executable, "-m", "server.cluster.fork_server", path, command, *preload],
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
     while not os.path.exists(path):
         if process.poll() is not None:
@@ -238,12 +279,12 @@ def main() -> None:
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # stop with whoever started it
-    path, command = sys.argv[1:3]
-    server = Preloaded(command, dict(os.environ))
+    path, command, *preload = sys.argv[1:]
+    server = Preloaded(command, sys.executable, dict(os.environ))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    for module in PRELOAD:
+    for module in preload:
         __import__(module)
     job = serve(listener, server, parent)
     if job is None:
