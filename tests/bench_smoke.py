@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
+
+import forked
 
 from server.cluster.server_process import AHC
 
@@ -71,28 +71,17 @@ SMOKES: dict[str, Smoke] = {
 def run_bench(name: str, timeout_s: int = 600, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`ahc bench NAME --json` at the bench's small load (`env` over it): its last stdout line, checked."""
     # A session of its own, so that a bench cut off takes the servers it started with it.
-    process = subprocess.Popen([AHC, "bench", name, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, **SMOKES[name].env, **(env or {})}, start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _, stderr = kill_group(process)
-        raise AssertionError(f"`ahc bench {name}` gave no result in {timeout_s} s:\n{stderr[-4000:]}") from None
-    except BaseException:
-        kill_group(process)
-        raise
-    assert process.returncode == 0, stderr[-4000:]
-    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+        done = forked.run([AHC, "bench", name, "--json"], timeout_s, env={**SMOKES[name].env, **(env or {})})
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"`ahc bench {name}` gave no result in {timeout_s} s:\n{str(expired.stderr)[-4000:]}"
+                             ) from None
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     check_result(name, result)
     figures = result["figures"]
     assert {k: figures.get(k) for k in SMOKES[name].loaded} == SMOKES[name].loaded, f"{name}: not at its small load"
     return result
-
-
-def kill_group(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGKILL to the bench and every process it started; what it had written."""
-    os.killpg(process.pid, signal.SIGKILL)
-    return process.communicate()
 
 
 def check_result(name: str, result: dict[str, Any]) -> None:

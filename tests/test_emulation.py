@@ -5,7 +5,6 @@ exactly as on the real engine; and everything it serves says it is emulated."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import forked
 import numpy as np
 import pytest
 from bench_smoke import check_result
@@ -187,8 +187,7 @@ def sequence(kind: str, model: Path, offload_gib: float | None = None) -> dict[s
     """Each request's cached tokens (`cached`) and what vLLM's KV events said its session held before it
     (`held`: GPU and CPU-tier blocks), as tests/emulation_sequence.py prints them."""
     offload = [str(offload_gib)] if offload_gib is not None else []
-    done = subprocess.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model), *offload], capture_output=True,
-                          text=True, timeout=600)
+    done = forked.run([sys.executable, str(SEQUENCE_SCRIPT), kind, str(model), *offload], 600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -290,9 +289,8 @@ def test_an_emulated_engine_ships_into_a_shared_lake_only_when_asked() -> None:
 def test_the_serving_bench_runs_both_servers_on_the_emulated_engine() -> None:
     """`ahc bench serve --engine emulated` at a small load: vLLM's own server and AHC, each on its emulated
     engine, every AHC token recorded, and the result says the device is emulated."""
-    env = {**os.environ, "BENCH_SERVE_LOAD": "clients=4,requests=1,max_tokens=16,rounds=1"}
-    done = subprocess.run([AHC, "bench", "serve", "--engine", "emulated", "--json"], capture_output=True, text=True,
-                          env=env, timeout=900)
+    env = {"BENCH_SERVE_LOAD": "clients=4,requests=1,max_tokens=16,rounds=1"}
+    done = forked.run([AHC, "bench", "serve", "--engine", "emulated", "--json"], 900, env)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     check_result("serve", result)
@@ -319,12 +317,11 @@ def test_the_agents_bench_runs_coding_agents_on_the_emulated_engine() -> None:
     tool time between them, each sending its whole history, on seven servers each on its emulated H100:
     AHC, its two ablations and FCFS with a CPU tier, vanilla vLLM, vLLM with the same tier, and the ideal
     cache."""
-    env = {**os.environ, "BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
+    env = {"BENCH_AGENTS_LOAD": "sessions=3,turns=2,calls=3,max_tokens=16,tool_words=40,"
                                               "tool_min_s=0.1,tool_max_s=0.2,think_min_s=0.1,think_max_s=0.2,"
                                               "identity_words=200,codex_words=100,shared_words=100,"
                                               "arrival_s=1,rounds=1,warmup=false,offload_gib=1"}
-    done = subprocess.run([AHC, "bench", "agents", "--engine", "emulated", "--json"], capture_output=True,
-                          text=True, env=env, timeout=900)
+    done = forked.run([AHC, "bench", "agents", "--engine", "emulated", "--json"], 900, env)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     check_result("agents", result)

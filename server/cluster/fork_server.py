@@ -3,12 +3,12 @@ CPU on a small machine) and forks each command started through it from itself, s
 fork instead of that import. The test suite starts dozens of servers, the benches and a local cluster several
 at a time; each reaches the fork server whose socket AHC_FORK_SERVER names, where it is set.
 
-A forked command runs as it would in a fresh interpreter: its own argv, environment, working directory and log
-on stdout and stderr, its script or module as `__main__`, and an exit status its starter reads as
-subprocess.Popen's. It is `ahc ...`, or `python -m MODULE ...` on the fork server's own interpreter (vLLM's
-server, which the benches compare with, is one). What a fork cannot make the same, the fork server refuses, and
-the starter runs the command itself: any other command, or an environment whose import-time settings (vLLM's,
-torch's, OpenMP's, Python's ...: those the modules read as they were imported) differ from the fork server's.
+A forked command runs as it would in a fresh interpreter: its own argv, environment, working directory and log on
+stdout and stderr, its script or module as `__main__`, and an exit status its starter reads as subprocess.Popen's.
+It is `ahc ...`, or `python -m MODULE ...` or `python SCRIPT ...` on the fork server's own interpreter (vLLM's
+server, which the benches compare with, is one). What a fork cannot make the same, the fork server refuses, and the
+starter runs the command itself: any other command, or an environment whose import-time settings (vLLM's, torch's,
+OpenMP's, Python's ...: those the modules read as they were imported) differ from the fork server's.
 
     python -m server.cluster.fork_server SOCKET COMMAND [MODULE ...]    # serves until its parent exits
 
@@ -65,13 +65,17 @@ class Job:
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    out: int  # the fd stdout and stderr both go to
+    out: int  # stdout's fd
+    err: int  # stderr's (the same one, or another)
+    session: bool = False  # a session of its own (setsid), as Popen's start_new_session
 
 
 def refusal(argv: Sequence[str], env: Mapping[str, str], server: Preloaded) -> str | None:
     """Why `argv` under `env` cannot be forked from this process, or None."""
-    if not (argv[:1] == [server.command] or (argv[:2] == [server.python, "-m"] and len(argv) > 2)):
-        return f"neither {server.command} nor {server.python} -m: {argv[:2]}"
+    python = argv[:1] == [server.python] and len(argv) > 1 and (argv[1] == "-m" and len(argv) > 2
+                                                                or not argv[1].startswith("-"))
+    if not (argv[:1] == [server.command] or python):
+        return f"neither {server.command} nor {server.python} with a module or a script: {argv[:2]}"
     differ = sorted(key for key in {*env, *server.env} if key.startswith(IMPORT_TIME)
                     and env.get(key) != server.env.get(key))
     return f"import-time settings differ: {', '.join(differ)}" if differ else None
@@ -108,6 +112,7 @@ def serve(listener: socket.socket, server: Preloaded, parent: int) -> Job | None
             os.close(wake_w)
             return job
         os.close(job.out)
+        os.close(job.err)
         conn.send(json.dumps({"pid": pid}).encode())
         running[pid] = conn
     for pid in running:
@@ -117,15 +122,16 @@ def serve(listener: socket.socket, server: Preloaded, parent: int) -> Job | None
 
 def receive(conn: socket.socket, server: Preloaded) -> Job | None:
     """The job a request asks for, or None once its refusal is sent."""
-    data, fds, _, _ = socket.recv_fds(conn, MESSAGE, 1)
+    data, fds, _, _ = socket.recv_fds(conn, MESSAGE, 2)
     request = json.loads(data)
     why = refusal(request["argv"], request["env"], server)
-    if why is not None or len(fds) != 1:
+    if why is not None or len(fds) not in (1, 2):
         for fd in fds:
             os.close(fd)
-        conn.send(json.dumps({"refused": why or "no log file"}).encode())
+        conn.send(json.dumps({"refused": why or "no output files"}).encode())
         return None
-    return Job(request["argv"], request["env"], request["cwd"], fds[0])
+    err = fds[-1] if len(fds) == 2 else os.dup(fds[0])
+    return Job(request["argv"], request["env"], request["cwd"], fds[0], err, bool(request.get("session")))
 
 
 def reap(running: dict[int, socket.socket]) -> None:
@@ -158,19 +164,23 @@ def run(job: Job) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(job.out, 1)
-    os.dup2(job.out, 2)
+    os.dup2(job.err, 2)
     os.close(job.out)
+    os.close(job.err)
+    if job.session:
+        os.setsid()
     status = 0
     try:
-        # sys.path[0] as the interpreter sets it: the working directory for `-m`, else the script's own.
+        # sys.path[0] as the interpreter sets it: the working directory for `-m`, else the script's own
+        # (`ahc`'s, or a Python script's after the interpreter).
         if job.argv[1:2] == ["-m"]:  # argv[0] becomes the module's file
             sys.path[0] = job.cwd
             sys.argv = [job.argv[0], *job.argv[3:]]
             runpy.run_module(job.argv[2], run_name="__main__", alter_sys=True)
         else:
-            sys.path[0] = os.path.dirname(os.path.abspath(job.argv[0]))
-            sys.argv = list(job.argv)
-            runpy.run_path(job.argv[0], run_name="__main__")
+            sys.argv = job.argv[1:] if job.argv[0] == sys.executable else list(job.argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+            runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as exit_:
         status = exit_status(exit_.code)
     except BaseException:  # as the interpreter reports an uncaught one
@@ -240,16 +250,17 @@ class ForkedProcess:
 
 
 def start(path: str, argv: Sequence[str], out: IO[Any], cwd: Path | None, env: Mapping[str, str],
-          timeout: float = 120) -> ForkedProcess | None:
-    """`argv` forked by the fork server at `path`, its stdout and stderr to `out`; None where that server
-    refuses it, is not there, or does not answer within `timeout` (its own imports included), so that the
-    caller starts the command itself."""
+          err: IO[Any] | None = None, session: bool = False, timeout: float = 120) -> ForkedProcess | None:
+    """`argv` forked by the fork server at `path`, its stdout to `out` and its stderr to `err` (else `out`
+    too), in a session of its own with `session`; None where that server refuses it, is not there, or does
+    not answer within `timeout` (its own imports included), so that the caller starts the command itself."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(timeout)
     try:
         conn.connect(path)
-        request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd())}
-        socket.send_fds(conn, [json.dumps(request).encode()], [out.fileno()])
+        request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd()), "session": session}
+        fds = [out.fileno(), *([err.fileno()] if err is not None else [])]
+        socket.send_fds(conn, [json.dumps(request).encode()], fds)
         reply = json.loads(conn.recv(MESSAGE) or b"{}")
     except OSError:  # no fork server there (any longer), or a hung one: the caller starts it
         conn.close()
