@@ -82,9 +82,10 @@ SESSION_SERVERS = ("real_server", "server")
 # markers). Those of one module that share a module-scoped fixture (its own server, a built wheel) run
 # together on one worker.
 EARLY_MARKERS = ("engine", "real_model", "slow")
-# Fixtures that start a process (tests/postgres.py's PostgreSQL): a test using one is marked `process`,
-# whichever test of the session happens to start it.
-PROCESS_FIXTURES = frozenset({"pg", "lake"})
+# Fixtures that start a process (tests/postgres.py's PostgreSQL; vllm-router and its workers in
+# tests/test_router.py and tests/test_router_guard.py, or a local cluster in tests/test_cluster.py; Chromium in
+# tests/test_ui_browser.py): a test using one is marked `process`, whichever test happens to start it.
+PROCESS_FIXTURES = frozenset({"pg", "lake", "cluster", "guarded", "browser"})
 
 
 @pytest.hookimpl(tryfirst=True)
