@@ -128,7 +128,7 @@ def start_fork_server(config: pytest.Config) -> None:
     forked from one process that imported them once, a start takes the engine's own set-up alone. Every
     process of the session (a bench's too) reaches it through AHC_FORK_SERVER."""
     where = Path(tempfile.mkdtemp(prefix="ahc-fork-"))
-    config.stash[FORK_SERVER] = fork_server.launch(str(where / "socket"), AHC, where / "fork-server.log", os.environ)
+    config.stash[FORK_SERVER] = fork_server.spawn(str(where / "socket"), AHC, where / "fork-server.log", os.environ)
     os.environ[fork_server.ENV] = str(where / "socket")
 
 

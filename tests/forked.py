@@ -10,27 +10,16 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO
 
-from core.config import CHECKOUT
-from server.cluster import fork_server
-from server.cluster.fork_server import ForkedProcess
-from server.cluster.server_process import child_env
+from server.cluster.server_process import start_process
 
 
-def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`argv` under os.environ plus `env`; past `timeout` it and every process it started are killed and
     subprocess.TimeoutExpired is raised with what they had written."""
-    merged = child_env(env)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        path = os.environ.get(fork_server.ENV)
-        process: subprocess.Popen[bytes] | ForkedProcess | None = (
-            fork_server.start(path, argv, out, cwd or CHECKOUT, merged, err=err, session=True) if path else None)
-        if process is None:
-            process = subprocess.Popen(list(argv), stdout=out, stderr=err, cwd=cwd or CHECKOUT, env=merged,
-                                       start_new_session=True)
+        process = start_process(argv, out, env, err=err, session=True)
         try:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:

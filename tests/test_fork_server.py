@@ -26,7 +26,7 @@ pytestmark = pytest.mark.process
 def socket_path() -> Iterator[str]:
     where = Path(tempfile.mkdtemp(prefix="ahc-fork-test-"))
     path = str(where / "socket")
-    process = fork_server.launch(path, AHC, where / "fork-server.log", child_env(), preload=())
+    process = fork_server.spawn(path, AHC, where / "fork-server.log", child_env(), preload=())
     yield path
     process.terminate()
     process.wait(30)
@@ -90,7 +90,7 @@ def test_no_fork_server_there_means_the_caller_starts_it(tmp_path: Path) -> None
 def test_it_stops_with_the_process_that_started_it(tmp_path: Path) -> None:
     path = str(tmp_path / "socket")
     code = (f"from pathlib import Path; from server.cluster import fork_server; "
-            f"print(fork_server.launch({path!r}, {AHC!r}, Path({str(tmp_path / 'log')!r}), __import__('os').environ, "
+            f"print(fork_server.spawn({path!r}, {AHC!r}, Path({str(tmp_path / 'log')!r}), __import__('os').environ, "
             f"preload=()).pid, flush=True)")
     starter = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
     assert starter.returncode == 0, starter.stderr

@@ -272,7 +272,7 @@ def start(path: str, argv: Sequence[str], out: IO[Any], cwd: Path | None, env: M
     return ForkedProcess(list(argv), int(reply["pid"]), conn)
 
 
-def launch(path: str, command: str, log: Path, env: Mapping[str, str], preload: Sequence[str] = PRELOAD
+def spawn(path: str, command: str, log: Path, env: Mapping[str, str], preload: Sequence[str] = PRELOAD
            ) -> subprocess.Popen[bytes]:
     """A fork server for `command` on the socket at `path`, under `env`, importing `preload`, once it listens
     (its imports go on behind); it stops when this process does."""

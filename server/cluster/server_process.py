@@ -83,16 +83,18 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return merged
 
 
-def start_process(cmd: Sequence[str], out: IO[Any], env: Mapping[str, str] | None = None
-                  ) -> subprocess.Popen[bytes] | ForkedProcess:
-    """`cmd` in this checkout with its output to `out`: forked by the fork server AHC_FORK_SERVER names
-    where there is one and it takes the command, started afresh otherwise."""
+def start_process(cmd: Sequence[str], out: IO[Any], env: Mapping[str, str] | None = None,
+                  err: IO[Any] | None = None, session: bool = False) -> subprocess.Popen[bytes] | ForkedProcess:
+    """`cmd` in this checkout with its stdout to `out` and its stderr to `err` (else `out` too), in a session of
+    its own with `session`: forked by the fork server AHC_FORK_SERVER names where there is one and it takes
+    the command, started afresh otherwise."""
     merged = child_env(env)
     path = os.environ.get(fork_server.ENV)
-    forked = fork_server.start(path, cmd, out, CHECKOUT, merged) if path else None
+    forked = fork_server.start(path, cmd, out, CHECKOUT, merged, err=err, session=session) if path else None
     if forked is not None:
         return forked
-    return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=CHECKOUT, env=merged)
+    return subprocess.Popen(list(cmd), stdout=out, stderr=err if err is not None else subprocess.STDOUT,
+                            cwd=CHECKOUT, env=merged, start_new_session=session)
 
 
 def launch(cmd: Sequence[str], port: int, log: Path, *, env: Mapping[str, str] | None = None,

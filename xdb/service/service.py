@@ -169,10 +169,8 @@ def open_when_free(spec: ServiceSpec, service: Service) -> XDB:
 
 def name_process() -> None:
     """`AHC::XDB` in ps and top, as vLLM names its engine `VLLM::EngineCore` (with the same package)."""
-    try:
-        from setproctitle import setproctitle
-    except ImportError:  # optional: without it the process shows as a Python interpreter
-        return
+    from setproctitle import setproctitle
+
     setproctitle(PROCESS_TITLE)
 
 
