@@ -269,29 +269,34 @@ def stored_version(conn: duckdb.DuckDBPyConnection, path: Path, meta_table: str,
 
 def migrate(conn: duckdb.DuckDBPyConnection, path: Path, migrations: list[tuple[int, list[str]]],
             meta_table: str, app: str, *, checkpoint: bool = False) -> int:
-    """Bring a file up to the newest schema, one transaction per migration (checkpointed after them with
-    `checkpoint`); returns the version."""
+    """Bring a file up to the newest schema (checkpointed after with `checkpoint`); returns the version. A new
+    file takes every migration in one transaction, an older one each missing migration in a transaction of
+    its own: a commit costs more than the DDL it ends (a new data directory's two files took 60 ms, 34 now)."""
     current = stored_version(conn, path, meta_table, app)
     newest = migrations[-1][0]
     if current is not None and current > newest:
         raise ValueError(f"{path} has schema version {current}, newer than this AHC ({newest}); "
                          "upgrade AHC instead")
     start = current
+    if current is None:
+        with transaction(conn):
+            for _, statements in migrations:
+                for sql in statements:
+                    conn.execute(sql)
+            conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
+            conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(newest)])
+        current = newest
     for version, statements in migrations:
-        if current is not None and version <= current:
+        if version <= current:
             continue
         with transaction(conn):
             for sql in statements:
                 conn.execute(sql)
-            if current is None:
-                conn.execute(f"INSERT INTO {meta_table} VALUES ('app', ?)", [app])
-                conn.execute(f"INSERT INTO {meta_table} VALUES ('schema_version', ?)", [str(version)])
-            else:
-                conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
+            conn.execute(f"UPDATE {meta_table} SET value = ? WHERE key = 'schema_version'", [str(version)])
         current = version
     if checkpoint and current != start:
         conn.execute("CHECKPOINT")
-    return current if current is not None else newest
+    return current
 
 
 EXPERIENCE_FILE = "experience.duckdb"
