@@ -7,7 +7,7 @@ from importlib.metadata import version as package_version
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIRouter
 from starlette.responses import JSONResponse, Response
 
 from server.admission.recording_gate import RecordingGate
@@ -104,6 +104,13 @@ def install_health_route(app: FastAPI, runtime: Runtime) -> None:
                                          include_in_schema=False))
 
 
+def mount(app: FastAPI, router: APIRouter) -> None:
+    """The router's routes, as its decorators built them, at the end of the app's: FastAPI's include_router
+    would build every route again (its signature read, a pydantic validator made for each parameter and
+    response), about half of what AHC's routes cost an app to start."""
+    app.router.routes.extend(router.routes)
+
+
 def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[SupportedTask, ...],
               model_config: Any) -> FastAPI:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
@@ -119,22 +126,22 @@ def build_app(runtime: Runtime, args: Namespace, supported_tasks: tuple[Supporte
     install_messages_route(app, runtime)
     install_responses_route(app, runtime)
     install_completion_route(app, runtime)
-    app.include_router(xdb_router(runtime.xdb, runtime.summarize_records, runtime.config.xdb.bud_min_examples))
-    app.include_router(agent_router(runtime.xdb))
-    app.include_router(context_router(runtime.retriever, runtime.xdb, runtime.orchestrator.sessions,
-                                      runtime.identity))
-    app.include_router(karma_router(runtime.xdb, runtime.karma))
-    app.include_router(codex_router(runtime.xdb, runtime.codex, runtime.condenser))
-    app.include_router(export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
-                                     runtime.config.xdb.export_ttl_s))
+    mount(app, xdb_router(runtime.xdb, runtime.summarize_records, runtime.config.xdb.bud_min_examples))
+    mount(app, agent_router(runtime.xdb))
+    mount(app, context_router(runtime.retriever, runtime.xdb, runtime.orchestrator.sessions,
+               runtime.identity))
+    mount(app, karma_router(runtime.xdb, runtime.karma))
+    mount(app, codex_router(runtime.xdb, runtime.codex, runtime.condenser))
+    mount(app, export_router(runtime.xdb, runtime.config.xdb.max_exports_per_tenant,
+               runtime.config.xdb.export_ttl_s))
     verifier = AuditVerifier(runtime.xdb)
-    app.include_router(browse_router(runtime.xdb, verifier))
-    app.include_router(audit_router(runtime.xdb, verifier))
+    mount(app, browse_router(runtime.xdb, verifier))
+    mount(app, audit_router(runtime.xdb, verifier))
     install_ui(app, model=runtime.config.model_name, emulated=runtime.config.engine.emulate,
                auth_required=bool(runtime.keys),
                version=package_version("ahc"))
-    app.include_router(session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
-                                      runtime.rag_indexes, runtime.config.engine.max_model_len))
+    mount(app, session_router(runtime.xdb, runtime.orchestrator.sessions, runtime.background,
+               runtime.rag_indexes, runtime.config.engine.max_model_len))
     runtime.metrics.attach(get_prometheus_registry())
     oc = runtime.config.orchestrator
     label = runtime.config.engine_label
