@@ -111,6 +111,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     a pytest that xdist cannot extend ids of would start every server once per worker, silently."""
     if any(item.get_closest_marker("engine") for item in session.items):
         start_fork_server(session.config)
+    freeze_the_imports()
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
@@ -118,6 +119,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
             raise pytest.UsageError(f"{item.nodeid}: xdist did not put it in its group {group.args[0]!r} "
                                     "(pytest and pytest-xdist versions that do not work together)")
+
+
+def freeze_the_imports() -> None:
+    """What collection imported (torch, vLLM, transformers: some 1.4M objects) is kept out of every later
+    garbage collection, as vLLM's server freezes its start-up heap: each full collection otherwise walked it
+    all again, 0.3 s each and 20 of them in a minute of app tests, and pytest's own collections at the end
+    took 4 s more per worker."""
+    gc.collect()
+    gc.freeze()
 
 
 FORK_SERVER = pytest.StashKey[subprocess.Popen[bytes]]()
@@ -132,7 +142,12 @@ def start_fork_server(config: pytest.Config) -> None:
     os.environ[fork_server.ENV] = str(where / "socket")
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    # After pytest's own last collections (cheap on the frozen heap), so that the interpreter's teardown
+    # collects the imports' cycles: left frozen, triton's extension types outlive it and nanobind prints a
+    # page of "leaked" lines at exit.
+    gc.unfreeze()
     process = config.stash.get(FORK_SERVER, None)
     if process is not None:
         process.terminate()
@@ -257,15 +272,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def heap_freeze_without_a_full_collection() -> Iterator[None]:
-    """The fake-engine app's lifespan freezes the heap (vLLM's freeze_gc_heap, as `ahc serve` does once) and
-    fake_app unfreezes it after each test, so every app start ran a full collection of the whole test
-    worker's heap first: most of an app test's set-up time. Here it only freezes; the garbage frozen with
-    it is unfrozen and collected after the test as before. `ahc serve` itself (engine tests) is unchanged."""
+def heap_frozen_once() -> Iterator[None]:
+    """The fake-engine app's lifespan would freeze the heap (vLLM's freeze_gc_heap, as `ahc serve` does once),
+    after a full collection of the whole test worker's heap: most of an app test's set-up time, and each
+    test's objects frozen with it. The worker froze its imports once after collection (freeze_the_imports);
+    an app's start leaves the heap as it is. `ahc serve` itself (engine tests) is unchanged."""
     from vllm.entrypoints.launchers.utils import server_utils
 
     freeze = server_utils.freeze_gc_heap
-    server_utils.freeze_gc_heap = gc.freeze
+    server_utils.freeze_gc_heap = lambda: None
     yield
     server_utils.freeze_gc_heap = freeze
 
@@ -318,7 +333,7 @@ def audited(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path) -> Itera
 
 
 @pytest.fixture(scope="session")
-def vllm_config(config: AHCConfig, heap_freeze_without_a_full_collection: None) -> VllmConfig:
+def vllm_config(config: AHCConfig, heap_frozen_once: None) -> VllmConfig:
     """vLLM's engine config for `config` (seconds, once a session); starts no engine."""
     from fake_engine import engine_config
 

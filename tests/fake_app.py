@@ -4,7 +4,6 @@ the model run, for tests that drive every AHC layer through FastAPI's TestClient
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,9 +64,6 @@ def serving(config: AHCConfig, vllm_config: VllmConfig, tmp_path: Path, script: 
     finally:
         runtime.close()
         xdb.close()
-        # The app's lifespan froze the heap (vLLM's gc.freeze for serving): this test's objects would
-        # otherwise stay for the whole session, and triton's nanobind reports them as leaks at exit.
-        gc.unfreeze()
 
 
 def health_while_posting(client: TestClient, path: str, body: bytes) -> tuple[Response, list[float]]:
