@@ -237,7 +237,8 @@ def test_a_turn_whose_save_answers_503_joins_the_state_once_when_the_client_retr
         stored = store(session_id, state) if committed else 0
         if json.loads(state)["messages"][-2]["content"] == "Second question?" and failures:
             failures.pop()
-            raise ServiceUnavailable("the XDB service exited during the call")
+            # Retry-After 1 s (the service's own is 5): the SDK waits what the 503 says
+            raise ServiceUnavailable("the XDB service exited during the call", retry_after_s=1)
         return stored if committed else store(session_id, state)
 
     monkeypatch.setattr(runtime.xdb, "save_session_state", dies_once)
