@@ -86,7 +86,7 @@ HYPOTHESIS ?= ci
 ALONE = $(shell grep -l 'mark\.alone' tests/test_*.py)
 WORKERS ?= auto
 test:
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint clients
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target setup lint docs clients
 	$(PYTEST) -n $(WORKERS) --maxprocesses 4 --dist loadgroup --no-loadscope-reorder --durations 15 \
 		--hypothesis-profile $(HYPOTHESIS) -m "not alone" tests
 	$(PYTEST) --hypothesis-profile $(HYPOTHESIS) -m alone $(ALONE)
