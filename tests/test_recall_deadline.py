@@ -39,6 +39,9 @@ def xdb(generated: Path, tmp_path: Path) -> Iterator[XDB]:
 
     shutil.copytree(generated, tmp_path / "x")
     with XDB.open(tmp_path / "x") as db:
+        # A deadline no recall here reaches by itself: `cut_after` ends it after a given number of windows.
+        # The default 0.5 s came first on a loaded machine (a whole query over 40,960 rows cut short).
+        db.recall_deadline_s = 60.0
         yield db
 
 
