@@ -122,10 +122,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def freeze_the_imports() -> None:
-    """What collection imported (torch, vLLM, transformers: some 1.4M objects) is kept out of every later
-    garbage collection, as vLLM's server freezes its start-up heap: each full collection otherwise walked it
-    all again, 0.3 s each and 20 of them in a minute of app tests, and pytest's own collections at the end
-    took 4 s more per worker."""
+    """What collection imported (torch, vLLM, transformers: some 800k objects) is kept out of every later
+    garbage collection, as vLLM's server freezes its start-up heap: pytest's own collections at the end
+    (gc_collect_harder) took 4 s a worker over it, and each app test froze and unfroze the whole heap."""
     gc.collect()
     gc.freeze()
 
