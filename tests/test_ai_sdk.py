@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from required import missing
 
 from bench.servers import recall_until
 from server.cluster.server_process import ServerProcess
@@ -38,11 +39,11 @@ TIMEOUT_S = 600
 def require_sdk() -> str:
     """The node binary, once the SDK's packages are installed; a skip where they are not (a failure under CI)."""
     node = shutil.which("node")
-    missing = [name for name in PACKAGES if not (NODE_MODULES / name / "package.json").exists()]
-    if node is not None and not missing:
+    absent = [name for name in PACKAGES if not (NODE_MODULES / name / "package.json").exists()]
+    if node is not None and not absent:
         return node
     message = ("node is not on PATH (install Node.js 20 and npm, then `make clients`)" if node is None else
-               f"{', '.join(missing)} not installed under {NODE_MODULES} (`make clients` installs them with npm)")
+               f"{', '.join(absent)} not installed under {NODE_MODULES} (`make clients` installs them with npm)")
     missing(message)
 
 
