@@ -22,12 +22,11 @@ def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = Non
         process = start_process(argv, out, env, err=err, session=True)
         try:
             code = process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException as stopped:  # its time ran out, or the test was interrupted: none of it is left
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            raise subprocess.TimeoutExpired(list(argv), timeout, read(out), read(err)) from None
-        except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
+            if isinstance(stopped, subprocess.TimeoutExpired):
+                raise subprocess.TimeoutExpired(list(argv), timeout, read(out), read(err)) from None
             raise
         return subprocess.CompletedProcess(list(argv), code, read(out), read(err))
 
